@@ -1,0 +1,1 @@
+"""Benchmarks and the PySpark traffic-trace tools."""

@@ -1,0 +1,1 @@
+"""The ``txbroker`` command line."""

@@ -1,0 +1,46 @@
+"""BrokerConfig: defaults mirror RocketMQ, precedence is options > environment > TOML."""
+
+import pytest
+
+from txbroker.config import BrokerConfig, ConfigError, load_config
+
+
+def test_defaults_mirror_rocketmq():
+    c = BrokerConfig()
+    assert (c.transaction_check_interval, c.transaction_timeout, c.transaction_check_max) == (60.0, 6.0, 15)
+    assert c.file_reserved_time == 72 * 3600
+    assert (c.broker_port, c.namesrv_port, c.listen_host) == (10911, 9876, "127.0.0.1")
+    assert c.max_frame_size == 16 * 1024 * 1024 and c.max_message_size == 4 * 1024 * 1024
+
+
+def test_precedence_options_over_env_over_toml(tmp_path):
+    toml = tmp_path / "b.toml"
+    toml.write_text('[broker]\nbroker_port = 1111\nflush_mode = "sync"\ntransaction_check_max = 3\n')
+    env = {"TXBROKER_BROKER_PORT": "2222", "TXBROKER_TRANSACTION_CHECK_MAX": "4", "OTHER": "x"}
+    c = load_config({"broker_port": 3333, "flush_mode": None}, env, toml)
+    assert c.broker_port == 3333
+    assert c.transaction_check_max == 4
+    assert c.flush_mode == "sync"
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"flush_mode": "sometimes"}, "flush_mode"),
+        ({"broker_port": 70000}, "broker_port"),
+        ({"broker_port": "abc"}, "broker_port"),
+        ({"disk_max_used_ratio": 1.5}, "disk_max_used_ratio"),
+        ({"auto_create_topic": "maybe"}, "auto_create_topic"),
+        ({"no_such_setting": 1}, "no_such_setting"),
+    ],
+)
+def test_invalid_values_are_rejected_with_the_field_name(options, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(options, environ={})
+
+
+def test_unknown_toml_key_is_an_error(tmp_path):
+    toml = tmp_path / "b.toml"
+    toml.write_text("brokr_port = 1\n")
+    with pytest.raises(ConfigError, match="brokr_port"):
+        load_config(None, {}, toml)

@@ -1,0 +1,213 @@
+"""The broker's one configuration object.
+
+Every layer receives this frozen dataclass explicitly from the composition root; nothing reads
+settings from globals or the environment on its own (RocketMQ's "setting did not take effect"
+reports come from exactly that).  Defaults mirror RocketMQ 4.x so that operators who know
+RocketMQ find the same behaviour: check interval 60 s, transaction timeout 6 s, 15 checks,
+72 h retention, 1 GiB commitlog segments, 16 MiB frames, 4 MiB messages.
+
+Loading order (highest wins): ``txbroker serve`` options, ``TXBROKER_*`` environment variables,
+an optional TOML file, these defaults.  :func:`load_config` implements that order; the CLI only
+collects the three sources and hands them over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+ENV_PREFIX = "TXBROKER_"
+
+FlushMode = Literal["async", "sync"]
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and the rule."""
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Everything the broker can be told.  Durations are seconds, sizes are bytes."""
+
+    # --- network -------------------------------------------------------------------------
+    #: Interface to listen on.  Loopback by default: exposing a broker is an explicit choice.
+    listen_host: str = "127.0.0.1"
+    #: Broker port (RocketMQ default 10911); 0 binds an ephemeral port (tests).
+    broker_port: int = 10911
+    #: Embedded name-server port (RocketMQ default 9876); 0 = ephemeral, -1 = disabled (the
+    #: broker port answers name-server requests too, so one port is a complete installation).
+    namesrv_port: int = 9876
+    #: Address announced in routes and offsetMsgIds; empty = the bound host and port.
+    advertised_host: str = ""
+    #: Prometheus text-format endpoint; 0 = ephemeral, -1 = disabled.
+    metrics_port: int = -1
+    max_connections: int = 4096
+    #: Requests handled at once per connection before the server stops reading from it.
+    max_inflight_per_connection: int = 1024
+    max_frame_size: int = 16 * 1024 * 1024
+
+    # --- identity ------------------------------------------------------------------------
+    broker_name: str = "broker-a"
+    cluster_name: str = "DefaultCluster"
+
+    # --- store ---------------------------------------------------------------------------
+    data_dir: str = "./txbroker-data"
+    #: Commitlog segment size (RocketMQ mappedFileSizeCommitLog).
+    segment_size: int = 1024 * 1024 * 1024
+    #: Entries per consume-queue file (RocketMQ: 300000 x 20 bytes).
+    consume_queue_entries: int = 300_000
+    flush_mode: FlushMode = "async"
+    #: Async mode: how often dirty pages are flushed.
+    flush_interval: float = 0.5
+    #: Sync mode: a put whose flush has not completed within this gets FLUSH_DISK_TIMEOUT.
+    sync_flush_timeout: float = 5.0
+    #: How often consumer offsets are persisted (they are also persisted at shutdown).
+    offset_persist_interval: float = 5.0
+    max_message_size: int = 4 * 1024 * 1024
+    #: Segments older than this are deleted (never the active one).
+    file_reserved_time: float = 72 * 3600.0
+    #: Writes are refused while the data disk is fuller than this ratio.
+    disk_max_used_ratio: float = 0.90
+
+    # --- topics --------------------------------------------------------------------------
+    default_queue_nums: int = 4
+    auto_create_topic: bool = True
+
+    # --- transactions --------------------------------------------------------------------
+    transaction_check_interval: float = 60.0
+    #: Minimum age of a half message before its first check (immunity).
+    transaction_timeout: float = 6.0
+    transaction_check_max: int = 15
+    #: Check-backs in flight at once across the broker.
+    check_concurrency: int = 16
+
+    # --- long polling / consumers --------------------------------------------------------
+    #: Upper bound on how long a suspended pull is held, whatever the client asks.
+    max_pull_suspend: float = 30.0
+    max_reconsume_times: int = 16
+
+    # --- shutdown ------------------------------------------------------------------------
+    shutdown_grace: float = 5.0
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def replace(self, **changes: Any) -> "BrokerConfig":
+        """A copy with ``changes`` applied and validated."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _validate(c: BrokerConfig) -> None:
+    def need(ok: bool, name: str, rule: str) -> None:
+        if not ok:
+            raise ConfigError(f"{name}={getattr(c, name)!r}: {rule}")
+
+    for name in ("broker_port",):
+        need(0 <= getattr(c, name) <= 65535, name, "must be a port number 0..65535")
+    for name in ("namesrv_port", "metrics_port"):
+        need(-1 <= getattr(c, name) <= 65535, name, "must be -1 (off) or a port number 0..65535")
+    need(c.flush_mode in ("async", "sync"), "flush_mode", "must be 'async' or 'sync'")
+    need(c.segment_size >= 64 * 1024, "segment_size", "must be at least 64 KiB")
+    need(c.consume_queue_entries >= 16, "consume_queue_entries", "must be at least 16")
+    need(1024 <= c.max_message_size <= c.segment_size - 1024, "max_message_size",
+         "must be at least 1 KiB and fit in a segment")
+    need(c.max_frame_size >= 1024, "max_frame_size", "must be at least 1 KiB")
+    need(0.0 < c.disk_max_used_ratio <= 1.0, "disk_max_used_ratio", "must be in (0, 1]")
+    for name in ("flush_interval", "sync_flush_timeout", "offset_persist_interval",
+                 "transaction_check_interval", "file_reserved_time", "max_pull_suspend",
+                 "shutdown_grace"):
+        need(getattr(c, name) > 0, name, "must be > 0")
+    need(c.transaction_timeout >= 0, "transaction_timeout", "must be >= 0")
+    for name in ("transaction_check_max", "check_concurrency", "default_queue_nums",
+                 "max_connections", "max_inflight_per_connection"):
+        need(getattr(c, name) >= 1, name, "must be >= 1")
+    need(c.max_reconsume_times >= 0, "max_reconsume_times", "must be >= 0")
+    need(bool(c.broker_name) and bool(c.cluster_name), "broker_name", "names must not be empty")
+    need(bool(c.data_dir), "data_dir", "must not be empty")
+
+
+def _coerce(name: str, kind: type, raw: Any) -> Any:
+    """Turn a string (environment, CLI) or TOML value into the field's type."""
+    if kind is bool:
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{name}={raw!r}: must be a boolean (true/false)")
+    try:
+        if kind is int:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+            return int(raw)
+        if kind is float:
+            return float(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={raw!r}: must be a{'n integer' if kind is int else ' number'}") from None
+    return str(raw)
+
+
+def _field_types() -> dict[str, type]:
+    kinds: dict[str, type] = {}
+    for f in fields(BrokerConfig):
+        t = str(f.type)
+        kinds[f.name] = bool if t == "bool" else int if t == "int" else float if t == "float" else str
+    return kinds
+
+
+def load_config(
+    options: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    toml_path: str | os.PathLike[str] | None = None,
+) -> BrokerConfig:
+    """Merge TOML file < ``TXBROKER_*`` environment < explicit options, then validate.
+
+    ``options`` holds only what the user actually set (``None`` values are ignored), so an
+    unset CLI option never hides an environment variable.  Unknown keys are errors: a typo in a
+    setting must not be silently ignored.
+    """
+    kinds = _field_types()
+    merged: dict[str, Any] = {}
+    if toml_path:
+        try:
+            with open(toml_path, "rb") as fh:
+                doc = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError(f"config file {toml_path}: {exc.strerror or exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {toml_path}: {exc}") from None
+        section = doc.get("broker", doc)
+        for key, value in section.items():
+            if key not in kinds:
+                raise ConfigError(f"config file {toml_path}: unknown setting {key!r}")
+            merged[key] = _coerce(key, kinds[key], value)
+    env = os.environ if environ is None else environ
+    for key, value in env.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name in kinds:
+            merged[name] = _coerce(key, kinds[name], value)
+    for key, value in (options or {}).items():
+        if value is None:
+            continue
+        if key not in kinds:
+            raise ConfigError(f"unknown setting {key!r}")
+        merged[key] = _coerce(key, kinds[key], value)
+    try:
+        return BrokerConfig(**merged)
+    except TypeError as exc:
+        raise ConfigError(str(exc)) from None

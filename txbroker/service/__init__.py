@@ -1,0 +1,1 @@
+"""Broker behaviour: request processors, transactional message service, check-back, name server."""

@@ -1,0 +1,1 @@
+"""Storage: memory-mapped commitlog, consume queues, flush, consumer offsets, recovery."""
