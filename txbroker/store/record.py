@@ -1,0 +1,386 @@
+"""The RocketMQ commitlog record: pure encode/decode, no I/O.
+
+One layout serves three places, which is why it lives in one pure module: the commitlog on
+disk, the body of a PULL response (records exactly as stored, concatenated) and the body of a
+CHECK_TRANSACTION_STATE request.  RocketMQ clients decode these bytes themselves, so the
+layout follows ``MessageDecoder`` exactly (protocol.md §6.1); the client SDK imports this
+module to decode pulled records.
+
+Record (big-endian, IPv4 hosts)::
+
+    TOTALSIZE 4 | MAGIC 4 | BODYCRC 4 | QUEUEID 4 | FLAG 4 | QUEUEOFFSET 8 | PHYSICALOFFSET 8
+    SYSFLAG 4 | BORNTIMESTAMP 8 | BORNHOST 4+4 | STORETIMESTAMP 8 | STOREHOST 4+4
+    RECONSUMETIMES 4 | PREPAREDTRANSACTIONOFFSET 8 | BODYLEN 4 + body | TOPICLEN 1 + topic
+    PROPERTIESLEN 2 + properties
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+# --- magic codes ---------------------------------------------------------------------------
+MESSAGE_MAGIC = 0xDAA320A7
+#: End-of-segment filler: the rest of a segment that a record did not fit into.
+BLANK_MAGIC = 0xCBD43194
+
+# --- sys flags (MessageSysFlag) ------------------------------------------------------------
+COMPRESSED_FLAG = 0x1
+MULTI_TAGS_FLAG = 0x2
+TRANSACTION_NOT_TYPE = 0x0
+TRANSACTION_PREPARED_TYPE = 0x4
+TRANSACTION_COMMIT_TYPE = 0x8
+TRANSACTION_ROLLBACK_TYPE = 0xC
+TRANSACTION_MASK = 0xC
+BORNHOST_V6_FLAG = 0x10
+STOREHOST_V6_FLAG = 0x20
+
+# --- property names (MessageConst) ---------------------------------------------------------
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
+PROPERTY_DELAY_TIME_LEVEL = "DELAY"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP = "PGROUP"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+PROPERTY_TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET = "TRAN_PREPARED_QUEUE_OFFSET"
+PROPERTY_MIN_OFFSET = "MIN_OFFSET"
+PROPERTY_MAX_OFFSET = "MAX_OFFSET"
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+PROPERTY_RECONSUME_TIME = "RECONSUME_TIME"
+PROPERTY_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+PROPERTY_CLUSTER = "CLUSTER"
+PROPERTY_TRANSACTION_ID = "__transactionId__"
+
+# --- system topics -------------------------------------------------------------------------
+HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+DEFAULT_TOPIC = "TBW102"
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+
+#: The stored properties length is an int16.
+MAX_PROPERTIES_BYTES = 32767
+#: The topic length is a signed byte (V1 records).
+MAX_TOPIC_BYTES = 127
+
+_HEAD = struct.Struct(">iIiiiqqiq4si")  # through BORNHOST (IPv4)
+_MID = struct.Struct(">q4siiq")  # STORETIMESTAMP, STOREHOST, RECONSUMETIMES, PREPARED OFFSET
+_I32 = struct.Struct(">i")
+_U32 = struct.Struct(">I")
+_I16 = struct.Struct(">h")
+_HEADER_SIZE = _HEAD.size + _MID.size  # 84 for IPv4
+#: Smallest possible record: fixed part + body len + topic len + properties len.
+MIN_RECORD_SIZE = _HEADER_SIZE + 4 + 1 + 2
+
+_BATCH_HEAD = struct.Struct(">iiiii")  # TOTALSIZE, MAGIC, BODYCRC, FLAG, BODYLEN
+
+
+class RecordError(ValueError):
+    """Bytes that are not a valid record (torn write, corruption, or a lying peer)."""
+
+
+Host = tuple[str, int]
+
+
+@dataclass
+class Message:
+    """What a put needs: a message before the store gives it offsets and a store timestamp."""
+
+    topic: str
+    queue_id: int
+    body: bytes
+    flag: int = 0
+    properties: dict[str, str] = field(default_factory=dict)
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: Host = ("127.0.0.1", 0)
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+    #: 0 lets the store stamp "now"; a committed half keeps the half's timestamp.
+    store_timestamp: int = 0
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> str | None:
+        return self.properties.get(PROPERTY_KEYS)
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(PROPERTY_UNIQ_KEY)
+
+    @property
+    def transaction_value(self) -> int:
+        return self.sys_flag & TRANSACTION_MASK
+
+
+@dataclass
+class StoredMessage(Message):
+    """A decoded record: the message plus everything the store assigned."""
+
+    store_size: int = 0
+    body_crc: int = 0
+    queue_offset: int = 0
+    physical_offset: int = 0
+    store_host: Host = ("127.0.0.1", 0)
+
+    @property
+    def msg_id(self) -> str:
+        """The offsetMsgId: store host + commitlog offset, as RocketMQ clients expect."""
+        return create_offset_msg_id(self.store_host[0], self.store_host[1], self.physical_offset)
+
+
+def body_crc(body: bytes) -> int:
+    """RocketMQ's body CRC: zlib CRC-32 masked to a non-negative Java int."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+def tag_hash(tag: str | None) -> int:
+    """Java ``String.hashCode`` of the tag (signed 32-bit), as consume queues store it."""
+    if not tag:
+        return 0
+    h = 0
+    for unit in _utf16_units(tag):
+        h = (31 * h + unit) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def _utf16_units(text: str) -> Iterable[int]:
+    for ch in text:
+        cp = ord(ch)
+        if cp < 0x10000:
+            yield cp
+        else:
+            cp -= 0x10000
+            yield 0xD800 + (cp >> 10)
+            yield 0xDC00 + (cp & 0x3FF)
+
+
+def properties_to_string(props: dict[str, str]) -> str:
+    """Java form: ``k\\x01v`` entries joined by ``\\x02``, no trailing separator."""
+    return PROPERTY_SEPARATOR.join(
+        f"{k}{NAME_VALUE_SEPARATOR}{v}" for k, v in props.items() if v is not None
+    )
+
+
+def string_to_properties(text: str | None) -> dict[str, str]:
+    """Parse leniently as Java does: tolerate a trailing separator, skip empty pieces."""
+    props: dict[str, str] = {}
+    if not text:
+        return props
+    for piece in text.split(PROPERTY_SEPARATOR):
+        if len(piece) < 3:
+            continue
+        key, sep, value = piece.partition(NAME_VALUE_SEPARATOR)
+        if sep and key and value:
+            props[key] = value
+    return props
+
+
+def _ip4(host: str) -> bytes:
+    try:
+        return socket.inet_aton(host)
+    except OSError:
+        try:
+            addr = ipaddress.ip_address(host)
+        except ValueError:
+            return b"\x7f\x00\x00\x01"
+        if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+            return addr.ipv4_mapped.packed
+        # RocketMQ C++ clients only read 4-byte hosts; an IPv6 peer is recorded as loopback.
+        return b"\x7f\x00\x00\x01"
+
+
+def _host(raw: bytes, port: int) -> Host:
+    return (socket.inet_ntoa(raw), port)
+
+
+def encode_record(
+    msg: Message,
+    *,
+    physical_offset: int,
+    queue_offset: int,
+    store_timestamp: int,
+    store_host: Host,
+    properties: str | None = None,
+) -> bytes:
+    """Serialise ``msg`` as a commitlog record.
+
+    ``properties`` may carry the already-encoded properties string, so a caller that also
+    needs its length (to check limits before taking an offset) encodes it once.
+    """
+    prop_bytes = (properties if properties is not None else properties_to_string(msg.properties)).encode()
+    topic_bytes = msg.topic.encode()
+    if len(topic_bytes) > MAX_TOPIC_BYTES:
+        raise RecordError(f"topic longer than {MAX_TOPIC_BYTES} bytes")
+    if len(prop_bytes) > MAX_PROPERTIES_BYTES:
+        raise RecordError(f"properties longer than {MAX_PROPERTIES_BYTES} bytes")
+    body = msg.body
+    size = record_size(len(body), len(topic_bytes), len(prop_bytes))
+    sys_flag = msg.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOST_V6_FLAG)
+    return b"".join((
+        _HEAD.pack(size, MESSAGE_MAGIC, body_crc(body), msg.queue_id, msg.flag, queue_offset,
+                   physical_offset, sys_flag, msg.born_timestamp, _ip4(msg.born_host[0]),
+                   msg.born_host[1]),
+        _MID.pack(store_timestamp, _ip4(store_host[0]), store_host[1], msg.reconsume_times,
+                  msg.prepared_transaction_offset),
+        _I32.pack(len(body)), body,
+        bytes((len(topic_bytes),)), topic_bytes,
+        _I16.pack(len(prop_bytes)), prop_bytes,
+    ))
+
+
+def record_size(body_len: int, topic_len: int, properties_len: int) -> int:
+    return _HEADER_SIZE + 4 + body_len + 1 + topic_len + 2 + properties_len
+
+
+def peek_size_magic(buf: bytes | memoryview, pos: int = 0) -> tuple[int, int]:
+    """TOTALSIZE and MAGIC at ``pos`` without decoding the rest (recovery walks with this)."""
+    if len(buf) - pos < 8:
+        raise RecordError("fewer than 8 bytes left for a record header")
+    return _I32.unpack_from(buf, pos)[0], _U32.unpack_from(buf, pos + 4)[0]
+
+
+def decode_record(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = False) -> StoredMessage:
+    """Decode the record at ``pos``; every length is checked against the buffer."""
+    avail = len(buf) - pos
+    if avail < MIN_RECORD_SIZE:
+        raise RecordError(f"truncated record: {avail} bytes left, need at least {MIN_RECORD_SIZE}")
+    (size, magic, crc, queue_id, flag, queue_offset, physical_offset, sys_flag, born_ts,
+     born_ip, born_port) = _HEAD.unpack_from(buf, pos)
+    if magic != MESSAGE_MAGIC:
+        raise RecordError(f"bad magic 0x{magic:08X} at {pos}")
+    if size < MIN_RECORD_SIZE or size > avail:
+        raise RecordError(f"record size {size} out of bounds (available {avail})")
+    if sys_flag & (BORNHOST_V6_FLAG | STOREHOST_V6_FLAG):
+        raise RecordError("IPv6 host fields are not supported")
+    store_ts, store_ip, store_port, reconsume, prepared = _MID.unpack_from(buf, pos + _HEAD.size)
+    p = pos + _HEADER_SIZE
+    end = pos + size
+    body_len = _I32.unpack_from(buf, p)[0]
+    p += 4
+    if body_len < 0 or p + body_len + 3 > end:
+        raise RecordError(f"body length {body_len} exceeds the record")
+    body = bytes(buf[p:p + body_len])
+    p += body_len
+    topic_len = buf[p]
+    p += 1
+    if p + topic_len + 2 > end:
+        raise RecordError(f"topic length {topic_len} exceeds the record")
+    try:
+        topic = bytes(buf[p:p + topic_len]).decode()
+        p += topic_len
+        prop_len = _I16.unpack_from(buf, p)[0]
+        p += 2
+        if prop_len < 0 or p + prop_len != end:
+            raise RecordError(f"properties length {prop_len} does not end the record")
+        props = string_to_properties(bytes(buf[p:p + prop_len]).decode())
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"record text is not UTF-8: {exc}") from None
+    if check_crc and body_crc(body) != crc:
+        raise RecordError(f"body CRC mismatch at {pos}")
+    return StoredMessage(
+        topic=topic, queue_id=queue_id, body=body, flag=flag, properties=props,
+        sys_flag=sys_flag, born_timestamp=born_ts, born_host=_host(born_ip, born_port),
+        reconsume_times=reconsume, prepared_transaction_offset=prepared,
+        store_timestamp=store_ts, store_size=size, body_crc=crc, queue_offset=queue_offset,
+        physical_offset=physical_offset, store_host=_host(store_ip, store_port),
+    )
+
+
+def decode_records(buf: bytes | memoryview, *, check_crc: bool = False) -> list[StoredMessage]:
+    """Decode a concatenation of records (a PULL response body)."""
+    out: list[StoredMessage] = []
+    pos = 0
+    while pos < len(buf):
+        msg = decode_record(buf, pos, check_crc=check_crc)
+        out.append(msg)
+        pos += msg.store_size
+    return out
+
+
+def maybe_decompress(msg: StoredMessage) -> bytes:
+    """The body as the producer meant it: zlib-inflated when COMPRESSED_FLAG is set."""
+    if msg.sys_flag & COMPRESSED_FLAG:
+        try:
+            return zlib.decompress(msg.body)
+        except zlib.error as exc:
+            raise RecordError(f"compressed body does not inflate: {exc}") from None
+    return msg.body
+
+
+def encode_batch(items: Iterable[tuple[int, bytes, dict[str, str]]]) -> bytes:
+    """Batch body (SEND_BATCH_MESSAGE): per entry TOTALSIZE, MAGIC 0, CRC 0, FLAG, body, props."""
+    parts: list[bytes] = []
+    for flag, body, props in items:
+        prop_bytes = properties_to_string(props).encode()
+        total = _BATCH_HEAD.size + len(body) + 2 + len(prop_bytes)
+        parts.append(_BATCH_HEAD.pack(total, 0, 0, flag, len(body)))
+        parts.append(body)
+        parts.append(_I16.pack(len(prop_bytes)))
+        parts.append(prop_bytes)
+    return b"".join(parts)
+
+
+def decode_batch(body: bytes | memoryview) -> list[tuple[int, bytes, dict[str, str]]]:
+    """Inverse of :func:`encode_batch`; every length is checked."""
+    out: list[tuple[int, bytes, dict[str, str]]] = []
+    pos = 0
+    n = len(body)
+    while pos < n:
+        if n - pos < _BATCH_HEAD.size + 2:
+            raise RecordError(f"truncated batch entry at {pos}")
+        total, _magic, _crc, flag, body_len = _BATCH_HEAD.unpack_from(body, pos)
+        if total < _BATCH_HEAD.size + 2 or pos + total > n:
+            raise RecordError(f"batch entry size {total} out of bounds at {pos}")
+        p = pos + _BATCH_HEAD.size
+        if body_len < 0 or p + body_len + 2 > pos + total:
+            raise RecordError(f"batch entry body length {body_len} exceeds the entry at {pos}")
+        entry_body = bytes(body[p:p + body_len])
+        p += body_len
+        prop_len = _I16.unpack_from(body, p)[0]
+        p += 2
+        if prop_len < 0 or p + prop_len != pos + total:
+            raise RecordError(f"batch entry properties length {prop_len} does not end the entry")
+        try:
+            props = string_to_properties(bytes(body[p:p + prop_len]).decode())
+        except UnicodeDecodeError:
+            raise RecordError(f"batch entry properties at {pos} are not UTF-8") from None
+        out.append((flag, entry_body, props))
+        pos += total
+    return out
+
+
+def create_offset_msg_id(host: str, port: int, offset: int) -> str:
+    """offsetMsgId: IPv4 (4) + port int32 + commitlog offset int64, uppercase hex (32 chars)."""
+    return (_ip4(host) + struct.pack(">iq", port, offset)).hex().upper()
+
+
+def decode_offset_msg_id(msg_id: str) -> tuple[str, int, int]:
+    """(host, port, commitlog offset) from a 32-char offsetMsgId; ValueError if malformed."""
+    if len(msg_id) != 32:
+        raise ValueError(f"offsetMsgId must be 32 hex characters, got {len(msg_id)}")
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError:
+        raise ValueError("offsetMsgId is not hexadecimal") from None
+    port, offset = struct.unpack(">iq", raw[4:])
+    if offset < 0:
+        raise ValueError("offsetMsgId carries a negative offset")
+    return socket.inet_ntoa(raw[:4]), port, offset
