@@ -1,0 +1,157 @@
+"""Broker pieces that need no socket: topic rules, registry, route dialects, field checks."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from txbroker.config import BrokerConfig
+from txbroker.remoting.codec import RemotingCommand
+from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.service.clients import ClientRegistry, ConsumerEntry, parse_tag_expression
+from txbroker.service.namesrv import NameServer, fastjson_dumps
+from txbroker.service.processors.consumer import LockManager
+from txbroker.service.processors.fields import FieldError, Fields, send_fields
+from txbroker.service.schedule import parse_levels
+from txbroker.service.topics import (
+    TopicConfig,
+    TopicError,
+    TopicManager,
+    is_system_topic,
+    validate_topic_name,
+)
+
+
+class FakeConn:
+    """A connection stand-in for registry bookkeeping: records one-way sends."""
+
+    _ids = iter(range(1, 10_000))
+
+    def __init__(self) -> None:
+        self.id = next(self._ids)
+        self.closed = False
+        self.sent: list[RemotingCommand] = []
+
+    def send_oneway(self, cmd: RemotingCommand) -> None:
+        self.sent.append(cmd)
+
+
+def test_topic_names() -> None:
+    assert validate_topic_name("Topic_A-1%|x") == "Topic_A-1%|x"
+    for bad in ("", "a b", "a/b", "ü", "x" * 128):
+        with pytest.raises(TopicError):
+            validate_topic_name(bad)
+    assert is_system_topic("RMQ_SYS_TRANS_HALF_TOPIC")
+    assert is_system_topic("TRANS_CHECK_MAX_TIME_TOPIC")
+    assert not is_system_topic("TopicTest")
+
+
+def test_topics_persist_and_protect(tmp_path) -> None:
+    cfg = BrokerConfig(data_dir=str(tmp_path), default_queue_nums=4)
+    tm = TopicManager(cfg)
+    assert tm.get("TBW102") is not None
+    assert tm.get_or_create("Orders", queue_nums=8).write_queue_nums == 4  # capped
+    assert tm.get_or_create("%RETRY%g1").write_queue_nums == 1
+    tm.create_or_update(TopicConfig("Big", 16, 16))
+    with pytest.raises(TopicError) as err:
+        tm.create_or_update(TopicConfig("RMQ_SYS_TRANS_HALF_TOPIC", 1, 1))
+    assert err.value.code == ResponseCode.NO_PERMISSION
+    with pytest.raises(TopicError):
+        tm.delete("TRANS_CHECK_MAX_TIME_TOPIC")
+    again = TopicManager(cfg)
+    assert again.get("Orders").write_queue_nums == 4
+    assert again.get("Big").read_queue_nums == 16
+    no_auto = TopicManager(cfg.replace(auto_create_topic=False))
+    with pytest.raises(TopicError) as err:
+        no_auto.get_or_create("Unknown")
+    assert err.value.code == ResponseCode.TOPIC_NOT_EXIST
+
+
+def test_tag_expressions() -> None:
+    assert parse_tag_expression("*") == frozenset()
+    assert parse_tag_expression(None) == frozenset()
+    assert parse_tag_expression("TagA || TagB") == {"TagA", "TagB"}
+    assert parse_tag_expression(" a||b ||  ") == {"a", "b"}
+
+
+def test_registry_producers_most_recent_first() -> None:
+    reg = ClientRegistry()
+    a, b = FakeConn(), FakeConn()
+    reg.note_producer("PG", a)
+    reg.note_producer("PG", b)
+    assert reg.producer_connections("PG") == [b, a]
+    reg.note_producer("PG", a)
+    assert reg.producer_connections("PG") == [a, b]
+    b.closed = True
+    assert reg.producer_connections("PG") == [a]
+    reg.connection_closed(a)
+    assert reg.producer_connections("PG") == []
+
+
+def test_registry_consumers_notify_and_expire() -> None:
+    now = [1000.0]
+    reg = ClientRegistry(clock=lambda: now[0])
+    a, b = FakeConn(), FakeConn()
+    reg.heartbeat(a, "c1", [], [("G", ConsumerEntry("c1", a, {}, 0))])
+    reg.heartbeat(b, "c2", [], [("G", ConsumerEntry("c2", b, {}, 0))])
+    assert reg.consumer_ids("G") == ["c1", "c2"]
+    assert [c.code for c in a.sent] == [RequestCode.NOTIFY_CONSUMER_IDS_CHANGED] * 2
+    assert a.sent[0].ext_fields == {"consumerGroup": "G"}
+    n_a = len(a.sent)
+    reg.heartbeat(b, "c2", [], [("G", ConsumerEntry("c2", b, {}, 0))])  # renewal: no notify
+    assert len(a.sent) == n_a
+    reg.unregister(b, "c2", None, "G")
+    assert reg.consumer_ids("G") == ["c1"]
+    assert len(a.sent) == n_a + 1
+    now[0] += 121
+    reg.expire()
+    assert reg.consumer_ids("G") == []
+
+
+def test_fastjson_route_keys() -> None:
+    raw = fastjson_dumps({"brokerDatas": [{"brokerAddrs": {0: "127.0.0.1:1"}, "x": "0"}]})
+    assert b'{0:"127.0.0.1:1"}' in raw
+    assert b'"x":"0"' in raw
+
+
+async def test_namesrv_dialects(tmp_path) -> None:
+    cfg = BrokerConfig(data_dir=str(tmp_path), auto_create_topic=False)
+    ns = NameServer(cfg, TopicManager(cfg), lambda: "127.0.0.1:10911")
+    old = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TBW102"})
+    old.version = 63
+    resp = await ns.get_route(None, old)
+    assert resp.code == ResponseCode.SUCCESS and b'{0:"127.0.0.1:10911"}' in resp.body
+    new = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TBW102"})
+    doc = orjson.loads((await ns.get_route(None, new)).body)
+    assert doc["brokerDatas"][0]["brokerAddrs"] == {"0": "127.0.0.1:10911"}
+    missing = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Nope"})
+    assert (await ns.get_route(None, missing)).code == ResponseCode.TOPIC_NOT_EXIST
+
+
+def test_fields_types_and_v2_keys() -> None:
+    f = Fields({"a": "1", "b": "x", "t": "TRUE", "z": "1"})
+    assert f.int("a") == 1 and f.bool("t") and f.bool("z")
+    for call in (lambda: f.int("b"), lambda: f.int("missing"), lambda: f.bool("b"),
+                 lambda: f.int("a", lo=2)):
+        with pytest.raises(FieldError):
+            call()
+    cmd = RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, {"a": "PG", "b": "T", "e": "3"})
+    v2 = send_fields(cmd, v2=True)
+    assert v2.str("producerGroup") == "PG" and v2.int("queueId") == 3
+
+
+def test_locks_expire_and_belong_to_holder() -> None:
+    now = [0.0]
+    locks = LockManager(clock=lambda: now[0])
+    mq = ("T", "broker-a", 0)
+    assert locks.lock("G", "c1", [mq]) == [mq]
+    assert locks.lock("G", "c2", [mq]) == []
+    locks.unlock("G", "c2", [mq])  # not the holder: no effect
+    assert locks.holder("G", *mq) == "c1"
+    now[0] += 61
+    assert locks.lock("G", "c2", [mq]) == [mq]
+
+
+def test_delay_levels() -> None:
+    levels = parse_levels("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h")
+    assert levels[0] == 1 and levels[4] == 60 and levels[-1] == 7200 and len(levels) == 18

@@ -1,0 +1,129 @@
+"""Admin requests: topics, message lookup by offset, runtime info and the status document.
+
+BROKER_STATUS (9004, txbroker's private range) is what ``txbroker status`` prints: topics with
+per-queue min/max offsets, consumer groups with their committed offsets and members, pending
+half messages and key metrics, as one JSON document.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import orjson
+
+from txbroker.config import BrokerConfig
+from txbroker.remoting.codec import RemotingCommand
+from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.service.clients import ClientRegistry
+from txbroker.service.processors.consumer import _guarded
+from txbroker.service.processors.fields import Fields
+from txbroker.service.topics import PERM_READ_WRITE, TopicConfig, TopicManager
+
+
+class AdminProcessor:
+    def __init__(self, config: BrokerConfig, store, topics: TopicManager, registry: ClientRegistry,
+                 tx, metrics, *, runtime: Callable[[], dict[str, str]] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.store = store
+        self.topics = topics
+        self.registry = registry
+        self.tx = tx
+        self.metrics = metrics
+        self.runtime = runtime or (dict)
+        self.clock = clock
+        self.started = clock()
+
+    def handlers(self) -> dict[int, object]:
+        table = {
+            RequestCode.UPDATE_AND_CREATE_TOPIC: self.create_topic,
+            RequestCode.GET_ALL_TOPIC_CONFIG: self.all_topic_config,
+            RequestCode.GET_BROKER_RUNTIME_INFO: self.runtime_info,
+            RequestCode.VIEW_MESSAGE_BY_ID: self.view_message,
+            RequestCode.BROKER_STATUS: self.status,
+        }
+        return {code: _guarded(fn) for code, fn in table.items()}
+
+    async def create_topic(self, conn, cmd: RemotingCommand) -> RemotingCommand:
+        f = Fields(cmd.ext_fields)
+        topic = f.str("topic")
+        read = f.int("readQueueNums", required=False, default=self.config.default_queue_nums)
+        write = f.int("writeQueueNums", required=False, default=read)
+        perm = f.int("perm", required=False, default=PERM_READ_WRITE)
+        sys_flag = f.int("topicSysFlag", required=False, default=0, lo=0)
+        order = f.bool("order")
+        f.str("defaultTopic", required=False)
+        tc = self.topics.create_or_update(TopicConfig(topic, read, write, perm, sys_flag, order))
+        return cmd.response(ResponseCode.SUCCESS, ext={"topic": tc.name})
+
+    async def all_topic_config(self, conn, cmd: RemotingCommand) -> RemotingCommand:
+        doc = {"topicConfigTable": {t.name: t.to_wire() for t in self.topics.all()},
+               "dataVersion": {"counter": len(self.topics.names()),
+                               "timestamp": int(self.started * 1000)}}
+        return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(doc))
+
+    async def view_message(self, conn, cmd: RemotingCommand) -> RemotingCommand:
+        offset = Fields(cmd.ext_fields).long("offset", lo=0)
+        raw = self.store.read_raw(offset)
+        if raw is None:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
+        return cmd.response(ResponseCode.SUCCESS, body=raw)
+
+    def runtime_table(self) -> dict[str, str]:
+        table = {str(k): str(v) for k, v in self.metrics.snapshot().items()}
+        for k, v in self.store.stats().items():
+            table[f"store_{k}"] = str(v)
+        for k, v in self.registry.stats().items():
+            table[k] = str(v)
+        table.update(self.runtime())
+        table.update({
+            "brokerVersionDesc": "V4_9_8", "brokerVersion": "409",
+            "commitLogMaxOffset": str(self.store.max_physical_offset),
+            "commitLogMinOffset": str(self.store.min_physical_offset),
+            "pendingHalfMessages": str(self.tx.pending_count()),
+            "bootTimestamp": str(int(self.started * 1000)),
+            "flushMode": self.config.flush_mode,
+        })
+        return table
+
+    async def runtime_info(self, conn, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps({"table": self.runtime_table()}))
+
+    def status_doc(self) -> dict:
+        queues = self.store.queues()
+        topics = {}
+        for tc in self.topics.all():
+            qids = sorted(set(range(tc.read_queue_nums)) | set(queues.get(tc.name, [])))
+            topics[tc.name] = {
+                "readQueueNums": tc.read_queue_nums, "writeQueueNums": tc.write_queue_nums,
+                "perm": tc.perm,
+                "queues": [{"queueId": q, "minOffset": self.store.min_offset(tc.name, q),
+                            "maxOffset": self.store.max_offset(tc.name, q)} for q in qids],
+            }
+        groups: dict[str, dict] = {}
+        for group, members in self.registry.consumer_groups().items():
+            groups[group] = {"consumers": sorted(members), "offsets": {}}
+        for (group, topic, qid), offset in self._all_offsets():
+            entry = groups.setdefault(group, {"consumers": [], "offsets": {}})
+            entry["offsets"].setdefault(topic, {})[str(qid)] = offset
+        return {
+            "broker": {"name": self.config.broker_name, "cluster": self.config.cluster_name,
+                       "flushMode": self.config.flush_mode,
+                       "uptimeSeconds": round(self.clock() - self.started, 3)},
+            "topics": topics,
+            "consumerGroups": groups,
+            "producerGroups": self.registry.producer_groups(),
+            "pendingHalfMessages": self.tx.pending_count(),
+            "metrics": self.runtime_table(),
+        }
+
+    def _all_offsets(self):
+        offsets = self.store.offsets
+        items = getattr(offsets, "items", None)
+        if items is None:
+            return []
+        return list(items())
+
+    async def status(self, conn, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(self.status_doc()))

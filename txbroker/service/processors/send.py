@@ -1,0 +1,237 @@
+"""SEND_MESSAGE (10), SEND_MESSAGE_V2 (310) and SEND_BATCH_MESSAGE (320).
+
+Every field is validated before anything is stored: a refused send leaves the store untouched.
+What the broker adds or drops follows RocketMQ's SendMessageProcessor: ``WAIT`` is dropped,
+``CLUSTER`` is added, a message whose ``TRAN_MSG`` property is true becomes a half message
+(handed to the transactional service), a ``DELAY`` level sends it through the schedule
+service.  The response always carries extFields with *string* values: the C++ client crashes
+without extFields and ignores numeric values (client-capture.md §4).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+from txbroker.config import BrokerConfig
+from txbroker.remoting.codec import RemotingCommand
+from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.service.clients import ClientRegistry
+from txbroker.service.processors.fields import (
+    FieldError,
+    error_response,
+    send_fields,
+)
+from txbroker.service.schedule import ScheduleService
+from txbroker.service.topics import (
+    PERM_WRITE,
+    TopicError,
+    TopicManager,
+    is_system_topic,
+    validate_topic_name,
+)
+from txbroker.store.record import (
+    BORNHOST_V6_FLAG,
+    MAX_PROPERTIES_BYTES,
+    PROPERTY_CLUSTER,
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_WAIT_STORE_MSG_OK,
+    STOREHOST_V6_FLAG,
+    TRANSACTION_MASK,
+    TRANSACTION_NOT_TYPE,
+    TRANSACTION_PREPARED_TYPE,
+    Message,
+    RecordError,
+    decode_batch,
+    properties_to_string,
+    string_to_properties,
+)
+
+log = logging.getLogger(__name__)
+
+#: sysFlag bits a producer may set: compressed, multi-tags, transaction type, IPv6 host
+#: markers (ignored: records carry IPv4), compression type (bits 8-10).
+_ALLOWED_SYS_FLAG = 0x1 | 0x2 | TRANSACTION_MASK | BORNHOST_V6_FLAG | STOREHOST_V6_FLAG | 0x700
+
+
+def parse_peer(peer: str | None) -> tuple[str, int]:
+    """``"host:port"`` (or ``"[v6]:port"``) → (host, port); loopback when unknown."""
+    if not peer:
+        return ("127.0.0.1", 0)
+    host, _, port = peer.rpartition(":")
+    try:
+        return (host.strip("[]") or "127.0.0.1", int(port))
+    except ValueError:
+        return ("127.0.0.1", 0)
+
+
+def is_true(value: str | None) -> bool:
+    return value is not None and value.strip().lower() in ("true", "1")
+
+
+class SendProcessor:
+    def __init__(self, config: BrokerConfig, store, topics: TopicManager,
+                 registry: ClientRegistry, tx, schedule: ScheduleService, metrics=None) -> None:
+        self.config = config
+        self.store = store
+        self.topics = topics
+        self.registry = registry
+        self.tx = tx
+        self.schedule = schedule
+        self.metrics = metrics
+        self._rr = itertools.count()
+
+    def handlers(self) -> dict[int, object]:
+        return {
+            RequestCode.SEND_MESSAGE: self.handle,
+            RequestCode.SEND_MESSAGE_V2: self.handle,
+            RequestCode.SEND_BATCH_MESSAGE: self.handle,
+        }
+
+    async def handle(self, conn, cmd: RemotingCommand) -> RemotingCommand | None:
+        try:
+            resp = await self._send(conn, cmd)
+        except (FieldError, TopicError, RecordError) as exc:
+            resp = error_response(cmd, exc)
+            log.info("send refused from %s: %s", getattr(conn, "peer", "?"), resp.remark)
+        except Exception as exc:
+            # HeaderError from the transactional service and friends carry code/remark.
+            if hasattr(exc, "code") and hasattr(exc, "remark"):
+                resp = error_response(cmd, exc)
+            else:
+                raise
+        return None if cmd.is_oneway else resp
+
+    async def _send(self, conn, cmd: RemotingCommand) -> RemotingCommand:
+        code = cmd.code
+        f = send_fields(cmd, v2=code != RequestCode.SEND_MESSAGE)
+        group = f.str("producerGroup")
+        topic = validate_topic_name(f.str("topic"))
+        if is_system_topic(topic):
+            raise FieldError(ResponseCode.NO_PERMISSION,
+                             f"Sending message to topic[{topic}] is forbidden: system topic")
+        queue_nums = f.int("defaultTopicQueueNums", required=False, lo=0, hi=1024)
+        queue_id = f.int("queueId")
+        sys_flag = f.int("sysFlag", lo=0)
+        born_ts = f.long("bornTimestamp", lo=0)
+        flag = f.int("flag")
+        props_text = f.str("properties", required=False) or ""
+        reconsume = f.int("reconsumeTimes", required=False, default=0, lo=0)
+        batch = code == RequestCode.SEND_BATCH_MESSAGE or f.bool("batch")
+        f.bool("unitMode")
+        f.int("maxReconsumeTimes", required=False)
+        if sys_flag & ~_ALLOWED_SYS_FLAG:
+            raise FieldError(ResponseCode.MESSAGE_ILLEGAL, f"sysFlag {sys_flag:#x} has unknown bits set")
+        tx_bits = sys_flag & TRANSACTION_MASK
+        if tx_bits not in (TRANSACTION_NOT_TYPE, TRANSACTION_PREPARED_TYPE):
+            raise FieldError(ResponseCode.MESSAGE_ILLEGAL,
+                             f"sysFlag {sys_flag:#x}: a producer may not send a committed or "
+                             "rolled-back message")
+        body = cmd.body
+        if len(body) > self.config.max_message_size:
+            raise FieldError(ResponseCode.MESSAGE_ILLEGAL,
+                             f"message body size {len(body)} exceeds the maximum "
+                             f"{self.config.max_message_size}")
+        if not body:
+            raise FieldError(ResponseCode.MESSAGE_ILLEGAL, "message body is empty")
+        tc = self.topics.get_or_create(topic, queue_nums=queue_nums)
+        if not tc.perm & PERM_WRITE:
+            raise FieldError(ResponseCode.NO_PERMISSION, f"topic[{topic}] is not writable")
+        if queue_id < 0:
+            queue_id = next(self._rr) % tc.write_queue_nums
+        elif queue_id >= tc.write_queue_nums:
+            raise FieldError(ResponseCode.SYSTEM_ERROR,
+                             f"request queueId[{queue_id}] is illegal, topic {topic} has "
+                             f"{tc.write_queue_nums} write queues")
+        self.registry.note_producer(group, conn)
+        born_host = parse_peer(getattr(conn, "peer", None))
+        if batch:
+            return await self._send_batch(cmd, topic, queue_id, sys_flag, born_ts, born_host,
+                                          reconsume, body)
+        props = string_to_properties(props_text)
+        self._fix_properties(props)
+        transactional = is_true(props.get(PROPERTY_TRANSACTION_PREPARED))
+        if tx_bits == TRANSACTION_PREPARED_TYPE and not transactional:
+            raise FieldError(ResponseCode.MESSAGE_ILLEGAL,
+                             "sysFlag marks a transactional message but property TRAN_MSG is not true")
+        msg = Message(topic=topic, queue_id=queue_id, body=body, flag=flag, properties=props,
+                      sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
+                      reconsume_times=reconsume)
+        if transactional:
+            # RocketMQ answers with the *requested* queue id and the half's ids and offset.
+            result = await self.tx.prepare(msg, conn)
+            return self._response(cmd, result, queue_id=queue_id)
+        level = self._delay_level(props)
+        if level:
+            msg = self.schedule.wrap(msg, level)
+        result = await self.store.put(msg)
+        return self._response(cmd, result, queue_id=queue_id)
+
+    def _fix_properties(self, props: dict[str, str]) -> None:
+        props.pop(PROPERTY_WAIT_STORE_MSG_OK, None)
+        props[PROPERTY_CLUSTER] = self.config.cluster_name
+        if len(properties_to_string(props).encode()) > MAX_PROPERTIES_BYTES:
+            raise FieldError(ResponseCode.MESSAGE_ILLEGAL,
+                             f"message properties exceed {MAX_PROPERTIES_BYTES} bytes")
+
+    def _delay_level(self, props: dict[str, str]) -> int:
+        raw = props.get(PROPERTY_DELAY_TIME_LEVEL)
+        if raw is None:
+            return 0
+        try:
+            level = int(raw)
+        except ValueError:
+            raise FieldError(ResponseCode.MESSAGE_ILLEGAL, f"property DELAY={raw!r} is not an integer") from None
+        if level < 0:
+            raise FieldError(ResponseCode.MESSAGE_ILLEGAL, f"property DELAY={level} is negative")
+        return min(level, self.schedule.max_level)
+
+    async def _send_batch(self, cmd, topic, queue_id, sys_flag, born_ts, born_host, reconsume,
+                          body) -> RemotingCommand:
+        if sys_flag & TRANSACTION_MASK:
+            raise FieldError(ResponseCode.MESSAGE_ILLEGAL, "a batch cannot be transactional")
+        entries = decode_batch(body)
+        if not entries:
+            raise FieldError(ResponseCode.MESSAGE_ILLEGAL, "batch body holds no messages")
+        msgs = []
+        for i, (flag, entry_body, props) in enumerate(entries):
+            if is_true(props.get(PROPERTY_TRANSACTION_PREPARED)):
+                raise FieldError(ResponseCode.MESSAGE_ILLEGAL, f"batch entry {i} is transactional")
+            if props.get(PROPERTY_DELAY_TIME_LEVEL, "0") not in ("", "0"):
+                raise FieldError(ResponseCode.MESSAGE_ILLEGAL, f"batch entry {i} has a delay level")
+            self._fix_properties(props)
+            msgs.append(Message(topic=topic, queue_id=queue_id, body=entry_body, flag=flag,
+                                properties=props, sys_flag=sys_flag & ~TRANSACTION_MASK,
+                                born_timestamp=born_ts, born_host=born_host,
+                                reconsume_times=reconsume))
+        results = await self.store.put_batch(msgs)
+        bad = next((r for r in results if r.status.name not in ("OK", "FLUSH_DISK_TIMEOUT")), None)
+        first = bad or results[0]
+        resp = self._response(cmd, first, queue_id=queue_id)
+        if bad is None:
+            resp.ext_fields["msgId"] = ",".join(r.msg_id for r in results)
+        return resp
+
+    def _response(self, cmd: RemotingCommand, result, *, queue_id: int) -> RemotingCommand:
+        status = result.status.name
+        if status == "OK":
+            code, remark = ResponseCode.SUCCESS, None
+        elif status == "FLUSH_DISK_TIMEOUT":
+            code, remark = ResponseCode.FLUSH_DISK_TIMEOUT, "flush to disk timed out"
+        elif status in ("MESSAGE_ILLEGAL", "PROPERTIES_SIZE_EXCEEDED"):
+            return cmd.response(ResponseCode.MESSAGE_ILLEGAL,
+                                result.reason or f"message refused by the store: {status}")
+        else:
+            return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE,
+                                result.reason or f"store not available: {status}")
+        return cmd.response(code, remark, ext={
+            "msgId": result.msg_id, "queueId": str(queue_id),
+            "queueOffset": str(result.queue_offset),
+            "MSG_REGION": "DefaultRegion", "TRACE_ON": "true",
+        })
+
+
+def put_ok(result) -> bool:
+    """A put the client counts as stored (FLUSH_DISK_TIMEOUT is still a success in RocketMQ)."""
+    return result.status.name in ("OK", "FLUSH_DISK_TIMEOUT")

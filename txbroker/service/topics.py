@@ -1,0 +1,219 @@
+"""Topic configuration: which topics exist, how many queues they have, and who may write them.
+
+Topics are created on demand (RocketMQ's ``autoCreateTopicEnable``) or by the admin request
+UPDATE_AND_CREATE_TOPIC, and persisted to ``<data_dir>/config/topics.json`` with an atomic
+rename so a crash never leaves a half-written file.  Names follow RocketMQ's rule (charset
+``[%|a-zA-Z0-9_-]``, at most 127 characters) because the record format stores the topic length
+in a signed byte.  System topics hold broker-internal state (half and operation messages,
+discarded halves, scheduled messages): a client may never produce to them or delete them,
+otherwise it could forge a commit or hide a pending transaction.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import orjson
+
+from txbroker.config import BrokerConfig
+from txbroker.remoting.codes import ResponseCode
+from txbroker.store.record import (
+    CHECK_MAX_TIME_TOPIC,
+    DEFAULT_TOPIC,
+    DLQ_GROUP_TOPIC_PREFIX,
+    HALF_TOPIC,
+    MAX_TOPIC_BYTES,
+    OP_HALF_TOPIC,
+    RETRY_GROUP_TOPIC_PREFIX,
+)
+
+#: Where scheduled (delayed) messages wait; RocketMQ's name, so operators recognise it.
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+
+_NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+
+PERM_INHERIT = 0x1
+PERM_WRITE = 0x2
+PERM_READ = 0x4
+PERM_READ_WRITE = PERM_READ | PERM_WRITE
+
+#: Internal topics with a fixed queue count (the half topic uses queue 0 only, by design).
+_SYSTEM_QUEUES = {HALF_TOPIC: 1, OP_HALF_TOPIC: 1, CHECK_MAX_TIME_TOPIC: 1, SCHEDULE_TOPIC: 18}
+
+
+class TopicError(Exception):
+    """A topic request the broker refuses; ``code`` is the RocketMQ response code to send."""
+
+    def __init__(self, code: int, remark: str) -> None:
+        super().__init__(remark)
+        self.code = int(code)
+        self.remark = remark
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int = PERM_READ_WRITE
+    topic_sys_flag: int = 0
+    order: bool = False
+
+    def to_wire(self) -> dict:
+        """RocketMQ's ``TopicConfig`` JSON shape (GET_ALL_TOPIC_CONFIG, dashboards)."""
+        return {
+            "topicName": self.name, "readQueueNums": self.read_queue_nums,
+            "writeQueueNums": self.write_queue_nums, "perm": self.perm,
+            "topicFilterType": "SINGLE_TAG", "topicSysFlag": self.topic_sys_flag,
+            "order": self.order,
+        }
+
+
+def validate_topic_name(name: str | None) -> str:
+    """The name if RocketMQ would accept it, else :class:`TopicError` (SYSTEM_ERROR-free)."""
+    if not name:
+        raise TopicError(ResponseCode.MESSAGE_ILLEGAL, "topic name is empty")
+    if len(name) > MAX_TOPIC_BYTES:
+        raise TopicError(ResponseCode.MESSAGE_ILLEGAL,
+                         f"topic name longer than {MAX_TOPIC_BYTES} characters")
+    if not _NAME_RE.match(name):
+        raise TopicError(ResponseCode.MESSAGE_ILLEGAL,
+                         f"topic name {name!r} contains characters outside [%|a-zA-Z0-9_-]")
+    return name
+
+
+def validate_group_name(name: str | None, what: str = "group") -> str:
+    """Groups follow the topic rules: they become part of %RETRY%/%DLQ% topic names."""
+    if not name:
+        raise TopicError(ResponseCode.SYSTEM_ERROR, f"{what} name is empty")
+    if len(name) + len(RETRY_GROUP_TOPIC_PREFIX) > MAX_TOPIC_BYTES or not _NAME_RE.match(name):
+        raise TopicError(ResponseCode.SYSTEM_ERROR,
+                         f"{what} name {name!r} is invalid (charset [%|a-zA-Z0-9_-], "
+                         f"at most {MAX_TOPIC_BYTES - len(RETRY_GROUP_TOPIC_PREFIX)} characters)")
+    return name
+
+
+def is_system_topic(name: str) -> bool:
+    """Broker-internal topics: never produced to, deleted or redefined by a client."""
+    return name.startswith("RMQ_SYS_") or name in _SYSTEM_QUEUES
+
+
+def is_protected_topic(name: str, config: BrokerConfig) -> bool:
+    """Topics a client may not delete or redefine (system topics plus the template topic)."""
+    return is_system_topic(name) or name in (DEFAULT_TOPIC, config.cluster_name, config.broker_name)
+
+
+class TopicManager:
+    """All topic configs of this broker.  Safe to call from the event loop only (one writer)."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.path = Path(config.data_dir) / "config" / "topics.json"
+        self._topics: dict[str, TopicConfig] = {}
+        self._lock = threading.Lock()
+        self._load()
+        self._ensure_builtin()
+
+    # --- persistence --------------------------------------------------------------------
+    def _load(self) -> None:
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        doc = orjson.loads(raw) if raw.strip() else {}
+        for entry in doc.get("topics", []):
+            tc = TopicConfig(**entry)
+            self._topics[tc.name] = tc
+
+    def _persist(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"topics": [asdict(t) for t in sorted(self._topics.values(), key=lambda t: t.name)]}
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+
+    def _ensure_builtin(self) -> None:
+        changed = False
+        n = self.config.default_queue_nums
+        builtin = {DEFAULT_TOPIC: TopicConfig(DEFAULT_TOPIC, n, n, PERM_READ_WRITE | PERM_INHERIT)}
+        for name, q in _SYSTEM_QUEUES.items():
+            builtin[name] = TopicConfig(name, q, q)
+        for name, tc in builtin.items():
+            if name not in self._topics:
+                self._topics[name] = tc
+                changed = True
+        if changed:
+            self._persist()
+
+    # --- queries ------------------------------------------------------------------------
+    def get(self, name: str) -> TopicConfig | None:
+        return self._topics.get(name)
+
+    def all(self) -> list[TopicConfig]:
+        return sorted(self._topics.values(), key=lambda t: t.name)
+
+    def names(self) -> list[str]:
+        return sorted(self._topics)
+
+    # --- changes ------------------------------------------------------------------------
+    def get_or_create(self, name: str, *, queue_nums: int | None = None,
+                      auto_create: bool | None = None) -> TopicConfig:
+        """The topic's config, creating it when allowed.
+
+        Retry and dead-letter topics are always created (with one queue, as RocketMQ does):
+        the broker itself writes them on a consumer's behalf.  Other topics follow
+        ``auto_create_topic``; refusal is TOPIC_NOT_EXIST.
+        """
+        tc = self._topics.get(name)
+        if tc is not None:
+            return tc
+        validate_topic_name(name)
+        if name.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)):
+            n = 1
+        else:
+            allowed = self.config.auto_create_topic if auto_create is None else auto_create
+            if not allowed:
+                raise TopicError(ResponseCode.TOPIC_NOT_EXIST,
+                                 f"topic[{name}] not exist, apply first please!")
+            if is_system_topic(name):
+                raise TopicError(ResponseCode.NO_PERMISSION, f"topic[{name}] is a system topic")
+            # Like RocketMQ, a client's defaultTopicQueueNums is capped by the broker's default.
+            n = self.config.default_queue_nums
+            if queue_nums is not None and queue_nums > 0:
+                n = min(queue_nums, n)
+        return self._put(TopicConfig(name, n, n))
+
+    def create_or_update(self, tc: TopicConfig) -> TopicConfig:
+        """UPDATE_AND_CREATE_TOPIC: validated, never for protected topics."""
+        validate_topic_name(tc.name)
+        if is_protected_topic(tc.name, self.config):
+            raise TopicError(ResponseCode.NO_PERMISSION,
+                             f"topic[{tc.name}] is a system topic and cannot be changed")
+        for label, n in (("readQueueNums", tc.read_queue_nums), ("writeQueueNums", tc.write_queue_nums)):
+            if not 1 <= n <= 1024:
+                raise TopicError(ResponseCode.SYSTEM_ERROR, f"{label}={n}: must be 1..1024")
+        if not 0 <= tc.perm <= 0xF:
+            raise TopicError(ResponseCode.SYSTEM_ERROR, f"perm={tc.perm}: must be 0..15")
+        return self._put(tc)
+
+    def delete(self, name: str) -> bool:
+        if is_protected_topic(name, self.config):
+            raise TopicError(ResponseCode.NO_PERMISSION, f"topic[{name}] is a system topic")
+        with self._lock:
+            existed = self._topics.pop(name, None) is not None
+            if existed:
+                self._persist()
+        return existed
+
+    def _put(self, tc: TopicConfig) -> TopicConfig:
+        with self._lock:
+            self._topics[tc.name] = tc
+            self._persist()
+        return tc
