@@ -11,3 +11,8 @@ from txbroker import __version__
 @click.version_option(__version__, prog_name="txbroker")
 def main() -> None:
     """txbroker: a transactional message broker speaking the RocketMQ 4.x protocol."""
+
+
+from cli import serve as _serve
+
+main.add_command(_serve.serve)
