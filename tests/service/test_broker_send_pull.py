@@ -1,0 +1,199 @@
+"""Send and pull through a real broker over TCP (RemotingClient, not the SDK)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from broker_wire import (
+    PULL_SUBSCRIPTION,
+    PULL_SUSPEND,
+    TIMEOUT,
+    pull,
+    request,
+    send,
+    send_cmd,
+)
+
+from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.store.record import decode_offset_msg_id, encode_batch
+
+
+async def test_send_then_pull_with_tag_filter(broker, broker_client) -> None:
+    c = broker_client
+    for i, tag in enumerate(["TagA", "TagB", "TagC", "TagA"]):
+        resp = await send(c, "Orders", f"m{i}".encode(), tags=tag, props={"KEYS": f"k{i}"})
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        ext = resp.ext_fields
+        assert ext["queueId"] == "0" and ext["queueOffset"] == str(i)
+        assert ext["MSG_REGION"] == "DefaultRegion" and ext["TRACE_ON"] == "true"
+        host, port, _ = decode_offset_msg_id(ext["msgId"])
+        assert f"{host}:{port}" == broker.broker_addr
+    resp, msgs = await pull(c, "G1", "Orders", 0, 0)
+    assert resp.code == ResponseCode.SUCCESS
+    assert [m.body for m in msgs] == [b"m0", b"m1", b"m2", b"m3"]
+    assert resp.ext_fields["nextBeginOffset"] == "4"
+    assert resp.ext_fields["minOffset"] == "0" and resp.ext_fields["maxOffset"] == "4"
+    stored = msgs[0]
+    assert "WAIT" not in stored.properties
+    assert stored.properties["CLUSTER"] == broker.config.cluster_name
+    assert stored.properties["KEYS"] == "k0"
+    resp, msgs = await pull(c, "G1", "Orders", 0, 0, subscription="TagA || TagC")
+    assert resp.code == ResponseCode.SUCCESS
+    assert [m.body for m in msgs] == [b"m0", b"m2", b"m3"]
+    resp, msgs = await pull(c, "G1", "Orders", 0, 4)
+    assert resp.code == ResponseCode.PULL_NOT_FOUND and msgs == []
+
+
+async def test_v2_and_batches(broker, broker_client) -> None:
+    c = broker_client
+    resp = await send(c, "V2Topic", b"short-keys", code=RequestCode.SEND_MESSAGE_V2, queue_id=2)
+    assert resp.code == ResponseCode.SUCCESS and resp.ext_fields["queueId"] == "2"
+    body = encode_batch([(0, f"b{i}".encode(), {"UNIQ_KEY": f"U{i}", "WAIT": "true"})
+                         for i in range(3)])
+    # The C++ client sends batches as code 10 with batch="1".
+    cmd = send_cmd("Batch", body, queue_id=1)
+    cmd.ext_fields["batch"] = "1"
+    resp = await c.invoke(cmd, TIMEOUT)
+    assert resp.code == ResponseCode.SUCCESS, resp.remark
+    assert len(resp.ext_fields["msgId"].split(",")) == 3
+    resp = await send(c, "Batch", body, code=RequestCode.SEND_BATCH_MESSAGE, queue_id=1)
+    assert resp.code == ResponseCode.SUCCESS and resp.ext_fields["queueOffset"] == "3"
+    _, msgs = await pull(c, "G", "Batch", 1, 0)
+    assert [m.body for m in msgs] == [b"b0", b"b1", b"b2"] * 2
+    assert msgs[1].properties["UNIQ_KEY"] == "U1" and "WAIT" not in msgs[1].properties
+
+
+async def test_negative_queue_id_picks_a_queue(broker, broker_client) -> None:
+    qids = set()
+    for _ in range(8):
+        resp = await send(broker_client, "Spread", b"x", queue_id=-1)
+        assert resp.code == ResponseCode.SUCCESS
+        qids.add(int(resp.ext_fields["queueId"]))
+    assert qids <= {0, 1, 2, 3} and len(qids) > 1
+
+
+async def test_long_poll_answers_on_arrival(broker, broker_client) -> None:
+    c = broker_client
+    held = asyncio.create_task(pull(c, "G", "Poll", 0, 0, suspend_ms=20_000,
+                                    sys_flag=PULL_SUSPEND | PULL_SUBSCRIPTION, timeout=30))
+    await asyncio.sleep(0.3)
+    assert not held.done()
+    resp = await send(c, "Poll", b"arrived")
+    assert resp.code == ResponseCode.SUCCESS
+    resp, msgs = await asyncio.wait_for(held, 10)
+    assert resp.code == ResponseCode.SUCCESS and [m.body for m in msgs] == [b"arrived"]
+
+
+async def test_long_poll_times_out_with_not_found(broker, broker_client) -> None:
+    await send(broker_client, "Quiet", b"first")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    resp, msgs = await pull(broker_client, "G", "Quiet", 0, 1, suspend_ms=400,
+                            sys_flag=PULL_SUSPEND | PULL_SUBSCRIPTION)
+    assert resp.code == ResponseCode.PULL_NOT_FOUND and msgs == []
+    assert loop.time() - t0 >= 0.35
+    assert resp.ext_fields["nextBeginOffset"] == "1"
+
+
+async def test_eight_held_pulls_do_not_block_other_requests(broker, broker_client) -> None:
+    c = broker_client
+    topic = "Many"
+    resp = await c.invoke(request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
+        "topic": topic, "readQueueNums": "8", "writeQueueNums": "8", "perm": "6"}), TIMEOUT)
+    assert resp.code == ResponseCode.SUCCESS, resp.remark
+    held = [asyncio.create_task(pull(c, "G", topic, q, 0, suspend_ms=15_000, timeout=30,
+                                     sys_flag=PULL_SUSPEND | PULL_SUBSCRIPTION))
+            for q in range(8)]
+    await asyncio.sleep(0.2)
+    for _ in range(5):
+        resp = await c.invoke(request(RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": "0"}), 3)
+        assert resp.code == ResponseCode.SUCCESS and resp.ext_fields["offset"] == "0"
+    assert not any(t.done() for t in held)
+    for q in range(8):
+        assert (await send(c, topic, f"q{q}".encode(), queue_id=q)).code == ResponseCode.SUCCESS
+    results = await asyncio.wait_for(asyncio.gather(*held), 10)
+    assert sorted(m.body for _, msgs in results for m in msgs) == sorted(f"q{q}".encode() for q in range(8))
+
+
+async def test_offsets_min_max_and_search(broker, broker_client) -> None:
+    c = broker_client
+    for i in range(3):
+        await send(c, "Offs", b"x%d" % i)
+    q = {"topic": "Offs", "queueId": "0"}
+    assert (await c.invoke(request(RequestCode.GET_MIN_OFFSET, q), TIMEOUT)).ext_fields["offset"] == "0"
+    assert (await c.invoke(request(RequestCode.GET_MAX_OFFSET, q), TIMEOUT)).ext_fields["offset"] == "3"
+    resp = await c.invoke(request(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, {**q, "timestamp": "0"}), TIMEOUT)
+    assert resp.code == ResponseCode.SUCCESS and resp.ext_fields["offset"] == "0"
+    _, msgs = await pull(c, "G", "Offs", 0, 1, max_nums=1)
+    view = await c.invoke(request(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": str(msgs[0].physical_offset)}), TIMEOUT)
+    assert view.code == ResponseCode.SUCCESS and b"x1" in view.body
+
+
+@pytest.mark.parametrize("mutate, code, words", [
+    (lambda e: e.pop("topic"), ResponseCode.SYSTEM_ERROR, "topic"),
+    (lambda e: e.pop("producerGroup"), ResponseCode.SYSTEM_ERROR, "producerGroup"),
+    (lambda e: e.update(queueId="zero"), ResponseCode.SYSTEM_ERROR, "queueId"),
+    (lambda e: e.update(queueId="99"), ResponseCode.SYSTEM_ERROR, "queueId"),
+    (lambda e: e.update(bornTimestamp="yesterday"), ResponseCode.SYSTEM_ERROR, "bornTimestamp"),
+    (lambda e: e.update(sysFlag="8"), ResponseCode.MESSAGE_ILLEGAL, "sysFlag"),
+    (lambda e: e.update(sysFlag="4"), ResponseCode.MESSAGE_ILLEGAL, "TRAN_MSG"),
+    (lambda e: e.update(topic="bad topic!"), ResponseCode.MESSAGE_ILLEGAL, "topic"),
+    (lambda e: e.update(topic="x" * 128), ResponseCode.MESSAGE_ILLEGAL, "127"),
+    (lambda e: e.update(topic="RMQ_SYS_TRANS_HALF_TOPIC"), ResponseCode.NO_PERMISSION, "forbidden"),
+    (lambda e: e.update(topic="TRANS_CHECK_MAX_TIME_TOPIC"), ResponseCode.NO_PERMISSION, "forbidden"),
+    (lambda e: e.update(batch="maybe"), ResponseCode.SYSTEM_ERROR, "batch"),
+])
+async def test_bad_send_fields_get_clear_errors(broker, broker_client, mutate, code, words) -> None:
+    cmd = send_cmd("Valid", b"body")
+    mutate(cmd.ext_fields)
+    resp = await broker_client.invoke(cmd, TIMEOUT)
+    assert resp.code == code, resp.remark
+    assert words in (resp.remark or "")
+    assert broker.store.max_offset("Valid", 0) == 0
+
+
+async def test_huge_body_and_properties_refused(broker, broker_client) -> None:
+    c = broker_client
+    resp = await send(c, "Big", b"x" * (broker.config.max_message_size + 1))
+    assert resp.code == ResponseCode.MESSAGE_ILLEGAL and "exceeds" in resp.remark
+    resp = await send(c, "Big", b"x", props={"huge": "v" * 33_000})
+    assert resp.code == ResponseCode.MESSAGE_ILLEGAL and "properties" in resp.remark
+    resp = await send(c, "Big", b"")
+    assert resp.code == ResponseCode.MESSAGE_ILLEGAL
+    assert broker.store.max_offset("Big", 0) == 0
+    # the connection still works
+    assert (await send(c, "Big", b"ok")).code == ResponseCode.SUCCESS
+
+
+async def test_bad_pull_fields(broker, broker_client) -> None:
+    c = broker_client
+    resp, _ = await pull(c, "G", "NoSuchTopic", 0, 0)
+    assert resp.code == ResponseCode.TOPIC_NOT_EXIST
+    await send(c, "P", b"x")
+    resp, _ = await pull(c, "G", "P", 9, 0)
+    assert resp.code == ResponseCode.SYSTEM_ERROR and "queueId" in resp.remark
+    cmd = request(RequestCode.PULL_MESSAGE, {"consumerGroup": "G", "topic": "P", "queueId": "0"})
+    resp = await c.invoke(cmd, TIMEOUT)
+    assert resp.code == ResponseCode.SYSTEM_ERROR and "queueOffset" in resp.remark
+
+
+async def test_auto_create_off_refuses_unknown_topic(broker_config, tmp_path) -> None:
+    from txbroker.remoting.client import RemotingClient
+
+    from txbroker.broker import Broker
+
+    b = Broker(broker_config.replace(auto_create_topic=False))
+    await b.start()
+    client = RemotingClient(b.broker_addr)
+    await client.connect()
+    try:
+        resp = await send(client, "Unknown", b"x")
+        assert resp.code == ResponseCode.TOPIC_NOT_EXIST
+        resp = await client.invoke(request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
+            "topic": "Known", "readQueueNums": "2", "writeQueueNums": "2"}), TIMEOUT)
+        assert resp.code == ResponseCode.SUCCESS
+        assert (await send(client, "Known", b"x", queue_id=1)).code == ResponseCode.SUCCESS
+    finally:
+        await client.close()
+        await b.stop()
