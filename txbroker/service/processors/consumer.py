@@ -152,7 +152,6 @@ class ConsumerProcessor:
             if isinstance(pd, dict) and pd.get("groupName"):
                 producers.append(validate_group_name(str(pd["groupName"]), "producer group"))
         consumers = []
-        now = self.registry._clock()
         for cd in _list(doc, "consumerDataSet", "heartbeat"):
             if not isinstance(cd, dict) or not cd.get("groupName"):
                 continue
@@ -173,7 +172,7 @@ class ConsumerProcessor:
             self.topics.get_or_create(RETRY_GROUP_TOPIC_PREFIX + group)
             consumers.append((group, ConsumerEntry(
                 client_id=client_id or f"conn-{conn.id}", conn=conn, subscriptions=subs,
-                last_seen=now,
+                last_seen=0.0,  # stamped by the registry
                 consume_type=_enum(cd.get("consumeType"), _CONSUME_TYPES, "CONSUME_PASSIVELY"),
                 message_model=_enum(cd.get("messageModel"), _MESSAGE_MODELS, "CLUSTERING"),
                 consume_from_where=_enum(cd.get("consumeFromWhere"), _CONSUME_FROM,
