@@ -1,0 +1,485 @@
+"""The consumer: clustering consumption with long polling, rebalancing and at-least-once offsets.
+
+Mirrors RocketMQ's push consumer, delivered through an async iterator instead of a callback:
+
+* **Membership and allocation.**  The consumer heartbeats its subscriptions, asks a broker for
+  the group's members (GET_CONSUMER_LIST_BY_GROUP) and takes its share of the topic's queues
+  with the average strategy.  It re-balances when the broker announces a membership change
+  (NOTIFY_CONSUMER_IDS_CHANGED) and every ``rebalance_interval`` in case a notice was lost.
+* **Pulling.**  One PULL_MESSAGE is outstanding per owned queue, with the suspend flag: the
+  broker holds it until a message arrives or ``long_poll_timeout`` passes, so an idle consumer
+  costs one request per queue per long-poll period, and a new message is delivered at once.
+  Pulled messages wait in a bounded buffer; a full buffer stops the pullers (back-pressure).
+* **Offsets.**  A message is done when the caller asks for the next one (or, at a normal
+  shutdown, when the consumer stops).  Each queue commits the smallest offset not yet done, so
+  a crash re-delivers what was in flight and never skips it (at-least-once).  Offsets are
+  committed every ``persist_interval``, on every pull (the commit-offset flag), when a queue is
+  given away, and at shutdown.
+* **Where a new group starts.**  ``from_where="last"`` (only messages sent from now on),
+  ``"first"`` (everything retained), or a timestamp (``datetime`` or Unix seconds).  A group's
+  committed offset always wins.
+
+Tag expressions are ``"*"`` or ``"TagA || TagB"``; the broker filters by tag hash and the
+consumer re-checks the tag string, because hashes collide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Self
+
+import orjson
+
+from txbroker.client.errors import BrokerError, ClientError, ClientStateError
+from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
+from txbroker.client.message import MessageExt, parse_tag_expression, validate_topic
+from txbroker.client.producer import _validate_group
+from txbroker.client.rebalance import MessageQueue, OffsetTracker, allocate_average
+from txbroker.remoting.codec import RemotingCommand
+from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.store import record as rec
+
+log = logging.getLogger(__name__)
+
+PULL_FLAG_COMMIT_OFFSET = 0x1
+PULL_FLAG_SUSPEND = 0x2
+PULL_FLAG_SUBSCRIPTION = 0x4
+_FROM_WHERE_NAMES = {"last": "CONSUME_FROM_LAST_OFFSET", "first": "CONSUME_FROM_FIRST_OFFSET"}
+
+
+@dataclass
+class _Subscription:
+    topic: str
+    expression: str
+    tags: frozenset[str] | None
+    version: int
+
+    def to_wire(self) -> dict:
+        tags = sorted(self.tags or ())
+        return {"classFilterMode": False, "topic": self.topic, "subString": self.expression,
+                "tagsSet": tags, "codeSet": [rec.tag_hash(t) for t in tags],
+                "subVersion": self.version, "expressionType": "TAG"}
+
+    def matches(self, tag: str | None) -> bool:
+        return self.tags is None or (tag is not None and tag in self.tags)
+
+
+@dataclass
+class _OwnedQueue:
+    mq: MessageQueue
+    addr: str
+    tracker: OffsetTracker
+    task: asyncio.Task | None = None
+
+
+def _from_where(value: object) -> str | int:
+    """Normalise ``from_where`` to "last", "first" or a timestamp in ms."""
+    if isinstance(value, str) and value in _FROM_WHERE_NAMES:
+        return value
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return int(value * 1000)
+    raise ValueError(f"from_where must be 'last', 'first', a datetime or Unix seconds, got {value!r}")
+
+
+class Consumer:
+    """``consumer.subscribe("T"); async with consumer: async for msg in consumer: ...``"""
+
+    def __init__(self, group: str, namesrv: str = DEFAULT_NAMESRV, from_where: object = "last", *,
+                 pull_batch_size: int = 32, long_poll_timeout: float = 15.0,
+                 rebalance_interval: float = 20.0, persist_interval: float = 5.0,
+                 buffer_size: int = 1024, request_timeout: float = 3.0,
+                 heartbeat_interval: float = 30.0, pull_error_backoff: float = 1.0,
+                 instance_name: str | None = None) -> None:
+        self.group = _validate_group(group)
+        self.from_where = _from_where(from_where)
+        if not 1 <= pull_batch_size <= 1024:
+            raise ValueError("pull_batch_size must be in [1, 1024]")
+        for name, v in (("long_poll_timeout", long_poll_timeout), ("rebalance_interval", rebalance_interval),
+                        ("persist_interval", persist_interval), ("pull_error_backoff", pull_error_backoff)):
+            if v <= 0:
+                raise ValueError(f"{name} must be positive")
+        if buffer_size < 1:
+            raise ValueError("buffer_size must be at least 1")
+        self.pull_batch_size = pull_batch_size
+        self.long_poll_timeout = long_poll_timeout
+        self.rebalance_interval = rebalance_interval
+        self.persist_interval = persist_interval
+        self.pull_error_backoff = pull_error_backoff
+        self.request_timeout = request_timeout
+        self._instance = ClientInstance(namesrv, request_timeout=request_timeout,
+                                        heartbeat_interval=heartbeat_interval,
+                                        instance_name=instance_name)
+        self._instance.consumer_data[self.group] = self._consumer_data
+        self._instance.on_request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_ids_changed)
+        self._subs: dict[str, _Subscription] = {}
+        self._owned: dict[MessageQueue, _OwnedQueue] = {}
+        self._buffer: asyncio.Queue | None = None
+        self._buffer_size = buffer_size
+        self._delivered: list[tuple[OffsetTracker, int]] = []
+        self._rebalance_needed: asyncio.Event | None = None
+        self._rebalance_lock: asyncio.Lock | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._state = "new"
+
+    @property
+    def client_id(self) -> str:
+        return self._instance.client_id
+
+    def assignment(self) -> list[MessageQueue]:
+        """The queues this consumer owns right now (sorted)."""
+        return sorted(self._owned)
+
+    # --- subscription --------------------------------------------------------------------
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        """Consume ``topic`` filtered by ``expression`` (``"*"`` or ``"A || B"``)."""
+        validate_topic(topic)
+        tags = parse_tag_expression(expression)
+        self._subs[topic] = _Subscription(topic, expression.strip() or "*", tags,
+                                          int(time.time() * 1000))
+        if self._state == "running":
+            asyncio.get_running_loop().create_task(self._instance.heartbeat_all())
+            assert self._rebalance_needed is not None
+            self._rebalance_needed.set()
+
+    def _consumer_data(self) -> dict:
+        where = self.from_where
+        return {
+            "groupName": self.group, "consumeType": "CONSUME_PASSIVELY",
+            "messageModel": "CLUSTERING",
+            "consumeFromWhere": _FROM_WHERE_NAMES.get(where, "CONSUME_FROM_TIMESTAMP")
+            if isinstance(where, str) else "CONSUME_FROM_TIMESTAMP",
+            "subscriptionDataSet": [s.to_wire() for _, s in sorted(self._subs.items())],
+            "unitMode": False,
+        }
+
+    # --- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._state != "new":
+            raise ClientStateError(f"consumer {self.group} cannot start: it is {self._state}")
+        if not self._subs:
+            raise ClientStateError(f"consumer {self.group}: subscribe() to a topic before start()")
+        self._state = "starting"
+        self._buffer = asyncio.Queue(self._buffer_size)
+        self._rebalance_needed = asyncio.Event()
+        self._rebalance_lock = asyncio.Lock()
+        try:
+            await self._instance.start()
+            for topic in self._subs:
+                await self._instance.route(topic)
+            await self._instance.heartbeat_all()
+            await self.rebalance()
+        except BaseException:
+            self._state = "new"
+            await self._stop_pullers()
+            raise
+        self._state = "running"
+        self._tasks = [
+            asyncio.create_task(self._rebalance_loop(), name=f"txbroker-rebalance-{self.client_id}"),
+            asyncio.create_task(self._persist_loop(), name=f"txbroker-offsets-{self.client_id}"),
+        ]
+
+    async def shutdown(self, *, ack_delivered: bool = True) -> None:
+        """Stop pulling, commit offsets, leave the group.
+
+        ``ack_delivered`` counts the message(s) last handed out as done; ``async with`` passes
+        False when the block exits with an exception, so that message is delivered again.
+        """
+        if self._state in ("closed", "new"):
+            self._state = "closed"
+            return
+        self._state = "closed"
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._stop_pullers()
+        if ack_delivered:
+            self._ack_delivered()
+        self._delivered.clear()
+        await self._commit_all(oneway=False)
+        self._owned.clear()
+        if self._buffer is not None:
+            while not self._buffer.empty():
+                self._buffer.get_nowait()
+            self._buffer.put_nowait(None)  # wakes anyone waiting in poll() / async for
+        await self._instance.shutdown()
+
+    async def _stop_pullers(self) -> None:
+        tasks = [o.task for o in self._owned.values() if o.task is not None]
+        for o in self._owned.values():
+            o.tracker.dropped = True
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        await self.shutdown(ack_delivered=exc_type is None)
+
+    # --- delivery ------------------------------------------------------------------------
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> MessageExt:
+        msg = await self._next(None)
+        if msg is None:
+            raise StopAsyncIteration
+        return msg
+
+    async def poll(self, timeout: float | None = None) -> MessageExt | None:
+        """The next message, or None after ``timeout`` seconds (None = wait) or at shutdown."""
+        return await self._next(timeout)
+
+    def _ack_delivered(self) -> None:
+        for tracker, offset in self._delivered:
+            tracker.ack(offset)
+        self._delivered.clear()
+
+    async def _next(self, timeout: float | None) -> MessageExt | None:
+        if self._state == "new":
+            raise ClientStateError(f"consumer {self.group} is not started")
+        self._ack_delivered()
+        if self._state == "closed" and (self._buffer is None or self._buffer.empty()):
+            return None
+        assert self._buffer is not None
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
+            try:
+                if remaining is None:
+                    item = await self._buffer.get()
+                else:
+                    item = await asyncio.wait_for(self._buffer.get(), remaining)
+            except TimeoutError:
+                return None
+            if item is None:
+                self._buffer.put_nowait(None)  # keep the shutdown marker for other waiters
+                return None
+            tracker, msg = item
+            if tracker.dropped:
+                continue  # its queue moved to another member, which re-delivers from the offset
+            self._delivered.append((tracker, msg.queue_offset))
+            return msg
+
+    # --- rebalance -----------------------------------------------------------------------
+    def _on_ids_changed(self, addr: str, cmd: RemotingCommand) -> None:
+        if cmd.ext_fields.get("consumerGroup", self.group) == self.group and self._rebalance_needed:
+            log.info("consumer %s: group membership changed (notified by %s)", self.client_id, addr)
+            self._rebalance_needed.set()
+
+    async def _rebalance_loop(self) -> None:
+        assert self._rebalance_needed is not None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._rebalance_needed.wait(), self.rebalance_interval)
+            self._rebalance_needed.clear()
+            try:
+                await self.rebalance()
+            except asyncio.CancelledError:
+                raise
+            except (ClientError, OSError, TimeoutError) as exc:
+                log.warning("consumer %s: rebalance failed: %s", self.client_id, exc)
+
+    async def _members(self, addr: str) -> list[str]:
+        cmd = RemotingCommand.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": self.group})
+        resp = await self._instance.invoke(addr, cmd)
+        if resp.code != ResponseCode.SUCCESS:
+            return []  # "no consumer for this group": our heartbeat has not landed yet
+        try:
+            ids = orjson.loads(resp.body).get("consumerIdList") or []
+        except (orjson.JSONDecodeError, AttributeError):
+            raise ClientError(f"consumer list from {addr} is not valid JSON") from None
+        return [str(i) for i in ids]
+
+    async def rebalance(self) -> None:
+        """Recompute this member's queues now and start/stop pulling accordingly."""
+        assert self._rebalance_lock is not None
+        async with self._rebalance_lock:
+            status_cache: dict = {}
+            for topic, _sub in list(self._subs.items()):
+                route = await self._instance.route(topic, refresh=True)
+                queues = route.read_queues()
+                members: set[str] = set()
+                for name in sorted({q.broker_name for q in queues}):
+                    members.update(await self._members(self._instance.broker_addr(name)))
+                mine = set(allocate_average(queues, sorted(members), self.client_id))
+                current = {mq for mq in self._owned if mq.topic == topic}
+                for mq in sorted(current - mine):
+                    await self._release(mq)
+                for mq in sorted(mine - current):
+                    await self._acquire(mq, status_cache)
+                if current != mine:
+                    log.info("consumer %s: %s queues now %s", self.client_id, topic,
+                             [q.queue_id for q in sorted(mine)])
+            for mq in [mq for mq in self._owned if mq.topic not in self._subs]:
+                await self._release(mq)
+
+    async def _release(self, mq: MessageQueue) -> None:
+        owned = self._owned.pop(mq)
+        owned.tracker.dropped = True
+        if owned.task is not None:
+            owned.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await owned.task
+        # Hand over exactly where this member stopped, so the next owner neither skips nor
+        # needlessly repeats.
+        try:
+            await self._commit(owned, oneway=False)
+        except (ClientError, OSError, TimeoutError) as exc:
+            log.warning("consumer %s: offset of %s not committed on release: %s",
+                        self.client_id, mq, exc)
+
+    async def _acquire(self, mq: MessageQueue, status_cache: dict) -> None:
+        addr = self._instance.broker_addr(mq.broker_name)
+        offset = await self._start_offset(mq, addr, status_cache)
+        owned = _OwnedQueue(mq, addr, OffsetTracker(offset))
+        self._owned[mq] = owned
+        owned.task = asyncio.get_running_loop().create_task(
+            self._pull_loop(owned), name=f"txbroker-pull-{mq}")
+
+    async def _offset_request(self, code: int, addr: str, ext: dict[str, str]) -> RemotingCommand:
+        resp = await self._instance.invoke(addr, RemotingCommand.request(code, ext))
+        if resp.code not in (ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND):
+            raise BrokerError(f"offset request {code}", resp.code, resp.remark, addr)
+        return resp
+
+    async def _start_offset(self, mq: MessageQueue, addr: str, status_cache: dict) -> int:
+        q = {"topic": mq.topic, "queueId": str(mq.queue_id)}
+        resp = await self._offset_request(RequestCode.QUERY_CONSUMER_OFFSET, addr,
+                                          {"consumerGroup": self.group, **q})
+        if resp.code == ResponseCode.SUCCESS:
+            offset = int(resp.ext_fields.get("offset", "0"))
+            # A RocketMQ broker also answers 0 for a group that never committed (while the
+            # queue still starts at 0); only then does ``from_where`` apply.
+            if offset > 0 or self.from_where == "first" or await self._committed(addr, mq, status_cache):
+                return offset
+        if self.from_where == "first":
+            code, ext = RequestCode.GET_MIN_OFFSET, q
+        elif self.from_where == "last":
+            code, ext = RequestCode.GET_MAX_OFFSET, q
+        else:
+            code, ext = RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, {**q, "timestamp": str(self.from_where)}
+        resp = await self._offset_request(code, addr, ext)
+        return max(int(resp.ext_fields.get("offset", "0")), 0)
+
+    async def _committed(self, addr: str, mq: MessageQueue, cache: dict) -> bool:
+        """Whether the group really committed an offset for ``mq`` (txbroker's status
+        document tells; a broker without it is taken at its word, as RocketMQ clients do)."""
+        if addr not in cache:
+            cache[addr] = None
+            try:
+                resp = await self._instance.invoke(addr, RemotingCommand.request(RequestCode.BROKER_STATUS))
+                if resp.code == ResponseCode.SUCCESS:
+                    cache[addr] = orjson.loads(resp.body)
+            except (orjson.JSONDecodeError, ClientError, OSError, TimeoutError) as exc:
+                log.debug("status from %s unavailable: %s", addr, exc)
+        doc = cache[addr]
+        if not isinstance(doc, dict):
+            return True
+        offsets = ((doc.get("consumerGroups") or {}).get(self.group) or {}).get("offsets") or {}
+        return str(mq.queue_id) in (offsets.get(mq.topic) or {})
+
+    # --- pulling -------------------------------------------------------------------------
+    async def _pull_loop(self, owned: _OwnedQueue) -> None:
+        mq, tracker = owned.mq, owned.tracker
+        sub = self._subs[mq.topic]
+        assert self._buffer is not None
+        while not tracker.dropped:
+            commit = tracker.committable()
+            sys_flag = PULL_FLAG_SUSPEND | PULL_FLAG_SUBSCRIPTION
+            if commit > tracker.committed >= -1 and commit > 0:
+                sys_flag |= PULL_FLAG_COMMIT_OFFSET
+            cmd = RemotingCommand.request(RequestCode.PULL_MESSAGE, {
+                "consumerGroup": self.group, "topic": mq.topic, "queueId": str(mq.queue_id),
+                "queueOffset": str(tracker.next_pull), "maxMsgNums": str(self.pull_batch_size),
+                "sysFlag": str(sys_flag), "commitOffset": str(commit if sys_flag & 1 else -1),
+                "suspendTimeoutMillis": str(int(self.long_poll_timeout * 1000)),
+                "subscription": sub.expression, "subVersion": str(sub.version),
+                "expressionType": "TAG",
+            })
+            try:
+                resp = await self._instance.invoke(owned.addr, cmd,
+                                                   self.long_poll_timeout + self.request_timeout)
+            except asyncio.CancelledError:
+                raise
+            except (OSError, ConnectionError, TimeoutError, ClientError) as exc:
+                log.warning("consumer %s: pull %s failed: %s", self.client_id, mq,
+                            exc or type(exc).__name__)
+                await asyncio.sleep(self.pull_error_backoff)
+                continue
+            if sys_flag & PULL_FLAG_COMMIT_OFFSET:
+                tracker.committed = max(tracker.committed, commit)
+            if not await self._handle_pull(owned, sub, resp):
+                await asyncio.sleep(self.pull_error_backoff)
+
+    async def _handle_pull(self, owned: _OwnedQueue, sub: _Subscription, resp: RemotingCommand) -> bool:
+        mq, tracker = owned.mq, owned.tracker
+        try:
+            next_begin = int(resp.ext_fields.get("nextBeginOffset", tracker.next_pull))
+        except ValueError:
+            next_begin = tracker.next_pull
+        if resp.code == ResponseCode.SUCCESS:
+            try:
+                stored = rec.decode_records(resp.body)
+                msgs = [MessageExt.from_stored(s, mq.broker_name) for s in stored]
+            except rec.RecordError as exc:
+                log.error("consumer %s: undecodable pull body from %s for %s: %s",
+                          self.client_id, owned.addr, mq, exc)
+                return False
+            wanted = [m for m in msgs if sub.matches(m.tags) and m.queue_offset >= tracker.next_pull]
+            tracker.pulled([m.queue_offset for m in wanted], next_begin)
+            for m in wanted:
+                await self._buffer.put((tracker, m))  # back-pressure: waits while full
+            return True
+        if resp.code in (ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY):
+            tracker.moved(next_begin)
+            return True
+        if resp.code == ResponseCode.PULL_OFFSET_MOVED:
+            log.warning("consumer %s: offset %d of %s is no longer valid; moving to %d",
+                        self.client_id, tracker.next_pull, mq, next_begin)
+            tracker.reset(next_begin)
+            return True
+        log.warning("consumer %s: pull %s refused: %d %s", self.client_id, mq, resp.code,
+                    resp.remark or "")
+        return False
+
+    # --- offsets -------------------------------------------------------------------------
+    async def _commit(self, owned: _OwnedQueue, *, oneway: bool) -> None:
+        offset = owned.tracker.committable()
+        if offset == owned.tracker.committed:
+            return
+        cmd = RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
+            "consumerGroup": self.group, "topic": owned.mq.topic,
+            "queueId": str(owned.mq.queue_id), "commitOffset": str(offset)}, oneway=oneway)
+        if oneway:
+            await self._instance.invoke_oneway(owned.addr, cmd)
+        else:
+            resp = await self._instance.invoke(owned.addr, cmd)
+            if resp.code != ResponseCode.SUCCESS:
+                raise BrokerError(f"commit offset of {owned.mq}", resp.code, resp.remark, owned.addr)
+        owned.tracker.committed = offset
+
+    async def _commit_all(self, *, oneway: bool) -> None:
+        for owned in list(self._owned.values()):
+            try:
+                await self._commit(owned, oneway=oneway)
+            except (ClientError, OSError, TimeoutError) as exc:
+                log.warning("consumer %s: offset of %s not committed: %s", self.client_id, owned.mq, exc)
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.persist_interval)
+            await self._commit_all(oneway=True)

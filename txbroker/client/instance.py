@@ -1,0 +1,372 @@
+"""What every producer and consumer needs underneath: a client id, routes, broker connections
+and heartbeats.
+
+Mirrors RocketMQ's ``MQClientInstance`` with the parts that matter for correctness kept and the
+timing fixed where the C++ client gets it wrong (client-capture.md §2.1, §5.5):
+
+* at start the instance asks the name server for the cluster and heartbeats every broker
+  *before* the first send, so a transactional producer's group is known to the broker before
+  any half message exists (a check-back needs a live connection of the group);
+* a connection to a broker is heartbeated as soon as it is opened, and every
+  ``heartbeat_interval`` (30 s, RocketMQ's default) afterwards;
+* routes are cached and refreshed every ``route_refresh_interval`` (30 s) and on demand after a
+  failure;
+* broker-initiated requests (CHECK_TRANSACTION_STATE, NOTIFY_CONSUMER_IDS_CHANGED) are handed to
+  the owning producer or consumer, which must not block the connection's read path.
+
+One instance belongs to one :class:`Producer`, :class:`TransactionProducer` or
+:class:`Consumer`, so each has its own client id: two consumers of one group in one process
+are two members, as they would be in two processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import orjson
+
+from txbroker.client.errors import BrokerError, ClientError, RouteError
+from txbroker.client.rebalance import MessageQueue
+from txbroker.remoting.client import RemotingClient
+from txbroker.remoting.codec import RemotingCommand
+from txbroker.remoting.codes import RequestCode, ResponseCode
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NAMESRV = "127.0.0.1:9876"
+MASTER_ID = "0"
+PERM_WRITE = 0x2
+PERM_READ = 0x4
+_NUMERIC_KEY = re.compile(rb'([{,]\s*)(-?\d+)(\s*:)')
+
+#: A handler for a broker-initiated request: (broker address, command).
+ServerRequestHandler = Callable[[str, RemotingCommand], Awaitable[None] | None]
+
+
+def parse_addresses(namesrv: str) -> list[str]:
+    """``"h1:p1;h2:p2"`` (RocketMQ's separator; commas accepted too) → validated list."""
+    if not isinstance(namesrv, str) or not namesrv.strip():
+        raise ValueError("namesrv must be 'host:port' (several separated by ';')")
+    out = []
+    for part in re.split(r"[;,]", namesrv):
+        part = part.strip()
+        if not part:
+            continue
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"bad name-server address {part!r}: expected host:port")
+        out.append(part)
+    if not out:
+        raise ValueError("namesrv must be 'host:port' (several separated by ';')")
+    return out
+
+
+def _json(body: bytes, what: str) -> dict:
+    """Parse a JSON body, tolerating fastjson's unquoted numeric map keys (protocol.md §4.9)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        try:
+            doc = orjson.loads(_NUMERIC_KEY.sub(rb'\1"\2"\3', body))
+        except orjson.JSONDecodeError as exc:
+            raise ClientError(f"{what}: body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ClientError(f"{what}: body is not a JSON object")
+    return doc
+
+
+@dataclass
+class TopicRoute:
+    """A topic's queues and the master address of each broker holding them."""
+
+    topic: str
+    brokers: dict[str, str] = field(default_factory=dict)  # broker name -> master address
+    queues: list[tuple[str, int, int, int]] = field(default_factory=list)  # name, read, write, perm
+
+    @classmethod
+    def parse(cls, topic: str, body: bytes) -> TopicRoute:
+        doc = _json(body, f"route of {topic}")
+        route = cls(topic)
+        for bd in doc.get("brokerDatas") or []:
+            addrs = bd.get("brokerAddrs") or {}
+            master = addrs.get(MASTER_ID) or addrs.get(0)
+            if bd.get("brokerName") and master:
+                route.brokers[str(bd["brokerName"])] = str(master)
+        for qd in doc.get("queueDatas") or []:
+            try:
+                route.queues.append((str(qd["brokerName"]), int(qd.get("readQueueNums", 0)),
+                                     int(qd.get("writeQueueNums", 0)), int(qd.get("perm", 6))))
+            except (KeyError, TypeError, ValueError):
+                raise ClientError(f"route of {topic}: malformed queue data {qd!r}") from None
+        return route
+
+    def write_queues(self) -> list[MessageQueue]:
+        return sorted(MessageQueue(self.topic, name, q) for name, _r, w, perm in self.queues
+                      if perm & PERM_WRITE and name in self.brokers for q in range(w))
+
+    def read_queues(self) -> list[MessageQueue]:
+        return sorted(MessageQueue(self.topic, name, q) for name, r, _w, perm in self.queues
+                      if perm & PERM_READ and name in self.brokers for q in range(r))
+
+
+class ClientInstance:
+    """Connections, routes and heartbeats for one client id.  Event-loop only."""
+
+    def __init__(self, namesrv: str = DEFAULT_NAMESRV, *, request_timeout: float = 3.0,
+                 heartbeat_interval: float = 30.0, route_refresh_interval: float = 30.0,
+                 instance_name: str | None = None) -> None:
+        self.namesrv_addrs = parse_addresses(namesrv)
+        if request_timeout <= 0 or heartbeat_interval <= 0 or route_refresh_interval <= 0:
+            raise ValueError("timeouts and intervals must be positive")
+        self.request_timeout = request_timeout
+        self.heartbeat_interval = heartbeat_interval
+        self.route_refresh_interval = route_refresh_interval
+        self.ip = "127.0.0.1"
+        self.client_id = f"{self.ip}@{instance_name or f'{os.getpid()}-{secrets.token_hex(3)}'}"
+        self.producer_groups: set[str] = set()
+        #: consumer group -> callable returning its ConsumerData dict for heartbeats.
+        self.consumer_data: dict[str, Callable[[], dict]] = {}
+        self._handlers: dict[int, ServerRequestHandler] = {}
+        self._ns: RemotingClient | None = None
+        self._ns_index = 0
+        self._conns: dict[str, RemotingClient] = {}
+        self._connecting: dict[str, asyncio.Future] = {}
+        self.routes: dict[str, TopicRoute] = {}
+        self.broker_addrs: dict[str, str] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._started = False
+        self._closed = False
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def on_request(self, code: int, handler: ServerRequestHandler) -> None:
+        """Route broker-initiated requests of ``code`` to ``handler`` (set before start)."""
+        self._handlers[int(code)] = handler
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        await self._namesrv()
+        await self.refresh_cluster()
+        await self.heartbeat_all()
+        self._started = True
+        self._tasks = [
+            asyncio.create_task(self._every(self.heartbeat_interval, self.heartbeat_all),
+                                name=f"txbroker-heartbeat-{self.client_id}"),
+            asyncio.create_task(self._every(self.route_refresh_interval, self._refresh_routes),
+                                name=f"txbroker-routes-{self.client_id}"),
+        ]
+
+    async def shutdown(self) -> None:
+        """Unregister every group from every broker, then close the connections."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        groups = [("producerGroup", g) for g in sorted(self.producer_groups)]
+        groups += [("consumerGroup", g) for g in sorted(self.consumer_data)]
+        for addr in list(self._conns):
+            for key, group in groups:
+                cmd = RemotingCommand.request(RequestCode.UNREGISTER_CLIENT,
+                                              {"clientID": self.client_id, key: group})
+                try:
+                    await self._conns[addr].invoke(cmd, self.request_timeout)
+                except (ClientError, OSError, TimeoutError) as exc:  # shutdown goes on: the broker expires us anyway
+                    log.debug("unregister %s from %s failed: %s", group, addr, exc)
+        for conn in [*self._conns.values(), *([self._ns] if self._ns else [])]:
+            with contextlib.suppress(Exception):
+                await conn.close()
+        self._conns.clear()
+        self._ns = None
+
+    async def _every(self, interval: float, fn: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                raise
+            except (ClientError, OSError, TimeoutError) as exc:
+                log.warning("%s: periodic %s failed: %s", self.client_id, fn.__name__, exc)
+
+    # --- name server ---------------------------------------------------------------------
+    async def _namesrv(self) -> RemotingClient:
+        if self._ns is not None and not getattr(self._ns, "closed", False):
+            return self._ns
+        errors = []
+        for i in range(len(self.namesrv_addrs)):
+            addr = self.namesrv_addrs[(self._ns_index + i) % len(self.namesrv_addrs)]
+            client = RemotingClient(addr)
+            try:
+                await asyncio.wait_for(client.connect(), self.request_timeout)
+            except (OSError, TimeoutError) as exc:
+                errors.append(f"{addr}: {exc or type(exc).__name__}")
+                with contextlib.suppress(Exception):
+                    await client.close()
+                continue
+            self._ns_index = (self._ns_index + i) % len(self.namesrv_addrs)
+            self._ns = client
+            return client
+        raise RouteError("cannot connect to the name server (" + "; ".join(errors) + ")")
+
+    async def namesrv_invoke(self, cmd: RemotingCommand, timeout: float | None = None) -> RemotingCommand:
+        ns = await self._namesrv()
+        try:
+            return await ns.invoke(cmd, timeout or self.request_timeout)
+        except (OSError, ConnectionError, TimeoutError):
+            # Next call reconnects, possibly to the next configured name server.
+            self._ns = None
+            self._ns_index += 1
+            with contextlib.suppress(Exception):
+                await ns.close()
+            raise
+
+    async def refresh_cluster(self) -> dict[str, str]:
+        """Learn every broker (name -> master address) from the name server."""
+        resp = await self.namesrv_invoke(RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO))
+        if resp.code != ResponseCode.SUCCESS:
+            raise BrokerError("cluster info", resp.code, resp.remark, self.namesrv_addrs[self._ns_index % len(self.namesrv_addrs)])
+        doc = _json(resp.body, "cluster info")
+        for name, bd in (doc.get("brokerAddrTable") or {}).items():
+            addrs = (bd or {}).get("brokerAddrs") or {}
+            master = addrs.get(MASTER_ID) or addrs.get(0)
+            if master:
+                self.broker_addrs[str(name)] = str(master)
+        return dict(self.broker_addrs)
+
+    async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
+        cached = self.routes.get(topic)
+        if cached is not None and not refresh:
+            return cached
+        cmd = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC,
+                                      {"topic": topic, "acceptStandardJsonOnly": "true"})
+        try:
+            resp = await self.namesrv_invoke(cmd)
+        except (OSError, ConnectionError, TimeoutError) as exc:
+            if cached is not None:
+                return cached  # a stale route beats none while the name server is away
+            raise RouteError(f"no route for topic {topic!r}: name server unreachable: "
+                             f"{exc or type(exc).__name__}") from exc
+        if resp.code != ResponseCode.SUCCESS:
+            self.routes.pop(topic, None)
+            raise RouteError(f"no route for topic {topic!r}: name server answered "
+                             f"{resp.code}: {resp.remark or ''}".rstrip(": "))
+        route = TopicRoute.parse(topic, resp.body)
+        self.routes[topic] = route
+        self.broker_addrs.update(route.brokers)
+        return route
+
+    async def _refresh_routes(self) -> None:
+        for topic in list(self.routes):
+            with contextlib.suppress(ClientError):
+                await self.route(topic, refresh=True)
+
+    # --- brokers -------------------------------------------------------------------------
+    def broker_addr(self, broker_name: str) -> str:
+        addr = self.broker_addrs.get(broker_name)
+        if addr is None:
+            raise RouteError(f"broker {broker_name!r} is not known to the name server")
+        return addr
+
+    async def connection(self, addr: str) -> RemotingClient:
+        """The connection to ``addr``, opened (and heartbeated) on first use."""
+        conn = self._conns.get(addr)
+        if conn is not None and not getattr(conn, "closed", False):
+            return conn
+        pending = self._connecting.get(addr)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut = asyncio.get_running_loop().create_future()
+        self._connecting[addr] = fut
+        try:
+            conn = RemotingClient(addr)
+            for code, handler in self._handlers.items():
+                conn.register(code, self._dispatcher(addr, handler))
+            await asyncio.wait_for(conn.connect(), self.request_timeout)
+            self._conns[addr] = conn
+            if self.producer_groups or self.consumer_data:
+                await self._heartbeat(addr, conn)
+            fut.set_result(conn)
+            return conn
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: concurrent waiters get it, nobody logs it unretrieved
+            raise
+        finally:
+            self._connecting.pop(addr, None)
+
+    def _dispatcher(self, addr: str, handler: ServerRequestHandler):
+        async def dispatch(cmd: RemotingCommand, *_: object) -> None:
+            try:
+                result = handler(addr, cmd)
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:
+                log.exception("%s: handling request %d from %s failed", self.client_id, cmd.code, addr)
+        return dispatch
+
+    def drop_connection(self, addr: str) -> None:
+        """Forget a connection that failed; the next use reconnects (and heartbeats)."""
+        conn = self._conns.pop(addr, None)
+        if conn is not None:
+            task = asyncio.get_running_loop().create_task(conn.close())
+            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+    async def invoke(self, addr: str, cmd: RemotingCommand, timeout: float | None = None) -> RemotingCommand:
+        conn = await self.connection(addr)
+        try:
+            return await conn.invoke(cmd, timeout or self.request_timeout)
+        except (OSError, ConnectionError):
+            self.drop_connection(addr)
+            raise
+
+    async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
+        conn = await self.connection(addr)
+        try:
+            await conn.invoke_oneway(cmd)
+        except (OSError, ConnectionError):
+            self.drop_connection(addr)
+            raise
+
+    # --- heartbeats ----------------------------------------------------------------------
+    def heartbeat_body(self) -> bytes:
+        return orjson.dumps({
+            "clientID": self.client_id,
+            "producerDataSet": [{"groupName": g} for g in sorted(self.producer_groups)],
+            "consumerDataSet": [fn() for _, fn in sorted(self.consumer_data.items())],
+        })
+
+    async def _heartbeat(self, addr: str, conn: RemotingClient) -> None:
+        cmd = RemotingCommand.request(RequestCode.HEART_BEAT, body=self.heartbeat_body())
+        resp = await conn.invoke(cmd, self.request_timeout)
+        if resp.code != ResponseCode.SUCCESS:
+            raise BrokerError("heartbeat", resp.code, resp.remark, addr)
+
+    async def heartbeat_all(self) -> None:
+        """Heartbeat every known broker; one unreachable broker does not stop the others."""
+        if not (self.producer_groups or self.consumer_data):
+            return
+        errors = []
+        for addr in sorted(set(self.broker_addrs.values())):
+            try:
+                conn = self._conns.get(addr)
+                if conn is None or getattr(conn, "closed", False):
+                    await self.connection(addr)  # heartbeats on connect
+                else:
+                    await self._heartbeat(addr, conn)
+            except (OSError, ConnectionError, TimeoutError, ClientError) as exc:
+                if isinstance(exc, (OSError, ConnectionError)):
+                    self.drop_connection(addr)
+                errors.append(f"{addr}: {exc or type(exc).__name__}")
+        if errors:
+            log.warning("%s: heartbeat failed for %s", self.client_id, "; ".join(errors))

@@ -1,0 +1,243 @@
+"""The producer: route lookup, queue choice, SEND_MESSAGE_V2 with retries on another queue.
+
+A send is one SEND_MESSAGE_V2 request (RocketMQ's default, short header keys) to the master of
+the chosen queue's broker.  A failed attempt (time-out, broken connection, or a broker error
+that another queue may not repeat) is retried on the next queue, preferring another broker,
+up to ``retries`` more times; the message keeps its UNIQ_KEY across attempts (as the Java
+client does), so a retry of a send whose answer was lost is recognisable downstream.  When
+every attempt fails, :class:`SendError` lists each attempt with the broker's code and remark.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Self
+
+from txbroker.client.errors import (
+    BrokerError,
+    ClientError,
+    ClientStateError,
+    RouteError,
+    SendError,
+    code_name,
+)
+from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
+from txbroker.client.message import (
+    Message,
+    SendResult,
+    SendStatus,
+    UniqKeyGenerator,
+    compress,
+    validate_topic,
+)
+from txbroker.client.rebalance import MessageQueue
+from txbroker.remoting.codec import RemotingCommand
+from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.store import record as rec
+
+log = logging.getLogger(__name__)
+
+#: Template topic for auto-created topics (RocketMQ's TBW102) and its queue count.
+DEFAULT_TOPIC = rec.DEFAULT_TOPIC
+DEFAULT_TOPIC_QUEUE_NUMS = 4
+#: Broker answers worth retrying on another queue (RocketMQ's retryResponseCodes minus
+#: NO_PERMISSION, which another queue of the same topic repeats).
+RETRY_CODES = frozenset({ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY,
+                         ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.TOPIC_NOT_EXIST})
+_STATUS_BY_CODE = {s.value: s for s in SendStatus}
+
+
+def _validate_group(group: object) -> str:
+    if not isinstance(group, str) or not group:
+        raise ValueError("group must be a non-empty string")
+    validate_topic(group)  # same charset and length rule as topics
+    return group
+
+
+class Producer:
+    """Sends messages; ``async with Producer("PG") as p: await p.send(Message(...))``."""
+
+    def __init__(self, group: str, namesrv: str = DEFAULT_NAMESRV, send_timeout: float = 3.0,
+                 retries: int = 2, *, max_message_size: int = 4 * 1024 * 1024,
+                 compress_threshold: int = 4096, heartbeat_interval: float = 30.0,
+                 instance_name: str | None = None) -> None:
+        self.group = _validate_group(group)
+        if not isinstance(retries, int) or retries < 0:
+            raise ValueError("retries must be a non-negative integer")
+        if send_timeout <= 0:
+            raise ValueError("send_timeout must be positive")
+        self.send_timeout = float(send_timeout)
+        self.retries = retries
+        self.max_message_size = max_message_size
+        self.compress_threshold = compress_threshold
+        self._instance = ClientInstance(namesrv, request_timeout=self.send_timeout,
+                                        heartbeat_interval=heartbeat_interval,
+                                        instance_name=instance_name)
+        self._instance.producer_groups.add(self.group)
+        self._ids = UniqKeyGenerator(self._instance.ip)
+        self._rr = itertools.count()
+        self._state = "new"
+
+    @property
+    def client_id(self) -> str:
+        return self._instance.client_id
+
+    async def start(self) -> None:
+        """Connect to the name server and heartbeat every broker (before any send)."""
+        if self._state != "new":
+            raise ClientStateError(f"producer {self.group} cannot start: it is {self._state}")
+        self._state = "starting"
+        try:
+            await self._instance.start()
+        except BaseException:
+            self._state = "new"  # start() may be called again (the broker may come up later)
+            raise
+        self._state = "running"
+
+    async def shutdown(self) -> None:
+        if self._state in ("closed", "new"):
+            self._state = "closed"
+            return
+        self._state = "closed"
+        await self._instance.shutdown()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    def _check_running(self) -> None:
+        if self._state != "running":
+            raise ClientStateError(f"producer {self.group} is {self._state}; call start() first"
+                                   if self._state == "new" else
+                                   f"producer {self.group} is {self._state}")
+
+    # --- public sends ----------------------------------------------------------------------
+    async def send(self, msg: Message) -> SendResult:
+        """Send one message and wait until the broker stored it."""
+        self._check_running()
+        msg.validate(self.max_message_size)
+        uniq = self._ids.next()
+        body, sys_flag = compress(msg.body, self.compress_threshold)
+        return await self._send(msg.topic, body, msg.wire_properties(uniq), sys_flag, uniq)
+
+    async def send_oneway(self, msg: Message) -> None:
+        """Send without waiting for the broker (no result, no retry: delivery is best effort)."""
+        self._check_running()
+        msg.validate(self.max_message_size)
+        uniq = self._ids.next()
+        body, sys_flag = compress(msg.body, self.compress_threshold)
+        queues = await self._queues(msg.topic)
+        mq = queues[next(self._rr) % len(queues)]
+        cmd = self._request(mq, body, msg.wire_properties(uniq), sys_flag, batch=False, oneway=True)
+        await self._instance.invoke_oneway(self._instance.broker_addr(mq.broker_name), cmd)
+
+    async def send_batch(self, msgs: list[Message]) -> SendResult:
+        """Send messages of one topic as one request, stored contiguously in one queue.
+
+        ``msg_id`` and ``offset_msg_id`` of the result are comma-joined, one per message.
+        """
+        self._check_running()
+        msgs = list(msgs)
+        if not msgs:
+            raise ValueError("send_batch needs at least one message")
+        topic = msgs[0].topic
+        items, uniqs = [], []
+        for i, m in enumerate(msgs):
+            m.validate(self.max_message_size)
+            if m.topic != topic:
+                raise ValueError(f"batch message {i} is for topic {m.topic!r}, not {topic!r}")
+            if m.delay_level:
+                raise ValueError(f"batch message {i} has a delay level; batches cannot be delayed")
+            uniq = self._ids.next()
+            uniqs.append(uniq)
+            items.append((0, bytes(m.body), m.wire_properties(uniq)))
+        body = rec.encode_batch(items)
+        if len(body) > self.max_message_size:
+            raise ValueError(f"batch of {len(body)} bytes exceeds the maximum {self.max_message_size}")
+        return await self._send(topic, body, {rec.PROPERTY_WAIT_STORE_MSG_OK: "true"}, 0,
+                                ",".join(uniqs), batch=True)
+
+    # --- internals ---------------------------------------------------------------------------
+    async def _queues(self, topic: str, refresh: bool = False) -> list[MessageQueue]:
+        route = await self._instance.route(topic, refresh=refresh)
+        queues = route.write_queues()
+        if not queues:
+            raise RouteError(f"topic {topic!r} has no writable queue")
+        return queues
+
+    def _request(self, mq: MessageQueue, body: bytes, props: dict[str, str], sys_flag: int,
+                 *, batch: bool, oneway: bool = False) -> RemotingCommand:
+        code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
+        ext = {
+            "a": self.group, "b": mq.topic, "c": DEFAULT_TOPIC, "d": str(DEFAULT_TOPIC_QUEUE_NUMS),
+            "e": str(mq.queue_id), "f": str(sys_flag), "g": str(int(time.time() * 1000)),
+            "h": "0", "i": rec.properties_to_string(props), "j": "0", "k": "false",
+            "m": "true" if batch else "false",
+        }
+        return RemotingCommand.request(code, ext, body, oneway=oneway)
+
+    async def _send(self, topic: str, body: bytes, props: dict[str, str], sys_flag: int,
+                    msg_id: str, *, batch: bool = False) -> SendResult:
+        attempts: list[str] = []
+        last: BaseException | None = None
+        failed_broker: str | None = None
+        start = next(self._rr)
+        for attempt in range(self.retries + 1):
+            try:
+                queues = await self._queues(topic, refresh=attempt > 0 and last is not None)
+            except (ClientError, OSError, TimeoutError) as exc:
+                attempts.append(f"attempt {attempt + 1}: {exc}")
+                last = exc
+                continue
+            mq = self._pick(queues, start + attempt, failed_broker)
+            addr = "?"
+            try:
+                addr = self._instance.broker_addr(mq.broker_name)
+                cmd = self._request(mq, body, props, sys_flag, batch=batch)
+                resp = await self._instance.invoke(addr, cmd, self.send_timeout)
+            except TimeoutError as exc:
+                last = exc
+                attempts.append(f"attempt {attempt + 1} queue {mq.queue_id} on {addr}: "
+                                f"no answer within {self.send_timeout}s")
+            except (OSError, ConnectionError, ClientError) as exc:
+                last = exc
+                attempts.append(f"attempt {attempt + 1} queue {mq.queue_id} on {addr}: "
+                                f"{type(exc).__name__}: {exc}")
+            else:
+                status = _STATUS_BY_CODE.get(resp.code)
+                if status is not None:
+                    return self._result(topic, mq, resp, status, msg_id)
+                last = BrokerError("send", resp.code, resp.remark, addr)
+                attempts.append(f"attempt {attempt + 1} queue {mq.queue_id} on {addr}: "
+                                f"{code_name(resp.code)} ({resp.code}): {resp.remark or ''}".rstrip(": "))
+                if resp.code not in RETRY_CODES:
+                    break
+            failed_broker = mq.broker_name
+            log.info("producer %s: %s", self.group, attempts[-1])
+        raise SendError(topic, attempts, last)
+
+    @staticmethod
+    def _pick(queues: list[MessageQueue], n: int, avoid: str | None) -> MessageQueue:
+        if avoid is not None:
+            others = [q for q in queues if q.broker_name != avoid]
+            if others:
+                return others[n % len(others)]
+        return queues[n % len(queues)]
+
+    @staticmethod
+    def _result(topic: str, mq: MessageQueue, resp: RemotingCommand, status: SendStatus,
+                msg_id: str) -> SendResult:
+        ext = resp.ext_fields
+        try:
+            queue_id = int(ext.get("queueId", mq.queue_id))
+            queue_offset = int(ext.get("queueOffset", -1))
+        except ValueError:
+            raise ClientError(f"send to {topic!r}: malformed response header {ext!r}") from None
+        return SendResult(send_status=status, msg_id=msg_id, offset_msg_id=ext.get("msgId", ""),
+                          queue_id=queue_id, queue_offset=queue_offset, topic=topic,
+                          broker_name=mq.broker_name)

@@ -1,0 +1,205 @@
+"""Transactional producer: half message, local transaction, one-way END_TRANSACTION, check-backs.
+
+The flow (design.md): send the message as a *half* (property ``TRAN_MSG=true``, ``PGROUP`` =
+group, sysFlag PREPARED) — stored, invisible; run ``execute_local_transaction``; send
+END_TRANSACTION one-way naming the half by its commitlog offset (decoded from the response's
+offsetMsgId) and half-queue offset, with 8 = commit, 12 = rollback, 0 = unknown.  Because that
+last step is one-way and this process may die, the broker later asks any live producer of the
+group with CHECK_TRANSACTION_STATE; :meth:`TransactionListener.check_local_transaction` answers
+from durable state and the reply is END_TRANSACTION with ``fromTransactionCheck=true``.
+
+Check-backs arrive on a broker connection's read path.  They are handed to a task at once and
+run under a semaphore of ``check_concurrency``; a check for a transaction whose check is still
+running is dropped (the broker asks again), and so is anything beyond a bounded backlog, so a
+check storm cannot grow memory without bound.  A listener that raises counts as UNKNOW: the
+broker will ask again, which is the safe answer when this process cannot tell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+
+from txbroker.client.errors import ClientError, ClientStateError
+from txbroker.client.instance import DEFAULT_NAMESRV
+from txbroker.client.message import (
+    LocalTransactionState,
+    Message,
+    MessageExt,
+    TransactionSendResult,
+    compress,
+)
+from txbroker.client.producer import Producer
+from txbroker.remoting.codec import RemotingCommand
+from txbroker.remoting.codes import RequestCode
+from txbroker.store import record as rec
+
+log = logging.getLogger(__name__)
+
+#: Check-backs waiting for a slot, per check_concurrency slot, before new ones are dropped.
+BACKLOG_PER_SLOT = 16
+
+
+class TransactionListener:
+    """Implement both methods, each as a plain or an ``async`` method.
+
+    ``execute_local_transaction(msg, arg)`` runs the local transaction for the half ``msg``
+    (``msg.transaction_id`` is set) and returns a :class:`LocalTransactionState`.
+    ``check_local_transaction(msg)`` answers a broker check-back for a half whose outcome the
+    broker never learned; it must answer from durable state (a database row written in the same
+    local transaction), never from memory, because the producer that ran it may be gone.
+    """
+
+    def execute_local_transaction(self, msg: MessageExt, arg: object) -> LocalTransactionState:
+        raise NotImplementedError
+
+    def check_local_transaction(self, msg: MessageExt) -> LocalTransactionState:
+        raise NotImplementedError
+
+
+async def _call(fn, *args) -> LocalTransactionState:
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    if not isinstance(result, LocalTransactionState):
+        raise TypeError(f"{getattr(fn, '__name__', fn)} returned {result!r}, "
+                        "not a LocalTransactionState")
+    return result
+
+
+class TransactionProducer(Producer):
+    """A producer whose sends are tied to a local transaction through ``listener``."""
+
+    def __init__(self, group: str, namesrv: str = DEFAULT_NAMESRV, *,
+                 listener: TransactionListener, check_concurrency: int = 16,
+                 send_timeout: float = 3.0, retries: int = 2, **kwargs) -> None:
+        super().__init__(group, namesrv, send_timeout=send_timeout, retries=retries, **kwargs)
+        if listener is None or not hasattr(listener, "execute_local_transaction") \
+                or not hasattr(listener, "check_local_transaction"):
+            raise ValueError("listener must implement execute_local_transaction and "
+                             "check_local_transaction")
+        if not isinstance(check_concurrency, int) or check_concurrency < 1:
+            raise ValueError("check_concurrency must be a positive integer")
+        self.listener = listener
+        self.check_concurrency = check_concurrency
+        self._check_slots = asyncio.Semaphore(check_concurrency)
+        self._checks: dict[str, asyncio.Task] = {}
+        self._instance.on_request(RequestCode.CHECK_TRANSACTION_STATE, self._on_check)
+
+    async def shutdown(self) -> None:
+        checks = list(self._checks.values())
+        for task in checks:
+            task.cancel()
+        if checks:
+            await asyncio.gather(*checks, return_exceptions=True)
+        await super().shutdown()
+
+    async def send(self, msg: Message) -> TransactionSendResult:  # type: ignore[override]
+        raise ClientStateError("a TransactionProducer sends with send_message_in_transaction()")
+
+    async def send_message_in_transaction(self, msg: Message, arg: object = None) -> TransactionSendResult:
+        """Send ``msg`` as a half, run the local transaction, then commit or roll back.
+
+        Raises if the half could not be stored (then the local transaction does not run).
+        """
+        self._check_running()
+        msg.validate(self.max_message_size)
+        if msg.delay_level:
+            raise ValueError("a transactional message cannot have a delay level")
+        uniq = self._ids.next()
+        props = msg.wire_properties(uniq)
+        props[rec.PROPERTY_TRANSACTION_PREPARED] = "true"
+        props[rec.PROPERTY_PRODUCER_GROUP] = self.group
+        body, sys_flag = compress(msg.body, self.compress_threshold)
+        result = await self._send(msg.topic, body, props, sys_flag | rec.TRANSACTION_PREPARED_TYPE, uniq)
+
+        half = MessageExt(topic=msg.topic, body=bytes(msg.body), tags=msg.tags,
+                          keys=" ".join(msg.key_list()) or None, properties=props, msg_id=uniq,
+                          offset_msg_id=result.offset_msg_id, queue_id=result.queue_id,
+                          queue_offset=result.queue_offset, transaction_id=uniq,
+                          broker_name=result.broker_name)
+        props[rec.PROPERTY_TRANSACTION_ID] = uniq
+        state, error = LocalTransactionState.UNKNOW, None
+        try:
+            state = await _call(self.listener.execute_local_transaction, half, arg)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            log.exception("producer %s: local transaction of %s failed; state UNKNOW "
+                          "(the broker will check back)", self.group, uniq)
+        try:
+            await self._end(result.broker_name, result.offset_msg_id, result.queue_offset, uniq,
+                            state, from_check=False, remark=error)
+        except (ClientError, OSError, TimeoutError) as exc:
+            # The half is stored and the broker will check back: not the caller's error.
+            log.warning("producer %s: END_TRANSACTION for %s not sent (%s); the broker will "
+                        "check back", self.group, uniq, exc)
+        return TransactionSendResult(
+            send_status=result.send_status, msg_id=uniq, offset_msg_id=result.offset_msg_id,
+            queue_id=result.queue_id, queue_offset=result.queue_offset, topic=msg.topic,
+            broker_name=result.broker_name, transaction_id=uniq, local_transaction_state=state)
+
+    async def _end(self, broker_name: str, offset_msg_id: str, queue_offset: int, uniq: str,
+                   state: LocalTransactionState, *, from_check: bool, remark: str | None = None,
+                   addr: str | None = None) -> None:
+        try:
+            commit_log_offset = rec.decode_offset_msg_id(offset_msg_id)[2]
+        except ValueError as exc:
+            raise ClientError(f"cannot end transaction {uniq}: bad offsetMsgId "
+                              f"{offset_msg_id!r}: {exc}") from None
+        cmd = RemotingCommand.request(RequestCode.END_TRANSACTION, {
+            "producerGroup": self.group, "tranStateTableOffset": str(queue_offset),
+            "commitLogOffset": str(commit_log_offset), "commitOrRollback": str(state.value),
+            "fromTransactionCheck": "true" if from_check else "false",
+            "msgId": uniq, "transactionId": uniq,
+        }, oneway=True)
+        if remark:
+            cmd.remark = remark[:512]
+        await self._instance.invoke_oneway(addr or self._instance.broker_addr(broker_name), cmd)
+
+    # --- check-backs ---------------------------------------------------------------------------
+    def _on_check(self, addr: str, cmd: RemotingCommand) -> None:
+        """Read path: decode and hand off; never await the listener here."""
+        ext = cmd.ext_fields
+        try:
+            stored = rec.decode_record(cmd.body)
+            msg = MessageExt.from_stored(stored)
+            queue_offset = int(ext["tranStateTableOffset"])
+        except (rec.RecordError, KeyError, ValueError) as exc:
+            log.warning("producer %s: malformed check-back from %s ignored: %s", self.group, addr, exc)
+            return
+        group = msg.properties.get(rec.PROPERTY_PRODUCER_GROUP)
+        if group != self.group:
+            log.warning("producer %s: check-back for group %r ignored", self.group, group)
+            return
+        tx_id = ext.get("transactionId") or ext.get("msgId") or msg.msg_id
+        msg.transaction_id = tx_id
+        msg.msg_id = ext.get("msgId") or msg.msg_id
+        offset_msg_id = ext.get("offsetMsgId") or msg.offset_msg_id
+        if tx_id in self._checks:
+            log.debug("producer %s: check of %s already running", self.group, tx_id)
+            return
+        if len(self._checks) >= self.check_concurrency * BACKLOG_PER_SLOT:
+            log.warning("producer %s: %d check-backs pending; %s dropped (the broker asks again)",
+                        self.group, len(self._checks), tx_id)
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._check(addr, msg, tx_id, offset_msg_id, queue_offset))
+        self._checks[tx_id] = task
+        task.add_done_callback(lambda _t: self._checks.pop(tx_id, None))
+
+    async def _check(self, addr: str, msg: MessageExt, tx_id: str, offset_msg_id: str,
+                     queue_offset: int) -> None:
+        async with self._check_slots:
+            error = None
+            try:
+                state = await _call(self.listener.check_local_transaction, msg)
+            except Exception as exc:
+                state, error = LocalTransactionState.UNKNOW, f"{type(exc).__name__}: {exc}"
+                log.exception("producer %s: check_local_transaction of %s failed; answering "
+                              "UNKNOW", self.group, tx_id)
+            try:
+                await self._end("", offset_msg_id, queue_offset, msg.msg_id, state,
+                                from_check=True, remark=error, addr=addr)
+            except (ClientError, OSError, TimeoutError) as exc:
+                log.warning("producer %s: answer to check of %s not sent: %s", self.group, tx_id, exc)
