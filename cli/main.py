@@ -16,3 +16,15 @@ def main() -> None:
 from cli import serve as _serve
 
 main.add_command(_serve.serve)
+
+from cli import consume as _consume
+from cli import produce as _produce
+from cli import status as _status
+from cli import topic as _topic
+from cli import txn as _txn
+
+main.add_command(_produce.produce)
+main.add_command(_consume.consume)
+main.add_command(_txn.txn)
+main.add_command(_status.status)
+main.add_command(_topic.topic)

@@ -1,0 +1,82 @@
+"""What the client commands share: ``--namesrv``, running a coroutine, and error reporting.
+
+Every client command runs its coroutine on a fresh event loop in a worker thread.  That keeps
+the commands callable from anywhere — a shell, a test's click runner, or code that already
+runs an event loop — and lets Ctrl-C cancel the coroutine cleanly (so a consumer still commits
+its offsets) instead of killing it mid-request.  Failures become one line on stderr and exit
+status 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import click
+
+from txbroker.client.errors import ClientError
+
+DEFAULT_NAMESRV = "127.0.0.1:9876"
+T = TypeVar("T")
+
+#: Errors that are the user's or the network's, reported as one line.
+EXPECTED_ERRORS = (ClientError, ValueError, TypeError, OSError, TimeoutError, ConnectionError)
+
+namesrv_option = click.option(
+    "--namesrv", envvar="TXBROKER_NAMESRV", default=DEFAULT_NAMESRV, show_default=True,
+    help="Name-server address host:port (env TXBROKER_NAMESRV); several separated by ';'.")
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, TimeoutError) and not str(exc):
+        text = "timed out waiting for the broker"
+    if isinstance(exc, ConnectionRefusedError):
+        text = f"connection refused ({text})"
+    return " ".join(text.split())  # one line
+
+
+def run(make: Callable[[], Awaitable[T]]) -> T:
+    """Run ``make()`` on its own loop in a worker thread; map failures to a click error."""
+    result: dict[str, object] = {}
+    loop = asyncio.new_event_loop()
+    main: dict[str, asyncio.Task] = {}
+
+    async def runner() -> T:
+        main["task"] = asyncio.current_task()
+        return await make()
+
+    def target() -> None:
+        try:
+            result["value"] = loop.run_until_complete(runner())
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            result["error"] = exc
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    thread = threading.Thread(target=target, name="txbroker-cli", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.2)
+    except KeyboardInterrupt:
+        task = main.get("task")
+        if task is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(task.cancel)
+        thread.join(30)
+        raise click.exceptions.Exit(130) from None
+    if "error" in result:
+        exc = result["error"]
+        if isinstance(exc, click.exceptions.ClickException | click.exceptions.Exit):
+            raise exc  # type: ignore[misc]
+        if isinstance(exc, asyncio.CancelledError):
+            raise click.exceptions.Exit(130)
+        if isinstance(exc, EXPECTED_ERRORS):
+            raise click.ClickException(_describe(exc))
+        logging.getLogger("txbroker.cli").debug("unexpected error", exc_info=exc)
+        raise click.ClickException(f"unexpected {type(exc).__name__}: {_describe(exc)}")
+    return result["value"]  # type: ignore[return-value]

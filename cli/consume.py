@@ -1,0 +1,78 @@
+"""``txbroker consume``: print messages of a topic as a member of a consumer group.
+
+Offsets are committed for the group, so a second run continues where the first stopped.  A
+printed message counts as consumed; stop with Ctrl-C, ``--max`` or ``--timeout``.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import click
+import orjson
+
+from cli.common import namesrv_option, run
+from txbroker.client import Consumer, MessageExt
+
+
+def _doc(msg: MessageExt) -> dict:
+    doc = {"msg_id": msg.msg_id, "offset_msg_id": msg.offset_msg_id, "topic": msg.topic,
+           "queue_id": msg.queue_id, "queue_offset": msg.queue_offset, "tags": msg.tags,
+           "keys": msg.keys, "born_timestamp": msg.born_timestamp,
+           "store_timestamp": msg.store_timestamp, "reconsume_times": msg.reconsume_times,
+           "transaction_id": msg.transaction_id,
+           "properties": {k: v for k, v in msg.properties.items()
+                          if k not in ("UNIQ_KEY", "TAGS", "KEYS")}}
+    try:
+        doc["body"] = msg.body.decode()
+    except UnicodeDecodeError:
+        doc["body_base64"] = base64.b64encode(msg.body).decode()
+    return doc
+
+
+def _text(msg: MessageExt) -> str:
+    try:
+        body = msg.body.decode()
+    except UnicodeDecodeError:
+        body = "base64:" + base64.b64encode(msg.body).decode()
+    parts = [msg.msg_id, f"{msg.topic}#{msg.queue_id}@{msg.queue_offset}"]
+    if msg.tags:
+        parts.append(f"tags={msg.tags}")
+    if msg.keys:
+        parts.append(f"keys={msg.keys}")
+    parts.append(repr(body) if "\n" in body else body)
+    return " ".join(parts)
+
+
+@click.command()
+@click.option("--topic", required=True, help="Topic to consume.")
+@click.option("--group", required=True, help="Consumer group (offsets are kept per group).")
+@click.option("--expression", default="*", show_default=True, help="Tag expression, e.g. 'A || B'.")
+@click.option("--from-beginning", is_flag=True,
+              help="A new group starts at the oldest retained message (default: only new ones).")
+@click.option("--max", "max_count", type=click.IntRange(1), help="Stop after this many messages.")
+@click.option("--timeout", type=click.FloatRange(0.01), help="Stop after this many idle seconds.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per message.")
+@namesrv_option
+def consume(topic: str, group: str, expression: str, from_beginning: bool, max_count: int | None,
+            timeout: float | None, as_json: bool, namesrv: str) -> None:
+    """Print messages of TOPIC as they arrive."""
+
+    async def main() -> None:
+        consumer = Consumer(group, namesrv, from_where="first" if from_beginning else "last",
+                            long_poll_timeout=min(15.0, timeout) if timeout else 15.0)
+        consumer.subscribe(topic, expression)
+        await consumer.start()
+        count = 0
+        try:
+            while max_count is None or count < max_count:
+                msg = await consumer.poll(timeout)
+                if msg is None:  # idle for --timeout seconds
+                    break
+                click.echo(orjson.dumps(_doc(msg)).decode() if as_json else _text(msg))
+                count += 1
+        finally:
+            # Printed means consumed: commit past the last printed message.
+            await consumer.shutdown(ack_delivered=True)
+
+    run(main)

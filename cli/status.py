@@ -1,0 +1,71 @@
+"""``txbroker status``: topics with queue offsets, consumer groups, pending halves, metrics."""
+
+from __future__ import annotations
+
+import click
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from cli.common import namesrv_option, run
+from txbroker.client.admin import AdminClient
+
+#: Metrics worth a glance; the full table is in --json.
+KEY_METRICS = ("commitLogMaxOffset", "pendingHalfMessages", "connections", "heldPulls",
+               "flushMode", "brokerVersionDesc")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the full status documents as JSON.")
+@click.option("--system", is_flag=True, help="Include system topics (RMQ_SYS_*, %RETRY%, ...).")
+@namesrv_option
+def status(as_json: bool, system: bool, namesrv: str) -> None:
+    """Show each broker's topics, offsets, groups, pending halves and key metrics."""
+
+    async def main() -> dict:
+        async with AdminClient(namesrv) as admin:
+            return await admin.status()
+
+    docs = run(main)
+    if as_json:
+        click.echo(orjson.dumps(docs, option=orjson.OPT_INDENT_2).decode())
+        return
+    console = Console(width=160)
+    for name, doc in docs.items():
+        info = doc.get("broker") or {}
+        console.print(f"[bold]broker {name}[/bold] at {doc.get('address')}  "
+                      f"cluster={info.get('cluster', '')} flush={info.get('flushMode', '')} "
+                      f"uptime={info.get('uptimeSeconds', '')}s  "
+                      f"pending half messages: [bold]{doc.get('pendingHalfMessages', 0)}[/bold]")
+        topics = Table(title="topics")
+        for col in ("topic", "queues", "messages", "queue offsets (min..max)"):
+            topics.add_column(col, overflow="fold")
+        for topic, t in sorted((doc.get("topics") or {}).items()):
+            if not system and _is_system(topic):
+                continue
+            queues = t.get("queues") or []
+            total = sum(int(q.get("maxOffset", 0)) - int(q.get("minOffset", 0)) for q in queues)
+            offsets = " ".join(f"{q.get('queueId')}:{q.get('minOffset')}..{q.get('maxOffset')}"
+                               for q in queues)
+            topics.add_row(topic, str(t.get("readQueueNums", len(queues))), str(total), offsets)
+        console.print(topics)
+        groups = Table(title="consumer groups")
+        for col in ("group", "members", "committed offsets"):
+            groups.add_column(col, overflow="fold")
+        for group, g in sorted((doc.get("consumerGroups") or {}).items()):
+            offsets = "; ".join(
+                f"{topic} " + " ".join(f"{q}:{o}" for q, o in sorted(qs.items()))
+                for topic, qs in sorted((g.get("offsets") or {}).items())
+                if system or not _is_system(topic))
+            groups.add_row(group, str(len(g.get("consumers") or [])), offsets)
+        console.print(groups)
+        producers = doc.get("producerGroups") or {}
+        if producers:
+            console.print("producer groups: " + ", ".join(f"{g} ({n})" for g, n in sorted(producers.items())))
+        metrics = doc.get("metrics") or {}
+        console.print("metrics: " + "  ".join(f"{k}={metrics[k]}" for k in KEY_METRICS if k in metrics))
+
+
+def _is_system(topic: str) -> bool:
+    return (topic.startswith(("RMQ_SYS_", "%RETRY%", "%DLQ%", "SCHEDULE_TOPIC"))
+            or topic in ("TBW102", "TRANS_CHECK_MAX_TIME_TOPIC"))

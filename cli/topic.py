@@ -1,0 +1,55 @@
+"""``txbroker topic``: create topics and list them."""
+
+from __future__ import annotations
+
+import click
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from cli.common import namesrv_option, run
+from txbroker.client.admin import AdminClient
+
+
+@click.group()
+def topic() -> None:
+    """Create and list topics."""
+
+
+@topic.command()
+@click.argument("name")
+@click.option("--queues", default=4, show_default=True, type=click.IntRange(1, 1024),
+              help="Read and write queues.")
+@namesrv_option
+def create(name: str, queues: int, namesrv: str) -> None:
+    """Create topic NAME (or change its queue count)."""
+
+    async def main() -> None:
+        async with AdminClient(namesrv) as admin:
+            await admin.create_topic(name, queues)
+
+    run(main)
+    click.echo(f"topic {name} created with {queues} queue(s)")
+
+
+@topic.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print topic configs as JSON.")
+@namesrv_option
+def list_(as_json: bool, namesrv: str) -> None:
+    """List topics with their queue counts."""
+
+    async def main() -> dict[str, dict]:
+        async with AdminClient(namesrv) as admin:
+            return await admin.list_topics()
+
+    topics = run(main)
+    if as_json:
+        click.echo(orjson.dumps(topics).decode())
+        return
+    table = Table(title=f"{len(topics)} topic(s)")
+    for col in ("topic", "read queues", "write queues", "perm"):
+        table.add_column(col)
+    for name, cfg in topics.items():
+        table.add_row(name, str(cfg.get("readQueueNums", "")), str(cfg.get("writeQueueNums", "")),
+                      str(cfg.get("perm", "")))
+    Console(width=160).print(table)

@@ -1,0 +1,141 @@
+"""Operator requests: topics, broker status and pending transactions.
+
+What the ``txbroker topic|status|txn`` commands use, and what an operator's script can use.
+Topic creation is RocketMQ's UPDATE_AND_CREATE_TOPIC (so RocketMQ tooling works the same);
+the status document and the transaction requests (TXN_LIST/SHOW/DECIDE, BROKER_STATUS) are
+txbroker's own codes in the private 9001-9099 range.  Each request goes to every broker the
+name server knows (one, for a single-broker installation), so answers are per broker.
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+import orjson
+
+from txbroker.client.errors import BrokerError, ClientError
+from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
+from txbroker.client.message import validate_topic
+from txbroker.remoting.codec import RemotingCommand
+from txbroker.remoting.codes import RequestCode, ResponseCode
+
+PERM_READ_WRITE = 6
+DECISIONS = ("commit", "rollback", "resume")
+
+
+class AdminClient:
+    def __init__(self, namesrv: str = DEFAULT_NAMESRV, timeout: float = 5.0) -> None:
+        self._instance = ClientInstance(namesrv, request_timeout=timeout)
+
+    async def start(self) -> None:
+        await self._instance.start()
+        if not self._instance.broker_addrs:
+            raise ClientError("the name server knows no broker")
+
+    async def shutdown(self) -> None:
+        await self._instance.shutdown()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    @property
+    def brokers(self) -> dict[str, str]:
+        """Broker name -> address."""
+        return dict(sorted(self._instance.broker_addrs.items()))
+
+    async def _call(self, addr: str, code: int, what: str, ext: dict[str, str] | None = None) -> RemotingCommand:
+        resp = await self._instance.invoke(addr, RemotingCommand.request(code, ext or {}))
+        if resp.code != ResponseCode.SUCCESS:
+            raise BrokerError(what, resp.code, resp.remark, addr)
+        return resp
+
+    @staticmethod
+    def _json(resp: RemotingCommand, what: str) -> object:
+        try:
+            return orjson.loads(resp.body) if resp.body else None
+        except orjson.JSONDecodeError as exc:
+            raise ClientError(f"{what}: answer is not valid JSON: {exc}") from None
+
+    # --- topics --------------------------------------------------------------------------
+    async def create_topic(self, topic: str, queues: int = 4) -> None:
+        validate_topic(topic)
+        if not isinstance(queues, int) or not 1 <= queues <= 1024:
+            raise ValueError("queues must be an integer in [1, 1024]")
+        ext = {"topic": topic, "defaultTopic": "TBW102", "readQueueNums": str(queues),
+               "writeQueueNums": str(queues), "perm": str(PERM_READ_WRITE),
+               "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0", "order": "false"}
+        for addr in self.brokers.values():
+            await self._call(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, f"create topic {topic}", ext)
+
+    async def list_topics(self) -> dict[str, dict]:
+        """Topic name -> RocketMQ TopicConfig (queues, perm), merged over brokers."""
+        out: dict[str, dict] = {}
+        for addr in self.brokers.values():
+            doc = self._json(await self._call(addr, RequestCode.GET_ALL_TOPIC_CONFIG, "list topics"),
+                             "list topics")
+            table = (doc or {}).get("topicConfigTable") or {} if isinstance(doc, dict) else {}
+            for name, cfg in table.items():
+                out.setdefault(name, cfg if isinstance(cfg, dict) else {})
+        return dict(sorted(out.items()))
+
+    # --- status --------------------------------------------------------------------------
+    async def status(self) -> dict[str, dict]:
+        """Broker name -> its status document (topics, offsets, groups, halves, metrics)."""
+        out = {}
+        for name, addr in self.brokers.items():
+            doc = self._json(await self._call(addr, RequestCode.BROKER_STATUS, "status"), "status")
+            out[name] = {"address": addr, **(doc if isinstance(doc, dict) else {})}
+        return out
+
+    # --- transactions --------------------------------------------------------------------
+    async def txn_list(self) -> list[dict]:
+        """Pending (and discarded) half messages of every broker, each with ``broker``."""
+        rows: list[dict] = []
+        for name, addr in self.brokers.items():
+            doc = self._json(await self._call(addr, RequestCode.TXN_LIST, "list transactions"),
+                             "list transactions")
+            for row in _rows(doc):
+                rows.append({"broker": name, **row})
+        return rows
+
+    async def txn_show(self, txn_id: str) -> dict:
+        """One half message by transaction id (UNIQ_KEY) or offsetMsgId."""
+        if not txn_id or not isinstance(txn_id, str):
+            raise ValueError("a transaction id is required")
+        errors = []
+        for name, addr in self.brokers.items():
+            resp = await self._instance.invoke(addr, RemotingCommand.request(RequestCode.TXN_SHOW, {"id": txn_id}))
+            if resp.code == ResponseCode.SUCCESS:
+                doc = self._json(resp, "show transaction")
+                return {"broker": name, **(doc if isinstance(doc, dict) else {"value": doc})}
+            errors.append(BrokerError(f"show transaction {txn_id}", resp.code, resp.remark, addr))
+        raise errors[0] if len(errors) == 1 else ClientError("; ".join(map(str, errors)))
+
+    async def txn_decide(self, txn_id: str, decision: str, operator: str) -> dict:
+        """Operator decision on a half: commit, rollback, or resume (check it again)."""
+        if decision not in DECISIONS:
+            raise ValueError(f"decision must be one of {', '.join(DECISIONS)}")
+        if not operator:
+            raise ValueError("an operator name is required")
+        shown = await self.txn_show(txn_id)
+        addr = self.brokers[shown["broker"]]
+        resp = await self._call(addr, RequestCode.TXN_DECIDE, f"{decision} transaction {txn_id}",
+                                {"id": txn_id, "decision": decision, "operator": operator})
+        doc = self._json(resp, decision)
+        return {"broker": shown["broker"], **(doc if isinstance(doc, dict) else {})}
+
+
+def _rows(doc: object) -> list[dict]:
+    """The rows of a TXN_LIST answer: a list, or an object holding one."""
+    if isinstance(doc, list):
+        return [r for r in doc if isinstance(r, dict)]
+    if isinstance(doc, dict):
+        for key in ("halves", "pending", "transactions", "items"):
+            value = doc.get(key)
+            if isinstance(value, list):
+                return [r for r in value if isinstance(r, dict)]
+    return []
