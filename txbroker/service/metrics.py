@@ -1,0 +1,120 @@
+"""Broker metrics: Prometheus counters, gauges and one histogram, per broker instance.
+
+Each :class:`BrokerMetrics` owns its own ``CollectorRegistry`` (never prometheus_client's
+global one): tests and benchmarks run several brokers in one process, and a global registry
+would either refuse the second broker's metrics or mix the two.
+
+The transactional service updates the ``tx_*`` metrics itself; the composition root sets the
+store and connection gauges (:meth:`set_broker_gauges`) before each scrape.  The same values
+are exported two ways: :meth:`render` (Prometheus text for the HTTP endpoint) and
+:meth:`snapshot` (flat string table for GET_BROKER_RUNTIME_INFO's KVTable and BROKER_STATUS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+#: Half-to-decision latency buckets (seconds): from an immediate commit to hours of check-backs.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900,
+                   3600, 6 * 3600, 24 * 3600)
+NAMESPACE = "txbroker"
+
+
+class BrokerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, ns = self.registry, NAMESPACE
+        # --- transactions -------------------------------------------------------------------
+        self.halves = Counter("tx_halves", "Half messages stored", namespace=ns, registry=r)
+        self.commits = Counter("tx_commits", "Half messages committed (final message written)",
+                               ["source"], namespace=ns, registry=r)
+        self.rollbacks = Counter("tx_rollbacks", "Half messages rolled back", ["source"],
+                                 namespace=ns, registry=r)
+        self.unknown_ends = Counter("tx_unknown_ends", "END_TRANSACTION with state unknown",
+                                    namespace=ns, registry=r)
+        self.duplicate_ends = Counter("tx_duplicate_ends",
+                                      "Decisions repeating an applied one (nothing written)",
+                                      namespace=ns, registry=r)
+        self.conflicting_ends = Counter("tx_conflicting_ends",
+                                        "Decisions refused because they contradict the recorded one",
+                                        namespace=ns, registry=r)
+        self.invalid_ends = Counter("tx_invalid_ends",
+                                    "END_TRANSACTION refused: no such half, wrong group or offset",
+                                    namespace=ns, registry=r)
+        self.checks_sent = Counter("tx_checks_sent", "CHECK_TRANSACTION_STATE requests sent",
+                                   namespace=ns, registry=r)
+        self.check_answers = Counter("tx_check_answers", "Answers to check-backs by kind",
+                                     ["kind"], namespace=ns, registry=r)
+        self.no_producer = Counter("tx_no_producer",
+                                   "Due checks not sent: no live connection of the producer group",
+                                   namespace=ns, registry=r)
+        self.discards = Counter("tx_discards", "Halves moved to TRANS_CHECK_MAX_TIME_TOPIC",
+                                namespace=ns, registry=r)
+        self.resumes = Counter("tx_resumes", "Discarded halves resumed by an operator",
+                               namespace=ns, registry=r)
+        self.check_passes = Counter("tx_check_passes", "Check passes run", namespace=ns, registry=r)
+        self.pending = Gauge("tx_pending", "Half messages waiting for a decision",
+                             namespace=ns, registry=r)
+        self.discarded = Gauge("tx_discarded", "Discarded half messages not yet resolved",
+                               namespace=ns, registry=r)
+        self.decision_latency = Histogram("tx_decision_latency_seconds",
+                                          "Time from half stored to commit or rollback",
+                                          namespace=ns, registry=r, buckets=LATENCY_BUCKETS)
+        # --- store and connections (set by the composition root) --------------------------
+        self.connections = Gauge("connections", "Open client connections", namespace=ns, registry=r)
+        self.in_flight = Gauge("requests_in_flight", "Requests being handled", namespace=ns,
+                               registry=r)
+        self.held_pulls = Gauge("held_pulls", "Long-poll pulls waiting for messages",
+                                namespace=ns, registry=r)
+        self.store = Gauge("store", "Message store figures (puts, gets, bytes, ...)", ["stat"],
+                           namespace=ns, registry=r)
+
+    def set_broker_gauges(self, *, connections: int | None = None,
+                          store: Mapping[str, object] | None = None,
+                          held_pulls: int | None = None, in_flight: int | None = None) -> None:
+        """Refresh the gauges the broker owns; ``store`` is ``MessageStore.stats()``.
+
+        Non-numeric store figures (paths, modes) are skipped: a gauge holds numbers only.
+        """
+        if connections is not None:
+            self.connections.set(connections)
+        if held_pulls is not None:
+            self.held_pulls.set(held_pulls)
+        if in_flight is not None:
+            self.in_flight.set(in_flight)
+        for name, value in (store or {}).items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            self.store.labels(stat=str(name)).set(value)
+
+    def render(self) -> bytes:
+        """Prometheus text exposition format (version 0.0.4)."""
+        return generate_latest(self.registry)
+
+    def snapshot(self) -> dict[str, str]:
+        """Flat ``name -> value`` strings: counters, gauges, histogram count and sum.
+
+        Names drop the ``txbroker_`` prefix; a labelled sample appends its label values, e.g.
+        ``tx_commits_total_producer`` or ``store_puts``.
+        """
+        out: dict[str, str] = {}
+        prefix = NAMESPACE + "_"
+        for family in self.registry.collect():
+            for sample in family.samples:
+                name = sample.name
+                if name.endswith(("_created", "_bucket")):
+                    continue
+                name = name.removeprefix(prefix)
+                if sample.labels:
+                    name = "_".join([name, *(str(v) for v in sample.labels.values())])
+                value = sample.value
+                out[name] = str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+        return out
