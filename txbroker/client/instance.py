@@ -252,9 +252,11 @@ class ClientInstance:
                                       {"topic": topic, "acceptStandardJsonOnly": "true"})
         try:
             resp = await self.namesrv_invoke(cmd)
-        except (OSError, ConnectionError, TimeoutError) as exc:
+        except (OSError, TimeoutError, RouteError) as exc:
             if cached is not None:
                 return cached  # a stale route beats none while the name server is away
+            if isinstance(exc, RouteError):
+                raise
             raise RouteError(f"no route for topic {topic!r}: name server unreachable: "
                              f"{exc or type(exc).__name__}") from exc
         if resp.code != ResponseCode.SUCCESS:

@@ -1,0 +1,123 @@
+"""The client commands through click's runner against a live in-process broker.
+
+Each command runs its own event loop in a worker thread (cli.common.run), so the runner is
+called through ``asyncio.to_thread`` and the broker keeps serving on the test's loop meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import orjson
+from click.testing import CliRunner
+from conftest import wait_until
+
+from cli.main import main
+
+
+async def _cli(*args: str, env: dict[str, str] | None = None, input: bytes | None = None):
+    runner = CliRunner()
+    return await asyncio.to_thread(runner.invoke, main, list(args), env=env, input=input,
+                                   catch_exceptions=False)
+
+
+def _ok(result) -> str:
+    assert result.exit_code == 0, (result.exit_code, result.output, result.stderr)
+    return result.stdout
+
+
+def _one_line_error(result) -> str:
+    assert result.exit_code == 1, (result.exit_code, result.output)
+    err = result.stderr.strip()
+    assert err.startswith("Error: ") and "\n" not in err and "Traceback" not in result.output
+    return err
+
+
+async def test_topic_produce_consume(broker, namesrv, tmp_path) -> None:
+    ns = ("--namesrv", namesrv)
+    assert "created with 2 queue(s)" in _ok(await _cli("topic", "create", "TCli", "--queues", "2", *ns))
+    assert "TCli" in _ok(await _cli("topic", "list", *ns))
+    listed = orjson.loads(_ok(await _cli("topic", "list", "--json", *ns)))
+    assert listed["TCli"]["writeQueueNums"] == 2
+
+    out = _ok(await _cli("produce", "--topic", "TCli", "--body", "hello", "--keys", "K1",
+                         "--tags", "TagA", "--count", "2", "--property", "color=red", "--json", *ns))
+    sent = [orjson.loads(line) for line in out.splitlines()]
+    assert len(sent) == 2 and all(s["status"] == "SEND_OK" and len(s["msg_id"]) == 32 for s in sent)
+    body_file = tmp_path / "body.bin"
+    body_file.write_bytes(b"\x00\xffbinary")
+    _ok(await _cli("produce", "--topic", "TCli", "--file", str(body_file), *ns))
+    # the environment variable stands in for --namesrv
+    _ok(await _cli("produce", "--topic", "TCli", "--file", "-", env={"TXBROKER_NAMESRV": namesrv},
+                   input=b"from stdin"))
+
+    out = _ok(await _cli("consume", "--topic", "TCli", "--group", "CG_CLI", "--from-beginning",
+                         "--max", "4", "--json", "--timeout", "10", *ns))
+    got = [orjson.loads(line) for line in out.splitlines()]
+    assert sorted(g.get("body", "") for g in got) == ["", "from stdin", "hello", "hello"]
+    hello = next(g for g in got if g.get("body") == "hello")
+    assert hello["tags"] == "TagA" and hello["keys"] == "K1" and hello["properties"]["color"] == "red"
+    assert any(g.get("body_base64") for g in got)
+    # offsets were committed: the group has nothing left
+    out = _ok(await _cli("consume", "--topic", "TCli", "--group", "CG_CLI", "--timeout", "0.5", *ns))
+    assert out == ""
+    # a new group without --from-beginning only sees new messages
+    out = _ok(await _cli("consume", "--topic", "TCli", "--group", "CG_NEW", "--timeout", "0.5", *ns))
+    assert out == ""
+
+
+async def test_transactions_and_operator_decisions(broker, namesrv) -> None:
+    ns = ("--namesrv", namesrv)
+    for decision in ("commit", "rollback", "unknown"):
+        out = _ok(await _cli("produce", "--topic", "TCliTx", "--body", decision, "--keys", decision,
+                             "--transactional", "--decision", decision, "--json", *ns))
+        doc = orjson.loads(out)
+        assert doc["local_transaction_state"] == {"commit": "COMMIT_MESSAGE", "rollback": "ROLLBACK_MESSAGE",
+                                                  "unknown": "UNKNOW"}[decision]
+        if decision == "unknown":
+            pending_id = doc["transaction_id"]
+    await wait_until(lambda: broker.tx.pending_count() == 1, what="one pending half")
+    rows = orjson.loads(_ok(await _cli("txn", "list", "--json", *ns)))
+    assert any(pending_id in orjson.dumps(r).decode() for r in rows)
+    table = _ok(await _cli("txn", "list", *ns))
+    assert "TCliTx" in table and "1 pending" in table
+    shown = orjson.loads(_ok(await _cli("txn", "show", pending_id, *ns)))
+    assert pending_id in orjson.dumps(shown).decode()
+    out = _ok(await _cli("txn", "commit", pending_id, "--operator", "alice", *ns))
+    assert f"commit {pending_id}" in out and "alice" in out
+    await wait_until(lambda: broker.tx.pending_count() == 0, what="operator commit applied")
+    out = _ok(await _cli("consume", "--topic", "TCliTx", "--group", "CG_CLITX", "--from-beginning",
+                         "--max", "2", "--timeout", "10", *ns))
+    assert sorted(line.rsplit(" ", 1)[-1] for line in out.splitlines()) == ["commit", "unknown"]
+    err = _one_line_error(await _cli("txn", "rollback", pending_id, "--operator", "bob", *ns))
+    assert pending_id in err or "not" in err.lower()
+
+
+async def test_status(broker, namesrv) -> None:
+    ns = ("--namesrv", namesrv)
+    _ok(await _cli("produce", "--topic", "TStat", "--body", "x", *ns))
+    out = _ok(await _cli("status", *ns))
+    assert "TStat" in out and "pending half messages" in out
+    docs = orjson.loads(_ok(await _cli("status", "--json", *ns)))
+    [doc] = docs.values()
+    assert "TStat" in doc["topics"] and doc["address"] == broker.broker_addr
+
+
+async def test_errors_are_one_line(broker, namesrv) -> None:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    dead = f"127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    for args in (("status",), ("topic", "list"), ("txn", "list"),
+                 ("produce", "--topic", "T", "--body", "x"),
+                 ("consume", "--topic", "T", "--group", "G", "--max", "1")):
+        err = _one_line_error(await _cli(*args, "--namesrv", dead))
+        assert "name server" in err
+    err = _one_line_error(await _cli("produce", "--topic", "bad topic", "--body", "x", "--namesrv", namesrv))
+    assert "topic" in err
+    err = _one_line_error(await _cli("txn", "show", "F" * 32, "--namesrv", namesrv))
+    usage = await _cli("produce", "--topic", "T", "--namesrv", namesrv)
+    assert usage.exit_code == 2 and "--body or --file" in usage.stderr
+    bad_ns = await _cli("status", "--namesrv", "nonsense")
+    assert bad_ns.exit_code == 1 and "host:port" in bad_ns.stderr
