@@ -315,6 +315,12 @@ class Consumer:
                 members: set[str] = set()
                 for name in sorted({q.broker_name for q in queues}):
                     members.update(await self._members(self._instance.broker_addr(name)))
+                if not members and queues:
+                    # No member list (our heartbeat has not landed, or the broker restarted):
+                    # keep the current queues rather than dropping everything (RocketMQ too).
+                    log.warning("consumer %s: no member list for group %s; keeping %d queue(s)",
+                                self.client_id, self.group, len(self._owned))
+                    continue
                 mine = set(allocate_average(queues, sorted(members), self.client_id))
                 current = {mq for mq in self._owned if mq.topic == topic}
                 for mq in sorted(current - mine):

@@ -290,19 +290,24 @@ class ClientInstance:
             return await asyncio.shield(pending)
         fut = asyncio.get_running_loop().create_future()
         self._connecting[addr] = fut
+        conn = RemotingClient(addr)
         try:
-            conn = RemotingClient(addr)
             for code, handler in self._handlers.items():
                 conn.register(code, self._dispatcher(addr, handler))
             await asyncio.wait_for(conn.connect(), self.request_timeout)
-            self._conns[addr] = conn
             if self.producer_groups or self.consumer_data:
                 await self._heartbeat(addr, conn)
+            self._conns[addr] = conn
             fut.set_result(conn)
             return conn
         except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()  # retrieved: concurrent waiters get it, nobody logs it unretrieved
+            with contextlib.suppress(Exception):
+                await conn.close()
+            if isinstance(exc, asyncio.CancelledError):
+                fut.cancel()
+            else:
+                fut.set_exception(exc)
+                fut.exception()  # retrieved: concurrent waiters get it, nobody logs it unretrieved
             raise
         finally:
             self._connecting.pop(addr, None)
