@@ -3,15 +3,19 @@
 No sockets, no asyncio, no logging: the transport feeds bytes to :class:`FrameDecoder` and
 writes what :func:`encode` returns, and the fuzz tests drive this module with arbitrary bytes.
 The rule those tests pin down: any input yields whole commands, "need more", or
-:class:`ProtocolError` — never another exception.
+:class:`ProtocolError` — never another exception.  Any other exception raised from here is a
+txbroker bug (for example encoding a command whose code does not fit the binary header).
 
-Frame (big-endian): ``total length L (4) | serialize type (1 byte) + header length H (3) |
-header (H) | body (L - 4 - H)``.  Header type 0 is JSON (fastjson field names), type 1 the
-binary ROCKETMQ layout (protocol.md §1.1).  Real clients are loose in places and strict
-elsewhere (client-capture.md §5): ext field values may arrive as JSON numbers or booleans and
-are normalised to strings here; the C++ client ends its JSON header with a newline; that
-client crashes on responses without ``extFields`` and ignores numeric values, so every encoded
-response carries ``extFields`` with string values.
+Frame (big-endian, protocol.md §1): ``total length L (4) | serialize type (high byte) + header
+length H (low 24 bits) | header (H) | body (L - 4 - H)``.  Header type 0 is JSON with
+fastjson's field names, type 1 the binary ROCKETMQ layout (§1.1).
+
+Real clients are loose in places and strict elsewhere (client-capture.md §5), so the decoder is
+lenient exactly where they are: ext field values may arrive as JSON numbers or booleans and are
+normalised to strings; the C++ client ends its JSON header with a newline.  Everything else is
+strict: a wrongly typed header field is garbage, not something to guess about.  The encoder
+always writes ``extFields`` on responses, with string values only, because the C++ client
+crashes without the object and silently ignores numeric values.
 """
 
 from __future__ import annotations
@@ -33,33 +37,47 @@ from txbroker.remoting.codes import (
 
 #: The length prefix counts the 4-byte header-length field, so L >= 4.
 MIN_TOTAL_LENGTH = 4
-#: RocketMQ's default ``frameMaxLength``; the configured value is passed to the decoder.
+#: RocketMQ's default ``frameMaxLength`` (whole frame, prefix included); the configured value
+#: (``BrokerConfig.max_frame_size``) is what the transports pass to the decoder.
 DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
-#: A header needs no more than this; larger ones are garbage or an attack.
+#: A header never needs more than this; a larger one is garbage or an attack, refused before
+#: it is parsed even when the frame limit would allow it.
 MAX_HEADER_SIZE = 1024 * 1024
+#: Bytes before the header: the total length and the type/header-length word.
+PREFIX_SIZE = 8
+#: The binary header's int16 key length and int16 code put these bounds on what it can carry.
+MAX_BINARY_CODE = 0x7FFF
 
 _PREFIX = struct.Struct(">ii")
 _LEN = struct.Struct(">i")
+_SHORT = struct.Struct(">h")
 _BIN_FIXED = struct.Struct(">hBhii")  # code, language, version, opaque, flag
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
-_LANG_BY_NAME = {lang.name: lang for lang in LanguageCode}
+_LANG_BY_NAME = {lang.name: int(lang) for lang in LanguageCode}
 _LANG_BY_CODE = {int(lang): lang.name for lang in LanguageCode}
+_SERIALIZE_NAMES = {SerializeType.JSON: "JSON", SerializeType.ROCKETMQ: "ROCKETMQ"}
 
 
 class ProtocolError(Exception):
     """The peer sent bytes that are not a valid frame; the connection cannot continue.
 
-    ``code`` is the response code a server would answer with when it can still answer.
+    ``code`` is the response code a server would answer with if it still could; the message
+    says what exactly is wrong (it is logged when the connection is closed).
     """
 
     def __init__(self, message: str, code: int = ResponseCode.SYSTEM_ERROR) -> None:
         super().__init__(message)
-        self.code = code
+        self.code = int(code)
 
 
-@dataclass
+@dataclass(slots=True)
 class RemotingCommand:
-    """One request or response, independent of its serialization."""
+    """One request or response, independent of its serialization.
+
+    ``ext_fields`` holds strings only (the codec normalises what peers send); ``language`` is
+    the RocketMQ language name (``"JAVA"``, ``"CPP"``, ...).
+    """
 
     code: int
     opaque: int = 0
@@ -81,196 +99,190 @@ class RemotingCommand:
 
     @classmethod
     def request(cls, code: int, ext: dict[str, str] | None = None, body: bytes = b"",
-                *, oneway: bool = False, opaque: int = 0) -> "RemotingCommand":
+                *, oneway: bool = False, opaque: int = 0,
+                serialize_type: int = SerializeType.JSON) -> RemotingCommand:
+        """A request; the transport that sends it assigns the opaque."""
         return cls(code=int(code), opaque=opaque, flag=FLAG_ONEWAY if oneway else 0,
-                   ext_fields=dict(ext or {}), body=body)
+                   ext_fields=dict(ext) if ext else {}, body=body,
+                   serialize_type=serialize_type)
 
     def response(self, code: int = ResponseCode.SUCCESS, remark: str | None = None,
-                 ext: dict[str, str] | None = None, body: bytes = b"") -> "RemotingCommand":
+                 ext: dict[str, str] | None = None, body: bytes = b"") -> RemotingCommand:
         """The answer to this request: same opaque and serialization, response bit set."""
         return RemotingCommand(code=int(code), opaque=self.opaque, flag=FLAG_RESPONSE,
-                               remark=remark, ext_fields=dict(ext or {}), body=body,
+                               remark=remark, ext_fields=dict(ext) if ext else {}, body=body,
                                serialize_type=self.serialize_type)
+
+
+# --- framing ----------------------------------------------------------------------------------
 
 
 def frame_length(buf: bytes | bytearray | memoryview, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
                  pos: int = 0) -> int | None:
     """Bytes the frame starting at ``pos`` occupies (prefix included), or None for need-more.
 
-    Checks only what the prefix allows: a lying total length is refused here, before any
-    memory is reserved for it.
+    Checks everything the prefix allows, as soon as its bytes are there: a lying total length
+    is refused before any memory is reserved for it.
     """
     avail = len(buf) - pos
     if avail < 4:
         return None
     total = _LEN.unpack_from(buf, pos)[0]
     if total < MIN_TOTAL_LENGTH:
-        raise ProtocolError(f"frame length {total} below the minimum {MIN_TOTAL_LENGTH}")
-    if total > max_frame_size:
-        raise ProtocolError(f"frame length {total} exceeds the maximum {max_frame_size}")
-    if avail >= 8:
-        header_len = _LEN.unpack_from(buf, pos + 4)[0] & 0xFFFFFF
-        if header_len > total - 4:
-            raise ProtocolError(f"header length {header_len} exceeds the frame ({total - 4} bytes)")
+        raise ProtocolError(f"frame length {total} is below the minimum {MIN_TOTAL_LENGTH}")
+    if total + 4 > max_frame_size:
+        raise ProtocolError(f"frame of {total + 4} bytes exceeds the maximum frame size "
+                            f"{max_frame_size}")
+    if avail >= PREFIX_SIZE:
+        mark = _LEN.unpack_from(buf, pos + 4)[0]
+        _check_mark(mark, total)
     if avail < 4 + total:
         return None
     return 4 + total
 
 
-def decode_frame(frame: bytes | bytearray | memoryview) -> RemotingCommand:
-    """Decode one whole frame (as delimited by :func:`frame_length`)."""
-    if len(frame) < 8:
-        raise ProtocolError("frame shorter than its 8-byte prefix")
-    total, mark = _PREFIX.unpack_from(frame, 0)
-    if total != len(frame) - 4:
-        raise ProtocolError(f"frame length {total} does not match {len(frame) - 4} bytes")
+def _check_mark(mark: int, total: int) -> int:
+    """Validate the type/header-length word; returns the header length."""
     kind = (mark >> 24) & 0xFF
+    if kind != SerializeType.JSON and kind != SerializeType.ROCKETMQ:
+        raise ProtocolError(f"unknown serialize type {kind} (expected 0 = JSON or 1 = ROCKETMQ)")
     header_len = mark & 0xFFFFFF
     if header_len > total - 4:
-        raise ProtocolError(f"header length {header_len} exceeds the frame")
+        raise ProtocolError(f"header length {header_len} exceeds the frame's "
+                            f"{total - 4} bytes after the prefix")
     if header_len > MAX_HEADER_SIZE:
-        raise ProtocolError(f"header length {header_len} exceeds {MAX_HEADER_SIZE}")
-    header = frame[8:8 + header_len]
-    body = bytes(frame[8 + header_len:])
-    if kind == SerializeType.JSON:
-        cmd = _decode_json_header(header)
-    elif kind == SerializeType.ROCKETMQ:
+        raise ProtocolError(f"header length {header_len} exceeds the maximum {MAX_HEADER_SIZE}")
+    return header_len
+
+
+def decode_frame(frame: bytes | bytearray | memoryview) -> RemotingCommand:
+    """Decode exactly one whole frame (as delimited by :func:`frame_length`)."""
+    if len(frame) < PREFIX_SIZE:
+        raise ProtocolError(f"frame of {len(frame)} bytes is shorter than its 8-byte prefix")
+    total = _LEN.unpack_from(frame, 0)[0]
+    if total < MIN_TOTAL_LENGTH:
+        raise ProtocolError(f"frame length {total} is below the minimum {MIN_TOTAL_LENGTH}")
+    if total != len(frame) - 4:
+        raise ProtocolError(f"frame length field {total} does not match the "
+                            f"{len(frame) - 4} bytes given")
+    return _decode_at(memoryview(frame), 0, 4 + total)
+
+
+def _decode_at(view: memoryview, pos: int, n: int) -> RemotingCommand:
+    """Decode the frame of ``n`` bytes at ``pos``; its length field is already checked."""
+    mark = _LEN.unpack_from(view, pos + 4)[0]
+    header_len = _check_mark(mark, n - 4)
+    start = pos + PREFIX_SIZE
+    header = view[start:start + header_len]
+    if mark >> 24:
         cmd = _decode_binary_header(header)
     else:
-        raise ProtocolError(f"unknown serialize type {kind}")
-    cmd.body = body
+        cmd = _decode_json_header(header)
+    if start + header_len < pos + n:
+        cmd.body = bytes(view[start + header_len:pos + n])
     return cmd
 
 
-def _as_int(value: Any, name: str, bits: int = 32) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, str):
-            try:
-                value = int(value.strip())
-            except ValueError:
-                raise ProtocolError(f"header field {name!r} is not an integer") from None
-        else:
-            raise ProtocolError(f"header field {name!r} is not an integer")
-    limit = 1 << (bits - 1)
-    if not -limit <= value < limit:
-        raise ProtocolError(f"header field {name!r} out of range")
+# --- JSON header ------------------------------------------------------------------------------
+
+
+def _int_field(doc: dict[str, Any], name: str, default: int) -> int:
+    value = doc.get(name, default)
+    if value.__class__ is not int:  # rejects bool, float, str, null, containers
+        raise ProtocolError(f"header field {name!r} must be an integer, "
+                            f"got {_json_type(value)}")
+    if not _INT32_MIN <= value <= _INT32_MAX:
+        raise ProtocolError(f"header field {name!r} = {value} is outside the int32 range")
     return value
 
 
-def _ext_value(value: Any, key: str) -> str:
-    """Normalise an ext field value to the string Java would have sent."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return str(value)
+def _json_type(value: Any) -> str:
     if value is None:
-        return ""
-    raise ProtocolError(f"extFields[{key!r}] is not a scalar")
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "an array", dict: "an object"}.get(type(value), type(value).__name__)
 
 
-def _decode_json_header(raw: bytes | memoryview) -> RemotingCommand:
+def _ext_value(value: Any, key: str) -> str | None:
+    """Normalise an ext field value to the string Java would have sent (None = absent)."""
+    cls = value.__class__
+    if cls is str:
+        return value
+    if cls is bool:
+        return "true" if value else "false"
+    if cls is int:
+        return str(value)
+    if cls is float:
+        return str(int(value)) if value.is_integer() and abs(value) < 2**63 else repr(value)
+    if value is None:
+        return None
+    raise ProtocolError(f"extFields[{key!r}] must be a string, number or boolean, "
+                        f"got {_json_type(value)}")
+
+
+def _decode_json_header(raw: memoryview) -> RemotingCommand:
     try:
-        doc = orjson.loads(bytes(raw))
+        doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        try:
+            bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as uexc:
+            raise ProtocolError(f"JSON header is not UTF-8 (byte {uexc.start})") from None
         raise ProtocolError(f"header is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ProtocolError("header is not a JSON object")
+    if doc.__class__ is not dict:
+        raise ProtocolError(f"JSON header must be an object, got {_json_type(doc)}")
     if "code" not in doc:
-        raise ProtocolError("header has no 'code'")
-    code = _as_int(doc["code"], "code")
+        raise ProtocolError("JSON header has no 'code'")
+    code = _int_field(doc, "code", 0)
     language = doc.get("language", "JAVA")
-    if isinstance(language, int) and not isinstance(language, bool):
-        language = _LANG_BY_CODE.get(language, "OTHER")
-    if not isinstance(language, str):
-        raise ProtocolError("header field 'language' is not a string")
+    if language.__class__ is not str:
+        # Some writers emit the enum ordinal; accept it, reject anything else.
+        if language.__class__ is int and language in _LANG_BY_CODE:
+            language = _LANG_BY_CODE[language]
+        else:
+            raise ProtocolError(f"header field 'language' must be a language name, "
+                                f"got {_json_type(language)}")
     remark = doc.get("remark")
-    if remark is not None and not isinstance(remark, str):
-        raise ProtocolError("header field 'remark' is not a string")
+    if remark is not None and remark.__class__ is not str:
+        raise ProtocolError(f"header field 'remark' must be a string, got {_json_type(remark)}")
     ext_raw = doc.get("extFields")
     ext: dict[str, str] = {}
     if ext_raw is not None:
-        if not isinstance(ext_raw, dict):
-            raise ProtocolError("header field 'extFields' is not an object")
-        ext = {str(k): _ext_value(v, k) for k, v in ext_raw.items()}
+        if ext_raw.__class__ is not dict:
+            raise ProtocolError(f"header field 'extFields' must be an object, "
+                                f"got {_json_type(ext_raw)}")
+        for key, value in ext_raw.items():
+            if value.__class__ is str:
+                ext[key] = value
+            else:
+                text = _ext_value(value, key)
+                if text is not None:
+                    ext[key] = text
+    serialize = doc.get("serializeTypeCurrentRPC")
+    if serialize is not None and serialize.__class__ is not str:
+        raise ProtocolError("header field 'serializeTypeCurrentRPC' must be a string, "
+                            f"got {_json_type(serialize)}")
     return RemotingCommand(
-        code=code,
-        opaque=_as_int(doc.get("opaque", 0), "opaque"),
-        flag=_as_int(doc.get("flag", 0), "flag"),
-        language=language,
-        version=_as_int(doc.get("version", 0), "version"),
-        remark=remark,
-        ext_fields=ext,
-        serialize_type=SerializeType.JSON,
+        code,
+        _int_field(doc, "opaque", 0),
+        _int_field(doc, "flag", 0),
+        language,
+        _int_field(doc, "version", 0),
+        remark,
+        ext,
+        b"",
+        SerializeType.JSON,
     )
 
 
-def _read_str(raw: bytes | memoryview, pos: int, n: int, what: str) -> str:
-    if n < 0 or pos + n > len(raw):
-        raise ProtocolError(f"{what} length {n} exceeds the header")
-    try:
-        return bytes(raw[pos:pos + n]).decode()
-    except UnicodeDecodeError:
-        raise ProtocolError(f"{what} is not UTF-8") from None
-
-
-def _decode_binary_header(raw: bytes | memoryview) -> RemotingCommand:
-    n = len(raw)
-    if n < _BIN_FIXED.size + 8:
-        raise ProtocolError(f"binary header of {n} bytes is shorter than its fixed part")
-    code, lang, version, opaque, flag = _BIN_FIXED.unpack_from(raw, 0)
-    pos = _BIN_FIXED.size
-    remark_len = _LEN.unpack_from(raw, pos)[0]
-    pos += 4
-    remark = _read_str(raw, pos, remark_len, "remark") if remark_len else None
-    pos += max(remark_len, 0)
-    if pos + 4 > n:
-        raise ProtocolError("binary header ends before its extFields length")
-    ext_len = _LEN.unpack_from(raw, pos)[0]
-    pos += 4
-    if ext_len < 0 or pos + ext_len > n:
-        raise ProtocolError(f"extFields length {ext_len} exceeds the header")
-    end = pos + ext_len
-    ext: dict[str, str] = {}
-    while pos < end:
-        if pos + 2 > end:
-            raise ProtocolError("truncated extFields key length")
-        klen = struct.unpack_from(">h", raw, pos)[0]
-        pos += 2
-        key = _read_str(raw[:end], pos, klen, "extFields key")
-        pos += klen
-        if pos + 4 > end:
-            raise ProtocolError("truncated extFields value length")
-        vlen = _LEN.unpack_from(raw, pos)[0]
-        pos += 4
-        ext[key] = _read_str(raw[:end], pos, vlen, "extFields value")
-        pos += vlen
-    return RemotingCommand(code=code, opaque=opaque, flag=flag,
-                           language=_LANG_BY_CODE.get(lang, "OTHER"), version=version,
-                           remark=remark, ext_fields=ext, serialize_type=SerializeType.ROCKETMQ)
-
-
-def encode(cmd: RemotingCommand) -> bytes:
-    """Serialise a command as one frame in its own serialize type."""
-    if cmd.serialize_type == SerializeType.ROCKETMQ:
-        header = _encode_binary_header(cmd)
-    else:
-        header = _encode_json_header(cmd)
-    body = cmd.body
-    return b"".join((
-        _PREFIX.pack(4 + len(header) + len(body), (int(cmd.serialize_type) << 24) | len(header)),
-        header,
-        body,
-    ))
-
-
 def _encode_json_header(cmd: RemotingCommand) -> bytes:
-    # Keys in fastjson's sorted order.  extFields is always written for responses (the C++
-    # client dereferences it unconditionally) and always with string values.
+    # fastjson's sorted key order; null fields left out as fastjson does.  extFields is always
+    # written on responses (the C++ client dereferences it unconditionally) and only ever
+    # with string values (it ignores numbers).
     doc: dict[str, Any] = {"code": int(cmd.code)}
-    if cmd.ext_fields or cmd.is_response:
-        doc["extFields"] = {k: str(v) for k, v in cmd.ext_fields.items()}
+    ext = cmd.ext_fields
+    if ext or cmd.flag & FLAG_RESPONSE:
+        doc["extFields"] = _string_map(ext)
     doc["flag"] = cmd.flag
     doc["language"] = cmd.language
     doc["opaque"] = cmd.opaque
@@ -281,48 +293,165 @@ def _encode_json_header(cmd: RemotingCommand) -> bytes:
     return orjson.dumps(doc)
 
 
+def _string_map(ext: dict[str, Any]) -> dict[str, str]:
+    for value in ext.values():
+        if value.__class__ is not str:
+            break
+    else:
+        return ext
+    out: dict[str, str] = {}
+    for key, value in ext.items():
+        if value is None:
+            continue
+        if value.__class__ is bool:
+            out[key] = "true" if value else "false"
+        else:
+            out[key] = value if value.__class__ is str else str(value)
+    return out
+
+
+# --- binary (ROCKETMQ) header -----------------------------------------------------------------
+
+
+def _read_str(raw: memoryview, pos: int, n: int, end: int, what: str) -> str | None:
+    if n < 0:
+        raise ProtocolError(f"{what} length {n} is negative")
+    if pos + n > end:
+        raise ProtocolError(f"{what} length {n} runs past the end of the binary header")
+    if n == 0:
+        return None
+    try:
+        return str(raw[pos:pos + n], "utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(f"{what} is not UTF-8") from None
+
+
+def _decode_binary_header(raw: memoryview) -> RemotingCommand:
+    n = len(raw)
+    if n < _BIN_FIXED.size + 8:
+        raise ProtocolError(f"binary header of {n} bytes is shorter than its "
+                            f"{_BIN_FIXED.size + 8}-byte minimum")
+    code, lang, version, opaque, flag = _BIN_FIXED.unpack_from(raw, 0)
+    pos = _BIN_FIXED.size
+    remark_len = _LEN.unpack_from(raw, pos)[0]
+    pos += 4
+    remark = _read_str(raw, pos, remark_len, n - 4, "remark")
+    pos += remark_len
+    ext_len = _LEN.unpack_from(raw, pos)[0]
+    pos += 4
+    if ext_len < 0 or pos + ext_len > n:
+        raise ProtocolError(f"extFields length {ext_len} runs past the end of the binary header")
+    end = pos + ext_len
+    if end != n:
+        raise ProtocolError(f"binary header has {n - end} trailing bytes after extFields")
+    ext: dict[str, str] = {}
+    while pos < end:
+        if pos + 2 > end:
+            raise ProtocolError("extFields entry truncated before its key length")
+        klen = _SHORT.unpack_from(raw, pos)[0]
+        pos += 2
+        key = _read_str(raw, pos, klen, end, "extFields key") or ""
+        pos += klen
+        if pos + 4 > end:
+            raise ProtocolError(f"extFields[{key!r}] truncated before its value length")
+        vlen = _LEN.unpack_from(raw, pos)[0]
+        pos += 4
+        ext[key] = _read_str(raw, pos, vlen, end, f"extFields[{key!r}] value") or ""
+        pos += vlen
+    return RemotingCommand(code, opaque, flag, _LANG_BY_CODE.get(lang, "OTHER"), version,
+                           remark, ext, b"", SerializeType.ROCKETMQ)
+
+
 def _encode_binary_header(cmd: RemotingCommand) -> bytes:
     lang = _LANG_BY_NAME.get(cmd.language, LanguageCode.OTHER)
     remark = (cmd.remark or "").encode()
+    parts = [_BIN_FIXED.pack(int(cmd.code), lang, cmd.version, cmd.opaque, cmd.flag),
+             _LEN.pack(len(remark)), remark, b""]
     ext_parts: list[bytes] = []
-    for key, value in cmd.ext_fields.items():
-        kb, vb = key.encode(), str(value).encode()
-        ext_parts.append(struct.pack(">h", len(kb)) + kb + _LEN.pack(len(vb)) + vb)
+    for key, value in _string_map(cmd.ext_fields).items():
+        kb, vb = key.encode(), value.encode()
+        ext_parts += (_SHORT.pack(len(kb)), kb, _LEN.pack(len(vb)), vb)
     ext = b"".join(ext_parts)
-    return b"".join((
-        _BIN_FIXED.pack(int(cmd.code), int(lang), cmd.version, cmd.opaque, cmd.flag),
-        _LEN.pack(len(remark)), remark,
-        _LEN.pack(len(ext)), ext,
-    ))
+    parts[3] = _LEN.pack(len(ext))
+    parts.append(ext)
+    return b"".join(parts)
+
+
+# --- encode -----------------------------------------------------------------------------------
+
+
+def encode(cmd: RemotingCommand) -> bytes:
+    """Serialise a command as one frame in its own serialize type."""
+    if cmd.serialize_type == SerializeType.ROCKETMQ:
+        header = _encode_binary_header(cmd)
+        kind = SerializeType.ROCKETMQ << 24
+    else:
+        header = _encode_json_header(cmd)
+        kind = 0
+    body = cmd.body
+    if len(header) > MAX_HEADER_SIZE:
+        raise ValueError(f"header of {len(header)} bytes exceeds {MAX_HEADER_SIZE}")
+    prefix = _PREFIX.pack(4 + len(header) + len(body), kind | len(header))
+    if body:
+        return b"".join((prefix, header, body))
+    return prefix + header
+
+
+# --- incremental decoder ----------------------------------------------------------------------
 
 
 class FrameDecoder:
     """Incremental decoder: feed bytes as they arrive, get whole commands back.
 
-    Buffers at most one frame's worth of bytes beyond what it has handed out; a prefix that
-    announces more than ``max_frame_size`` is refused before anything is buffered for it.
+    Buffers at most one incomplete frame, and a prefix that announces more than
+    ``max_frame_size`` is refused before anything is buffered for it, so a peer cannot make
+    the decoder grow without bound.  After a :class:`ProtocolError` the stream position is
+    lost; the caller must close the connection (the decoder refuses further input).
     """
 
+    __slots__ = ("_buf", "_failed", "max_frame_size")
+
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        if max_frame_size < PREFIX_SIZE:
+            raise ValueError(f"max_frame_size {max_frame_size} is below the {PREFIX_SIZE}-byte prefix")
         self.max_frame_size = max_frame_size
         self._buf = bytearray()
+        self._failed: ProtocolError | None = None
 
     @property
     def buffered(self) -> int:
+        """Bytes held for an incomplete frame."""
         return len(self._buf)
 
-    def feed(self, data: bytes) -> list[RemotingCommand]:
-        self._buf += data
+    def feed(self, data: bytes | bytearray | memoryview) -> list[RemotingCommand]:
+        if self._failed is not None:
+            raise ProtocolError(f"decoder already failed: {self._failed}")
+        if self._buf:
+            self._buf += data
+            src: bytes | bytearray | memoryview = self._buf
+        else:
+            src = data  # common case: parse straight from the received bytes, no copy
         out: list[RemotingCommand] = []
         pos = 0
+        limit = self.max_frame_size
+        view = memoryview(src)
         try:
-            while True:
-                n = frame_length(self._buf, self.max_frame_size, pos)
-                if n is None:
-                    break
-                out.append(decode_frame(bytes(self._buf[pos:pos + n])))
-                pos += n
-        finally:
+            try:
+                while True:
+                    n = frame_length(src, limit, pos)
+                    if n is None:
+                        break
+                    out.append(_decode_at(view, pos, n))
+                    pos += n
+            finally:
+                view.release()
+        except ProtocolError as exc:
+            self._failed = exc
+            self._buf = bytearray()
+            raise
+        if src is self._buf:
             if pos:
                 del self._buf[:pos]
+        elif pos < len(src):
+            self._buf = bytearray(src[pos:])
         return out

@@ -1,0 +1,491 @@
+"""JSON request and response bodies: heartbeat, routes, consumer lists, queue locks, tables.
+
+Two writers produce these bodies and they disagree (protocol.md §4.9, client-capture.md §3):
+Java writes enums by name, every set, numbers as numbers; the C++ client writes enums as
+ordinals, leaves out empty sets and sends ``subVersion`` as a string.  Decoders here accept both.
+
+The route body has one more quirk: fastjson writes the ``brokerAddrs`` map (brokerId -> address)
+with *unquoted* numeric keys, ``{0:"127.0.0.1:10911"}``, which is not JSON.  Old clients get
+exactly that by default; Java clients from 4.9.4 on (request version >= 401) or a request with
+``acceptStandardJsonOnly`` get standard JSON.  :func:`wants_standard_json` makes that choice and
+:meth:`TopicRouteData.decode` reads either form.
+
+A body that cannot be read raises :class:`BodyError`, a :class:`HeaderError`, so the server
+answers it with the error code and a remark saying what is wrong.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import orjson
+
+from txbroker.remoting.codes import VERSION_STANDARD_JSON_ROUTE, ResponseCode
+from txbroker.remoting.headers import HeaderError
+
+#: BrokerData.brokerAddrs key of the master (MixAll.MASTER_ID).
+MASTER_ID = 0
+
+
+class BodyError(HeaderError):
+    """A request body the broker cannot read; carries the response code and a remark."""
+
+
+class ConsumeType(IntEnum):
+    CONSUME_ACTIVELY = 0   # pull
+    CONSUME_PASSIVELY = 1  # push
+
+
+class MessageModel(IntEnum):
+    BROADCASTING = 0
+    CLUSTERING = 1
+
+
+class ConsumeFromWhere(IntEnum):
+    CONSUME_FROM_LAST_OFFSET = 0
+    CONSUME_FROM_LAST_OFFSET_AND_FROM_MIN_WHEN_BOOT_FIRST = 1
+    CONSUME_FROM_MIN_OFFSET = 2
+    CONSUME_FROM_MAX_OFFSET = 3
+    CONSUME_FROM_FIRST_OFFSET = 4
+    CONSUME_FROM_TIMESTAMP = 5
+
+
+# --- lenient readers ---------------------------------------------------------------------------
+
+
+def _load(body: bytes, what: str) -> dict[str, Any]:
+    if not body:
+        raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what} body is empty")
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what} body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what} body must be a JSON object")
+    return doc
+
+
+def _str(doc: dict[str, Any], key: str, what: str, *, required: bool = False, default: str = "") -> str:
+    value = doc.get(key)
+    if value is None:
+        if required:
+            raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: missing '{key}'")
+        return default
+    if not isinstance(value, str):
+        raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: '{key}' must be a string")
+    if required and not value:
+        raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: '{key}' is empty")
+    return value
+
+
+def _int(doc: dict[str, Any], key: str, what: str, default: int = 0) -> int:
+    """An integer written as a number or (C++) as a decimal string."""
+    value = doc.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: '{key}' must be an integer")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: '{key}' must be an integer, got {value!r}")
+
+
+def _bool(doc: dict[str, Any], key: str) -> bool:
+    value = doc.get(key)
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1")
+    return bool(value)
+
+
+def _enum(doc: dict[str, Any], key: str, kind: type[IntEnum], default: IntEnum, what: str) -> Any:
+    """An enum written by name (Java) or by ordinal (C++)."""
+    value = doc.get(key)
+    if value is None:
+        return default
+    try:
+        if isinstance(value, str):
+            return kind[value] if not value.isdigit() else kind(int(value))
+        if isinstance(value, int) and not isinstance(value, bool):
+            return kind(value)
+    except (KeyError, ValueError):
+        pass
+    raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: '{key}' = {value!r} is not a {kind.__name__}")
+
+
+def _list(doc: dict[str, Any], key: str, what: str) -> list[Any]:
+    value = doc.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: '{key}' must be an array")
+    return value
+
+
+def _objects(doc: dict[str, Any], key: str, what: str) -> list[dict[str, Any]]:
+    items = _list(doc, key, what)
+    for item in items:
+        if not isinstance(item, dict):
+            raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: '{key}' entries must be objects")
+    return items
+
+
+# --- heartbeat ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SubscriptionData:
+    topic: str
+    sub_string: str = "*"
+    tags_set: list[str] = field(default_factory=list)
+    code_set: list[int] = field(default_factory=list)
+    sub_version: int = 0
+    expression_type: str = "TAG"
+    class_filter_mode: bool = False
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> SubscriptionData:
+        what = "subscriptionData"
+        tags = _list(doc, "tagsSet", what)
+        codes = _list(doc, "codeSet", what)
+        if not all(isinstance(t, str) for t in tags):
+            raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: 'tagsSet' must hold strings")
+        if not all(isinstance(c, int) and not isinstance(c, bool) for c in codes):
+            raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: 'codeSet' must hold integers")
+        return cls(topic=_str(doc, "topic", what, required=True),
+                   sub_string=_str(doc, "subString", what, default="*"),
+                   tags_set=tags, code_set=codes,
+                   sub_version=_int(doc, "subVersion", what),
+                   expression_type=_str(doc, "expressionType", what, default="TAG") or "TAG",
+                   class_filter_mode=_bool(doc, "classFilterMode"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"classFilterMode": self.class_filter_mode, "codeSet": self.code_set,
+                "expressionType": self.expression_type, "subString": self.sub_string,
+                "subVersion": self.sub_version, "tagsSet": self.tags_set, "topic": self.topic}
+
+
+@dataclass(slots=True)
+class ConsumerData:
+    group_name: str
+    consume_type: ConsumeType = ConsumeType.CONSUME_PASSIVELY
+    message_model: MessageModel = MessageModel.CLUSTERING
+    consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
+    subscription_data_set: list[SubscriptionData] = field(default_factory=list)
+    unit_mode: bool = False
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> ConsumerData:
+        what = "consumerData"
+        return cls(
+            group_name=_str(doc, "groupName", what, required=True),
+            consume_type=_enum(doc, "consumeType", ConsumeType, ConsumeType.CONSUME_PASSIVELY, what),
+            message_model=_enum(doc, "messageModel", MessageModel, MessageModel.CLUSTERING, what),
+            consume_from_where=_enum(doc, "consumeFromWhere", ConsumeFromWhere,
+                                     ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, what),
+            subscription_data_set=[SubscriptionData.from_json(s)
+                                   for s in _objects(doc, "subscriptionDataSet", what)],
+            unit_mode=_bool(doc, "unitMode"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"consumeFromWhere": self.consume_from_where.name,
+                "consumeType": self.consume_type.name, "groupName": self.group_name,
+                "messageModel": self.message_model.name,
+                "subscriptionDataSet": [s.to_json() for s in self.subscription_data_set],
+                "unitMode": self.unit_mode}
+
+
+@dataclass(slots=True)
+class ProducerData:
+    group_name: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"groupName": self.group_name}
+
+
+@dataclass(slots=True)
+class HeartbeatData:
+    """HEART_BEAT body: which producer and consumer groups this client (connection) serves."""
+
+    client_id: str
+    producer_data_set: list[ProducerData] = field(default_factory=list)
+    consumer_data_set: list[ConsumerData] = field(default_factory=list)
+
+    @classmethod
+    def decode(cls, body: bytes) -> HeartbeatData:
+        what = "heartbeat"
+        doc = _load(body, what)
+        producers = [ProducerData(_str(p, "groupName", "producerData", required=True))
+                     for p in _objects(doc, "producerDataSet", what)]
+        consumers = [ConsumerData.from_json(c) for c in _objects(doc, "consumerDataSet", what)]
+        return cls(_str(doc, "clientID", what, required=True), producers, consumers)
+
+    def encode(self) -> bytes:
+        return orjson.dumps({"clientID": self.client_id,
+                             "consumerDataSet": [c.to_json() for c in self.consumer_data_set],
+                             "producerDataSet": [p.to_json() for p in self.producer_data_set]})
+
+
+# --- routes and cluster ------------------------------------------------------------------------
+
+
+def wants_standard_json(version: int, accept_standard_json_only: bool = False) -> bool:
+    """Whether a route/cluster answer must be standard JSON rather than fastjson's default."""
+    return accept_standard_json_only or version >= VERSION_STANDARD_JSON_ROUTE
+
+
+# A JSON string (left alone) or an unquoted integer object key (to be quoted).
+_NUMERIC_KEY = re.compile(r'("(?:[^"\\]|\\.)*")|([{,]\s*)(-?\d+)(\s*:)')
+
+
+def _quote_numeric_keys(text: str) -> str:
+    return _NUMERIC_KEY.sub(lambda m: m.group(1) or f'{m.group(2)}"{m.group(3)}"{m.group(4)}', text)
+
+
+def _load_fastjson(body: bytes, what: str) -> dict[str, Any]:
+    """Parse standard JSON, or fastjson output with unquoted numeric map keys."""
+    try:
+        return _load(body, what)
+    except BodyError:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what} body is not UTF-8") from None
+        return _load(_quote_numeric_keys(text).encode(), what)
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+@dataclass(slots=True)
+class QueueData:
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int = 6
+    topic_sys_flag: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"brokerName": self.broker_name, "perm": self.perm,
+                "readQueueNums": self.read_queue_nums, "topicSysFlag": self.topic_sys_flag,
+                "writeQueueNums": self.write_queue_nums}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> QueueData:
+        what = "queueData"
+        return cls(_str(doc, "brokerName", what, required=True),
+                   _int(doc, "readQueueNums", what), _int(doc, "writeQueueNums", what),
+                   _int(doc, "perm", what, 6), _int(doc, "topicSysFlag", what))
+
+
+@dataclass(slots=True)
+class BrokerData:
+    cluster: str
+    broker_name: str
+    broker_addrs: dict[int, str] = field(default_factory=dict)
+
+    def master_addr(self) -> str | None:
+        return self.broker_addrs.get(MASTER_ID)
+
+    def to_text(self, standard_json: bool) -> str:
+        """JSON text; fastjson form writes the brokerId keys unquoted."""
+        ids = sorted(self.broker_addrs)
+        if standard_json:
+            addrs = ",".join(f'"{i}":{_dumps(self.broker_addrs[i])}' for i in ids)
+        else:
+            addrs = ",".join(f"{i}:{_dumps(self.broker_addrs[i])}" for i in ids)
+        return (f'{{"brokerAddrs":{{{addrs}}},"brokerName":{_dumps(self.broker_name)},'
+                f'"cluster":{_dumps(self.cluster)}}}')
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> BrokerData:
+        what = "brokerData"
+        raw = doc.get("brokerAddrs") or {}
+        if not isinstance(raw, dict):
+            raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: 'brokerAddrs' must be an object")
+        addrs: dict[int, str] = {}
+        for key, addr in raw.items():
+            try:
+                broker_id = int(key)
+            except ValueError:
+                raise BodyError(ResponseCode.SYSTEM_ERROR,
+                                f"{what}: brokerAddrs key {key!r} is not a broker id") from None
+            if not isinstance(addr, str):
+                raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: brokerAddrs values must be strings")
+            addrs[broker_id] = addr
+        return cls(_str(doc, "cluster", what), _str(doc, "brokerName", what, required=True), addrs)
+
+
+@dataclass(slots=True)
+class TopicRouteData:
+    """GET_ROUTEINFO_BY_TOPIC answer: which brokers serve a topic with how many queues."""
+
+    queue_datas: list[QueueData] = field(default_factory=list)
+    broker_datas: list[BrokerData] = field(default_factory=list)
+    order_topic_conf: str | None = None
+    filter_server_table: dict[str, list[str]] = field(default_factory=dict)
+
+    def encode(self, *, standard_json: bool = False) -> bytes:
+        """Sorted keys as fastjson writes them; see :func:`wants_standard_json`."""
+        brokers = ",".join(b.to_text(standard_json) for b in self.broker_datas)
+        parts = [f'"brokerDatas":[{brokers}]',
+                 f'"filterServerTable":{_dumps(self.filter_server_table)}']
+        if self.order_topic_conf is not None:
+            parts.append(f'"orderTopicConf":{_dumps(self.order_topic_conf)}')
+        parts.append(f'"queueDatas":{_dumps([q.to_json() for q in self.queue_datas])}')
+        return ("{" + ",".join(parts) + "}").encode()
+
+    @classmethod
+    def decode(cls, body: bytes) -> TopicRouteData:
+        what = "topic route"
+        doc = _load_fastjson(body, what)
+        table = doc.get("filterServerTable") or {}
+        if not isinstance(table, dict):
+            raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: 'filterServerTable' must be an object")
+        order = doc.get("orderTopicConf")
+        return cls([QueueData.from_json(q) for q in _objects(doc, "queueDatas", what)],
+                   [BrokerData.from_json(b) for b in _objects(doc, "brokerDatas", what)],
+                   order if isinstance(order, str) else None,
+                   {str(k): list(v) if isinstance(v, list) else [] for k, v in table.items()})
+
+
+@dataclass(slots=True)
+class ClusterInfo:
+    """GET_BROKER_CLUSTER_INFO answer."""
+
+    broker_addr_table: dict[str, BrokerData] = field(default_factory=dict)
+    cluster_addr_table: dict[str, list[str]] = field(default_factory=dict)
+
+    def encode(self, *, standard_json: bool = False) -> bytes:
+        brokers = ",".join(f"{_dumps(name)}:{self.broker_addr_table[name].to_text(standard_json)}"
+                           for name in sorted(self.broker_addr_table))
+        clusters = _dumps({k: sorted(v) for k, v in sorted(self.cluster_addr_table.items())})
+        return f'{{"brokerAddrTable":{{{brokers}}},"clusterAddrTable":{clusters}}}'.encode()
+
+    @classmethod
+    def decode(cls, body: bytes) -> ClusterInfo:
+        what = "cluster info"
+        doc = _load_fastjson(body, what)
+        brokers = doc.get("brokerAddrTable") or {}
+        clusters = doc.get("clusterAddrTable") or {}
+        if not isinstance(brokers, dict) or not isinstance(clusters, dict):
+            raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: tables must be objects")
+        for value in brokers.values():
+            if not isinstance(value, dict):
+                raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: broker entries must be objects")
+        return cls({name: BrokerData.from_json(b) for name, b in brokers.items()},
+                   {name: [str(n) for n in v] if isinstance(v, list) else []
+                    for name, v in clusters.items()})
+
+
+# --- consumer list, queue locks, KV table ------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ConsumerListBody:
+    """GET_CONSUMER_LIST_BY_GROUP answer: the client ids a consumer rebalances across."""
+
+    consumer_id_list: list[str] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        return orjson.dumps({"consumerIdList": self.consumer_id_list})
+
+    @classmethod
+    def decode(cls, body: bytes) -> ConsumerListBody:
+        ids = _list(_load(body, "consumer list"), "consumerIdList", "consumer list")
+        if not all(isinstance(i, str) for i in ids):
+            raise BodyError(ResponseCode.SYSTEM_ERROR, "consumer list: ids must be strings")
+        return cls(ids)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageQueue:
+    topic: str
+    broker_name: str
+    queue_id: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"brokerName": self.broker_name, "queueId": self.queue_id, "topic": self.topic}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> MessageQueue:
+        what = "messageQueue"
+        queue_id = _int(doc, "queueId", what, -1)
+        if queue_id < 0:
+            raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: 'queueId' missing or negative")
+        return cls(_str(doc, "topic", what, required=True),
+                   _str(doc, "brokerName", what, required=True), queue_id)
+
+
+def _mq_set(doc: dict[str, Any], key: str, what: str) -> list[MessageQueue]:
+    seen: dict[MessageQueue, None] = {}
+    for item in _objects(doc, key, what):
+        seen[MessageQueue.from_json(item)] = None
+    return list(seen)
+
+
+@dataclass(slots=True)
+class LockBatchRequestBody:
+    """LOCK_BATCH_MQ / UNLOCK_BATCH_MQ request (orderly consumption)."""
+
+    consumer_group: str
+    client_id: str
+    mq_set: list[MessageQueue] = field(default_factory=list)
+    only_this_broker: bool = False
+
+    def encode(self) -> bytes:
+        return orjson.dumps({"clientId": self.client_id, "consumerGroup": self.consumer_group,
+                             "mqSet": [q.to_json() for q in self.mq_set],
+                             "onlyThisBroker": self.only_this_broker})
+
+    @classmethod
+    def decode(cls, body: bytes) -> LockBatchRequestBody:
+        what = "lock batch request"
+        doc = _load(body, what)
+        return cls(_str(doc, "consumerGroup", what, required=True),
+                   _str(doc, "clientId", what, required=True),
+                   _mq_set(doc, "mqSet", what), _bool(doc, "onlyThisBroker"))
+
+
+UnlockBatchRequestBody = LockBatchRequestBody
+
+
+@dataclass(slots=True)
+class LockBatchResponseBody:
+    lock_ok_mq_set: list[MessageQueue] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        return orjson.dumps({"lockOKMQSet": [q.to_json() for q in self.lock_ok_mq_set]})
+
+    @classmethod
+    def decode(cls, body: bytes) -> LockBatchResponseBody:
+        what = "lock batch response"
+        return cls(_mq_set(_load(body, what), "lockOKMQSet", what))
+
+
+@dataclass(slots=True)
+class KVTable:
+    """GET_BROKER_RUNTIME_INFO answer: string keys to string values."""
+
+    table: dict[str, str] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return orjson.dumps({"table": {k: str(v) for k, v in self.table.items()}},
+                            option=orjson.OPT_SORT_KEYS)
+
+    @classmethod
+    def decode(cls, body: bytes) -> KVTable:
+        doc = _load(body, "kv table")
+        table = doc.get("table") or {}
+        if not isinstance(table, dict):
+            raise BodyError(ResponseCode.SYSTEM_ERROR, "kv table: 'table' must be an object")
+        return cls({str(k): v if isinstance(v, str) else _dumps(v) for k, v in table.items()})
