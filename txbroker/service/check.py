@@ -1,0 +1,193 @@
+"""The check service: ask producers about half messages nobody decided.
+
+Every ``transaction_check_interval`` one pass runs over the *pending index* (never the half
+queue), so a pass costs time in proportion to what is pending.  For each pending half:
+
+* younger than its immunity (``CHECK_IMMUNITY_TIME_IN_SECONDS`` or ``transaction_timeout``),
+  measured on the broker's store timestamp — never the producer's born timestamp, whose clock
+  may be skewed (apache/rocketmq #1517, #9640) — it is left alone;
+* a decision on it is being written right now: left alone (the decision wins);
+* already checked ``transaction_check_max`` times: discarded to TRANS_CHECK_MAX_TIME_TOPIC;
+* otherwise CHECK_TRANSACTION_STATE goes, one-way, to the connection that sent the half if it
+  is still open (it is the one that knows the transaction, #9791), else to the most recently
+  active live connection of its producer group.  No connection: logged and counted as
+  ``tx_no_producer``, and the half's check count is **not** incremented (#8311 burned counts
+  without sending, then discarded halves whose producer was merely restarting).
+
+The request (protocol.md §4.4): ext ``tranStateTableOffset``, ``commitLogOffset``, ``msgId`` and
+``transactionId`` (= UNIQ_KEY) and ``offsetMsgId``, all strings (the C++ client ignores
+numbers); body = the half record re-encoded with its real topic and queue id.
+
+Sends are one-way and never wait for the peer, so "bounded concurrency" means the pass sends
+``check_concurrency`` checks, then yields to the event loop before the next batch: a pass over
+many halves never starves request handling, and nothing queues up behind a slow producer (the
+check thread-pool overflows of #1519 cannot happen).  The counts of all halves checked in a
+pass are persisted as one record at the end of the pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from txbroker.config import BrokerConfig
+from txbroker.remoting.codec import RemotingCommand
+from txbroker.remoting.codes import RequestCode
+from txbroker.service.txstate import HalfState
+from txbroker.store.record import (
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_UNIQ_KEY,
+    Message,
+    encode_record,
+)
+
+if TYPE_CHECKING:
+    from txbroker.service.transaction import HalfEntry, TransactionalMessageService
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CheckPassReport:
+    """What one pass did (returned by ``check_now``; logged by the periodic service)."""
+
+    pending: int = 0            # halves pending when the pass started
+    due: int = 0                # older than their immunity
+    sent: int = 0               # checks actually sent (and counted)
+    no_producer: int = 0        # due, but no live connection of the group
+    discarded: int = 0
+    failed: int = 0             # half unreadable or the send raised
+    elapsed: float = 0.0        # seconds
+    no_producer_groups: dict[str, int] = field(default_factory=dict)
+
+
+def check_request(half_phys: int, entry: HalfEntry, record: Any) -> RemotingCommand:
+    """CHECK_TRANSACTION_STATE for ``entry``; ``record`` is the stored half (StoredMessage)."""
+    props = dict(record.properties)
+    topic = props.get(PROPERTY_REAL_TOPIC, entry.topic)
+    qid = props.get(PROPERTY_REAL_QUEUE_ID, str(entry.queue_id))
+    restored = Message(topic=topic, queue_id=int(qid) if qid.isdigit() else entry.queue_id,
+                       body=record.body, flag=record.flag, properties=props,
+                       sys_flag=record.sys_flag, born_timestamp=record.born_timestamp,
+                       born_host=record.born_host, reconsume_times=record.reconsume_times,
+                       prepared_transaction_offset=record.prepared_transaction_offset)
+    body = encode_record(restored, physical_offset=half_phys, queue_offset=record.queue_offset,
+                         store_timestamp=record.store_timestamp, store_host=record.store_host)
+    uniq = props.get(PROPERTY_UNIQ_KEY) or entry.msg_id
+    ext = {
+        "tranStateTableOffset": str(entry.queue_offset),
+        "commitLogOffset": str(half_phys),
+        "msgId": uniq,
+        "transactionId": uniq,
+        "offsetMsgId": entry.msg_id,
+    }
+    return RemotingCommand.request(RequestCode.CHECK_TRANSACTION_STATE, ext, body, oneway=True)
+
+
+class CheckService:
+    def __init__(self, tx: TransactionalMessageService, config: BrokerConfig) -> None:
+        self.tx = tx
+        self.config = config
+        self._task: asyncio.Task | None = None
+        #: One pass at a time: a periodic pass and check_now() never interleave.
+        self._pass_lock = asyncio.Lock()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="txbroker-check-service")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    async def _run(self) -> None:
+        interval = self.config.transaction_check_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                report = await self.run_pass()
+            except Exception:
+                log.exception("transaction check pass failed")
+                continue
+            if report.sent or report.discarded or report.no_producer:
+                log.info("check pass: %s", report)
+
+    async def run_pass(self) -> CheckPassReport:
+        async with self._pass_lock:
+            return await self._pass()
+
+    async def _pass(self) -> CheckPassReport:
+        tx = self.tx
+        started = time.perf_counter()
+        now_ms = int(tx.clock() * 1000)
+        pending = tx.pending_entries()
+        report = CheckPassReport(pending=len(pending))
+        due = [e for e in pending
+               if now_ms - e.store_ts >= e.immunity_ms and not tx.is_busy(e.phys)]
+        report.due = len(due)
+        check_max = self.config.transaction_check_max
+        batch = self.config.check_concurrency
+        checked: list[HalfEntry] = []
+        missing: Counter[str] = Counter()
+        in_batch = 0
+        for entry in due:
+            if entry.state is not HalfState.PENDING or tx.is_busy(entry.phys):
+                continue  # decided while this pass yielded
+            if entry.checks >= check_max:
+                if await tx.discard(entry):
+                    report.discarded += 1
+                continue
+            conn = self._connection_for(entry)
+            if conn is None:
+                missing[entry.group] += 1
+                tx.metrics.no_producer.inc()
+                continue
+            record = tx.read_half(entry.phys)
+            if record is None:
+                report.failed += 1
+                log.error("half %d cannot be read back for a check", entry.phys)
+                continue
+            try:
+                conn.send_oneway(check_request(entry.phys, entry, record))
+            except (OSError, RuntimeError) as exc:
+                report.failed += 1
+                log.info("check of half %d not sent to %s: %s", entry.phys,
+                         getattr(conn, "peer", "?"), exc)
+                continue
+            entry.checks += 1
+            checked.append(entry)
+            tx.metrics.checks_sent.inc()
+            in_batch += 1
+            if in_batch >= batch:
+                in_batch = 0
+                await asyncio.sleep(0)
+        report.sent = len(checked)
+        report.no_producer = sum(missing.values())
+        report.no_producer_groups = dict(missing)
+        if missing:
+            log.warning("no producer online for %d due half messages: %s", report.no_producer,
+                        ", ".join(f"{g} ({n})" for g, n in sorted(missing.items())))
+        if checked:
+            await tx.record_checks(checked)
+        tx.metrics.check_passes.inc()
+        report.elapsed = time.perf_counter() - started
+        return report
+
+    def _connection_for(self, entry: HalfEntry) -> Any | None:
+        conn = entry.conn
+        if conn is not None and not conn.closed:
+            return conn
+        for candidate in self.tx.registry.producer_connections(entry.group):
+            if not candidate.closed:
+                return candidate
+        return None

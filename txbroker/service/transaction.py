@@ -1,0 +1,674 @@
+"""The transactional message service: half messages, decisions, discards, recovery.
+
+A half message is stored like RocketMQ 4.x stores it (protocol.md §7.2): topic rewritten to
+``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0, the real topic and queue kept in ``REAL_TOPIC`` /
+``REAL_QID``, the transaction bits of the sys flag reset so the half queue indexes it.  What
+differs from RocketMQ is how the broker remembers what happened to it:
+
+* **An in-memory index.**  ``_pending`` and ``_discarded`` map the half's commitlog offset to a
+  small :class:`HalfEntry`; ``_resolved`` maps it to COMMITTED or ROLLED_BACK.  A check pass
+  walks ``_pending`` only, so its cost follows what is pending, not the history of the half
+  queue (RocketMQ walks the half and op queues every round).
+* **Every decision goes through** :func:`txbroker.service.txstate.decide` under a per-half
+  lock, so a retried commit, or a check answer racing the producer's own commit, writes
+  nothing the second time, and a rollback after a commit is refused.
+* **Checks never re-append the half** (RocketMQ 4.x copies it to the half queue on every
+  check, which fills disks in check storms).  Check counts are persisted as small records.
+
+Records this service writes (all go through ``MessageStore.put``, so they are recovered,
+flushed and retained like any message):
+
+=====================  =====  ==============================================================
+topic / queue 0        tag    body and properties
+=====================  =====  ==============================================================
+RMQ_SYS_TRANS_OP_HALF  ``d``  RocketMQ 4.x op message: body = the half queue offset in
+_TOPIC                        decimal, one record per decision (no 5.x batching: a 4.x
+                              checker can still read the store; the reader here also accepts
+                              5.x bodies ``"17,18,"``).  Property ``TXB_STATE`` = ``committed``
+                              or ``rolled_back``; ``TXB_OPERATOR`` when an operator decided.
+same                   ``c``  check counts, one record per check pass: body
+                              ``"<half queue offset>:<checks so far>,"`` repeated.  Counts are
+                              absolute, so replaying is idempotent.
+same                   ``r``  operator resume of a discarded half: body ``"<queue offset>,"``;
+                              the count starts again from 0.
+TRANS_CHECK_MAX_TIME   —      the discarded half, copied as RocketMQ does (same body and
+_TOPIC                        properties) plus ``TRAN_PREPARED_QUEUE_OFFSET`` = its half queue
+                              offset and ``TRANSACTION_CHECK_TIMES``.
+=====================  =====  ==============================================================
+
+A commit appends the final message *before* its ``d`` record.  The final message carries the
+half's commitlog offset in ``preparedTransactionOffset``, so if the broker dies between the
+two writes, :meth:`TransactionalMessageService.recover` still sees the commit, marks the half
+COMMITTED, and :meth:`start` writes the missing ``d`` record: no crash can make a commit happen
+twice.  A check count is recorded after the checks are sent; a crash in between loses at most
+one count per half (the safe direction: a count is never burned without a check).
+
+Recovery replays the commitlog once, in order, from its oldest retained record (halves, op
+records, discard copies and committed messages are all in it).  That costs time in proportion
+to the retained log, once at start-up; the benchmark ``bench/txcheck.py`` reports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from txbroker.config import BrokerConfig
+from txbroker.remoting.codes import ResponseCode
+from txbroker.service.check import CheckPassReport, CheckService
+from txbroker.service.metrics import BrokerMetrics
+from txbroker.service.tx_processors import transaction_handlers
+from txbroker.service.txstate import (
+    ConflictError,
+    Decision,
+    HalfState,
+    Outcome,
+    TransactionError,
+    decide,
+)
+from txbroker.store.record import (
+    CHECK_MAX_TIME_TOPIC,
+    HALF_TOPIC,
+    OP_HALF_TOPIC,
+    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_TRANSACTION_CHECK_TIMES,
+    PROPERTY_TRANSACTION_ID,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET,
+    PROPERTY_UNIQ_KEY,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_MASK,
+    TRANSACTION_NOT_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    Message,
+    RecordError,
+    StoredMessage,
+    decode_offset_msg_id,
+)
+
+if TYPE_CHECKING:
+    from txbroker.service.clients import ClientRegistry
+    from txbroker.store.message_store import MessageStore, PutResult
+
+__all__ = ["CheckPassReport", "HalfEntry", "TransactionalMessageService", "transaction_handlers"]
+
+log = logging.getLogger(__name__)
+
+#: RocketMQ's op tag (TransactionalMessageUtil.REMOVETAG): the half is decided.
+OP_TAG_DONE = "d"
+#: txbroker: check counts of one pass.
+OP_TAG_CHECKS = "c"
+#: txbroker: an operator resumed a discarded half.
+OP_TAG_RESUME = "r"
+PROPERTY_STATE = "TXB_STATE"
+PROPERTY_OPERATOR = "TXB_OPERATOR"
+
+_PUT_OK = ("OK", "FLUSH_DISK_TIMEOUT")  # RocketMQ counts a flush time-out as stored
+
+
+@dataclass(slots=True, eq=False)
+class HalfEntry:
+    """What the broker keeps in memory about one unresolved half message."""
+
+    phys: int               # commitlog offset: the half's identity
+    queue_offset: int       # offset in the half queue (tranStateTableOffset)
+    store_ts: int           # ms, the broker's clock: immunity is measured on this
+    immunity_ms: int
+    group: str
+    uniq: str | None
+    topic: str              # the real topic
+    queue_id: int           # the real queue
+    keys: str | None
+    tags: str | None
+    body_size: int
+    msg_id: str             # offsetMsgId
+    state: HalfState = HalfState.PENDING
+    checks: int = 0
+    #: The connection that sent the half (asked first on a check); None after a restart.
+    conn: Any = None
+
+    def row(self, now_ms: int) -> dict[str, Any]:
+        """The TXN_LIST row."""
+        return {
+            "id": self.uniq or self.msg_id, "offset_msg_id": self.msg_id,
+            "commit_log_offset": self.phys, "queue_offset": self.queue_offset,
+            "topic": self.topic, "queue_id": self.queue_id, "keys": self.keys, "tags": self.tags,
+            "producer_group": self.group, "age_s": round(max(0, now_ms - self.store_ts) / 1000, 3),
+            "checks": self.checks, "state": self.state.value,
+        }
+
+
+def _put_ok(result: PutResult) -> bool:
+    return result.status.name in _PUT_OK
+
+
+def _new_uniq_key() -> str:
+    return uuid.uuid4().hex.upper()
+
+
+def _parse_offsets(body: bytes) -> list[int]:
+    """``"17"`` (4.x) or ``"17,18,"`` (5.x batch) → [17, 18]; junk pieces are skipped."""
+    out = []
+    for piece in body.decode("utf-8", "replace").split(","):
+        piece = piece.strip()
+        if piece.isdigit():
+            out.append(int(piece))
+    return out
+
+
+def _parse_counts(body: bytes) -> list[tuple[int, int]]:
+    out = []
+    for piece in body.decode("utf-8", "replace").split(","):
+        qo, sep, n = piece.strip().partition(":")
+        if sep and qo.isdigit() and n.isdigit():
+            out.append((int(qo), int(n)))
+    return out
+
+
+class TransactionalMessageService:
+    """Coordinator of transactional messages; event-loop only (no locking across threads)."""
+
+    def __init__(self, config: BrokerConfig, store: MessageStore, registry: ClientRegistry,
+                 metrics: BrokerMetrics, *, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.store = store
+        self.registry = registry
+        self.metrics = metrics
+        self.clock = clock
+        self._pending: dict[int, HalfEntry] = {}
+        self._discarded: dict[int, HalfEntry] = {}
+        self._resolved: dict[int, HalfState] = {}
+        #: UNIQ_KEY -> commitlog offset, for unresolved halves (admin lookups).
+        self._by_uniq: dict[str, int] = {}
+        #: Per-half locks while a decision is being written: [lock, users].
+        self._locks: dict[int, list] = {}
+        #: Halves recovered as committed whose ``d`` record was missing; written by start().
+        self._missing_ops: list[tuple[int, int]] = []
+        self._checker = CheckService(self, config)
+        #: Fault-injection seam for crash tests: called after a commit's final message is
+        #: stored and before its op record is written; raising there models a crash.
+        self.after_final_message: Callable[[int], None] | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def recover(self) -> None:
+        """Rebuild pending, discarded and resolved halves and check counts from the store."""
+        started = time.perf_counter()
+        self._pending.clear()
+        self._discarded.clear()
+        self._resolved.clear()
+        self._by_uniq.clear()
+        self._missing_ops.clear()
+        by_qo: dict[int, int] = {}          # half queue offset -> commitlog offset
+        ops_seen: set[int] = set()          # halves with a d record
+        committed: dict[int, int] = {}      # half commitlog offset -> half queue offset
+        records = 0
+        for m in self.store.scan(self.store.min_physical_offset):
+            records += 1
+            topic = m.topic
+            if topic == HALF_TOPIC:
+                entry = self._entry_from(m)
+                if entry is None:
+                    continue
+                self._pending[entry.phys] = entry
+                by_qo[entry.queue_offset] = entry.phys
+            elif topic == OP_HALF_TOPIC:
+                self._replay_op(m, by_qo, ops_seen, committed)
+            elif topic == CHECK_MAX_TIME_TOPIC:
+                raw = m.properties.get(PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET, "")
+                phys = by_qo.get(int(raw)) if raw.isdigit() else None
+                entry = self._pending.pop(phys, None) if phys is not None else None
+                if entry is not None:
+                    entry.state = HalfState.DISCARDED
+                    self._discarded[phys] = entry
+            elif (m.sys_flag & TRANSACTION_MASK) == TRANSACTION_COMMIT_TYPE:
+                phys = m.prepared_transaction_offset
+                entry = self._pending.pop(phys, None) or self._discarded.pop(phys, None)
+                if entry is not None:
+                    self._resolved[phys] = HalfState.COMMITTED
+                    committed[phys] = entry.queue_offset
+        for phys, qo in committed.items():
+            if phys not in ops_seen:
+                self._missing_ops.append((phys, qo))
+        for entry in (*self._pending.values(), *self._discarded.values()):
+            if entry.uniq:
+                self._by_uniq[entry.uniq] = entry.phys
+        self._update_gauges()
+        log.info("transaction state recovered from %d records in %.3fs: %d pending, %d discarded, "
+                 "%d resolved, %d op records to rewrite", records, time.perf_counter() - started,
+                 len(self._pending), len(self._discarded), len(self._resolved),
+                 len(self._missing_ops))
+
+    def _replay_op(self, m: StoredMessage, by_qo: dict[int, int], ops_seen: set[int],
+                   committed: dict[int, int]) -> None:
+        tag = m.properties.get(PROPERTY_TAGS)
+        if tag == OP_TAG_DONE:
+            stated = m.properties.get(PROPERTY_STATE)
+            for qo in _parse_offsets(m.body):
+                phys = by_qo.get(qo)
+                if phys is None:
+                    continue
+                ops_seen.add(phys)
+                entry = self._pending.pop(phys, None) or self._discarded.pop(phys, None)
+                if entry is None:
+                    continue
+                if stated == HalfState.COMMITTED.value or phys in committed:
+                    self._resolved[phys] = HalfState.COMMITTED
+                else:
+                    self._resolved[phys] = HalfState.ROLLED_BACK
+        elif tag == OP_TAG_CHECKS:
+            for qo, n in _parse_counts(m.body):
+                entry = self._pending.get(by_qo.get(qo, -1))
+                if entry is not None:
+                    entry.checks = n
+        elif tag == OP_TAG_RESUME:
+            for qo in _parse_offsets(m.body):
+                phys = by_qo.get(qo)
+                entry = self._discarded.pop(phys, None) if phys is not None else None
+                if entry is not None:
+                    entry.state = HalfState.PENDING
+                    entry.checks = 0
+                    self._pending[phys] = entry
+
+    async def start(self) -> None:
+        """Write op records recovery found missing, then start the periodic check service."""
+        missing, self._missing_ops = self._missing_ops, []
+        for phys, qo in missing:
+            result = await self._put_op(OP_TAG_DONE, str(qo), {PROPERTY_STATE: HalfState.COMMITTED.value})
+            if _put_ok(result):
+                log.warning("rewrote the missing op record of committed half %d (queue offset %d)",
+                            phys, qo)
+            else:
+                self._missing_ops.append((phys, qo))
+                log.error("could not rewrite the op record of committed half %d: %s", phys,
+                          result.status.name)
+        self._checker.start()
+
+    async def close(self) -> None:
+        await self._checker.close()
+
+    # --- queries ---------------------------------------------------------------------------
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def discarded_count(self) -> int:
+        return len(self._discarded)
+
+    def state_of(self, phys: int) -> HalfState | None:
+        """The state of the half at commitlog offset ``phys``; None if it is not a known half."""
+        if phys in self._pending:
+            return HalfState.PENDING
+        if phys in self._discarded:
+            return HalfState.DISCARDED
+        return self._resolved.get(phys)
+
+    def entry(self, phys: int) -> HalfEntry | None:
+        return self._pending.get(phys) or self._discarded.get(phys)
+
+    def pending_entries(self) -> list[HalfEntry]:
+        return list(self._pending.values())
+
+    def resolve_id(self, txn_id: str) -> int | None:
+        """A UNIQ_KEY or an offsetMsgId → the half's commitlog offset (None if unknown)."""
+        phys = self._by_uniq.get(txn_id)
+        if phys is not None:
+            return phys
+        try:
+            _, _, phys = decode_offset_msg_id(txn_id)
+        except ValueError:
+            return None
+        return phys if self.state_of(phys) is not None else None
+
+    def list_halves(self, state: str = "pending", *, topic: str | None = None,
+                    group: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        """TXN_LIST rows, oldest first: ``pending``, ``discarded`` or ``all`` (both)."""
+        pools = {"pending": (self._pending,), "discarded": (self._discarded,),
+                 "all": (self._pending, self._discarded)}[state]
+        now_ms = self._now_ms()
+        entries = sorted((e for pool in pools for e in pool.values()
+                          if (topic is None or e.topic == topic) and (group is None or e.group == group)),
+                         key=lambda e: e.phys)
+        return [e.row(now_ms) for e in entries[:limit]]
+
+    def show(self, txn_id: str) -> dict[str, Any] | None:
+        """TXN_SHOW: the row plus body size and the stored properties (None if unknown)."""
+        phys = self.resolve_id(txn_id)
+        if phys is None:
+            return None
+        half = self._read_half(phys)
+        if half is None:
+            return None
+        entry = self.entry(phys) or self._entry_from(half)
+        if entry is None:
+            return None
+        row = entry.row(self._now_ms())
+        row["state"] = self.state_of(phys).value
+        row["body_size"] = len(half.body)
+        row["store_timestamp"] = half.store_timestamp
+        row["born_timestamp"] = half.born_timestamp
+        row["properties"] = dict(half.properties)
+        return row
+
+    # --- prepare ---------------------------------------------------------------------------
+    async def prepare(self, msg: Message, conn: Any | None) -> PutResult:
+        """Store ``msg`` as a half message and index it as PENDING."""
+        props = dict(msg.properties)
+        group = props.get(PROPERTY_PRODUCER_GROUP, "")
+        if not group:
+            raise TransactionError(ResponseCode.MESSAGE_ILLEGAL,
+                                   "a transactional message needs the PGROUP property")
+        delay = props.get(PROPERTY_DELAY_TIME_LEVEL)
+        if delay not in (None, "", "0"):
+            raise TransactionError(ResponseCode.MESSAGE_ILLEGAL,
+                                   f"a transactional message cannot have a delay level (DELAY={delay})")
+        immunity = props.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
+        if immunity is not None and not immunity.strip().isdigit():
+            raise TransactionError(ResponseCode.MESSAGE_ILLEGAL,
+                                   f"property CHECK_IMMUNITY_TIME_IN_SECONDS={immunity!r} is not a "
+                                   "non-negative integer")
+        props[PROPERTY_REAL_TOPIC] = msg.topic
+        props[PROPERTY_REAL_QUEUE_ID] = str(msg.queue_id)
+        half = Message(topic=HALF_TOPIC, queue_id=0, body=msg.body, flag=msg.flag,
+                       properties=props, sys_flag=msg.sys_flag & ~TRANSACTION_MASK,
+                       born_timestamp=msg.born_timestamp, born_host=msg.born_host,
+                       reconsume_times=msg.reconsume_times)
+        result = await self.store.put(half)
+        if not _put_ok(result):
+            return result
+        entry = HalfEntry(
+            phys=result.physical_offset, queue_offset=result.queue_offset,
+            store_ts=result.store_timestamp, immunity_ms=self._immunity_ms(props), group=group,
+            uniq=props.get(PROPERTY_UNIQ_KEY), topic=msg.topic, queue_id=msg.queue_id,
+            keys=msg.keys, tags=msg.tags, body_size=len(msg.body), msg_id=result.msg_id,
+            conn=conn)
+        self._pending[entry.phys] = entry
+        if entry.uniq:
+            self._by_uniq[entry.uniq] = entry.phys
+        self.metrics.halves.inc()
+        self._update_gauges()
+        return result
+
+    # --- decisions -------------------------------------------------------------------------
+    async def end_transaction(self, *, commit_log_offset: int, tran_state_table_offset: int,
+                              producer_group: str, commit_or_rollback: int,
+                              from_check: bool = False) -> Outcome | None:
+        """Apply a producer's END_TRANSACTION.  Returns the outcome (None for "unknown").
+
+        Raises :class:`TransactionError` for a request naming no half of that group (the
+        RocketMQ remarks) and :class:`ConflictError` for a contradicting decision.
+        """
+        kind = {TRANSACTION_COMMIT_TYPE: "commit", TRANSACTION_ROLLBACK_TYPE: "rollback",
+                TRANSACTION_NOT_TYPE: "unknown"}.get(commit_or_rollback)
+        if kind is None:
+            raise TransactionError(ResponseCode.SYSTEM_ERROR,
+                                   f"commitOrRollback={commit_or_rollback} must be 0, 8 or 12")
+        if from_check:
+            self.metrics.check_answers.labels(kind=kind).inc()
+        if kind == "unknown":
+            self.metrics.unknown_ends.inc()
+            return None
+        decision = Decision.COMMIT if kind == "commit" else Decision.ROLLBACK
+        async with self._locked(commit_log_offset):
+            state = self._validate_end(commit_log_offset, tran_state_table_offset, producer_group)
+            return await self._apply(commit_log_offset, state, decision,
+                                     source="check" if from_check else "producer")
+
+    def _validate_end(self, phys: int, queue_offset: int, group: str) -> HalfState:
+        """RocketMQ's checks, with its remarks (clients and operators grep for them)."""
+        entry = self.entry(phys)
+        if entry is not None:
+            half_group, half_qo = entry.group, entry.queue_offset
+        else:
+            half = self._read_half(phys)
+            if half is None or self.state_of(phys) is None:
+                self.metrics.invalid_ends.inc()
+                raise TransactionError(ResponseCode.SYSTEM_ERROR,
+                                       "Find prepared transaction message failed")
+            half_group = half.properties.get(PROPERTY_PRODUCER_GROUP, "")
+            half_qo = half.queue_offset
+        if half_group != group:
+            self.metrics.invalid_ends.inc()
+            raise TransactionError(ResponseCode.SYSTEM_ERROR, "The producer group wrong")
+        if half_qo != queue_offset:
+            self.metrics.invalid_ends.inc()
+            raise TransactionError(ResponseCode.SYSTEM_ERROR, "The transaction state table offset wrong")
+        return self.state_of(phys)
+
+    async def operator_decide(self, txn_id: str, decision: str, *, operator: str, peer: str = "",
+                              reason: str | None = None) -> dict[str, Any]:
+        """TXN_DECIDE / RESUME_CHECK_HALF_MESSAGE: commit, rollback or resume, logged with who."""
+        phys = self.resolve_id(txn_id)
+        if phys is None:
+            raise TransactionError(ResponseCode.SYSTEM_ERROR, f"no half message with id {txn_id!r}")
+        dec = {"commit": Decision.COMMIT, "rollback": Decision.ROLLBACK,
+               "resume": Decision.RESUME}.get(decision)
+        if dec is None:
+            raise TransactionError(ResponseCode.SYSTEM_ERROR,
+                                   f"decision must be commit, rollback or resume, got {decision!r}")
+        when = datetime.fromtimestamp(self.clock(), UTC).isoformat(timespec="seconds")
+        log.warning("operator %r from %s decides %s on transaction %s (half %d) at %s%s",
+                    operator, peer or "?", dec.value, txn_id, phys, when,
+                    f": {reason}" if reason else "")
+        async with self._locked(phys):
+            state = self.state_of(phys)
+            if dec is Decision.RESUME:
+                outcome = await self._resume(phys, state, operator)
+            else:
+                outcome = await self._apply(phys, state, dec, source="operator", operator=operator)
+        return {"id": txn_id, "commit_log_offset": phys, "decision": dec.value,
+                "outcome": outcome.value, "state": self.state_of(phys).value,
+                "operator": operator, "at": when}
+
+    async def _apply(self, phys: int, state: HalfState, decision: Decision, *, source: str,
+                     operator: str | None = None) -> Outcome:
+        outcome, target = decide(state, decision, operator=operator is not None)
+        half_name = str(phys)
+        if outcome is Outcome.DUPLICATE:
+            self.metrics.duplicate_ends.inc()
+            log.info("%s of half %d repeated (%s): nothing written", decision.value, phys, source)
+            return outcome
+        if outcome is Outcome.CONFLICT:
+            self.metrics.conflicting_ends.inc()
+            log.warning("refused %s of half %d from %s: it is %s", decision.value, phys, source,
+                        state.value)
+            raise ConflictError(state, decision, half_name)
+        entry = self.entry(phys)
+        assert entry is not None  # APPLY only from PENDING/DISCARDED, which are indexed
+        extra = {PROPERTY_STATE: target.value}
+        if operator is not None:
+            extra[PROPERTY_OPERATOR] = operator
+        if decision is Decision.COMMIT:
+            half = self._read_half(phys)
+            if half is None:
+                raise TransactionError(ResponseCode.SYSTEM_ERROR,
+                                       "Find prepared transaction message failed")
+            result = await self.store.put(self._final_message(half))
+            if not _put_ok(result):
+                raise TransactionError(ResponseCode.SYSTEM_ERROR,
+                                       f"commit failed, the store refused the message: "
+                                       f"{result.status.name} {result.reason}".strip())
+            if self.after_final_message is not None:
+                self.after_final_message(phys)
+            # The final message is durable: the half is committed whatever happens to the op.
+            self._settle(entry, target, source)
+            op = await self._put_op(OP_TAG_DONE, str(entry.queue_offset), extra)
+            if not _put_ok(op):
+                self._missing_ops.append((phys, entry.queue_offset))
+                log.error("op record of committed half %d not written (%s); it is rewritten at "
+                          "the next start", phys, op.status.name)
+        else:
+            op = await self._put_op(OP_TAG_DONE, str(entry.queue_offset), extra)
+            if not _put_ok(op):
+                raise TransactionError(ResponseCode.SYSTEM_ERROR,
+                                       f"rollback failed, the store refused the op record: "
+                                       f"{op.status.name} {op.reason}".strip())
+            self._settle(entry, target, source)
+        return Outcome.APPLY
+
+    def _settle(self, entry: HalfEntry, target: HalfState, source: str) -> None:
+        self._pending.pop(entry.phys, None)
+        self._discarded.pop(entry.phys, None)
+        if entry.uniq:
+            self._by_uniq.pop(entry.uniq, None)
+        entry.state = target
+        entry.conn = None
+        self._resolved[entry.phys] = target
+        counter = self.metrics.commits if target is HalfState.COMMITTED else self.metrics.rollbacks
+        counter.labels(source=source).inc()
+        self.metrics.decision_latency.observe(max(0, self._now_ms() - entry.store_ts) / 1000)
+        self._update_gauges()
+
+    def _final_message(self, half: StoredMessage) -> Message:
+        """The committed message: real topic and queue back, transaction markers removed."""
+        props = dict(half.properties)
+        topic = props.pop(PROPERTY_REAL_TOPIC, "")
+        qid = props.pop(PROPERTY_REAL_QUEUE_ID, "0")
+        props.pop(PROPERTY_TRANSACTION_PREPARED, None)
+        uniq = props.get(PROPERTY_UNIQ_KEY)
+        if uniq:
+            props.setdefault(PROPERTY_TRANSACTION_ID, uniq)
+        return Message(topic=topic, queue_id=int(qid) if qid.isdigit() else 0, body=half.body,
+                       flag=half.flag, properties=props,
+                       sys_flag=(half.sys_flag & ~TRANSACTION_MASK) | TRANSACTION_COMMIT_TYPE,
+                       born_timestamp=half.born_timestamp, born_host=half.born_host,
+                       reconsume_times=half.reconsume_times,
+                       prepared_transaction_offset=half.physical_offset,
+                       store_timestamp=half.store_timestamp)
+
+    # --- discard / resume / check counts (used by the check service) -----------------------
+    async def discard(self, entry: HalfEntry) -> bool:
+        """Move a half checked ``transaction_check_max`` times to TRANS_CHECK_MAX_TIME_TOPIC."""
+        async with self._locked(entry.phys):
+            outcome, target = decide(self.state_of(entry.phys), Decision.DISCARD)
+            if outcome is not Outcome.APPLY:
+                return False
+            half = self._read_half(entry.phys)
+            if half is None:
+                log.error("half %d cannot be read back; not discarded", entry.phys)
+                return False
+            props = dict(half.properties)
+            props[PROPERTY_TRANSACTION_CHECK_TIMES] = str(entry.checks)
+            props[PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET] = str(entry.queue_offset)
+            copy = Message(topic=CHECK_MAX_TIME_TOPIC, queue_id=0, body=half.body, flag=half.flag,
+                           properties=props, sys_flag=half.sys_flag,
+                           born_timestamp=half.born_timestamp, born_host=half.born_host,
+                           reconsume_times=half.reconsume_times)
+            result = await self.store.put(copy)
+            if not _put_ok(result):
+                log.error("discard of half %d failed: %s", entry.phys, result.status.name)
+                return False
+            self._pending.pop(entry.phys, None)
+            entry.state = target
+            self._discarded[entry.phys] = entry
+            self.metrics.discards.inc()
+            self._update_gauges()
+            log.warning("half %d (%s, group %s) discarded after %d checks without an answer",
+                        entry.phys, entry.uniq, entry.group, entry.checks)
+            return True
+
+    async def _resume(self, phys: int, state: HalfState, operator: str) -> Outcome:
+        outcome, target = decide(state, Decision.RESUME)
+        if outcome is Outcome.CONFLICT:
+            self.metrics.conflicting_ends.inc()
+            raise ConflictError(state, Decision.RESUME, str(phys))
+        if outcome is Outcome.DUPLICATE:
+            return outcome
+        entry = self._discarded[phys]
+        result = await self._put_op(OP_TAG_RESUME, f"{entry.queue_offset},", {PROPERTY_OPERATOR: operator})
+        if not _put_ok(result):
+            raise TransactionError(ResponseCode.SYSTEM_ERROR,
+                                   f"resume failed, the store refused the record: {result.status.name}")
+        del self._discarded[phys]
+        entry.state = target
+        entry.checks = 0
+        self._pending[phys] = entry
+        self.metrics.resumes.inc()
+        self._update_gauges()
+        return Outcome.APPLY
+
+    async def record_checks(self, entries: list[HalfEntry]) -> None:
+        """Persist the check counts of one pass as one ``c`` record."""
+        body = "".join(f"{e.queue_offset}:{e.checks}," for e in entries)
+        result = await self._put_op(OP_TAG_CHECKS, body, {})
+        if not _put_ok(result):
+            log.error("check counts of %d halves not persisted: %s", len(entries), result.status.name)
+
+    def read_half(self, phys: int) -> StoredMessage | None:
+        return self._read_half(phys)
+
+    async def check_now(self) -> CheckPassReport:
+        """Run one check pass now (tests, operators); the periodic service runs the same."""
+        return await self._checker.run_pass()
+
+    def is_busy(self, phys: int) -> bool:
+        """A decision on this half is being written right now."""
+        return phys in self._locks
+
+    # --- helpers ---------------------------------------------------------------------------
+    @asynccontextmanager
+    async def _locked(self, phys: int) -> AsyncIterator[None]:
+        """Serialise decisions per half; the lock lives only while someone holds or waits."""
+        slot = self._locks.get(phys)
+        if slot is None:
+            slot = self._locks[phys] = [asyncio.Lock(), 0]
+        slot[1] += 1
+        try:
+            async with slot[0]:
+                yield
+        finally:
+            slot[1] -= 1
+            if slot[1] == 0:
+                del self._locks[phys]
+
+    def _read_half(self, phys: int) -> StoredMessage | None:
+        """The half message at ``phys``, or None if there is no half message there."""
+        try:
+            m = self.store.read(phys)
+        except (RecordError, ValueError, IndexError):
+            return None
+        if m is None or m.topic != HALF_TOPIC or m.physical_offset != phys:
+            return None
+        return m
+
+    def _entry_from(self, m: StoredMessage) -> HalfEntry | None:
+        props = m.properties
+        qid = props.get(PROPERTY_REAL_QUEUE_ID, "0")
+        try:
+            immunity = self._immunity_ms(props)
+        except ValueError:
+            immunity = int(self.config.transaction_timeout * 1000)
+        return HalfEntry(
+            phys=m.physical_offset, queue_offset=m.queue_offset, store_ts=m.store_timestamp,
+            immunity_ms=immunity, group=props.get(PROPERTY_PRODUCER_GROUP, ""),
+            uniq=props.get(PROPERTY_UNIQ_KEY), topic=props.get(PROPERTY_REAL_TOPIC, ""),
+            queue_id=int(qid) if qid.isdigit() else 0, keys=m.keys, tags=m.tags,
+            body_size=len(m.body), msg_id=m.msg_id)
+
+    def _immunity_ms(self, props: dict[str, str]) -> int:
+        raw = props.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
+        if raw is not None and raw.strip().isdigit():
+            return int(raw) * 1000
+        return int(self.config.transaction_timeout * 1000)
+
+    async def _put_op(self, tag: str, body: str, extra: dict[str, str]) -> PutResult:
+        props = {PROPERTY_TAGS: tag, PROPERTY_UNIQ_KEY: _new_uniq_key(), **extra}
+        return await self.store.put(Message(topic=OP_HALF_TOPIC, queue_id=0, body=body.encode(),
+                                            properties=props, born_timestamp=self._now_ms()))
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def _update_gauges(self) -> None:
+        self.metrics.pending.set(len(self._pending))
+        self.metrics.discarded.set(len(self._discarded))

@@ -1,0 +1,107 @@
+"""Request handlers for transactions: END_TRANSACTION, RESUME_CHECK_HALF_MESSAGE and the
+txbroker admin requests TXN_LIST / TXN_SHOW / TXN_DECIDE.
+
+Handlers decode typed headers (``remoting.headers``), call the service, and turn its refusals
+(:class:`~txbroker.service.txstate.TransactionError`, header errors) into error responses that
+carry RocketMQ's code and a remark; nothing else escapes.
+
+END_TRANSACTION is one-way from Java clients (flag 2: never answered, even on error — the
+error is logged and counted), but the C++ client sends it with flag 0 (client-capture.md §5.1)
+and then gets an answer, which it ignores harmlessly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from txbroker.remoting.codec import RemotingCommand
+from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.headers import (
+    EndTransactionRequestHeader,
+    HeaderError,
+    ResumeCheckHalfMessageRequestHeader,
+    TxnDecideRequestHeader,
+    TxnListRequestHeader,
+    TxnShowRequestHeader,
+)
+from txbroker.service.txstate import TransactionError
+
+if TYPE_CHECKING:
+    from txbroker.service.transaction import TransactionalMessageService
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Any, RemotingCommand], Awaitable[RemotingCommand | None]]
+
+
+def _refusal(cmd: RemotingCommand, exc: HeaderError | TransactionError) -> RemotingCommand:
+    return cmd.response(exc.code, exc.remark)
+
+
+def transaction_handlers(tx: TransactionalMessageService) -> dict[int, Handler]:
+    """Request code → handler, for ``RemotingServer.register``."""
+
+    async def end_transaction(conn: Any, cmd: RemotingCommand) -> RemotingCommand | None:
+        peer = getattr(conn, "peer", "?")
+        try:
+            h = EndTransactionRequestHeader.from_ext(cmd.ext_fields)
+            await tx.end_transaction(
+                commit_log_offset=h.commit_log_offset,
+                tran_state_table_offset=h.tran_state_table_offset,
+                producer_group=h.producer_group, commit_or_rollback=h.commit_or_rollback,
+                from_check=h.from_transaction_check)
+            resp = cmd.response(ResponseCode.SUCCESS)
+        except (HeaderError, TransactionError) as exc:
+            log.info("END_TRANSACTION from %s refused: %s (ext %s)", peer, exc.remark,
+                     {k: v for k, v in cmd.ext_fields.items() if k != "Signature"})
+            resp = _refusal(cmd, exc)
+        return None if cmd.is_oneway else resp
+
+    async def resume_check(conn: Any, cmd: RemotingCommand) -> RemotingCommand | None:
+        try:
+            h = ResumeCheckHalfMessageRequestHeader.from_ext(cmd.ext_fields)
+            await tx.operator_decide(h.msg_id, "resume", operator="RESUME_CHECK_HALF_MESSAGE",
+                                     peer=getattr(conn, "peer", ""))
+            resp = cmd.response(ResponseCode.SUCCESS)
+        except (HeaderError, TransactionError) as exc:
+            resp = _refusal(cmd, exc)
+        return None if cmd.is_oneway else resp
+
+    async def txn_list(conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            h = TxnListRequestHeader.from_ext(cmd.ext_fields)
+        except HeaderError as exc:
+            return _refusal(cmd, exc)
+        rows = tx.list_halves(h.state, topic=h.topic, group=h.producer_group, limit=h.limit)
+        return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(rows))
+
+    async def txn_show(conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            h = TxnShowRequestHeader.from_ext(cmd.ext_fields)
+        except HeaderError as exc:
+            return _refusal(cmd, exc)
+        doc = tx.show(h.id)
+        if doc is None:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"no half message with id {h.id!r}")
+        return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(doc))
+
+    async def txn_decide(conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        try:
+            h = TxnDecideRequestHeader.from_ext(cmd.ext_fields)
+            doc = await tx.operator_decide(h.id, h.decision, operator=h.operator,
+                                           peer=getattr(conn, "peer", ""), reason=h.reason)
+        except (HeaderError, TransactionError) as exc:
+            return _refusal(cmd, exc)
+        return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(doc))
+
+    return {
+        RequestCode.END_TRANSACTION: end_transaction,
+        RequestCode.RESUME_CHECK_HALF_MESSAGE: resume_check,
+        RequestCode.TXN_LIST: txn_list,
+        RequestCode.TXN_SHOW: txn_show,
+        RequestCode.TXN_DECIDE: txn_decide,
+    }
