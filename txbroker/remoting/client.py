@@ -43,6 +43,8 @@ ClientHandler = Callable[[RemotingCommand], Awaitable[RemotingCommand | None] | 
 RECONNECT_BACKOFF_MIN = 0.05
 RECONNECT_BACKOFF_MAX = 5.0
 DEFAULT_CONNECT_TIMEOUT = 3.0
+#: Frames are collected and written once per loop turn, up to this many bytes.
+CORK_LIMIT = 64 * 1024
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
@@ -64,6 +66,7 @@ class _ClientProtocol(asyncio.Protocol):
         self.pending: dict[int, asyncio.Future] = {}
         self.lost = False
         self.out: list[bytes] = []
+        self.out_bytes = 0
         self.flush_scheduled = False
         self.in_feed = False
         self.write_paused = False
@@ -71,8 +74,7 @@ class _ClientProtocol(asyncio.Protocol):
         self.tasks: set[asyncio.Task] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
@@ -165,13 +167,18 @@ class _ClientProtocol(asyncio.Protocol):
 
     # --- writing -----------------------------------------------------------------------
     def write(self, frame: bytes) -> None:
+        """Queue a frame; frames written in one loop turn leave in one system call."""
         self.out.append(frame)
-        if not self.in_feed and not self.flush_scheduled:
+        self.out_bytes += len(frame)
+        if self.out_bytes >= CORK_LIMIT:
+            self.flush()
+        elif not self.in_feed and not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self.flush)
 
     def flush(self) -> None:
         self.flush_scheduled = False
+        self.out_bytes = 0
         out = self.out
         if not out or self.transport is None or self.transport.is_closing():
             out.clear()

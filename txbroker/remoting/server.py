@@ -52,6 +52,9 @@ DisconnectCallback = Callable[["Connection"], Any]
 #: Server-to-client opaques start high so they never look like a client's own counter
 #: (clients count up from 0; these only need to be unique per connection).
 _SERVER_OPAQUE_START = 1 << 30
+#: Answers are collected ("corked") and written once per read or loop turn, up to this many
+#: bytes; more is written at once so that write back-pressure can take effect.
+CORK_LIMIT = 64 * 1024
 
 
 def install_uvloop() -> bool:
@@ -97,6 +100,7 @@ class Connection(asyncio.Protocol):
         self._tasks: set[asyncio.Task] = set()
         # writes: frames corked until the end of the current callback / loop turn
         self._out: list[bytes] = []
+        self._out_bytes = 0
         self._flush_scheduled = False
         self._in_feed = False
         self._write_paused = False
@@ -117,8 +121,7 @@ class Connection(asyncio.Protocol):
         return self._inflight + len(self._backlog)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         server = self.server
@@ -290,14 +293,22 @@ class Connection(asyncio.Protocol):
 
     # --- writing -----------------------------------------------------------------------
     def _write(self, frame: bytes) -> None:
-        """Queue a frame; frames written in one loop turn leave in one system call."""
+        """Queue a frame; frames written in one loop turn leave in one system call.
+
+        Large output is written at once instead: the transport then sees it and can signal
+        back-pressure (pause_writing) before the next request of the same read is started.
+        """
         self._out.append(frame)
-        if not self._in_feed and not self._flush_scheduled:
+        self._out_bytes += len(frame)
+        if self._out_bytes >= CORK_LIMIT:
+            self._flush()
+        elif not self._in_feed and not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._out_bytes = 0
         out = self._out
         if not out or self.transport is None or self.transport.is_closing():
             out.clear()
