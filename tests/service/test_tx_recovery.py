@@ -1,0 +1,150 @@
+"""Transaction state across restarts: clean restarts and a SIGKILL between a commit's final
+message and its op record (the crash is real: a child process kills itself at that point)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_tx_service import (
+    COMMIT,
+    ROLLBACK,
+    Clock,
+    Producer,
+    end,
+    op_records,
+    open_node,
+    prepare,
+    tx_config,
+    visible,
+    wait_for,
+)
+
+from txbroker.service.txstate import ConflictError, HalfState, Outcome
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+#: The child: prepare a half, then commit it with the fault seam killing the process right
+#: after the final message is stored (before the op record).  It never closes the store.
+CHILD = textwrap.dedent("""
+    import asyncio, json, os, signal, sys, time
+    sys.path.insert(0, sys.argv[2])
+    from test_tx_service import Clock, open_node, prepare, tx_config, COMMIT, end
+
+    async def main():
+        node = await open_node(tx_config(sys.argv[1]), Clock())
+        result = await prepare(node, body=b"exactly-once")
+        print(json.dumps({"phys": result.physical_offset, "qo": result.queue_offset}), flush=True)
+        node.tx.after_final_message = lambda phys: os.kill(os.getpid(), signal.SIGKILL)
+        await end(node, result, COMMIT)
+        print("not reached", flush=True)
+
+    asyncio.run(main())
+""")
+
+
+def test_crash_between_final_message_and_op_record(tmp_path) -> None:
+    data = tmp_path / "data"
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(data), str(Path(__file__).parent)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
+    assert proc.returncode == -9, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "not reached" not in lines
+    half = json.loads(lines[0])
+
+    async def after_restart() -> None:
+        node = await open_node(tx_config(data), Clock())
+        try:
+            # the final message survived the kill, the op record was never written...
+            assert [m.body for m in visible(node)] == [b"exactly-once"]
+            # ...and recovery saw the commit through preparedTransactionOffset
+            assert node.tx.state_of(half["phys"]) is HalfState.COMMITTED
+            assert node.tx.pending_count() == 0
+            # start() wrote the missing op record
+            [op] = op_records(node)
+            assert op.tags == "d" and op.body == str(half["qo"]).encode()
+            fake = type("R", (), {"physical_offset": half["phys"], "queue_offset": half["qo"]})
+            assert await end(node, fake, COMMIT) is Outcome.DUPLICATE
+            assert await end(node, fake, COMMIT, from_check=True) is Outcome.DUPLICATE
+            with pytest.raises(ConflictError):
+                await end(node, fake, ROLLBACK)
+            assert len(visible(node)) == 1 and len(op_records(node)) == 1
+        finally:
+            await node.close()
+
+    import asyncio
+    asyncio.run(after_restart())
+
+
+async def test_restart_rebuilds_pending_resolved_counts_and_discards(tmp_path) -> None:
+    data = tmp_path / "data"
+    clock = Clock()
+    node = await open_node(tx_config(data), clock)
+    producer = await Producer(node).start()
+    try:
+        committed = await prepare(node, uniq="C", body=b"c")
+        rolled = await prepare(node, uniq="R", body=b"r")
+        await end(node, committed, COMMIT)
+        await end(node, rolled, ROLLBACK)
+        discarded = await prepare(node, conn=producer.conn, uniq="D", body=b"d")
+        resumed = await prepare(node, conn=producer.conn, uniq="S", body=b"s")
+        for _ in range(4):  # 3 checks each, then the discard
+            clock.advance(10)
+            await node.tx.check_now()
+        assert node.tx.state_of(discarded.physical_offset) is HalfState.DISCARDED
+        assert node.tx.state_of(resumed.physical_offset) is HalfState.DISCARDED
+        await node.tx.operator_decide("S", "resume", operator="carol")
+        checked = await prepare(node, conn=producer.conn, uniq="P", body=b"p")
+        for _ in range(2):  # P and the resumed S are checked twice
+            clock.advance(10)
+            assert (await node.tx.check_now()).sent == 2
+    finally:
+        await producer.close()
+        await node.close()
+
+    node = await open_node(tx_config(data), clock)
+    try:
+        tx = node.tx
+        assert tx.state_of(committed.physical_offset) is HalfState.COMMITTED
+        assert tx.state_of(rolled.physical_offset) is HalfState.ROLLED_BACK
+        assert tx.state_of(checked.physical_offset) is HalfState.PENDING
+        assert tx.entry(checked.physical_offset).checks == 2
+        assert tx.state_of(discarded.physical_offset) is HalfState.DISCARDED
+        assert tx.entry(discarded.physical_offset).checks == 3
+        assert tx.state_of(resumed.physical_offset) is HalfState.PENDING
+        assert tx.entry(resumed.physical_offset).checks == 2
+        assert tx.pending_count() == 2 and tx.discarded_count() == 1
+        assert node.metrics.snapshot()["tx_pending"] == "2"
+        # decisions after the restart respect what happened before it
+        end_of_log = node.store.max_physical_offset
+        assert await end(node, committed, COMMIT) is Outcome.DUPLICATE
+        assert await end(node, rolled, ROLLBACK) is Outcome.DUPLICATE
+        with pytest.raises(ConflictError):
+            await end(node, committed, ROLLBACK)
+        with pytest.raises(ConflictError):
+            await end(node, discarded, COMMIT)
+        assert node.store.max_physical_offset == end_of_log
+        rows = tx.list_halves("all")
+        assert [r["id"] for r in rows] == ["D", "S", "P"]
+        # the recovered halves are still checked (no sending connection after a restart:
+        # the group's live connection is used)
+        producer = await Producer(node, answer=COMMIT).start()
+        try:
+            clock.advance(10)
+            report = await tx.check_now()
+            assert report.sent == 2 and report.discarded == 0
+            await producer.wait_checks(2)
+            assert sorted(c.ext_fields["msgId"] for c in producer.checks) == ["P", "S"]
+            await wait_for(lambda: tx.pending_count() == 0)
+        finally:
+            await producer.close()
+        assert sorted(m.body for m in visible(node)) == [b"c", b"p", b"s"]
+    finally:
+        await node.close()

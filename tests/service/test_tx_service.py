@@ -1,0 +1,560 @@
+"""TransactionalMessageService on a real MessageStore (temp dir) and real TCP connections.
+
+The clock is injected (one :class:`Clock` shared by the store and the service), so immunity
+and check timing are driven by advancing it, never by sleeping.  The periodic check service
+is given a long interval; passes run through ``check_now()``.
+
+The "producer" is a real :class:`RemotingClient` connected to a real :class:`RemotingServer`
+on 127.0.0.1 port 0 that serves the transaction handlers; the server-side Connection a half
+is prepared with is the one that client opened (learned from its HEART_BEAT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import pytest
+from txbroker.store.message_store import MessageStore
+
+from txbroker.config import BrokerConfig
+from txbroker.remoting.client import RemotingClient
+from txbroker.remoting.codec import RemotingCommand
+from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.server import RemotingServer
+from txbroker.service.clients import ClientRegistry
+from txbroker.service.metrics import BrokerMetrics
+from txbroker.service.transaction import TransactionalMessageService
+from txbroker.service.tx_processors import transaction_handlers
+from txbroker.service.txstate import ConflictError, HalfState, Outcome, TransactionError
+from txbroker.store.record import (
+    CHECK_MAX_TIME_TOPIC,
+    OP_HALF_TOPIC,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_MASK,
+    Message,
+    decode_offset_msg_id,
+    decode_record,
+)
+
+COMMIT, ROLLBACK, UNKNOWN = 8, 12, 0
+GROUP = "PG_TX"
+TIMEOUT = 5.0
+
+
+class Clock:
+    """A settable clock (seconds); the store and the service read the same one."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def tx_config(data_dir: Path, **overrides) -> BrokerConfig:
+    settings = {"data_dir": str(data_dir), "broker_port": 0, "namesrv_port": -1, "metrics_port": -1,
+                    "segment_size": 1024 * 1024, "max_message_size": 64 * 1024,
+                    "consume_queue_entries": 1024, "flush_interval": 0.05,
+                    "transaction_check_interval": 3600.0, "transaction_timeout": 6.0,
+                    "transaction_check_max": 3, "check_concurrency": 4}
+    settings.update(overrides)
+    return BrokerConfig(**settings)
+
+
+@dataclass
+class Node:
+    """A store + transactional service + TCP server serving the transaction handlers."""
+
+    config: BrokerConfig
+    clock: Clock
+    store: MessageStore
+    tx: TransactionalMessageService
+    registry: ClientRegistry
+    metrics: BrokerMetrics
+    server: RemotingServer
+    port: int
+    conns: list = field(default_factory=list)
+
+    async def close(self) -> None:
+        await self.server.close(1.0)
+        await self.tx.close()
+        await self.store.close()
+
+
+async def open_node(config: BrokerConfig, clock: Clock) -> Node:
+    store = MessageStore(config, clock=clock, store_host=("127.0.0.1", 10911))
+    store.open()
+    await store.start()
+    registry = ClientRegistry(clock=clock)
+    metrics = BrokerMetrics()
+    tx = TransactionalMessageService(config, store, registry, metrics, clock=clock)
+    tx.recover()
+    await tx.start()
+    server = RemotingServer(config)
+    node = Node(config, clock, store, tx, registry, metrics, server, 0)
+    for code, handler in transaction_handlers(tx).items():
+        server.register(int(code), handler)
+
+    async def heartbeat(conn, cmd: RemotingCommand) -> RemotingCommand:
+        # the producer announces its group; the registry learns the connection
+        registry.note_producer(cmd.ext_fields["group"], conn)
+        node.conns.append(conn)
+        return cmd.response(ResponseCode.SUCCESS)
+
+    server.register(int(RequestCode.HEART_BEAT), heartbeat)
+    node.port = await server.start("127.0.0.1", 0)
+    return node
+
+
+class Producer:
+    """A real client; records the CHECK_TRANSACTION_STATE requests it receives and may answer."""
+
+    def __init__(self, node: Node, answer: int | None = None) -> None:
+        self.node = node
+        self.client = RemotingClient(f"127.0.0.1:{node.port}")
+        self.answer = answer
+        self.checks: list[RemotingCommand] = []
+        self.client.register(RequestCode.CHECK_TRANSACTION_STATE, self._on_check)
+
+    async def start(self, group: str = GROUP):
+        await self.client.connect()
+        before = len(self.node.conns)
+        resp = await self.client.invoke(
+            RemotingCommand.request(RequestCode.HEART_BEAT, {"group": group}), TIMEOUT)
+        assert resp.code == ResponseCode.SUCCESS
+        assert len(self.node.conns) == before + 1
+        self.conn = self.node.conns[-1]
+        return self
+
+    async def _on_check(self, cmd: RemotingCommand) -> None:
+        self.checks.append(cmd)
+        if self.answer is not None:
+            ext = cmd.ext_fields
+            await self.client.invoke_oneway(end_cmd(int(ext["commitLogOffset"]),
+                                                    int(ext["tranStateTableOffset"]),
+                                                    self.answer, from_check=True))
+
+    async def wait_checks(self, n: int) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while len(self.checks) < n:
+            assert time.monotonic() < deadline, f"{len(self.checks)} checks received, wanted {n}"
+            await asyncio.sleep(0.01)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def end_cmd(phys: int, qo: int, decision: int, *, group: str = GROUP, from_check: bool = False,
+            oneway: bool = False) -> RemotingCommand:
+    return RemotingCommand.request(RequestCode.END_TRANSACTION, {
+        "producerGroup": group, "tranStateTableOffset": str(qo), "commitLogOffset": str(phys),
+        "commitOrRollback": str(decision), "fromTransactionCheck": "1" if from_check else "0",
+        "msgId": "M", "transactionId": "M"}, oneway=oneway)
+
+
+def half_msg(body: bytes = b"payload", *, topic: str = "TxT", queue_id: int = 1, uniq: str = "U1",
+             born: int | None = None, **props: str) -> Message:
+    p = {"TRAN_MSG": "true", "PGROUP": GROUP, "UNIQ_KEY": uniq, "TAGS": "TagA", "KEYS": "K1"}
+    p.update(props)
+    return Message(topic=topic, queue_id=queue_id, body=body, properties=p, sys_flag=4,
+                   born_timestamp=int(time.time() * 1000) if born is None else born,
+                   born_host=("127.0.0.1", 5555))
+
+
+async def prepare(node: Node, conn=None, **kw):
+    result = await node.tx.prepare(half_msg(**kw), conn)
+    assert result.status.name == "OK"
+    return result
+
+
+async def end(node: Node, result, decision: int, **kw):
+    return await node.tx.end_transaction(commit_log_offset=result.physical_offset,
+                                         tran_state_table_offset=result.queue_offset,
+                                         producer_group=kw.pop("group", GROUP),
+                                         commit_or_rollback=decision, **kw)
+
+
+def visible(node: Node, topic: str = "TxT", queue_id: int = 1):
+    res = node.store.get(topic, queue_id, 0, 100)
+    return res.messages() if res.status.name == "FOUND" else []
+
+
+def op_records(node: Node):
+    return visible(node, OP_HALF_TOPIC, 0)
+
+
+async def wait_for(cond, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def node(tmp_path):
+    n = await open_node(tx_config(tmp_path / "data"), Clock())
+    try:
+        yield n
+    finally:
+        await n.close()
+
+
+# --- prepare / commit / rollback -------------------------------------------------------------
+
+async def test_half_is_stored_in_the_half_topic_and_invisible(node) -> None:
+    result = await prepare(node)
+    half = node.store.read(result.physical_offset)
+    assert half.topic == "RMQ_SYS_TRANS_HALF_TOPIC" and half.queue_id == 0
+    assert half.properties["REAL_TOPIC"] == "TxT" and half.properties["REAL_QID"] == "1"
+    assert half.sys_flag & TRANSACTION_MASK == 0
+    assert decode_offset_msg_id(result.msg_id)[2] == result.physical_offset
+    assert result.queue_offset == half.queue_offset == 0
+    assert visible(node) == []
+    assert node.tx.pending_count() == 1
+    assert node.metrics.snapshot()["tx_halves_total"] == "1"
+
+
+async def test_commit_visible_in_real_topic(node) -> None:
+    result = await prepare(node, body=b"commit-me")
+    node.clock.advance(1.5)
+    assert await end(node, result, COMMIT) is Outcome.APPLY
+    [msg] = visible(node)
+    half = node.store.read(result.physical_offset)
+    assert msg.body == b"commit-me"
+    assert msg.sys_flag & TRANSACTION_MASK == TRANSACTION_COMMIT_TYPE
+    assert msg.prepared_transaction_offset == result.physical_offset
+    assert msg.store_timestamp == half.store_timestamp
+    assert {"TRAN_MSG", "REAL_TOPIC", "REAL_QID"}.isdisjoint(msg.properties)
+    assert msg.properties["__transactionId__"] == "U1" and msg.properties["TAGS"] == "TagA"
+    [op] = op_records(node)
+    assert op.tags == "d" and op.body == str(result.queue_offset).encode()
+    assert node.tx.pending_count() == 0
+    assert node.tx.state_of(result.physical_offset) is HalfState.COMMITTED
+    snap = node.metrics.snapshot()
+    assert snap["tx_commits_total_producer"] == "1"
+    assert snap["tx_decision_latency_seconds_count"] == "1"
+    assert float(snap["tx_decision_latency_seconds_sum"]) == pytest.approx(1.5, abs=0.01)
+
+
+async def test_rollback_never_visible(node) -> None:
+    result = await prepare(node)
+    assert await end(node, result, ROLLBACK) is Outcome.APPLY
+    [op] = op_records(node)
+    assert op.tags == "d" and op.properties["TXB_STATE"] == "rolled_back"
+    node.clock.advance(3600)
+    report = await node.tx.check_now()
+    assert report.due == 0 and report.sent == 0
+    assert visible(node) == []
+    assert node.tx.state_of(result.physical_offset) is HalfState.ROLLED_BACK
+
+
+async def test_unknown_writes_nothing(node) -> None:
+    result = await prepare(node)
+    before = node.store.max_physical_offset
+    assert await end(node, result, UNKNOWN) is None
+    assert node.store.max_physical_offset == before
+    assert node.tx.state_of(result.physical_offset) is HalfState.PENDING
+    assert node.metrics.snapshot()["tx_unknown_ends_total"] == "1"
+
+
+async def test_delay_level_and_bad_properties_refused(node) -> None:
+    before = node.store.max_physical_offset
+    with pytest.raises(TransactionError) as err:
+        await node.tx.prepare(half_msg(DELAY="3"), None)
+    assert err.value.code == ResponseCode.MESSAGE_ILLEGAL and "delay" in err.value.remark
+    with pytest.raises(TransactionError):
+        await node.tx.prepare(half_msg(CHECK_IMMUNITY_TIME_IN_SECONDS="soon"), None)
+    msg = half_msg()
+    del msg.properties["PGROUP"]
+    with pytest.raises(TransactionError):
+        await node.tx.prepare(msg, None)
+    assert node.store.max_physical_offset == before
+    assert node.tx.pending_count() == 0
+
+
+# --- idempotence and conflicts -----------------------------------------------------------------
+
+async def test_duplicate_commit_writes_one_message(node) -> None:
+    result = await prepare(node)
+    assert await end(node, result, COMMIT) is Outcome.APPLY
+    end_of_log = node.store.max_physical_offset
+    assert await end(node, result, COMMIT) is Outcome.DUPLICATE
+    assert await end(node, result, COMMIT, from_check=True) is Outcome.DUPLICATE
+    assert node.store.max_physical_offset == end_of_log
+    assert len(visible(node)) == 1 and len(op_records(node)) == 1
+    assert node.metrics.snapshot()["tx_duplicate_ends_total"] == "2"
+
+
+async def test_conflicting_decisions_refused(node) -> None:
+    committed = await prepare(node, uniq="UC")
+    rolled = await prepare(node, uniq="UR")
+    await end(node, committed, COMMIT)
+    await end(node, rolled, ROLLBACK)
+    end_of_log = node.store.max_physical_offset
+    with pytest.raises(ConflictError) as err:
+        await end(node, committed, ROLLBACK)
+    assert err.value.code == ResponseCode.TRANSACTION_FAILED and "committed" in err.value.remark
+    with pytest.raises(ConflictError):
+        await end(node, rolled, COMMIT)
+    assert node.store.max_physical_offset == end_of_log
+    assert [m.body for m in visible(node)] == [b"payload"]
+    assert node.metrics.snapshot()["tx_conflicting_ends_total"] == "2"
+
+
+async def test_racing_commits_produce_one_message(node) -> None:
+    results = [await prepare(node, uniq=f"R{i}") for i in range(5)]
+    outcomes = await asyncio.gather(*(end(node, r, COMMIT, from_check=check)
+                                      for r in results for check in (False, True)))
+    assert sorted(o.value for o in outcomes) == ["apply"] * 5 + ["duplicate"] * 5
+    assert len(visible(node)) == 5 and len(op_records(node)) == 5
+
+
+async def test_end_transaction_validation(node) -> None:
+    result = await prepare(node)
+    plain = await node.store.put(Message(topic="Plain", queue_id=0, body=b"x"))
+    end_of_log = node.store.max_physical_offset
+    with pytest.raises(TransactionError) as err:
+        await end(node, result, COMMIT, group="OTHER")
+    assert err.value.remark == "The producer group wrong"
+    with pytest.raises(TransactionError) as err:
+        await node.tx.end_transaction(commit_log_offset=result.physical_offset,
+                                      tran_state_table_offset=result.queue_offset + 7,
+                                      producer_group=GROUP, commit_or_rollback=COMMIT)
+    assert err.value.remark == "The transaction state table offset wrong"
+    for bad_offset in (plain.physical_offset, result.physical_offset + 3, 10**12):
+        with pytest.raises(TransactionError) as err:
+            await node.tx.end_transaction(commit_log_offset=bad_offset, tran_state_table_offset=0,
+                                          producer_group=GROUP, commit_or_rollback=COMMIT)
+        assert err.value.remark == "Find prepared transaction message failed"
+    assert node.store.max_physical_offset == end_of_log
+    assert node.tx.state_of(result.physical_offset) is HalfState.PENDING
+    assert node.metrics.snapshot()["tx_invalid_ends_total"] == "5"
+
+
+async def test_end_transaction_over_tcp(node) -> None:
+    producer = await Producer(node).start()
+    try:
+        result = await prepare(node, conn=producer.conn)
+        c = producer.client
+        # C++ style: flag 0, answered
+        resp = await c.invoke(end_cmd(result.physical_offset, result.queue_offset, COMMIT), TIMEOUT)
+        assert resp.code == ResponseCode.SUCCESS
+        resp = await c.invoke(end_cmd(result.physical_offset, result.queue_offset, ROLLBACK), TIMEOUT)
+        assert resp.code == ResponseCode.TRANSACTION_FAILED and "committed" in resp.remark
+        resp = await c.invoke(end_cmd(result.physical_offset, result.queue_offset, COMMIT,
+                                      group="WRONG"), TIMEOUT)
+        assert resp.code == ResponseCode.SYSTEM_ERROR and resp.remark == "The producer group wrong"
+        bad = end_cmd(result.physical_offset, result.queue_offset, 5)
+        resp = await c.invoke(bad, TIMEOUT)
+        assert resp.code == ResponseCode.SYSTEM_ERROR and "commitOrRollback" in resp.remark
+        missing = end_cmd(result.physical_offset, result.queue_offset, COMMIT)
+        del missing.ext_fields["producerGroup"]
+        resp = await c.invoke(missing, TIMEOUT)
+        assert resp.code == ResponseCode.SYSTEM_ERROR and "producerGroup" in resp.remark
+        # Java style one-way: a refusal is not answered
+        handler = transaction_handlers(node.tx)[RequestCode.END_TRANSACTION]
+        assert await handler(producer.conn, end_cmd(result.physical_offset, result.queue_offset,
+                                                     ROLLBACK, oneway=True)) is None
+        assert len(visible(node)) == 1
+    finally:
+        await producer.close()
+
+
+# --- check-back ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("answer", [COMMIT, ROLLBACK])
+async def test_unknown_then_check_back_decides(node, answer) -> None:
+    producer = await Producer(node, answer=answer).start()
+    try:
+        result = await prepare(node, conn=producer.conn, body=b"checked")
+        await end(node, result, UNKNOWN)
+        node.clock.advance(5.9)
+        assert (await node.tx.check_now()).sent == 0  # still immune
+        node.clock.advance(0.2)
+        report = await node.tx.check_now()
+        assert report.due == 1 and report.sent == 1
+        await producer.wait_checks(1)
+        check = producer.checks[0]
+        assert check.is_oneway
+        ext = check.ext_fields
+        assert ext["commitLogOffset"] == str(result.physical_offset)
+        assert ext["tranStateTableOffset"] == str(result.queue_offset)
+        assert ext["msgId"] == ext["transactionId"] == "U1"
+        assert ext["offsetMsgId"] == result.msg_id
+        body = decode_record(check.body, check_crc=True)
+        assert (body.topic, body.queue_id, body.body) == ("TxT", 1, b"checked")
+        assert body.properties["PGROUP"] == GROUP
+        await wait_for(lambda: node.tx.pending_count() == 0)
+        expected = [b"checked"] if answer == COMMIT else []
+        assert [m.body for m in visible(node)] == expected
+        kind = "commit" if answer == COMMIT else "rollback"
+        snap = node.metrics.snapshot()
+        assert snap[f"tx_check_answers_total_{kind}"] == "1"
+        assert snap[f"tx_{kind}s_total_check"] == "1"
+        assert snap["tx_checks_sent_total"] == "1"
+    finally:
+        await producer.close()
+
+
+async def test_no_producer_online_burns_no_check(node) -> None:
+    result = await prepare(node, conn=None)
+    node.clock.advance(60)
+    for _ in range(5):  # more passes than transaction_check_max
+        report = await node.tx.check_now()
+        assert report.sent == 0 and report.no_producer == 1
+        assert report.no_producer_groups == {GROUP: 1}
+    entry = node.tx.entry(result.physical_offset)
+    assert entry.checks == 0 and entry.state is HalfState.PENDING
+    assert node.metrics.snapshot()["tx_no_producer_total"] == "5"
+    assert op_records(node) == []  # nothing persisted for checks never sent
+    # a producer of the group comes online: the next pass checks through it
+    producer = await Producer(node).start()
+    try:
+        assert (await node.tx.check_now()).sent == 1
+        await producer.wait_checks(1)
+        assert entry.checks == 1
+    finally:
+        await producer.close()
+
+
+async def test_check_goes_to_the_sending_connection_first(node) -> None:
+    sender = await Producer(node).start()
+    other = await Producer(node).start()  # most recently active member of the group
+    try:
+        await prepare(node, conn=sender.conn)
+        node.clock.advance(10)
+        await node.tx.check_now()
+        await sender.wait_checks(1)
+        assert other.checks == []
+        await sender.close()
+        await wait_for(lambda: sender.conn.closed)
+        node.clock.advance(10)
+        assert (await node.tx.check_now()).sent == 1
+        await other.wait_checks(1)
+    finally:
+        await other.close()
+
+
+async def test_clock_skewed_born_timestamps_do_not_cause_early_checks(node) -> None:
+    producer = await Producer(node).start()
+    try:
+        hour_ms = 3600 * 1000
+        now_ms = int(node.clock() * 1000)
+        await prepare(node, conn=producer.conn, uniq="PAST", born=now_ms - hour_ms)
+        await prepare(node, conn=producer.conn, uniq="FUTURE", born=now_ms + hour_ms)
+        await prepare(node, conn=producer.conn, uniq="LONG", CHECK_IMMUNITY_TIME_IN_SECONDS="60")
+        node.clock.advance(5)
+        assert (await node.tx.check_now()).sent == 0
+        node.clock.advance(2)
+        report = await node.tx.check_now()
+        assert report.sent == 2
+        await producer.wait_checks(2)
+        assert sorted(c.ext_fields["msgId"] for c in producer.checks) == ["FUTURE", "PAST"]
+        node.clock.advance(60)
+        await node.tx.check_now()
+        await producer.wait_checks(5)
+        assert sorted(c.ext_fields["msgId"] for c in producer.checks[2:]) == ["FUTURE", "LONG", "PAST"]
+    finally:
+        await producer.close()
+
+
+async def test_check_max_discard_then_operator_resume(node) -> None:
+    producer = await Producer(node).start()  # never answers
+    try:
+        result = await prepare(node, conn=producer.conn, body=b"hanging")
+        phys = result.physical_offset
+        for n in range(1, 4):
+            node.clock.advance(10)
+            assert (await node.tx.check_now()).sent == 1
+            assert node.tx.entry(phys).checks == n
+        node.clock.advance(10)
+        report = await node.tx.check_now()
+        assert report.discarded == 1 and report.sent == 0
+        assert node.tx.state_of(phys) is HalfState.DISCARDED
+        assert node.tx.pending_count() == 0
+        [copy] = visible(node, CHECK_MAX_TIME_TOPIC, 0)
+        assert copy.body == b"hanging" and copy.properties["TRANSACTION_CHECK_TIMES"] == "3"
+        assert visible(node) == []
+        node.clock.advance(10)
+        assert (await node.tx.check_now()).sent == 0  # a discarded half is not checked
+        # the producer's late commit is refused: the half was discarded
+        with pytest.raises(ConflictError):
+            await end(node, result, COMMIT)
+        c = producer.client
+        resp = await c.invoke(RemotingCommand.request(RequestCode.TXN_LIST, {"state": "discarded"}),
+                              TIMEOUT)
+        [row] = orjson.loads(resp.body)
+        assert row["id"] == "U1" and row["state"] == "discarded" and row["checks"] == 3
+        assert row["topic"] == "TxT" and row["producer_group"] == GROUP
+        resp = await c.invoke(RemotingCommand.request(RequestCode.TXN_LIST, {}), TIMEOUT)
+        assert orjson.loads(resp.body) == []  # default: pending only
+        # operator resume (by offsetMsgId): pending again, counts reset, checked again
+        resp = await c.invoke(RemotingCommand.request(RequestCode.TXN_DECIDE, {
+            "id": result.msg_id, "decision": "resume", "operator": "alice"}), TIMEOUT)
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        assert orjson.loads(resp.body)["state"] == "pending"
+        assert node.tx.entry(phys).checks == 0
+        producer.answer = COMMIT
+        node.clock.advance(10)
+        assert (await node.tx.check_now()).sent == 1
+        await wait_for(lambda: node.tx.state_of(phys) is HalfState.COMMITTED)
+        assert [m.body for m in visible(node)] == [b"hanging"]
+        snap = node.metrics.snapshot()
+        assert snap["tx_discards_total"] == "1" and snap["tx_resumes_total"] == "1"
+    finally:
+        await producer.close()
+
+
+async def test_operator_decisions_and_show(node) -> None:
+    producer = await Producer(node).start()
+    try:
+        c = producer.client
+        a = await prepare(node, uniq="OPA", body=b"by-operator")
+        b = await prepare(node, uniq="OPB")
+        resp = await c.invoke(RemotingCommand.request(RequestCode.TXN_SHOW, {"id": "OPA"}), TIMEOUT)
+        doc = orjson.loads(resp.body)
+        assert doc["commit_log_offset"] == a.physical_offset and doc["body_size"] == 11
+        assert doc["properties"]["KEYS"] == "K1" and doc["state"] == "pending"
+        resp = await c.invoke(RemotingCommand.request(RequestCode.TXN_SHOW, {"id": b.msg_id}), TIMEOUT)
+        assert orjson.loads(resp.body)["id"] == "OPB"
+        resp = await c.invoke(RemotingCommand.request(RequestCode.TXN_SHOW, {"id": "NOPE"}), TIMEOUT)
+        assert resp.code == ResponseCode.SYSTEM_ERROR and "NOPE" in resp.remark
+        resp = await c.invoke(RemotingCommand.request(RequestCode.TXN_DECIDE, {
+            "id": "OPA", "decision": "commit", "operator": "bob"}), TIMEOUT)
+        assert resp.code == ResponseCode.SUCCESS
+        assert orjson.loads(resp.body)["outcome"] == "apply"
+        resp = await c.invoke(RemotingCommand.request(RequestCode.TXN_DECIDE, {
+            "id": "OPB", "decision": "rollback", "operator": "bob"}), TIMEOUT)
+        assert resp.code == ResponseCode.SUCCESS
+        resp = await c.invoke(RemotingCommand.request(RequestCode.TXN_DECIDE, {
+            "id": a.msg_id, "decision": "rollback", "operator": "bob"}), TIMEOUT)
+        assert resp.code == ResponseCode.TRANSACTION_FAILED
+        resp = await c.invoke(RemotingCommand.request(RequestCode.TXN_DECIDE, {
+            "id": "OPA", "decision": "explode", "operator": "bob"}), TIMEOUT)
+        assert resp.code == ResponseCode.SYSTEM_ERROR
+        resp = await c.invoke(RemotingCommand.request(RequestCode.RESUME_CHECK_HALF_MESSAGE,
+                                                      {"msgId": "UNKNOWN"}), TIMEOUT)
+        assert resp.code == ResponseCode.SYSTEM_ERROR
+        assert [m.body for m in visible(node)] == [b"by-operator"]
+        ops = op_records(node)
+        assert [o.properties.get("TXB_OPERATOR") for o in ops] == ["bob", "bob"]
+        assert node.metrics.snapshot()["tx_commits_total_operator"] == "1"
+    finally:
+        await producer.close()
+
+
+async def test_pass_cost_follows_pending_not_history(node) -> None:
+    for i in range(30):
+        r = await prepare(node, uniq=f"H{i}")
+        await end(node, r, ROLLBACK if i % 2 else COMMIT)
+    await prepare(node, uniq="LIVE")
+    node.clock.advance(10)
+    report = await node.tx.check_now()
+    assert report.pending == 1 and report.due == 1 and report.no_producer == 1
