@@ -21,6 +21,7 @@ import orjson
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codes import ResponseCode
+from txbroker.remoting.headers import HeaderError
 from txbroker.store.record import (
     CHECK_MAX_TIME_TOPIC,
     DEFAULT_TOPIC,
@@ -45,13 +46,8 @@ PERM_READ_WRITE = PERM_READ | PERM_WRITE
 _SYSTEM_QUEUES = {HALF_TOPIC: 1, OP_HALF_TOPIC: 1, CHECK_MAX_TIME_TOPIC: 1, SCHEDULE_TOPIC: 18}
 
 
-class TopicError(Exception):
+class TopicError(HeaderError):
     """A topic request the broker refuses; ``code`` is the RocketMQ response code to send."""
-
-    def __init__(self, code: int, remark: str) -> None:
-        super().__init__(remark)
-        self.code = int(code)
-        self.remark = remark
 
 
 @dataclass(frozen=True)

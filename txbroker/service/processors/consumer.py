@@ -23,6 +23,7 @@ import orjson
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.headers import HeaderError
 from txbroker.service.clients import (
     ClientRegistry,
     ConsumerEntry,
@@ -32,7 +33,7 @@ from txbroker.service.clients import (
 from txbroker.service.processors.fields import FieldError, Fields, error_response
 from txbroker.service.processors.send import put_ok
 from txbroker.service.schedule import ScheduleService
-from txbroker.service.topics import TopicError, TopicManager, validate_group_name
+from txbroker.service.topics import TopicManager, validate_group_name
 from txbroker.store.record import (
     DLQ_GROUP_TOPIC_PREFIX,
     PROPERTY_MAX_RECONSUME_TIMES,
@@ -305,7 +306,7 @@ def _guarded(fn):
     async def handler(conn, cmd: RemotingCommand):
         try:
             return await fn(conn, cmd)
-        except (FieldError, TopicError) as exc:
+        except HeaderError as exc:
             log.info("request %d refused: %s", cmd.code, exc)
             return None if cmd.is_oneway else error_response(cmd, exc)
     handler.__name__ = getattr(fn, "__name__", "handler")

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import ResponseCode
+from txbroker.remoting.headers import HeaderError
 
 INT32 = (-(1 << 31), (1 << 31) - 1)
 INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -24,13 +25,11 @@ SEND_V2_KEYS = {
 }
 
 
-class FieldError(Exception):
-    """A request the broker refuses; ``code`` is the response code, ``remark`` the reason."""
+class FieldError(HeaderError):
+    """A request the broker refuses; ``code`` is the response code, ``remark`` the reason.
 
-    def __init__(self, code: int, remark: str) -> None:
-        super().__init__(remark)
-        self.code = int(code)
-        self.remark = remark
+    A :class:`HeaderError`, so a refusal that escapes a handler still becomes this response.
+    """
 
 
 def error_response(cmd: RemotingCommand, exc: Exception) -> RemotingCommand:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.headers import HeaderError
 from txbroker.service.clients import ClientRegistry, parse_tag_expression
 from txbroker.service.processors.fields import FieldError, Fields, error_response
 from txbroker.service.topics import (
@@ -110,7 +111,7 @@ class PullProcessor:
     async def handle(self, conn, cmd: RemotingCommand) -> RemotingCommand:
         try:
             return await self._pull(cmd)
-        except (FieldError, TopicError) as exc:
+        except HeaderError as exc:
             return error_response(cmd, exc)
 
     async def _pull(self, cmd: RemotingCommand) -> RemotingCommand:

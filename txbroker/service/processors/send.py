@@ -16,6 +16,7 @@ import logging
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.headers import HeaderError
 from txbroker.service.clients import ClientRegistry
 from txbroker.service.processors.fields import (
     FieldError,
@@ -25,11 +26,11 @@ from txbroker.service.processors.fields import (
 from txbroker.service.schedule import ScheduleService
 from txbroker.service.topics import (
     PERM_WRITE,
-    TopicError,
     TopicManager,
     is_system_topic,
     validate_topic_name,
 )
+from txbroker.service.txstate import TransactionError
 from txbroker.store.record import (
     BORNHOST_V6_FLAG,
     MAX_PROPERTIES_BYTES,
@@ -92,15 +93,11 @@ class SendProcessor:
     async def handle(self, conn, cmd: RemotingCommand) -> RemotingCommand | None:
         try:
             resp = await self._send(conn, cmd)
-        except (FieldError, TopicError, RecordError) as exc:
+        except RecordError as exc:
+            resp = cmd.response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
+        except (HeaderError, TransactionError) as exc:  # FieldError, TopicError, tx refusals
             resp = error_response(cmd, exc)
             log.info("send refused from %s: %s", getattr(conn, "peer", "?"), resp.remark)
-        except Exception as exc:
-            # HeaderError from the transactional service and friends carry code/remark.
-            if hasattr(exc, "code") and hasattr(exc, "remark"):
-                resp = error_response(cmd, exc)
-            else:
-                raise
         return None if cmd.is_oneway else resp
 
     async def _send(self, conn, cmd: RemotingCommand) -> RemotingCommand:
