@@ -88,3 +88,26 @@ def test_metrics_are_per_instance_and_render() -> None:
     text = a.render().decode()
     assert "txbroker_tx_halves_total 3.0" in text
     assert 'txbroker_store{stat="puts"} 10.0' in text
+
+
+def test_resolved_states_one_byte_per_half() -> None:
+    from txbroker.service.transaction import ResolvedStates
+
+    rs = ResolvedStates()
+    assert rs.get(0) is None
+    rs.set(100, C)
+    rs.set(103, R)
+    assert (rs.get(100), rs.get(101), rs.get(103), rs.get(104), rs.get(99)) == (C, None, R, None, None)
+    rs.set(98, R)  # an older half (a store that lost its head) still fits
+    assert (rs.get(98), rs.get(100), rs.get(103)) == (R, C, R)
+    rs.set(100, R)
+    assert rs.get(100) is R
+
+
+def test_op_bodies_of_both_rocketmq_lines_parse() -> None:
+    from txbroker.service.transaction import _parse_counts, _parse_offsets
+
+    assert _parse_offsets(b"17") == [17]            # 4.x: one offset
+    assert _parse_offsets(b"17,18,21,") == [17, 18, 21]  # 5.x batch
+    assert _parse_offsets(b"x,-1,,5") == [5]        # junk is skipped, never raises
+    assert _parse_counts(b"3:1,4:15,bad,5:") == [(3, 1), (4, 15)]

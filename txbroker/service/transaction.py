@@ -6,9 +6,10 @@ A half message is stored like RocketMQ 4.x stores it (protocol.md §7.2): topic 
 differs from RocketMQ is how the broker remembers what happened to it:
 
 * **An in-memory index.**  ``_pending`` and ``_discarded`` map the half's commitlog offset to a
-  small :class:`HalfEntry`; ``_resolved`` maps it to COMMITTED or ROLLED_BACK.  A check pass
-  walks ``_pending`` only, so its cost follows what is pending, not the history of the half
-  queue (RocketMQ walks the half and op queues every round).
+  small :class:`HalfEntry`; decided halves cost one byte each in :class:`ResolvedStates`
+  (indexed by half queue offset), so remembering millions of decisions stays cheap.  A check
+  pass walks ``_pending`` only, so its cost follows what is pending, not the history of the
+  half queue (RocketMQ walks the half and op queues every round).
 * **Every decision goes through** :func:`txbroker.service.txstate.decide` under a per-half
   lock, so a retried commit, or a check answer racing the producer's own commit, writes
   nothing the second time, and a rollback after a commit is refused.
@@ -115,7 +116,9 @@ OP_TAG_RESUME = "r"
 PROPERTY_STATE = "TXB_STATE"
 PROPERTY_OPERATOR = "TXB_OPERATOR"
 
-_PUT_OK = ("OK", "FLUSH_DISK_TIMEOUT")  # RocketMQ counts a flush time-out as stored
+_PUT_OK = ("OK", "FLUSH_DISK_TIMEOUT")
+_STATE_CODES = {HalfState.COMMITTED: 1, HalfState.ROLLED_BACK: 2}
+_CODE_STATES = {code: state for state, code in _STATE_CODES.items()}  # RocketMQ counts a flush time-out as stored
 
 
 @dataclass(slots=True, eq=False)
@@ -177,6 +180,39 @@ def _parse_counts(body: bytes) -> list[tuple[int, int]]:
     return out
 
 
+class ResolvedStates:
+    """Final state of every decided half, one byte per half-queue offset.
+
+    Half-queue offsets are dense and increase with time, so a ``bytearray`` indexed from the
+    oldest half seen holds the decision of every retained transaction at one byte each (a dict
+    would cost ~100 bytes per entry).  0 means "not decided here".
+    """
+
+    def __init__(self) -> None:
+        self._base: int | None = None
+        self._buf = bytearray()
+
+    def set(self, queue_offset: int, state: HalfState) -> None:
+        if self._base is None:
+            self._base = queue_offset
+        i = queue_offset - self._base
+        if i < 0:
+            # older than anything seen (only after a store that lost its head): grow downwards
+            self._buf[0:0] = bytes(-i)
+            self._base, i = queue_offset, 0
+        if i >= len(self._buf):
+            self._buf.extend(bytes(i + 1 - len(self._buf)))
+        self._buf[i] = _STATE_CODES[state]
+
+    def get(self, queue_offset: int) -> HalfState | None:
+        if self._base is None:
+            return None
+        i = queue_offset - self._base
+        if 0 <= i < len(self._buf):
+            return _CODE_STATES.get(self._buf[i])
+        return None
+
+
 class TransactionalMessageService:
     """Coordinator of transactional messages; event-loop only (no locking across threads)."""
 
@@ -189,7 +225,7 @@ class TransactionalMessageService:
         self.clock = clock
         self._pending: dict[int, HalfEntry] = {}
         self._discarded: dict[int, HalfEntry] = {}
-        self._resolved: dict[int, HalfState] = {}
+        self._resolved = ResolvedStates()
         #: UNIQ_KEY -> commitlog offset, for unresolved halves (admin lookups).
         self._by_uniq: dict[str, int] = {}
         #: Per-half locks while a decision is being written: [lock, users].
@@ -203,83 +239,83 @@ class TransactionalMessageService:
 
     # --- lifecycle -------------------------------------------------------------------------
     def recover(self) -> None:
-        """Rebuild pending, discarded and resolved halves and check counts from the store."""
+        """Rebuild pending, discarded and resolved halves and check counts from the store.
+
+        One in-order replay of the commitlog.  Only unresolved halves are held in dicts while
+        replaying (keyed by half-queue offset and by commitlog offset); a decision costs one
+        byte in :class:`ResolvedStates`.
+        """
         started = time.perf_counter()
         self._pending.clear()
         self._discarded.clear()
-        self._resolved.clear()
+        self._resolved = ResolvedStates()
         self._by_uniq.clear()
         self._missing_ops.clear()
-        by_qo: dict[int, int] = {}          # half queue offset -> commitlog offset
-        ops_seen: set[int] = set()          # halves with a d record
-        committed: dict[int, int] = {}      # half commitlog offset -> half queue offset
+        open_by_qo: dict[int, HalfEntry] = {}
+        open_by_phys: dict[int, HalfEntry] = {}
+        #: committed halves (queue offset -> commitlog offset) whose d record is not seen yet
+        missing: dict[int, int] = {}
         records = 0
         for m in self.store.scan(self.store.min_physical_offset):
             records += 1
             topic = m.topic
             if topic == HALF_TOPIC:
                 entry = self._entry_from(m)
-                if entry is None:
-                    continue
-                self._pending[entry.phys] = entry
-                by_qo[entry.queue_offset] = entry.phys
+                open_by_qo[entry.queue_offset] = entry
+                open_by_phys[entry.phys] = entry
             elif topic == OP_HALF_TOPIC:
-                self._replay_op(m, by_qo, ops_seen, committed)
+                self._replay_op(m, open_by_qo, open_by_phys, missing)
             elif topic == CHECK_MAX_TIME_TOPIC:
                 raw = m.properties.get(PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET, "")
-                phys = by_qo.get(int(raw)) if raw.isdigit() else None
-                entry = self._pending.pop(phys, None) if phys is not None else None
+                entry = open_by_qo.get(int(raw)) if raw.isdigit() else None
                 if entry is not None:
                     entry.state = HalfState.DISCARDED
-                    self._discarded[phys] = entry
             elif (m.sys_flag & TRANSACTION_MASK) == TRANSACTION_COMMIT_TYPE:
-                phys = m.prepared_transaction_offset
-                entry = self._pending.pop(phys, None) or self._discarded.pop(phys, None)
+                entry = open_by_phys.pop(m.prepared_transaction_offset, None)
                 if entry is not None:
-                    self._resolved[phys] = HalfState.COMMITTED
-                    committed[phys] = entry.queue_offset
-        for phys, qo in committed.items():
-            if phys not in ops_seen:
-                self._missing_ops.append((phys, qo))
-        for entry in (*self._pending.values(), *self._discarded.values()):
+                    del open_by_qo[entry.queue_offset]
+                    self._resolved.set(entry.queue_offset, HalfState.COMMITTED)
+                    missing[entry.queue_offset] = entry.phys
+        self._missing_ops = [(phys, qo) for qo, phys in missing.items()]
+        for entry in open_by_qo.values():
+            pool = self._pending if entry.state is HalfState.PENDING else self._discarded
+            pool[entry.phys] = entry
             if entry.uniq:
                 self._by_uniq[entry.uniq] = entry.phys
         self._update_gauges()
         log.info("transaction state recovered from %d records in %.3fs: %d pending, %d discarded, "
-                 "%d resolved, %d op records to rewrite", records, time.perf_counter() - started,
-                 len(self._pending), len(self._discarded), len(self._resolved),
-                 len(self._missing_ops))
+                 "%d op records to rewrite", records, time.perf_counter() - started,
+                 len(self._pending), len(self._discarded), len(self._missing_ops))
 
-    def _replay_op(self, m: StoredMessage, by_qo: dict[int, int], ops_seen: set[int],
-                   committed: dict[int, int]) -> None:
+    def _replay_op(self, m: StoredMessage, open_by_qo: dict[int, HalfEntry],
+                   open_by_phys: dict[int, HalfEntry], missing: dict[int, int]) -> None:
         tag = m.properties.get(PROPERTY_TAGS)
         if tag == OP_TAG_DONE:
             stated = m.properties.get(PROPERTY_STATE)
             for qo in _parse_offsets(m.body):
-                phys = by_qo.get(qo)
-                if phys is None:
-                    continue
-                ops_seen.add(phys)
-                entry = self._pending.pop(phys, None) or self._discarded.pop(phys, None)
-                if entry is None:
-                    continue
-                if stated == HalfState.COMMITTED.value or phys in committed:
-                    self._resolved[phys] = HalfState.COMMITTED
+                missing.pop(qo, None)
+                entry = open_by_qo.pop(qo, None)
+                if entry is not None:
+                    del open_by_phys[entry.phys]
+                elif self._resolved.get(qo) is None:
+                    continue  # a half older than the retained log
+                # A 4.x op record does not say which decision: a commit left its final
+                # message before it, which already marked the half COMMITTED.
+                if stated == HalfState.COMMITTED.value or self._resolved.get(qo) is HalfState.COMMITTED:
+                    self._resolved.set(qo, HalfState.COMMITTED)
                 else:
-                    self._resolved[phys] = HalfState.ROLLED_BACK
+                    self._resolved.set(qo, HalfState.ROLLED_BACK)
         elif tag == OP_TAG_CHECKS:
             for qo, n in _parse_counts(m.body):
-                entry = self._pending.get(by_qo.get(qo, -1))
+                entry = open_by_qo.get(qo)
                 if entry is not None:
                     entry.checks = n
         elif tag == OP_TAG_RESUME:
             for qo in _parse_offsets(m.body):
-                phys = by_qo.get(qo)
-                entry = self._discarded.pop(phys, None) if phys is not None else None
-                if entry is not None:
+                entry = open_by_qo.get(qo)
+                if entry is not None and entry.state is HalfState.DISCARDED:
                     entry.state = HalfState.PENDING
                     entry.checks = 0
-                    self._pending[phys] = entry
 
     async def start(self) -> None:
         """Write op records recovery found missing, then start the periodic check service."""
@@ -306,12 +342,15 @@ class TransactionalMessageService:
         return len(self._discarded)
 
     def state_of(self, phys: int) -> HalfState | None:
-        """The state of the half at commitlog offset ``phys``; None if it is not a known half."""
-        if phys in self._pending:
-            return HalfState.PENDING
-        if phys in self._discarded:
-            return HalfState.DISCARDED
-        return self._resolved.get(phys)
+        """The state of the half at commitlog offset ``phys``; None if it is not a known half.
+
+        A decided half is looked up by its queue offset, read back from the store.
+        """
+        entry = self._pending.get(phys) or self._discarded.get(phys)
+        if entry is not None:
+            return entry.state
+        half = self._read_half(phys)
+        return self._resolved.get(half.queue_offset) if half is not None else None
 
     def entry(self, phys: int) -> HalfEntry | None:
         return self._pending.get(phys) or self._discarded.get(phys)
@@ -350,8 +389,6 @@ class TransactionalMessageService:
         if half is None:
             return None
         entry = self.entry(phys) or self._entry_from(half)
-        if entry is None:
-            return None
         row = entry.row(self._now_ms())
         row["state"] = self.state_of(phys).value
         row["body_size"] = len(half.body)
@@ -428,10 +465,11 @@ class TransactionalMessageService:
         """RocketMQ's checks, with its remarks (clients and operators grep for them)."""
         entry = self.entry(phys)
         if entry is not None:
-            half_group, half_qo = entry.group, entry.queue_offset
+            half_group, half_qo, state = entry.group, entry.queue_offset, entry.state
         else:
             half = self._read_half(phys)
-            if half is None or self.state_of(phys) is None:
+            state = self._resolved.get(half.queue_offset) if half is not None else None
+            if state is None:
                 self.metrics.invalid_ends.inc()
                 raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                        "Find prepared transaction message failed")
@@ -443,7 +481,7 @@ class TransactionalMessageService:
         if half_qo != queue_offset:
             self.metrics.invalid_ends.inc()
             raise TransactionError(ResponseCode.SYSTEM_ERROR, "The transaction state table offset wrong")
-        return self.state_of(phys)
+        return state
 
     async def operator_decide(self, txn_id: str, decision: str, *, operator: str, peer: str = "",
                               reason: str | None = None) -> dict[str, Any]:
@@ -523,7 +561,7 @@ class TransactionalMessageService:
             self._by_uniq.pop(entry.uniq, None)
         entry.state = target
         entry.conn = None
-        self._resolved[entry.phys] = target
+        self._resolved.set(entry.queue_offset, target)
         counter = self.metrics.commits if target is HalfState.COMMITTED else self.metrics.rollbacks
         counter.labels(source=source).inc()
         self.metrics.decision_latency.observe(max(0, self._now_ms() - entry.store_ts) / 1000)
@@ -641,7 +679,7 @@ class TransactionalMessageService:
             return None
         return m
 
-    def _entry_from(self, m: StoredMessage) -> HalfEntry | None:
+    def _entry_from(self, m: StoredMessage) -> HalfEntry:
         props = m.properties
         qid = props.get(PROPERTY_REAL_QUEUE_ID, "0")
         try:
