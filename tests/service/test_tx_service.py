@@ -308,12 +308,25 @@ async def test_conflicting_decisions_refused(node) -> None:
     assert node.metrics.snapshot()["tx_conflicting_ends_total"] == "2"
 
 
-async def test_racing_commits_produce_one_message(node) -> None:
-    results = [await prepare(node, uniq=f"R{i}") for i in range(5)]
-    outcomes = await asyncio.gather(*(end(node, r, COMMIT, from_check=check)
-                                      for r in results for check in (False, True)))
-    assert sorted(o.value for o in outcomes) == ["apply"] * 5 + ["duplicate"] * 5
-    assert len(visible(node)) == 5 and len(op_records(node)) == 5
+async def test_racing_commits_produce_one_message(tmp_path) -> None:
+    # sync flush: every put awaits its group commit, so the racing decisions really interleave
+    node = await open_node(tx_config(tmp_path / "data", flush_mode="sync"), Clock())
+    try:
+        results = [await prepare(node, uniq=f"R{i}") for i in range(5)]
+        outcomes = await asyncio.gather(*(end(node, r, COMMIT, from_check=check)
+                                          for r in results for check in (False, True)))
+        assert sorted(o.value for o in outcomes) == ["apply"] * 5 + ["duplicate"] * 5
+        assert len(visible(node)) == 5 and len(op_records(node)) == 5
+        # a rollback racing a commit: exactly one of them wins, the other is refused
+        r = await prepare(node, uniq="RC")
+        outcomes = await asyncio.gather(end(node, r, COMMIT), end(node, r, ROLLBACK),
+                                        return_exceptions=True)
+        assert sum(o is Outcome.APPLY for o in outcomes) == 1
+        assert sum(isinstance(o, ConflictError) for o in outcomes) == 1
+        committed = outcomes[0] is Outcome.APPLY
+        assert len(visible(node)) == (6 if committed else 5) and len(op_records(node)) == 6
+    finally:
+        await node.close()
 
 
 async def test_end_transaction_validation(node) -> None:
