@@ -128,8 +128,11 @@ class ClientInstance:
         self.request_timeout = request_timeout
         self.heartbeat_interval = heartbeat_interval
         self.route_refresh_interval = route_refresh_interval
+        #: Our address as the name server sees it (set at start; loopback until then).
         self.ip = "127.0.0.1"
-        self.client_id = f"{self.ip}@{instance_name or f'{os.getpid()}-{secrets.token_hex(3)}'}"
+        self._instance_name = instance_name or f"{os.getpid()}-{secrets.token_hex(3)}"
+        #: RocketMQ's ``ip@instanceName``; one per Producer/Consumer object.
+        self.client_id = f"{self.ip}@{self._instance_name}"
         self.producer_groups: set[str] = set()
         #: consumer group -> callable returning its ConsumerData dict for heartbeats.
         self.consumer_data: dict[str, Callable[[], dict]] = {}
@@ -152,7 +155,11 @@ class ClientInstance:
     async def start(self) -> None:
         if self._started:
             return
-        await self._namesrv()
+        ns = await self._namesrv()
+        local = ns.local_addr
+        if local and isinstance(local[0], str) and local[0].count(".") == 3:
+            self.ip = local[0]
+            self.client_id = f"{self.ip}@{self._instance_name}"
         await self.refresh_cluster()
         await self.heartbeat_all()
         self._started = True

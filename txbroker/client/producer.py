@@ -91,6 +91,7 @@ class Producer:
         self._state = "starting"
         try:
             await self._instance.start()
+            self._ids = UniqKeyGenerator(self._instance.ip)
         except BaseException:
             self._state = "new"  # start() may be called again (the broker may come up later)
             raise
