@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 
 from txbroker.remoting.codes import ResponseCode
+from txbroker.remoting.headers import HeaderError
 
 
 class HalfState(enum.Enum):
@@ -93,17 +94,12 @@ def decide(state: HalfState, decision: Decision, *, operator: bool = False) -> t
     return Outcome.CONFLICT, state
 
 
-class TransactionError(Exception):
+class TransactionError(HeaderError):
     """A transactional request the broker refuses: answered with ``code`` and ``remark``.
 
-    Same shape as the remoting layer's header errors, so any processor turns it into an error
-    response the same way.
+    A :class:`HeaderError` (the contract's refusal type), so every processor turns it into an
+    error response the same way.
     """
-
-    def __init__(self, code: int, remark: str) -> None:
-        super().__init__(remark)
-        self.code = int(code)
-        self.remark = remark
 
 
 class ConflictError(TransactionError):
