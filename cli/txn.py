@@ -28,7 +28,7 @@ def _pick(row: dict, *names: str, default: object = "") -> object:
 
 
 def _age(row: dict, now_ms: int) -> str:
-    age = _pick(row, "ageSeconds", "age", default=None)
+    age = _pick(row, "age_s", default=None)
     if age is None:
         born = _pick(row, "storeTimestamp", "bornTimestamp", default=None)
         if born is None:
@@ -61,29 +61,30 @@ def txn() -> None:
 
 
 @txn.command("list")
+@click.option("--state", type=click.Choice(["pending", "discarded", "all"]), default="pending",
+              show_default=True, help="Pending halves, halves the check service gave up on, or both.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON array.")
 @namesrv_option
-def list_(as_json: bool, namesrv: str) -> None:
-    """List pending (and discarded) half messages."""
+def list_(state: str, as_json: bool, namesrv: str) -> None:
+    """List half messages waiting for a decision."""
 
     async def main() -> list[dict]:
         async with AdminClient(namesrv) as admin:
-            return await admin.txn_list()
+            return await admin.txn_list(state)
 
     rows = run(main)
     if as_json:
         click.echo(orjson.dumps(rows).decode())
         return
     now_ms = int(time.time() * 1000)
-    table = Table(title=f"{len(rows)} pending half message(s)")
+    table = Table(title=f"{len(rows)} {state} half message(s)" if state != "all"
+                  else f"{len(rows)} pending or discarded half message(s)")
     for col in ("id", "topic", "keys", "producer group", "age", "checks", "state"):
         table.add_column(col, overflow="fold")
     for row in rows:
-        table.add_row(str(_pick(row, "id", "transactionId", "msgId", "uniqKey")),
-                      str(_pick(row, "topic", "realTopic")), str(_pick(row, "keys")),
-                      str(_pick(row, "producerGroup", "group")), _age(row, now_ms),
-                      str(_pick(row, "checks", "checkTimes", default=0)),
-                      str(_pick(row, "state", default="pending")))
+        table.add_row(str(_pick(row, "id", "offset_msg_id")), str(_pick(row, "topic")),
+                      str(_pick(row, "keys")), str(_pick(row, "producer_group")), _age(row, now_ms),
+                      str(_pick(row, "checks", default=0)), str(_pick(row, "state")))
     Console(width=160).print(table)
 
 
@@ -112,8 +113,8 @@ def _decision_command(decision: str, help_text: str) -> click.Command:
                 return await admin.txn_decide(txn_id, decision, operator)
 
         doc = run(main)
-        outcome = _pick(doc, "result", "state", "status", default="done")
-        click.echo(f"{decision} {txn_id}: {outcome} (operator {operator})")
+        click.echo(f"{decision} {txn_id}: {_pick(doc, 'outcome', default='done')}, now "
+                   f"{_pick(doc, 'state', default='?')} (operator {operator})")
 
     return command
 

@@ -92,12 +92,15 @@ class AdminClient:
         return out
 
     # --- transactions --------------------------------------------------------------------
-    async def txn_list(self) -> list[dict]:
-        """Pending (and discarded) half messages of every broker, each with ``broker``."""
+    async def txn_list(self, state: str = "pending") -> list[dict]:
+        """Half messages of every broker (``pending``, ``discarded`` or ``all``), oldest first,
+        each row with ``broker`` added."""
+        if state not in ("pending", "discarded", "all"):
+            raise ValueError("state must be pending, discarded or all")
         rows: list[dict] = []
         for name, addr in self.brokers.items():
-            doc = self._json(await self._call(addr, RequestCode.TXN_LIST, "list transactions"),
-                             "list transactions")
+            doc = self._json(await self._call(addr, RequestCode.TXN_LIST, "list transactions",
+                                              {"state": state}), "list transactions")
             for row in _rows(doc):
                 rows.append({"broker": name, **row})
         return rows
@@ -130,12 +133,7 @@ class AdminClient:
 
 
 def _rows(doc: object) -> list[dict]:
-    """The rows of a TXN_LIST answer: a list, or an object holding one."""
-    if isinstance(doc, list):
-        return [r for r in doc if isinstance(r, dict)]
-    if isinstance(doc, dict):
-        for key in ("halves", "pending", "transactions", "items"):
-            value = doc.get(key)
-            if isinstance(value, list):
-                return [r for r in value if isinstance(r, dict)]
-    return []
+    """The rows of a TXN_LIST answer (a JSON array of objects)."""
+    if not isinstance(doc, list):
+        raise ClientError("list transactions: answer is not a JSON array")
+    return [r for r in doc if isinstance(r, dict)]
