@@ -44,18 +44,21 @@ COMMITTED, and :meth:`start` writes the missing ``d`` record: no crash can make 
 twice.  A check count is recorded after the checks are sent; a crash in between loses at most
 one count per half (the safe direction: a count is never burned without a check).
 
-Recovery replays the commitlog once, in order, from its oldest retained record (halves, op
-records, discard copies and committed messages are all in it).  That costs time in proportion
-to the retained log, once at start-up; the benchmark ``bench/txcheck.py`` reports it.
+Recovery (:meth:`TransactionalMessageService.recover`) reads the op and discard queues, decodes
+only the halves no decision names, and scans the commitlog from the oldest of those for
+committed messages: its cost follows the transactional records, not the normal traffic in the
+log.  The benchmark ``bench/txcheck.py`` reports it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
+import struct
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -97,6 +100,7 @@ from txbroker.store.record import (
     RecordError,
     StoredMessage,
     decode_offset_msg_id,
+    decode_record,
 )
 
 if TYPE_CHECKING:
@@ -117,6 +121,12 @@ PROPERTY_STATE = "TXB_STATE"
 PROPERTY_OPERATOR = "TXB_OPERATOR"
 
 _PUT_OK = ("OK", "FLUSH_DISK_TIMEOUT")
+#: Messages and bytes per store.get while recovering.
+_RECOVERY_BATCH = 4096
+_RECOVERY_BYTES = 64 * 1024 * 1024
+#: QUEUEOFFSET sits after TOTALSIZE, MAGIC, BODYCRC, QUEUEID and FLAG (protocol.md §6.1).
+_QUEUE_OFFSET = struct.Struct(">q")
+_QUEUE_OFFSET_POS = 20
 _STATE_CODES = {HalfState.COMMITTED: 1, HalfState.ROLLED_BACK: 2}
 _CODE_STATES = {code: state for state, code in _STATE_CODES.items()}  # RocketMQ counts a flush time-out as stored
 
@@ -241,9 +251,14 @@ class TransactionalMessageService:
     def recover(self) -> None:
         """Rebuild pending, discarded and resolved halves and check counts from the store.
 
-        One in-order replay of the commitlog.  Only unresolved halves are held in dicts while
-        replaying (keyed by half-queue offset and by commitlog offset); a decision costs one
-        byte in :class:`ResolvedStates`.
+        Cost follows the transactional records, not the whole log:
+
+        1. replay the op queue and the discard queue, merged in commitlog order: decisions
+           (``d``), check counts (``c``), resumes (``r``) and discards;
+        2. walk the half queue and decode only the halves no decision names;
+        3. scan the commitlog from the oldest of those halves for committed messages naming
+           one of them in ``preparedTransactionOffset`` (a crash between a commit's final
+           message and its op record); their op records are rewritten by :meth:`start`.
         """
         started = time.perf_counter()
         self._pending.clear()
@@ -251,33 +266,55 @@ class TransactionalMessageService:
         self._resolved = ResolvedStates()
         self._by_uniq.clear()
         self._missing_ops.clear()
-        open_by_qo: dict[int, HalfEntry] = {}
-        open_by_phys: dict[int, HalfEntry] = {}
-        #: committed halves (queue offset -> commitlog offset) whose d record is not seen yet
-        missing: dict[int, int] = {}
+        counts: dict[int, int] = {}       # half queue offset -> checks, for undecided halves
+        discarded: set[int] = set()       # half queue offsets currently discarded
         records = 0
-        for m in self.store.scan(self.store.min_physical_offset):
+        events = heapq.merge(self._queue(OP_HALF_TOPIC), self._queue(CHECK_MAX_TIME_TOPIC),
+                             key=lambda m: m.physical_offset)
+        for m in events:
             records += 1
-            topic = m.topic
-            if topic == HALF_TOPIC:
-                entry = self._entry_from(m)
-                open_by_qo[entry.queue_offset] = entry
-                open_by_phys[entry.phys] = entry
-            elif topic == OP_HALF_TOPIC:
-                self._replay_op(m, open_by_qo, open_by_phys, missing)
-            elif topic == CHECK_MAX_TIME_TOPIC:
+            if m.topic == CHECK_MAX_TIME_TOPIC:
                 raw = m.properties.get(PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET, "")
-                entry = open_by_qo.get(int(raw)) if raw.isdigit() else None
-                if entry is not None:
-                    entry.state = HalfState.DISCARDED
-            elif (m.sys_flag & TRANSACTION_MASK) == TRANSACTION_COMMIT_TYPE:
+                if raw.isdigit() and self._resolved.get(int(raw)) is None:
+                    discarded.add(int(raw))
+                continue
+            tag = m.properties.get(PROPERTY_TAGS)
+            if tag == OP_TAG_DONE:
+                # txbroker's op records say which decision; a RocketMQ 4.x one does not, and
+                # is taken as a rollback unless step 3 finds the committed message.
+                state = (HalfState.COMMITTED if m.properties.get(PROPERTY_STATE) == HalfState.COMMITTED.value
+                         else HalfState.ROLLED_BACK)
+                for qo in _parse_offsets(m.body):
+                    self._resolved.set(qo, state)
+                    counts.pop(qo, None)
+                    discarded.discard(qo)
+            elif tag == OP_TAG_CHECKS:
+                for qo, n in _parse_counts(m.body):
+                    if self._resolved.get(qo) is None:
+                        counts[qo] = n
+            elif tag == OP_TAG_RESUME:
+                for qo in _parse_offsets(m.body):
+                    if qo in discarded:
+                        discarded.discard(qo)
+                        counts[qo] = 0
+        open_by_phys: dict[int, HalfEntry] = {}
+        for m in self._undecided_halves():
+            records += 1
+            entry = self._entry_from(m)
+            entry.checks = counts.get(entry.queue_offset, 0)
+            if entry.queue_offset in discarded:
+                entry.state = HalfState.DISCARDED
+            open_by_phys[entry.phys] = entry
+        if open_by_phys:
+            for m in self.store.scan(min(open_by_phys)):
+                records += 1
+                if (m.sys_flag & TRANSACTION_MASK) != TRANSACTION_COMMIT_TYPE:
+                    continue
                 entry = open_by_phys.pop(m.prepared_transaction_offset, None)
                 if entry is not None:
-                    del open_by_qo[entry.queue_offset]
                     self._resolved.set(entry.queue_offset, HalfState.COMMITTED)
-                    missing[entry.queue_offset] = entry.phys
-        self._missing_ops = [(phys, qo) for qo, phys in missing.items()]
-        for entry in open_by_qo.values():
+                    self._missing_ops.append((entry.phys, entry.queue_offset))
+        for entry in open_by_phys.values():
             pool = self._pending if entry.state is HalfState.PENDING else self._discarded
             pool[entry.phys] = entry
             if entry.uniq:
@@ -287,35 +324,30 @@ class TransactionalMessageService:
                  "%d op records to rewrite", records, time.perf_counter() - started,
                  len(self._pending), len(self._discarded), len(self._missing_ops))
 
-    def _replay_op(self, m: StoredMessage, open_by_qo: dict[int, HalfEntry],
-                   open_by_phys: dict[int, HalfEntry], missing: dict[int, int]) -> None:
-        tag = m.properties.get(PROPERTY_TAGS)
-        if tag == OP_TAG_DONE:
-            stated = m.properties.get(PROPERTY_STATE)
-            for qo in _parse_offsets(m.body):
-                missing.pop(qo, None)
-                entry = open_by_qo.pop(qo, None)
-                if entry is not None:
-                    del open_by_phys[entry.phys]
-                elif self._resolved.get(qo) is None:
-                    continue  # a half older than the retained log
-                # A 4.x op record does not say which decision: a commit left its final
-                # message before it, which already marked the half COMMITTED.
-                if stated == HalfState.COMMITTED.value or self._resolved.get(qo) is HalfState.COMMITTED:
-                    self._resolved.set(qo, HalfState.COMMITTED)
-                else:
-                    self._resolved.set(qo, HalfState.ROLLED_BACK)
-        elif tag == OP_TAG_CHECKS:
-            for qo, n in _parse_counts(m.body):
-                entry = open_by_qo.get(qo)
-                if entry is not None:
-                    entry.checks = n
-        elif tag == OP_TAG_RESUME:
-            for qo in _parse_offsets(m.body):
-                entry = open_by_qo.get(qo)
-                if entry is not None and entry.state is HalfState.DISCARDED:
-                    entry.state = HalfState.PENDING
-                    entry.checks = 0
+    def _queue(self, topic: str) -> Iterator[StoredMessage]:
+        """Every retained message of ``topic`` queue 0, in order."""
+        offset = self.store.min_offset(topic, 0)
+        end = self.store.max_offset(topic, 0)
+        while offset < end:
+            res = self.store.get(topic, 0, offset, _RECOVERY_BATCH, _RECOVERY_BYTES)
+            yield from res.messages()
+            if res.next_offset <= offset:
+                break
+            offset = res.next_offset
+
+    def _undecided_halves(self) -> Iterator[StoredMessage]:
+        """Retained halves that no decision names; decided ones are skipped undecoded."""
+        offset = self.store.min_offset(HALF_TOPIC, 0)
+        end = self.store.max_offset(HALF_TOPIC, 0)
+        resolved = self._resolved
+        while offset < end:
+            res = self.store.get(HALF_TOPIC, 0, offset, _RECOVERY_BATCH, _RECOVERY_BYTES)
+            for raw in res.raw:
+                if resolved.get(_QUEUE_OFFSET.unpack_from(raw, _QUEUE_OFFSET_POS)[0]) is None:
+                    yield decode_record(raw)
+            if res.next_offset <= offset:
+                break
+            offset = res.next_offset
 
     async def start(self) -> None:
         """Write op records recovery found missing, then start the periodic check service."""
