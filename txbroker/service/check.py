@@ -185,8 +185,10 @@ class CheckService:
 
     def _connection_for(self, entry: HalfEntry) -> Any | None:
         conn = entry.conn
-        if conn is not None and not conn.closed:
-            return conn
+        if conn is not None:
+            if not conn.closed:
+                return conn
+            entry.conn = None  # gone for good: do not keep the dead connection alive
         for candidate in self.tx.registry.producer_connections(entry.group):
             if not candidate.closed:
                 return candidate
