@@ -571,3 +571,17 @@ async def test_pass_cost_follows_pending_not_history(node) -> None:
     node.clock.advance(10)
     report = await node.tx.check_now()
     assert report.pending == 1 and report.due == 1 and report.no_producer == 1
+
+
+async def test_periodic_check_service_runs_on_its_interval(tmp_path) -> None:
+    cfg = tx_config(tmp_path / "data", transaction_check_interval=0.05, transaction_timeout=0.0)
+    node = await open_node(cfg, Clock())
+    producer = await Producer(node, answer=ROLLBACK).start()
+    try:
+        result = await prepare(node, conn=producer.conn)
+        await producer.wait_checks(1)  # no check_now(): the service's own task sent it
+        await wait_for(lambda: node.tx.state_of(result.physical_offset) is HalfState.ROLLED_BACK)
+        assert int(node.metrics.snapshot()["tx_check_passes_total"]) >= 1
+    finally:
+        await producer.close()
+        await node.close()
