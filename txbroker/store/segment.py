@@ -1,0 +1,109 @@
+"""One preallocated, memory-mapped file: the unit both the commitlog and consume queues use.
+
+Appends are slice assignments into the mapping (on this machine ~4x faster than one
+``os.write`` per record, see measured.md) and reads are slices of it.  Durability comes from
+``os.fdatasync`` on the file descriptor: on Linux a shared mapping dirties the same page-cache
+pages the descriptor sees, so fdatasync writes them back — and unlike ``mmap.flush`` it
+releases the GIL, so a flush running in an executor thread does not stall the event loop.
+
+Task-safety contract: all mutation happens on one thread (the event loop); :meth:`sync` may run
+concurrently in an executor because it only asks the kernel to write pages back.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+
+class SegmentFullError(Exception):
+    """An append does not fit in what is left of the segment."""
+
+
+class MappedSegment:
+    """A fixed-size file named after the absolute offset of its first byte."""
+
+    def __init__(self, path: Path, start: int, size: int, *, create: bool) -> None:
+        self.path = path
+        self.start = start
+        self.size = size
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        self._fd = os.open(path, flags, 0o644)
+        try:
+            current = os.fstat(self._fd).st_size
+            if current < size:
+                # Real preallocation: running out of disk shows up here, not as SIGBUS on a
+                # page fault in the middle of an append.
+                os.posix_fallocate(self._fd, 0, size)
+            elif current > size:
+                raise ValueError(f"{path} is {current} bytes, expected {size}")
+            self._mm = mmap.mmap(self._fd, size, access=mmap.ACCESS_WRITE)
+        except BaseException:
+            os.close(self._fd)
+            if create:
+                path.unlink(missing_ok=True)
+            raise
+        #: Bytes of this segment that hold data (relative to ``start``).
+        self.wrote = 0
+        #: Bytes known to be on disk (relative to ``start``).
+        self.flushed = 0
+
+    @staticmethod
+    def file_name(start: int) -> str:
+        return f"{start:020d}"
+
+    @property
+    def end(self) -> int:
+        """Absolute offset one past the last byte written."""
+        return self.start + self.wrote
+
+    @property
+    def remaining(self) -> int:
+        return self.size - self.wrote
+
+    def append(self, data: bytes) -> int:
+        """Write ``data`` at the end; returns its absolute offset."""
+        n = len(data)
+        if n > self.size - self.wrote:
+            raise SegmentFullError(f"{n} bytes do not fit in {self.size - self.wrote}")
+        pos = self.wrote
+        self._mm[pos:pos + n] = data
+        self.wrote = pos + n
+        return self.start + pos
+
+    def write_at(self, rel: int, data: bytes) -> None:
+        """Overwrite bytes in place (consume-queue repair during recovery)."""
+        self._mm[rel:rel + len(data)] = data
+
+    def read(self, rel: int, n: int) -> bytes:
+        return self._mm[rel:rel + n]
+
+    def view(self) -> memoryview:
+        """Zero-copy view for recovery scans; release it before closing the segment."""
+        return memoryview(self._mm)
+
+    def zero_from(self, rel: int) -> int:
+        """Erase everything from ``rel`` on (a torn tail); returns how many data bytes were cut."""
+        cut = max(self.wrote - rel, 0)
+        if rel < self.size:
+            self._mm[rel:self.size] = bytes(self.size - rel)
+        self.wrote = min(self.wrote, rel)
+        self.flushed = min(self.flushed, rel)
+        return cut
+
+    def sync(self) -> None:
+        """Write dirty pages back to disk (blocking; run it in an executor)."""
+        os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        if not self._mm.closed:
+            self._mm.close()
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+
+    def destroy(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
