@@ -1,0 +1,224 @@
+"""The commitlog: every record ever stored, in order, across fixed-size segment files.
+
+Segment files are named by the absolute offset of their first byte (20 digits, zero-padded),
+as in RocketMQ, so a physical offset maps to a file by integer division.  A record never spans
+two segments: when a record (plus the 8 bytes an end marker needs) does not fit, the rest of
+the segment is filled with a blank record (TOTALSIZE = remaining, MAGIC = BLANK_MAGIC) and the
+record goes to the next segment.  Readers and recovery skip blanks.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from txbroker.store.record import (
+    BLANK_MAGIC,
+    MESSAGE_MAGIC,
+    MIN_RECORD_SIZE,
+    StoredMessage,
+    body_crc,
+    decode_record,
+)
+from txbroker.store.segment import MappedSegment
+
+log = logging.getLogger(__name__)
+
+_SIZE_MAGIC = struct.Struct(">iI")
+_CRC = struct.Struct(">i")
+#: A blank record needs TOTALSIZE + MAGIC.
+END_MARKER_SIZE = 8
+
+
+@dataclass
+class WalkResult:
+    """What a validating walk over the tail found."""
+
+    end: int
+    records: int
+    bytes_scanned: int
+
+
+class CommitLog:
+    """Ordered segments plus the write position; single-threaded (the event loop)."""
+
+    def __init__(self, directory: Path, segment_size: int) -> None:
+        self.dir = directory
+        self.segment_size = segment_size
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.segments: list[MappedSegment] = []
+        for path in sorted(p for p in self.dir.iterdir() if p.name.isdigit() and len(p.name) == 20):
+            self.segments.append(MappedSegment(path, int(path.name), segment_size, create=False))
+        for seg in self.segments:
+            # Until recovery says otherwise, closed segments are full; the last is refined.
+            seg.wrote = seg.flushed = seg.size
+
+    # --- positions --------------------------------------------------------------------------
+    @property
+    def min_offset(self) -> int:
+        return self.segments[0].start if self.segments else 0
+
+    @property
+    def max_offset(self) -> int:
+        """One past the last byte written."""
+        return self.segments[-1].end if self.segments else 0
+
+    @property
+    def flushed_offset(self) -> int:
+        for seg in reversed(self.segments):
+            if seg.flushed:
+                return seg.start + seg.flushed
+        return self.min_offset
+
+    def set_end(self, end: int) -> None:
+        """Recovery: everything at or past ``end`` is not data (zeroed, later segments dropped)."""
+        while self.segments and self.segments[-1].start > end:
+            self.segments.pop().destroy()
+        if not self.segments:
+            return
+        last = self.segments[-1]
+        rel = end - last.start
+        if rel == last.size and end != 0:
+            last.wrote = last.flushed = last.size
+            return
+        last.zero_from(rel)
+        last.wrote = rel
+        last.flushed = min(last.flushed, rel)
+
+    # --- writing ----------------------------------------------------------------------------
+    def reserve(self, size: int) -> int:
+        """The offset where a record of ``size`` bytes will go, rolling to a new segment first
+        when it does not fit (with a blank record filling the rest).  May raise OSError when a
+        new segment cannot be preallocated; nothing is written in that case."""
+        if size + END_MARKER_SIZE > self.segment_size:
+            raise ValueError(f"record of {size} bytes cannot fit in a segment")
+        seg = self.segments[-1] if self.segments else None
+        if seg is None:
+            seg = self._new_segment(0)
+        elif size + END_MARKER_SIZE > seg.remaining:
+            nxt = self._new_segment(seg.start + seg.size)  # may raise: nothing written yet
+            if seg.remaining >= END_MARKER_SIZE:
+                seg.append(_SIZE_MAGIC.pack(seg.remaining, BLANK_MAGIC))
+            seg.wrote = seg.size
+            seg = nxt
+        return seg.end
+
+    def write(self, offset: int, data: bytes) -> None:
+        seg = self.segments[-1]
+        if offset != seg.end:
+            raise ValueError(f"write at {offset} but the log ends at {seg.end}")
+        seg.append(data)
+
+    def _new_segment(self, start: int) -> MappedSegment:
+        seg = MappedSegment(self.dir / MappedSegment.file_name(start), start, self.segment_size, create=True)
+        self.segments.append(seg)
+        return seg
+
+    # --- reading ----------------------------------------------------------------------------
+    def _segment_for(self, offset: int) -> MappedSegment | None:
+        if not self.segments or offset < self.segments[0].start:
+            return None
+        idx = (offset - self.segments[0].start) // self.segment_size
+        if idx >= len(self.segments):
+            return None
+        seg = self.segments[idx]
+        return seg if seg.start <= offset < seg.start + seg.size else None
+
+    def read_raw(self, offset: int) -> bytes | None:
+        """The record at ``offset`` exactly as stored, or None if there is none."""
+        seg = self._segment_for(offset)
+        if seg is None:
+            return None
+        rel = offset - seg.start
+        if rel + MIN_RECORD_SIZE > seg.wrote:
+            return None
+        size, magic = _SIZE_MAGIC.unpack(seg.read(rel, 8))
+        if magic != MESSAGE_MAGIC or size < MIN_RECORD_SIZE or rel + size > seg.wrote:
+            return None
+        return seg.read(rel, size)
+
+    def read_at(self, offset: int, size: int) -> bytes | None:
+        """``size`` bytes at ``offset`` when they lie within written data (consume-queue reads)."""
+        seg = self._segment_for(offset)
+        if seg is None:
+            return None
+        rel = offset - seg.start
+        if size <= 0 or rel + size > seg.wrote:
+            return None
+        return seg.read(rel, size)
+
+    def scan(self, start: int = 0) -> Iterator[StoredMessage]:
+        """Every message record from ``start`` (a record boundary) to the end."""
+        offset = max(start, self.min_offset)
+        while offset < self.max_offset:
+            seg = self._segment_for(offset)
+            if seg is None:
+                return
+            rel = offset - seg.start
+            if rel + END_MARKER_SIZE > seg.wrote:
+                offset = seg.start + seg.size
+                continue
+            size, magic = _SIZE_MAGIC.unpack(seg.read(rel, 8))
+            if magic == BLANK_MAGIC:
+                offset = seg.start + seg.size
+                continue
+            if magic != MESSAGE_MAGIC or size < MIN_RECORD_SIZE or rel + size > seg.wrote:
+                return
+            yield decode_record(seg.read(rel, size))
+            offset += size
+
+    # --- recovery ---------------------------------------------------------------------------
+    def walk_valid(self, start: int) -> WalkResult:
+        """Validate records from ``start`` (a known-good boundary) record by record — length
+        bounds, magic and body CRC — and return where valid data ends.  Does not modify."""
+        if not self.segments:
+            return WalkResult(0, 0, 0)
+        start = max(start, self.min_offset)
+        offset = start
+        records = 0
+        while True:
+            seg = self._segment_for(offset)
+            if seg is None:
+                break
+            view = seg.view()
+            try:
+                rel = offset - seg.start
+                stop = False
+                while True:
+                    if rel + END_MARKER_SIZE > seg.size:
+                        rel = seg.size
+                        break
+                    size, magic = _SIZE_MAGIC.unpack_from(view, rel)
+                    if magic == BLANK_MAGIC and size == seg.size - rel:
+                        rel = seg.size
+                        break
+                    if magic != MESSAGE_MAGIC or size < MIN_RECORD_SIZE or rel + size > seg.size:
+                        stop = True
+                        break
+                    body_len = _CRC.unpack_from(view, rel + 84)[0]
+                    if body_len < 0 or 84 + 4 + body_len + 3 > size:
+                        stop = True
+                        break
+                    crc = _CRC.unpack_from(view, rel + 8)[0]
+                    if body_crc(view[rel + 88:rel + 88 + body_len]) != crc:
+                        stop = True
+                        break
+                    rel += size
+                    records += 1
+            finally:
+                view.release()
+            offset = seg.start + rel
+            if stop or rel < seg.size:
+                break
+            if self._segment_for(offset) is None:
+                break
+        return WalkResult(offset, records, offset - start)
+
+    def close(self) -> None:
+        for seg in self.segments:
+            seg.close()
+        self.segments.clear()
+

@@ -1,0 +1,141 @@
+"""Consume queues: the per-(topic, queue id) index into the commitlog.
+
+Each entry is 20 bytes — commitlog offset (int64), record size (int32), tag hash (int64) — so
+the queue offset a consumer sees is simply the entry index, and an entry is found by
+arithmetic.  Entries live in their own mapped segment files of ``entries_per_file`` entries,
+named by the byte offset of their first entry, like RocketMQ's.  An entry with size 0 is
+"not written": that is how a restart finds the end of a queue without any other metadata.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from txbroker.store.segment import MappedSegment
+
+ENTRY = struct.Struct(">qiq")
+ENTRY_SIZE = ENTRY.size  # 20
+
+
+class ConsumeQueue:
+    """One queue's index; single-threaded (the event loop), like the commitlog."""
+
+    def __init__(self, directory: Path, topic: str, queue_id: int, entries_per_file: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.dir = directory
+        self.file_size = entries_per_file * ENTRY_SIZE
+        self.entries_per_file = entries_per_file
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.files: list[MappedSegment] = [
+            MappedSegment(p, int(p.name), self.file_size, create=False)
+            for p in sorted(p for p in self.dir.iterdir() if p.name.isdigit())
+        ]
+        #: Entries before this index were deleted with their commitlog segments.
+        self.min_offset = self.files[0].start // ENTRY_SIZE if self.files else 0
+        self.max_offset = self._find_end()
+
+    def _find_end(self) -> int:
+        """Binary search for the first unwritten entry in the last file."""
+        if not self.files:
+            return 0
+        last = self.files[-1]
+        lo, hi = 0, self.entries_per_file
+        while lo < hi:
+            mid = (lo + hi) // 2
+            _, size, _ = ENTRY.unpack(last.read(mid * ENTRY_SIZE, ENTRY_SIZE))
+            if size > 0:
+                lo = mid + 1
+            else:
+                hi = mid
+        for f in self.files:
+            f.wrote = f.size
+        last.wrote = lo * ENTRY_SIZE
+        return last.start // ENTRY_SIZE + lo
+
+    def _file_for(self, index: int, *, create: bool) -> MappedSegment | None:
+        start = (index // self.entries_per_file) * self.file_size
+        if self.files and self.files[-1].start == start:
+            return self.files[-1]
+        for f in self.files:
+            if f.start == start:
+                return f
+        if not create:
+            return None
+        f = MappedSegment(self.dir / MappedSegment.file_name(start), start, self.file_size, create=True)
+        self.files.append(f)
+        self.files.sort(key=lambda s: s.start)
+        return f
+
+    def append(self, phys: int, size: int, tag_hash: int) -> int:
+        """Index a record; returns its queue offset."""
+        index = self.max_offset
+        self.put(index, phys, size, tag_hash)
+        return index
+
+    def put(self, index: int, phys: int, size: int, tag_hash: int) -> None:
+        """Write the entry at ``index`` (recovery repairs entries at their recorded offset)."""
+        f = self._file_for(index, create=True)
+        assert f is not None
+        rel = (index % self.entries_per_file) * ENTRY_SIZE
+        f.write_at(rel, ENTRY.pack(phys, size, tag_hash))
+        f.wrote = max(f.wrote, rel + ENTRY_SIZE)
+        if index >= self.max_offset:
+            self.max_offset = index + 1
+
+    def get(self, index: int) -> tuple[int, int, int] | None:
+        """(commitlog offset, size, tag hash) at ``index``, or None outside the queue."""
+        if index < self.min_offset or index >= self.max_offset:
+            return None
+        f = self._file_for(index, create=False)
+        if f is None:
+            return None
+        return ENTRY.unpack(f.read((index % self.entries_per_file) * ENTRY_SIZE, ENTRY_SIZE))
+
+    def truncate(self, new_max: int) -> int:
+        """Drop entries at or past ``new_max`` (they point past the valid commitlog)."""
+        dropped = 0
+        while self.max_offset > max(new_max, self.min_offset):
+            index = self.max_offset - 1
+            f = self._file_for(index, create=False)
+            if f is not None:
+                f.write_at((index % self.entries_per_file) * ENTRY_SIZE, bytes(ENTRY_SIZE))
+            self.max_offset = index
+            dropped += 1
+        for f in [f for f in self.files if f.start // ENTRY_SIZE > self.max_offset and f is not self.files[0]]:
+            self.files.remove(f)
+            f.destroy()
+        return dropped
+
+    def last_phys_end(self) -> int:
+        """Commitlog offset just past the last indexed record (0 when empty)."""
+        entry = self.get(self.max_offset - 1)
+        return entry[0] + entry[1] if entry else 0
+
+    def delete_below(self, min_phys: int) -> None:
+        """Retention: forget entries whose records lie before ``min_phys``."""
+        while self.min_offset < self.max_offset:
+            entry = self.get(self.min_offset)
+            if entry is None or entry[0] >= min_phys:
+                break
+            # Skip whole files at once when their last entry is also gone.
+            f = self._file_for(self.min_offset, create=False)
+            assert f is not None
+            last_index = f.start // ENTRY_SIZE + self.entries_per_file - 1
+            last = self.get(min(last_index, self.max_offset - 1))
+            if last is not None and last[0] < min_phys and last_index < self.max_offset - 1:
+                self.min_offset = last_index + 1
+                self.files.remove(f)
+                f.destroy()
+            else:
+                self.min_offset += 1
+
+    def sync(self) -> None:
+        for f in self.files[-2:]:
+            f.sync()
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+        self.files.clear()

@@ -1,0 +1,78 @@
+"""Consumer offsets: (group, topic, queue id) -> next offset to consume.
+
+Kept in memory and persisted as one JSON file, atomically: write a temp file, fsync it, rename
+it over the old one, fsync the directory.  A crash at any point leaves either the old or the new
+file whole, never a torn one — so a consumer's committed position never moves back past what
+was last persisted.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import orjson
+
+OffsetKey = tuple[str, str, int]
+
+
+class ConsumerOffsetStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offsets: dict[OffsetKey, int] = {}
+        self._dirty = False
+        if path.exists():
+            doc = orjson.loads(path.read_bytes())
+            for group, topics in doc.get("offsets", {}).items():
+                for topic, queues in topics.items():
+                    for qid, offset in queues.items():
+                        self._offsets[(group, topic, int(qid))] = int(offset)
+
+    def get(self, group: str, topic: str, queue_id: int) -> int | None:
+        return self._offsets.get((group, topic, queue_id))
+
+    def set(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        if offset < 0:
+            raise ValueError("consumer offset must be >= 0")
+        key = (group, topic, queue_id)
+        if self._offsets.get(key) != offset:
+            self._offsets[key] = offset
+            self._dirty = True
+
+    def groups(self) -> dict[str, dict[str, dict[int, int]]]:
+        out: dict[str, dict[str, dict[int, int]]] = {}
+        for (group, topic, qid), offset in self._offsets.items():
+            out.setdefault(group, {}).setdefault(topic, {})[qid] = offset
+        return out
+
+    def snapshot(self) -> bytes | None:
+        """The file content to persist, or None when nothing changed since the last one."""
+        if not self._dirty:
+            return None
+        self._dirty = False
+        doc = {"offsets": {g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()}
+                           for g, ts in self.groups().items()}}
+        return orjson.dumps(doc)
+
+    def write(self, data: bytes) -> None:
+        """Persist ``data`` atomically (blocking; runs in an executor on the hot path)."""
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dfd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def persist(self) -> bool:
+        data = self.snapshot()
+        if data is None:
+            return False
+        self.write(data)
+        return True
