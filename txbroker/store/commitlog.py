@@ -73,20 +73,29 @@ class CommitLog:
                 return seg.start + seg.flushed
         return self.min_offset
 
-    def set_end(self, end: int) -> None:
-        """Recovery: everything at or past ``end`` is not data (zeroed, later segments dropped)."""
+    def set_end(self, end: int) -> int:
+        """Recovery: everything at or past ``end`` is not data — zeroed, and segments that start
+        past it deleted.  Returns how many bytes of data were cut."""
+        cut = 0
         while self.segments and self.segments[-1].start > end:
-            self.segments.pop().destroy()
+            seg = self.segments.pop()
+            cut += seg.zero_from(0)
+            seg.destroy()
         if not self.segments:
-            return
+            return cut
         last = self.segments[-1]
         rel = end - last.start
-        if rel == last.size and end != 0:
+        if rel >= last.size:
             last.wrote = last.flushed = last.size
-            return
-        last.zero_from(rel)
+            return cut
+        cut += last.zero_from(rel)
         last.wrote = rel
-        last.flushed = min(last.flushed, rel)
+        return cut
+
+    def trust_end(self, end: int) -> None:
+        """Clean restart: the log ended at ``end``; nothing past it is read, nothing rescanned."""
+        last = self.segments[-1]
+        last.wrote = last.flushed = min(max(end - last.start, 0), last.size)
 
     # --- writing ----------------------------------------------------------------------------
     def reserve(self, size: int) -> int:

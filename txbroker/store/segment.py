@@ -16,6 +16,9 @@ import mmap
 import os
 from pathlib import Path
 
+_ZERO_CHUNK = 1024 * 1024
+_ZEROS = bytes(_ZERO_CHUNK)
+
 
 class SegmentFullError(Exception):
     """An append does not fit in what is left of the segment."""
@@ -84,13 +87,25 @@ class MappedSegment:
         return memoryview(self._mm)
 
     def zero_from(self, rel: int) -> int:
-        """Erase everything from ``rel`` on (a torn tail); returns how many data bytes were cut."""
-        cut = max(self.wrote - rel, 0)
-        if rel < self.size:
-            self._mm[rel:self.size] = bytes(self.size - rel)
+        """Erase everything from ``rel`` on (a torn or corrupt tail).
+
+        Every byte up to the end of the file is cleared, not just up to the first zero run:
+        stale records left behind could otherwise look valid to a later recovery.  Chunks that
+        are already zero are only compared, never written, so a mostly empty preallocated
+        segment is not dirtied.  Returns how many bytes held data (up to the last non-zero one).
+        """
+        cut_end = rel
+        pos = rel
+        while pos < self.size:
+            n = min(_ZERO_CHUNK, self.size - pos)
+            chunk = self._mm[pos:pos + n]
+            if chunk != _ZEROS[:n]:
+                cut_end = pos + len(chunk.rstrip(b"\x00"))
+                self._mm[pos:pos + n] = _ZEROS[:n]
+            pos += n
         self.wrote = min(self.wrote, rel)
         self.flushed = min(self.flushed, rel)
-        return cut
+        return cut_end - rel
 
     def sync(self) -> None:
         """Write dirty pages back to disk (blocking; run it in an executor)."""

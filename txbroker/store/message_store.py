@@ -1,0 +1,556 @@
+"""MessageStore: the one object the broker talks to for bytes on disk.
+
+It ties the commitlog, the consume queues, flushing, consumer offsets, recovery, the disk guard
+and retention together.  Everything runs on the event-loop thread: an append is a memcpy into
+a mapped segment plus a 20-byte index entry, so it never blocks; only flushes and offset
+persistence go to an executor.  ``put`` is ``async`` solely so that sync-flush mode can await
+the group commit.
+
+Dispatch rule (RocketMQ): a record whose transaction bits are PREPARED or ROLLBACK is stored
+but not indexed in any consume queue.  txbroker stores half messages in the half topic with
+those bits cleared, so halves *are* indexed there — in the half topic, invisible to consumers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import shutil
+import struct
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from txbroker.config import BrokerConfig
+from txbroker.store.checkpoint import Checkpoint, CheckpointFile
+from txbroker.store.commitlog import CommitLog
+from txbroker.store.consumequeue import ConsumeQueue
+from txbroker.store.flush import FlushService
+from txbroker.store.offsets import ConsumerOffsetStore
+from txbroker.store.record import (
+    MAX_PROPERTIES_BYTES,
+    MAX_TOPIC_BYTES,
+    TRANSACTION_MASK,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    Message,
+    RecordError,
+    StoredMessage,
+    create_offset_msg_id,
+    decode_record,
+    decode_records,
+    encode_record,
+    properties_to_string,
+    record_size,
+    tag_hash,
+)
+
+log = logging.getLogger(__name__)
+
+_STORE_TS = struct.Struct(">q")
+_STORE_TS_POS = 56  # STORETIMESTAMP within a record (IPv4 hosts)
+#: Consume-queue entries a single get may look at when a tag filter skips most of them.
+MAX_SCAN_ENTRIES = 800
+DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+#: Seconds between disk-usage probes; a put in between reuses the last answer.
+DISK_PROBE_INTERVAL = 1.0
+RETENTION_INTERVAL = 60.0
+
+DiskUsage = Callable[[str], tuple[int, int, int]]  # (total, used, free), as shutil.disk_usage
+
+
+class PutStatus(enum.Enum):
+    OK = "OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
+    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+
+
+@dataclass
+class PutResult:
+    status: PutStatus
+    physical_offset: int = -1
+    queue_offset: int = -1
+    msg_id: str = ""
+    store_timestamp: int = 0
+    size: int = 0
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Stored (a flush time-out still stored it; it is flushed later)."""
+        return self.status in (PutStatus.OK, PutStatus.FLUSH_DISK_TIMEOUT)
+
+
+class GetStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+
+
+@dataclass
+class GetResult:
+    status: GetStatus
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    raw: list[bytes] = field(default_factory=list)
+
+    def messages(self) -> list[StoredMessage]:
+        return decode_records(b"".join(self.raw))
+
+
+@dataclass
+class RecoveryReport:
+    clean: bool
+    start_offset: int = 0
+    end_offset: int = 0
+    records_scanned: int = 0
+    bytes_scanned: int = 0
+    bytes_cut: int = 0
+    queue_entries_repaired: int = 0
+    queue_entries_dropped: int = 0
+    seconds: float = 0.0
+
+
+class MessageStore:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        store_host: tuple[str, int] = ("127.0.0.1", 10911),
+        disk_usage: DiskUsage = shutil.disk_usage,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.store_host = store_host
+        self._disk_usage = disk_usage
+        self.root = Path(config.data_dir)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._checkpoint = CheckpointFile(self.root)
+        self.commitlog: CommitLog | None = None
+        self.queues_: dict[tuple[str, int], ConsumeQueue] = {}
+        self.offsets = ConsumerOffsetStore(self.root / "consumerOffset.json")
+        self._listeners: list[Callable[[str, int, int], None]] = []
+        self._flush: FlushService | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._disk_checked_at = -1e18
+        self._disk_refusal = ""
+        self._closed = True
+        self.puts = 0
+        self.put_bytes = 0
+        self.gets = 0
+        self.refusals = 0
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def open(self) -> RecoveryReport:
+        """Load segments and queues; after an unclean stop, validate the tail and repair."""
+        started = time.perf_counter()
+        clean = self._checkpoint.was_clean()
+        cp = self._checkpoint.load()
+        self.commitlog = CommitLog(self.root / "commitlog", self.config.segment_size)
+        self._load_queues()
+        report = RecoveryReport(clean=clean)
+        if clean and self.commitlog.segments and cp.commitlog_end >= self.commitlog.min_offset:
+            self.commitlog.trust_end(cp.commitlog_end)
+            report.end_offset = cp.commitlog_end
+        else:
+            start = max(cp.commitlog_safe, self.commitlog.min_offset)
+            walk = self.commitlog.walk_valid(start)
+            report.start_offset = start
+            report.end_offset = walk.end
+            report.records_scanned = walk.records
+            report.bytes_scanned = walk.bytes_scanned
+            report.bytes_cut = self.commitlog.set_end(walk.end)
+            repaired, dropped = self._repair_queues(start, walk.end)
+            report.queue_entries_repaired, report.queue_entries_dropped = repaired, dropped
+            if report.bytes_cut:
+                log.warning("commitlog tail after offset %d was torn or corrupt: %d bytes cut",
+                            walk.end, report.bytes_cut)
+        for cq in self.queues_.values():
+            cq.delete_below(self.commitlog.min_offset)
+        for seg in self.commitlog.segments:
+            seg.flushed = seg.wrote
+        self._checkpoint.mark_open()
+        self._closed = False
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _load_queues(self) -> None:
+        cq_root = self.root / "consumequeue"
+        cq_root.mkdir(parents=True, exist_ok=True)
+        for topic_dir in cq_root.iterdir():
+            if not topic_dir.is_dir():
+                continue
+            for qdir in topic_dir.iterdir():
+                if qdir.is_dir() and qdir.name.isdigit():
+                    self.queues_[(topic_dir.name, int(qdir.name))] = ConsumeQueue(
+                        qdir, topic_dir.name, int(qdir.name), self.config.consume_queue_entries)
+
+    def _repair_queues(self, start: int, end: int) -> tuple[int, int]:
+        """Consume queues after a crash: drop entries past the valid log, index what is missing."""
+        assert self.commitlog is not None
+        dropped = 0
+        for cq in self.queues_.values():
+            while cq.max_offset > cq.min_offset:
+                last = cq.get(cq.max_offset - 1)
+                if last is not None and last[0] + last[1] <= end:
+                    break
+                dropped += cq.truncate(cq.max_offset - 1)
+        repaired = 0
+        for msg in self.commitlog.scan(start):
+            if msg.physical_offset >= end:
+                break
+            if not _dispatched(msg.sys_flag):
+                continue
+            cq = self._queue(msg.topic, msg.queue_id)
+            have = cq.get(msg.queue_offset)
+            stale = have is None or have[0] != msg.physical_offset
+            if stale and msg.queue_offset >= cq.min_offset:
+                cq.put(msg.queue_offset, msg.physical_offset, msg.store_size, tag_hash(msg.tags))
+                repaired += 1
+        return repaired, dropped
+
+    async def start(self) -> None:
+        """Start the background tasks: flushing, checkpoints, offset persistence, retention."""
+        assert self.commitlog is not None
+        if self.config.flush_mode == "sync":
+            self._flush = FlushService(self._flush_commitlog, lambda: self.max_physical_offset)
+            self._flush.start()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._periodic(self.config.flush_interval, self._checkpoint_once), name="txbroker-flush"),
+            loop.create_task(self._periodic(self.config.offset_persist_interval, self._persist_offsets),
+                             name="txbroker-offsets"),
+            loop.create_task(self._periodic(min(RETENTION_INTERVAL, self.config.file_reserved_time),
+                                            self._retention_once), name="txbroker-retention"),
+        ]
+
+    async def close(self) -> None:
+        """Final flush, offsets persisted, clean-shutdown marker."""
+        if self._closed:
+            return
+        self._closed = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+        if self._flush is not None:
+            await self._flush.close()
+        assert self.commitlog is not None
+        loop = asyncio.get_running_loop()
+        end = self.max_physical_offset
+        await loop.run_in_executor(None, self._flush_all)
+        data = self.offsets.snapshot()
+        if data is not None:
+            await loop.run_in_executor(None, self.offsets.write, data)
+        self._checkpoint.save(Checkpoint(commitlog_safe=end, commitlog_end=end))
+        self._checkpoint.mark_clean()
+        for cq in self.queues_.values():
+            cq.close()
+        self.commitlog.close()
+
+    async def _periodic(self, interval: float, fn: Callable[[], object]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                result = fn()
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:
+                log.exception("store background task %s failed", getattr(fn, "__name__", fn))
+
+    # --- flushing -------------------------------------------------------------------------------
+    def _flush_commitlog(self, target: int) -> int:
+        """Blocking: fdatasync every segment holding bytes before ``target``."""
+        assert self.commitlog is not None
+        for seg in list(self.commitlog.segments):
+            if seg.flushed < seg.wrote and seg.start < target:
+                wrote = seg.wrote
+                seg.sync()
+                seg.flushed = max(seg.flushed, wrote)
+        return target
+
+    def _flush_all(self) -> None:
+        self._flush_commitlog(self.max_physical_offset)
+        for cq in list(self.queues_.values()):
+            cq.sync()
+
+    async def _checkpoint_once(self) -> None:
+        """Flush log and queues, then record how far both are durable (recovery starts there)."""
+        end = self.max_physical_offset
+        await asyncio.get_running_loop().run_in_executor(None, self._flush_all)
+        if not self._closed:
+            self._checkpoint.save(Checkpoint(commitlog_safe=end, commitlog_end=0))
+
+    async def _persist_offsets(self) -> None:
+        data = self.offsets.snapshot()
+        if data is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.offsets.write, data)
+
+    # --- disk guard and retention ----------------------------------------------------------------
+    def _disk_full_reason(self) -> str:
+        now = time.monotonic()
+        if now - self._disk_checked_at >= DISK_PROBE_INTERVAL:
+            self._disk_checked_at = now
+            try:
+                total, used, _free = self._disk_usage(str(self.root))
+                ratio = used / total if total else 1.0
+            except OSError as exc:
+                self._disk_refusal = f"cannot read disk usage: {exc}"
+            else:
+                limit = self.config.disk_max_used_ratio
+                self._disk_refusal = (
+                    f"disk {ratio:.1%} full, above disk_max_used_ratio {limit:.0%}; writes refused"
+                    if ratio > limit else "")
+        return self._disk_refusal
+
+    def recheck_disk(self) -> str:
+        """Probe the disk now (operators, tests); returns the refusal reason or ''."""
+        self._disk_checked_at = -1e18
+        return self._disk_full_reason()
+
+    def delete_expired(self, now: float | None = None) -> int:
+        """Delete closed segments last written before ``file_reserved_time``; returns how many."""
+        assert self.commitlog is not None
+        limit = (self.clock() if now is None else now) - self.config.file_reserved_time
+        deleted = 0
+        while len(self.commitlog.segments) > 1:
+            seg = self.commitlog.segments[0]
+            try:
+                mtime = seg.path.stat().st_mtime
+            except OSError:
+                mtime = 0.0
+            if mtime > limit:
+                break
+            self.commitlog.segments.pop(0).destroy()
+            deleted += 1
+            log.info("retention: deleted commitlog segment %s", seg.path.name)
+        if deleted:
+            for cq in self.queues_.values():
+                cq.delete_below(self.commitlog.min_offset)
+        return deleted
+
+    def _retention_once(self) -> None:
+        self.delete_expired()
+
+    # --- writing ----------------------------------------------------------------------------------
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self.queues_.get((topic, queue_id))
+        if cq is None:
+            cq = ConsumeQueue(self.root / "consumequeue" / topic / str(queue_id), topic, queue_id,
+                              self.config.consume_queue_entries)
+            self.queues_[(topic, queue_id)] = cq
+        return cq
+
+    def _append(self, msg: Message) -> PutResult:
+        """Validate and append one message (synchronous, on the loop thread)."""
+        if self._closed or self.commitlog is None:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason="store is closed")
+        refusal = self._disk_full_reason()
+        if refusal:
+            self.refusals += 1
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=refusal)
+        if len(msg.body) > self.config.max_message_size:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL,
+                             reason=f"body of {len(msg.body)} bytes exceeds max_message_size {self.config.max_message_size}")
+        topic_len = len(msg.topic.encode())
+        if not 0 < topic_len <= MAX_TOPIC_BYTES:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"topic must be 1..{MAX_TOPIC_BYTES} bytes")
+        if msg.queue_id < 0:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="queue id must be >= 0")
+        props = properties_to_string(msg.properties)
+        props_len = len(props.encode())
+        if props_len > MAX_PROPERTIES_BYTES:
+            return PutResult(PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                             reason=f"properties of {props_len} bytes exceed {MAX_PROPERTIES_BYTES}")
+        size = record_size(len(msg.body), topic_len, props_len)
+        store_ts = msg.store_timestamp or int(self.clock() * 1000)
+        dispatch = _dispatched(msg.sys_flag)
+        cq = self._queue(msg.topic, msg.queue_id) if dispatch else None
+        queue_offset = cq.max_offset if cq is not None else 0
+        try:
+            phys = self.commitlog.reserve(size)
+        except OSError as exc:
+            self.refusals += 1
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE,
+                             reason=f"cannot preallocate a commitlog segment: {exc.strerror or exc}")
+        data = encode_record(msg, physical_offset=phys, queue_offset=queue_offset,
+                             store_timestamp=store_ts, store_host=self.store_host, properties=props)
+        self.commitlog.write(phys, data)
+        if cq is not None:
+            cq.put(queue_offset, phys, size, tag_hash(msg.properties.get("TAGS")))
+        self.puts += 1
+        self.put_bytes += size
+        result = PutResult(PutStatus.OK, phys, queue_offset,
+                           create_offset_msg_id(self.store_host[0], self.store_host[1], phys),
+                           store_ts, size)
+        if cq is not None:
+            for fn in self._listeners:
+                fn(msg.topic, msg.queue_id, cq.max_offset)
+        return result
+
+    async def _await_flush(self, results: list[PutResult]) -> None:
+        if self._flush is None:
+            return
+        stored = [r for r in results if r.status is PutStatus.OK]
+        if not stored:
+            return
+        end = max(r.physical_offset + r.size for r in stored)
+        try:
+            ok = await self._flush.wait_flushed(end, self.config.sync_flush_timeout)
+        except OSError as exc:
+            log.error("flush failed: %s", exc)
+            ok = False
+        if not ok:
+            for r in stored:
+                r.status = PutStatus.FLUSH_DISK_TIMEOUT
+
+    async def put(self, msg: Message) -> PutResult:
+        result = self._append(msg)
+        await self._await_flush([result])
+        return result
+
+    async def put_batch(self, msgs: list[Message]) -> list[PutResult]:
+        """Append all, then wait for one flush covering them all (sync mode)."""
+        results = [self._append(m) for m in msgs]
+        await self._await_flush(results)
+        return results
+
+    def add_listener(self, fn: Callable[[str, int, int], None]) -> None:
+        """``fn(topic, queue_id, new_max_offset)`` after each indexed append (long polling)."""
+        self._listeners.append(fn)
+
+    # --- reading ----------------------------------------------------------------------------------
+    def get(self, topic: str, queue_id: int, offset: int, max_count: int,
+            max_bytes: int = DEFAULT_MAX_BYTES, tag_filter: set[int] | None = None) -> GetResult:
+        self.gets += 1
+        cq = self.queues_.get((topic, queue_id))
+        if cq is None:
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        lo, hi = cq.min_offset, cq.max_offset
+        if hi == 0:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
+        if offset < lo:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi)
+        if offset == hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi)
+        if offset > hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
+        assert self.commitlog is not None
+        raw: list[bytes] = []
+        total = 0
+        index = offset
+        scan_limit = offset + max(max_count, MAX_SCAN_ENTRIES)
+        missing = False
+        while index < hi and index < scan_limit and len(raw) < max_count:
+            entry = cq.get(index)
+            if entry is None:
+                break
+            phys, size, thash = entry
+            if tag_filter is not None and thash not in tag_filter:
+                index += 1
+                continue
+            if raw and total + size > max_bytes:
+                break
+            data = self.commitlog.read_at(phys, size)
+            if data is None:
+                missing = True
+                index += 1
+                continue
+            raw.append(data)
+            total += size
+            index += 1
+        if raw:
+            status = GetStatus.FOUND
+        elif missing:
+            status = GetStatus.OFFSET_FOUND_NULL
+        else:
+            status = GetStatus.NO_MATCHED_MESSAGE
+        return GetResult(status, index, lo, hi, raw)
+
+    def read(self, physical_offset: int) -> StoredMessage | None:
+        raw = self.read_raw(physical_offset)
+        if raw is None:
+            return None
+        try:
+            return decode_record(raw)
+        except RecordError:
+            return None
+
+    def read_raw(self, physical_offset: int) -> bytes | None:
+        if self.commitlog is None or physical_offset < 0:
+            return None
+        return self.commitlog.read_raw(physical_offset)
+
+    def scan(self, start_physical_offset: int = 0) -> Iterator[StoredMessage]:
+        assert self.commitlog is not None
+        return self.commitlog.scan(start_physical_offset)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.queues_.get((topic, queue_id))
+        return cq.min_offset if cq else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.queues_.get((topic, queue_id))
+        return cq.max_offset if cq else 0
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """First queue offset whose store timestamp is >= ``timestamp_ms`` (max offset if none)."""
+        cq = self.queues_.get((topic, queue_id))
+        if cq is None or cq.max_offset == cq.min_offset:
+            return cq.max_offset if cq else 0
+        assert self.commitlog is not None
+        lo, hi = cq.min_offset, cq.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            entry = cq.get(mid)
+            data = self.commitlog.read_at(entry[0] + _STORE_TS_POS, 8) if entry else None
+            ts = _STORE_TS.unpack(data)[0] if data else -1
+            if ts < timestamp_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def queues(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for topic, qid in sorted(self.queues_):
+            out.setdefault(topic, []).append(qid)
+        return out
+
+    @property
+    def max_physical_offset(self) -> int:
+        return self.commitlog.max_offset if self.commitlog else 0
+
+    @property
+    def min_physical_offset(self) -> int:
+        return self.commitlog.min_offset if self.commitlog else 0
+
+    def stats(self) -> dict[str, int | str]:
+        return {
+            "puts": self.puts, "put_bytes": self.put_bytes, "gets": self.gets,
+            "refusals": self.refusals,
+            "commitlog_min_offset": self.min_physical_offset,
+            "commitlog_max_offset": self.max_physical_offset,
+            "commitlog_segments": len(self.commitlog.segments) if self.commitlog else 0,
+            "consume_queues": len(self.queues_),
+            "group_commit_flushes": self._flush.flushes if self._flush else 0,
+            "disk_refusal": self._disk_refusal,
+        }
+
+
+def _dispatched(sys_flag: int) -> bool:
+    return (sys_flag & TRANSACTION_MASK) not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
