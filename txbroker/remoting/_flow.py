@@ -1,9 +1,9 @@
-"""Shared transport plumbing for the server and client: running handlers, corked writes.
+"""Running request handlers cheaply, shared by the server and the client.
 
-Both ends of a remoting connection do the same three things on the hot path, so they share
-them here: run a request handler without a task when it finishes without waiting (most do),
-coalesce the frames written in one event-loop turn into one ``writelines`` call, and let
-writers wait while the transport is above its write high-water mark.
+Most handlers finish without ever waiting (a lookup, an append to a buffer, a no-op), yet an
+``asyncio.Task`` per request costs more than the handler itself.  So the first step of a
+handler's coroutine runs inline; only a handler that actually waits gets a task, which then
+drives the rest of the same coroutine.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ def run_fast(coro: Coroutine[Any, Any, Any], on_done: Callable[[Any, BaseExcepti
     except BaseException as exc:  # noqa: BLE001 - handed to on_done, which decides
         on_done(None, exc)
         return None
-    return loop.create_task(_continue(coro, yielded, on_done))
+    return loop.create_task(continue_coroutine(coro, yielded, on_done))
 
 
-async def _continue(coro: Coroutine[Any, Any, Any], yielded: Any,
+async def continue_coroutine(coro: Coroutine[Any, Any, Any], yielded: Any,
                     on_done: Callable[[Any, BaseException | None], None]) -> None:
     """Drive a coroutine whose first step already ran and yielded ``yielded``.
 

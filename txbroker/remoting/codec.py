@@ -56,7 +56,7 @@ _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 _LANG_BY_NAME = {lang.name: int(lang) for lang in LanguageCode}
 _LANG_BY_CODE = {int(lang): lang.name for lang in LanguageCode}
-_SERIALIZE_NAMES = {SerializeType.JSON: "JSON", SerializeType.ROCKETMQ: "ROCKETMQ"}
+_JSON = SerializeType.JSON
 
 
 class ProtocolError(Exception):
@@ -109,9 +109,8 @@ class RemotingCommand:
     def response(self, code: int = ResponseCode.SUCCESS, remark: str | None = None,
                  ext: dict[str, str] | None = None, body: bytes = b"") -> RemotingCommand:
         """The answer to this request: same opaque and serialization, response bit set."""
-        return RemotingCommand(code=int(code), opaque=self.opaque, flag=FLAG_RESPONSE,
-                               remark=remark, ext_fields=dict(ext) if ext else {}, body=body,
-                               serialize_type=self.serialize_type)
+        return RemotingCommand(code, self.opaque, FLAG_RESPONSE, "PYTHON", VERSION_4_9_8, remark,
+                               dict(ext) if ext else {}, body, self.serialize_type)
 
 
 # --- framing ----------------------------------------------------------------------------------
@@ -157,6 +156,8 @@ def _check_mark(mark: int, total: int) -> int:
 
 def decode_frame(frame: bytes | bytearray | memoryview) -> RemotingCommand:
     """Decode exactly one whole frame (as delimited by :func:`frame_length`)."""
+    if isinstance(frame, memoryview):
+        frame = frame.tobytes()
     if len(frame) < PREFIX_SIZE:
         raise ProtocolError(f"frame of {len(frame)} bytes is shorter than its 8-byte prefix")
     total = _LEN.unpack_from(frame, 0)[0]
@@ -165,21 +166,22 @@ def decode_frame(frame: bytes | bytearray | memoryview) -> RemotingCommand:
     if total != len(frame) - 4:
         raise ProtocolError(f"frame length field {total} does not match the "
                             f"{len(frame) - 4} bytes given")
-    return _decode_at(memoryview(frame), 0, 4 + total)
+    return _decode_at(frame, 0, 4 + total)
 
 
-def _decode_at(view: memoryview, pos: int, n: int) -> RemotingCommand:
+def _decode_at(buf: bytes | bytearray, pos: int, n: int) -> RemotingCommand:
     """Decode the frame of ``n`` bytes at ``pos``; its length field is already checked."""
-    mark = _LEN.unpack_from(view, pos + 4)[0]
+    mark = _LEN.unpack_from(buf, pos + 4)[0]
     header_len = _check_mark(mark, n - 4)
     start = pos + PREFIX_SIZE
-    header = view[start:start + header_len]
+    end = start + header_len
     if mark >> 24:
-        cmd = _decode_binary_header(header)
+        cmd = _decode_binary_header(memoryview(buf)[start:end])
     else:
-        cmd = _decode_json_header(header)
-    if start + header_len < pos + n:
-        cmd.body = bytes(view[start + header_len:pos + n])
+        cmd = _decode_json_header(buf[start:end])
+    if end < pos + n:
+        body = buf[end:pos + n]
+        cmd.body = body if body.__class__ is bytes else bytes(body)
     return cmd
 
 
@@ -220,7 +222,7 @@ def _ext_value(value: Any, key: str) -> str | None:
                         f"got {_json_type(value)}")
 
 
-def _decode_json_header(raw: memoryview) -> RemotingCommand:
+def _decode_json_header(raw: bytes | bytearray) -> RemotingCommand:
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -231,10 +233,21 @@ def _decode_json_header(raw: memoryview) -> RemotingCommand:
         raise ProtocolError(f"header is not valid JSON: {exc}") from None
     if doc.__class__ is not dict:
         raise ProtocolError(f"JSON header must be an object, got {_json_type(doc)}")
-    if "code" not in doc:
-        raise ProtocolError("JSON header has no 'code'")
-    code = _int_field(doc, "code", 0)
-    language = doc.get("language", "JAVA")
+    get = doc.get
+    code = get("code")
+    opaque = get("opaque", 0)
+    flag = get("flag", 0)
+    version = get("version", 0)
+    # Fast check of the four integers; the slow path says which one is wrong.
+    if not (code.__class__ is int and opaque.__class__ is int and flag.__class__ is int
+            and version.__class__ is int and _INT32_MIN <= code <= _INT32_MAX
+            and _INT32_MIN <= opaque <= _INT32_MAX and _INT32_MIN <= flag <= _INT32_MAX
+            and _INT32_MIN <= version <= _INT32_MAX):
+        if code is None:
+            raise ProtocolError("JSON header has no 'code'")
+        for name in ("code", "opaque", "flag", "version"):
+            _int_field(doc, name, 0)
+    language = get("language", "JAVA")
     if language.__class__ is not str:
         # Some writers emit the enum ordinal; accept it, reject anything else.
         if language.__class__ is int and language in _LANG_BY_CODE:
@@ -242,55 +255,57 @@ def _decode_json_header(raw: memoryview) -> RemotingCommand:
         else:
             raise ProtocolError(f"header field 'language' must be a language name, "
                                 f"got {_json_type(language)}")
-    remark = doc.get("remark")
+    remark = get("remark")
     if remark is not None and remark.__class__ is not str:
         raise ProtocolError(f"header field 'remark' must be a string, got {_json_type(remark)}")
-    ext_raw = doc.get("extFields")
-    ext: dict[str, str] = {}
-    if ext_raw is not None:
-        if ext_raw.__class__ is not dict:
-            raise ProtocolError(f"header field 'extFields' must be an object, "
-                                f"got {_json_type(ext_raw)}")
-        for key, value in ext_raw.items():
-            if value.__class__ is str:
-                ext[key] = value
-            else:
-                text = _ext_value(value, key)
-                if text is not None:
-                    ext[key] = text
-    serialize = doc.get("serializeTypeCurrentRPC")
+    ext = get("extFields")
+    if ext is None:
+        ext = {}
+    elif ext.__class__ is not dict:
+        raise ProtocolError(f"header field 'extFields' must be an object, got {_json_type(ext)}")
+    else:
+        for value in ext.values():
+            if value.__class__ is not str:
+                ext = _normalise_ext(ext)
+                break
+    serialize = get("serializeTypeCurrentRPC")
     if serialize is not None and serialize.__class__ is not str:
         raise ProtocolError("header field 'serializeTypeCurrentRPC' must be a string, "
                             f"got {_json_type(serialize)}")
-    return RemotingCommand(
-        code,
-        _int_field(doc, "opaque", 0),
-        _int_field(doc, "flag", 0),
-        language,
-        _int_field(doc, "version", 0),
-        remark,
-        ext,
-        b"",
-        SerializeType.JSON,
-    )
+    return RemotingCommand(code, opaque, flag, language, version, remark, ext, b"", _JSON)
+
+
+def _normalise_ext(ext: dict[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in ext.items():
+        text = _ext_value(value, key)
+        if text is not None:
+            out[key] = text
+    return out
 
 
 def _encode_json_header(cmd: RemotingCommand) -> bytes:
-    # fastjson's sorted key order; null fields left out as fastjson does.  extFields is always
+    # fastjson's sorted key order, null fields left out as fastjson does.  extFields is always
     # written on responses (the C++ client dereferences it unconditionally) and only ever
     # with string values (it ignores numbers).
-    doc: dict[str, Any] = {"code": int(cmd.code)}
     ext = cmd.ext_fields
-    if ext or cmd.flag & FLAG_RESPONSE:
-        doc["extFields"] = _string_map(ext)
-    doc["flag"] = cmd.flag
-    doc["language"] = cmd.language
-    doc["opaque"] = cmd.opaque
-    if cmd.remark is not None:
-        doc["remark"] = cmd.remark
-    doc["serializeTypeCurrentRPC"] = "JSON"
-    doc["version"] = cmd.version
-    return orjson.dumps(doc)
+    if ext:
+        ext = _string_map(ext)
+    elif not cmd.flag & FLAG_RESPONSE:
+        ext = None
+    if cmd.remark is None:
+        if ext is None:
+            return orjson.dumps({"code": cmd.code, "flag": cmd.flag, "language": cmd.language,
+                                 "opaque": cmd.opaque, "serializeTypeCurrentRPC": "JSON",
+                                 "version": cmd.version})
+        return orjson.dumps({"code": cmd.code, "extFields": ext, "flag": cmd.flag,
+                             "language": cmd.language, "opaque": cmd.opaque,
+                             "serializeTypeCurrentRPC": "JSON", "version": cmd.version})
+    doc = {"code": cmd.code, "flag": cmd.flag, "language": cmd.language, "opaque": cmd.opaque,
+           "remark": cmd.remark, "serializeTypeCurrentRPC": "JSON", "version": cmd.version}
+    if ext is not None:
+        doc["extFields"] = ext
+    return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
 
 
 def _string_map(ext: dict[str, Any]) -> dict[str, str]:
@@ -388,13 +403,11 @@ def encode(cmd: RemotingCommand) -> bytes:
     else:
         header = _encode_json_header(cmd)
         kind = 0
+    header_len = len(header)
+    if header_len > MAX_HEADER_SIZE:
+        raise ValueError(f"header of {header_len} bytes exceeds {MAX_HEADER_SIZE}")
     body = cmd.body
-    if len(header) > MAX_HEADER_SIZE:
-        raise ValueError(f"header of {len(header)} bytes exceeds {MAX_HEADER_SIZE}")
-    prefix = _PREFIX.pack(4 + len(header) + len(body), kind | len(header))
-    if body:
-        return b"".join((prefix, header, body))
-    return prefix + header
+    return _PREFIX.pack(4 + header_len + len(body), kind | header_len) + header + body
 
 
 # --- incremental decoder ----------------------------------------------------------------------
@@ -424,27 +437,46 @@ class FrameDecoder:
         return len(self._buf)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[RemotingCommand]:
+        """Decode every whole frame now available; keep the incomplete rest."""
         if self._failed is not None:
             raise ProtocolError(f"decoder already failed: {self._failed}")
         if self._buf:
             self._buf += data
-            src: bytes | bytearray | memoryview = self._buf
+            src: bytes | bytearray = self._buf
+        elif data.__class__ is bytes:
+            src = data  # type: ignore[assignment]  # common case: parse the received bytes, no copy
         else:
-            src = data  # common case: parse straight from the received bytes, no copy
+            src = bytes(data)
         out: list[RemotingCommand] = []
         pos = 0
+        end = len(src)
         limit = self.max_frame_size
-        view = memoryview(src)
+        unpack = _PREFIX.unpack_from
         try:
-            try:
-                while True:
-                    n = frame_length(src, limit, pos)
+            # Hot path inlined: a well-formed JSON frame costs one unpack and one slice.
+            while end - pos >= PREFIX_SIZE:
+                total, mark = unpack(src, pos)
+                stop = pos + 4 + total
+                header_len = mark & 0xFFFFFF
+                if (mark >> 24 or total < MIN_TOTAL_LENGTH or stop - pos > limit
+                        or header_len > total - 4 or header_len > MAX_HEADER_SIZE):
+                    n = frame_length(src, limit, pos)  # raises for a bad prefix
                     if n is None:
                         break
-                    out.append(_decode_at(view, pos, n))
+                    out.append(_decode_at(src, pos, n))  # a binary header
                     pos += n
-            finally:
-                view.release()
+                    continue
+                if stop > end:
+                    break
+                start = pos + PREFIX_SIZE
+                cmd = _decode_json_header(src[start:start + header_len])
+                if start + header_len < stop:
+                    body = src[start + header_len:stop]
+                    cmd.body = body if body.__class__ is bytes else bytes(body)
+                out.append(cmd)
+                pos = stop
+            if pos < end:
+                frame_length(src, limit, pos)  # refuse a bad partial prefix early
         except ProtocolError as exc:
             self._failed = exc
             self._buf = bytearray()
@@ -452,6 +484,6 @@ class FrameDecoder:
         if src is self._buf:
             if pos:
                 del self._buf[:pos]
-        elif pos < len(src):
+        elif pos < end:
             self._buf = bytearray(src[pos:])
         return out

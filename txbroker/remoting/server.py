@@ -31,10 +31,11 @@ import itertools
 import logging
 import socket
 from collections.abc import Awaitable, Callable
+from types import CoroutineType
 from typing import Any
 
 from txbroker.config import BrokerConfig
-from txbroker.remoting._flow import run_fast
+from txbroker.remoting._flow import continue_coroutine
 from txbroker.remoting.codec import (
     FrameDecoder,
     ProtocolError,
@@ -108,7 +109,9 @@ class Connection(asyncio.Protocol):
         # server-to-client requests
         self._opaques = itertools.count(_SERVER_OPAQUE_START)
         self._pending: dict[int, asyncio.Future] = {}
-        self.stats = {"requests": 0, "responses": 0, "errors": 0}
+        #: Counters: requests started, handlers that raised (not HeaderError).
+        self.requests = 0
+        self.handler_errors = 0
 
     # --- lifecycle ---------------------------------------------------------------------
     @property
@@ -220,7 +223,7 @@ class Connection(asyncio.Protocol):
 
     def _dispatch(self, cmd: RemotingCommand) -> None:
         self._inflight += 1
-        self.stats["requests"] += 1
+        self.requests += 1
         server = self.server
         handler = server._handlers.get(cmd.code) or server._default_handler
         if handler is None:
@@ -228,20 +231,25 @@ class Connection(asyncio.Protocol):
                                            f" request type {cmd.code} not supported"), None)
             return
         try:
-            result = handler(self, cmd)
-        except BaseException as exc:  # noqa: BLE001 - a synchronous handler's failure
+            coro = handler(self, cmd)
+            if coro.__class__ is not CoroutineType:
+                if isinstance(coro, Awaitable):
+                    coro = _await(coro)
+                else:  # a plain function's result
+                    self._finish(cmd, coro, None)
+                    return
+            # First step inline (see _flow.run_fast): most handlers finish without waiting.
+            yielded = coro.send(None)
+        except StopIteration as stop:
+            self._finish(cmd, stop.value, None)
+            return
+        except BaseException as exc:  # noqa: BLE001 - becomes the error answer
             self._finish(cmd, None, exc)
             return
-        if not asyncio.iscoroutine(result):
-            if isinstance(result, asyncio.Future):
-                result = _await(result)
-            else:
-                self._finish(cmd, result, None)
-                return
-        task = run_fast(result, lambda value, exc: self._finish(cmd, value, exc), self._loop)
-        if task is not None:
-            self._tasks.add(task)
-            task.add_done_callback(self._task_done)
+        task = self._loop.create_task(
+            continue_coroutine(coro, yielded, lambda value, exc: self._finish(cmd, value, exc)))
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
@@ -262,7 +270,7 @@ class Connection(asyncio.Protocol):
         elif isinstance(exc, asyncio.CancelledError):
             response = None  # shutting down: the connection is about to close
         elif isinstance(exc, Exception):
-            self.stats["errors"] += 1
+            self.handler_errors += 1
             log.error("handler for code %d on connection %d failed", cmd.code, self.id,
                       exc_info=exc)
             response = cmd.response(ResponseCode.SYSTEM_ERROR,
@@ -274,11 +282,11 @@ class Connection(asyncio.Protocol):
             response.flag |= FLAG_RESPONSE
             response.serialize_type = cmd.serialize_type
             try:
-                self._write(encode(response))
+                frame = encode(response)
             except Exception:
                 log.exception("encoding the response to code %d failed", cmd.code)
-            else:
-                self.stats["responses"] += 1
+                frame = encode(cmd.response(ResponseCode.SYSTEM_ERROR, "response not encodable"))
+            self._write(frame)
         if self._backlog:
             self._admit()
 

@@ -1,0 +1,229 @@
+"""Remoting round trips on loopback, against the raw ceiling of a minimal asyncio echo.
+
+    python -m bench.remoting [--seconds 3] [--body 256]
+
+The server runs in a separate process (this machine has 2 cores: one serves, one loads), on
+uvloop.  Three servers are measured in one run, each in its own process:
+
+* **echo** — the ceiling: a minimal ``asyncio.Protocol`` that sends back every length-prefixed
+  frame it receives, one write per read.  No decoding, no dispatch.
+* **txbroker** — :class:`RemotingServer` with a no-op handler that answers each request with
+  its body (so both directions carry the same bytes as the echo).
+
+Two load generators: **raw**, a minimal protocol that sends pre-encoded request frames and
+counts whole answer frames (it measures the server, not the client), and **client**, the real
+:class:`RemotingClient` with ``invoke`` (end to end, what the SDK sees).  Each row runs for a
+bounded time after a short warm-up.  Shapes: 1 connection sequential, 1 connection with 64
+requests in flight, 64 connections with one in flight each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+from txbroker.config import BrokerConfig
+from txbroker.remoting.client import RemotingClient
+from txbroker.remoting.codec import RemotingCommand, encode
+from txbroker.remoting.server import RemotingServer, new_event_loop
+
+CODE = 10
+WARMUP = 0.3
+
+
+# --- servers (child process) -------------------------------------------------------------------
+
+
+class _Echo(asyncio.Protocol):
+    """The ceiling: echo whole length-prefixed frames, one write per read."""
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.buf = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        end = 0
+        n = len(buf)
+        while n - end >= 4:
+            size = 4 + int.from_bytes(buf[end:end + 4], "big")
+            if n - end < size:
+                break
+            end += size
+        if end:
+            self.transport.write(bytes(buf[:end]))
+            del buf[:end]
+
+
+async def _serve(kind: str) -> None:
+    loop = asyncio.get_running_loop()
+    if kind == "echo":
+        server = await loop.create_server(_Echo, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+    else:
+        remoting = RemotingServer(BrokerConfig(max_connections=1024))
+
+        async def noop(conn, cmd):
+            return cmd.response(body=cmd.body)
+
+        remoting.register(CODE, noop)
+        port = await remoting.start("127.0.0.1", 0)
+    print(f"PORT {port}", flush=True)
+    await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes our stdin
+
+
+# --- load generators ---------------------------------------------------------------------------
+
+
+class _RawLoad(asyncio.Protocol):
+    """Keeps ``depth`` frames in flight on one connection and counts answers."""
+
+    def __init__(self, frame: bytes, depth: int, stats: dict) -> None:
+        self.frame, self.depth, self.stats = frame, depth, stats
+        self.buf = bytearray()
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        transport.write(self.frame * self.depth)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        end = done = 0
+        n = len(buf)
+        while n - end >= 4:
+            size = 4 + int.from_bytes(buf[end:end + 4], "big")
+            if n - end < size:
+                break
+            end += size
+            done += 1
+        if end:
+            del buf[:end]
+            self.stats["n"] += done
+            if self.stats["run"]:
+                self.transport.write(self.frame * done)
+
+
+async def _measure(stats: dict, seconds: float) -> float:
+    await asyncio.sleep(WARMUP)
+    n0, t0 = stats["n"], time.perf_counter()
+    await asyncio.sleep(seconds)
+    n1, t1 = stats["n"], time.perf_counter()
+    stats["run"] = False
+    return (n1 - n0) / (t1 - t0)
+
+
+async def raw_load(port: int, frame: bytes, conns: int, depth: int, seconds: float) -> float:
+    loop = asyncio.get_running_loop()
+    stats = {"n": 0, "run": True}
+    transports = []
+    for _ in range(conns):
+        t, _p = await loop.create_connection(lambda: _RawLoad(frame, depth, stats), "127.0.0.1", port)
+        transports.append(t)
+    rate = await _measure(stats, seconds)
+    for t in transports:
+        t.close()
+    return rate
+
+
+async def client_load(port: int, body: bytes, conns: int, depth: int, seconds: float) -> float:
+    stats = {"n": 0, "run": True}
+    clients = [RemotingClient(f"127.0.0.1:{port}") for _ in range(conns)]
+    for c in clients:
+        await c.connect()
+
+    async def worker(c: RemotingClient) -> None:
+        while stats["run"]:
+            await c.invoke(RemotingCommand.request(CODE, {"topic": "BenchTopic", "queueId": "0"}, body), 10.0)
+            stats["n"] += 1
+
+    tasks = [asyncio.create_task(worker(c)) for c in clients for _ in range(depth)]
+    rate = await _measure(stats, seconds)
+    await asyncio.gather(*tasks)
+    for c in clients:
+        await c.close()
+    return rate
+
+
+# --- driver ------------------------------------------------------------------------------------
+
+
+class _ServerProcess:
+    def __init__(self, kind: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.remoting", "--serve", kind],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line.startswith("PORT "):
+            self.stop()
+            raise RuntimeError(f"{kind} server did not start: {line!r}")
+        self.port = int(line.split()[1])
+
+    def stop(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+SHAPES = [("1 connection, sequential", 1, 1),
+          ("1 connection, 64 in flight", 1, 64),
+          ("64 connections, 1 in flight each", 64, 1)]
+
+
+async def _run(seconds: float, body_size: int) -> list[tuple[str, float, float, float]]:
+    body = os.urandom(body_size)
+    frame = encode(RemotingCommand.request(CODE, {"topic": "BenchTopic", "queueId": "0"}, body))
+    rows = []
+    echo, broker = _ServerProcess("echo"), _ServerProcess("txbroker")
+    try:
+        for label, conns, depth in SHAPES:
+            ceiling = await raw_load(echo.port, frame, conns, depth, seconds)
+            server = await raw_load(broker.port, frame, conns, depth, seconds)
+            e2e = await client_load(broker.port, body, conns, depth, seconds)
+            rows.append((label, ceiling, server, e2e))
+    finally:
+        echo.stop()
+        broker.stop()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured time per row")
+    parser.add_argument("--body", type=int, default=256, help="body bytes per request")
+    parser.add_argument("--serve", choices=["echo", "txbroker"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            runner.run(_serve(args.serve))
+        return
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        rows = runner.run(_run(args.seconds, args.body))
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Remoting round trips/s, loopback, {args.body}-byte bodies, uvloop, "
+                        f"server in its own process ({args.seconds:g} s per cell)")
+    table.add_column("shape")
+    table.add_column("raw echo ceiling", justify="right")
+    table.add_column("txbroker server\n(raw load)", justify="right")
+    table.add_column("% of ceiling", justify="right")
+    table.add_column("txbroker server\n+ RemotingClient", justify="right")
+    table.add_column("% of ceiling", justify="right")
+    for label, ceiling, server, e2e in rows:
+        table.add_row(label, f"{ceiling:,.0f}", f"{server:,.0f}", f"{100 * server / ceiling:.0f} %",
+                      f"{e2e:,.0f}", f"{100 * e2e / ceiling:.0f} %")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
