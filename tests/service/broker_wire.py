@@ -65,3 +65,10 @@ async def pull(client, group: str, topic: str, queue_id: int, offset: int, *,
 
 def request(code: int, ext: dict[str, str] | None = None, body: bytes = b"") -> RemotingCommand:
     return RemotingCommand.request(code, ext or {}, body)
+
+
+async def create_topic(client, topic: str, *, queues: int = 4) -> None:
+    resp = await client.invoke(request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
+        "topic": topic, "readQueueNums": str(queues), "writeQueueNums": str(queues),
+        "perm": "6"}), TIMEOUT)
+    assert resp.code == 0, resp.remark

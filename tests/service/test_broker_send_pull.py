@@ -9,6 +9,7 @@ from broker_wire import (
     PULL_SUBSCRIPTION,
     PULL_SUSPEND,
     TIMEOUT,
+    create_topic,
     pull,
     request,
     send,
@@ -75,6 +76,7 @@ async def test_negative_queue_id_picks_a_queue(broker, broker_client) -> None:
 
 async def test_long_poll_answers_on_arrival(broker, broker_client) -> None:
     c = broker_client
+    await create_topic(c, "Poll")
     held = asyncio.create_task(pull(c, "G", "Poll", 0, 0, suspend_ms=20_000,
                                     sys_flag=PULL_SUSPEND | PULL_SUBSCRIPTION, timeout=30))
     await asyncio.sleep(0.3)
@@ -99,9 +101,7 @@ async def test_long_poll_times_out_with_not_found(broker, broker_client) -> None
 async def test_eight_held_pulls_do_not_block_other_requests(broker, broker_client) -> None:
     c = broker_client
     topic = "Many"
-    resp = await c.invoke(request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
-        "topic": topic, "readQueueNums": "8", "writeQueueNums": "8", "perm": "6"}), TIMEOUT)
-    assert resp.code == ResponseCode.SUCCESS, resp.remark
+    await create_topic(c, topic, queues=8)
     held = [asyncio.create_task(pull(c, "G", topic, q, 0, suspend_ms=15_000, timeout=30,
                                      sys_flag=PULL_SUSPEND | PULL_SUBSCRIPTION))
             for q in range(8)]
@@ -179,9 +179,8 @@ async def test_bad_pull_fields(broker, broker_client) -> None:
 
 
 async def test_auto_create_off_refuses_unknown_topic(broker_config, tmp_path) -> None:
-    from txbroker.remoting.client import RemotingClient
-
     from txbroker.broker import Broker
+    from txbroker.remoting.client import RemotingClient
 
     b = Broker(broker_config.replace(auto_create_topic=False))
     await b.start()

@@ -9,9 +9,10 @@ import sys
 
 from broker_wire import TIMEOUT, pull, send
 from conftest import REPO_ROOT
-from txbroker.remoting.client import RemotingClient
 
+from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import ResponseCode
+from txbroker.store.checkpoint import CheckpointFile
 
 
 def _serve(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -30,6 +31,7 @@ async def test_ready_line_traffic_and_graceful_stop(broker_process) -> None:
     finally:
         await client.close()
     assert proc.stop() == 0
+    assert CheckpointFile(proc.data_dir).was_clean()
     log = proc.log_text()
     assert "config flush_mode = 'async'" in log  # effective config logged at start
     # A graceful stop leaves the clean-shutdown marker: the restart needs no recovery, and the
@@ -55,6 +57,7 @@ async def test_sigkill_then_restart_keeps_acknowledged_sync_messages(broker_proc
     finally:
         await client.close()
     proc.kill()
+    assert not CheckpointFile(proc.data_dir).was_clean()  # the abort marker stayed behind
     proc.start()
     client = RemotingClient(proc.broker_addr)
     await client.connect()

@@ -104,9 +104,10 @@ class AdminProcessor:
         groups: dict[str, dict] = {}
         for group, members in self.registry.consumer_groups().items():
             groups[group] = {"consumers": sorted(members), "offsets": {}}
-        for (group, topic, qid), offset in self._all_offsets():
+        for group, by_topic in self.store.offsets.groups().items():
             entry = groups.setdefault(group, {"consumers": [], "offsets": {}})
-            entry["offsets"].setdefault(topic, {})[str(qid)] = offset
+            for topic, by_queue in by_topic.items():
+                entry["offsets"][topic] = {str(q): off for q, off in sorted(by_queue.items())}
         return {
             "broker": {"name": self.config.broker_name, "cluster": self.config.cluster_name,
                        "flushMode": self.config.flush_mode,
@@ -117,13 +118,6 @@ class AdminProcessor:
             "pendingHalfMessages": self.tx.pending_count(),
             "metrics": self.runtime_table(),
         }
-
-    def _all_offsets(self):
-        offsets = self.store.offsets
-        items = getattr(offsets, "items", None)
-        if items is None:
-            return []
-        return list(items())
 
     async def status(self, conn, cmd: RemotingCommand) -> RemotingCommand:
         return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(self.status_doc()))
