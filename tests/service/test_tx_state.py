@@ -102,6 +102,11 @@ def test_resolved_states_one_byte_per_half() -> None:
     assert (rs.get(98), rs.get(100), rs.get(103)) == (R, C, R)
     rs.set(100, R)
     assert rs.get(100) is R
+    # undecided runs: 99, 101-102 inside, plus everything outside the recorded range
+    assert list(rs.undecided_runs(90, 110)) == [(90, 98), (99, 100), (101, 103), (104, 110)]
+    assert list(rs.undecided_runs(100, 101)) == []
+    assert list(ResolvedStates().undecided_runs(5, 9)) == [(5, 9)]
+    assert list(ResolvedStates().undecided_runs(5, 5)) == []
 
 
 def test_op_bodies_of_both_rocketmq_lines_parse() -> None:
