@@ -1,0 +1,348 @@
+"""MessageStore on real files: roll-over, restart, crash recovery, queues, offsets, guard, retention."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from txbroker.config import BrokerConfig
+from txbroker.store.commitlog import END_MARKER_SIZE
+from txbroker.store.message_store import GetStatus, MessageStore, PutStatus
+from txbroker.store.offsets import ConsumerOffsetStore
+from txbroker.store.record import (
+    BLANK_MAGIC,
+    TRANSACTION_PREPARED_TYPE,
+    Message,
+    decode_record,
+    record_size,
+    tag_hash,
+)
+
+SEG = 64 * 1024
+
+
+def cfg(tmp_path: Path, **kw) -> BrokerConfig:
+    base = {"data_dir": str(tmp_path / "data"), "segment_size": SEG, "max_message_size": 8192,
+            "consume_queue_entries": 64, "flush_interval": 0.05}
+    base.update(kw)
+    return BrokerConfig(**base)
+
+
+async def opened(config: BrokerConfig, **kw) -> MessageStore:
+    store = MessageStore(config, **kw)
+    store.open()
+    await store.start()
+    return store
+
+
+def body_for(size_on_disk: int, topic: str = "T") -> bytes:
+    """A body that makes the whole record exactly ``size_on_disk`` bytes (no properties)."""
+    return b"b" * (size_on_disk - record_size(0, len(topic), 0))
+
+
+async def test_put_get_and_queue_offsets(tmp_path):
+    store = await opened(cfg(tmp_path))
+    results = [await store.put(Message("T", i % 2, b"m%d" % i, properties={"TAGS": "A" if i % 3 else "B"}))
+               for i in range(20)]
+    assert all(r.status is PutStatus.OK for r in results)
+    assert [r.queue_offset for r in results if True][:4] == [0, 0, 1, 1]
+    got = store.get("T", 0, 0, 100)
+    assert got.status is GetStatus.FOUND and got.next_offset == 10
+    assert [m.body for m in got.messages()] == [b"m%d" % i for i in range(0, 20, 2)]
+    read = store.read(results[3].physical_offset)
+    assert read is not None and read.body == b"m3" and read.msg_id == results[3].msg_id
+    await store.close()
+
+
+async def test_get_statuses(tmp_path):
+    store = await opened(cfg(tmp_path))
+    assert store.get("none", 0, 0, 1).status is GetStatus.NO_MATCHED_LOGIC_QUEUE
+    for i in range(5):
+        await store.put(Message("T", 0, b"x", properties={"TAGS": "A"}))
+    assert store.get("T", 0, 5, 1).status is GetStatus.OFFSET_OVERFLOW_ONE
+    bad = store.get("T", 0, 9, 1)
+    assert bad.status is GetStatus.OFFSET_OVERFLOW_BADLY and bad.next_offset == 5
+    miss = store.get("T", 0, 0, 10, tag_filter={tag_hash("B")})
+    assert miss.status is GetStatus.NO_MATCHED_MESSAGE and miss.next_offset == 5
+    hit = store.get("T", 0, 0, 2, tag_filter={tag_hash("A")})
+    assert hit.status is GetStatus.FOUND and len(hit.raw) == 2 and hit.next_offset == 2
+    small = store.get("T", 0, 0, 10, max_bytes=1)
+    assert len(small.raw) == 1  # at least one message even when it is larger than max_bytes
+    await store.close()
+
+
+async def test_prepared_records_are_not_indexed(tmp_path):
+    store = await opened(cfg(tmp_path))
+    r = await store.put(Message("T", 0, b"half", sys_flag=TRANSACTION_PREPARED_TYPE))
+    assert r.status is PutStatus.OK and r.queue_offset == 0
+    assert store.max_offset("T", 0) == 0
+    assert store.read(r.physical_offset).body == b"half"
+    await store.close()
+
+
+@pytest.mark.parametrize("slack", [END_MARKER_SIZE, END_MARKER_SIZE - 1, 0, END_MARKER_SIZE + 1])
+async def test_roll_over_at_exact_segment_boundaries(tmp_path, slack):
+    """Fill a segment so exactly ``slack`` bytes remain, then put: blank filler or next segment."""
+    config = cfg(tmp_path, max_message_size=SEG - 1024)
+    store = await opened(config)
+    first = SEG - 300 - slack
+    r0 = await store.put(Message("T", 0, body_for(SEG // 2)))
+    r1 = await store.put(Message("T", 0, body_for(first - SEG // 2)))
+    assert r0.size + r1.size == first
+    r2 = await store.put(Message("T", 0, body_for(300)))
+    assert r2.status is PutStatus.OK
+    if 300 + END_MARKER_SIZE <= SEG - first:
+        assert r2.physical_offset == first  # fits with room for an end marker
+    else:
+        assert r2.physical_offset == SEG  # rolled; a blank fills the rest
+        raw = store.commitlog.segments[0].read(first, 8)
+        if SEG - first >= 8:
+            assert int.from_bytes(raw[4:8], "big") == BLANK_MAGIC
+    expected = [0, r1.physical_offset, r2.physical_offset]
+    assert [m.physical_offset for m in store.scan(0)] == expected
+    await store.close()
+    again = await opened(config)
+    assert [m.physical_offset for m in again.get("T", 0, 0, 10).messages()] == expected
+    await again.close()
+
+
+async def test_many_segments_and_clean_restart_does_not_rescan(tmp_path):
+    store = await opened(cfg(tmp_path))
+    for i in range(600):
+        await store.put(Message("T", i % 4, os.urandom(random.Random(i).randint(1, 700))))
+    end = store.max_physical_offset
+    assert len(store.commitlog.segments) > 3
+    await store.close()
+    store2 = MessageStore(cfg(tmp_path))
+    report = store2.open()
+    assert report.clean and report.records_scanned == 0 and report.end_offset == end
+    assert sum(store2.max_offset("T", q) for q in range(4)) == 600
+    assert len(list(store2.scan(0))) == 600
+    await store2.start()
+    await store2.close()
+
+
+def overwrite(path: Path, pos: int, data: bytes) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(pos)
+        fh.write(data)
+
+
+def _crash_copy(store: MessageStore) -> None:
+    """Leave the files as a killed process would: no clean marker removal, no final flush."""
+    for cq in store.queues_.values():
+        cq.close()
+    store.commitlog.close()
+
+
+async def test_torn_tail_at_random_byte_is_truncated(tmp_path):
+    rng = random.Random(7)
+    store = await opened(cfg(tmp_path))
+    results = [await store.put(Message("T", 0, os.urandom(rng.randint(10, 500)))) for _ in range(100)]
+    _crash_copy(store)
+    last = results[-1]
+    seg_path = Path(store.root) / "commitlog" / f"{(last.physical_offset // SEG) * SEG:020d}"
+    cut_at = last.physical_offset % SEG + rng.randint(1, last.size - 1)
+    overwrite(seg_path, cut_at, bytes(last.size))  # the rest of the record never reached the disk
+    again = MessageStore(cfg(tmp_path))
+    report = again.open()
+    assert not report.clean and report.end_offset == last.physical_offset
+    assert report.bytes_cut > 0
+    assert again.max_offset("T", 0) == 99
+    assert [m.body for m in again.get("T", 0, 0, 200).messages()] == [
+        again.read(r.physical_offset).body for r in results[:99]]
+    await again.start()
+    r = await again.put(Message("T", 0, b"after"))
+    assert r.physical_offset == last.physical_offset and r.queue_offset == 99
+    await again.close()
+
+
+async def test_flipped_body_byte_truncates_from_that_record(tmp_path):
+    store = await opened(cfg(tmp_path))
+    results = [await store.put(Message("T", 1, b"%05d" % i * 20)) for i in range(50)]
+    _crash_copy(store)
+    victim = results[30]
+    seg_path = Path(store.root) / "commitlog" / f"{(victim.physical_offset // SEG) * SEG:020d}"
+    pos = victim.physical_offset % SEG + 90
+    overwrite(seg_path, pos, bytes([seg_path.read_bytes()[pos] ^ 0x40]))
+    again = MessageStore(cfg(tmp_path))
+    report = again.open()
+    assert report.end_offset == victim.physical_offset
+    assert again.max_offset("T", 1) == 30  # queue entries past the valid log were dropped
+    assert len(again.get("T", 1, 0, 100).messages()) == 30
+    await again.start()
+    await again.close()
+
+
+async def test_consume_queue_rebuilt_when_missing(tmp_path):
+    store = await opened(cfg(tmp_path))
+    for i in range(40):
+        await store.put(Message("T", i % 2, b"r%d" % i, properties={"TAGS": "X"}))
+    _crash_copy(store)
+    import shutil
+    shutil.rmtree(Path(store.root) / "consumequeue" / "T" / "1")
+    (Path(store.root) / "checkpoint").unlink(missing_ok=True)
+    again = MessageStore(cfg(tmp_path))
+    report = again.open()
+    assert report.queue_entries_repaired == 20
+    got = again.get("T", 1, 0, 100, tag_filter={tag_hash("X")})
+    assert [m.body for m in got.messages()] == [b"r%d" % i for i in range(1, 40, 2)]
+    await again.start()
+    await again.close()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_writer_killed_with_sigkill_loses_nothing_acknowledged(tmp_path, mode):
+    data = tmp_path / "data"
+    writer = Path(__file__).with_name("writer_proc.py")
+    proc = subprocess.Popen([sys.executable, str(writer), str(data), mode, "200000"],
+                            stdout=subprocess.PIPE, text=True)
+    acked: list[tuple[int, int]] = []
+    deadline = time.monotonic() + 20
+    target = random.Random(mode).randint(300, 3000)
+    try:
+        assert proc.stdout is not None
+        while len(acked) < target and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            i, status, phys = line.split()
+            if status in ("OK", "FLUSH_DISK_TIMEOUT"):
+                acked.append((int(i), int(phys)))
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(10)
+    assert len(acked) >= 300
+    store = MessageStore(BrokerConfig(data_dir=str(data), segment_size=256 * 1024, max_message_size=8192,
+                                      consume_queue_entries=512))
+    report = store.open()
+    assert not report.clean
+    for i, phys in acked:
+        m = store.read(phys)
+        assert m is not None and m.keys == str(i) and m.body == (b"%08d" % i) * (1 + i % 50)
+    total = sum(store.max_offset("Crash", q) for q in range(3))
+    assert total >= len(acked)
+    # Every indexed entry points at a valid record of its own queue.
+    for q in range(3):
+        for m in store.get("Crash", q, 0, 10_000, max_bytes=1 << 30).messages():
+            assert m.queue_id == q and decode_record(store.read_raw(m.physical_offset), check_crc=True)
+
+
+async def test_sync_flush_group_commit_shares_flushes(tmp_path):
+    import asyncio
+    store = await opened(cfg(tmp_path, flush_mode="sync", segment_size=1024 * 1024))
+    results = await asyncio.gather(*(store.put(Message("T", 0, b"s" * 100)) for _ in range(500)))
+    assert all(r.status is PutStatus.OK for r in results)
+    flushes = store.stats()["group_commit_flushes"]
+    assert 1 <= flushes < 500
+    await store.close()
+
+
+async def test_disk_guard_refuses_writes_and_resumes(tmp_path):
+    usage = {"used": 50}
+    store = await opened(cfg(tmp_path, disk_max_used_ratio=0.8),
+                         disk_usage=lambda _p: (100, usage["used"], 100 - usage["used"]))
+    ok = await store.put(Message("T", 0, b"before"))
+    assert ok.status is PutStatus.OK
+    usage["used"] = 95
+    store.recheck_disk()
+    refused = await store.put(Message("T", 0, b"during"))
+    assert refused.status is PutStatus.SERVICE_NOT_AVAILABLE and "disk" in refused.reason
+    assert store.get("T", 0, 0, 10).status is GetStatus.FOUND  # reads keep working
+    usage["used"] = 60
+    store.recheck_disk()
+    assert (await store.put(Message("T", 0, b"after"))).status is PutStatus.OK
+    assert [m.body for m in store.get("T", 0, 0, 10).messages()] == [b"before", b"after"]
+    await store.close()
+
+
+async def test_segment_preallocation_failure_is_a_clear_refusal(tmp_path, monkeypatch):
+    store = await opened(cfg(tmp_path))
+    await store.put(Message("T", 0, b"x"))
+
+    def no_space(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    big = body_for(SEG - 200)
+    r = await store.put(Message("T", 0, big[:8000]))
+    while r.status is PutStatus.OK:
+        r = await store.put(Message("T", 0, big[:8000]))
+    assert r.status is PutStatus.SERVICE_NOT_AVAILABLE and "No space" in r.reason
+    monkeypatch.undo()
+    assert (await store.put(Message("T", 0, b"y"))).status is PutStatus.OK
+    await store.close()
+
+
+async def test_message_limits(tmp_path):
+    store = await opened(cfg(tmp_path))
+    assert (await store.put(Message("T", 0, b"x" * 9000))).status is PutStatus.MESSAGE_ILLEGAL
+    r = await store.put(Message("T", 0, b"x", properties={"k": "v" * 40000}))
+    assert r.status is PutStatus.PROPERTIES_SIZE_EXCEEDED
+    await store.close()
+
+
+async def test_retention_deletes_old_segments_and_queue_entries(tmp_path):
+    now = [time.time()]
+    store = await opened(cfg(tmp_path, file_reserved_time=3600.0), clock=lambda: now[0])
+    for i in range(300):
+        await store.put(Message("T", 0, b"r" * 500))
+    segs = list(store.commitlog.segments)
+    assert len(segs) >= 3
+    old = time.time() - 7200
+    for seg in segs[:2]:
+        os.utime(seg.path, (old, old))
+    assert store.delete_expired() == 2
+    assert store.min_physical_offset == segs[2].start
+    lo = store.min_offset("T", 0)
+    assert lo > 0
+    assert store.get("T", 0, 0, 1).status is GetStatus.OFFSET_TOO_SMALL
+    assert store.get("T", 0, lo, 1).messages()[0].physical_offset >= segs[2].start
+    # The active segment is never deleted, however old.
+    for seg in store.commitlog.segments:
+        os.utime(seg.path, (old, old))
+    store.delete_expired()
+    assert len(store.commitlog.segments) == 1
+    await store.close()
+
+
+async def test_offset_by_time(tmp_path):
+    now = [1000.0]
+    store = await opened(cfg(tmp_path), clock=lambda: now[0])
+    for i in range(10):
+        now[0] = 1000.0 + i
+        await store.put(Message("T", 0, b"t"))
+    assert store.offset_by_time("T", 0, 1_004_000) == 4
+    assert store.offset_by_time("T", 0, 0) == 0
+    assert store.offset_by_time("T", 0, 9_999_999) == 10
+    await store.close()
+
+
+def test_offset_store_persist_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "consumerOffset.json"
+    offsets = ConsumerOffsetStore(path)
+    offsets.set("g", "T", 0, 5)
+    assert offsets.persist()
+    offsets.set("g", "T", 0, 9)
+
+    def crash(src, dst):
+        raise OSError("killed before rename")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        offsets.persist()
+    monkeypatch.undo()
+    assert ConsumerOffsetStore(path).get("g", "T", 0) == 5  # old file intact
+    offsets.set("g", "T", 1, 3)
+    assert offsets.persist()
+    again = ConsumerOffsetStore(path)
+    assert (again.get("g", "T", 0), again.get("g", "T", 1)) == (9, 3)
+    with pytest.raises(ValueError):
+        offsets.set("g", "T", 0, -1)
