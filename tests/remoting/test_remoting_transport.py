@@ -467,3 +467,64 @@ def test_runs_on_uvloop() -> None:
 
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         runner.run(main())
+
+
+async def test_handlers_that_wait_in_many_ways() -> None:
+    """The inline first step hands over to a task correctly, whatever the handler awaits."""
+    f = Fixture()
+
+    class Refusal(Exception):  # the service layer's own refusals carry code and remark
+        code = ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
+        remark = "no such group"
+
+    async def winding(conn, cmd):
+        await asyncio.sleep(0)                       # bare yield
+        await asyncio.sleep(0.01)                    # a timer future
+        fut = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(fut.set_result, "v")
+        value = await fut
+        try:
+            await asyncio.wait_for(asyncio.sleep(5), 0.01)   # a time-out inside the handler
+        except TimeoutError:
+            value += "+timeout"
+        mode = cmd.ext_fields.get("mode")
+        if mode == "header":
+            raise HeaderError(ResponseCode.MESSAGE_ILLEGAL, "late refusal")
+        if mode == "service":
+            raise Refusal()
+        if mode == "bug":
+            raise KeyError("late bug")
+        return cmd.response(ext={"v": value})
+
+    f.server.register(50, winding)
+    await f.start()
+    try:
+        c = await f.client()
+        ok, header, service, bug = await asyncio.gather(*(
+            c.invoke(req(50, {"mode": m}), T) for m in ("ok", "header", "service", "bug")))
+        assert ok.ext_fields == {"v": "v+timeout"}
+        assert (header.code, header.remark) == (ResponseCode.MESSAGE_ILLEGAL, "late refusal")
+        assert (service.code, service.remark) == (ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, "no such group")
+        assert bug.code == ResponseCode.SYSTEM_ERROR and "late bug" in bug.remark
+        conn = next(iter(f.server.connections))
+        assert conn.handler_errors == 1 and conn.requests == 4 and not conn._tasks
+    finally:
+        await f.close()
+
+
+async def test_sync_handler_results_and_bad_results() -> None:
+    f = Fixture()
+    f.server.register(60, lambda conn, cmd: cmd.response(ext={"sync": "yes"}))
+    f.server.register(61, lambda conn, cmd: "not a command")
+    f.server.register(62, lambda conn, cmd: None)  # no answer, like a Java processor returning null
+    await f.start()
+    try:
+        c = await f.client()
+        assert (await c.invoke(req(60), T)).ext_fields == {"sync": "yes"}
+        bad = await c.invoke(req(61), T)
+        assert bad.code == ResponseCode.SYSTEM_ERROR
+        with pytest.raises(TimeoutError):
+            await c.invoke(req(62), 0.1)
+        assert (await c.invoke(req(60), T)).code == 0
+    finally:
+        await f.close()

@@ -154,6 +154,8 @@ class _ClientProtocol(asyncio.Protocol):
                 raise exc
             if isinstance(exc, HeaderError):
                 result = cmd.response(exc.code, exc.remark)
+            elif isinstance(getattr(exc, "code", None), int) and isinstance(getattr(exc, "remark", None), str):
+                result = cmd.response(exc.code, exc.remark)  # type: ignore[attr-defined]
             else:
                 log.error("%s: handler for server request %d failed", self.client.addr, cmd.code,
                           exc_info=exc)

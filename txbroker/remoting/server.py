@@ -265,8 +265,8 @@ class Connection(asyncio.Protocol):
             if result is not None and response is None:
                 log.error("handler for code %d returned %r, not a RemotingCommand", cmd.code, result)
                 response = cmd.response(ResponseCode.SYSTEM_ERROR, "handler returned no command")
-        elif isinstance(exc, HeaderError):
-            response = cmd.response(exc.code, exc.remark)
+        elif isinstance(exc, HeaderError) or _is_refusal(exc):
+            response = cmd.response(exc.code, exc.remark)  # type: ignore[attr-defined]
         elif isinstance(exc, asyncio.CancelledError):
             response = None  # shutting down: the connection is about to close
         elif isinstance(exc, Exception):
@@ -397,6 +397,15 @@ class Connection(asyncio.Protocol):
 
     def __repr__(self) -> str:
         return f"<Connection {self.id} {self.peer}{' closed' if self._closed else ''}>"
+
+
+def _is_refusal(exc: BaseException) -> bool:
+    """An exception that carries its own answer, like HeaderError: int ``code``, str ``remark``.
+
+    The service layer has refusals of its own (unknown topic, bad field); whichever of them
+    escapes a handler is answered as intended instead of as SYSTEM_ERROR.
+    """
+    return isinstance(getattr(exc, "code", None), int) and isinstance(getattr(exc, "remark", None), str)
 
 
 async def _await(fut: Awaitable[Any]) -> Any:
