@@ -3,6 +3,7 @@ message and its op record (the crash is real: a child process kills itself at th
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -50,6 +51,19 @@ CHILD = textwrap.dedent("""
 
 def test_crash_between_final_message_and_op_record(tmp_path) -> None:
     data = tmp_path / "data"
+
+    async def history():
+        # earlier transactions, then a clean stop: the child starts from the snapshot
+        node = await open_node(tx_config(data), Clock())
+        try:
+            await end(node, await prepare(node, uniq="H1", body=b"h1"), COMMIT)
+            await end(node, await prepare(node, uniq="H2", body=b"h2"), ROLLBACK)
+            return await prepare(node, uniq="H3", body=b"h3")
+        finally:
+            await node.close()
+
+    pending = asyncio.run(history())
+    assert (data / "txstate.snapshot").exists()
     proc = subprocess.run([sys.executable, "-c", CHILD, str(data), str(Path(__file__).parent)],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -62,28 +76,32 @@ def test_crash_between_final_message_and_op_record(tmp_path) -> None:
     async def after_restart() -> None:
         node = await open_node(tx_config(data), Clock())
         try:
+            assert not node.tx.recovered_from_snapshot  # the child consumed it: full replay
             # the final message survived the kill, the op record was never written...
-            assert [m.body for m in visible(node)] == [b"exactly-once"]
+            assert [m.body for m in visible(node)] == [b"h1", b"exactly-once"]
             # ...and recovery saw the commit through preparedTransactionOffset
             assert node.tx.state_of(half["phys"]) is HalfState.COMMITTED
-            assert node.tx.pending_count() == 0
+            # the history before the snapshot is intact
+            assert [e.uniq for e in node.tx.pending_entries()] == ["H3"]
+            assert node.tx.state_of(pending.physical_offset) is HalfState.PENDING
             # start() wrote the missing op record
-            [op] = op_records(node)
-            assert op.tags == "d" and op.body == str(half["qo"]).encode()
+            ops = op_records(node)
+            assert len(ops) == 3
+            assert ops[-1].tags == "d" and ops[-1].body == str(half["qo"]).encode()
             fake = type("R", (), {"physical_offset": half["phys"], "queue_offset": half["qo"]})
             assert await end(node, fake, COMMIT) is Outcome.DUPLICATE
             assert await end(node, fake, COMMIT, from_check=True) is Outcome.DUPLICATE
             with pytest.raises(ConflictError):
                 await end(node, fake, ROLLBACK)
-            assert len(visible(node)) == 1 and len(op_records(node)) == 1
+            assert len(visible(node)) == 2 and len(op_records(node)) == 3
         finally:
             await node.close()
 
-    import asyncio
     asyncio.run(after_restart())
 
 
-async def test_restart_rebuilds_pending_resolved_counts_and_discards(tmp_path) -> None:
+@pytest.mark.parametrize("snapshot", [True, False], ids=["snapshot", "full-replay"])
+async def test_restart_rebuilds_pending_resolved_counts_and_discards(tmp_path, snapshot) -> None:
     data = tmp_path / "data"
     clock = Clock()
     node = await open_node(tx_config(data), clock)
@@ -109,9 +127,14 @@ async def test_restart_rebuilds_pending_resolved_counts_and_discards(tmp_path) -
         await producer.close()
         await node.close()
 
+    assert (data / "txstate.snapshot").exists()  # written by the clean close
+    if not snapshot:
+        (data / "txstate.snapshot").unlink()
     node = await open_node(tx_config(data), clock)
     try:
         tx = node.tx
+        assert tx.recovered_from_snapshot is snapshot
+        assert not (data / "txstate.snapshot").exists()  # used once
         assert tx.state_of(committed.physical_offset) is HalfState.COMMITTED
         assert tx.state_of(rolled.physical_offset) is HalfState.ROLLED_BACK
         assert tx.state_of(checked.physical_offset) is HalfState.PENDING
@@ -146,5 +169,36 @@ async def test_restart_rebuilds_pending_resolved_counts_and_discards(tmp_path) -
         finally:
             await producer.close()
         assert sorted(m.body for m in visible(node)) == [b"c", b"p", b"s"]
+    finally:
+        await node.close()
+
+
+@pytest.mark.parametrize("content", ["garbage", "ahead"])
+async def test_unusable_snapshot_falls_back_to_replay(tmp_path, content) -> None:
+    data = tmp_path / "data"
+    node = await open_node(tx_config(data), Clock())
+    try:
+        committed = await prepare(node, uniq="C")
+        await end(node, committed, COMMIT)
+        await prepare(node, uniq="P")
+    finally:
+        await node.close()
+    snap = data / "txstate.snapshot"
+    if content == "garbage":
+        snap.write_bytes(b"TXBSNAP1\x00\x00\x00\x05{oops")
+    else:  # a snapshot of a store that has more than this one (e.g. a lost tail)
+        other = tmp_path / "other"
+        big = await open_node(tx_config(other), Clock())
+        try:
+            for i in range(3):
+                await end(big, await prepare(big, uniq=f"B{i}"), ROLLBACK)
+        finally:
+            await big.close()
+        snap.write_bytes((other / "txstate.snapshot").read_bytes())
+    node = await open_node(tx_config(data), Clock())
+    try:
+        assert not node.tx.recovered_from_snapshot and not snap.exists()
+        assert node.tx.state_of(committed.physical_offset) is HalfState.COMMITTED
+        assert [e.uniq for e in node.tx.pending_entries()] == ["P"]
     finally:
         await node.close()

@@ -47,7 +47,13 @@ one count per half (the safe direction: a count is never burned without a check)
 Recovery (:meth:`TransactionalMessageService.recover`) reads the op and discard queues, decodes
 only the halves no decision names, and scans the commitlog from the oldest of those for
 committed messages: its cost follows the transactional records, not the normal traffic in the
-log.  The benchmark ``bench/txcheck.py`` reports it.
+log.  At a clean close the service also writes ``txstate.snapshot`` in the data dir: the
+decision bytes, the undecided halves' check counts and the op/discard/half queue ends and
+commitlog end it reflects.  The next ``recover()`` loads it (once: it is deleted on load, so a
+crash later in that run falls back to the full replay) after checking it is not ahead of the
+store, then replays only the queue tails after it; the commit scan starts no earlier than its
+commitlog end.  A clean restart therefore costs what happened since the snapshot, not the
+whole history.  The benchmark ``bench/txcheck.py`` reports both paths.
 """
 
 from __future__ import annotations
@@ -55,14 +61,19 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import os
 import re
+import struct
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codes import ResponseCode
@@ -124,6 +135,10 @@ _PUT_OK = ("OK", "FLUSH_DISK_TIMEOUT")
 _RECOVERY_BATCH = 4096
 _RECOVERY_BYTES = 64 * 1024 * 1024
 _ZERO_RUNS = re.compile(rb"\x00+")
+#: Written at clean close, read (once) by recover(): see the module docstring.
+SNAPSHOT_FILE = "txstate.snapshot"
+_SNAPSHOT_MAGIC = b"TXBSNAP1"
+_SNAPSHOT_LEN = struct.Struct(">I")
 _STATE_CODES = {HalfState.COMMITTED: 1, HalfState.ROLLED_BACK: 2}
 _CODE_STATES = {code: state for state, code in _STATE_CODES.items()}  # RocketMQ counts a flush time-out as stored
 
@@ -219,6 +234,16 @@ class ResolvedStates:
             return _CODE_STATES.get(self._buf[i])
         return None
 
+    def export(self) -> tuple[int | None, bytes]:
+        return self._base, bytes(self._buf)
+
+    @classmethod
+    def restore(cls, base: int | None, data: bytes) -> ResolvedStates:
+        rs = cls()
+        if base is not None:
+            rs._base, rs._buf = base, bytearray(data)
+        return rs
+
     def undecided_runs(self, lo: int, hi: int) -> Iterator[tuple[int, int]]:
         """Runs ``[start, end)`` of queue offsets in ``[lo, hi)`` with no decision recorded.
 
@@ -260,6 +285,8 @@ class TransactionalMessageService:
         #: Halves recovered as committed whose ``d`` record was missing; written by start().
         self._missing_ops: list[tuple[int, int]] = []
         self._checker = CheckService(self, config)
+        #: Whether the last recover() started from a clean-close snapshot.
+        self.recovered_from_snapshot = False
         #: Fault-injection seam for crash tests: called after a commit's final message is
         #: stored and before its op record is written; raising there models a crash.
         self.after_final_message: Callable[[int], None] | None = None
@@ -287,7 +314,22 @@ class TransactionalMessageService:
         counts: dict[int, int] = {}       # half queue offset -> checks, for undecided halves
         discarded: set[int] = set()       # half queue offsets currently discarded
         records = 0
-        events = heapq.merge(self._queue(OP_HALF_TOPIC), self._queue(CHECK_MAX_TIME_TOPIC),
+        op_from = self.store.min_offset(OP_HALF_TOPIC, 0)
+        discard_from = self.store.min_offset(CHECK_MAX_TIME_TOPIC, 0)
+        commits_from = 0
+        snap = self._take_snapshot()
+        if snap is not None:
+            self._resolved = ResolvedStates.restore(snap["resolved_base"], snap["resolved"])
+            for qo, checks, state in snap["open"]:
+                counts[qo] = checks
+                if state == HalfState.DISCARDED.value:
+                    discarded.add(qo)
+            self._missing_ops = [(phys, qo) for phys, qo in snap["missing_ops"]]
+            op_from = max(op_from, snap["op_next"])
+            discard_from = max(discard_from, snap["discard_next"])
+            commits_from = snap["log_end"]
+        events = heapq.merge(self._queue(OP_HALF_TOPIC, op_from),
+                             self._queue(CHECK_MAX_TIME_TOPIC, discard_from),
                              key=lambda m: m.physical_offset)
         for m in events:
             records += 1
@@ -324,7 +366,9 @@ class TransactionalMessageService:
                 entry.state = HalfState.DISCARDED
             open_by_phys[entry.phys] = entry
         if open_by_phys:
-            for m in self.store.scan(min(open_by_phys)):
+            # after a clean stop every earlier commit has its op record (or is listed in the
+            # snapshot's missing ops): only commits made since can lack one
+            for m in self.store.scan(max(min(open_by_phys), commits_from)):
                 records += 1
                 if (m.sys_flag & TRANSACTION_MASK) != TRANSACTION_COMMIT_TYPE:
                     continue
@@ -338,13 +382,15 @@ class TransactionalMessageService:
             if entry.uniq:
                 self._by_uniq[entry.uniq] = entry.phys
         self._update_gauges()
-        log.info("transaction state recovered from %d records in %.3fs: %d pending, %d discarded, "
-                 "%d op records to rewrite", records, time.perf_counter() - started,
-                 len(self._pending), len(self._discarded), len(self._missing_ops))
+        log.info("transaction state recovered (%s) from %d records in %.3fs: %d pending, "
+                 "%d discarded, %d op records to rewrite",
+                 "snapshot + tail" if snap is not None else "full replay", records,
+                 time.perf_counter() - started, len(self._pending), len(self._discarded),
+                 len(self._missing_ops))
+        self.recovered_from_snapshot = snap is not None
 
-    def _queue(self, topic: str) -> Iterator[StoredMessage]:
-        """Every retained message of ``topic`` queue 0, in order."""
-        offset = self.store.min_offset(topic, 0)
+    def _queue(self, topic: str, offset: int) -> Iterator[StoredMessage]:
+        """The messages of ``topic`` queue 0 from queue offset ``offset`` on, in order."""
         end = self.store.max_offset(topic, 0)
         while offset < end:
             res = self.store.get(topic, 0, offset, _RECOVERY_BATCH, _RECOVERY_BYTES)
@@ -382,7 +428,75 @@ class TransactionalMessageService:
         self._checker.start()
 
     async def close(self) -> None:
+        """Stop checking and write the snapshot (call before the store closes)."""
         await self._checker.close()
+        try:
+            self._write_snapshot()
+        except OSError as exc:
+            log.error("transaction snapshot not written (the next start replays): %s", exc)
+
+    # --- snapshot --------------------------------------------------------------------------
+    @property
+    def snapshot_path(self) -> Path:
+        return self.config.data_path / SNAPSHOT_FILE
+
+    def _write_snapshot(self) -> None:
+        """State as of the current queue ends, written atomically (tmp file, fsync, rename)."""
+        base, resolved = self._resolved.export()
+        meta = {
+            "version": 1,
+            "op_next": self.store.max_offset(OP_HALF_TOPIC, 0),
+            "discard_next": self.store.max_offset(CHECK_MAX_TIME_TOPIC, 0),
+            "half_next": self.store.max_offset(HALF_TOPIC, 0),
+            "log_end": self.store.max_physical_offset,
+            "resolved_base": base,
+            "open": [[e.queue_offset, e.checks, e.state.value]
+                     for e in (*self._pending.values(), *self._discarded.values())],
+            "missing_ops": self._missing_ops,
+        }
+        head = orjson.dumps(meta)
+        path = self.snapshot_path
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(_SNAPSHOT_MAGIC + _SNAPSHOT_LEN.pack(len(head)) + head + resolved)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def _take_snapshot(self) -> dict[str, Any] | None:
+        """Load and remove the snapshot; None if absent, unreadable or not matching the store.
+
+        Removed on load so that it is used once: after a crash later in this run the next
+        start replays everything instead of trusting an old snapshot.
+        """
+        path = self.snapshot_path
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("transaction snapshot unreadable, replaying: %s", exc)
+            return None
+        path.unlink(missing_ok=True)
+        try:
+            if not data.startswith(_SNAPSHOT_MAGIC):
+                raise ValueError("bad magic")
+            (n,) = _SNAPSHOT_LEN.unpack_from(data, len(_SNAPSHOT_MAGIC))
+            start = len(_SNAPSHOT_MAGIC) + _SNAPSHOT_LEN.size
+            meta = orjson.loads(data[start:start + n])
+            meta["resolved"] = data[start + n:]
+            fits = (meta["version"] == 1
+                    and meta["op_next"] <= self.store.max_offset(OP_HALF_TOPIC, 0)
+                    and meta["discard_next"] <= self.store.max_offset(CHECK_MAX_TIME_TOPIC, 0)
+                    and meta["half_next"] <= self.store.max_offset(HALF_TOPIC, 0)
+                    and meta["log_end"] <= self.store.max_physical_offset)
+        except (ValueError, KeyError, TypeError, struct.error, orjson.JSONDecodeError) as exc:
+            log.warning("transaction snapshot invalid (%s), replaying", exc)
+            return None
+        if not fits:
+            log.warning("transaction snapshot is ahead of the store (a lost tail?), replaying")
+            return None
+        return meta
 
     # --- queries ---------------------------------------------------------------------------
     def pending_count(self) -> int:
