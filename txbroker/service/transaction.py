@@ -736,6 +736,9 @@ class TransactionalMessageService:
         props = dict(half.properties)
         topic = props.pop(PROPERTY_REAL_TOPIC, "")
         qid = props.pop(PROPERTY_REAL_QUEUE_ID, "0")
+        if not topic:
+            raise TransactionError(ResponseCode.SYSTEM_ERROR,
+                                   f"half message {half.physical_offset} has no REAL_TOPIC")
         props.pop(PROPERTY_TRANSACTION_PREPARED, None)
         uniq = props.get(PROPERTY_UNIQ_KEY)
         if uniq:
