@@ -35,6 +35,9 @@ class ConsumeQueue:
         #: Entries before this index were deleted with their commitlog segments.
         self.min_offset = self.files[0].start // ENTRY_SIZE if self.files else 0
         self.max_offset = self._find_end()
+        #: The file appends go to, cached: the hot path must not search the file list.
+        self._tail: MappedSegment | None = self.files[-1] if self.files else None
+        self._tail_first = self._tail.start // ENTRY_SIZE if self._tail else 0
 
     def _find_end(self) -> int:
         """Binary search for the first unwritten entry in the last file."""
@@ -76,9 +79,14 @@ class ConsumeQueue:
 
     def put(self, index: int, phys: int, size: int, tag_hash: int) -> None:
         """Write the entry at ``index`` (recovery repairs entries at their recorded offset)."""
-        f = self._file_for(index, create=True)
-        assert f is not None
-        rel = (index % self.entries_per_file) * ENTRY_SIZE
+        f = self._tail
+        rel = (index - self._tail_first) * ENTRY_SIZE
+        if f is None or not 0 <= rel < self.file_size:
+            f = self._file_for(index, create=True)
+            assert f is not None
+            rel = (index % self.entries_per_file) * ENTRY_SIZE
+            if f is self.files[-1]:
+                self._tail, self._tail_first = f, f.start // ENTRY_SIZE
         f.write_at(rel, ENTRY.pack(phys, size, tag_hash))
         f.wrote = max(f.wrote, rel + ENTRY_SIZE)
         if index >= self.max_offset:
@@ -106,6 +114,8 @@ class ConsumeQueue:
         for f in [f for f in self.files if f.start // ENTRY_SIZE > self.max_offset and f is not self.files[0]]:
             self.files.remove(f)
             f.destroy()
+        self._tail = self.files[-1] if self.files else None
+        self._tail_first = self._tail.start // ENTRY_SIZE if self._tail else 0
         return dropped
 
     def last_phys_end(self) -> int:
@@ -128,6 +138,8 @@ class ConsumeQueue:
                 self.min_offset = last_index + 1
                 self.files.remove(f)
                 f.destroy()
+                if f is self._tail:
+                    self._tail = None
             else:
                 self.min_offset += 1
 

@@ -134,6 +134,8 @@ class MessageStore:
         self.config = config
         self.clock = clock
         self.store_host = store_host
+        #: offsetMsgId = host + port + offset; the first two never change for this store.
+        self._id_prefix = create_offset_msg_id(store_host[0], store_host[1], 0)[:16]
         self._disk_usage = disk_usage
         self.root = Path(config.data_dir)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -371,8 +373,8 @@ class MessageStore:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"topic must be 1..{MAX_TOPIC_BYTES} bytes")
         if msg.queue_id < 0:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="queue id must be >= 0")
-        props = properties_to_string(msg.properties)
-        props_len = len(props.encode())
+        props = properties_to_string(msg.properties).encode()
+        props_len = len(props)
         if props_len > MAX_PROPERTIES_BYTES:
             return PutResult(PutStatus.PROPERTIES_SIZE_EXCEEDED,
                              reason=f"properties of {props_len} bytes exceed {MAX_PROPERTIES_BYTES}")
@@ -394,8 +396,7 @@ class MessageStore:
             cq.put(queue_offset, phys, size, tag_hash(msg.properties.get("TAGS")))
         self.puts += 1
         self.put_bytes += size
-        result = PutResult(PutStatus.OK, phys, queue_offset,
-                           create_offset_msg_id(self.store_host[0], self.store_host[1], phys),
+        result = PutResult(PutStatus.OK, phys, queue_offset, f"{self._id_prefix}{phys:016X}",
                            store_ts, size)
         if cq is not None:
             for fn in self._listeners:
@@ -420,7 +421,8 @@ class MessageStore:
 
     async def put(self, msg: Message) -> PutResult:
         result = self._append(msg)
-        await self._await_flush([result])
+        if self._flush is not None:
+            await self._await_flush([result])
         return result
 
     async def put_batch(self, msgs: list[Message]) -> list[PutResult]:

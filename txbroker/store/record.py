@@ -16,6 +16,7 @@ Record (big-endian, IPv4 hosts)::
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 import struct
@@ -77,6 +78,7 @@ MAX_PROPERTIES_BYTES = 32767
 #: The topic length is a signed byte (V1 records).
 MAX_TOPIC_BYTES = 127
 
+_FIXED = struct.Struct(">iIiiiqqiq4siq4siiqi")  # TOTALSIZE .. BODYLEN (IPv4 hosts)
 _HEAD = struct.Struct(">iIiiiqqiq4si")  # through BORNHOST (IPv4)
 _MID = struct.Struct(">q4siiq")  # STORETIMESTAMP, STOREHOST, RECONSUMETIMES, PREPARED OFFSET
 _I32 = struct.Struct(">i")
@@ -85,6 +87,8 @@ _I16 = struct.Struct(">h")
 _HEADER_SIZE = _HEAD.size + _MID.size  # 84 for IPv4
 #: Smallest possible record: fixed part + body len + topic len + properties len.
 MIN_RECORD_SIZE = _HEADER_SIZE + 4 + 1 + 2
+
+_TOPIC_LEN = [bytes((n,)) for n in range(256)]
 
 _BATCH_HEAD = struct.Struct(">iiiii")  # TOTALSIZE, MAGIC, BODYCRC, FLAG, BODYLEN
 
@@ -151,6 +155,7 @@ def body_crc(body: bytes) -> int:
     return zlib.crc32(body) & 0x7FFFFFFF
 
 
+@functools.lru_cache(maxsize=4096)
 def tag_hash(tag: str | None) -> int:
     """Java ``String.hashCode`` of the tag (signed 32-bit), as consume queues store it."""
     if not tag:
@@ -193,6 +198,7 @@ def string_to_properties(text: str | None) -> dict[str, str]:
     return props
 
 
+@functools.lru_cache(maxsize=1024)
 def _ip4(host: str) -> bytes:
     try:
         return socket.inet_aton(host)
@@ -218,30 +224,29 @@ def encode_record(
     queue_offset: int,
     store_timestamp: int,
     store_host: Host,
-    properties: str | None = None,
+    properties: bytes | None = None,
 ) -> bytes:
     """Serialise ``msg`` as a commitlog record.
 
-    ``properties`` may carry the already-encoded properties string, so a caller that also
-    needs its length (to check limits before taking an offset) encodes it once.
+    ``properties`` may carry the already-encoded properties bytes, so a caller that also needs
+    their length (the store checks limits before taking an offset) encodes them once.
     """
-    prop_bytes = (properties if properties is not None else properties_to_string(msg.properties)).encode()
+    prop_bytes = properties if properties is not None else properties_to_string(msg.properties).encode()
     topic_bytes = msg.topic.encode()
     if len(topic_bytes) > MAX_TOPIC_BYTES:
         raise RecordError(f"topic longer than {MAX_TOPIC_BYTES} bytes")
     if len(prop_bytes) > MAX_PROPERTIES_BYTES:
         raise RecordError(f"properties longer than {MAX_PROPERTIES_BYTES} bytes")
     body = msg.body
-    size = record_size(len(body), len(topic_bytes), len(prop_bytes))
-    sys_flag = msg.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOST_V6_FLAG)
+    size = _HEADER_SIZE + 4 + len(body) + 1 + len(topic_bytes) + 2 + len(prop_bytes)
     return b"".join((
-        _HEAD.pack(size, MESSAGE_MAGIC, body_crc(body), msg.queue_id, msg.flag, queue_offset,
-                   physical_offset, sys_flag, msg.born_timestamp, _ip4(msg.born_host[0]),
-                   msg.born_host[1]),
-        _MID.pack(store_timestamp, _ip4(store_host[0]), store_host[1], msg.reconsume_times,
-                  msg.prepared_transaction_offset),
-        _I32.pack(len(body)), body,
-        bytes((len(topic_bytes),)), topic_bytes,
+        _FIXED.pack(size, MESSAGE_MAGIC, body_crc(body), msg.queue_id, msg.flag, queue_offset,
+                    physical_offset, msg.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOST_V6_FLAG),
+                    msg.born_timestamp, _ip4(msg.born_host[0]), msg.born_host[1],
+                    store_timestamp, _ip4(store_host[0]), store_host[1], msg.reconsume_times,
+                    msg.prepared_transaction_offset, len(body)),
+        body,
+        _TOPIC_LEN[len(topic_bytes)], topic_bytes,
         _I16.pack(len(prop_bytes)), prop_bytes,
     ))
 

@@ -1,0 +1,153 @@
+"""Store benchmark: ``python -m bench.store`` prints put/get/flush/recovery rates and, in the
+same run, the raw ceiling of assigning the same bytes into an mmap slice.
+
+Bounded in size (a temp dir, deleted afterwards).  Numbers on a shared 2-core machine are
+noisy: compare ratios within one run, and use ``--repeat`` to quote medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import mmap
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from txbroker.config import BrokerConfig
+from txbroker.store.message_store import MessageStore, PutStatus
+from txbroker.store.record import Message, encode_record
+
+SEGMENT = 256 * 1024 * 1024
+
+
+def config(root: Path, name: str, **kw: object) -> BrokerConfig:
+    return BrokerConfig(data_dir=str(root / name), segment_size=SEGMENT, **kw)  # type: ignore[arg-type]
+
+
+def raw_mmap(root: Path, body: int, count: int) -> float:
+    """The ceiling: the same encoded records assigned into a pre-touched mmap."""
+    rec = encode_record(Message("BenchTopic", 0, os.urandom(body), properties={"TAGS": "A", "KEYS": "k"}),
+                        physical_offset=0, queue_offset=0, store_timestamp=0, store_host=("127.0.0.1", 10911))
+    size = len(rec) * count
+    path = root / "raw"
+    with open(path, "wb") as fh:
+        fh.truncate(size)
+    with open(path, "r+b") as fh:
+        mm = mmap.mmap(fh.fileno(), size)
+        mm[0:size] = bytes(size)  # pre-touch, as measured.md's ceiling
+        n = len(rec)
+        start = time.perf_counter()
+        pos = 0
+        for _ in range(count):
+            mm[pos:pos + n] = rec
+            pos += n
+        elapsed = time.perf_counter() - start
+        mm.close()
+    path.unlink()
+    return count / elapsed
+
+
+async def put_rate(root: Path, name: str, body: int, count: int, *, mode: str = "async",
+                   writers: int = 1) -> tuple[float, MessageStore]:
+    store = MessageStore(config(root, name, flush_mode=mode))
+    store.open()
+    await store.start()
+    payload = os.urandom(body)
+    per = count // writers
+
+    async def writer(w: int) -> None:
+        for i in range(per):
+            r = await store.put(Message("BenchTopic", w % 4, payload, properties={"TAGS": "A", "KEYS": "k"}))
+            if r.status is not PutStatus.OK:
+                raise RuntimeError(f"put failed: {r}")
+
+    start = time.perf_counter()
+    await asyncio.gather(*(writer(w) for w in range(writers)))
+    elapsed = time.perf_counter() - start
+    return per * writers / elapsed, store
+
+
+def get_rate(store: MessageStore) -> float:
+    n = 0
+    start = time.perf_counter()
+    for q in range(4):
+        off = 0
+        while True:
+            res = store.get("BenchTopic", q, off, 32)
+            if not res.raw:
+                break
+            n += len(res.raw)
+            off = res.next_offset
+    return n / (time.perf_counter() - start)
+
+
+async def recovery_rate(root: Path, name: str) -> tuple[float, int]:
+    """Force a full crash recovery of ``name`` and report MB/s of validated log."""
+    data = root / name
+    (data / "checkpoint").unlink(missing_ok=True)
+    (data / "abort").write_bytes(b"")
+    store = MessageStore(config(root, name))
+    report = store.open()
+    await store.start()
+    await store.close()
+    return report.bytes_scanned / report.seconds / 1e6, report.bytes_scanned
+
+
+async def run_once(root: Path, scale: float) -> dict[str, tuple[float, float | None]]:
+    out: dict[str, tuple[float, float | None]] = {}
+    n256 = int(200_000 * scale)
+    n4k = int(40_000 * scale)
+    out["raw mmap slice assignment, 256 B"] = (raw_mmap(root, 256, n256), None)
+    rate, store = await put_rate(root, "a256", 256, n256)
+    out["put 256 B, async flush"] = (rate, rate * 256 / 1e6)
+    await store.close()
+    rate, store = await put_rate(root, "a4k", 4096, n4k)
+    out["put 4 KiB, async flush"] = (rate, rate * 4096 / 1e6)
+    out["get (32 per call), 4 KiB"] = (get_rate(store), None)
+    await store.close()
+    rate, store = await put_rate(root, "s1", 256, int(2_000 * scale), mode="sync", writers=1)
+    out["put 256 B, sync flush, 1 writer"] = (rate, None)
+    await store.close()
+    rate, store = await put_rate(root, "s64", 256, int(100_000 * scale), mode="sync", writers=64)
+    flushes = store.stats()["group_commit_flushes"]
+    out[f"put 256 B, sync flush, 64 writers ({flushes} flushes)"] = (rate, None)
+    await store.close()
+    mbs, scanned = await recovery_rate(root, "a4k")
+    out[f"recovery ({scanned / 1e6:.0f} MB validated)"] = (mbs, None)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeat", type=int, default=1, help="runs; the table shows medians")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
+    args = ap.parse_args()
+    runs: list[dict[str, tuple[float, float | None]]] = []
+    for _ in range(args.repeat):
+        root = Path(tempfile.mkdtemp(prefix="txbroker-bench-store-"))
+        try:
+            runs.append(asyncio.run(run_once(root, args.scale)))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    table = Table(title=f"txbroker store (median of {args.repeat})")
+    table.add_column("operation")
+    table.add_column("rate", justify="right")
+    table.add_column("MB/s", justify="right")
+    for key in runs[0]:
+        rates = [r[key][0] for r in runs if key in r]
+        mbs = [r[key][1] for r in runs if key in r and r[key][1] is not None]
+        unit = "MB/s" if key.startswith("recovery") else "msgs/s"
+        table.add_row(key, f"{statistics.median(rates):,.0f} {unit}",
+                      f"{statistics.median(mbs):,.0f}" if mbs else "")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
