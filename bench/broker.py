@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Self
 
 from txbroker.remoting.client import RemotingClient
-
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.store.record import (
@@ -89,27 +88,22 @@ def _half(producer: int, seq: int, born: str) -> tuple[RemotingCommand, str]:
     }, b"x" * 200), uniq
 
 
-async def _producer(addr: str, idx: int, stop_at: float, sent: list[int]) -> None:
-    client = RemotingClient(addr)
-    await client.connect()
+async def _producer(client: RemotingClient, idx: int, stop_at: float, sent: list[int]) -> None:
     loop = asyncio.get_running_loop()
     seq = 0
-    try:
-        while loop.time() < stop_at:
-            cmd, uniq = _half(idx, seq, str(int(time.time() * 1000)))
-            resp = await client.invoke(cmd, 10.0)
-            if resp.code != ResponseCode.SUCCESS:
-                raise RuntimeError(f"half send failed: {resp.code} {resp.remark}")
-            offset = decode_offset_msg_id(resp.ext_fields["msgId"])[2]
-            await client.invoke_oneway(RemotingCommand.request(RequestCode.END_TRANSACTION, {
-                "producerGroup": GROUP, "tranStateTableOffset": resp.ext_fields["queueOffset"],
-                "commitLogOffset": str(offset), "commitOrRollback": "8",
-                "fromTransactionCheck": "false", "msgId": uniq, "transactionId": uniq,
-            }, oneway=True))
-            seq += 1
-            sent[0] += 1
-    finally:
-        await client.close()
+    while loop.time() < stop_at:
+        cmd, uniq = _half(idx, seq, str(int(time.time() * 1000)))
+        resp = await client.invoke(cmd, 10.0)
+        if resp.code != ResponseCode.SUCCESS:
+            raise RuntimeError(f"half send failed: {resp.code} {resp.remark}")
+        offset = decode_offset_msg_id(resp.ext_fields["msgId"])[2]
+        await client.invoke_oneway(RemotingCommand.request(RequestCode.END_TRANSACTION, {
+            "producerGroup": GROUP, "tranStateTableOffset": resp.ext_fields["queueOffset"],
+            "commitLogOffset": str(offset), "commitOrRollback": "8",
+            "fromTransactionCheck": "false", "msgId": uniq, "transactionId": uniq,
+        }, oneway=True))
+        seq += 1
+        sent[0] += 1
 
 
 async def _consumer(addr: str, seen: list, done: asyncio.Event) -> None:
@@ -129,6 +123,7 @@ async def _consumer(addr: str, seen: list, done: asyncio.Event) -> None:
             if resp.code == ResponseCode.SUCCESS:
                 seen[0] += len(decode_records(resp.body))
                 seen[1] = loop.time()
+                seen[2] += 1
             if resp.code in (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND,
                              ResponseCode.PULL_RETRY_IMMEDIATELY, ResponseCode.PULL_OFFSET_MOVED):
                 offset = int(resp.ext_fields.get("nextBeginOffset", offset))
@@ -141,7 +136,7 @@ async def _consumer(addr: str, seen: list, done: asyncio.Event) -> None:
         await client.close()
 
 
-async def run_row(addr: str, producers: int, seconds: float) -> dict:
+async def run_row(addr: str, producers: int, seconds: float, connections: int) -> dict:
     loop = asyncio.get_running_loop()
     # Create the topic first so the consumer's pulls find it.
     warm = RemotingClient(addr)
@@ -149,20 +144,28 @@ async def run_row(addr: str, producers: int, seconds: float) -> dict:
     await warm.invoke(RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
         "topic": TOPIC, "readQueueNums": str(QUEUES), "writeQueueNums": str(QUEUES), "perm": "6"}), 10)
     await warm.close()
-    seen = [0, 0.0]
+    seen = [0, 0.0, 0]  # messages, time of the last one, pull responses with messages
     sent = [0]
     done = asyncio.Event()
     consumer = asyncio.create_task(_consumer(addr, seen, done))
     start = loop.time()
     stop_at = start + seconds
-    await asyncio.gather(*(_producer(addr, i, stop_at, sent) for i in range(producers)))
+    clients = [RemotingClient(addr) for _ in range(min(connections, producers))]
+    for client in clients:
+        await client.connect()
+    try:
+        await asyncio.gather(*(_producer(clients[i % len(clients)], i, stop_at, sent)
+                               for i in range(producers)))
+    finally:
+        for client in clients:
+            await client.close()
     deadline = loop.time() + 15
     while seen[0] < sent[0] and loop.time() < deadline:
         await asyncio.sleep(0.02)
     done.set()
     await asyncio.wait_for(consumer, 10)
     elapsed = (seen[1] or loop.time()) - start
-    return {"sent": sent[0], "seen": seen[0], "seconds": elapsed,
+    return {"sent": sent[0], "seen": seen[0], "seconds": elapsed, "pulls": seen[2],
             "tps": seen[0] / elapsed if elapsed > 0 else 0.0}
 
 
@@ -171,6 +174,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--producers", default="1,64")
     ap.add_argument("--flush", default="async,sync")
+    ap.add_argument("--connections", default="each,shared",
+                    help="each: one connection per producer; shared: all producers share one "
+                         "connection, as producers in one RocketMQ client process do")
+    ap.add_argument("--broker", default="",
+                    help="drive an already running broker at HOST:PORT (for profiling) instead")
     args = ap.parse_args()
     try:
         import uvloop
@@ -178,18 +186,38 @@ def main() -> None:
     except ImportError:
         runner = asyncio.Runner()
     rows = []
+    if args.broker:
+        with runner:
+            for producers in (int(p) for p in args.producers.split(",")):
+                for mode in args.connections.split(","):
+                    conns = producers if mode == "each" else 1
+                    r = runner.run(run_row(args.broker, producers, args.seconds, conns))
+                    rows.append(("given", producers, mode, r))
+        _print(rows)
+        return
     with runner:
         for flush in args.flush.split(","):
             for producers in (int(p) for p in args.producers.split(",")):
-                with tempfile.TemporaryDirectory(prefix="txbroker-bench-") as d, BrokerProc(flush, d) as b:
-                    r = runner.run(run_row(b.addr, producers, args.seconds))
-                rows.append((flush, producers, r))
-                print(f"  {flush:5} {producers:3} producers: {r['tps']:,.0f} tx/s", file=sys.stderr)
-    print(f"{'flush':<6} {'producers':>9} {'committed tx':>13} {'seen':>8} {'seconds':>8} {'tx/s':>9}")
-    for flush, producers, r in rows:
-        print(f"{flush:<6} {producers:>9} {r['sent']:>13,} {r['seen']:>8,} {r['seconds']:>8.2f} "
-              f"{r['tps']:>9,.0f}")
-    if any(r["seen"] != r["sent"] for _, _, r in rows):
+                for mode in args.connections.split(","):
+                    if producers == 1 and mode != args.connections.split(",")[0]:
+                        continue  # one producer: both modes are the same
+                    conns = producers if mode == "each" else 1
+                    with tempfile.TemporaryDirectory(prefix="txbroker-bench-") as d, \
+                            BrokerProc(flush, d) as b:
+                        r = runner.run(run_row(b.addr, producers, args.seconds, conns))
+                    rows.append((flush, producers, mode, r))
+                    print(f"  {flush:5} {producers:3} producers ({mode} connection): "
+                          f"{r['tps']:,.0f} tx/s", file=sys.stderr)
+    _print(rows)
+
+
+def _print(rows: list) -> None:
+    print(f"{'flush':<6} {'producers':>9} {'connections':>11} {'committed tx':>13} {'seen':>8} {'seconds':>8} {'tx/s':>9} {'msgs/pull':>9}")
+    for flush, producers, mode, r in rows:
+        conns = producers if mode == "each" else 1
+        print(f"{flush:<6} {producers:>9} {conns:>11} {r['sent']:>13,} {r['seen']:>8,} {r['seconds']:>8.2f} "
+              f"{r['tps']:>9,.0f} {r['seen'] / max(r['pulls'], 1):>9.1f}")
+    if any(r["seen"] != r["sent"] for *_, r in rows):
         print("WARNING: the consumer did not see every committed transaction", file=sys.stderr)
         sys.exit(1)
 

@@ -104,7 +104,10 @@ class SendProcessor:
         code = cmd.code
         f = send_fields(cmd, v2=code != RequestCode.SEND_MESSAGE)
         group = f.str("producerGroup")
-        topic = validate_topic_name(f.str("topic"))
+        topic = f.str("topic")
+        tc = self.topics.get(topic)
+        if tc is None:  # known topics were validated when they were created
+            validate_topic_name(topic)
         if is_system_topic(topic):
             raise FieldError(ResponseCode.NO_PERMISSION,
                              f"Sending message to topic[{topic}] is forbidden: system topic")
@@ -132,7 +135,8 @@ class SendProcessor:
                              f"{self.config.max_message_size}")
         if not body:
             raise FieldError(ResponseCode.MESSAGE_ILLEGAL, "message body is empty")
-        tc = self.topics.get_or_create(topic, queue_nums=queue_nums)
+        if tc is None:
+            tc = self.topics.get_or_create(topic, queue_nums=queue_nums)
         if not tc.perm & PERM_WRITE:
             raise FieldError(ResponseCode.NO_PERMISSION, f"topic[{topic}] is not writable")
         if queue_id < 0:
@@ -142,12 +146,14 @@ class SendProcessor:
                              f"request queueId[{queue_id}] is illegal, topic {topic} has "
                              f"{tc.write_queue_nums} write queues")
         self.registry.note_producer(group, conn)
-        born_host = parse_peer(getattr(conn, "peer", None))
+        born_host = conn.attributes.get("born_host")
+        if born_host is None:
+            born_host = conn.attributes["born_host"] = parse_peer(conn.peer)
         if batch:
             return await self._send_batch(cmd, topic, queue_id, sys_flag, born_ts, born_host,
                                           reconsume, body)
         props = string_to_properties(props_text)
-        self._fix_properties(props)
+        self._fix_properties(props, len(props_text))
         transactional = is_true(props.get(PROPERTY_TRANSACTION_PREPARED))
         if tx_bits == TRANSACTION_PREPARED_TYPE and not transactional:
             raise FieldError(ResponseCode.MESSAGE_ILLEGAL,
@@ -165,9 +171,12 @@ class SendProcessor:
         result = await self.store.put(msg)
         return self._response(cmd, result, queue_id=queue_id)
 
-    def _fix_properties(self, props: dict[str, str]) -> None:
+    def _fix_properties(self, props: dict[str, str], text_len: int | None = None) -> None:
         props.pop(PROPERTY_WAIT_STORE_MSG_OK, None)
         props[PROPERTY_CLUSTER] = self.config.cluster_name
+        # Exact size only when it could matter: UTF-8 needs at most 3 bytes per character.
+        if text_len is not None and 3 * (text_len + len(self.config.cluster_name)) + 16 < MAX_PROPERTIES_BYTES:
+            return
         if len(properties_to_string(props).encode()) > MAX_PROPERTIES_BYTES:
             raise FieldError(ResponseCode.MESSAGE_ILLEGAL,
                              f"message properties exceed {MAX_PROPERTIES_BYTES} bytes")
