@@ -18,7 +18,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from txbroker.store.message_store import MessageStore
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.client import RemotingClient
@@ -30,6 +29,7 @@ from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.transaction import TransactionalMessageService
 from txbroker.service.tx_processors import transaction_handlers
 from txbroker.service.txstate import ConflictError, HalfState, Outcome, TransactionError
+from txbroker.store.message_store import MessageStore
 from txbroker.store.record import (
     CHECK_MAX_TIME_TOPIC,
     OP_HALF_TOPIC,
@@ -269,8 +269,9 @@ async def test_delay_level_and_bad_properties_refused(node) -> None:
     with pytest.raises(TransactionError) as err:
         await node.tx.prepare(half_msg(DELAY="3"), None)
     assert err.value.code == ResponseCode.MESSAGE_ILLEGAL and "delay" in err.value.remark
-    with pytest.raises(TransactionError):
-        await node.tx.prepare(half_msg(CHECK_IMMUNITY_TIME_IN_SECONDS="soon"), None)
+    for bad in ("soon", "-5", "²"):
+        with pytest.raises(TransactionError):
+            await node.tx.prepare(half_msg(CHECK_IMMUNITY_TIME_IN_SECONDS=bad), None)
     msg = half_msg()
     del msg.properties["PGROUP"]
     with pytest.raises(TransactionError):

@@ -115,4 +115,5 @@ def test_op_bodies_of_both_rocketmq_lines_parse() -> None:
     assert _parse_offsets(b"17") == [17]            # 4.x: one offset
     assert _parse_offsets(b"17,18,21,") == [17, 18, 21]  # 5.x batch
     assert _parse_offsets(b"x,-1,,5") == [5]        # junk is skipped, never raises
+    assert _parse_offsets("²,7".encode()) == [7]
     assert _parse_counts(b"3:1,4:15,bad,5:") == [(3, 1), (4, 15)]

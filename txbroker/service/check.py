@@ -71,7 +71,7 @@ def check_request(half_phys: int, entry: HalfEntry, record: Any) -> RemotingComm
     props = dict(record.properties)
     topic = props.get(PROPERTY_REAL_TOPIC, entry.topic)
     qid = props.get(PROPERTY_REAL_QUEUE_ID, str(entry.queue_id))
-    restored = Message(topic=topic, queue_id=int(qid) if qid.isdigit() else entry.queue_id,
+    restored = Message(topic=topic, queue_id=int(qid) if qid.isascii() and qid.isdigit() else entry.queue_id,
                        body=record.body, flag=record.flag, properties=props,
                        sys_flag=record.sys_flag, born_timestamp=record.born_timestamp,
                        born_host=record.born_host, reconsume_times=record.reconsume_times,

@@ -179,6 +179,11 @@ def _put_ok(result: PutResult) -> bool:
     return result.status.name in _PUT_OK
 
 
+def is_uint(text: str) -> bool:
+    """ASCII decimal digits only (``str.isdigit`` also accepts "²", which ``int`` refuses)."""
+    return text.isascii() and text.isdigit()
+
+
 def _new_uniq_key() -> str:
     return uuid.uuid4().hex.upper()
 
@@ -188,7 +193,7 @@ def _parse_offsets(body: bytes) -> list[int]:
     out = []
     for piece in body.decode("utf-8", "replace").split(","):
         piece = piece.strip()
-        if piece.isdigit():
+        if is_uint(piece):
             out.append(int(piece))
     return out
 
@@ -197,7 +202,7 @@ def _parse_counts(body: bytes) -> list[tuple[int, int]]:
     out = []
     for piece in body.decode("utf-8", "replace").split(","):
         qo, sep, n = piece.strip().partition(":")
-        if sep and qo.isdigit() and n.isdigit():
+        if sep and is_uint(qo) and is_uint(n):
             out.append((int(qo), int(n)))
     return out
 
@@ -335,7 +340,7 @@ class TransactionalMessageService:
             records += 1
             if m.topic == CHECK_MAX_TIME_TOPIC:
                 raw = m.properties.get(PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET, "")
-                if raw.isdigit() and self._resolved.get(int(raw)) is None:
+                if is_uint(raw) and self._resolved.get(int(raw)) is None:
                     discarded.add(int(raw))
                 continue
             tag = m.properties.get(PROPERTY_TAGS)
@@ -574,7 +579,7 @@ class TransactionalMessageService:
             raise TransactionError(ResponseCode.MESSAGE_ILLEGAL,
                                    f"a transactional message cannot have a delay level (DELAY={delay})")
         immunity = props.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
-        if immunity is not None and not immunity.strip().isdigit():
+        if immunity is not None and not is_uint(immunity.strip()):
             raise TransactionError(ResponseCode.MESSAGE_ILLEGAL,
                                    f"property CHECK_IMMUNITY_TIME_IN_SECONDS={immunity!r} is not a "
                                    "non-negative integer")
@@ -743,7 +748,7 @@ class TransactionalMessageService:
         uniq = props.get(PROPERTY_UNIQ_KEY)
         if uniq:
             props.setdefault(PROPERTY_TRANSACTION_ID, uniq)
-        return Message(topic=topic, queue_id=int(qid) if qid.isdigit() else 0, body=half.body,
+        return Message(topic=topic, queue_id=int(qid) if is_uint(qid) else 0, body=half.body,
                        flag=half.flag, properties=props,
                        sys_flag=(half.sys_flag & ~TRANSACTION_MASK) | TRANSACTION_COMMIT_TYPE,
                        born_timestamp=half.born_timestamp, born_host=half.born_host,
@@ -857,12 +862,12 @@ class TransactionalMessageService:
             phys=m.physical_offset, queue_offset=m.queue_offset, store_ts=m.store_timestamp,
             immunity_ms=immunity, group=props.get(PROPERTY_PRODUCER_GROUP, ""),
             uniq=props.get(PROPERTY_UNIQ_KEY), topic=props.get(PROPERTY_REAL_TOPIC, ""),
-            queue_id=int(qid) if qid.isdigit() else 0, keys=m.keys, tags=m.tags,
+            queue_id=int(qid) if is_uint(qid) else 0, keys=m.keys, tags=m.tags,
             body_size=len(m.body), msg_id=m.msg_id)
 
     def _immunity_ms(self, props: dict[str, str]) -> int:
         raw = props.get(PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS)
-        if raw is not None and raw.strip().isdigit():
+        if raw is not None and is_uint(raw.strip()):
             return int(raw) * 1000
         return int(self.config.transaction_timeout * 1000)
 
