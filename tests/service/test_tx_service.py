@@ -586,3 +586,35 @@ async def test_periodic_check_service_runs_on_its_interval(tmp_path) -> None:
     finally:
         await producer.close()
         await node.close()
+
+
+async def test_many_check_counts_are_split_to_fit_the_message_limit(tmp_path) -> None:
+    cfg = tx_config(tmp_path / "data", max_message_size=1024, check_concurrency=16)
+    node = await open_node(cfg, Clock())
+    producer = await Producer(node).start()
+    try:
+        n = 300  # ~300 x 4-7 bytes of counts: more than half the 1 KiB limit
+        for i in range(n):
+            await prepare(node, conn=producer.conn, uniq=f"N{i}", body=b"b")
+        node.clock.advance(10)
+        assert (await node.tx.check_now()).sent == n
+        records = [o for o in op_records(node) if o.tags == "c"]
+        assert len(records) > 1 and all(len(o.body) <= 1024 for o in records)
+        await producer.wait_checks(n)
+    finally:
+        await producer.close()
+        await node.close()
+    node = await open_node(cfg, Clock())
+    try:
+        assert node.tx.recovered_from_snapshot
+        assert {e.checks for e in node.tx.pending_entries()} == {1}
+    finally:
+        await node.close()
+    (cfg.data_path / "txstate.snapshot").unlink()
+    node = await open_node(cfg, Clock())
+    try:
+        assert not node.tx.recovered_from_snapshot
+        assert {e.checks for e in node.tx.pending_entries()} == {1}  # from the c records
+        assert node.tx.pending_count() == n
+    finally:
+        await node.close()

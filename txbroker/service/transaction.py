@@ -808,11 +808,24 @@ class TransactionalMessageService:
         return Outcome.APPLY
 
     async def record_checks(self, entries: list[HalfEntry]) -> None:
-        """Persist the check counts of one pass as one ``c`` record."""
-        body = "".join(f"{e.queue_offset}:{e.checks}," for e in entries)
-        result = await self._put_op(OP_TAG_CHECKS, body, {})
+        """Persist the check counts of one pass as ``c`` records (one, unless it is huge)."""
+        limit = max(256, self.config.max_message_size // 2)
+        chunk: list[str] = []
+        size = 0
+        for e in entries:
+            piece = f"{e.queue_offset}:{e.checks},"
+            chunk.append(piece)
+            size += len(piece)
+            if size >= limit:
+                await self._put_checks(chunk)
+                chunk, size = [], 0
+        if chunk:
+            await self._put_checks(chunk)
+
+    async def _put_checks(self, pieces: list[str]) -> None:
+        result = await self._put_op(OP_TAG_CHECKS, "".join(pieces), {})
         if not _put_ok(result):
-            log.error("check counts of %d halves not persisted: %s", len(entries), result.status.name)
+            log.error("check counts of %d halves not persisted: %s", len(pieces), result.status.name)
 
     def read_half(self, phys: int) -> StoredMessage | None:
         return self._read_half(phys)
