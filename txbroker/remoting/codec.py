@@ -57,6 +57,7 @@ _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 _LANG_BY_NAME = {lang.name: int(lang) for lang in LanguageCode}
 _LANG_BY_CODE = {int(lang): lang.name for lang in LanguageCode}
 _JSON = SerializeType.JSON
+_ROCKETMQ = int(SerializeType.ROCKETMQ)
 
 
 class ProtocolError(Exception):
@@ -397,9 +398,9 @@ def _encode_binary_header(cmd: RemotingCommand) -> bytes:
 
 def encode(cmd: RemotingCommand) -> bytes:
     """Serialise a command as one frame in its own serialize type."""
-    if cmd.serialize_type == SerializeType.ROCKETMQ:
+    if cmd.serialize_type == _ROCKETMQ:
         header = _encode_binary_header(cmd)
-        kind = SerializeType.ROCKETMQ << 24
+        kind = _ROCKETMQ << 24
     else:
         header = _encode_json_header(cmd)
         kind = 0
