@@ -115,8 +115,27 @@ class Broker:
         self.namesrv_port = ns_sock.getsockname()[1] if ns_sock is not None else -1
 
         self.store = MessageStore(cfg, clock=self.clock, store_host=(self.host, self.broker_port))
-        report = self.store.open()
+        try:
+            report = self.store.open()
+        except BaseException:
+            for s in socks:
+                s.close()
+            raise
         log.info("store opened: %s", report)
+        # From here on, stop() undoes whatever part of start() has run.
+        self._started = True
+        try:
+            await self._start_services(broker_sock, ns_sock)
+        except BaseException:
+            for s in socks:
+                s.close()
+            await self.stop()
+            raise
+        log.info("broker %s listening on %s (name server %s)", cfg.broker_name, self.broker_addr,
+                 self.namesrv_addr)
+
+    async def _start_services(self, broker_sock: socket.socket, ns_sock: socket.socket | None) -> None:
+        cfg = self.config
         self.holds.bind(asyncio.get_running_loop())
         self.store.add_listener(self.holds.on_put)
         await self.store.start()
@@ -156,9 +175,6 @@ class Broker:
                 self._serve_metrics, "127.0.0.1", cfg.metrics_port)
             self.metrics_port = self._metrics_server.sockets[0].getsockname()[1]
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txbroker-housekeeping")
-        self._started = True
-        log.info("broker %s listening on %s (name server %s)", cfg.broker_name, self.broker_addr,
-                 self.namesrv_addr)
 
     def _runtime(self) -> dict[str, str]:
         conns = len(self.server.connections) if self.server is not None else 0

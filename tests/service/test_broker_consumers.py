@@ -7,9 +7,9 @@ import time
 
 import orjson
 from broker_wire import PULL_COMMIT, PULL_SUBSCRIPTION, TIMEOUT, pull, request, send
-from txbroker.remoting.client import RemotingClient
 
 from txbroker.broker import Broker
+from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 
 
@@ -236,3 +236,30 @@ async def test_topic_admin_and_status(broker, broker_client) -> None:
     assert status["pendingHalfMessages"] == 0
     info = orjson.loads((await c.invoke(request(RequestCode.GET_BROKER_RUNTIME_INFO), TIMEOUT)).body)
     assert info["table"]["flushMode"] == broker.config.flush_mode
+
+
+async def test_metrics_endpoint_serves_prometheus_text(broker_config) -> None:
+    b = Broker(broker_config.replace(metrics_port=0))
+    await b.start()
+    c = await _connect(b.broker_addr)
+    try:
+        half = await send(c, "MetricT", b"x", sys_flag=4, group="PG_M",
+                          props={"TRAN_MSG": "true", "PGROUP": "PG_M", "UNIQ_KEY": "U-M"})
+        assert half.code == ResponseCode.SUCCESS
+        reader, writer = await asyncio.open_connection("127.0.0.1", b.metrics_port)
+        writer.write(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), TIMEOUT)
+        writer.close()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.0 200") and b"text/plain" in head
+        assert b"txbroker_tx_pending 1.0" in body
+        assert b"txbroker_connections" in body
+        reader, writer = await asyncio.open_connection("127.0.0.1", b.metrics_port)
+        writer.write(b"GET /nope HTTP/1.0\r\n\r\n")
+        raw = await asyncio.wait_for(reader.read(), TIMEOUT)
+        writer.close()
+        assert raw.startswith(b"HTTP/1.0 404")
+    finally:
+        await c.close()
+        await b.stop()

@@ -196,3 +196,45 @@ async def test_auto_create_off_refuses_unknown_topic(broker_config, tmp_path) ->
     finally:
         await client.close()
         await b.stop()
+
+
+async def test_shutdown_answers_held_pulls(broker_config) -> None:
+    from txbroker.broker import Broker
+    from txbroker.remoting.client import RemotingClient
+
+    b = Broker(broker_config.replace(shutdown_grace=30.0))
+    await b.start()
+    client = RemotingClient(b.broker_addr)
+    await client.connect()
+    try:
+        await create_topic(client, "Held")
+        held = asyncio.create_task(pull(client, "G", "Held", 0, 0, suspend_ms=60_000, timeout=60,
+                                        sys_flag=PULL_SUSPEND | PULL_SUBSCRIPTION))
+        await asyncio.sleep(0.2)
+        await asyncio.wait_for(b.stop(), 20)  # would take the whole 30 s grace if not woken
+        resp, msgs = await asyncio.wait_for(held, 5)
+        assert resp.code == ResponseCode.PULL_NOT_FOUND and msgs == []
+    finally:
+        await client.close()
+        await b.stop()
+
+
+async def test_failed_start_leaves_a_clean_store(broker_config) -> None:
+    import socket
+
+    from txbroker.broker import Broker
+    from txbroker.store.checkpoint import CheckpointFile
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        b = Broker(broker_config.replace(metrics_port=taken.getsockname()[1]))
+        with pytest.raises(OSError):
+            await b.start()
+        assert CheckpointFile(broker_config.data_path).was_clean()
+    finally:
+        taken.close()
+    b2 = Broker(broker_config)
+    await b2.start()
+    await b2.stop()
