@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from broker_wire import pull, request, send
+from broker_wire import TIMEOUT, pull, request, send
 
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.store.record import decode_offset_msg_id, decode_record, encode_batch
@@ -97,3 +97,16 @@ async def test_transactional_batch_and_forged_op_refused(broker, broker_client) 
     assert resp.code == ResponseCode.MESSAGE_ILLEGAL and "transactional" in resp.remark
     assert broker.tx.pending_count() == 0
     assert broker.store.max_offset("TxBatch", 0) == 0
+
+
+async def test_send_back_cannot_leak_a_half_message(broker, broker_client) -> None:
+    c = broker_client
+    half = await _half(c, "TxLeak", b"secret", "U-LEAK")
+    await c.invoke_oneway(_end(half, "U-LEAK", ROLLBACK))
+    await _until(lambda: broker.tx.pending_count() == 0)
+    resp = await c.invoke(request(RequestCode.CONSUMER_SEND_MSG_BACK, {
+        "offset": str(decode_offset_msg_id(half.ext_fields["msgId"])[2]), "group": "LG",
+        "delayLevel": "-1"}), TIMEOUT)
+    assert resp.code == ResponseCode.NO_PERMISSION
+    assert broker.store.max_offset("%DLQ%LG", 0) == 0
+    assert broker.store.max_offset("TxLeak", 0) == 0

@@ -33,7 +33,7 @@ from txbroker.service.clients import (
 from txbroker.service.processors.fields import FieldError, Fields, error_response
 from txbroker.service.processors.send import put_ok
 from txbroker.service.schedule import ScheduleService
-from txbroker.service.topics import TopicManager, validate_group_name
+from txbroker.service.topics import TopicManager, is_system_topic, validate_group_name
 from txbroker.store.record import (
     DLQ_GROUP_TOPIC_PREFIX,
     PROPERTY_MAX_RECONSUME_TIMES,
@@ -250,6 +250,11 @@ class ConsumerProcessor:
         old = self.store.read(offset)
         if old is None:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}")
+        if is_system_topic(old.topic):
+            # A half, op or discarded message must never reach a consumer through a retry
+            # topic: that would make a rolled-back transaction visible.
+            return cmd.response(ResponseCode.NO_PERMISSION,
+                                f"message at offset {offset} is in system topic {old.topic}")
         props = dict(old.properties)
         props.setdefault(PROPERTY_RETRY_TOPIC, old.topic)
         props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, origin_msg_id or old.uniq_key or old.msg_id)
