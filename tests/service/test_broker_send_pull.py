@@ -170,6 +170,10 @@ async def test_bad_pull_fields(broker, broker_client) -> None:
     c = broker_client
     resp, _ = await pull(c, "G", "NoSuchTopic", 0, 0)
     assert resp.code == ResponseCode.TOPIC_NOT_EXIST
+    for system in ("RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+                   "TRANS_CHECK_MAX_TIME_TOPIC", "SCHEDULE_TOPIC_XXXX"):
+        resp, msgs = await pull(c, "G", system, 0, 0)
+        assert resp.code == ResponseCode.NO_PERMISSION and msgs == []
     await send(c, "P", b"x")
     resp, _ = await pull(c, "G", "P", 9, 0)
     assert resp.code == ResponseCode.SYSTEM_ERROR and "queueId" in resp.remark

@@ -30,6 +30,7 @@ from txbroker.service.topics import (
     PERM_READ,
     TopicError,
     TopicManager,
+    is_system_topic,
     validate_group_name,
 )
 from txbroker.store.record import tag_hash
@@ -130,6 +131,11 @@ class PullProcessor:
         if expression_type.upper() != "TAG":
             raise FieldError(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
                              f"expression type {expression_type!r} is not supported (TAG only)")
+        if is_system_topic(topic):
+            # Half, op, discarded and scheduled messages are broker state, not deliveries:
+            # pulling them would expose undecided or rolled-back transactions.
+            raise FieldError(ResponseCode.NO_PERMISSION,
+                             f"topic[{topic}] is a system topic and cannot be pulled")
         tc = self.topics.get(topic)
         if tc is None:
             try:
