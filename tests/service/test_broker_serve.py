@@ -6,13 +6,15 @@ import asyncio
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from broker_wire import TIMEOUT, pull, send
-from conftest import REPO_ROOT
 
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import ResponseCode
 from txbroker.store.checkpoint import CheckpointFile
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _serve(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

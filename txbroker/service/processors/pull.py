@@ -60,12 +60,13 @@ class PullHoldService:
 
     def on_put(self, topic: str, queue_id: int, _max_offset: int) -> None:
         """Store listener: called for every dispatched message, so it must stay cheap."""
-        if not self._waiters:
+        key = (topic, queue_id)
+        if key not in self._waiters:
             return
         if threading.get_ident() != self._loop_thread and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._wake, (topic, queue_id))
+            self._loop.call_soon_threadsafe(self._wake, key)
         else:
-            self._wake((topic, queue_id))
+            self._wake(key)
 
     def _wake(self, key: tuple[str, int]) -> None:
         waiters = self._waiters.pop(key, None)
