@@ -11,7 +11,7 @@ import socket
 
 import orjson
 from click.testing import CliRunner
-from conftest import wait_until
+from sdk_helpers import wait_until
 
 from cli.main import main
 

@@ -6,7 +6,7 @@ import asyncio
 import time
 
 import pytest
-from conftest import collect, wait_until
+from sdk_helpers import collect, wait_until
 
 from txbroker.client import Consumer, Message, Producer
 from txbroker.client.admin import AdminClient

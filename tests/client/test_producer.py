@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import collect, wait_until
+from sdk_helpers import collect, wait_until
 
 from txbroker.client import Consumer, Message, Producer, SendStatus
 from txbroker.client.admin import AdminClient

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import WAIT, collect, wait_until
+from sdk_helpers import WAIT, collect, wait_until
 
 from txbroker.client import (
     Consumer,

@@ -197,9 +197,8 @@ class Consumer:
         self._state = "closed"
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        # gather, not "suppress(CancelledError)": a cancellation of *this* task must propagate.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._stop_pullers()
         if ack_delivered:
             self._ack_delivered()
@@ -259,10 +258,10 @@ class Consumer:
         while True:
             remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
             try:
-                if remaining is None:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+                # cancellation that races with the item arriving.
+                async with asyncio.timeout(remaining):
                     item = await self._buffer.get()
-                else:
-                    item = await asyncio.wait_for(self._buffer.get(), remaining)
             except TimeoutError:
                 return None
             if item is None:
@@ -282,9 +281,10 @@ class Consumer:
 
     async def _rebalance_loop(self) -> None:
         assert self._rebalance_needed is not None
-        while True:
+        while self._state != "closed":
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._rebalance_needed.wait(), self.rebalance_interval)
+                async with asyncio.timeout(self.rebalance_interval):
+                    await self._rebalance_needed.wait()
             self._rebalance_needed.clear()
             try:
                 await self.rebalance()
@@ -338,8 +338,7 @@ class Consumer:
         owned.tracker.dropped = True
         if owned.task is not None:
             owned.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await owned.task
+            await asyncio.gather(owned.task, return_exceptions=True)
         # Hand over exactly where this member stopped, so the next owner neither skips nor
         # needlessly repeats.
         try:

@@ -177,9 +177,7 @@ class ClientInstance:
         self._closed = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         groups = [("producerGroup", g) for g in sorted(self.producer_groups)]
         groups += [("consumerGroup", g) for g in sorted(self.consumer_data)]
         for addr in list(self._conns):
@@ -213,9 +211,9 @@ class ClientInstance:
         errors = []
         for i in range(len(self.namesrv_addrs)):
             addr = self.namesrv_addrs[(self._ns_index + i) % len(self.namesrv_addrs)]
-            client = RemotingClient(addr)
+            client = RemotingClient(addr, connect_timeout=self.request_timeout)
             try:
-                await asyncio.wait_for(client.connect(), self.request_timeout)
+                await client.connect()
             except (OSError, TimeoutError) as exc:
                 errors.append(f"{addr}: {exc or type(exc).__name__}")
                 with contextlib.suppress(Exception):
@@ -297,11 +295,11 @@ class ClientInstance:
             return await asyncio.shield(pending)
         fut = asyncio.get_running_loop().create_future()
         self._connecting[addr] = fut
-        conn = RemotingClient(addr)
+        conn = RemotingClient(addr, connect_timeout=self.request_timeout)
         try:
             for code, handler in self._handlers.items():
                 conn.register(code, self._dispatcher(addr, handler))
-            await asyncio.wait_for(conn.connect(), self.request_timeout)
+            await conn.connect()
             if self.producer_groups or self.consumer_data:
                 await self._heartbeat(addr, conn)
             self._conns[addr] = conn
