@@ -528,3 +528,42 @@ async def test_sync_handler_results_and_bad_results() -> None:
         assert (await c.invoke(req(60), T)).code == 0
     finally:
         await f.close()
+
+
+async def test_pending_server_request_fails_when_client_goes(fx) -> None:
+    c = await fx.client()
+    hold = asyncio.Event()
+
+    async def slow_check(cmd):
+        await hold.wait()
+        return cmd.response()
+
+    c.register(39, slow_check)
+    await c.invoke(req(ECHO), T)
+    conn = next(iter(fx.server.connections))
+    pending = asyncio.create_task(conn.request(req(39), T))
+    await asyncio.sleep(0.05)
+    await c.close()
+    with pytest.raises(ConnectionError, match="closed before the answer"):
+        await pending
+    assert fx.disconnected == [conn] and not conn._pending
+
+
+async def test_partial_frames_and_many_frames_per_read(fx) -> None:
+    """Byte-at-a-time and many-at-once input both decode (the decoder's two buffer paths)."""
+    reader, writer = await raw_connect(fx.addr)
+    try:
+        stream = b"".join(encode(req(ECHO, {"x": str(i)}, b"b" * i, opaque=i)) for i in range(20))
+        for i in range(200):  # the first bytes one at a time
+            writer.write(stream[i:i + 1])
+            await writer.drain()
+        writer.write(stream[200:])
+        dec, got = FrameDecoder(), []
+        while len(got) < 20:
+            data = await asyncio.wait_for(reader.read(65536), T)
+            assert data
+            got += dec.feed(data)
+        assert sorted(r.opaque for r in got) == list(range(20))
+        assert all(r.ext_fields["echo"] == str(r.opaque) and len(r.body) == r.opaque for r in got)
+    finally:
+        writer.close()
