@@ -567,3 +567,18 @@ async def test_partial_frames_and_many_frames_per_read(fx) -> None:
         assert all(r.ext_fields["echo"] == str(r.opaque) and len(r.body) == r.opaque for r in got)
     finally:
         writer.close()
+
+
+async def test_configured_max_frame_size() -> None:
+    f = Fixture(max_frame_size=4096)
+    await f.start()
+    try:
+        c = await f.client()
+        assert len((await c.invoke(req(ECHO, body=b"x" * 3500), T)).body) == 3500
+        with pytest.raises(ConnectionError):
+            await c.invoke(req(ECHO, body=b"x" * 5000), T)   # over the limit: connection closed
+        assert f.server.protocol_errors == 1
+        assert (await c.invoke(req(ECHO, body=b"ok"), T)).body == b"ok"  # reconnects
+        assert c.reconnects == 1
+    finally:
+        await f.close()
