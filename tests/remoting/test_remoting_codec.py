@@ -305,3 +305,15 @@ def test_fuzz_json_header_bytes(header: bytes) -> None:
         decode_frame(_frame(header))
     except ProtocolError:
         pass
+
+
+def test_encode_accepts_any_bytes_like_body() -> None:
+    data = bytearray(b"record bytes")
+    for body in (data, memoryview(data)[2:8]):
+        cmd = RemotingCommand.request(11).response(0, body=body)  # type: ignore[arg-type]
+        assert decode_frame(encode(cmd)).body == bytes(body)
+
+
+def test_encode_refuses_what_cannot_be_a_frame() -> None:
+    with pytest.raises(struct.error):  # our bug, not the peer's: an ordinary exception
+        encode(RemotingCommand(code=70000, serialize_type=SerializeType.ROCKETMQ))

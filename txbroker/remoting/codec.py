@@ -408,6 +408,8 @@ def encode(cmd: RemotingCommand) -> bytes:
     if header_len > MAX_HEADER_SIZE:
         raise ValueError(f"header of {header_len} bytes exceeds {MAX_HEADER_SIZE}")
     body = cmd.body
+    if body.__class__ is not bytes:
+        body = bytes(body)  # a memoryview of a mapped file, a bytearray
     return _PREFIX.pack(4 + header_len + len(body), kind | header_len) + header + body
 
 
