@@ -85,6 +85,7 @@ async def test_unacknowledged_message_is_redelivered_after_an_error(broker, name
 
 async def test_start_positions_last_first_timestamp(broker, namesrv) -> None:
     await _send(namesrv, "TPos", [b"old1", b"old2"])
+    await asyncio.sleep(0.05)  # store timestamps have ms resolution: keep "cut" clear of both
     cut = time.time()
     await asyncio.sleep(0.05)
     await _send(namesrv, "TPos", [b"mid"])
