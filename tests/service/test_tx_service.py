@@ -88,8 +88,8 @@ class Node:
         await self.store.close()
 
 
-async def open_node(config: BrokerConfig, clock: Clock) -> Node:
-    store = MessageStore(config, clock=clock, store_host=("127.0.0.1", 10911))
+async def open_node(config: BrokerConfig, clock: Clock, **store_kw) -> Node:
+    store = MessageStore(config, clock=clock, store_host=("127.0.0.1", 10911), **store_kw)
     store.open()
     await store.start()
     registry = ClientRegistry(clock=clock)
@@ -616,5 +616,31 @@ async def test_many_check_counts_are_split_to_fit_the_message_limit(tmp_path) ->
         assert not node.tx.recovered_from_snapshot
         assert {e.checks for e in node.tx.pending_entries()} == {1}  # from the c records
         assert node.tx.pending_count() == n
+    finally:
+        await node.close()
+
+
+async def test_store_refusing_writes_loses_no_decision(tmp_path) -> None:
+    usage = {"used": 10}
+    node = await open_node(tx_config(tmp_path / "data"), Clock(),
+                           disk_usage=lambda path: (100, usage["used"], 100 - usage["used"]))
+    try:
+        a = await prepare(node, uniq="A", body=b"a")
+        b = await prepare(node, uniq="B", body=b"b")
+        usage["used"] = 99  # the disk fills up
+        assert node.store.recheck_disk()
+        refused = await node.tx.prepare(half_msg(uniq="C"), None)
+        assert refused.status.name == "SERVICE_NOT_AVAILABLE"
+        for result, decision in ((a, COMMIT), (b, ROLLBACK)):
+            with pytest.raises(TransactionError) as err:
+                await end(node, result, decision)
+            assert err.value.code == ResponseCode.SYSTEM_ERROR and "store refused" in err.value.remark
+            assert node.tx.state_of(result.physical_offset) is HalfState.PENDING
+        assert node.tx.pending_count() == 2 and visible(node) == []
+        usage["used"] = 10  # space again: the same decisions now apply
+        assert node.store.recheck_disk() == ""
+        assert await end(node, a, COMMIT) is Outcome.APPLY
+        assert await end(node, b, ROLLBACK) is Outcome.APPLY
+        assert [m.body for m in visible(node)] == [b"a"]
     finally:
         await node.close()
