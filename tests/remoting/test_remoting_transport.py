@@ -582,3 +582,25 @@ async def test_configured_max_frame_size() -> None:
         assert c.reconnects == 1
     finally:
         await f.close()
+
+
+async def test_random_garbage_never_hurts_the_server(fx, caplog) -> None:
+    import random
+
+    rng = random.Random(1234)
+    good = await fx.client()
+    valid = encode(req(ECHO, {"x": "v"}, b"body"))
+    for _ in range(30):
+        reader, writer = await raw_connect(fx.addr)
+        junk = bytearray(valid * 2)
+        for _ in range(rng.randint(1, 8)):
+            junk[rng.randrange(len(junk))] = rng.randrange(256)
+        writer.write(bytes(junk) + rng.randbytes(rng.randint(0, 64)))
+        writer.write_eof()
+        # whatever the server made of it, it answers or closes; it never stalls or dies
+        await asyncio.wait_for(reader.read(), T)
+        writer.close()
+    assert (await good.invoke(req(ECHO, {"x": "alive"}), T)).ext_fields["echo"] == "alive"
+    await eventually(lambda: len(fx.server.connections) == 1)
+    assert good.reconnects == 0
+    assert fx.server.protocol_errors >= 10 and "protocol error" in caplog.text
