@@ -644,3 +644,44 @@ async def test_store_refusing_writes_loses_no_decision(tmp_path) -> None:
         assert [m.body for m in visible(node)] == [b"a"]
     finally:
         await node.close()
+
+
+async def test_half_reaching_retention_age_is_discarded_not_lost(tmp_path) -> None:
+    node = await open_node(tx_config(tmp_path / "data", file_reserved_time=100.0), Clock())
+    producer = await Producer(node).start()
+    try:
+        result = await prepare(node, conn=producer.conn, body=b"old")
+        node.clock.advance(101)
+        report = await node.tx.check_now()
+        assert report.discarded == 1 and report.sent == 0
+        assert node.tx.state_of(result.physical_offset) is HalfState.DISCARDED
+        [copy] = visible(node, CHECK_MAX_TIME_TOPIC, 0)
+        assert copy.body == b"old" and copy.properties["TRANSACTION_CHECK_TIMES"] == "0"
+    finally:
+        await producer.close()
+        await node.close()
+
+
+async def test_half_whose_segment_was_deleted_leaves_the_index(tmp_path) -> None:
+    # e.g. the broker was down past retention: the halves' segment is gone
+    node = await open_node(tx_config(tmp_path / "data", file_reserved_time=100.0), Clock())
+    producer = await Producer(node).start()
+    try:
+        checked = await prepare(node, conn=producer.conn, uniq="A", body=b"gone")
+        aged = await prepare(node, uniq="B", body=b"gone too", PGROUP="PG_NOBODY")  # never checked
+        for _ in range(20):  # > 1 MiB: the halves' segment is closed
+            await node.store.put(Message(topic="Filler", queue_id=0, body=bytes(60_000)))
+        assert node.store.delete_expired(now=node.clock() + 10**6) >= 1
+        assert node.store.read(checked.physical_offset) is None
+        node.clock.advance(10)
+        report = await node.tx.check_now()
+        assert (report.failed, report.sent, report.no_producer) == (1, 0, 1)
+        assert [e.uniq for e in node.tx.pending_entries()] == ["B"]
+        node.clock.advance(100)  # B reaches retention age: discarding finds it gone
+        report = await node.tx.check_now()
+        assert report.discarded == 0 and node.tx.pending_count() == 0
+        assert node.tx.state_of(aged.physical_offset) is None
+        assert producer.checks == []
+    finally:
+        await producer.close()
+        await node.close()

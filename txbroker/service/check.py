@@ -7,7 +7,8 @@ queue), so a pass costs time in proportion to what is pending.  For each pending
   measured on the broker's store timestamp — never the producer's born timestamp, whose clock
   may be skewed (apache/rocketmq #1517, #9640) — it is left alone;
 * a decision on it is being written right now: left alone (the decision wins);
-* already checked ``transaction_check_max`` times: discarded to TRANS_CHECK_MAX_TIME_TOPIC;
+* already checked ``transaction_check_max`` times, or older than ``file_reserved_time`` (its
+  segment is about to be deleted): discarded to TRANS_CHECK_MAX_TIME_TOPIC;
 * otherwise CHECK_TRANSACTION_STATE goes, one-way, to the connection that sent the half if it
   is still open (it is the one that knows the transaction, #9791), else to the most recently
   active live connection of its producer group.  No connection: logged and counted as
@@ -136,6 +137,9 @@ class CheckService:
                if now_ms - e.store_ts >= e.immunity_ms and not tx.is_busy(e.phys)]
         report.due = len(due)
         check_max = self.config.transaction_check_max
+        # A half about to leave the retained log is discarded like RocketMQ's "needSkip": its
+        # copy in TRANS_CHECK_MAX_TIME_TOPIC is fresh, so it stays listable and resumable.
+        reserved_ms = self.config.file_reserved_time * 1000
         batch = self.config.check_concurrency
         checked: list[HalfEntry] = []
         missing: Counter[str] = Counter()
@@ -143,7 +147,7 @@ class CheckService:
         for entry in due:
             if entry.state is not HalfState.PENDING or tx.is_busy(entry.phys):
                 continue  # decided while this pass yielded
-            if entry.checks >= check_max:
+            if entry.checks >= check_max or now_ms - entry.store_ts > reserved_ms:
                 if await tx.discard(entry):
                     report.discarded += 1
                 continue
@@ -155,7 +159,7 @@ class CheckService:
             record = tx.read_half(entry.phys)
             if record is None:
                 report.failed += 1
-                log.error("half %d cannot be read back for a check", entry.phys)
+                tx.forget(entry, "its record can no longer be read (retention or damage)")
                 continue
             try:
                 conn.send_oneway(check_request(entry.phys, entry, record))

@@ -765,7 +765,7 @@ class TransactionalMessageService:
                 return False
             half = self._read_half(entry.phys)
             if half is None:
-                log.error("half %d cannot be read back; not discarded", entry.phys)
+                self.forget(entry, "its record can no longer be read (retention or damage)")
                 return False
             props = dict(half.properties)
             props[PROPERTY_TRANSACTION_CHECK_TIMES] = str(entry.checks)
@@ -826,6 +826,16 @@ class TransactionalMessageService:
         result = await self._put_op(OP_TAG_CHECKS, "".join(pieces), {})
         if not _put_ok(result):
             log.error("check counts of %d halves not persisted: %s", len(pieces), result.status.name)
+
+    def forget(self, entry: HalfEntry, reason: str) -> None:
+        """Drop an undecided half from the index because its record is gone."""
+        self._pending.pop(entry.phys, None)
+        self._discarded.pop(entry.phys, None)
+        if entry.uniq:
+            self._by_uniq.pop(entry.uniq, None)
+        self._update_gauges()
+        log.error("half %d (%s, group %s) dropped from the pending index: %s", entry.phys,
+                  entry.uniq, entry.group, reason)
 
     def read_half(self, phys: int) -> StoredMessage | None:
         return self._read_half(phys)
