@@ -3,7 +3,9 @@
 Most handlers finish without ever waiting (a lookup, an append to a buffer, a no-op), yet an
 ``asyncio.Task`` per request costs more than the handler itself.  So the first step of a
 handler's coroutine runs inline; only a handler that actually waits gets a task, which then
-drives the rest of the same coroutine.
+drives the rest of the same coroutine.  The client uses :func:`run_fast`; the server inlines
+the same first step in its dispatch (it is the hottest path there) and then hands over to
+:func:`continue_coroutine` too.
 """
 
 from __future__ import annotations
