@@ -45,8 +45,6 @@ DEFAULT_MAX_FRAME_SIZE = 16 * 1024 * 1024
 MAX_HEADER_SIZE = 1024 * 1024
 #: Bytes before the header: the total length and the type/header-length word.
 PREFIX_SIZE = 8
-#: The binary header's int16 key length and int16 code put these bounds on what it can carry.
-MAX_BINARY_CODE = 0x7FFF
 
 _PREFIX = struct.Struct(">ii")
 _LEN = struct.Struct(">i")
