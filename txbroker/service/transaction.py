@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 import logging
 import os
 import re
@@ -184,10 +185,6 @@ def is_uint(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-def _new_uniq_key() -> str:
-    return uuid.uuid4().hex.upper()
-
-
 def _parse_offsets(body: bytes) -> list[int]:
     """``"17"`` (4.x) or ``"17,18,"`` (5.x batch) → [17, 18]; junk pieces are skipped."""
     out = []
@@ -290,6 +287,17 @@ class TransactionalMessageService:
         #: Halves recovered as committed whose ``d`` record was missing; written by start().
         self._missing_ops: list[tuple[int, int]] = []
         self._checker = CheckService(self, config)
+        # Op records get a fresh UNIQ_KEY (as RocketMQ's): random per process + a counter.
+        self._id_prefix = uuid.uuid4().hex[:16].upper()
+        self._ids = itertools.count()
+        # Gauges are computed when scraped; per-source counters resolved once.
+        metrics.pending.set_function(self.pending_count)
+        metrics.discarded.set_function(self.discarded_count)
+        self._decided = {
+            (state, source): (metrics.commits if state is HalfState.COMMITTED
+                              else metrics.rollbacks).labels(source=source)
+            for state in (HalfState.COMMITTED, HalfState.ROLLED_BACK)
+            for source in ("producer", "check", "operator")}
         #: Whether the last recover() started from a clean-close snapshot.
         self.recovered_from_snapshot = False
         #: Fault-injection seam for crash tests: called after a commit's final message is
@@ -386,7 +394,6 @@ class TransactionalMessageService:
             pool[entry.phys] = entry
             if entry.uniq:
                 self._by_uniq[entry.uniq] = entry.phys
-        self._update_gauges()
         log.info("transaction state recovered (%s) from %d records in %.3fs: %d pending, "
                  "%d discarded, %d op records to rewrite",
                  "snapshot + tail" if snap is not None else "full replay", records,
@@ -602,7 +609,6 @@ class TransactionalMessageService:
         if entry.uniq:
             self._by_uniq[entry.uniq] = entry.phys
         self.metrics.halves.inc()
-        self._update_gauges()
         return result
 
     # --- decisions -------------------------------------------------------------------------
@@ -731,10 +737,8 @@ class TransactionalMessageService:
         entry.state = target
         entry.conn = None
         self._resolved.set(entry.queue_offset, target)
-        counter = self.metrics.commits if target is HalfState.COMMITTED else self.metrics.rollbacks
-        counter.labels(source=source).inc()
+        self._decided[(target, source)].inc()
         self.metrics.decision_latency.observe(max(0, self._now_ms() - entry.store_ts) / 1000)
-        self._update_gauges()
 
     def _final_message(self, half: StoredMessage) -> Message:
         """The committed message: real topic and queue back, transaction markers removed."""
@@ -782,7 +786,6 @@ class TransactionalMessageService:
             entry.state = target
             self._discarded[entry.phys] = entry
             self.metrics.discards.inc()
-            self._update_gauges()
             log.warning("half %d (%s, group %s) discarded after %d checks without an answer",
                         entry.phys, entry.uniq, entry.group, entry.checks)
             return True
@@ -804,7 +807,6 @@ class TransactionalMessageService:
         entry.checks = 0
         self._pending[phys] = entry
         self.metrics.resumes.inc()
-        self._update_gauges()
         return Outcome.APPLY
 
     async def record_checks(self, entries: list[HalfEntry]) -> None:
@@ -833,7 +835,6 @@ class TransactionalMessageService:
         self._discarded.pop(entry.phys, None)
         if entry.uniq:
             self._by_uniq.pop(entry.uniq, None)
-        self._update_gauges()
         log.error("half %d (%s, group %s) dropped from the pending index: %s", entry.phys,
                   entry.uniq, entry.group, reason)
 
@@ -895,13 +896,10 @@ class TransactionalMessageService:
         return int(self.config.transaction_timeout * 1000)
 
     async def _put_op(self, tag: str, body: str, extra: dict[str, str]) -> PutResult:
-        props = {PROPERTY_TAGS: tag, PROPERTY_UNIQ_KEY: _new_uniq_key(), **extra}
+        props = {PROPERTY_TAGS: tag, PROPERTY_UNIQ_KEY: f"{self._id_prefix}{next(self._ids):016X}",
+                 **extra}
         return await self.store.put(Message(topic=OP_HALF_TOPIC, queue_id=0, body=body.encode(),
                                             properties=props, born_timestamp=self._now_ms()))
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
-
-    def _update_gauges(self) -> None:
-        self.metrics.pending.set(len(self._pending))
-        self.metrics.discarded.set(len(self._discarded))
