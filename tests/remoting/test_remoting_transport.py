@@ -604,3 +604,24 @@ async def test_random_garbage_never_hurts_the_server(fx, caplog) -> None:
     await eventually(lambda: len(fx.server.connections) == 1)
     assert good.reconnects == 0
     assert fx.server.protocol_errors >= 10 and "protocol error" in caplog.text
+
+
+async def test_many_clients_mixed_fast_and_waiting_handlers(fx) -> None:
+    """20 connections x 40 requests, half answered at once and half after a short wait."""
+    import random
+
+    rng = random.Random(7)
+    clients = [await fx.client() for _ in range(20)]
+
+    async def one(c: RemotingClient, i: int) -> tuple[str, str]:
+        if i % 2:
+            r = await c.invoke(req(SLEEP, {"s": f"{rng.random() * 0.005:.4f}", "x": str(i)}), T)
+            return r.ext_fields["x"], str(i)
+        r = await c.invoke(req(ECHO, {"x": str(i)}, str(i).encode()), T)
+        assert r.body == str(i).encode()
+        return r.ext_fields["echo"], str(i)
+
+    results = await asyncio.gather(*(one(c, i) for c in clients for i in range(40)))
+    assert all(got == want for got, want in results) and len(results) == 800
+    assert all(c.reconnects == 0 for c in clients)
+    assert sum(conn.requests for conn in fx.server.connections) == 800
