@@ -27,6 +27,7 @@ from test_tx_service import (
 )
 
 from txbroker.service.txstate import ConflictError, HalfState, Outcome
+from txbroker.store.record import CHECK_MAX_TIME_TOPIC, OP_HALF_TOPIC, Message
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -200,5 +201,30 @@ async def test_unusable_snapshot_falls_back_to_replay(tmp_path, content) -> None
         assert not node.tx.recovered_from_snapshot and not snap.exists()
         assert node.tx.state_of(committed.physical_offset) is HalfState.COMMITTED
         assert [e.uniq for e in node.tx.pending_entries()] == ["P"]
+    finally:
+        await node.close()
+
+
+async def test_junk_op_records_do_not_disturb_recovery(tmp_path) -> None:
+    data = tmp_path / "data"
+    node = await open_node(tx_config(data), Clock())
+    try:
+        committed = await prepare(node, uniq="C")
+        await end(node, committed, COMMIT)
+        pending = await prepare(node, uniq="P")
+        for tag, body in (("d", b"abc"), ("c", b"x:y,1:,:2"), ("r", b"-"), ("zz", b"0"),
+                          ("d", "\u00b2".encode())):
+            await node.store.put(Message(topic=OP_HALF_TOPIC, queue_id=0, body=body,
+                                         properties={"TAGS": tag}))
+        await node.store.put(Message(topic=CHECK_MAX_TIME_TOPIC, queue_id=0, body=b"no offset"))
+    finally:
+        await node.close()
+    (data / "txstate.snapshot").unlink()
+    node = await open_node(tx_config(data), Clock())
+    try:
+        assert not node.tx.recovered_from_snapshot
+        assert node.tx.state_of(committed.physical_offset) is HalfState.COMMITTED
+        assert node.tx.state_of(pending.physical_offset) is HalfState.PENDING
+        assert node.tx.entry(pending.physical_offset).checks == 0
     finally:
         await node.close()
