@@ -134,3 +134,28 @@ async def test_poll_and_lifecycle_errors(broker, namesrv) -> None:
             Consumer("G", namesrv, **bad)
     with pytest.raises(ValueError):
         consumer.subscribe("TLife", "A || ")
+
+
+async def test_consumer_survives_dropped_connections(broker, namesrv) -> None:
+    consumer = _consumer(namesrv, "CG_DROP", "TDrop", from_where="first")
+    async with consumer:
+        await _send(namesrv, "TDrop", [b"before"])
+        assert [m.body for m in await collect(consumer, 1)] == [b"before"]
+        for conn in list(broker.server.connections):
+            conn.close()  # the broker forgets every registration made on them
+        await wait_until(lambda: consumer.client_id in broker.registry.consumer_ids("CG_DROP"),
+                         what="consumer registered again")
+        await _send(namesrv, "TDrop", [b"after"])
+        got = await collect(consumer, 1)
+        assert [m.body for m in got] == [b"after"]
+
+
+async def test_subscribe_while_running(broker, namesrv) -> None:
+    consumer = _consumer(namesrv, "CG_LATE", "TLateA", from_where="first")
+    async with consumer:
+        await _send(namesrv, "TLateB", [b"b"])
+        consumer.subscribe("TLateB")
+        await wait_until(lambda: any(q.topic == "TLateB" for q in consumer.assignment()),
+                         what="queues of the new topic assigned")
+        [msg] = await collect(consumer, 1)
+        assert msg.topic == "TLateB" and msg.body == b"b"

@@ -140,10 +140,14 @@ class ClientInstance:
         self._ns: RemotingClient | None = None
         self._ns_index = 0
         self._conns: dict[str, RemotingClient] = {}
+        #: RemotingClient.reconnects last seen per address: a silent reconnect means the
+        #: broker forgot our heartbeat (and with it where to send check-backs).
+        self._reconnects: dict[str, int] = {}
         self._connecting: dict[str, asyncio.Future] = {}
         self.routes: dict[str, TopicRoute] = {}
         self.broker_addrs: dict[str, str] = {}
         self._tasks: list[asyncio.Task] = []
+        self._background: set[asyncio.Task] = set()
         self._started = False
         self._closed = False
 
@@ -175,9 +179,10 @@ class ClientInstance:
         if self._closed:
             return
         self._closed = True
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._background]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         groups = [("producerGroup", g) for g in sorted(self.producer_groups)]
         groups += [("consumerGroup", g) for g in sorted(self.consumer_data)]
         for addr in list(self._conns):
@@ -303,6 +308,7 @@ class ClientInstance:
             if self.producer_groups or self.consumer_data:
                 await self._heartbeat(addr, conn)
             self._conns[addr] = conn
+            self._reconnects[addr] = conn.reconnects
             fut.set_result(conn)
             return conn
         except BaseException as exc:
@@ -341,6 +347,8 @@ class ClientInstance:
         except (OSError, ConnectionError):
             self.drop_connection(addr)
             raise
+        finally:
+            self._check_reconnected(addr, conn)
 
     async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
         conn = await self.connection(addr)
@@ -349,6 +357,24 @@ class ClientInstance:
         except (OSError, ConnectionError):
             self.drop_connection(addr)
             raise
+        finally:
+            self._check_reconnected(addr, conn)
+
+    def _check_reconnected(self, addr: str, conn: RemotingClient) -> None:
+        """Heartbeat again at once when the transport reconnected under us."""
+        seen = self._reconnects.get(addr)
+        if seen is None or conn.reconnects == seen or self._closed:
+            return
+        self._reconnects[addr] = conn.reconnects
+        if self.producer_groups or self.consumer_data:
+            task = asyncio.get_running_loop().create_task(self._heartbeat(addr, conn))
+            self._background.add(task)
+            task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("%s: heartbeat after reconnect failed: %s", self.client_id, task.exception())
 
     # --- heartbeats ----------------------------------------------------------------------
     def heartbeat_body(self) -> bytes:
