@@ -16,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 ENV_PREFIX = "TXBROKER_"
 
@@ -96,7 +97,7 @@ class BrokerConfig:
     def __post_init__(self) -> None:
         _validate(self)
 
-    def replace(self, **changes: Any) -> "BrokerConfig":
+    def replace(self, **changes: Any) -> BrokerConfig:
         """A copy with ``changes`` applied and validated."""
         return dataclasses.replace(self, **changes)
 
