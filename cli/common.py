@@ -30,6 +30,12 @@ namesrv_option = click.option(
     help="Name-server address host:port (env TXBROKER_NAMESRV); several separated by ';'.")
 
 
+def is_system_topic(topic: str) -> bool:
+    """Broker-internal topics (halves, ops, schedules, retries, the auto-create template)."""
+    return (topic.startswith(("RMQ_SYS_", "%RETRY%", "%DLQ%", "SCHEDULE_TOPIC"))
+            or topic in ("TBW102", "TRANS_CHECK_MAX_TIME_TOPIC"))
+
+
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     if isinstance(exc, TimeoutError) and not str(exc):

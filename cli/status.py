@@ -7,7 +7,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from cli.common import namesrv_option, run
+from cli.common import is_system_topic, namesrv_option, run
 from txbroker.client.admin import AdminClient
 
 #: Metrics worth a glance; the full table is in --json.
@@ -41,7 +41,7 @@ def status(as_json: bool, system: bool, namesrv: str) -> None:
         for col in ("topic", "queues", "messages", "queue offsets (min..max)"):
             topics.add_column(col, overflow="fold")
         for topic, t in sorted((doc.get("topics") or {}).items()):
-            if not system and _is_system(topic):
+            if not system and is_system_topic(topic):
                 continue
             queues = t.get("queues") or []
             total = sum(int(q.get("maxOffset", 0)) - int(q.get("minOffset", 0)) for q in queues)
@@ -56,7 +56,7 @@ def status(as_json: bool, system: bool, namesrv: str) -> None:
             offsets = "; ".join(
                 f"{topic} " + " ".join(f"{q}:{o}" for q, o in sorted(qs.items()))
                 for topic, qs in sorted((g.get("offsets") or {}).items())
-                if system or not _is_system(topic))
+                if system or not is_system_topic(topic))
             groups.add_row(group, str(len(g.get("consumers") or [])), offsets)
         console.print(groups)
         producers = doc.get("producerGroups") or {}
@@ -65,7 +65,3 @@ def status(as_json: bool, system: bool, namesrv: str) -> None:
         metrics = doc.get("metrics") or {}
         console.print("metrics: " + "  ".join(f"{k}={metrics[k]}" for k in KEY_METRICS if k in metrics))
 
-
-def _is_system(topic: str) -> bool:
-    return (topic.startswith(("RMQ_SYS_", "%RETRY%", "%DLQ%", "SCHEDULE_TOPIC"))
-            or topic in ("TBW102", "TRANS_CHECK_MAX_TIME_TOPIC"))

@@ -7,7 +7,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from cli.common import namesrv_option, run
+from cli.common import is_system_topic, namesrv_option, run
 from txbroker.client.admin import AdminClient
 
 
@@ -34,15 +34,16 @@ def create(name: str, queues: int, namesrv: str) -> None:
 
 @topic.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print topic configs as JSON.")
+@click.option("--system", is_flag=True, help="Include system topics (RMQ_SYS_*, %RETRY%, ...).")
 @namesrv_option
-def list_(as_json: bool, namesrv: str) -> None:
+def list_(as_json: bool, system: bool, namesrv: str) -> None:
     """List topics with their queue counts."""
 
     async def main() -> dict[str, dict]:
         async with AdminClient(namesrv) as admin:
             return await admin.list_topics()
 
-    topics = run(main)
+    topics = {name: cfg for name, cfg in run(main).items() if system or not is_system_topic(name)}
     if as_json:
         click.echo(orjson.dumps(topics).decode())
         return

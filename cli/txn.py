@@ -113,8 +113,9 @@ def _decision_command(decision: str, help_text: str) -> click.Command:
                 return await admin.txn_decide(txn_id, decision, operator)
 
         doc = run(main)
-        click.echo(f"{decision} {txn_id}: {_pick(doc, 'outcome', default='done')}, now "
-                   f"{_pick(doc, 'state', default='?')} (operator {operator})")
+        outcome = {"apply": "done", "duplicate": "already so"}.get(str(doc.get("outcome")), "done")
+        click.echo(f"{decision} {txn_id}: {outcome}, now {_pick(doc, 'state', default='?')} "
+                   f"(operator {operator})")
 
     return command
 

@@ -37,7 +37,9 @@ def _one_line_error(result) -> str:
 async def test_topic_produce_consume(broker, namesrv, tmp_path) -> None:
     ns = ("--namesrv", namesrv)
     assert "created with 2 queue(s)" in _ok(await _cli("topic", "create", "TCli", "--queues", "2", *ns))
-    assert "TCli" in _ok(await _cli("topic", "list", *ns))
+    table = _ok(await _cli("topic", "list", *ns))
+    assert "TCli" in table and "RMQ_SYS_TRANS_HALF_TOPIC" not in table
+    assert "RMQ_SYS_TRANS_HALF_TOPIC" in _ok(await _cli("topic", "list", "--system", *ns))
     listed = orjson.loads(_ok(await _cli("topic", "list", "--json", *ns)))
     assert listed["TCli"]["writeQueueNums"] == 2
 
@@ -76,7 +78,7 @@ async def test_transactions_and_operator_decisions(broker, namesrv) -> None:
         assert doc["local_transaction_state"] == {"commit": "COMMIT_MESSAGE", "rollback": "ROLLBACK_MESSAGE",
                                                   "unknown": "UNKNOW"}[decision]
         if decision == "unknown":
-            pending_id = doc["transaction_id"]
+            pending_id, offset_msg_id = doc["transaction_id"], doc["offset_msg_id"]
     await wait_until(lambda: broker.tx.pending_count() == 1, what="one pending half")
     rows = orjson.loads(_ok(await _cli("txn", "list", "--json", *ns)))
     assert any(pending_id in orjson.dumps(r).decode() for r in rows)
@@ -90,8 +92,13 @@ async def test_transactions_and_operator_decisions(broker, namesrv) -> None:
     out = _ok(await _cli("consume", "--topic", "TCliTx", "--group", "CG_CLITX", "--from-beginning",
                          "--max", "2", "--timeout", "10", *ns))
     assert sorted(line.rsplit(" ", 1)[-1] for line in out.splitlines()) == ["commit", "unknown"]
+    # a contradicting decision is refused, by UNIQ_KEY or by offsetMsgId
     err = _one_line_error(await _cli("txn", "rollback", pending_id, "--operator", "bob", *ns))
-    assert pending_id in err or "not" in err.lower()
+    assert pending_id in err
+    err = _one_line_error(await _cli("txn", "rollback", offset_msg_id, "--operator", "bob", *ns))
+    assert "TRANSACTION_FAILED" in err and "committed" in err
+    out = _ok(await _cli("txn", "commit", offset_msg_id, "--operator", "alice", *ns))
+    assert "already so, now committed" in out
 
 
 async def test_status(broker, namesrv) -> None:

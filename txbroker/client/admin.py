@@ -124,12 +124,18 @@ class AdminClient:
             raise ValueError(f"decision must be one of {', '.join(DECISIONS)}")
         if not operator:
             raise ValueError("an operator name is required")
-        shown = await self.txn_show(txn_id)
-        addr = self.brokers[shown["broker"]]
-        resp = await self._call(addr, RequestCode.TXN_DECIDE, f"{decision} transaction {txn_id}",
-                                {"id": txn_id, "decision": decision, "operator": operator})
-        doc = self._json(resp, decision)
-        return {"broker": shown["broker"], **(doc if isinstance(doc, dict) else {})}
+        if not txn_id or not isinstance(txn_id, str):
+            raise ValueError("a transaction id is required")
+        errors = []
+        for name, addr in self.brokers.items():
+            cmd = RemotingCommand.request(RequestCode.TXN_DECIDE, {
+                "id": txn_id, "decision": decision, "operator": operator})
+            resp = await self._instance.invoke(addr, cmd)
+            if resp.code == ResponseCode.SUCCESS:
+                doc = self._json(resp, decision)
+                return {"broker": name, **(doc if isinstance(doc, dict) else {})}
+            errors.append(BrokerError(f"{decision} transaction {txn_id}", resp.code, resp.remark, addr))
+        raise errors[0] if len(errors) == 1 else ClientError("; ".join(map(str, errors)))
 
 
 def _rows(doc: object) -> list[dict]:
