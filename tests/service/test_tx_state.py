@@ -107,6 +107,13 @@ def test_resolved_states_one_byte_per_half() -> None:
     assert list(rs.undecided_runs(100, 101)) == []
     assert list(ResolvedStates().undecided_runs(5, 9)) == [(5, 9)]
     assert list(ResolvedStates().undecided_runs(5, 5)) == []
+    rs.trim_below(101)  # retention deleted halves 98-100
+    assert (rs.get(98), rs.get(100), rs.get(103)) == (None, None, R)
+    assert list(rs.undecided_runs(101, 104)) == [(101, 103)]
+    rs.trim_below(500)  # everything
+    assert rs.get(103) is None and list(rs.undecided_runs(500, 502)) == [(500, 502)]
+    rs.set(501, C)
+    assert rs.get(501) is C and rs.get(500) is None
 
 
 def test_op_bodies_of_both_rocketmq_lines_parse() -> None:

@@ -183,6 +183,7 @@ class CheckService:
                         ", ".join(f"{g} ({n})" for g, n in sorted(missing.items())))
         if checked:
             await tx.record_checks(checked)
+        tx.trim_resolved()
         tx.metrics.check_passes.inc()
         report.elapsed = time.perf_counter() - started
         return report

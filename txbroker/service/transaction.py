@@ -284,6 +284,14 @@ class ResolvedStates:
             rs._base, rs._buf = base, bytearray(data)
         return rs
 
+    def trim_below(self, queue_offset: int) -> None:
+        """Forget decisions about halves below ``queue_offset`` (deleted by retention)."""
+        if self._base is None or queue_offset <= self._base:
+            return
+        n = min(queue_offset - self._base, len(self._buf))
+        del self._buf[:n]
+        self._base = queue_offset if not self._buf else self._base + n
+
     def undecided_runs(self, lo: int, hi: int) -> Iterator[tuple[int, int]]:
         """Runs ``[start, end)`` of queue offsets in ``[lo, hi)`` with no decision recorded.
 
@@ -408,6 +416,7 @@ class TransactionalMessageService:
                     if qo in discarded:
                         discarded.discard(qo)
                         counts[qo] = 0
+        self.trim_resolved()
         open_by_phys: dict[int, HalfEntry] = {}
         for m in self._undecided_halves():
             records += 1
@@ -874,6 +883,10 @@ class TransactionalMessageService:
         result = await self._put_op(OP_TAG_CHECKS, "".join(pieces), {})
         if not _put_ok(result):
             log.error("check counts of %d halves not persisted: %s", len(pieces), result.status.name)
+
+    def trim_resolved(self) -> None:
+        """Drop decisions about halves retention has deleted (run by every check pass)."""
+        self._resolved.trim_below(self.store.min_offset(HALF_TOPIC, 0))
 
     def forget(self, entry: HalfEntry, reason: str) -> None:
         """Drop an undecided half from the index because its record is gone."""
