@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ class SyncListener(TransactionListener):
         self.executed: list[tuple[str, object]] = []
         self.checked: list[str] = []
         self.decided: dict[str, LocalTransactionState] = {}
+        self.check_threads: set[int] = set()
 
     def execute_local_transaction(self, msg, arg):
         self.executed.append((msg.transaction_id, arg))
@@ -41,6 +43,7 @@ class SyncListener(TransactionListener):
 
     def check_local_transaction(self, msg):
         self.checked.append(msg.transaction_id)
+        self.check_threads.add(threading.get_ident())
         return self.decided.get(msg.transaction_id, UNKNOW)
 
 
@@ -107,6 +110,9 @@ async def test_unknown_then_check_back_commits(broker, namesrv, listener_cls, ca
         listener.decided[boom.transaction_id] = ROLLBACK
         await wait_until(lambda: broker.tx.pending_count() == 0, what="checks resolved both")
     assert unknown.transaction_id in listener.checked and boom.transaction_id in listener.checked
+    # plain check methods run off the event loop (they may block on a database), async ones on it
+    on_loop = threading.get_ident() in listener.check_threads
+    assert on_loop == (listener_cls is AsyncListener)
     consumer = await _consumer(namesrv, "CG_CHECK", topic)
     try:
         [msg] = await collect(consumer, 1)

@@ -45,10 +45,13 @@ class TransactionListener:
     """Implement both methods, each as a plain or an ``async`` method.
 
     ``execute_local_transaction(msg, arg)`` runs the local transaction for the half ``msg``
-    (``msg.transaction_id`` is set) and returns a :class:`LocalTransactionState`.
+    (``msg.transaction_id`` is set) and returns a :class:`LocalTransactionState`; a plain
+    method runs in the caller's task, as in Java.
     ``check_local_transaction(msg)`` answers a broker check-back for a half whose outcome the
     broker never learned; it must answer from durable state (a database row written in the same
-    local transaction), never from memory, because the producer that ran it may be gone.
+    local transaction), never from memory, because the producer that ran it may be gone.  A
+    plain method runs in a worker thread (at most ``check_concurrency`` at once), so it may
+    block on its database; an ``async`` one runs on the event loop.
     """
 
     def execute_local_transaction(self, msg: MessageExt, arg: object) -> LocalTransactionState:
@@ -58,8 +61,14 @@ class TransactionListener:
         raise NotImplementedError
 
 
-async def _call(fn, *args) -> LocalTransactionState:
-    result = fn(*args)
+async def _call(fn, *args, in_thread: bool = False) -> LocalTransactionState:
+    """Call a listener method, plain or async.  ``in_thread`` runs a plain one in a worker
+    thread, so a blocking database lookup cannot stall the event loop (Java runs check-backs
+    on a thread pool for the same reason)."""
+    if in_thread and not inspect.iscoroutinefunction(fn):
+        result = await asyncio.to_thread(fn, *args)
+    else:
+        result = fn(*args)
     if inspect.isawaitable(result):
         result = await result
     if not isinstance(result, LocalTransactionState):
@@ -193,7 +202,7 @@ class TransactionProducer(Producer):
         async with self._check_slots:
             error = None
             try:
-                state = await _call(self.listener.check_local_transaction, msg)
+                state = await _call(self.listener.check_local_transaction, msg, in_thread=True)
             except Exception as exc:
                 state, error = LocalTransactionState.UNKNOW, f"{type(exc).__name__}: {exc}"
                 log.exception("producer %s: check_local_transaction of %s failed; answering "
