@@ -16,6 +16,7 @@ from txbroker.store.segment import MappedSegment
 
 ENTRY = struct.Struct(">qiq")
 ENTRY_SIZE = ENTRY.size  # 20
+_pack_entry = ENTRY.pack
 
 
 class ConsumeQueue:
@@ -72,9 +73,16 @@ class ConsumeQueue:
         return f
 
     def append(self, phys: int, size: int, tag_hash: int) -> int:
-        """Index a record; returns its queue offset."""
+        """Index a record; returns its queue offset (the put hot path: the tail file is cached)."""
         index = self.max_offset
-        self.put(index, phys, size, tag_hash)
+        f = self._tail
+        rel = (index - self._tail_first) * ENTRY_SIZE
+        if f is not None and 0 <= rel < self.file_size:
+            f.write_at(rel, _pack_entry(phys, size, tag_hash))
+            f.wrote = rel + ENTRY_SIZE
+            self.max_offset = index + 1
+        else:
+            self.put(index, phys, size, tag_hash)
         return index
 
     def put(self, index: int, phys: int, size: int, tag_hash: int) -> None:

@@ -20,19 +20,25 @@ import logging
 import shutil
 import struct
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from txbroker.config import BrokerConfig
 from txbroker.store.checkpoint import Checkpoint, CheckpointFile
-from txbroker.store.commitlog import CommitLog
+from txbroker.store.commitlog import END_MARKER_SIZE, CommitLog
 from txbroker.store.consumequeue import ConsumeQueue
 from txbroker.store.flush import FlushService
 from txbroker.store.offsets import ConsumerOffsetStore
 from txbroker.store.record import (
+    BORNHOST_V6_FLAG,
     MAX_PROPERTIES_BYTES,
     MAX_TOPIC_BYTES,
+    MESSAGE_MAGIC,
+    PROPERTY_TAGS,
+    RECORD_HEAD,
+    STOREHOST_V6_FLAG,
     TRANSACTION_MASK,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
@@ -42,7 +48,7 @@ from txbroker.store.record import (
     create_offset_msg_id,
     decode_record,
     decode_records,
-    encode_record,
+    ip4_bytes,
     properties_to_string,
     record_size,
     tag_hash,
@@ -51,6 +57,15 @@ from txbroker.store.record import (
 log = logging.getLogger(__name__)
 
 _STORE_TS = struct.Struct(">q")
+_I16 = struct.Struct(">h")
+_I32_MAX = 2**31 - 1
+#: Record bytes besides body, topic field and properties: head (84) + BODYLEN + PROPERTIESLEN.
+_RECORD_OVERHEAD = record_size(0, 0, 0) - 1
+_NOT_DISPATCHED = (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
+_NOT_V6 = ~(BORNHOST_V6_FLAG | STOREHOST_V6_FLAG)
+_TOPIC_CACHE_MAX = 65536
+_crc32 = zlib.crc32
+_monotonic = time.monotonic
 _STORE_TS_POS = 56  # STORETIMESTAMP within a record (IPv4 hosts)
 #: Consume-queue entries a single get may look at when a tag filter skips most of them.
 MAX_SCAN_ENTRIES = 800
@@ -136,6 +151,10 @@ class MessageStore:
         self.store_host = store_host
         #: offsetMsgId = host + port + offset; the first two never change for this store.
         self._id_prefix = create_offset_msg_id(store_host[0], store_host[1], 0)[:16]
+        self._store_ip = ip4_bytes(store_host[0])
+        self._store_port = store_host[1]
+        #: topic -> its record field (length byte + UTF-8), validated once.
+        self._topic_fields: dict[str, bytes] = {}
         self._disk_usage = disk_usage
         self.root = Path(config.data_dir)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -304,7 +323,7 @@ class MessageStore:
 
     # --- disk guard and retention ----------------------------------------------------------------
     def _disk_full_reason(self) -> str:
-        now = time.monotonic()
+        now = _monotonic()
         if now - self._disk_checked_at >= DISK_PROBE_INTERVAL:
             self._disk_checked_at = now
             try:
@@ -358,49 +377,95 @@ class MessageStore:
         return cq
 
     def _append(self, msg: Message) -> PutResult:
-        """Validate and append one message (synchronous, on the loop thread)."""
-        if self._closed or self.commitlog is None:
+        """Validate and append one message (synchronous, on the loop thread).
+
+        This is the hot path, written flat on purpose: one struct pack for the record head,
+        cached topic fields and host bytes, the active segment's free space checked inline,
+        and a fast index append.  Every field is validated before any byte is written; the
+        only thing a refused put may leave behind is a segment roll (a blank filler).
+        """
+        commitlog = self.commitlog
+        if self._closed or commitlog is None:
             return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason="store is closed")
-        refusal = self._disk_full_reason()
-        if refusal:
+        if _monotonic() - self._disk_checked_at >= DISK_PROBE_INTERVAL:
+            self._disk_full_reason()
+        if self._disk_refusal:
             self.refusals += 1
-            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=refusal)
-        if len(msg.body) > self.config.max_message_size:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=self._disk_refusal)
+        body = msg.body
+        body_len = len(body)
+        if body_len > self.config.max_message_size:
             return PutResult(PutStatus.MESSAGE_ILLEGAL,
-                             reason=f"body of {len(msg.body)} bytes exceeds max_message_size {self.config.max_message_size}")
-        topic_len = len(msg.topic.encode())
-        if not 0 < topic_len <= MAX_TOPIC_BYTES:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"topic must be 1..{MAX_TOPIC_BYTES} bytes")
-        if msg.queue_id < 0:
-            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason="queue id must be >= 0")
-        props = properties_to_string(msg.properties).encode()
-        props_len = len(props)
-        if props_len > MAX_PROPERTIES_BYTES:
-            return PutResult(PutStatus.PROPERTIES_SIZE_EXCEEDED,
-                             reason=f"properties of {props_len} bytes exceed {MAX_PROPERTIES_BYTES}")
-        size = record_size(len(msg.body), topic_len, props_len)
-        store_ts = msg.store_timestamp or int(self.clock() * 1000)
-        dispatch = _dispatched(msg.sys_flag)
-        cq = self._queue(msg.topic, msg.queue_id) if dispatch else None
-        queue_offset = cq.max_offset if cq is not None else 0
+                             reason=f"body of {body_len} bytes exceeds max_message_size {self.config.max_message_size}")
+        topic = msg.topic
+        topic_field = self._topic_fields.get(topic)
+        if topic_field is None:
+            topic_field, reason = _topic_field(topic)
+            if topic_field is None:
+                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=reason)
+            if len(self._topic_fields) >= _TOPIC_CACHE_MAX:
+                self._topic_fields.clear()
+            self._topic_fields[topic] = topic_field
+        queue_id = msg.queue_id
+        if type(queue_id) is not int or not 0 <= queue_id <= _I32_MAX:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"queue id {queue_id!r} must be 0..{_I32_MAX}")
+        props = msg.properties
         try:
-            phys = self.commitlog.reserve(size)
-        except OSError as exc:
-            self.refusals += 1
-            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE,
-                             reason=f"cannot preallocate a commitlog segment: {exc.strerror or exc}")
-        data = encode_record(msg, physical_offset=phys, queue_offset=queue_offset,
-                             store_timestamp=store_ts, store_host=self.store_host, properties=props)
-        self.commitlog.write(phys, data)
+            if props:
+                try:
+                    props_bytes = "\x02".join([k + "\x01" + v for k, v in props.items()]).encode()
+                except TypeError:  # a None value (skipped) or a non-str one (str() of it)
+                    props_bytes = properties_to_string(props).encode()
+            else:
+                props_bytes = b""
+        except UnicodeEncodeError as exc:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"properties are not encodable as UTF-8: {exc}")
+        if len(props_bytes) > MAX_PROPERTIES_BYTES:
+            return PutResult(PutStatus.PROPERTIES_SIZE_EXCEEDED,
+                             reason=f"properties of {len(props_bytes)} bytes exceed {MAX_PROPERTIES_BYTES}")
+        size = _RECORD_OVERHEAD + body_len + len(topic_field) + len(props_bytes)
+        store_ts = msg.store_timestamp or int(self.clock() * 1000)
+        sys_flag = msg.sys_flag
+        dispatch = (sys_flag & TRANSACTION_MASK) not in _NOT_DISPATCHED
+        cq = None
+        queue_offset = 0
+        if dispatch:
+            cq = self.queues_.get((topic, queue_id)) or self._queue(topic, queue_id)
+            queue_offset = cq.max_offset
+        segs = commitlog.segments
+        seg = segs[-1] if segs else None
+        if seg is not None and size + END_MARKER_SIZE <= seg.size - seg.wrote:
+            phys = seg.start + seg.wrote
+        else:
+            try:
+                phys = commitlog.reserve(size)
+            except OSError as exc:
+                self.refusals += 1
+                return PutResult(PutStatus.SERVICE_NOT_AVAILABLE,
+                                 reason=f"cannot preallocate a commitlog segment: {exc.strerror or exc}")
+            except ValueError as exc:
+                return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=str(exc))
+            seg = segs[-1]
+        born_host = msg.born_host
+        try:
+            head = RECORD_HEAD.pack(
+                size, MESSAGE_MAGIC, _crc32(body) & 0x7FFFFFFF, queue_id, msg.flag, queue_offset,
+                phys, sys_flag & _NOT_V6, msg.born_timestamp, ip4_bytes(born_host[0]), born_host[1],
+                store_ts, self._store_ip, self._store_port, msg.reconsume_times,
+                msg.prepared_transaction_offset, body_len)
+            data = b"".join((head, body, topic_field, _I16.pack(len(props_bytes)), props_bytes))
+        except (struct.error, TypeError, IndexError) as exc:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"a message field is out of range: {exc}")
+        seg.append(data)
         if cq is not None:
-            cq.put(queue_offset, phys, size, tag_hash(msg.properties.get("TAGS")))
+            cq.append(phys, size, tag_hash(props.get(PROPERTY_TAGS)) if props else 0)
         self.puts += 1
         self.put_bytes += size
         result = PutResult(PutStatus.OK, phys, queue_offset, f"{self._id_prefix}{phys:016X}",
                            store_ts, size)
-        if cq is not None:
+        if cq is not None and self._listeners:
             for fn in self._listeners:
-                fn(msg.topic, msg.queue_id, cq.max_offset)
+                fn(topic, queue_id, queue_offset + 1)
         return result
 
     async def _await_flush(self, results: list[PutResult]) -> None:
@@ -556,3 +621,16 @@ class MessageStore:
 
 def _dispatched(sys_flag: int) -> bool:
     return (sys_flag & TRANSACTION_MASK) not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
+
+
+def _topic_field(topic: object) -> tuple[bytes | None, str]:
+    """The record's TOPICLEN + TOPIC bytes, or None and why the topic is not acceptable."""
+    if not isinstance(topic, str):
+        return None, f"topic must be a string, got {type(topic).__name__}"
+    try:
+        raw = topic.encode()
+    except UnicodeEncodeError:
+        return None, "topic is not encodable as UTF-8"
+    if not 0 < len(raw) <= MAX_TOPIC_BYTES:
+        return None, f"topic must be 1..{MAX_TOPIC_BYTES} bytes, got {len(raw)}"
+    return bytes((len(raw),)) + raw, ""

@@ -78,7 +78,10 @@ MAX_PROPERTIES_BYTES = 32767
 #: The topic length is a signed byte (V1 records).
 MAX_TOPIC_BYTES = 127
 
-_FIXED = struct.Struct(">iIiiiqqiq4siq4siiqi")  # TOTALSIZE .. BODYLEN (IPv4 hosts)
+#: TOTALSIZE .. BODYLEN for IPv4 hosts: the store's append path packs a record head with it
+#: directly (one pack per record), so the layout is defined once, here.
+RECORD_HEAD = struct.Struct(">iIiiiqqiq4siq4siiqi")
+_FIXED = RECORD_HEAD
 _HEAD = struct.Struct(">iIiiiqqiq4si")  # through BORNHOST (IPv4)
 _MID = struct.Struct(">q4siiq")  # STORETIMESTAMP, STOREHOST, RECONSUMETIMES, PREPARED OFFSET
 _I32 = struct.Struct(">i")
@@ -211,6 +214,11 @@ def _ip4(host: str) -> bytes:
             return addr.ipv4_mapped.packed
         # RocketMQ C++ clients only read 4-byte hosts; an IPv6 peer is recorded as loopback.
         return b"\x7f\x00\x00\x01"
+
+
+def ip4_bytes(host: str) -> bytes:
+    """The 4-byte host field for ``host`` (IPv6 peers without an IPv4 form become loopback)."""
+    return _ip4(host)
 
 
 def _host(raw: bytes, port: int) -> Host:
