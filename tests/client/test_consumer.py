@@ -159,3 +159,17 @@ async def test_subscribe_while_running(broker, namesrv) -> None:
                          what="queues of the new topic assigned")
         [msg] = await collect(consumer, 1)
         assert msg.topic == "TLateB" and msg.body == b"b"
+
+
+async def test_offsets_committed_periodically(broker, namesrv) -> None:
+    await _send(namesrv, "TPeriodic", [f"{i}".encode() for i in range(4)])
+    consumer = _consumer(namesrv, "CG_PERIODIC", "TPeriodic", from_where="first")
+
+    def committed() -> int:
+        return sum(broker.store.offsets.get("CG_PERIODIC", "TPeriodic", q) or 0 for q in range(4))
+
+    async with consumer:
+        await collect(consumer, 4)
+        assert await consumer.poll(0.05) is None  # acknowledges the fourth
+        # persist_interval 0.2 s: committed while still running, not only at shutdown
+        await wait_until(lambda: committed() == 4, what="offsets committed while running")

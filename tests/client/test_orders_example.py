@@ -68,11 +68,12 @@ def test_orders_example(broker_process, tmp_path: Path) -> None:
         lines = _read_until(checker, lambda d: d.get("check") == desk["transaction_id"]
                             and d.get("state") == "COMMIT_MESSAGE")
         assert lines[0] == {"checker": "ready"}
+        # The checker prints before its answer leaves, so it keeps running while orders apply.
+        applied = _run(ns, orders_db, "apply", "--applied-db", str(shipments_db), "--max", "2",
+                       "--timeout", "15")
     finally:
         checker.kill()
         checker.wait(10)
-
-    applied = _run(ns, orders_db, "apply", "--applied-db", str(shipments_db), "--max", "2", "--timeout", "15")
     assert sorted(a["applied"] for a in applied) == ["o-book", "o-desk"]
     with sqlite3.connect(shipments_db) as db:
         rows = db.execute("SELECT order_id, item, quantity FROM shipments ORDER BY order_id").fetchall()

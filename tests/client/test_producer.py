@@ -127,5 +127,8 @@ async def test_unreachable_name_server_is_a_clear_error(tmp_path) -> None:
 
 
 async def test_heartbeat_registers_the_group_before_any_send(broker, namesrv) -> None:
-    async with Producer("PG_HB", namesrv, heartbeat_interval=0.1):
+    async with Producer("PG_HB", namesrv, heartbeat_interval=0.2):
+        assert "PG_HB" in broker.registry.producer_groups()  # start() heartbeated already
+        for conn in list(broker.server.connections):
+            conn.close()  # the broker forgets the group; the periodic heartbeat restores it
         await wait_until(lambda: "PG_HB" in broker.registry.producer_groups(), what="producer registered")

@@ -83,6 +83,7 @@ async def test_commit_visible_rollback_never(broker, namesrv, listener_cls) -> N
     assert half.topic == HALF_TOPIC and half.properties["TRAN_MSG"] == "true"
     assert half.properties["PGROUP"] == "PG_TX" and half.properties["REAL_TOPIC"] == topic
     assert half.properties["UNIQ_KEY"] == committed.transaction_id
+    assert half.properties["__transactionId__"] == committed.transaction_id
     consumer = await _consumer(namesrv, "CG_TX", topic)
     try:
         [msg] = await collect(consumer, 1)

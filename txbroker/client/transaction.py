@@ -120,6 +120,9 @@ class TransactionProducer(Producer):
         props = msg.wire_properties(uniq)
         props[rec.PROPERTY_TRANSACTION_PREPARED] = "true"
         props[rec.PROPERTY_PRODUCER_GROUP] = self.group
+        # The transaction id is the UNIQ_KEY; carried on the half so every broker version
+        # hands it to check-backs and consumers (5.x brokers add it themselves).
+        props[rec.PROPERTY_TRANSACTION_ID] = uniq
         body, sys_flag = compress(msg.body, self.compress_threshold)
         result = await self._send(msg.topic, body, props, sys_flag | rec.TRANSACTION_PREPARED_TYPE, uniq)
 
@@ -128,7 +131,6 @@ class TransactionProducer(Producer):
                           offset_msg_id=result.offset_msg_id, queue_id=result.queue_id,
                           queue_offset=result.queue_offset, transaction_id=uniq,
                           broker_name=result.broker_name)
-        props[rec.PROPERTY_TRANSACTION_ID] = uniq
         state, error = LocalTransactionState.UNKNOW, None
         try:
             state = await _call(self.listener.execute_local_transaction, half, arg)
