@@ -12,12 +12,14 @@ send_tx_props, push_consume, pull_consume), ``namesrv``, ``topic``, ``group``, a
 scenario: ``count``, ``body``, ``keys``, ``tags``, ``props``, ``arg`` (send_orderly),
 ``size`` (send_large), ``expression``, ``expect`` (messages to wait for), ``max_seconds``,
 ``linger`` (seconds to stay up after ``expect`` was reached, so offsets get committed),
-``record_props`` (property names to report per consumed message).
+``record_props`` (property names to report per consumed message), ``stop_file`` (push_consume
+stops as soon as this file exists).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -118,7 +120,11 @@ def run_push(spec: dict) -> None:
     c.subscribe(spec["topic"], on_message, spec.get("expression", "*"))
     c.start()
     emit(event="started")
-    reached.wait(spec.get("max_seconds", 15))
+    deadline = time.monotonic() + spec.get("max_seconds", 15)
+    stop_file = spec.get("stop_file")
+    while time.monotonic() < deadline and not reached.wait(0.1):
+        if stop_file and os.path.exists(stop_file):
+            break
     time.sleep(spec.get("linger", 0.0))
     c.shutdown()
 

@@ -1,0 +1,150 @@
+"""The unmodified RocketMQ C++ client consuming from a real txbroker, and the SDK consuming
+what that client produced."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from compat_cpp import CppRun, run_cpp
+
+from txbroker.client import Consumer, Message, Producer
+
+pytestmark = pytest.mark.needs_cpp
+
+TOPIC = "CompatConsume"
+
+
+async def produce(broker, bodies_tags: list[tuple[str, str]], topic: str = TOPIC) -> None:
+    """Send with the txbroker SDK; it spreads messages round-robin over the topic's 4 queues."""
+    async with Producer("PID_SDK_COMPAT", namesrv=broker.namesrv_addr) as p:
+        for body, tag in bodies_tags:
+            await p.send(Message(topic, body.encode(), tags=tag, keys="K-" + body,
+                                 properties={"origin": "sdk"}))
+
+
+def push_spec(broker, **kw) -> dict:
+    return {"scenario": "push_consume", "namesrv": broker.namesrv_addr, "topic": TOPIC,
+            "group": "CID_COMPAT", "record_props": ["origin"], **kw}
+
+
+async def test_push_consumer_tag_expression_offsets_committed_and_resumed(broker, tmp_path):
+    first = [(f"m{i}", ("TagA", "TagB", "TagC")[i % 3]) for i in range(12)]
+    await produce(broker, first)
+    assert len(broker.store.queues()[TOPIC]) == 4  # several queues are in play
+    wanted = {b for b, t in first if t != "TagC"}
+
+    run = await run_cpp(tmp_path / "home1", timeout=30,
+                        **push_spec(broker, expression="TagA || TagB", expect=len(wanted),
+                                    max_seconds=20))
+    assert run.returncode == 0, run.describe()
+    got = run.of("msg")
+    assert {m["body"] for m in got} == wanted, run.describe()
+    for m in got:
+        assert m["tags"] in ("TagA", "TagB")
+        assert m["keys"] == "K-" + m["body"]
+        assert m["props"]["origin"] == "sdk"
+        assert m["topic"] == TOPIC
+    assert {m["queue_id"] for m in got} == {0, 1, 2, 3}
+
+    # Shutdown committed every queue's offset (UPDATE_CONSUMER_OFFSET without the one-way bit):
+    # at least past the last message it consumed there.  (A trailing TagC message the broker
+    # filtered out may stay below the commit; that is the client's bookkeeping.)
+    for qid in range(4):
+        committed = broker.store.offsets.get("CID_COMPAT", TOPIC, qid)
+        last = max(m["queue_offset"] for m in got if m["queue_id"] == qid)
+        assert committed is not None and committed >= last + 1, (qid, committed, last)
+
+    # A restarted consumer of the same group resumes after the committed offsets.
+    second = [(f"n{i}", "TagA") for i in range(4)]
+    await produce(broker, second)
+    run2 = await run_cpp(tmp_path / "home2", timeout=30,
+                         **push_spec(broker, expression="TagA || TagB", expect=4, max_seconds=20,
+                                     linger=1.0))
+    assert run2.returncode == 0, run2.describe()
+    assert sorted(m["body"] for m in run2.of("msg")) == [f"n{i}" for i in range(4)], run2.describe()
+
+
+async def test_two_push_consumers_of_one_group_share_the_queues(broker, tmp_path):
+    stop = tmp_path / "stop"
+    spec = push_spec(broker, max_seconds=25, stop_file=str(stop))
+    a = await CppRun(spec, tmp_path / "a").start()
+    b = await CppRun(spec, tmp_path / "b").start()
+    try:
+        await a.wait_started()
+        await b.wait_started()
+        # Both members must be registered before messages flow, so the split is settled.
+        for _ in range(100):
+            if len(broker.registry.consumer_ids("CID_COMPAT")) == 2:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(2.0)
+        bodies = [(f"s{i}", "TagA") for i in range(16)]
+        await produce(broker, bodies)
+        for _ in range(100):
+            if len(a.of("msg")) + len(b.of("msg")) >= 16:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        stop.touch()
+        await a.finish(20)
+        await b.finish(20)
+    got_a, got_b = a.of("msg"), b.of("msg")
+    assert got_a and got_b, (a.describe(), b.describe())
+    assert {m["body"] for m in got_a} | {m["body"] for m in got_b} == {b for b, _ in bodies}
+    # Each queue is owned by exactly one member.
+    assert not ({m["queue_id"] for m in got_a} & {m["queue_id"] for m in got_b})
+    assert len(got_a) + len(got_b) == 16
+
+
+async def test_pull_consumer_reads_all_queues(broker, tmp_path):
+    bodies = [(f"p{i}", "TagP") for i in range(10)]
+    await produce(broker, bodies)
+    run = await run_cpp(tmp_path / "home", scenario="pull_consume", namesrv=broker.namesrv_addr,
+                        topic=TOPIC, group="CID_PULL_COMPAT", record_props=["origin"])
+    run.assert_clean()
+    got = run.of("msg")
+    assert sorted(m["body"] for m in got) == sorted(b for b, _ in bodies)
+    assert {m["queue_id"] for m in got} == {0, 1, 2, 3}
+    for m in got:
+        stored = broker.store.get(TOPIC, m["queue_id"], m["queue_offset"], 1).messages()[0]
+        assert stored.body.decode() == m["body"]
+        assert stored.physical_offset == m["commit_log_offset"]
+        assert m["id"] == stored.properties["UNIQ_KEY"]
+
+
+async def test_sdk_consumes_what_the_cpp_client_produced(broker, tmp_path):
+    small = await run_cpp(tmp_path / "h1", scenario="send_sync", namesrv=broker.namesrv_addr,
+                          topic=TOPIC, group="PID_COMPAT", count=3, keys="CK", tags="TagX",
+                          props={"color": "blue"}, body="from cpp")
+    small.assert_clean()
+    large = await run_cpp(tmp_path / "h2", scenario="send_large", namesrv=broker.namesrv_addr,
+                          topic=TOPIC, group="PID_COMPAT", tags="TagX", body="big", size=8000)
+    large.assert_clean()
+    consumer = Consumer("CID_SDK_COMPAT", namesrv=broker.namesrv_addr, from_where="first",
+                        long_poll_timeout=1.0)
+    consumer.subscribe(TOPIC, "TagX")
+    got = []
+    async with consumer:
+        while len(got) < 4:
+            msg = await consumer.poll(timeout=10)
+            assert msg is not None, [m.body[:20] for m in got]
+            got.append(msg)
+    bodies = sorted(m.body for m in got)
+    assert bodies == sorted([b"from cpp %d" % i for i in range(3)] + [b"big:" + b"x" * 8000])
+    small_ids = {r["msg_id"] for r in small.of("sent")}
+    for m in got:
+        if m.body.startswith(b"from cpp"):
+            assert m.keys == "CK" or m.keys == ["CK"]
+            assert m.properties["color"] == "blue"
+            assert m.msg_id in small_ids
+
+
+async def test_cpp_pulls_the_large_compressed_body_intact(broker, tmp_path):
+    big = "z" * 9000
+    async with Producer("PID_SDK_COMPAT", namesrv=broker.namesrv_addr) as p:
+        await p.send(Message(TOPIC, big.encode(), tags="TagL"))
+    run = await run_cpp(tmp_path / "home", scenario="pull_consume", namesrv=broker.namesrv_addr,
+                        topic=TOPIC, group="CID_PULL_COMPAT")
+    run.assert_clean()
+    assert [m["body"] for m in run.of("msg")] == [big]
