@@ -263,3 +263,25 @@ async def test_metrics_endpoint_serves_prometheus_text(broker_config) -> None:
     finally:
         await c.close()
         await b.stop()
+
+
+async def test_offsets_after_retention_deleted_the_head(broker, broker_client) -> None:
+    """Min offset > 0: a new group gets QUERY_NOT_FOUND (RocketMQ), an old offset moves."""
+    c = broker_client
+    body = b"r" * 16 * 1024
+    n = 0
+    while len(broker.store.commitlog.segments) < 3 and n < 400:  # 1 MiB segments
+        assert (await send(c, "Ret", body)).code == ResponseCode.SUCCESS
+        n += 1
+    deleted = broker.store.delete_expired(time.time() + broker.config.file_reserved_time + 60)
+    assert deleted >= 1
+    low = broker.store.min_offset("Ret", 0)
+    assert low > 0
+    q = {"consumerGroup": "NewGroup", "topic": "Ret", "queueId": "0"}
+    resp = await c.invoke(request(RequestCode.QUERY_CONSUMER_OFFSET, q), TIMEOUT)
+    assert resp.code == ResponseCode.QUERY_NOT_FOUND
+    resp, msgs = await pull(c, "NewGroup", "Ret", 0, 0)
+    assert resp.code == ResponseCode.PULL_OFFSET_MOVED and msgs == []
+    assert int(resp.ext_fields["nextBeginOffset"]) == low
+    resp, msgs = await pull(c, "NewGroup", "Ret", 0, low, max_nums=2)
+    assert resp.code == ResponseCode.SUCCESS and msgs[0].queue_offset == low
