@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -63,18 +64,35 @@ def run(make: Callable[[], Awaitable[T]]) -> T:
         finally:
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
+            done.set()
 
+    done = threading.Event()
     thread = threading.Thread(target=target, name="txbroker-cli", daemon=True)
+    # SIGTERM (a service manager stopping us) gets the same clean stop as Ctrl-C: the
+    # coroutine is cancelled, so a consumer still commits what it printed.
+    signals: list[int] = []
+    restore = None
+    if threading.current_thread() is threading.main_thread():
+        def on_term(signum: int, _frame: object) -> None:
+            signals.append(signum)
+            raise KeyboardInterrupt
+        restore = signal.signal(signal.SIGTERM, on_term)
     thread.start()
     try:
-        while thread.is_alive():
-            thread.join(0.2)
+        # Event.wait, not Thread.join: a join interrupted by a signal can leave the thread
+        # marked as finished while it still runs (Python 3.11), and the clean stop below
+        # would then not be waited for.
+        while not done.wait(0.2):
+            pass
     except KeyboardInterrupt:
         task = main.get("task")
         if task is not None and not loop.is_closed():
             loop.call_soon_threadsafe(task.cancel)
-        thread.join(30)
-        raise click.exceptions.Exit(130) from None
+        done.wait(30)
+        raise click.exceptions.Exit(128 + (signals[0] if signals else signal.SIGINT)) from None
+    finally:
+        if restore is not None:
+            signal.signal(signal.SIGTERM, restore)
     if "error" in result:
         exc = result["error"]
         if isinstance(exc, click.exceptions.ClickException | click.exceptions.Exit):

@@ -128,3 +128,28 @@ async def test_errors_are_one_line(broker, namesrv) -> None:
     assert usage.exit_code == 2 and "--body or --file" in usage.stderr
     bad_ns = await _cli("status", "--namesrv", "nonsense")
     assert bad_ns.exit_code == 1 and "host:port" in bad_ns.stderr
+
+
+async def test_consume_stops_cleanly_on_sigterm(broker, namesrv) -> None:
+    import signal
+    import sys
+
+    _ok(await _cli("produce", "--topic", "TTerm", "--body", "first", "--namesrv", namesrv))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "from cli.main import main; main()", "consume", "--topic", "TTerm",
+        "--group", "CG_TERM", "--from-beginning", "--namesrv", namesrv,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 20)
+        assert line.decode().rstrip().endswith("first")
+        await asyncio.sleep(0.2)  # back in poll(): the printed message is acknowledged
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM and b"Traceback" not in err
+    # the clean stop committed past the printed message and left the group
+    assert sum(broker.store.offsets.get("CG_TERM", "TTerm", q) or 0 for q in range(4)) == 1
+    assert broker.registry.consumer_ids("CG_TERM") == []
