@@ -346,3 +346,85 @@ def test_offset_store_persist_is_atomic(tmp_path, monkeypatch):
     assert (again.get("g", "T", 0), again.get("g", "T", 1)) == (9, 3)
     with pytest.raises(ValueError):
         offsets.set("g", "T", 0, -1)
+
+
+async def test_slow_flush_answers_flush_disk_timeout_and_keeps_the_data(tmp_path, monkeypatch):
+    from txbroker.store.segment import MappedSegment
+    real_sync = MappedSegment.sync
+
+    def slow_sync(self):  # a disk that takes longer than sync_flush_timeout
+        time.sleep(0.3)
+        real_sync(self)
+
+    monkeypatch.setattr(MappedSegment, "sync", slow_sync)
+    store = await opened(cfg(tmp_path, flush_mode="sync", sync_flush_timeout=0.05))
+    r = await store.put(Message("T", 0, b"slow"))
+    assert r.status is PutStatus.FLUSH_DISK_TIMEOUT and r.ok
+    assert store.read(r.physical_offset).body == b"slow"
+    assert store.get("T", 0, 0, 1).status is GetStatus.FOUND
+    await store.close()
+    again = MessageStore(cfg(tmp_path))
+    assert again.open().clean and again.read(r.physical_offset).body == b"slow"
+    await again.start()
+    await again.close()
+
+
+async def test_close_answers_puts_still_waiting_for_a_flush(tmp_path, monkeypatch):
+    import asyncio
+
+    from txbroker.store.segment import MappedSegment
+    real_sync = MappedSegment.sync
+
+    def slow_sync(self):
+        time.sleep(0.05)
+        real_sync(self)
+
+    monkeypatch.setattr(MappedSegment, "sync", slow_sync)
+    store = await opened(cfg(tmp_path, flush_mode="sync", segment_size=1024 * 1024))
+    puts = [asyncio.ensure_future(store.put(Message("T", 0, b"c%d" % i))) for i in range(50)]
+    await asyncio.sleep(0.01)  # some flushed, some in flight, some still waiting
+    await store.close()
+    results = await asyncio.gather(*puts)
+    assert all(r.status is PutStatus.OK for r in results)
+    again = MessageStore(cfg(tmp_path, segment_size=1024 * 1024))
+    again.open()
+    assert [m.body for m in again.get("T", 0, 0, 100).messages()] == [b"c%d" % i for i in range(50)]
+    await again.start()
+    await again.close()
+
+
+@pytest.mark.parametrize("bad", [
+    {"flag": 2**31}, {"queue_id": -1}, {"queue_id": 2**31}, {"born_timestamp": 2**63},
+    {"born_host": ("127.0.0.1", 2**40)}, {"reconsume_times": "3"}, {"topic": ""},
+    {"topic": "t" * 128}, {"topic": 7}, {"properties": {"k": "\udcff"}},
+])
+async def test_invalid_fields_are_refused_before_anything_is_written(tmp_path, bad):
+    store = await opened(cfg(tmp_path))
+    await store.put(Message("T", 0, b"first"))
+    end = store.max_physical_offset
+    fields = {"topic": "T", "queue_id": 0, "body": b"x"} | bad
+    r = await store.put(Message(**fields))
+    assert r.status is PutStatus.MESSAGE_ILLEGAL and r.reason
+    assert store.max_physical_offset == end and store.max_offset("T", 0) == 1
+    assert (await store.put(Message("T", 0, b"next"))).physical_offset == end
+    await store.close()
+
+
+async def test_property_values_none_skipped_and_non_strings_stringified(tmp_path):
+    store = await opened(cfg(tmp_path))
+    r = await store.put(Message("T", 0, b"p", properties={"TAGS": "A", "gone": None, "n": 5}))
+    m = store.read(r.physical_offset)
+    assert m.properties == {"TAGS": "A", "n": "5"}
+    assert store.get("T", 0, 0, 1, tag_filter={tag_hash("A")}).status is GetStatus.FOUND
+    await store.close()
+
+
+async def test_listener_sees_each_new_max_offset(tmp_path):
+    store = await opened(cfg(tmp_path))
+    seen: list[tuple[str, int, int]] = []
+    store.add_listener(lambda t, q, m: seen.append((t, q, m)))
+    await store.put(Message("T", 1, b"a"))
+    await store.put(Message("T", 1, b"b"))
+    await store.put(Message("T", 0, b"half", sys_flag=TRANSACTION_PREPARED_TYPE))  # not indexed
+    assert seen == [("T", 1, 1), ("T", 1, 2)]
+    await store.close()

@@ -26,6 +26,7 @@ class FlushService:
         self._flush_to = flush_to
         self._write_end = write_end
         self._waiting: list[tuple[int, asyncio.Future[None]]] = []
+        self._inflight: list[tuple[int, asyncio.Future[None]]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.flushed = 0
@@ -44,9 +45,13 @@ class FlushService:
         self._wake.set()
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout)
-            return True
         except TimeoutError:
             return False
+        except asyncio.CancelledError:
+            if fut.cancelled():  # the service closed before any flush covered ``end``
+                return False
+            raise  # the caller itself was cancelled
+        return True
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -55,28 +60,38 @@ class FlushService:
             self._wake.clear()
             if not self._waiting:
                 continue
-            batch, self._waiting = self._waiting, []
+            # The batch stays reachable (``_inflight``) while its flush runs, so close() can
+            # still answer it if the task is cancelled mid-flush.
+            self._inflight, self._waiting = self._waiting, []
             target = self._write_end()
             try:
-                self.flushed = await loop.run_in_executor(None, self._flush_to, target)
+                self.flushed = max(self.flushed, await loop.run_in_executor(None, self._flush_to, target))
                 self.flushes += 1
             except OSError as exc:
                 log.error("group commit flush failed: %s", exc)
+                batch, self._inflight = self._inflight, []
                 for _end, fut in batch:
                     if not fut.done():
                         fut.set_exception(exc)
                 continue
-            for end, fut in batch:
-                if fut.done():
-                    continue
-                if end <= self.flushed:
-                    fut.set_result(None)
-                else:
-                    self._waiting.append((end, fut))
+            self._settle()
             if self._waiting:
                 self._wake.set()
 
+    def _settle(self) -> None:
+        """Resolve every waiter the last flush covered; the rest wait for the next one."""
+        batch, self._inflight = self._inflight, []
+        for end, fut in batch:
+            if fut.done():
+                continue
+            if end <= self.flushed:
+                fut.set_result(None)
+            else:
+                self._waiting.append((end, fut))
+
     async def close(self) -> None:
+        """Stop the flusher, then flush once more so that no waiting put is left unanswered:
+        a put that was appended before close is acknowledged by this final flush."""
         if self._task is not None:
             self._task.cancel()
             try:
@@ -84,6 +99,17 @@ class FlushService:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        self._inflight.extend(self._waiting)
+        self._waiting = []
+        if self._inflight:
+            loop = asyncio.get_running_loop()
+            try:
+                self.flushed = max(self.flushed, await loop.run_in_executor(
+                    None, self._flush_to, self._write_end()))
+                self.flushes += 1
+            except OSError as exc:
+                log.error("final group commit flush failed: %s", exc)
+            self._settle()
         for _end, fut in self._waiting:
             if not fut.done():
                 fut.cancel()

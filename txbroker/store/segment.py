@@ -1,10 +1,18 @@
 """One preallocated, memory-mapped file: the unit both the commitlog and consume queues use.
 
 Appends are slice assignments into the mapping (on this machine ~4x faster than one
-``os.write`` per record, see measured.md) and reads are slices of it.  Durability comes from
-``os.fdatasync`` on the file descriptor: on Linux a shared mapping dirties the same page-cache
-pages the descriptor sees, so fdatasync writes them back — and unlike ``mmap.flush`` it
-releases the GIL, so a flush running in an executor thread does not stall the event loop.
+``os.write`` per record, see measured.md) and reads are slices of it.
+
+Durability comes from ``os.fdatasync`` on the file descriptor, not ``mmap.flush`` (msync).
+On Linux a shared mapping dirties the same page-cache pages the descriptor sees, so fdatasync
+writes them back.  Both were measured (``python -m bench.store``, rows "durable 4 KiB append
+via ..." and the 64-writer group-commit rows): per call the two are within the machine's noise
+of each other (msync of a page range ~500-2,700/s, fdatasync ~400-900/s single-threaded), and
+group commit with 64 writers reaches the same rate with either (~18-19k msgs/s).  What decides
+it is the event loop: on CPython 3.11 ``mmap.flush`` holds the GIL for the whole msync, so
+while a flush runs in the executor the loop thread gets ~60% of its idle progress; fdatasync
+releases the GIL and the loop keeps 100%.  Flushes must not stall the loop that serves every
+connection, so fdatasync it is.
 
 Task-safety contract: all mutation happens on one thread (the event loop); :meth:`sync` may run
 concurrently in an executor because it only asks the kernel to write pages back.
