@@ -38,7 +38,7 @@ import orjson
 from txbroker.client.errors import BrokerError, ClientError, ClientStateError
 from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
 from txbroker.client.message import MessageExt, parse_tag_expression, validate_topic
-from txbroker.client.producer import _validate_group
+from txbroker.client.producer import validate_group
 from txbroker.client.rebalance import MessageQueue, OffsetTracker, allocate_average
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
@@ -97,7 +97,7 @@ class Consumer:
                  buffer_size: int = 1024, request_timeout: float = 3.0,
                  heartbeat_interval: float = 30.0, pull_error_backoff: float = 1.0,
                  instance_name: str | None = None) -> None:
-        self.group = _validate_group(group)
+        self.group = validate_group(group)
         self.from_where = _from_where(from_where)
         if not 1 <= pull_batch_size <= 1024:
             raise ValueError("pull_batch_size must be in [1, 1024]")

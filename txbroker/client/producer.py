@@ -49,7 +49,8 @@ RETRY_CODES = frozenset({ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY,
 _STATUS_BY_CODE = {s.value: s for s in SendStatus}
 
 
-def _validate_group(group: object) -> str:
+def validate_group(group: object) -> str:
+    """Group names follow the topic rule (RocketMQ validates both with the same charset)."""
     if not isinstance(group, str) or not group:
         raise ValueError("group must be a non-empty string")
     validate_topic(group)  # same charset and length rule as topics
@@ -63,7 +64,7 @@ class Producer:
                  retries: int = 2, *, max_message_size: int = 4 * 1024 * 1024,
                  compress_threshold: int = 4096, heartbeat_interval: float = 30.0,
                  instance_name: str | None = None) -> None:
-        self.group = _validate_group(group)
+        self.group = validate_group(group)
         if not isinstance(retries, int) or retries < 0:
             raise ValueError("retries must be a non-negative integer")
         if send_timeout <= 0:
