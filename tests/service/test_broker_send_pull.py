@@ -242,3 +242,16 @@ async def test_failed_start_leaves_a_clean_store(broker_config) -> None:
     b2 = Broker(broker_config)
     await b2.start()
     await b2.stop()
+
+
+async def test_client_resend_to_retry_topic_goes_to_dlq_past_max(broker, broker_client) -> None:
+    c = broker_client
+    cmd = send_cmd("%RETRY%RG", b"again", queue_id=0)
+    cmd.ext_fields["reconsumeTimes"] = "1"
+    assert (await c.invoke(cmd, TIMEOUT)).code == ResponseCode.SUCCESS
+    cmd = send_cmd("%RETRY%RG", b"dead", queue_id=0)
+    cmd.ext_fields["reconsumeTimes"] = str(broker.config.max_reconsume_times)
+    assert (await c.invoke(cmd, TIMEOUT)).code == ResponseCode.SUCCESS
+    _, retry = await pull(c, "RG", "%RETRY%RG", 0, 0)
+    _, dlq = await pull(c, "RG", "%DLQ%RG", 0, 0)
+    assert [m.body for m in retry] == [b"again"] and [m.body for m in dlq] == [b"dead"]

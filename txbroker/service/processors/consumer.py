@@ -31,7 +31,7 @@ from txbroker.service.clients import (
     parse_tag_expression,
 )
 from txbroker.service.processors.fields import FieldError, Fields, error_response
-from txbroker.service.processors.send import put_ok
+from txbroker.service.processors.send import VERSION_HONOUR_MAX_RECONSUME, put_ok
 from txbroker.service.schedule import ScheduleService
 from txbroker.service.topics import TopicManager, is_system_topic, validate_group_name
 from txbroker.store.record import (
@@ -46,8 +46,6 @@ from txbroker.store.record import (
 log = logging.getLogger(__name__)
 
 LOCK_LIVE_TIME = 60.0
-#: Client version above which ``maxReconsumeTimes`` from the request is honoured (V3_4_9).
-VERSION_HONOUR_MAX_RECONSUME = 121
 
 _CONSUME_TYPES = ["CONSUME_ACTIVELY", "CONSUME_PASSIVELY"]
 _MESSAGE_MODELS = ["BROADCASTING", "CLUSTERING"]

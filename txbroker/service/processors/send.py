@@ -33,11 +33,13 @@ from txbroker.service.topics import (
 from txbroker.service.txstate import TransactionError
 from txbroker.store.record import (
     BORNHOST_V6_FLAG,
+    DLQ_GROUP_TOPIC_PREFIX,
     MAX_PROPERTIES_BYTES,
     PROPERTY_CLUSTER,
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_WAIT_STORE_MSG_OK,
+    RETRY_GROUP_TOPIC_PREFIX,
     STOREHOST_V6_FLAG,
     TRANSACTION_MASK,
     TRANSACTION_NOT_TYPE,
@@ -53,6 +55,8 @@ log = logging.getLogger(__name__)
 
 #: sysFlag bits a producer may set: compressed, multi-tags, transaction type, IPv6 host
 #: markers (ignored: records carry IPv4), compression type (bits 8-10).
+#: Client version above which ``maxReconsumeTimes`` from the request is honoured (V3_4_9).
+VERSION_HONOUR_MAX_RECONSUME = 121
 _ALLOWED_SYS_FLAG = 0x1 | 0x2 | TRANSACTION_MASK | BORNHOST_V6_FLAG | STOREHOST_V6_FLAG | 0x700
 
 
@@ -120,7 +124,7 @@ class SendProcessor:
         reconsume = f.int("reconsumeTimes", required=False, default=0, lo=0)
         batch = code == RequestCode.SEND_BATCH_MESSAGE or f.bool("batch")
         f.bool("unitMode")
-        f.int("maxReconsumeTimes", required=False)
+        max_reconsume = f.int("maxReconsumeTimes", required=False, lo=0)
         if sys_flag & ~_ALLOWED_SYS_FLAG:
             raise FieldError(ResponseCode.MESSAGE_ILLEGAL, f"sysFlag {sys_flag:#x} has unknown bits set")
         tx_bits = sys_flag & TRANSACTION_MASK
@@ -135,6 +139,14 @@ class SendProcessor:
                              f"{self.config.max_message_size}")
         if not body:
             raise FieldError(ResponseCode.MESSAGE_ILLEGAL, "message body is empty")
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            # A client re-sending a failed message itself (its send-back failed): past the
+            # maximum it goes to the group's dead-letter queue, as in RocketMQ.
+            if max_reconsume is None or cmd.version <= VERSION_HONOUR_MAX_RECONSUME:
+                max_reconsume = self.config.max_reconsume_times
+            if reconsume >= max_reconsume:
+                topic = DLQ_GROUP_TOPIC_PREFIX + topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+                tc, queue_id = None, 0
         if tc is None:
             tc = self.topics.get_or_create(topic, queue_nums=queue_nums)
         if not tc.perm & PERM_WRITE:
