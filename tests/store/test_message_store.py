@@ -428,3 +428,26 @@ async def test_listener_sees_each_new_max_offset(tmp_path):
     await store.put(Message("T", 0, b"half", sys_flag=TRANSACTION_PREPARED_TYPE))  # not indexed
     assert seen == [("T", 1, 1), ("T", 1, 2)]
     await store.close()
+
+
+@pytest.mark.parametrize("where", ["topic_len", "props_len", "topic_utf8", "sys_flag_v6"])
+async def test_damage_outside_the_body_is_caught_by_recovery(tmp_path, where):
+    """The body CRC does not cover lengths and text; recovery checks those too, so nothing
+    that a later read or scan would choke on is kept."""
+    store = await opened(cfg(tmp_path))
+    results = [await store.put(Message("Topic", 0, b"%04d" % i, properties={"TAGS": "A"})) for i in range(20)]
+    _crash_copy(store)
+    victim = results[12]
+    seg_path = Path(store.root) / "commitlog" / f"{(victim.physical_offset // SEG) * SEG:020d}"
+    rel = victim.physical_offset % SEG
+    topic_at = rel + 88 + 4
+    patch = {"topic_len": (topic_at, b"\x09"), "props_len": (topic_at + 6, b"\x7f\x00"),
+             "topic_utf8": (topic_at + 1, b"\xff"), "sys_flag_v6": (rel + 36, b"\x00\x00\x00\x10")}[where]
+    overwrite(seg_path, *patch)
+    again = MessageStore(cfg(tmp_path))
+    report = again.open()
+    assert report.end_offset == victim.physical_offset and report.bytes_cut > 0
+    assert [m.body for m in again.scan(0)] == [b"%04d" % i for i in range(12)]
+    assert again.max_offset("Topic", 0) == 12
+    await again.start()
+    await again.close()

@@ -17,8 +17,11 @@ from pathlib import Path
 
 from txbroker.store.record import (
     BLANK_MAGIC,
+    BORNHOST_V6_FLAG,
     MESSAGE_MAGIC,
     MIN_RECORD_SIZE,
+    STOREHOST_V6_FLAG,
+    RecordError,
     StoredMessage,
     body_crc,
     decode_record,
@@ -29,6 +32,9 @@ log = logging.getLogger(__name__)
 
 _SIZE_MAGIC = struct.Struct(">iI")
 _CRC = struct.Struct(">i")
+_I32 = _CRC
+_I16 = struct.Struct(">h")
+_V6_FLAGS = BORNHOST_V6_FLAG | STOREHOST_V6_FLAG
 #: A blank record needs TOTALSIZE + MAGIC.
 END_MARKER_SIZE = 8
 
@@ -176,7 +182,14 @@ class CommitLog:
                 continue
             if magic != MESSAGE_MAGIC or size < MIN_RECORD_SIZE or rel + size > seg.wrote:
                 return
-            yield decode_record(seg.read(rel, size))
+            try:
+                msg = decode_record(seg.read(rel, size))
+            except RecordError as exc:
+                # Recovery validated the tail, so this is damage below the checkpoint: stop
+                # here rather than fail whoever is rebuilding state from the log.
+                log.error("commitlog scan stopped at offset %d: %s", offset, exc)
+                return
+            yield msg
             offset += size
 
     # --- recovery ---------------------------------------------------------------------------
@@ -209,6 +222,23 @@ class CommitLog:
                         break
                     body_len = _CRC.unpack_from(view, rel + 84)[0]
                     if body_len < 0 or 84 + 4 + body_len + 3 > size:
+                        stop = True
+                        break
+                    # The CRC covers only the body; the lengths around it must add up too,
+                    # or a later decode of this record would fail.
+                    topic_at = rel + 88 + body_len
+                    topic_len = view[topic_at]
+                    tail = 88 + body_len + 1 + topic_len + 2
+                    if tail > size or tail + _I16.unpack_from(view, topic_at + 1 + topic_len)[0] != size:
+                        stop = True
+                        break
+                    try:
+                        str(view[topic_at + 1:topic_at + 1 + topic_len], "utf-8")
+                        str(view[rel + tail:rel + size], "utf-8")
+                    except UnicodeDecodeError:
+                        stop = True
+                        break
+                    if _I32.unpack_from(view, rel + 36)[0] & _V6_FLAGS:
                         stop = True
                         break
                     crc = _CRC.unpack_from(view, rel + 8)[0]

@@ -85,7 +85,7 @@ class PutStatus(enum.Enum):
     SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
 
 
-@dataclass
+@dataclass(slots=True)
 class PutResult:
     status: PutStatus
     physical_offset: int = -1

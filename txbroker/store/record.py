@@ -216,9 +216,9 @@ def _ip4(host: str) -> bytes:
         return b"\x7f\x00\x00\x01"
 
 
-def ip4_bytes(host: str) -> bytes:
-    """The 4-byte host field for ``host`` (IPv6 peers without an IPv4 form become loopback)."""
-    return _ip4(host)
+#: The 4-byte host field for a host string (cached; IPv6 peers without an IPv4 form become
+#: loopback, as RocketMQ C++ clients only read 4-byte hosts).
+ip4_bytes = _ip4
 
 
 def _host(raw: bytes, port: int) -> Host:
