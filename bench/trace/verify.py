@@ -1,0 +1,167 @@
+"""``bench verify``: a Spark job joining the trace's expectations with what happened.
+
+Violations (any one makes ``verify`` fail):
+
+* ``committed_not_delivered`` — expected commit, never delivered;
+* ``aborted_but_delivered`` — expected rollback or discard, delivered;
+* ``delivered_twice`` — delivered more than once (counted per transaction);
+* ``unknown_delivery`` — a delivery of this run naming no trace row;
+* ``send_failed`` — the half could not be sent;
+* ``outcome_mismatch`` — the producer's last word differs from the expectation (e.g. a check
+  never came, so an ``unknown_commit`` row was never committed);
+* ``unexpected_checks`` — a check for a half the producer had decided more than ``grace_ms``
+  earlier (RocketMQ #1517 / #9640);
+* ``duplicate_checks`` — more checks of an undecided half than the trace scripts (more than
+  ``transaction_check_max`` for a ``never`` row);
+* ``missing_checks`` — fewer (check counts burned without a check, RocketMQ #8311).
+
+Checks arriving while the local transaction still ran (``early``) or within ``grace_ms`` of the
+producer's decision (``raced``: the one-way END_TRANSACTION crossed the check) are reported, not
+violations.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.trace.replay import RESULTS_META
+from bench.trace.spec import SpecError, TraceMeta
+
+VERIFY_FILE = "verify.json"
+VIOLATIONS = ("committed_not_delivered", "aborted_but_delivered", "delivered_twice",
+              "unknown_delivery", "send_failed", "outcome_mismatch", "unexpected_checks",
+              "duplicate_checks", "missing_checks")
+CHECK_KINDS = ("expected", "early", "raced", "unexpected", "duplicate")
+_PCTS = (0.5, 0.9, 0.99, 0.999)
+
+
+def _load(spark, trace_dir: Path, results_dir: Path):
+    meta = TraceMeta.read(trace_dir)
+    if not (results_dir / RESULTS_META).exists():
+        raise SpecError(f"{results_dir}: not a results directory (no {RESULTS_META}); "
+                        "write one with `txbroker bench replay`")
+    trace = spark.read.parquet(str(trace_dir))
+    results = spark.read.parquet(str(results_dir / "transactions"))
+    deliveries = spark.read.parquet(str(results_dir / "deliveries"))
+    return meta, trace, results, deliveries
+
+
+def verify(spark, trace_dir: str | Path, results_dir: str | Path, grace_ms: float = 500.0,
+           sample: int = 10) -> dict:
+    """Compute the verdict, write ``verify.json`` into the results directory and return it."""
+    from pyspark.sql import functions as F
+
+    trace_dir, results_dir = Path(trace_dir), Path(results_dir)
+    meta, trace, results, deliveries = _load(spark, trace_dir, results_dir)
+    run_meta = json.loads((results_dir / RESULTS_META).read_text())
+
+    per_tx = deliveries.groupBy("tx").agg(F.count(F.lit(1)).alias("delivered"),
+                                          F.min("recv_ms").alias("first_recv_ms"))
+    j = (trace.withColumnRenamed("start_ms", "trace_start_ms")
+         .join(results.drop("task"), "id", "left")
+         .join(per_tx, trace["id"] == per_tx["tx"], "left")
+         .withColumn("delivered", F.coalesce(F.col("delivered"), F.lit(0))))
+    expected_final = (F.when(F.col("expected_outcome") == "discard", F.lit("unknown"))
+                      .otherwise(F.col("expected_outcome")))
+
+    checks = (results.select("id", "decided_ms", F.posexplode(F.arrays_zip("check_ms", "check_phase"))
+                             .alias("n", "c"))
+              .select("id", "decided_ms", "n", F.col("c.check_ms").alias("at"),
+                      F.col("c.check_phase").alias("phase")))
+    w = __import__("pyspark.sql.window", fromlist=["Window"]).Window
+    undecided_rank = F.sum(F.when(F.col("phase") == "undecided", 1).otherwise(0)).over(
+        w.partitionBy("id").orderBy("n").rowsBetween(w.unboundedPreceding, 0))
+    checks = (checks.withColumn("ordinal", undecided_rank)
+              .join(trace.select("id", "expected_checks"), "id")
+              .withColumn("kind",
+                          F.when(F.col("phase") == "running", "early")
+                          .when((F.col("phase") == "decided") & (F.col("at") - F.col("decided_ms") > grace_ms),
+                                "unexpected")
+                          .when(F.col("phase") == "decided", "raced")
+                          .when(F.col("ordinal") <= F.col("expected_checks"), "expected")
+                          .otherwise("duplicate")))
+    check_counts = dict.fromkeys(CHECK_KINDS, 0)
+    check_counts.update({r["kind"]: r["count"] for r in checks.groupBy("kind").count().collect()})
+    scripted = (checks.filter("phase = 'undecided'").groupBy("id").count()
+                .withColumnRenamed("count", "got"))
+    missing = (trace.filter("expected_checks > 0").join(scripted, "id", "left")
+               .withColumn("got", F.coalesce("got", F.lit(0)))
+               .filter("got < expected_checks"))
+
+    conds = {
+        "committed_not_delivered": j.filter((F.col("expected_outcome") == "commit") & (F.col("delivered") == 0)),
+        "aborted_but_delivered": j.filter((F.col("expected_outcome") != "commit") & (F.col("delivered") > 0)),
+        "delivered_twice": j.filter(F.col("delivered") > 1),
+        "unknown_delivery": deliveries.join(trace, deliveries["tx"] == trace["id"], "left_anti")
+                                      .withColumnRenamed("tx", "id"),
+        "send_failed": j.filter(F.col("error").isNotNull() | F.col("start_ms").isNull()),
+        "outcome_mismatch": j.filter(F.col("error").isNull()
+                                     & ~F.col("final_state").eqNullSafe(expected_final)),
+        "unexpected_checks": checks.filter("kind = 'unexpected'"),
+        "duplicate_checks": checks.filter("kind = 'duplicate'"),
+        "missing_checks": missing,
+    }
+    violations, samples = {}, {}
+    for name, df in conds.items():
+        df = df.cache()
+        violations[name] = df.count()
+        samples[name] = sorted(r["id"] for r in df.select("id").distinct().limit(sample).collect())
+        df.unpersist()
+
+    lat = j.select((F.col("half_ms") - F.col("start_ms")).alias("send_ms"),
+                   (F.col("decided_ms") - F.col("start_ms")).alias("decision_ms"),
+                   (F.col("first_recv_ms") - F.col("start_ms")).alias("end_to_end_ms"),
+                   (F.col("start_ms") - F.col("scheduled_ms")).alias("schedule_lag_ms"))
+    latency = {}
+    for col in lat.columns:
+        row = lat.agg(F.percentile_approx(col, list(_PCTS), 10000).alias("p"),
+                      F.max(col).alias("max"), F.count(col).alias("n")).first()
+        latency[col] = {"n": row["n"], "max": row["max"],
+                        **{f"p{str(q * 100).rstrip('0').rstrip('.')}": v
+                           for q, v in zip(_PCTS, row["p"] or [None] * len(_PCTS))}}
+
+    span = results.agg(F.min("start_ms").alias("t0"), F.max("return_ms").alias("t1"),
+                       F.max("decided_ms").alias("t2")).first()
+    t0 = span["t0"] or 0.0
+    dspan = deliveries.agg(F.min("recv_ms").alias("a"), F.max("recv_ms").alias("b"),
+                           F.count(F.lit(1)).alias("n")).first()
+    n_tx = trace.count()
+    sent_window_s = max(((span["t1"] or t0) - t0) / 1000.0, 1e-3)
+    timeline = _timeline(F, results, deliveries, t0)
+    by_kind = {r["kind"]: r["count"] for r in trace.groupBy("kind").count().collect()}
+    summary = {
+        "run_id": run_meta.get("run_id"),
+        "transactions": n_tx,
+        "by_kind": by_kind,
+        "expected_commits": j.filter("expected_outcome = 'commit'").count(),
+        "deliveries": dspan["n"],
+        "expected_checks": trace.agg(F.sum("expected_checks")).first()[0] or 0,
+        "checks": check_counts,
+        "violations": violations,
+        "violation_total": sum(violations.values()),
+        "violation_samples": samples,
+        "latency_ms": latency,
+        "send_seconds": sent_window_s,
+        "throughput_tx_per_s": n_tx / sent_window_s,
+        "delivery_seconds": ((dspan["b"] or t0) - t0) / 1000.0,
+        "timeline": timeline,
+        "broker": meta.broker.__dict__,
+        "grace_ms": grace_ms,
+    }
+    (results_dir / VERIFY_FILE).write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    return summary
+
+
+def _timeline(F, results, deliveries, t0: float) -> list[dict]:
+    """Per-second counts of started, decided and delivered transactions since the first start."""
+    def per_second(df, col, name):
+        return (df.filter(F.col(col).isNotNull())
+                .select(F.floor((F.col(col) - F.lit(t0)) / 1000).cast("int").alias("second"))
+                .groupBy("second").count().withColumnRenamed("count", name))
+    s = per_second(results, "start_ms", "started")
+    d = per_second(results, "decided_ms", "decided")
+    r = per_second(deliveries, "recv_ms", "delivered")
+    rows = s.join(d, "second", "full").join(r, "second", "full").orderBy("second").collect()
+    return [{"second": x["second"], "started": x["started"] or 0, "decided": x["decided"] or 0,
+             "delivered": x["delivered"] or 0} for x in rows]
