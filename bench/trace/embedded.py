@@ -41,7 +41,7 @@ class EmbeddedBroker:
 
     def __enter__(self) -> Self:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.data_dir / "broker.log", "ab")  # noqa: SIM115 - the child owns it
+        log = open(self.data_dir / "broker.log", "ab")
         self.proc = subprocess.Popen(self.argv(), stdout=subprocess.PIPE, stderr=log,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         log.close()

@@ -176,7 +176,7 @@ async def _replay_rows(rows: list[dict], p: TaskParams, task: int) -> list[tuple
         tx.start_ms = _now_ms()
         try:
             await producers[r["producer"]].send_message_in_transaction(msg, tx)
-        except Exception as exc:  # recorded per row; verify reports it
+        except Exception as exc:  # noqa: BLE001 - recorded per row; verify reports it
             tx.error = f"{type(exc).__name__}: {exc}"
         finally:
             tx.return_ms = _now_ms()
@@ -245,7 +245,7 @@ class DeliveryRecorder(threading.Thread):
     def run(self) -> None:
         try:
             asyncio.run(self._main())
-        except BaseException as exc:  # surfaced by the driver
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the driver
             self.error = exc
             self.ready.set()
 
