@@ -451,3 +451,32 @@ async def test_damage_outside_the_body_is_caught_by_recovery(tmp_path, where):
     assert again.max_offset("Topic", 0) == 12
     await again.start()
     await again.close()
+
+
+@pytest.mark.parametrize("content", [b"{not json", b'{"offsets": {"g": {"T": {"x": 1}}}}',
+                                     b'{"offsets": {"g": {"T": {"0": -4}}}}', b"[1, 2]"])
+def test_damaged_offset_file_is_a_clear_error(tmp_path, content):
+    path = tmp_path / "consumerOffset.json"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match="consumer offsets file .* is damaged"):
+        ConsumerOffsetStore(path)
+    assert path.read_bytes() == content  # left for the operator, not overwritten
+
+
+async def test_offsets_persist_across_restart_and_periodically(tmp_path):
+    import asyncio
+    store = await opened(cfg(tmp_path, offset_persist_interval=0.05))
+    store.offsets.set("g", "T", 2, 17)
+    path = Path(store.root) / "consumerOffset.json"
+    for _ in range(100):
+        if path.exists():
+            break
+        await asyncio.sleep(0.02)
+    assert ConsumerOffsetStore(path).get("g", "T", 2) == 17  # persisted before any close
+    store.offsets.set("g", "T", 2, 18)
+    await store.close()
+    again = MessageStore(cfg(tmp_path))
+    again.open()
+    assert again.offsets.get("g", "T", 2) == 18
+    await again.start()
+    await again.close()

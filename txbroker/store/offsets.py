@@ -22,11 +22,23 @@ class ConsumerOffsetStore:
         self._offsets: dict[OffsetKey, int] = {}
         self._dirty = False
         if path.exists():
-            doc = orjson.loads(path.read_bytes())
+            self._load(path.read_bytes())
+
+    def _load(self, raw: bytes) -> None:
+        """Read the persisted file.  It is only ever replaced whole, so damage means someone
+        else wrote it: refuse to start with a clear error instead of silently resetting every
+        consumer's position."""
+        try:
+            doc = orjson.loads(raw)
             for group, topics in doc.get("offsets", {}).items():
                 for topic, queues in topics.items():
                     for qid, offset in queues.items():
-                        self._offsets[(group, topic, int(qid))] = int(offset)
+                        if not isinstance(offset, int) or offset < 0:
+                            raise ValueError(f"offset {offset!r} of {group}/{topic}/{qid} is not an int >= 0")
+                        self._offsets[(str(group), str(topic), int(qid))] = offset
+        except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError) as exc:
+            raise ValueError(f"consumer offsets file {self.path} is damaged ({exc}); "
+                             "repair or remove it to start") from None
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
         return self._offsets.get((group, topic, queue_id))
