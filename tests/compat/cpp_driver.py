@@ -13,7 +13,8 @@ scenario: ``count``, ``body``, ``keys``, ``tags``, ``props``, ``arg`` (send_orde
 ``size`` (send_large), ``expression``, ``expect`` (messages to wait for), ``max_seconds``,
 ``linger`` (seconds to stay up after ``expect`` was reached, so offsets get committed),
 ``record_props`` (property names to report per consumed message), ``stop_file`` (push_consume
-stops as soon as this file exists).
+stops as soon as this file exists), ``orderly`` (push_consume: orderly listener, which locks
+its queues with LOCK_BATCH_MQ).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def run_push(spec: dict) -> None:
             if seen["n"] >= spec.get("expect", 1 << 30):
                 reached.set()
 
-    c = PushConsumer(spec["group"])
+    c = PushConsumer(spec["group"], orderly=spec.get("orderly", False))
     c.set_namesrv_addr(spec["namesrv"])
     c.set_thread_count(1)
     c.subscribe(spec["topic"], on_message, spec.get("expression", "*"))

@@ -148,3 +148,16 @@ async def test_cpp_pulls_the_large_compressed_body_intact(broker, tmp_path):
                         topic=TOPIC, group="CID_PULL_COMPAT")
     run.assert_clean()
     assert [m["body"] for m in run.of("msg")] == [big]
+
+
+async def test_orderly_push_consumer_locks_queues_and_keeps_queue_order(broker, tmp_path):
+    bodies = [(f"o{i:02d}", "TagA") for i in range(12)]
+    await produce(broker, bodies)
+    run = await run_cpp(tmp_path / "home", timeout=30,
+                        **push_spec(broker, orderly=True, expect=12, max_seconds=20))
+    assert run.returncode == 0, run.describe()
+    got = run.of("msg")
+    assert sorted(m["body"] for m in got) == [b for b, _ in bodies], run.describe()
+    for qid in range(4):
+        offsets = [m["queue_offset"] for m in got if m["queue_id"] == qid]
+        assert offsets == sorted(offsets) and offsets, (qid, offsets)
