@@ -173,3 +173,22 @@ async def test_offsets_committed_periodically(broker, namesrv) -> None:
         assert await consumer.poll(0.05) is None  # acknowledges the fourth
         # persist_interval 0.2 s: committed while still running, not only at shutdown
         await wait_until(lambda: committed() == 4, what="offsets committed while running")
+
+
+async def test_offset_beyond_the_queue_is_corrected(broker, namesrv, broker_client) -> None:
+    from txbroker.remoting.codec import RemotingCommand
+    from txbroker.remoting.codes import RequestCode, ResponseCode
+
+    async with AdminClient(namesrv) as admin:
+        await admin.create_topic("TMoved", 1)
+    await _send(namesrv, "TMoved", [b"a", b"b"])
+    # a committed offset far past the end (a restored backup, a wiped store...)
+    resp = await broker_client.invoke(RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
+        "consumerGroup": "CG_MOVED", "topic": "TMoved", "queueId": "0", "commitOffset": "1000"}), 5)
+    assert resp.code == ResponseCode.SUCCESS
+    consumer = _consumer(namesrv, "CG_MOVED", "TMoved", from_where="first")
+    async with consumer:
+        await _send(namesrv, "TMoved", [b"c"])
+        # PULL_OFFSET_MOVED moves the consumer to where the broker says, and it goes on
+        got = await collect(consumer, 1)
+        assert [m.body for m in got] == [b"c"]  # moved to the end (max offset), as RocketMQ does
