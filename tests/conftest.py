@@ -106,6 +106,10 @@ class BrokerProcess:
         return args
 
     def start(self, timeout: float = 30.0) -> BrokerProcess:
+        if self.alive():
+            raise RuntimeError("broker process already running; stop() or kill() it first")
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process lifetime
         self.proc = subprocess.Popen(self.argv(), cwd=REPO_ROOT, stdout=subprocess.PIPE,
                                      stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
