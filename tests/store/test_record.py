@@ -105,3 +105,23 @@ def test_tag_hash_is_java_string_hashcode():
     assert r.tag_hash("TagA") == 2598919
     assert r.tag_hash("") == 0
     assert -(2**31) <= r.tag_hash("a much longer tag that overflows 32 bits") < 2**31
+
+
+_SAMPLE = r.encode_record(r.Message(topic="T", queue_id=1, body=b"body", properties={"TAGS": "A"}),
+                          physical_offset=5, queue_offset=6, store_timestamp=7, store_host=("127.0.0.1", 1))
+
+
+@given(st.one_of(
+    st.binary(max_size=300),
+    st.tuples(st.integers(0, len(_SAMPLE) - 1), st.integers(0, 255)).map(
+        lambda p: _SAMPLE[:p[0]] + bytes([p[1]]) + _SAMPLE[p[0] + 1:]),
+    st.integers(0, len(_SAMPLE)).map(lambda n: _SAMPLE[:n]),
+))
+@settings(max_examples=400, deadline=None)
+def test_decoders_raise_only_record_error_on_garbage(data):
+    """Arbitrary or damaged bytes give records or RecordError: never any other exception."""
+    for decode in (lambda b: r.decode_records(b, check_crc=True), r.decode_batch):
+        try:
+            decode(data)
+        except r.RecordError:
+            pass
