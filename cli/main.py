@@ -28,3 +28,7 @@ main.add_command(_consume.consume)
 main.add_command(_txn.txn)
 main.add_command(_status.status)
 main.add_command(_topic.topic)
+
+from cli import bench as _bench
+
+main.add_command(_bench.bench)
