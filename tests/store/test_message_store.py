@@ -480,3 +480,27 @@ async def test_offsets_persist_across_restart_and_periodically(tmp_path):
     assert again.offsets.get("g", "T", 2) == 18
     await again.start()
     await again.close()
+
+
+async def test_full_disk_for_a_new_queue_file_refuses_without_an_unindexed_record(tmp_path, monkeypatch):
+    store = await opened(cfg(tmp_path, consume_queue_entries=16))
+    for i in range(16):  # fills the first queue file exactly
+        assert (await store.put(Message("T", 0, b"%d" % i))).status is PutStatus.OK
+    end = store.max_physical_offset
+
+    def no_space(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    r = await store.put(Message("T", 0, b"refused"))
+    assert r.status is PutStatus.SERVICE_NOT_AVAILABLE and "consume-queue" in r.reason
+    r = await store.put(Message("New", 0, b"refused too"))
+    assert r.status is PutStatus.SERVICE_NOT_AVAILABLE
+    assert store.max_physical_offset == end  # nothing reached the commitlog
+    assert "New" not in store.queues()
+    assert store.get("T", 0, 0, 100).status is GetStatus.FOUND  # reads keep working
+    monkeypatch.undo()
+    r = await store.put(Message("T", 0, b"resumed"))
+    assert r.status is PutStatus.OK and r.queue_offset == 16 and r.physical_offset == end
+    assert [m.body for m in store.get("T", 0, 14, 100).messages()] == [b"14", b"15", b"resumed"]
+    await store.close()

@@ -85,6 +85,18 @@ class ConsumeQueue:
             self.put(index, phys, size, tag_hash)
         return index
 
+    def ensure_room(self) -> None:
+        """Make sure the next append has a file to go to, creating it now if needed.  The
+        store calls this *before* appending the record to the commitlog, so a disk that cannot
+        hold a new index file (OSError) refuses the put instead of leaving a record unindexed."""
+        f = self._tail
+        if f is not None and 0 <= self.max_offset - self._tail_first < self.entries_per_file:
+            return
+        f = self._file_for(self.max_offset, create=True)
+        assert f is not None
+        if f is self.files[-1]:
+            self._tail, self._tail_first = f, f.start // ENTRY_SIZE
+
     def put(self, index: int, phys: int, size: int, tag_hash: int) -> None:
         """Write the entry at ``index`` (recovery repairs entries at their recorded offset)."""
         f = self._tail

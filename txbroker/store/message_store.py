@@ -430,7 +430,13 @@ class MessageStore:
         cq = None
         queue_offset = 0
         if dispatch:
-            cq = self.queues_.get((topic, queue_id)) or self._queue(topic, queue_id)
+            try:
+                cq = self.queues_.get((topic, queue_id)) or self._queue(topic, queue_id)
+                cq.ensure_room()
+            except OSError as exc:
+                self.refusals += 1
+                return PutResult(PutStatus.SERVICE_NOT_AVAILABLE,
+                                 reason=f"cannot create a consume-queue file: {exc.strerror or exc}")
             queue_offset = cq.max_offset
         segs = commitlog.segments
         seg = segs[-1] if segs else None
@@ -594,8 +600,9 @@ class MessageStore:
 
     def queues(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
-        for topic, qid in sorted(self.queues_):
-            out.setdefault(topic, []).append(qid)
+        for (topic, qid), cq in sorted(self.queues_.items()):
+            if cq.max_offset > 0:  # a queue whose first put was refused holds nothing
+                out.setdefault(topic, []).append(qid)
         return out
 
     @property
