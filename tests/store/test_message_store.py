@@ -504,3 +504,17 @@ async def test_full_disk_for_a_new_queue_file_refuses_without_an_unindexed_recor
     assert r.status is PutStatus.OK and r.queue_offset == 16 and r.physical_offset == end
     assert [m.body for m in store.get("T", 0, 14, 100).messages()] == [b"14", b"15", b"resumed"]
     await store.close()
+
+
+async def test_failing_listener_does_not_fail_the_put(tmp_path):
+    store = await opened(cfg(tmp_path))
+    seen = []
+
+    def broken(t, q, m):
+        raise RuntimeError("listener bug")
+
+    store.add_listener(broken)
+    store.add_listener(lambda t, q, m: seen.append(m))
+    r = await store.put(Message("T", 0, b"x"))
+    assert r.status is PutStatus.OK and seen == [1]
+    await store.close()

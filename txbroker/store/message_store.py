@@ -471,7 +471,10 @@ class MessageStore:
                            store_ts, size)
         if cq is not None and self._listeners:
             for fn in self._listeners:
-                fn(topic, queue_id, queue_offset + 1)
+                try:
+                    fn(topic, queue_id, queue_offset + 1)
+                except Exception:  # the record is stored; a listener bug must not hide that
+                    log.exception("store listener %r failed", fn)
         return result
 
     async def _await_flush(self, results: list[PutResult]) -> None:
