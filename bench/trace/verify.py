@@ -81,6 +81,8 @@ def verify(spark, trace_dir: str | Path, results_dir: str | Path, grace_ms: floa
                           .when(F.col("phase") == "decided", "raced")
                           .when(F.col("ordinal") <= F.col("expected_checks"), "expected")
                           .otherwise("duplicate")))
+    checks = checks.cache()
+    j = j.cache()
     check_counts = dict.fromkeys(CHECK_KINDS, 0)
     check_counts.update({r["kind"]: r["count"] for r in checks.groupBy("kind").count().collect()})
     scripted = (checks.filter("phase = 'undecided'").groupBy("id").count()
@@ -89,54 +91,78 @@ def verify(spark, trace_dir: str | Path, results_dir: str | Path, grace_ms: floa
                .withColumn("got", F.coalesce("got", F.lit(0)))
                .filter("got < expected_checks"))
 
-    conds = {
-        "committed_not_delivered": j.filter((F.col("expected_outcome") == "commit") & (F.col("delivered") == 0)),
-        "aborted_but_delivered": j.filter((F.col("expected_outcome") != "commit") & (F.col("delivered") > 0)),
-        "delivered_twice": j.filter(F.col("delivered") > 1),
+    # One pass over the joined table for the per-transaction violations.
+    row_conds = {
+        "committed_not_delivered": (F.col("expected_outcome") == "commit") & (F.col("delivered") == 0),
+        "aborted_but_delivered": (F.col("expected_outcome") != "commit") & (F.col("delivered") > 0),
+        "delivered_twice": F.col("delivered") > 1,
+        "send_failed": F.col("error").isNotNull() | F.col("start_ms").isNull(),
+        "outcome_mismatch": F.col("error").isNull() & ~F.col("final_state").eqNullSafe(expected_final),
+    }
+    counts = j.agg(*[F.sum(c.cast("int")).alias(n) for n, c in row_conds.items()]).first()
+    violations = {n: int(counts[n] or 0) for n in row_conds}
+    violations["unknown_delivery"] = None
+    violations["unexpected_checks"] = check_counts["unexpected"]
+    violations["duplicate_checks"] = check_counts["duplicate"]
+    violations["missing_checks"] = None
+    others = {
         "unknown_delivery": deliveries.join(trace, deliveries["tx"] == trace["id"], "left_anti")
                                       .withColumnRenamed("tx", "id"),
-        "send_failed": j.filter(F.col("error").isNotNull() | F.col("start_ms").isNull()),
-        "outcome_mismatch": j.filter(F.col("error").isNull()
-                                     & ~F.col("final_state").eqNullSafe(expected_final)),
-        "unexpected_checks": checks.filter("kind = 'unexpected'"),
-        "duplicate_checks": checks.filter("kind = 'duplicate'"),
         "missing_checks": missing,
     }
-    violations, samples = {}, {}
-    for name, df in conds.items():
-        df = df.cache()
+    for name, df in others.items():
         violations[name] = df.count()
+    violations = {n: violations[n] for n in VIOLATIONS}
+    samples = {}
+    for name in VIOLATIONS:
+        if not violations[name]:
+            samples[name] = []
+            continue
+        if name in row_conds:
+            df = j.filter(row_conds[name])
+        elif name in others:
+            df = others[name]
+        else:
+            df = checks.filter(F.col("kind") == ("unexpected" if name == "unexpected_checks"
+                                                 else "duplicate"))
         samples[name] = sorted(r["id"] for r in df.select("id").distinct().limit(sample).collect())
-        df.unpersist()
 
     lat = j.select((F.col("half_ms") - F.col("start_ms")).alias("send_ms"),
                    (F.col("decided_ms") - F.col("start_ms")).alias("decision_ms"),
                    (F.col("first_recv_ms") - F.col("start_ms")).alias("end_to_end_ms"),
                    (F.col("start_ms") - F.col("scheduled_ms")).alias("schedule_lag_ms"))
+    aggs = []
+    for col in lat.columns:
+        aggs += [F.percentile_approx(col, list(_PCTS), 10000).alias(f"{col}_p"),
+                 F.max(col).alias(f"{col}_max"), F.count(col).alias(f"{col}_n")]
+    lrow = lat.agg(*aggs).first()
     latency = {}
     for col in lat.columns:
-        row = lat.agg(F.percentile_approx(col, list(_PCTS), 10000).alias("p"),
-                      F.max(col).alias("max"), F.count(col).alias("n")).first()
-        latency[col] = {"n": row["n"], "max": row["max"],
-                        **{f"p{str(q * 100).rstrip('0').rstrip('.')}": v
-                           for q, v in zip(_PCTS, row["p"] or [None] * len(_PCTS))}}
+        ps = lrow[f"{col}_p"] or [None] * len(_PCTS)
+        latency[col] = {"n": lrow[f"{col}_n"], "max": lrow[f"{col}_max"],
+                        **{f"p{str(q * 100).rstrip('0').rstrip('.')}": v for q, v in zip(_PCTS, ps)}}
 
     span = results.agg(F.min("start_ms").alias("t0"), F.max("return_ms").alias("t1"),
                        F.max("decided_ms").alias("t2")).first()
     t0 = span["t0"] or 0.0
     dspan = deliveries.agg(F.min("recv_ms").alias("a"), F.max("recv_ms").alias("b"),
                            F.count(F.lit(1)).alias("n")).first()
-    n_tx = trace.count()
     sent_window_s = max(((span["t1"] or t0) - t0) / 1000.0, 1e-3)
     timeline = _timeline(F, results, deliveries, t0)
-    by_kind = {r["kind"]: r["count"] for r in trace.groupBy("kind").count().collect()}
+    kinds = trace.groupBy("kind", "expected_outcome").agg(F.count(F.lit(1)).alias("n"),
+                                                           F.sum("expected_checks").alias("c")).collect()
+    by_kind, by_outcome = {}, {}
+    for r in kinds:
+        by_kind[r["kind"]] = by_kind.get(r["kind"], 0) + r["n"]
+        by_outcome[r["expected_outcome"]] = by_outcome.get(r["expected_outcome"], 0) + r["n"]
+    n_tx = sum(by_kind.values())
     summary = {
         "run_id": run_meta.get("run_id"),
         "transactions": n_tx,
         "by_kind": by_kind,
-        "expected_commits": j.filter("expected_outcome = 'commit'").count(),
+        "expected_commits": by_outcome.get("commit", 0),
         "deliveries": dspan["n"],
-        "expected_checks": trace.agg(F.sum("expected_checks")).first()[0] or 0,
+        "expected_checks": int(sum(r["c"] or 0 for r in kinds)),
         "checks": check_counts,
         "violations": violations,
         "violation_total": sum(violations.values()),
@@ -149,6 +175,8 @@ def verify(spark, trace_dir: str | Path, results_dir: str | Path, grace_ms: floa
         "broker": meta.broker.__dict__,
         "grace_ms": grace_ms,
     }
+    checks.unpersist()
+    j.unpersist()
     (results_dir / VERIFY_FILE).write_text(json.dumps(summary, indent=2, default=float) + "\n")
     return summary
 
