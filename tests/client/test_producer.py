@@ -132,3 +132,16 @@ async def test_heartbeat_registers_the_group_before_any_send(broker, namesrv) ->
         for conn in list(broker.server.connections):
             conn.close()  # the broker forgets the group; the periodic heartbeat restores it
         await wait_until(lambda: "PG_HB" in broker.registry.producer_groups(), what="producer registered")
+
+
+async def test_delay_level_defers_delivery(broker, namesrv) -> None:
+    consumer = Consumer("CG_DELAY", namesrv, from_where="first", long_poll_timeout=1.0)
+    consumer.subscribe("TDelay")
+    async with consumer, Producer("PG_DELAY", namesrv) as producer:
+        await producer.send(Message("TDelay", b"later", delay_level=1))  # level 1 = 1 s
+        await producer.send(Message("TDelay", b"now"))
+        [first] = await collect(consumer, 1)
+        assert first.body == b"now"
+        [second] = await collect(consumer, 1)
+        assert second.body == b"later"
+        assert second.store_timestamp - second.born_timestamp >= 900
