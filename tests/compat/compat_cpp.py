@@ -55,7 +55,9 @@ class CppRun:
             try:
                 ev = json.loads(line)
             except ValueError:
-                continue  # the native library may print its banner on stdout
+                # The driver keeps stdout for events only; anything else here is a bug.
+                self.events.append({"event": "unparsed", "line": line.decode(errors="replace")})
+                continue
             self.events.append(ev)
             if ev.get("event") == "started":
                 self._started.set()
@@ -102,6 +104,7 @@ class CppRun:
         assert self.returncode == 0, self.describe()
         assert self.of("done"), self.describe()
         assert not self.of("error"), self.describe()
+        assert not self.of("unparsed"), self.describe()
 
 
 async def run_cpp(home: Path, timeout: float = 25.0, **spec: object) -> CppRun:

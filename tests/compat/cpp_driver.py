@@ -28,8 +28,26 @@ import time
 from rocketmq.client import Message, Producer, PullConsumer, PushConsumer
 
 
+class _Events:
+    """Events go to the original stdout, kept for them alone.
+
+    The native library prints to fd 1 through C stdio on its own schedule; sharing the stream
+    could splice its text into an event line.  ``claim_stdout`` moves fd 1 to stderr for the
+    library and keeps a private duplicate of the real stdout here.
+    """
+
+    stream = sys.stdout
+
+
+def claim_stdout() -> None:
+    private = os.dup(1)
+    os.dup2(2, 1)
+    _Events.stream = os.fdopen(private, "w", buffering=1)
+
+
 def emit(**fields: object) -> None:
-    print(json.dumps(fields, sort_keys=True), flush=True)
+    _Events.stream.write(json.dumps(fields, sort_keys=True) + "\n")
+    _Events.stream.flush()
 
 
 def text(value: object) -> str:
@@ -143,6 +161,7 @@ def run_pull(spec: dict) -> None:
 
 
 def main() -> None:
+    claim_stdout()
     spec = json.loads(sys.argv[1])
     if spec["scenario"] == "push_consume":
         run_push(spec)

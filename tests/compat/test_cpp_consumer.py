@@ -161,3 +161,23 @@ async def test_orderly_push_consumer_locks_queues_and_keeps_queue_order(broker, 
     for qid in range(4):
         offsets = [m["queue_offset"] for m in got if m["queue_id"] == qid]
         assert offsets == sorted(offsets) and offsets, (qid, offsets)
+
+
+async def test_committed_offsets_survive_a_broker_restart(broker_process, tmp_path):
+    proc = broker_process()
+    first = await run_cpp(tmp_path / "p1", scenario="send_sync", namesrv=proc.namesrv_addr,
+                          topic=TOPIC, group="PID_COMPAT", count=4, tags="TagA", body="before")
+    first.assert_clean()
+    spec = {"scenario": "push_consume", "topic": TOPIC, "group": "CID_RESTART", "linger": 0.5}
+    c1 = await run_cpp(tmp_path / "c1", timeout=30, namesrv=proc.namesrv_addr, expect=4,
+                       max_seconds=20, **spec)
+    assert sorted(m["body"] for m in c1.of("msg")) == [f"before {i}" for i in range(4)], c1.describe()
+    proc.restart()  # graceful stop, same data dir, new ports
+    second = await run_cpp(tmp_path / "p2", scenario="send_sync", namesrv=proc.namesrv_addr,
+                           topic=TOPIC, group="PID_COMPAT", count=2, tags="TagA", body="after")
+    second.assert_clean()
+    c2 = await run_cpp(tmp_path / "c2", timeout=30, namesrv=proc.namesrv_addr, expect=2,
+                       max_seconds=20, **{**spec, "linger": 1.0})
+    assert sorted(m["body"] for m in c2.of("msg")) == ["after 0", "after 1"], (
+        f"first consumer got {[(m['body'], m['queue_id'], m['queue_offset']) for m in c1.of('msg')]}; "
+        f"sends after restart {second.of('sent')}; second consumer: {c2.describe()}")
