@@ -8,11 +8,12 @@ On Linux a shared mapping dirties the same page-cache pages the descriptor sees,
 writes them back.  Both were measured (``python -m bench.store``, rows "durable 4 KiB append
 via ..." and the 64-writer group-commit rows): per call the two are within the machine's noise
 of each other (msync of a page range ~500-2,700/s, fdatasync ~400-900/s single-threaded), and
-group commit with 64 writers reaches the same rate with either (~18-19k msgs/s).  What decides
+group commit with 64 writers reaches the same rate with either (16-19k msgs/s).  What decides
 it is the event loop: on CPython 3.11 ``mmap.flush`` holds the GIL for the whole msync, so
-while a flush runs in the executor the loop thread gets ~60% of its idle progress; fdatasync
-releases the GIL and the loop keeps 100%.  Flushes must not stall the loop that serves every
-connection, so fdatasync it is.
+while a flush runs in the executor the loop thread gets ~45-60% of its idle progress;
+fdatasync releases the GIL and the loop keeps all of it (120-135% of the idle baseline on a
+quiet machine; 64% vs msync's 54% in a run where other processes took most of the CPU).
+Flushes must not stall the loop that serves every connection, so fdatasync it is.
 
 Task-safety contract: all mutation happens on one thread (the event loop); :meth:`sync` may run
 concurrently in an executor because it only asks the kernel to write pages back.
