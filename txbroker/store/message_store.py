@@ -393,6 +393,8 @@ class MessageStore:
             self.refusals += 1
             return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=self._disk_refusal)
         body = msg.body
+        if not isinstance(body, (bytes, bytearray, memoryview)):
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"body must be bytes, got {type(body).__name__}")
         body_len = len(body)
         if body_len > self.config.max_message_size:
             return PutResult(PutStatus.MESSAGE_ILLEGAL,
@@ -426,6 +428,8 @@ class MessageStore:
         size = _RECORD_OVERHEAD + body_len + len(topic_field) + len(props_bytes)
         store_ts = msg.store_timestamp or int(self.clock() * 1000)
         sys_flag = msg.sys_flag
+        if type(sys_flag) is not int:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, reason=f"sys_flag must be an int, got {sys_flag!r}")
         dispatch = (sys_flag & TRANSACTION_MASK) not in _NOT_DISPATCHED
         cq = None
         queue_offset = 0
