@@ -77,9 +77,20 @@ async def test_cpp_half_messages_commit_and_roll_back_via_sdk_check(broker, tmp_
     # The SEND response's queue offset is the half-queue offset (what END_TRANSACTION names).
     assert sorted(r.of("sent")[0]["offset"] for r in runs) == sorted(h.queue_offset for h in halves)
 
+    # A C++ consumer sees nothing of a pending half.
+    pull = {"scenario": "pull_consume", "namesrv": broker.namesrv_addr, "topic": TOPIC,
+            "group": "CID_COMPAT_TX"}
+    before = await run_cpp(tmp_path / "pull1", **pull)
+    before.assert_clean()
+    assert before.of("msg") == []
+
     listener = DecideByBody()
     async with TransactionProducer(GROUP, namesrv=broker.namesrv_addr, listener=listener):
         assert await wait_for(lambda: broker.tx.pending_count() == 0), listener.checked
+    after = await run_cpp(tmp_path / "pull2", record_props=["color"], **pull)
+    after.assert_clean()
+    assert [(m["body"], m["tags"], m["props"]["color"]) for m in after.of("msg")] == [
+        ("commit", "TagT", "green")]  # committed reaches the C++ client; rolled back never
     [msg] = visible(broker)
     assert msg.body == b"commit"
     assert msg.tags == "TagT" and msg.keys == "TXK" and msg.properties["color"] == "green"
