@@ -310,7 +310,15 @@ async def test_retention_deletes_old_segments_and_queue_entries(tmp_path):
         os.utime(seg.path, (old, old))
     store.delete_expired()
     assert len(store.commitlog.segments) == 1
+    lo, hi = store.min_offset("T", 0), store.max_offset("T", 0)
     await store.close()
+    again = MessageStore(cfg(tmp_path, file_reserved_time=3600.0))
+    assert again.open().clean
+    assert (again.min_offset("T", 0), again.max_offset("T", 0)) == (lo, hi)
+    assert again.get("T", 0, lo - 1, 1).status is GetStatus.OFFSET_TOO_SMALL
+    assert len(again.get("T", 0, lo, 1000).raw) == hi - lo
+    await again.start()
+    await again.close()
 
 
 async def test_offset_by_time(tmp_path):
