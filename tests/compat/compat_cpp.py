@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,12 +20,16 @@ DRIVER = Path(__file__).with_name("cpp_driver.py")
 
 
 def client_available() -> bool:
-    """True when the ``compat`` extra is installed and its native library loads."""
+    """True when the ``compat`` extra is installed and its native library loads.
+
+    Checked in a child process, so the test runner itself never loads native client code.
+    """
     try:
-        import rocketmq.client  # noqa: F401
-    except (ImportError, OSError):
+        probe = subprocess.run([sys.executable, "-c", "import rocketmq.client"],
+                               capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
         return False
-    return True
+    return probe.returncode == 0
 
 
 @dataclass

@@ -11,7 +11,8 @@ def pytest_collection_modifyitems(config, items):
     # README's test command installs it, so CI always runs them.
     if client_available():
         return
-    skip = pytest.mark.skip(reason="rocketmq==0.4.4 (extra 'compat') is not installed")
+    skip = pytest.mark.skip(reason=("rocketmq==0.4.4 (extra 'compat', a Linux x86_64 wheel) "
+                                     "is not installed or its librocketmq.so does not load"))
     for item in items:
         if "needs_cpp" in item.keywords:
             item.add_marker(skip)
