@@ -181,3 +181,35 @@ async def test_committed_offsets_survive_a_broker_restart(broker_process, tmp_pa
     assert sorted(m["body"] for m in c2.of("msg")) == ["after 0", "after 1"], (
         f"first consumer got {[(m['body'], m['queue_id'], m['queue_offset']) for m in c1.of('msg')]}; "
         f"sends after restart {second.of('sent')}; second consumer: {c2.describe()}")
+
+
+async def test_killed_cpp_consumer_queues_move_to_the_survivor(broker, tmp_path):
+    # A member that crashes (SIGKILL, held pulls on its connection) must not strand its queues.
+    a = await CppRun(push_spec(broker, max_seconds=25), tmp_path / "a").start()
+    b = await CppRun(push_spec(broker, expect=8, max_seconds=25), tmp_path / "b").start()
+    try:
+        await a.wait_started()
+        await b.wait_started()
+        for _ in range(100):
+            if len(broker.registry.consumer_ids("CID_COMPAT")) == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert len(broker.registry.consumer_ids("CID_COMPAT")) == 2
+        await asyncio.sleep(1.0)  # both hold pulls on their queues now
+        a.proc.kill()
+        await a.finish(10)
+        for _ in range(100):
+            if len(broker.registry.consumer_ids("CID_COMPAT")) == 1:
+                break
+            await asyncio.sleep(0.1)
+        assert len(broker.registry.consumer_ids("CID_COMPAT")) == 1
+        bodies = [(f"k{i}", "TagA") for i in range(8)]
+        await produce(broker, bodies)
+        await b.finish(30)
+    finally:
+        for run in (a, b):
+            if run.returncode is None:
+                await run.finish(1)
+    assert b.returncode == 0, b.describe()
+    assert sorted(m["body"] for m in b.of("msg")) == sorted(x for x, _ in bodies), b.describe()
+    assert {m["queue_id"] for m in b.of("msg")} == {0, 1, 2, 3}
