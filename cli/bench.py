@@ -105,16 +105,19 @@ def generate_cmd(transactions, out, master, **opts) -> None:
 @click.option("--concurrency", type=int, default=64, show_default=True,
               help="transactions in flight per Spark task")
 @click.option("--tasks", type=int, default=None, help="Spark tasks [default: parallelism]")
+@click.option("--check-concurrency", type=int, default=1024, show_default=True,
+              help="check-backs answered at once per producer (the SDK drops beyond 16x this)")
 @click.option("--rate", type=float, default=None,
               help="override the trace schedule: transactions/s (0 = as fast as possible)")
 @_master
 @_errors
-def replay_cmd(trace_dir, namesrv, out, concurrency, tasks, rate, master) -> None:
+def replay_cmd(trace_dir, namesrv, out, concurrency, tasks, check_concurrency, rate,
+               master) -> None:
     """Replay a trace against a running broker; results are Parquet."""
     from bench.trace.replay import replay
 
     s = replay(_spark(master), trace_dir, namesrv, out, tasks=tasks, concurrency=concurrency,
-               rate=rate)
+               rate=rate, check_concurrency=check_concurrency)
     click.echo(f"run {s['run_id']}: {s['deliveries']:,} deliveries recorded in {out}")
 
 
@@ -157,12 +160,15 @@ def report_cmd(results, out) -> None:
               help="where trace/, results/ and report/ go [default: a new temp dir]")
 @click.option("--concurrency", type=int, default=64, show_default=True)
 @click.option("--tasks", type=int, default=None)
+@click.option("--check-concurrency", type=int, default=1024, show_default=True,
+              help="check-backs answered at once per producer (the SDK drops beyond 16x this)")
 @click.option("--replay-rate", type=float, default=None,
               help="override the trace schedule (0 = as fast as possible)")
 @_trace_options
 @_master
 @_errors
-def run_cmd(transactions, namesrv, work_dir, concurrency, tasks, replay_rate, master, **opts) -> None:
+def run_cmd(transactions, namesrv, work_dir, concurrency, tasks, check_concurrency, replay_rate,
+            master, **opts) -> None:
     """generate + replay + verify + report; exit 1 on any violation."""
     from rich.console import Console
 
@@ -174,7 +180,8 @@ def run_cmd(transactions, namesrv, work_dir, concurrency, tasks, replay_rate, ma
     work = Path(work_dir or tempfile.mkdtemp(prefix="txbroker-bench-run-"))
     console = Console(stderr=True)
     summary, timings = run_all(_spark(master), meta, work, namesrv, tasks=tasks,
-                               concurrency=concurrency, rate=replay_rate, console=console)
+                               concurrency=concurrency, rate=replay_rate,
+                               check_concurrency=check_concurrency, console=console)
     Console().print(summary_table(summary, timings))
     click.echo(f"report: {work / 'report' / 'report.md'}")
     sys.exit(1 if summary["violation_total"] else 0)

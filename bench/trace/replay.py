@@ -146,6 +146,10 @@ class TaskParams:
     rate: float | None          # None: trace schedule; 0: unthrottled; R: row id / R
     concurrency: int
     settle_s: float
+    #: Check-backs answered at once per producer.  The SDK drops check-backs beyond 16 x this
+    #: (the broker has already counted them), so a pass checking thousands of undecided halves
+    #: of one group needs a high value or scripted answers get lost.
+    check_concurrency: int = 1024
 
 
 async def _replay_rows(rows: list[dict], p: TaskParams, task: int) -> list[tuple]:
@@ -163,7 +167,8 @@ async def _replay_rows(rows: list[dict], p: TaskParams, task: int) -> list[tuple
     listener = ScriptedListener(txs)
     producers = {}
     for g in sorted({r["producer"] for r in rows}):
-        producers[g] = TransactionProducer(producer_group(g), namesrv=p.namesrv, listener=listener)
+        producers[g] = TransactionProducer(producer_group(g), namesrv=p.namesrv, listener=listener,
+                                           check_concurrency=p.check_concurrency)
     for prod in producers.values():
         await prod.start()
     slots = asyncio.Semaphore(p.concurrency)
@@ -294,10 +299,10 @@ async def _create_topics(namesrv: str, topics: list[str]) -> None:
 
 def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
            tasks: int | None = None, concurrency: int = 64, rate: float | None = None,
-           lead_s: float = 2.0, on_progress: Callable[[int, int], None] | None = None) -> dict:
+           check_concurrency: int = 1024, lead_s: float = 2.0, on_progress: Callable[[int, int], None] | None = None) -> dict:
     """Replay the trace; write results to ``out`` (replaced); return the run summary."""
-    if concurrency < 1:
-        raise SpecError("--concurrency must be >= 1")
+    if concurrency < 1 or check_concurrency < 1:
+        raise SpecError("--concurrency and --check-concurrency must be >= 1")
     if rate is not None and rate < 0:
         raise SpecError("--rate must be >= 0")
     meta = TraceMeta.read(Path(trace_dir))
@@ -319,7 +324,8 @@ def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
     n_tasks = tasks or spark.sparkContext.defaultParallelism
     n_tasks = max(1, min(n_tasks, meta.producers))
     params = TaskParams(namesrv=namesrv, run_id=run_id, epoch_ms=_now_ms() + lead_s * 1000,
-                        rate=rate, concurrency=concurrency, settle_s=meta.broker.settle_seconds())
+                        rate=rate, concurrency=concurrency, settle_s=meta.broker.settle_seconds(),
+                        check_concurrency=check_concurrency)
     stop_progress = threading.Event()
     if on_progress:
         def report() -> None:
@@ -340,6 +346,7 @@ def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
     _write_deliveries(out / "deliveries", recorder.rows)
     summary = {"run_id": run_id, "namesrv": namesrv, "trace": str(Path(trace_dir).resolve()),
                "tasks": n_tasks, "concurrency": concurrency, "rate": rate,
+               "check_concurrency": check_concurrency,
                "epoch_ms": params.epoch_ms, "started": started, "replay_done": replay_done,
                "finished": time.time(), "deliveries": len(recorder.rows),
                "foreign_deliveries": recorder.foreign, "trace_meta": json.loads(

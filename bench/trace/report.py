@@ -42,7 +42,7 @@ def report(results_dir: str | Path, out: str | Path) -> list[Path]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import pandas as pd
+    import pyarrow.parquet as pq
 
     results_dir, out = Path(results_dir), Path(out)
     try:
@@ -50,14 +50,14 @@ def report(results_dir: str | Path, out: str | Path) -> list[Path]:
     except FileNotFoundError:
         raise SpecError(f"{results_dir}: no {VERIFY_FILE}; run `txbroker bench verify` first") from None
     out.mkdir(parents=True, exist_ok=True)
-    tx = pd.read_parquet(results_dir / "transactions",
-                         columns=["start_ms", "half_ms", "decided_ms"])
-    dl = pd.read_parquet(results_dir / "deliveries", columns=["tx", "recv_ms"])
+    tx = pq.read_table(results_dir / "transactions",
+                       columns=["id", "start_ms", "half_ms", "decided_ms"]).to_pydict()
+    dl = pq.read_table(results_dir / "deliveries", columns=["tx", "recv_ms"]).to_pydict()
 
-    tl = pd.DataFrame(v["timeline"] or [{"second": 0, "started": 0, "decided": 0, "delivered": 0}])
+    tl = v["timeline"] or [{"second": 0, "started": 0, "decided": 0, "delivered": 0}]
     fig, ax = plt.subplots(figsize=(8, 4))
     for col in ("started", "decided", "delivered"):
-        ax.plot(tl["second"], tl[col], label=col)
+        ax.plot([p["second"] for p in tl], [p[col] for p in tl], label=col)
     ax.set_xlabel("seconds since first send")
     ax.set_ylabel("transactions / s")
     ax.set_title("Throughput over time")
@@ -66,15 +66,23 @@ def report(results_dir: str | Path, out: str | Path) -> list[Path]:
     fig.savefig(out / "throughput.png", dpi=100)
     plt.close(fig)
 
-    first_recv = dl.groupby("tx")["recv_ms"].min()
-    series = {"send": tx["half_ms"] - tx["start_ms"],
-              "decision": tx["decided_ms"] - tx["start_ms"],
-              "end to end": first_recv - tx["start_ms"].reindex(first_recv.index)}
+    first_recv: dict[int, float] = {}
+    for t, at in zip(dl["tx"], dl["recv_ms"]):
+        if t not in first_recv or at < first_recv[t]:
+            first_recv[t] = at
+    series: dict[str, list[float]] = {"send": [], "decision": [], "end to end": []}
+    for i, start, half, decided in zip(tx["id"], tx["start_ms"], tx["half_ms"], tx["decided_ms"]):
+        if start is None:
+            continue
+        for name, at in (("send", half), ("decision", decided), ("end to end", first_recv.get(i))):
+            if at is not None:
+                series[name].append(at - start)
     fig, ax = plt.subplots(figsize=(8, 4))
-    for name, s in series.items():
-        s = s.dropna().sort_values()
-        if len(s):
-            ax.plot(s.to_numpy(), [i / len(s) for i in range(1, len(s) + 1)], label=name)
+    for name, values in series.items():
+        values.sort()
+        if values:
+            n = len(values)
+            ax.plot(values, [k / n for k in range(1, n + 1)], label=name)
     ax.set_xscale("symlog", linthresh=1.0)
     ax.set_xlabel("ms since send_message_in_transaction was called")
     ax.set_ylabel("fraction of transactions")

@@ -16,7 +16,7 @@ from bench.trace.verify import verify
 
 
 def run_all(spark, meta: TraceMeta, work: Path, namesrv: str | None, *, tasks: int | None,
-            concurrency: int, rate: float | None, console=None) -> tuple[dict, dict[str, float]]:
+            concurrency: int, rate: float | None, check_concurrency: int = 1024, console=None) -> tuple[dict, dict[str, float]]:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -44,11 +44,11 @@ def run_all(spark, meta: TraceMeta, work: Path, namesrv: str | None, *, tasks: i
         t = time.perf_counter()
         if namesrv:
             replay(spark, trace_dir, namesrv, results_dir, tasks=tasks, concurrency=concurrency,
-                   rate=rate, on_progress=on_progress)
+                   rate=rate, check_concurrency=check_concurrency, on_progress=on_progress)
         else:
             with EmbeddedBroker(meta.broker) as broker:
                 replay(spark, trace_dir, broker.namesrv_addr, results_dir, tasks=tasks,
-                       concurrency=concurrency, rate=rate, on_progress=on_progress)
+                       concurrency=concurrency, rate=rate, check_concurrency=check_concurrency, on_progress=on_progress)
         timings["replay"] = time.perf_counter() - t
 
         step = progress.add_task("verify", total=1)
