@@ -237,9 +237,17 @@ class MessageStore:
             cq = self._queue(msg.topic, msg.queue_id)
             have = cq.get(msg.queue_offset)
             stale = have is None or have[0] != msg.physical_offset
-            if stale and msg.queue_offset >= cq.min_offset:
+            if not stale:
+                continue
+            # Records reach a queue in order, so a forward scan only ever rewrites an entry in
+            # place or appends the next one.  A queue offset beyond that (a damaged header
+            # field the body CRC does not cover) would leave a gap: it is not indexed.
+            if cq.min_offset <= msg.queue_offset <= cq.max_offset:
                 cq.put(msg.queue_offset, msg.physical_offset, msg.store_size, tag_hash(msg.tags))
                 repaired += 1
+            elif msg.queue_offset > cq.max_offset:
+                log.warning("record at %d claims queue offset %d of %s/%d, past its end %d: not indexed",
+                            msg.physical_offset, msg.queue_offset, msg.topic, msg.queue_id, cq.max_offset)
         return repaired, dropped
 
     async def start(self) -> None:
