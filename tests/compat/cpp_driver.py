@@ -10,7 +10,7 @@ consumed message, ``{"event": "error", ...}`` when the client raised, and
 Spec keys: ``scenario`` (send_sync, send_oneway, send_batch, send_orderly, send_large,
 send_tx_props, push_consume, pull_consume), ``namesrv``, ``topic``, ``group``, and per
 scenario: ``count``, ``body``, ``keys``, ``tags``, ``props``, ``arg`` (send_orderly),
-``size`` (send_large), ``expression``, ``expect`` (messages to wait for), ``max_seconds``,
+``size`` (send_large), ``batch_size`` (send_batch), ``send_timeout_ms``, ``expression``, ``expect`` (messages to wait for), ``max_seconds``,
 ``linger`` (seconds to stay up after ``expect`` was reached, so offsets get committed),
 ``record_props`` (property names to report per consumed message), ``stop_file`` (push_consume
 stops as soon as this file exists), ``orderly`` (push_consume: orderly listener, which locks
