@@ -8,6 +8,7 @@ answer over a raw socket with an independent frame reader.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import struct
@@ -137,3 +138,53 @@ def check_route(broker, body: bytes, form: str) -> None:
         assert re.search(r'"brokerAddrs":\{0:"' + re.escape(broker.broker_addr) + '"\\}', text), text
         with pytest.raises(ValueError):
             json.loads(text)
+
+
+def _generator():
+    """The vector generator module (its encoders build the frames that depend on answers)."""
+    import importlib.util
+
+    path = Path(__file__).parent / "vectors" / "make_java_vectors.py"
+    spec = importlib.util.spec_from_file_location("make_java_vectors", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+async def test_java_transaction_half_then_oneway_end_transaction(broker, binary):
+    # A Java TransactionMQProducer: half via SEND_MESSAGE_V2 (sysFlag 4, TRAN_MSG, PGROUP),
+    # then END_TRANSACTION one-way naming the half by the offsets of the send answer [4.2, 4.3].
+    g = _generator()
+    enc = g.binary_frame if binary else g.json_frame
+    uniq = g.uniq(99)
+    ext = g.send_ext_v2(1, g.props({"TAGS": "TagT", "UNIQ_KEY": uniq, "WAIT": "true",
+                                    "TRAN_MSG": "true", "PGROUP": g.PRODUCER_GROUP}))
+    ext["f"] = "4"
+    w = await Wire.open(broker.broker_addr)
+    try:
+        await w.send(enc(310, 41, ext, b"java half"))
+        sent = await w.read()
+        assert sent.serialize_type == (1 if binary else 0)
+        assert sent.header["code"] == 0, sent.header
+        assert stored(broker, "JavaVecTopic") == []  # invisible while pending
+        commit_log_offset = int(sent.ext["msgId"][16:], 16)  # offsetMsgId: ip, port, offset
+        await w.send(enc(37, 42, {
+            "producerGroup": g.PRODUCER_GROUP, "tranStateTableOffset": sent.ext["queueOffset"],
+            "commitLogOffset": str(commit_log_offset), "commitOrRollback": "8",
+            "fromTransactionCheck": "false", "msgId": uniq, "transactionId": uniq,
+        }, flag=g.FLAG_ONEWAY))
+        probe = _max_offset_probe()
+        await w.send(probe)
+        nxt = await w.read()
+        assert nxt.header["opaque"] == 999, f"one-way END_TRANSACTION was answered: {nxt.header}"
+    finally:
+        await w.close()
+    for _ in range(100):  # the one-way commit is processed concurrently with the probe
+        if stored(broker, "JavaVecTopic"):
+            break
+        await asyncio.sleep(0.05)
+    [m] = stored(broker, "JavaVecTopic")
+    assert m.body == b"java half" and m.queue_id == 1
+    assert m.properties["UNIQ_KEY"] == uniq and "TRAN_MSG" not in m.properties
+    assert broker.tx.pending_count() == 0
