@@ -439,7 +439,7 @@ async def test_listener_sees_each_new_max_offset(tmp_path):
     await store.close()
 
 
-@pytest.mark.parametrize("where", ["topic_len", "props_len", "topic_utf8", "sys_flag_v6"])
+@pytest.mark.parametrize("where", ["topic_len", "props_len", "topic_utf8", "sys_flag_v6", "physical_offset"])
 async def test_damage_outside_the_body_is_caught_by_recovery(tmp_path, where):
     """The body CRC does not cover lengths and text; recovery checks those too, so nothing
     that a later read or scan would choke on is kept."""
@@ -451,7 +451,8 @@ async def test_damage_outside_the_body_is_caught_by_recovery(tmp_path, where):
     rel = victim.physical_offset % SEG
     topic_at = rel + 88 + 4
     patch = {"topic_len": (topic_at, b"\x09"), "props_len": (topic_at + 6, b"\x7f\x00"),
-             "topic_utf8": (topic_at + 1, b"\xff"), "sys_flag_v6": (rel + 36, b"\x00\x00\x00\x10")}[where]
+             "topic_utf8": (topic_at + 1, b"\xff"), "sys_flag_v6": (rel + 36, b"\x00\x00\x00\x10"),
+             "physical_offset": (rel + 28, b"\x01")}[where]
     overwrite(seg_path, *patch)
     again = MessageStore(cfg(tmp_path))
     report = again.open()

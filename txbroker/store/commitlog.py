@@ -34,6 +34,7 @@ _SIZE_MAGIC = struct.Struct(">iI")
 _CRC = struct.Struct(">i")
 _I32 = _CRC
 _I16 = struct.Struct(">h")
+_I64 = struct.Struct(">q")
 _V6_FLAGS = BORNHOST_V6_FLAG | STOREHOST_V6_FLAG
 #: A blank record needs TOTALSIZE + MAGIC.
 END_MARKER_SIZE = 8
@@ -239,6 +240,10 @@ class CommitLog:
                         stop = True
                         break
                     if _I32.unpack_from(view, rel + 36)[0] & _V6_FLAGS:
+                        stop = True
+                        break
+                    # A record states its own position: a cheap check of header damage.
+                    if _I64.unpack_from(view, rel + 28)[0] != seg.start + rel:
                         stop = True
                         break
                     crc = _CRC.unpack_from(view, rel + 8)[0]
