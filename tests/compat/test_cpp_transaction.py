@@ -102,11 +102,6 @@ async def test_cpp_half_messages_commit_and_roll_back_via_sdk_check(broker, tmp_
     assert msg.properties["UNIQ_KEY"] in uniq
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "broker bug: service/check.py CheckService._connection_for always prefers the connection "
-    "that sent the half (entry.conn) while it is open, so every check goes to the C++ producer, "
-    "which cannot answer, until the half is discarded after transaction_check_max checks; the "
-    "SDK producer of the same group is never asked"))
 async def test_check_reaches_sdk_producer_while_cpp_producer_of_group_is_connected(broker, tmp_path):
     # The C++ producer stays connected (it heartbeats as group G, late) but ignores checks;
     # the half must still be resolved by the SDK producer of the same group.  The test broker

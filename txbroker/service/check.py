@@ -189,12 +189,19 @@ class CheckService:
         return report
 
     def _connection_for(self, entry: HalfEntry) -> Any | None:
+        """The first check goes to the connection that sent the half; later ones rotate over
+        every live connection of the group.  A producer that cannot answer (a plain RocketMQ
+        C++ producer sending TRAN_MSG, a producer that lost its state) must not absorb every
+        check until the half is discarded while a capable member of the group is online."""
         conn = entry.conn
-        if conn is not None:
-            if not conn.closed:
-                return conn
-            entry.conn = None  # gone for good: do not keep the dead connection alive
+        if conn is not None and conn.closed:
+            entry.conn = conn = None  # gone for good: do not keep the dead connection alive
+        if conn is not None and entry.checks == 0:
+            return conn
+        live = [] if conn is None else [conn]
         for candidate in self.tx.registry.producer_connections(entry.group):
-            if not candidate.closed:
-                return candidate
-        return None
+            if not candidate.closed and candidate not in live:
+                live.append(candidate)
+        if not live:
+            return None
+        return live[entry.checks % len(live)]
