@@ -55,6 +55,8 @@ class FuzzStats:
     accepted: list[str] = field(default_factory=list)
     #: Bad framing the broker did not close on.
     left_open: list[str] = field(default_factory=list)
+    #: Error answers without a remark saying what was wrong (reported, not a failure).
+    unexplained: Counter = field(default_factory=Counter)
 
     @property
     def ok(self) -> bool:
@@ -213,6 +215,9 @@ async def fuzz_broker(addr: str, *, seed: int, rounds: int, max_message_size: in
                 stats.silent.append(case.name)
             elif any(a.code == ResponseCode.SUCCESS for a in answers):
                 stats.accepted.append(case.name)
+            for a in answers:
+                if not a.remark:
+                    stats.unexplained[(case.name, a.code)] += 1
         elif case.expect == CLOSE and not closed and not answers:
             stats.left_open.append(case.name)
         elif case.expect == ANY and any(a.code == ResponseCode.SUCCESS for a in answers):

@@ -34,6 +34,7 @@ async def test_fuzzed_broker_keeps_serving_and_answers_errors(broker_process, tm
     await task
     assert proc.alive(), proc.log_text()
     assert stats.ok, (stats.silent, stats.accepted, stats.left_open, stats.cases)
+    assert not stats.unexplained, stats.unexplained  # every error answer says what was wrong
     assert len(stats.cases) >= 25, stats.cases
     assert len(sent) >= 10
 
