@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -36,6 +37,9 @@ class FaultProxy:
     cut_probability: float = 0.0
     delay_probability: float = 0.0
     max_delay: float = 0.05
+    #: Scripted faults: ``cut_when(to_server, chunk)`` returning True cuts that connection
+    #: before the chunk is forwarded (e.g. exactly the answer to a SEND).
+    cut_when: Callable[[bool, bytes], bool] | None = None
     stats: FaultStats = field(default_factory=FaultStats)
 
     def __post_init__(self) -> None:
@@ -100,7 +104,8 @@ class FaultProxy:
                 if self.enabled and self._rng.random() < self.delay_probability:
                     self.stats.delays += 1
                     await asyncio.sleep(self._rng.uniform(0, self.max_delay))
-                if self.enabled and self._rng.random() < self.cut_probability:
+                if self.enabled and (self._rng.random() < self.cut_probability
+                                     or (self.cut_when is not None and self.cut_when(to_server, data))):
                     if to_server:
                         self.stats.cuts_to_server += 1
                     else:
