@@ -225,3 +225,42 @@ async def fuzz_broker(addr: str, *, seed: int, rounds: int, max_message_size: in
 
     await asyncio.gather(*(one(rng.choice(makers)()) for _ in range(rounds)))
     return stats
+
+
+async def _main(rounds: int, seed: int) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from bench.chaos.driver import broker_settings
+    from bench.chaos.process import BrokerProcess
+
+    with tempfile.TemporaryDirectory(prefix="txbroker-fuzz-") as tmp:
+        proc = BrokerProcess(Path(tmp) / "data", broker_settings("async"), Path(tmp) / "broker.log")
+        await asyncio.to_thread(proc.start)
+        try:
+            stats = await fuzz_broker(proc.broker_addr, seed=seed, rounds=rounds, max_message_size=256 * 1024)
+            alive = proc.alive()
+            proc.kill()
+            restart = await asyncio.to_thread(proc.start)  # the store is still valid
+        finally:
+            proc.kill()
+    print(f"network fuzz: seed={seed} rounds={rounds} broker alive={alive} restart={restart:.2f}s")
+    for name, n in sorted(stats.cases.items()):
+        print(f"  {name:<28} {n:>6}")
+    print(f"  answer codes: {dict(sorted(stats.codes.items()))}  closed: {stats.closed}")
+    print(f"  silent: {len(stats.silent)}  accepted: {len(stats.accepted)}  left open: {len(stats.left_open)}"
+          f"  unexplained: {sum(stats.unexplained.values())}")
+    ok = alive and stats.ok and not stats.unexplained
+    print("RESULT: " + ("PASS" if ok else "FAIL"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m bench.chaos.fuzz", description=__doc__)
+    ap.add_argument("--rounds", type=int, default=5000)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    sys.exit(asyncio.run(_main(args.rounds, args.seed)))
