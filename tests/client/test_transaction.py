@@ -193,12 +193,12 @@ def test_listener_validation() -> None:
 
 async def test_check_back_reaches_a_producer_whose_connection_dropped(broker, namesrv) -> None:
     listener = SyncListener()
-    async with TransactionProducer("PG_DROP", namesrv, listener=listener,
-                                   heartbeat_interval=0.2) as producer:
+    # The periodic heartbeat (30 s) is far beyond the wait below: the producer must reconnect
+    # and heartbeat as soon as its connection drops, as it must after a broker restart.
+    async with TransactionProducer("PG_DROP", namesrv, listener=listener) as producer:
         result = await producer.send_message_in_transaction(Message("TDropTx", b"d", keys="u"))
         for conn in list(broker.server.connections):
             conn.close()  # the broker no longer knows a connection of PG_DROP
         listener.decided[result.transaction_id] = COMMIT
-        # the periodic heartbeat reconnects and registers the group again; the check follows
         await wait_until(lambda: broker.tx.pending_count() == 0, what="half resolved by check-back")
     assert result.transaction_id in listener.checked

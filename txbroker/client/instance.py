@@ -9,6 +9,9 @@ timing fixed where the C++ client gets it wrong (client-capture.md §2.1, §5.5)
   any half message exists (a check-back needs a live connection of the group);
 * a connection to a broker is heartbeated as soon as it is opened, and every
   ``heartbeat_interval`` (30 s, RocketMQ's default) afterwards;
+* a dropped broker connection is reopened and heartbeated at once, with back-off, not at the
+  next heartbeat: a restarted broker knows no connection of a producer group until then, so a
+  RocketMQ client leaves its check-backs unanswerable for up to 30 s after a broker restart;
 * routes are cached and refreshed every ``route_refresh_interval`` (30 s) and on demand after a
   failure;
 * broker-initiated requests (CHECK_TRANSACTION_STATE, NOTIFY_CONSUMER_IDS_CHANGED) are handed to
@@ -44,6 +47,8 @@ DEFAULT_NAMESRV = "127.0.0.1:9876"
 MASTER_ID = "0"
 PERM_WRITE = 0x2
 PERM_READ = 0x4
+#: First wait before reopening a dropped broker connection (doubles up to the heartbeat interval).
+REJOIN_DELAY_MIN = 0.1
 _NUMERIC_KEY = re.compile(rb'([{,]\s*)(-?\d+)(\s*:)')
 
 #: A handler for a broker-initiated request: (broker address, command).
@@ -148,6 +153,8 @@ class ClientInstance:
         self.broker_addrs: dict[str, str] = {}
         self._tasks: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()
+        #: Addresses whose dropped connection is being reopened (one task each).
+        self._rejoining: set[str] = set()
         self._started = False
         self._closed = False
 
@@ -300,7 +307,8 @@ class ClientInstance:
             return await asyncio.shield(pending)
         fut = asyncio.get_running_loop().create_future()
         self._connecting[addr] = fut
-        conn = RemotingClient(addr, connect_timeout=self.request_timeout)
+        conn = RemotingClient(addr, connect_timeout=self.request_timeout,
+                              on_lost=lambda: self._schedule_rejoin(addr))
         try:
             for code, handler in self._handlers.items():
                 conn.register(code, self._dispatcher(addr, handler))
@@ -370,6 +378,35 @@ class ClientInstance:
             task = asyncio.get_running_loop().create_task(self._heartbeat(addr, conn))
             self._background.add(task)
             task.add_done_callback(self._background_done)
+
+    def _schedule_rejoin(self, addr: str) -> None:
+        if self._closed or addr in self._rejoining or not (self.producer_groups or self.consumer_data):
+            return
+        self._rejoining.add(addr)
+        task = asyncio.get_running_loop().create_task(self._rejoin(addr))
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    async def _rejoin(self, addr: str) -> None:
+        """Reopen a dropped broker connection and heartbeat it, backing off up to the
+        heartbeat interval; ends once connected, or when the broker is no longer routed."""
+        delay = REJOIN_DELAY_MIN
+        try:
+            while not self._closed and addr in self.broker_addrs.values():
+                await asyncio.sleep(delay)
+                conn = self._conns.get(addr)
+                try:
+                    if conn is None or conn.closed:
+                        await self.connection(addr)  # heartbeats on connect
+                    elif not conn.connected:
+                        await conn.connect()
+                        self._check_reconnected(addr, conn)
+                    return
+                except (OSError, ConnectionError, TimeoutError, ClientError) as exc:
+                    log.debug("%s: reconnecting to %s failed: %s", self.client_id, addr, exc)
+                    delay = min(delay * 2, self.heartbeat_interval)
+        finally:
+            self._rejoining.discard(addr)
 
     def _background_done(self, task: asyncio.Task) -> None:
         self._background.discard(task)

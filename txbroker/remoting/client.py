@@ -208,8 +208,13 @@ class RemotingClient:
     """A connection to one broker or name server address (``"host:port"``)."""
 
     def __init__(self, addr: str, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-                 reconnect: bool = True, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> None:
+                 reconnect: bool = True, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+                 on_lost: Callable[[], None] | None = None) -> None:
         self.addr = addr
+        #: Called when the connection drops (not on :meth:`close`): an owner that must stay
+        #: reachable by the server, as a transactional producer must for check-backs, uses it
+        #: to reconnect at once instead of at its next call.
+        self.on_lost = on_lost
         self.host, self.port = parse_addr(addr)
         self.max_frame_size = max_frame_size
         self.reconnect = reconnect
@@ -305,6 +310,8 @@ class RemotingClient:
             self._proto = None
             if not self._closed:
                 log.info("connection to %s lost", self.addr)
+                if self.on_lost is not None:
+                    self.on_lost()
 
     async def close(self) -> None:
         """Close for good; pending calls fail with ConnectionError."""
