@@ -68,8 +68,6 @@ async def test_invalid_consumer_group_refused(broker, group):
     assert code not in (None, ResponseCode.SUCCESS), (group, code, remark)
 
 
-@pytest.mark.xfail(strict=True, reason="SEND does not validate producerGroup: names with spaces or "
-                   "over 255 characters are stored as the half's PGROUP (see docs/reliability.md)")
 @pytest.mark.parametrize("group", ["g r", "g" * 300])
 async def test_invalid_producer_group_refused(broker, group):
     code, remark = await answer(broker.broker_addr,

@@ -28,6 +28,7 @@ from txbroker.service.topics import (
     PERM_WRITE,
     TopicManager,
     is_system_topic,
+    validate_group_name,
     validate_topic_name,
 )
 from txbroker.service.txstate import TransactionError
@@ -107,7 +108,8 @@ class SendProcessor:
     async def _send(self, conn, cmd: RemotingCommand) -> RemotingCommand:
         code = cmd.code
         f = send_fields(cmd, v2=code != RequestCode.SEND_MESSAGE)
-        group = f.str("producerGroup")
+        # The group becomes the half's PGROUP and names the connections asked for check-backs.
+        group = validate_group_name(f.str("producerGroup"), "producer group")
         topic = f.str("topic")
         tc = self.topics.get(topic)
         if tc is None:  # known topics were validated when they were created
