@@ -129,8 +129,6 @@ class CommitByKey(TransactionListener):
         return LocalTransactionState.COMMIT_MESSAGE
 
 
-@pytest.mark.xfail(strict=True, reason="a half SEND whose answer is lost is retried by the SDK with the "
-                   "same UNIQ_KEY; both halves are stored and both end up committed (see docs/reliability.md)")
 async def test_lost_half_answer_with_sdk_retry_commits_once(broker_config):
     port = free_port()
     config = broker_config.replace(listen_host="127.0.0.2", advertised_host="127.0.0.1",

@@ -34,6 +34,10 @@ class BrokerMetrics:
         r, ns = self.registry, NAMESPACE
         # --- transactions -------------------------------------------------------------------
         self.halves = Counter("tx_halves", "Half messages stored", namespace=ns, registry=r)
+        self.retried_halves = Counter("tx_retried_halves",
+                                      "Half sends answered with the pending half of the same "
+                                      "UNIQ_KEY (a retry whose first answer was lost)",
+                                      namespace=ns, registry=r)
         self.commits = Counter("tx_commits", "Half messages committed (final message written)",
                                ["source"], namespace=ns, registry=r)
         self.rollbacks = Counter("tx_rollbacks", "Half messages rolled back", ["source"],

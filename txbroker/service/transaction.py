@@ -117,9 +117,11 @@ from txbroker.store.record import (
     string_to_properties,
 )
 
+from txbroker.store.message_store import PutResult, PutStatus
+
 if TYPE_CHECKING:
     from txbroker.service.clients import ClientRegistry
-    from txbroker.store.message_store import MessageStore, PutResult
+    from txbroker.store.message_store import MessageStore
 
 __all__ = ["CheckPassReport", "HalfEntry", "TransactionalMessageService", "transaction_handlers"]
 
@@ -645,6 +647,13 @@ class TransactionalMessageService:
             raise TransactionError(ResponseCode.MESSAGE_ILLEGAL,
                                    f"property CHECK_IMMUNITY_TIME_IN_SECONDS={immunity!r} is not a "
                                    "non-negative integer")
+        retried = self._retried_half(props.get(PROPERTY_UNIQ_KEY), group, msg)
+        if retried is not None:
+            retried.conn = conn or retried.conn  # the retrying connection is the live one
+            self.metrics.retried_halves.inc()
+            return PutResult(PutStatus.OK, physical_offset=retried.phys,
+                             queue_offset=retried.queue_offset, msg_id=retried.msg_id,
+                             store_timestamp=retried.store_ts)
         props[PROPERTY_REAL_TOPIC] = msg.topic
         props[PROPERTY_REAL_QUEUE_ID] = str(msg.queue_id)
         half = Message(topic=HALF_TOPIC, queue_id=0, body=msg.body, flag=msg.flag,
@@ -665,6 +674,25 @@ class TransactionalMessageService:
             self._by_uniq[entry.uniq] = entry.phys
         self.metrics.halves.inc()
         return result
+
+    def _retried_half(self, uniq: str | None, group: str, msg: Message) -> HalfEntry | None:
+        """The pending half this send repeats, if it is a producer's retry of a half send.
+
+        A client whose half SEND answer was lost (time-out, cut connection) sends the same
+        message again with the same UNIQ_KEY.  Storing it twice would make two halves of one
+        local transaction: the producer's END decides one, the check-back the other, and a
+        commit is delivered twice.  So while the first half is pending, the retry is answered
+        with the first half's ids and nothing is stored; the producer then ends that half.
+        The group, real topic and body size must match: a UNIQ_KEY alone names nothing.
+        """
+        if not uniq:
+            return None
+        phys = self._by_uniq.get(uniq)
+        entry = self._pending.get(phys) if phys is not None else None
+        if entry is None or entry.group != group or entry.topic != msg.topic \
+                or entry.body_size != len(msg.body):
+            return None
+        return entry
 
     # --- decisions -------------------------------------------------------------------------
     async def end_transaction(self, *, commit_log_offset: int, tran_state_table_offset: int,
