@@ -53,6 +53,9 @@ class ChaosConfig:
     topic: str = "ChaosTopic"
     producer_group: str = "chaos_pg"
     consumer_group: str = "chaos_cg"
+    #: Replace the consumer after every restart: it resumes from the broker's offsets, so a
+    #: first delivery below the last persisted offset shows an offset that moved back.
+    restart_consumer: bool = True
     data_dir: str | None = None
 
 
@@ -123,17 +126,36 @@ async def _run(cfg: ChaosConfig, rng: random.Random, broker: BrokerProcess, name
                ledger: Ledger) -> Report:
     stop_load = asyncio.Event()
     stop_consume = asyncio.Event()
-    consumer = Consumer(cfg.consumer_group, namesrv, from_where="first", long_poll_timeout=1.0,
-                        rebalance_interval=1.0, persist_interval=0.2, pull_error_backoff=0.2,
-                        request_timeout=2.0)
-    consumer.subscribe(cfg.topic)
+    def new_consumer() -> Consumer:
+        c = Consumer(cfg.consumer_group, namesrv, from_where="first", long_poll_timeout=1.0,
+                     rebalance_interval=1.0, persist_interval=0.2, pull_error_backoff=0.2,
+                     request_timeout=2.0)
+        c.subscribe(cfg.topic)
+        return c
+
+    consumer = new_consumer()
     await consumer.start()
+    first_seen: set[int] = set()
 
     async def consume() -> None:
         while not stop_consume.is_set():
             msg = await consumer.poll(0.3)
             if msg is not None:
                 ledger.delivered(msg.keys or "", msg.queue_id, msg.queue_offset)
+                if msg.queue_id not in first_seen:
+                    first_seen.add(msg.queue_id)
+                    ledger.offset_sample(f"{cfg.topic}/{msg.queue_id}", msg.queue_offset, "first-delivery")
+
+    async def replace_consumer() -> None:
+        nonlocal consumer, consume_task
+        stop_consume.set()
+        await asyncio.gather(consume_task, return_exceptions=True)
+        await consumer.shutdown()
+        stop_consume.clear()
+        first_seen.clear()
+        consumer = new_consumer()
+        await consumer.start()
+        consume_task = asyncio.ensure_future(consume())
 
     producers = [TransactionProducer(cfg.producer_group, namesrv, listener=LedgerListener(ledger),
                                      send_timeout=2.0, retries=0) for _ in range(cfg.producers)]
@@ -167,6 +189,8 @@ async def _run(cfg: ChaosConfig, rng: random.Random, broker: BrokerProcess, name
                 .get("offsets", {}).get(cfg.topic, {})
             for q, v in live.items():
                 ledger.offset_sample(f"{cfg.topic}/{q}", int(v), "live")
+            if cfg.restart_consumer:
+                await replace_consumer()
         stop_load.set()
 
     consume_task = asyncio.ensure_future(consume())
