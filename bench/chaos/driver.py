@@ -4,8 +4,9 @@ Producers run a seeded mix of commit, rollback, unknown-then-commit and unknown-
 transactions; a consumer group records every delivery; a killer SIGKILLs the broker process at
 seeded random moments and restarts it on the same data dir and port.  At the end the driver
 waits (bounded) for check-backs to resolve every half, then asks the :class:`Ledger` for the
-verdict.  Producers use ``retries=0``: an SDK retry after a lost half answer would store a second
-half carrying the same transaction id, which is a client-side duplicate, not a broker one.
+verdict.  Producers keep the SDK's default retries: a half whose answer a kill swallowed is
+sent again with the same UNIQ_KEY, and the broker must answer the retry with the half it already
+stored (one transaction, one outcome), across the restart too.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ async def _run(cfg: ChaosConfig, rng: random.Random, broker: BrokerProcess, name
         consume_task = asyncio.ensure_future(consume())
 
     producers = [TransactionProducer(cfg.producer_group, namesrv, listener=LedgerListener(ledger),
-                                     send_timeout=2.0, retries=0) for _ in range(cfg.producers)]
+                                     send_timeout=2.0, retries=2) for _ in range(cfg.producers)]
     for p in producers:
         await p.start()
     seeds = [rng.random() for _ in producers]
