@@ -10,6 +10,7 @@ status 1, never a traceback.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import threading
@@ -29,6 +30,27 @@ EXPECTED_ERRORS = (ClientError, ValueError, TypeError, OSError, TimeoutError, Co
 namesrv_option = click.option(
     "--namesrv", envvar="TXBROKER_NAMESRV", default=DEFAULT_NAMESRV, show_default=True,
     help="Name-server address host:port (env TXBROKER_NAMESRV); several separated by ';'.")
+
+
+def credentials_options(fn: Callable) -> Callable:
+    """``--access-key``/``--secret-key`` for brokers with access control.
+
+    The command receives them as one ``credentials`` argument: keyword arguments for the SDK
+    client (empty when unset), so each command passes ``**credentials`` and nothing else.
+    """
+    @functools.wraps(fn)
+    def wrapper(*args: object, access_key: str | None, secret_key: str | None, **kwargs: object):
+        if (access_key is None) != (secret_key is None):
+            raise click.UsageError("--access-key and --secret-key must be given together")
+        credentials = {} if access_key is None else {"access_key": access_key,
+                                                      "secret_key": secret_key}
+        return fn(*args, credentials=credentials, **kwargs)
+
+    wrapper = click.option("--secret-key", envvar="TXBROKER_SECRET_KEY", default=None,
+                           help="Secret of --access-key (env TXBROKER_SECRET_KEY).")(wrapper)
+    return click.option("--access-key", envvar="TXBROKER_ACCESS_KEY", default=None,
+                        help="Access key of a plain_acl.yml account; requests are signed "
+                             "(env TXBROKER_ACCESS_KEY).")(wrapper)
 
 
 def is_system_topic(topic: str) -> bool:

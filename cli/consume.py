@@ -11,7 +11,7 @@ import base64
 import click
 import orjson
 
-from cli.common import namesrv_option, run
+from cli.common import credentials_options, namesrv_option, run
 from txbroker.client import Consumer, MessageExt
 
 
@@ -54,13 +54,15 @@ def _text(msg: MessageExt) -> str:
 @click.option("--timeout", type=click.FloatRange(0.01), help="Stop after this many idle seconds.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message.")
 @namesrv_option
+@credentials_options
 def consume(topic: str, group: str, expression: str, from_beginning: bool, max_count: int | None,
-            timeout: float | None, as_json: bool, namesrv: str) -> None:
+            timeout: float | None, as_json: bool, namesrv: str, credentials: dict[str, str]) -> None:
     """Print messages of TOPIC as they arrive."""
 
     async def main() -> None:
         consumer = Consumer(group, namesrv, from_where="first" if from_beginning else "last",
-                            long_poll_timeout=min(15.0, timeout) if timeout else 15.0)
+                            long_poll_timeout=min(15.0, timeout) if timeout else 15.0,
+                            **credentials)
         consumer.subscribe(topic, expression)
         await consumer.start()
         count = 0

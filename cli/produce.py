@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 import orjson
 
-from cli.common import namesrv_option, run
+from cli.common import credentials_options, namesrv_option, run
 from txbroker.client import (
     LocalTransactionState,
     Message,
@@ -78,9 +78,10 @@ def _line(result: SendResult, as_json: bool) -> str:
 @click.option("--timeout", default=3.0, show_default=True, type=click.FloatRange(0.1, 600),
               help="Send timeout in seconds.")
 @namesrv_option
+@credentials_options
 def produce(topic: str, body: str | None, path: str | None, keys: str | None, tags: str | None,
             properties: tuple[str, ...], count: int, group: str, transactional: bool,
-            decision: str, as_json: bool, timeout: float, namesrv: str) -> None:
+            decision: str, as_json: bool, timeout: float, namesrv: str, credentials: dict[str, str]) -> None:
     """Send a message (or --count of them) to TOPIC."""
     if (body is None) == (path is None):
         raise click.UsageError("give exactly one of --body or --file")
@@ -103,9 +104,9 @@ def produce(topic: str, body: str | None, path: str | None, keys: str | None, ta
     async def main() -> None:
         if transactional:
             producer = TransactionProducer(group, namesrv, listener=_FixedDecision(DECISIONS[decision]),
-                                           send_timeout=timeout)
+                                           send_timeout=timeout, **credentials)
         else:
-            producer = Producer(group, namesrv, send_timeout=timeout)
+            producer = Producer(group, namesrv, send_timeout=timeout, **credentials)
         msg = Message(topic, data, tags=tags, keys=keys, properties=props or None)
         msg.validate(producer.max_message_size)
         async with producer:

@@ -35,6 +35,7 @@ _HELP = {
     "transaction_check_interval": "seconds between transaction check passes",
     "transaction_timeout": "seconds before a half message is first checked",
     "transaction_check_max": "checks before a half message is discarded",
+    "acl_file": "RocketMQ plain_acl.yml: turns access control on (unset = off)",
 }
 
 
@@ -86,6 +87,9 @@ async def _run(config: BrokerConfig) -> int:
     broker = Broker(config)
     try:
         await broker.start()
+    except ConfigError as exc:  # an invalid ACL file: a setting's fault, like a bad option
+        click.echo(f"error: {exc}", err=True)
+        return 2
     except OSError as exc:
         click.echo(f"error: cannot start broker: {exc}", err=True)
         await broker.stop()

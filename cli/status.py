@@ -7,7 +7,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from cli.common import is_system_topic, namesrv_option, run
+from cli.common import credentials_options, is_system_topic, namesrv_option, run
 from txbroker.client.admin import AdminClient
 
 #: Metrics worth a glance; the full table is in --json.
@@ -19,11 +19,12 @@ KEY_METRICS = ("commitLogMaxOffset", "pendingHalfMessages", "connections", "held
 @click.option("--json", "as_json", is_flag=True, help="Print the full status documents as JSON.")
 @click.option("--system", is_flag=True, help="Include system topics (RMQ_SYS_*, %RETRY%, ...).")
 @namesrv_option
-def status(as_json: bool, system: bool, namesrv: str) -> None:
+@credentials_options
+def status(as_json: bool, system: bool, namesrv: str, credentials: dict[str, str]) -> None:
     """Show each broker's topics, offsets, groups, pending halves and key metrics."""
 
     async def main() -> dict:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **credentials) as admin:
             return await admin.status()
 
     docs = run(main)

@@ -7,7 +7,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from cli.common import is_system_topic, namesrv_option, run
+from cli.common import credentials_options, is_system_topic, namesrv_option, run
 from txbroker.client.admin import AdminClient
 
 
@@ -21,11 +21,12 @@ def topic() -> None:
 @click.option("--queues", default=4, show_default=True, type=click.IntRange(1, 1024),
               help="Read and write queues.")
 @namesrv_option
-def create(name: str, queues: int, namesrv: str) -> None:
+@credentials_options
+def create(name: str, queues: int, namesrv: str, credentials: dict[str, str]) -> None:
     """Create topic NAME (or change its queue count)."""
 
     async def main() -> None:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **credentials) as admin:
             await admin.create_topic(name, queues)
 
     run(main)
@@ -36,11 +37,12 @@ def create(name: str, queues: int, namesrv: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print topic configs as JSON.")
 @click.option("--system", is_flag=True, help="Include system topics (RMQ_SYS_*, %RETRY%, ...).")
 @namesrv_option
-def list_(as_json: bool, system: bool, namesrv: str) -> None:
+@credentials_options
+def list_(as_json: bool, system: bool, namesrv: str, credentials: dict[str, str]) -> None:
     """List topics with their queue counts."""
 
     async def main() -> dict[str, dict]:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **credentials) as admin:
             return await admin.list_topics()
 
     topics = {name: cfg for name, cfg in run(main).items() if system or not is_system_topic(name)}

@@ -16,7 +16,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from cli.common import namesrv_option, run
+from cli.common import credentials_options, namesrv_option, run
 from txbroker.client.admin import AdminClient
 
 
@@ -65,11 +65,12 @@ def txn() -> None:
               show_default=True, help="Pending halves, halves the check service gave up on, or both.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON array.")
 @namesrv_option
-def list_(state: str, as_json: bool, namesrv: str) -> None:
+@credentials_options
+def list_(state: str, as_json: bool, namesrv: str, credentials: dict[str, str]) -> None:
     """List half messages waiting for a decision."""
 
     async def main() -> list[dict]:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **credentials) as admin:
             return await admin.txn_list(state)
 
     rows = run(main)
@@ -91,11 +92,12 @@ def list_(state: str, as_json: bool, namesrv: str) -> None:
 @txn.command()
 @click.argument("txn_id")
 @namesrv_option
-def show(txn_id: str, namesrv: str) -> None:
+@credentials_options
+def show(txn_id: str, namesrv: str, credentials: dict[str, str]) -> None:
     """Show one half message (by transaction id or offsetMsgId) as JSON."""
 
     async def main() -> dict:
-        async with AdminClient(namesrv) as admin:
+        async with AdminClient(namesrv, **credentials) as admin:
             return await admin.txn_show(txn_id)
 
     click.echo(orjson.dumps(run(main), option=orjson.OPT_INDENT_2).decode())
@@ -107,9 +109,10 @@ def _decision_command(decision: str, help_text: str) -> click.Command:
     @click.option("--operator", default=_operator, show_default="the OS user",
                   help="Who decides (recorded by the broker).")
     @namesrv_option
-    def command(txn_id: str, operator: str, namesrv: str) -> None:
+    @credentials_options
+    def command(txn_id: str, operator: str, namesrv: str, credentials: dict[str, str]) -> None:
         async def main() -> dict:
-            async with AdminClient(namesrv) as admin:
+            async with AdminClient(namesrv, **credentials) as admin:
                 return await admin.txn_decide(txn_id, decision, operator)
 
         doc = run(main)

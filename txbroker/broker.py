@@ -23,6 +23,7 @@ from typing import Self
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.server import RemotingServer
+from txbroker.service.acl import AclGuard, load_acl_file
 from txbroker.service.clients import ClientRegistry
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.namesrv import NameServer
@@ -80,6 +81,8 @@ class Broker:
         self.holds = PullHoldService()
         self.metrics = BrokerMetrics()
         self.store: MessageStore | None = None
+        #: The ACL gate of the broker port (None when ``acl_file`` is unset).
+        self.acl: AclGuard | None = None
         self.tx: TransactionalMessageService | None = None
         self.schedule: ScheduleService | None = None
         self.server: RemotingServer | None = None
@@ -99,6 +102,12 @@ class Broker:
 
     async def start(self) -> None:
         cfg = self.config
+        if cfg.acl_file is not None:
+            # Before anything binds or opens: a bad ACL file stops the start with its reason.
+            rules = load_acl_file(cfg.acl_file)
+            self.acl = AclGuard(rules)
+            log.info("access control on: %d account(s), %d globally white-listed pattern(s) "
+                     "from %s", len(rules.accounts), len(rules.global_white), cfg.acl_file)
         socks: list[socket.socket] = []
         try:
             broker_sock = _bind(cfg.listen_host, cfg.broker_port)
@@ -160,7 +169,7 @@ class Broker:
         handlers.update(self.admin.handlers())
         handlers.update(transaction_handlers(self.tx))
 
-        self.server = RemotingServer(cfg)
+        self.server = RemotingServer(cfg, before_request=self.acl)
         for code, handler in handlers.items():
             self.server.register(int(code), handler)
         self.server.on_disconnect(self.registry.connection_closed)

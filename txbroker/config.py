@@ -94,6 +94,11 @@ class BrokerConfig:
     # --- shutdown ------------------------------------------------------------------------
     shutdown_grace: float = 5.0
 
+    # --- access control ------------------------------------------------------------------
+    #: A RocketMQ 4.x ``plain_acl.yml``; when set, every broker-port request must pass it
+    #: (RocketMQ's ``aclEnable=true``).  Unset = no access control, as in RocketMQ.
+    acl_file: str | None = None
+
     def __post_init__(self) -> None:
         _validate(self)
 
@@ -136,6 +141,8 @@ def _validate(c: BrokerConfig) -> None:
     need(c.max_reconsume_times >= 0, "max_reconsume_times", "must be >= 0")
     need(bool(c.broker_name) and bool(c.cluster_name), "broker_name", "names must not be empty")
     need(bool(c.data_dir), "data_dir", "must not be empty")
+    need(c.acl_file is None or bool(c.acl_file.strip()), "acl_file",
+         "must be the path of a plain_acl.yml file (leave it unset to turn access control off)")
 
 
 def _coerce(name: str, kind: type, raw: Any) -> Any:

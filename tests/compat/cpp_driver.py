@@ -14,7 +14,8 @@ scenario: ``count``, ``body``, ``keys``, ``tags``, ``props``, ``arg`` (send_orde
 ``linger`` (seconds to stay up after ``expect`` was reached, so offsets get committed),
 ``record_props`` (property names to report per consumed message), ``stop_file`` (push_consume
 stops as soon as this file exists), ``orderly`` (push_consume: orderly listener, which locks
-its queues with LOCK_BATCH_MQ).
+its queues with LOCK_BATCH_MQ), ``access_key``/``secret_key`` (producers: session credentials,
+so every request is signed).
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ def sent(kind: str, result) -> None:
 def run_producer(spec: dict) -> None:
     p = Producer(spec["group"], timeout=spec.get("send_timeout_ms", 3000))
     p.set_namesrv_addr(spec["namesrv"])
+    if "access_key" in spec:
+        p.set_session_credentials(spec["access_key"], spec["secret_key"], "ALIYUN")
     p.start()
     try:
         s = spec["scenario"]

@@ -24,8 +24,13 @@ DECISIONS = ("commit", "rollback", "resume")
 
 
 class AdminClient:
-    def __init__(self, namesrv: str = DEFAULT_NAMESRV, timeout: float = 5.0) -> None:
-        self._instance = ClientInstance(namesrv, request_timeout=timeout)
+    """Operator requests to every broker; ``access_key``/``secret_key`` sign them (topic
+    creation and transaction decisions need an ``admin`` account when the broker runs ACL)."""
+
+    def __init__(self, namesrv: str = DEFAULT_NAMESRV, timeout: float = 5.0, *,
+                 access_key: str | None = None, secret_key: str | None = None) -> None:
+        self._instance = ClientInstance(namesrv, request_timeout=timeout,
+                                        access_key=access_key, secret_key=secret_key)
 
     async def start(self) -> None:
         await self._instance.start()

@@ -89,14 +89,19 @@ def _from_where(value: object) -> str | int:
 
 
 class Consumer:
-    """``consumer.subscribe("T"); async with consumer: async for msg in consumer: ...``"""
+    """``consumer.subscribe("T"); async with consumer: async for msg in consumer: ...``
+
+    ``access_key``/``secret_key`` (RocketMQ's SessionCredentials) sign every request, for
+    brokers that run access control; leave them unset otherwise.
+    """
 
     def __init__(self, group: str, namesrv: str = DEFAULT_NAMESRV, from_where: object = "last", *,
                  pull_batch_size: int = 32, long_poll_timeout: float = 15.0,
                  rebalance_interval: float = 20.0, persist_interval: float = 5.0,
                  buffer_size: int = 1024, request_timeout: float = 3.0,
                  heartbeat_interval: float = 30.0, pull_error_backoff: float = 1.0,
-                 instance_name: str | None = None) -> None:
+                 instance_name: str | None = None, access_key: str | None = None,
+                 secret_key: str | None = None) -> None:
         self.group = validate_group(group)
         self.from_where = _from_where(from_where)
         if not 1 <= pull_batch_size <= 1024:
@@ -115,7 +120,8 @@ class Consumer:
         self.request_timeout = request_timeout
         self._instance = ClientInstance(namesrv, request_timeout=request_timeout,
                                         heartbeat_interval=heartbeat_interval,
-                                        instance_name=instance_name)
+                                        instance_name=instance_name,
+                                        access_key=access_key, secret_key=secret_key)
         self._instance.consumer_data[self.group] = self._consumer_data
         self._instance.on_request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_ids_changed)
         self._subs: dict[str, _Subscription] = {}

@@ -40,6 +40,7 @@ from txbroker.client.rebalance import MessageQueue
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.signing import SessionCredentials, credentials
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +127,11 @@ class ClientInstance:
 
     def __init__(self, namesrv: str = DEFAULT_NAMESRV, *, request_timeout: float = 3.0,
                  heartbeat_interval: float = 30.0, route_refresh_interval: float = 30.0,
-                 instance_name: str | None = None) -> None:
+                 instance_name: str | None = None, access_key: str | None = None,
+                 secret_key: str | None = None) -> None:
         self.namesrv_addrs = parse_addresses(namesrv)
+        #: Signs every request to name servers and brokers (brokers with ACL require it).
+        self.credentials: SessionCredentials | None = credentials(access_key, secret_key)
         if request_timeout <= 0 or heartbeat_interval <= 0 or route_refresh_interval <= 0:
             raise ValueError("timeouts and intervals must be positive")
         self.request_timeout = request_timeout
@@ -223,7 +227,8 @@ class ClientInstance:
         errors = []
         for i in range(len(self.namesrv_addrs)):
             addr = self.namesrv_addrs[(self._ns_index + i) % len(self.namesrv_addrs)]
-            client = RemotingClient(addr, connect_timeout=self.request_timeout)
+            client = RemotingClient(addr, connect_timeout=self.request_timeout,
+                                    credentials=self.credentials)
             try:
                 await client.connect()
             except (OSError, TimeoutError) as exc:
@@ -308,6 +313,7 @@ class ClientInstance:
         fut = asyncio.get_running_loop().create_future()
         self._connecting[addr] = fut
         conn = RemotingClient(addr, connect_timeout=self.request_timeout,
+                              credentials=self.credentials,
                               on_lost=lambda: self._schedule_rejoin(addr))
         try:
             for code, handler in self._handlers.items():

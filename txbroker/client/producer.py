@@ -58,12 +58,17 @@ def validate_group(group: object) -> str:
 
 
 class Producer:
-    """Sends messages; ``async with Producer("PG") as p: await p.send(Message(...))``."""
+    """Sends messages; ``async with Producer("PG") as p: await p.send(Message(...))``.
+
+    ``access_key``/``secret_key`` (RocketMQ's SessionCredentials) sign every request, for
+    brokers that run access control; leave them unset otherwise.
+    """
 
     def __init__(self, group: str, namesrv: str = DEFAULT_NAMESRV, send_timeout: float = 3.0,
                  retries: int = 2, *, max_message_size: int = 4 * 1024 * 1024,
                  compress_threshold: int = 4096, heartbeat_interval: float = 30.0,
-                 instance_name: str | None = None) -> None:
+                 instance_name: str | None = None, access_key: str | None = None,
+                 secret_key: str | None = None) -> None:
         self.group = validate_group(group)
         if not isinstance(retries, int) or retries < 0:
             raise ValueError("retries must be a non-negative integer")
@@ -75,7 +80,8 @@ class Producer:
         self.compress_threshold = compress_threshold
         self._instance = ClientInstance(namesrv, request_timeout=self.send_timeout,
                                         heartbeat_interval=heartbeat_interval,
-                                        instance_name=instance_name)
+                                        instance_name=instance_name,
+                                        access_key=access_key, secret_key=secret_key)
         self._instance.producer_groups.add(self.group)
         self._ids = UniqKeyGenerator(self._instance.ip)
         self._rr = itertools.count()

@@ -13,6 +13,9 @@ Used by the Python SDK, the CLI, benchmarks and tests.  Design points:
 * When the connection drops, every pending call fails with :class:`ConnectionError`; the next
   call reconnects, with exponential back-off between failed attempts so that a dead broker is
   not hammered.  :meth:`close` is final.
+* With ``credentials`` every request leaving through :meth:`invoke` / :meth:`invoke_oneway` is
+  signed (``AccessKey`` + ``Signature``, RocketMQ's ``AclClientRPCHook``) as the last step
+  before encoding, so no caller can add a field the signature does not cover.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from txbroker.remoting.codec import (
 )
 from txbroker.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode
 from txbroker.remoting.headers import HeaderError
+from txbroker.remoting.signing import SessionCredentials
 
 log = logging.getLogger("txbroker.remoting.client")
 
@@ -209,8 +213,10 @@ class RemotingClient:
 
     def __init__(self, addr: str, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
                  reconnect: bool = True, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-                 on_lost: Callable[[], None] | None = None) -> None:
+                 on_lost: Callable[[], None] | None = None,
+                 credentials: SessionCredentials | None = None) -> None:
         self.addr = addr
+        self.credentials = credentials
         #: Called when the connection drops (not on :meth:`close`): an owner that must stay
         #: reachable by the server, as a transactional producer must for check-backs, uses it
         #: to reconnect at once instead of at its next call.
@@ -344,6 +350,8 @@ class RemotingClient:
         opaque = self._next_opaque()
         cmd.opaque = opaque
         cmd.flag &= ~(FLAG_RESPONSE | FLAG_ONEWAY)
+        if self.credentials is not None:
+            self.credentials.sign(cmd)
         frame = encode(cmd)
         fut = proto.loop.create_future()
         proto.pending[opaque] = fut
@@ -364,6 +372,8 @@ class RemotingClient:
             await proto.wait_writable()
         cmd.opaque = self._next_opaque()
         cmd.flag = (cmd.flag | FLAG_ONEWAY) & ~FLAG_RESPONSE
+        if self.credentials is not None:
+            self.credentials.sign(cmd)
         proto.write(encode(cmd))
 
     def __repr__(self) -> str:

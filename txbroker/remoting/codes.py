@@ -18,6 +18,8 @@ class RequestCode(IntEnum):
     UPDATE_CONSUMER_OFFSET = 15
     UPDATE_AND_CREATE_TOPIC = 17
     GET_ALL_TOPIC_CONFIG = 21
+    #: Not served by txbroker; named because RocketMQ's ACL makes it admin-only.
+    UPDATE_BROKER_CONFIG = 25
     GET_BROKER_RUNTIME_INFO = 28
     SEARCH_OFFSET_BY_TIMESTAMP = 29
     GET_MAX_OFFSET = 30
@@ -39,6 +41,10 @@ class RequestCode(IntEnum):
     UNREGISTER_BROKER = 104
     GET_ROUTEINFO_BY_TOPIC = 105
     GET_BROKER_CLUSTER_INFO = 106
+    #: Not served by txbroker; named because RocketMQ's ACL makes them admin-only.
+    UPDATE_AND_CREATE_SUBSCRIPTIONGROUP = 200
+    DELETE_SUBSCRIPTIONGROUP = 207
+    DELETE_TOPIC_IN_BROKER = 215
     GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
     GET_CONSUMER_RUNNING_INFO = 307
     CONSUME_MESSAGE_DIRECTLY = 309

@@ -12,6 +12,8 @@ RocketMQ client needs from it (client-capture.md §5):
 * **Errors stay local.**  An unknown code, a refused header (:class:`HeaderError`) or a
   handler bug becomes an error response and the connection stays up; only bytes that are not
   a frame (:class:`ProtocolError`) close the connection, and only that one.
+* **One gate before every handler.**  ``before_request`` (the broker's ACL, when enabled)
+  sees each request first, like RocketMQ's RPC hooks; what it refuses never reaches a handler.
 
 Limits (``BrokerConfig``): ``max_connections`` (connections beyond it are closed at once),
 ``max_inflight_per_connection`` (above it the connection stops reading; requests already read
@@ -48,6 +50,8 @@ from txbroker.remoting.headers import HeaderError
 log = logging.getLogger("txbroker.remoting.server")
 
 Handler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
+#: Runs before every request's handler; raising a refusal (``code``/``remark``) stops it.
+BeforeRequest = Callable[["Connection", RemotingCommand], None]
 DisconnectCallback = Callable[["Connection"], Any]
 
 #: Server-to-client opaques start high so they never look like a client's own counter
@@ -225,6 +229,14 @@ class Connection(asyncio.Protocol):
         self._inflight += 1
         self.requests += 1
         server = self.server
+        if server._before_request is not None:
+            # Access control runs before any handler, unknown codes included (RocketMQ's
+            # RPC hook); its refusal is answered like a HeaderError (one-way: not at all).
+            try:
+                server._before_request(self, cmd)
+            except Exception as exc:  # noqa: BLE001 - becomes the error answer
+                self._finish(cmd, None, exc)
+                return
         handler = server._handlers.get(cmd.code) or server._default_handler
         if handler is None:
             self._finish(cmd, cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
@@ -415,10 +427,12 @@ async def _await(fut: Awaitable[Any]) -> Any:
 class RemotingServer:
     """Listens on one address and hands each request to the handler registered for its code."""
 
-    def __init__(self, config: BrokerConfig, *, default_handler: Handler | None = None) -> None:
+    def __init__(self, config: BrokerConfig, *, default_handler: Handler | None = None,
+                 before_request: BeforeRequest | None = None) -> None:
         self.config = config
         self._handlers: dict[int, Handler] = {}
         self._default_handler = default_handler
+        self._before_request = before_request
         self._disconnect_callbacks: list[DisconnectCallback] = []
         self._server: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]

@@ -1,0 +1,464 @@
+"""Optional access control compatible with RocketMQ 4.x's plain ACL (``plain_acl.yml``).
+
+With ``BrokerConfig.acl_file`` set, every request on the broker port passes
+:func:`validate` before any processor sees it, as RocketMQ's broker runs its ACL hook before
+its processors.  The rules follow RocketMQ 4.9's ``PlainPermissionManager.validate`` step by
+step, so clients configured with session credentials for a RocketMQ broker behave the same:
+
+1. a peer matching ``globalWhiteRemoteAddresses`` passes, signed or not;
+2. no ``AccessKey`` → refused; an access key not in the file → refused;
+3. a peer matching the account's ``whiteRemoteAddress`` passes (no signature, no permissions);
+4. the ``Signature`` must equal :func:`~txbroker.remoting.signing.signature` with the
+   account's secret key;
+5. admin-only codes need ``admin: true``; every resource the request touches needs its
+   permission (the resource's entry in ``topicPerms``/``groupPerms``, else the account's
+   default, which is DENY when not set).  An admin account without any per-resource entry
+   may touch everything.
+
+Which resources a request touches is RocketMQ's ``PlainAccessValidator.parse``
+(:func:`required_resources`); a group is the resource ``%RETRY%<group>``.  Requests without
+resources (END_TRANSACTION, routes, offsets queries in RocketMQ 4.9, txbroker's read-only
+admin codes) still need a valid signature.  Differences, all stricter or clearer:
+SEND_BATCH_MESSAGE and QUERY_CONSUMER_OFFSET are checked like SEND_MESSAGE_V2 and
+UPDATE_CONSUMER_OFFSET (4.9 lets them through with a signature only); txbroker's state-changing
+operator requests (TXN_DECIDE, RESUME_CHECK_HALF_MESSAGE) are admin-only; an empty group name
+(the C++ client's producer UNREGISTER_CLIENT) names no resource; and a file RocketMQ would
+half-accept (an unknown permission word read as DENY, a typo in a key ignored) is refused at
+start with the line's meaning spelled out.
+
+A refusal is answered as RocketMQ answers an ``AclException``: SYSTEM_ERROR with a remark
+starting ``AclException:``, here naming the access key, the resource and the permission
+needed; a one-way request is never answered.  Requests the broker sends to clients
+(CHECK_TRANSACTION_STATE) are not validated.  The name-server port is not guarded either, as
+RocketMQ's name server has no ACL.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+import ipaddress
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from txbroker.config import ConfigError
+from txbroker.remoting.bodies import HeartbeatData
+from txbroker.remoting.codec import RemotingCommand
+from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.headers import HeaderError
+from txbroker.remoting.signing import ACCESS_KEY, SIGNATURE, signature
+
+log = logging.getLogger(__name__)
+
+RETRY_PREFIX = "%RETRY%"
+#: RocketMQ's AclConstants: keys and secrets must be longer than this.
+MIN_KEY_LENGTH = 6
+
+#: RocketMQ's ``Permission.ADMIN_CODE`` plus txbroker's own state-changing operator requests.
+ADMIN_CODES = frozenset({
+    RequestCode.UPDATE_AND_CREATE_TOPIC, RequestCode.UPDATE_BROKER_CONFIG,
+    RequestCode.DELETE_TOPIC_IN_BROKER, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP,
+    RequestCode.DELETE_SUBSCRIPTIONGROUP,
+    RequestCode.RESUME_CHECK_HALF_MESSAGE, RequestCode.TXN_DECIDE,
+})
+
+
+class AclConfigError(ConfigError):
+    """The ACL file cannot be used; the message names the file and the offending entry."""
+
+
+class Perm(enum.IntFlag):
+    """RocketMQ's ``Permission`` bits."""
+
+    DENY = 1
+    ANY = 2
+    PUB = 4
+    SUB = 8
+
+
+_PERM_WORDS = {"DENY": Perm.DENY, "PUB": Perm.PUB, "SUB": Perm.SUB,
+               "PUB|SUB": Perm.PUB | Perm.SUB, "SUB|PUB": Perm.PUB | Perm.SUB}
+
+
+def perm_text(perm: Perm) -> str:
+    if perm & Perm.DENY:
+        return "DENY"
+    return "|".join(p.name for p in (Perm.PUB, Perm.SUB) if perm & p) or "nothing"
+
+
+def check_permission(needed: Perm, owned: Perm) -> bool:
+    """RocketMQ's ``Permission.checkPermission``: DENY wins, ANY is PUB or SUB."""
+    if owned & Perm.DENY:
+        return False
+    if needed & Perm.ANY:
+        return bool(owned & (Perm.PUB | Perm.SUB))
+    return bool(needed & owned)
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_PREFIX + group
+
+
+# --- remote address patterns -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AddressPattern:
+    """A ``whiteRemoteAddress`` pattern, in RocketMQ's forms.
+
+    ``*`` (or ``*.*.*.*``, ``*:*:*:*:*:*:*:*``) matches everyone; ``a,b,c`` and
+    ``192.168.1.{1,2}`` list exact addresses; ``192.168.1.*`` or ``192.168.1.10-20`` give a
+    range per part (IPv6 ranges need all eight groups written out); anything else is one exact
+    address.  ``alternatives`` holds, per matching address form, its version and the allowed
+    ``(low, high)`` range of each part (4 octets or 8 groups).
+    """
+
+    text: str
+    any: bool = False
+    alternatives: tuple[tuple[int, tuple[tuple[int, int], ...]], ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> AddressPattern:
+        t = text.strip()
+        if not t:
+            raise ValueError("empty address pattern")
+        if t in ("*", "*.*.*.*", "*:*:*:*:*:*:*:*"):
+            return cls(t, any=True)
+        if t.endswith("}"):
+            head, sep, rest = t.partition("{")
+            if not sep or not head or head[-1] not in ".:":
+                raise ValueError(f"{t!r}: a {{a,b}} list must be the last part of the address")
+            return cls(t, alternatives=tuple(_exact(head + x.strip()) for x in rest[:-1].split(",")))
+        if "," in t:
+            return cls(t, alternatives=tuple(_exact(x.strip()) for x in t.split(",")))
+        if "*" in t or "-" in t:
+            return cls(t, alternatives=(_ranges(t),))
+        return cls(t, alternatives=(_exact(t),))
+
+    def matches(self, host: str) -> bool:
+        if self.any:
+            return True
+        parts = _address_parts(host)
+        if parts is None:
+            return False
+        version, values = parts
+        return any(v == version and all(lo <= x <= hi for x, (lo, hi) in zip(values, ranges, strict=True))
+                   for v, ranges in self.alternatives)
+
+
+def _exact(text: str) -> tuple[int, tuple[tuple[int, int], ...]]:
+    parts = _address_parts(text)
+    if parts is None:
+        raise ValueError(f"{text!r} is not an IPv4 or IPv6 address")
+    version, values = parts
+    return version, tuple((x, x) for x in values)
+
+
+def _ranges(text: str) -> tuple[int, tuple[tuple[int, int], ...]]:
+    v6 = ":" in text
+    pieces = text.split(":" if v6 else ".")
+    size, top, base = (8, 0xFFFF, 16) if v6 else (4, 255, 10)
+    if len(pieces) != size:
+        raise ValueError(f"{text!r}: a range pattern needs {size} parts"
+                         + (" (write IPv6 ranges without '::')" if v6 else ""))
+    out = []
+    for piece in pieces:
+        piece = piece.strip()
+        try:
+            if piece == "*":
+                lo, hi = 0, top
+            elif "-" in piece:
+                a, b = piece.split("-", 1)
+                lo, hi = int(a, base), int(b, base)
+            else:
+                lo = hi = int(piece, base)
+        except ValueError:
+            raise ValueError(f"{text!r}: {piece!r} is not a number, a-b range or *") from None
+        if not 0 <= lo <= hi <= top:
+            raise ValueError(f"{text!r}: {piece!r} is outside 0..{top} or reversed")
+        out.append((lo, hi))
+    return (6 if v6 else 4), tuple(out)
+
+
+def _address_parts(host: str) -> tuple[int, tuple[int, ...]] | None:
+    """(4, octets) or (6, groups) of an address; IPv4-mapped IPv6 counts as IPv4."""
+    try:
+        ip = ipaddress.ip_address(host.strip().strip("[]").split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.version == 4:
+        return 4, tuple(ip.packed)
+    packed = ip.packed
+    return 6, tuple(int.from_bytes(packed[i:i + 2], "big") for i in range(0, 16, 2))
+
+
+# --- the file ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Account:
+    access_key: str
+    secret_key: str
+    white_remote_address: AddressPattern | None = None
+    admin: bool = False
+    default_topic_perm: Perm = Perm.DENY
+    default_group_perm: Perm = Perm.DENY
+    #: topic name or ``%RETRY%<group>`` → permission
+    resource_perms: Mapping[str, Perm] = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"Account(access_key={self.access_key!r}, admin={self.admin})"
+
+
+@dataclass(frozen=True)
+class AclRules:
+    global_white: tuple[AddressPattern, ...] = ()
+    accounts: Mapping[str, Account] = field(default_factory=dict)
+
+
+_TOP_KEYS = {"globalWhiteRemoteAddresses", "accounts", "dataVersion"}
+_ACCOUNT_KEYS = {"accessKey", "secretKey", "whiteRemoteAddress", "admin", "defaultTopicPerm",
+                 "defaultGroupPerm", "topicPerms", "groupPerms"}
+
+
+def load_acl_file(path: str | os.PathLike[str]) -> AclRules:
+    """Read and check a ``plain_acl.yml``; :class:`AclConfigError` says what is wrong where."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh)
+    except OSError as exc:
+        raise AclConfigError(f"acl file {path}: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise AclConfigError(f"acl file {path}: not valid YAML: {exc}") from None
+    try:
+        return parse_acl(doc)
+    except (ValueError, TypeError) as exc:
+        raise AclConfigError(f"acl file {path}: {exc}") from None
+
+
+def parse_acl(doc: Any) -> AclRules:
+    """The rules of a parsed ``plain_acl.yml`` document.
+
+    Raises ValueError for a bad value and TypeError for a wrong shape (a list where a mapping
+    belongs, ...), each naming the entry.
+    """
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise TypeError("the top level must be a mapping with 'accounts' and "
+                         "'globalWhiteRemoteAddresses'")
+    unknown = sorted(set(map(str, doc)) - _TOP_KEYS)
+    if unknown:
+        raise ValueError(f"unknown top-level key(s) {', '.join(unknown)} "
+                         f"(expected {', '.join(sorted(_TOP_KEYS))})")
+    white = []
+    for i, text in enumerate(_list(doc, "globalWhiteRemoteAddresses", "")):
+        white.append(_pattern(text, f"globalWhiteRemoteAddresses[{i}]"))
+    accounts: dict[str, Account] = {}
+    for i, entry in enumerate(_list(doc, "accounts", "")):
+        account = _account(entry, f"accounts[{i}]")
+        if account.access_key in accounts:
+            raise ValueError(f"accounts[{i}]: accessKey {account.access_key!r} is listed twice")
+        accounts[account.access_key] = account
+    return AclRules(tuple(white), accounts)
+
+
+def _list(doc: dict, key: str, where: str) -> list:
+    value = doc.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"{where}{key} must be a list")
+    return value
+
+
+def _pattern(text: Any, where: str) -> AddressPattern:
+    if not isinstance(text, str):
+        raise TypeError(f"{where}: {text!r} is not an address pattern")
+    try:
+        return AddressPattern.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _key(entry: dict, name: str, where: str) -> str:
+    value = entry.get(name)
+    # YAML reads ``secretKey: 12345678`` as a number; RocketMQ uses its text.
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or len(value) <= MIN_KEY_LENGTH:
+        raise ValueError(f"{where}: {name} must be a string longer than {MIN_KEY_LENGTH} "
+                         f"characters (RocketMQ's rule)")
+    return value
+
+
+def _perm(text: Any, where: str) -> Perm:
+    if text is None:
+        return Perm.DENY
+    perm = _PERM_WORDS.get(str(text).strip().replace(" ", ""))
+    if perm is None:
+        raise ValueError(f"{where}: {text!r} is not a permission (DENY, PUB, SUB or PUB|SUB)")
+    return perm
+
+
+def _account(entry: Any, where: str) -> Account:
+    if not isinstance(entry, dict):
+        raise TypeError(f"{where} must be a mapping with accessKey, secretKey, ...")
+    unknown = sorted(set(map(str, entry)) - _ACCOUNT_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)} "
+                         f"(expected {', '.join(sorted(_ACCOUNT_KEYS))})")
+    access_key = _key(entry, "accessKey", where)
+    where = f"{where} ({access_key})"
+    admin = entry.get("admin", False)
+    if admin is None:
+        admin = False
+    if not isinstance(admin, bool):
+        raise TypeError(f"{where}: admin must be true or false, not {admin!r}")
+    white = entry.get("whiteRemoteAddress")
+    perms: dict[str, Perm] = {}
+    for key, is_topic in (("topicPerms", True), ("groupPerms", False)):
+        for i, item in enumerate(_list(entry, key, f"{where}: ")):
+            name, sep, word = str(item).partition("=")
+            if not sep or not name.strip() or "=" in word:
+                raise ValueError(f"{where}: {key}[{i}] {item!r} must look like 'name=PUB|SUB'")
+            resource = name.strip() if is_topic else retry_topic(name.strip())
+            if resource in perms:
+                raise ValueError(f"{where}: {key}[{i}] lists {name.strip()!r} twice")
+            perms[resource] = _perm(word, f"{where}: {key}[{i}]")
+    return Account(
+        access_key=access_key,
+        secret_key=_key(entry, "secretKey", where),
+        white_remote_address=(_pattern(white, f"{where}: whiteRemoteAddress")
+                              if isinstance(white, str) and white.strip() else None),
+        admin=admin,
+        default_topic_perm=_perm(entry.get("defaultTopicPerm"), f"{where}: defaultTopicPerm"),
+        default_group_perm=_perm(entry.get("defaultGroupPerm"), f"{where}: defaultGroupPerm"),
+        resource_perms=perms,
+    )
+
+
+# --- validation ------------------------------------------------------------------------------------
+
+
+class AclDenied(Exception):
+    """A refused request: the answer's ``code`` and ``remark`` (answered like a HeaderError)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = int(ResponseCode.SYSTEM_ERROR)
+        self.remark = f"AclException: {message}"
+
+
+def _group(resources: dict[str, Perm], group: str | None) -> None:
+    if group:
+        resources[retry_topic(group)] = Perm.SUB
+
+
+def _topic(resources: dict[str, Perm], topic: str | None, perm: Perm) -> None:
+    if topic:
+        resources[topic] = perm
+
+
+def required_resources(code: int, ext: Mapping[str, str], body: bytes) -> dict[str, Perm]:
+    """Resource → permission a request needs (RocketMQ's ``PlainAccessValidator.parse``).
+
+    Raises :class:`AclDenied` when a HEART_BEAT body cannot be read (RocketMQ: AclException).
+    """
+    out: dict[str, Perm] = {}
+    if code == RequestCode.SEND_MESSAGE:
+        _topic(out, ext.get("topic"), Perm.PUB)
+    elif code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE):
+        _topic(out, ext.get("b"), Perm.PUB)
+    elif code == RequestCode.CONSUMER_SEND_MSG_BACK:
+        _topic(out, ext.get("originTopic"), Perm.PUB)
+        _group(out, ext.get("group"))
+    elif code == RequestCode.PULL_MESSAGE:
+        _topic(out, ext.get("topic"), Perm.SUB)
+        _group(out, ext.get("consumerGroup"))
+    elif code == RequestCode.QUERY_MESSAGE:
+        _topic(out, ext.get("topic"), Perm.SUB)
+    elif code == RequestCode.HEART_BEAT:
+        try:
+            heartbeat = HeartbeatData.decode(body)
+        except HeaderError as exc:
+            raise AclDenied(f"cannot read the heartbeat's groups: {exc.remark}") from None
+        for consumer in heartbeat.consumer_data_set:
+            _group(out, consumer.group_name)
+            for sub in consumer.subscription_data_set:
+                _topic(out, sub.topic, Perm.SUB)
+    elif code in (RequestCode.UNREGISTER_CLIENT, RequestCode.GET_CONSUMER_LIST_BY_GROUP):
+        _group(out, ext.get("consumerGroup"))
+    elif code in (RequestCode.UPDATE_CONSUMER_OFFSET, RequestCode.QUERY_CONSUMER_OFFSET):
+        _group(out, ext.get("consumerGroup"))
+        _topic(out, ext.get("topic"), Perm.SUB)
+    return out
+
+
+def _describe(resource: str) -> str:
+    if resource.startswith(RETRY_PREFIX):
+        return f"group={resource[len(RETRY_PREFIX):]}"
+    return f"topic={resource}"
+
+
+def validate(rules: AclRules, code: int, ext: Mapping[str, str], body: bytes,
+             peer_host: str) -> AclDenied | None:
+    """Whether a request may run: None, or the refusal to answer with.  Pure."""
+    if any(p.matches(peer_host) for p in rules.global_white):
+        return None
+    access_key = ext.get(ACCESS_KEY)
+    if access_key is None:
+        return AclDenied(f"No accessKey is configured (request code {code} from {peer_host} "
+                         f"carries no AccessKey and the address is not white-listed)")
+    account = rules.accounts.get(access_key)
+    if account is None:
+        return AclDenied(f"No acl config for {access_key!r}")
+    if account.white_remote_address is not None and account.white_remote_address.matches(peer_host):
+        return None
+    expected = signature(account.secret_key, ext, body)
+    if not hmac.compare_digest(expected.encode(), ext.get(SIGNATURE, "").encode()):
+        return AclDenied(f"Check signature failed for accessKey={access_key}")
+    if code in ADMIN_CODES and not account.admin:
+        return AclDenied(f"Need admin permission for request code={code}, "
+                         f"but accessKey={access_key} is not")
+    try:
+        needed = required_resources(code, ext, body)
+    except AclDenied as exc:
+        return exc
+    if not needed or (account.admin and not account.resource_perms):
+        return None
+    for resource, perm in needed.items():
+        owned = account.resource_perms.get(resource)
+        if owned is None:
+            is_group = resource.startswith(RETRY_PREFIX)
+            owned = account.default_group_perm if is_group else account.default_topic_perm
+        if not check_permission(perm, owned):
+            return AclDenied(f"No permission for {_describe(resource)}: accessKey={access_key} "
+                             f"needs {perm_text(perm)}, has {perm_text(owned)}")
+    return None
+
+
+class AclGuard:
+    """The broker port's ``before_request`` hook: refuses (and logs) what :func:`validate` refuses."""
+
+    def __init__(self, rules: AclRules) -> None:
+        self.rules = rules
+        self.refused = 0
+
+    def __call__(self, conn: Any, cmd: RemotingCommand) -> None:
+        peer = getattr(conn, "peer", "")
+        host = peer.rpartition(":")[0] or peer
+        denied = validate(self.rules, cmd.code, cmd.ext_fields, cmd.body, host)
+        if denied is None:
+            return
+        self.refused += 1
+        log.warning("refused request code %d from %s%s: %s", cmd.code, peer,
+                    " (one-way, not answered)" if cmd.is_oneway else "", denied.remark)
+        raise denied
