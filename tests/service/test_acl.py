@@ -173,6 +173,7 @@ def test_signature_covers_body_and_every_field() -> None:
     ("127.0.0.1", ["127.0.0.1", "::ffff:127.0.0.1"], ["127.0.0.2"]),
     ("127.0.0.*", ["127.0.0.9"], ["127.0.1.9"]),
     ("10.*.*.*", ["10.200.3.4"], ["11.0.0.1"]),
+    ("10.1.*", ["10.1.200.3"], ["10.2.0.1"]),
     ("10.1.1.1-20", ["10.1.1.1", "10.1.1.20"], ["10.1.1.21", "10.1.2.5"]),
     ("1.1.1.1,2.2.2.2", ["2.2.2.2"], ["3.3.3.3"]),
     ("192.168.0.{1,2}", ["192.168.0.1"], ["192.168.0.3"]),
@@ -197,6 +198,7 @@ def test_address_patterns(pattern, yes, no) -> None:
     ("accounts:\n  - {accessKey: long-enough, secretKey: long-enough, whiteRemoteAddress: 300.1.1.1}", "not an IPv4 or IPv6 address"),
     ("accounts:\n  - {accessKey: long-enough, secretKey: long-enough}\n  - {accessKey: long-enough, secretKey: other-secret}", "listed twice"),
     ("globalWhiteRemoteAddresses: [10.0.0.1-300]", "outside 0..255"),
+    ("accounts:\n  - {accessKey: long-enough, secretKey: long-enough, whiteRemoteAddress: [1.1.1.1]}", "must be one address pattern"),
     ("acounts: []", "unknown top-level key(s) acounts"),
     ("accounts: [\n", "not valid YAML"),
 ])

@@ -17,8 +17,8 @@ step, so clients configured with session credentials for a RocketMQ broker behav
 
 Which resources a request touches is RocketMQ's ``PlainAccessValidator.parse``
 (:func:`required_resources`); a group is the resource ``%RETRY%<group>``.  Requests without
-resources (END_TRANSACTION, routes, offsets queries in RocketMQ 4.9, txbroker's read-only
-admin codes) still need a valid signature.  Differences, all stricter or clearer:
+resources (END_TRANSACTION, routes, GET_MAX_OFFSET and the like, txbroker's read-only admin
+codes) still need a valid signature.  Differences from RocketMQ 4.9:
 SEND_BATCH_MESSAGE and QUERY_CONSUMER_OFFSET are checked like SEND_MESSAGE_V2 and
 UPDATE_CONSUMER_OFFSET (4.9 lets them through with a signature only); txbroker's state-changing
 operator requests (TXN_DECIDE, RESUME_CHECK_HALF_MESSAGE) are admin-only; an empty group name
@@ -163,6 +163,8 @@ def _ranges(text: str) -> tuple[int, tuple[tuple[int, int], ...]]:
     v6 = ":" in text
     pieces = text.split(":" if v6 else ".")
     size, top, base = (8, 0xFFFF, 16) if v6 else (4, 255, 10)
+    if not v6 and 1 < len(pieces) < size and pieces[-1].strip() == "*":
+        pieces += ["*"] * (size - len(pieces))  # RocketMQ reads "192.168.*" as "192.168.*.*"
     if len(pieces) != size:
         raise ValueError(f"{text!r}: a range pattern needs {size} parts"
                          + (" (write IPv6 ranges without '::')" if v6 else ""))
@@ -323,6 +325,8 @@ def _account(entry: Any, where: str) -> Account:
     if not isinstance(admin, bool):
         raise TypeError(f"{where}: admin must be true or false, not {admin!r}")
     white = entry.get("whiteRemoteAddress")
+    if white is not None and not isinstance(white, str):
+        raise TypeError(f"{where}: whiteRemoteAddress must be one address pattern, not {white!r}")
     perms: dict[str, Perm] = {}
     for key, is_topic in (("topicPerms", True), ("groupPerms", False)):
         for i, item in enumerate(_list(entry, key, f"{where}: ")):
