@@ -89,6 +89,7 @@ from txbroker.service.txstate import (
     TransactionError,
     decide,
 )
+from txbroker.store.message_store import PutResult, PutStatus
 from txbroker.store.record import (
     CHECK_MAX_TIME_TOPIC,
     HALF_TOPIC,
@@ -116,8 +117,6 @@ from txbroker.store.record import (
     decode_offset_msg_id,
     string_to_properties,
 )
-
-from txbroker.store.message_store import PutResult, PutStatus
 
 if TYPE_CHECKING:
     from txbroker.service.clients import ClientRegistry
