@@ -1,5 +1,6 @@
-"""Disk faults: the disk guard refuses writes clearly while reads go on; a damaged commitlog
-tail at start-up is truncated and the broker serves.
+"""Disk faults: the disk guard refuses writes clearly while reads go on; a real disk that fills
+up (a small tmpfs) is refused clearly, loses nothing and resumes when space returns; a damaged
+commitlog tail at start-up is truncated and the broker serves.
 
 The guard's threshold is ``disk_max_used_ratio``: a ratio below the data disk's real usage is a
 full disk as far as the broker can tell, and raising it again is space coming back.
@@ -7,6 +8,8 @@ full disk as far as the broker can tell, and raising it again is space coming ba
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -120,3 +123,76 @@ async def test_async_flush_loses_nothing_acknowledged_before_a_process_kill(brok
     proc.start()
     got = await consume_keys(proc.namesrv_addr, "async_cg", "AsyncTopic", len(keys))
     assert sorted(got) == sorted(keys)
+
+
+def fill(path: Path) -> None:
+    """Take every byte left on ``path``'s file system."""
+    with open(path, "wb") as filler, pytest.raises(OSError):
+        for _ in range(200):
+            filler.write(b"\0" * 65536)
+            filler.flush()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A real 3 MiB tmpfs: the broker's data dir runs out of space for real (ENOSPC).
+
+    Mounting needs root (as on CI); without it the test is skipped with the reason."""
+    mnt = tmp_path / "small-disk"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)],
+                                           capture_output=True, check=False).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+
+    def resize(mib: int) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={mib}m", str(mnt)], check=True)
+
+    try:
+        yield mnt, resize
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+async def test_real_disk_full_refuses_clearly_keeps_everything_and_resumes(broker_process, small_disk):
+    mnt, resize = small_disk
+    # The ratio guard is off (1.0): the broker meets the full disk itself, when a commitlog or
+    # consume-queue segment cannot be allocated.
+    proc = broker_process(data_dir=mnt / "data", flush_mode="sync", disk_max_used_ratio=1.0,
+                          segment_size=512 * 1024)
+    acked: list[str] = []
+    refusal = ""
+    async with Producer("full_pg", proc.namesrv_addr, retries=0) as producer:
+        for i in range(2000):  # 3 MiB hold far fewer than 2000 bodies of 4 KiB
+            try:
+                await producer.send(Message("FullTopic", os.urandom(4096), keys=f"k{i}"))
+            except ClientError as exc:
+                refusal = str(exc)
+                break
+            acked.append(f"k{i}")
+        assert refusal, "the disk never filled"
+        assert "space" in refusal.lower() or "disk" in refusal.lower(), refusal
+        assert len(acked) > 50
+        # Still full: refused again, clearly, and the broker stays up.
+        with pytest.raises(ClientError):
+            await producer.send(Message("FullTopic", os.urandom(4096), keys="again"))
+        # With the last bytes taken too, a new topic cannot be recorded: refused as such, not
+        # as "no such topic".
+        fill(mnt / "filler")
+        with pytest.raises(ClientError, match="No space left"):
+            await producer.send(Message("FullNewTopic", b"n", keys="n0"))
+    assert proc.alive(), proc.log_text()
+    # Reads go on from a full disk.
+    assert sorted(await consume_keys(proc.namesrv_addr, "full_cg", "FullTopic", len(acked))) == sorted(acked)
+
+    (mnt / "filler").unlink()
+    resize(16)  # space comes back: writes resume without a restart
+    after = [f"a{i}" for i in range(20)]
+    await send_keys(proc.namesrv_addr, "FullTopic", after)
+    await send_keys(proc.namesrv_addr, "FullNewTopic", ["n1"])
+
+    # A crash now loses nothing acknowledged, and nothing refused was stored.
+    proc.kill()
+    proc.start()
+    got = await consume_keys(proc.namesrv_addr, "full_cg2", "FullTopic", len(acked) + len(after) + 2)
+    assert sorted(got) == sorted(acked + after)
+    assert await consume_keys(proc.namesrv_addr, "full_cg3", "FullNewTopic", 2) == ["n1"]

@@ -31,6 +31,7 @@ from txbroker.service.topics import (
     PERM_READ_WRITE,
     TopicError,
     TopicManager,
+    TopicStoreError,
     is_system_topic,
 )
 
@@ -80,6 +81,8 @@ class NameServer:
                 return None
             try:
                 tc = self.topics.get_or_create(topic)
+            except TopicStoreError:
+                raise  # answered with its own code: the disk refused, the topic may be fine
             except TopicError:
                 return None
         return {

@@ -2,7 +2,8 @@
 
 Topics are created on demand (RocketMQ's ``autoCreateTopicEnable``) or by the admin request
 UPDATE_AND_CREATE_TOPIC, and persisted to ``<data_dir>/config/topics.json`` with an atomic
-rename so a crash never leaves a half-written file.  Names follow RocketMQ's rule (charset
+rename so a crash never leaves a half-written file; a change the file cannot take (a full disk)
+is refused and undone in memory too.  Names follow RocketMQ's rule (charset
 ``[%|a-zA-Z0-9_-]``, at most 127 characters) because the record format stores the topic length
 in a signed byte.  System topics hold broker-internal state (half and operation messages,
 discarded halves, scheduled messages): a client may never produce to them or delete them,
@@ -11,6 +12,7 @@ otherwise it could forge a commit or hide a pending transaction.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -35,6 +37,7 @@ from txbroker.store.record import (
 #: Where scheduled (delayed) messages wait; RocketMQ's name, so operators recognise it.
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 
+log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 
 PERM_INHERIT = 0x1
@@ -48,6 +51,10 @@ _SYSTEM_QUEUES = {HALF_TOPIC: 1, OP_HALF_TOPIC: 1, CHECK_MAX_TIME_TOPIC: 1, SCHE
 
 class TopicError(HeaderError):
     """A topic request the broker refuses; ``code`` is the RocketMQ response code to send."""
+
+
+class TopicStoreError(TopicError):
+    """The topic change could not be persisted (a full disk): nothing changed, say why."""
 
 
 @dataclass(frozen=True)
@@ -125,15 +132,33 @@ class TopicManager:
             tc = TopicConfig(**entry)
             self._topics[tc.name] = tc
 
-    def _persist(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def _persist(self, name: str, previous: TopicConfig | None) -> None:
+        """Write the table atomically; if that fails, put ``name`` back as it was (``previous``)
+        so memory never holds a topic the file does not (a restart would lose it)."""
+        try:
+            self._write()
+        except OSError as exc:
+            if previous is None:
+                self._topics.pop(name, None)
+            else:
+                self._topics[name] = previous
+            raise TopicStoreError(ResponseCode.SERVICE_NOT_AVAILABLE,
+                                  f"topic[{name}] not changed: cannot write the topic table: "
+                                  f"{exc.strerror or exc}") from exc
+
+    def _write(self) -> None:
         doc = {"topics": [asdict(t) for t in sorted(self._topics.values(), key=lambda t: t.name)]}
         tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                fh.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def _ensure_builtin(self) -> None:
         changed = False
@@ -146,7 +171,10 @@ class TopicManager:
                 self._topics[name] = tc
                 changed = True
         if changed:
-            self._persist()
+            try:
+                self._write()
+            except OSError as exc:  # built-ins are added again at every start: serve reads
+                log.warning("cannot write the topic table %s: %s", self.path, exc)
 
     # --- queries ------------------------------------------------------------------------
     def get(self, name: str) -> TopicConfig | None:
@@ -203,13 +231,14 @@ class TopicManager:
         if is_protected_topic(name, self.config):
             raise TopicError(ResponseCode.NO_PERMISSION, f"topic[{name}] is a system topic")
         with self._lock:
-            existed = self._topics.pop(name, None) is not None
-            if existed:
-                self._persist()
-        return existed
+            previous = self._topics.pop(name, None)
+            if previous is not None:
+                self._persist(name, previous)
+        return previous is not None
 
     def _put(self, tc: TopicConfig) -> TopicConfig:
         with self._lock:
+            previous = self._topics.get(tc.name)
             self._topics[tc.name] = tc
-            self._persist()
+            self._persist(tc.name, previous)
         return tc

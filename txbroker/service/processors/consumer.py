@@ -33,7 +33,12 @@ from txbroker.service.clients import (
 from txbroker.service.processors.fields import FieldError, Fields, error_response
 from txbroker.service.processors.send import VERSION_HONOUR_MAX_RECONSUME, put_ok
 from txbroker.service.schedule import ScheduleService
-from txbroker.service.topics import TopicManager, is_system_topic, validate_group_name
+from txbroker.service.topics import (
+    TopicManager,
+    TopicStoreError,
+    is_system_topic,
+    validate_group_name,
+)
 from txbroker.store.record import (
     DLQ_GROUP_TOPIC_PREFIX,
     PROPERTY_MAX_RECONSUME_TIMES,
@@ -167,8 +172,13 @@ class ConsumerProcessor:
                 subs[str(sd["topic"])] = Subscription(
                     topic=str(sd["topic"]), expression=expr, tags=parse_tag_expression(expr),
                     version=version, expression_type=str(sd.get("expressionType") or "TAG"))
-            # RocketMQ creates the group's retry topic when the group first heartbeats.
-            self.topics.get_or_create(RETRY_GROUP_TOPIC_PREFIX + group)
+            # RocketMQ creates the group's retry topic when the group first heartbeats.  On a
+            # full disk that fails; the heartbeat must not (consumers keep reading), and the
+            # next heartbeat or a send-back creates it once the disk allows.
+            try:
+                self.topics.get_or_create(RETRY_GROUP_TOPIC_PREFIX + group)
+            except TopicStoreError as exc:
+                log.warning("heartbeat of %s: %s", group, exc.remark)
             consumers.append((group, ConsumerEntry(
                 client_id=client_id or f"conn-{conn.id}", conn=conn, subscriptions=subs,
                 last_seen=0.0,  # stamped by the registry
