@@ -31,13 +31,16 @@ from txbroker.service.tx_processors import transaction_handlers
 from txbroker.service.txstate import ConflictError, HalfState, Outcome, TransactionError
 from txbroker.store.message_store import MessageStore
 from txbroker.store.record import (
+    BORNHOST_V6_FLAG,
     CHECK_MAX_TIME_TOPIC,
     OP_HALF_TOPIC,
+    STOREHOST_V6_FLAG,
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_MASK,
     Message,
     decode_offset_msg_id,
     decode_record,
+    encode_record,
 )
 
 COMMIT, ROLLBACK, UNKNOWN = 8, 12, 0
@@ -241,6 +244,35 @@ async def test_commit_visible_in_real_topic(node) -> None:
     assert snap["tx_commits_total_producer"] == "1"
     assert snap["tx_decision_latency_seconds_count"] == "1"
     assert float(snap["tx_decision_latency_seconds_sum"]) == pytest.approx(1.5, abs=0.01)
+
+
+@pytest.mark.parametrize("variant", ["plain", "odd"])
+async def test_commit_from_the_cached_half_writes_what_a_read_back_would(node, variant) -> None:
+    # A commit builds the final message from the half it cached at prepare time; that must be
+    # byte for byte what reading the stored half back would give (IPv6 markers, an IPv6 born
+    # host and non-ASCII properties included, which the store normalises when encoding).
+    if variant == "plain":
+        msg = half_msg(b"cached")
+    else:
+        msg = half_msg("é\u2603".encode(), uniq="U-odd", note="\u00fcber \U0001F600", empty="")
+        msg.sys_flag |= BORNHOST_V6_FLAG | STOREHOST_V6_FLAG
+        msg.born_host = ("::1", 6000)
+    result = await node.tx.prepare(msg, None)
+    phys, ts = result.physical_offset, result.store_timestamp
+    cached = node.tx._recall(phys)
+    read_back = node.tx.read_half(phys)
+    assert cached is not None and read_back is not None
+
+    def final_bytes(half) -> bytes:
+        return encode_record(node.tx._final_message(half, phys, ts), physical_offset=0,
+                             queue_offset=0, store_timestamp=ts, store_host=("127.0.0.1", 10911))
+
+    assert final_bytes(cached) == final_bytes(read_back)
+    node.tx._remember(phys, cached)
+    assert await end(node, result, COMMIT) is Outcome.APPLY
+    [final] = visible(node)
+    assert final.body == msg.body and final.prepared_transaction_offset == phys
+    assert node.tx._recall(phys) is None  # decided halves leave the cache
 
 
 async def test_rollback_never_visible(node) -> None:
