@@ -163,3 +163,133 @@ async def test_lost_half_answer_with_sdk_retry_commits_once(broker_config):
     finally:
         await proxy.close()
         await broker.stop()
+
+
+def request_frame(code: int) -> bytes:
+    """The bytes a JSON-header request of ``code`` starts its header with.
+
+    The codec writes every JSON header with ``code`` as its first key (txbroker/remoting/
+    codec.py ``_encode_json_header``), and the SDK encodes with JSON, so a chunk carrying such a
+    frame contains these bytes; the trailing comma keeps 37 from matching 370.
+    """
+    return b'{"code":%d,' % code
+
+
+class DecidedListener(TransactionListener):
+    """Answers ``execute`` with the state given per key and every check from ``truth``.
+
+    ``truth`` is the listener's durable state (what a database would say); ``checked`` lists
+    the keys the broker asked about, in order.
+    """
+
+    def __init__(self, execute: dict[str, LocalTransactionState],
+                 truth: dict[str, LocalTransactionState]) -> None:
+        self.execute = execute
+        self.truth = truth
+        self.checked: list[str] = []
+
+    def execute_local_transaction(self, msg, arg):
+        return self.execute[msg.keys]
+
+    def check_local_transaction(self, msg):
+        self.checked.append(msg.keys)
+        return self.truth[msg.keys]
+
+
+async def _proxied_broker(broker_config, cut_when):
+    port = free_port()
+    config = broker_config.replace(listen_host="127.0.0.2", advertised_host="127.0.0.1",
+                                   broker_port=port, namesrv_port=-1, flush_mode="sync")
+    broker = Broker(config)
+    await broker.start()
+    try:
+        proxy = await FaultProxy("127.0.0.2", broker.broker_port, listen_port=port,
+                                 cut_when=cut_when).start()
+    except BaseException:
+        await broker.stop()
+        raise
+    return broker, proxy
+
+
+async def _wait_resolved(broker, seconds: float = 10.0) -> None:
+    for _ in range(int(seconds / 0.1)):
+        if broker.tx.pending_count() == 0:
+            return
+        await asyncio.sleep(0.1)
+    assert broker.tx.pending_count() == 0
+
+
+async def _consume(addr: str, topic: str, group: str) -> list[str]:
+    consumer = Consumer(group, addr, from_where="first", long_poll_timeout=0.5)
+    consumer.subscribe(topic)
+    got = []
+    async with consumer:
+        while (msg := await consumer.poll(2.0)) is not None:
+            got.append(msg.keys)
+    return got
+
+
+async def test_lost_end_transaction_is_resolved_by_check_back(broker_config):
+    # The producer decided (COMMIT for one transaction, ROLLBACK for the other) and sent its
+    # one-way END_TRANSACTION, but the connection dies with it: the broker never hears the
+    # decision, checks back after the immunity time, and applies the listener's answer.
+    cuts: list[bytes] = []
+
+    def lose_ends(to_server: bool, chunk: bytes) -> bool:
+        if (to_server and request_frame(37) in chunk
+                and b'"fromTransactionCheck":"false"' in chunk):
+            cuts.append(chunk)
+            return True
+        return False
+
+    broker, proxy = await _proxied_broker(broker_config, lose_ends)
+    commit, rollback = LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE
+    decided = {"END-C": commit, "END-R": rollback}
+    listener = DecidedListener(execute=decided, truth=decided)
+    try:
+        async with TransactionProducer("lostend_pg", proxy.addr, listener=listener) as p:
+            for n, (key, state) in enumerate(decided.items(), 1):
+                result = await p.send_message_in_transaction(
+                    Message("LostEndTopic", key.encode(), keys=key))
+                assert result.local_transaction_state == state
+                # END is one-way: wait until the proxy has cut it before the next half goes,
+                # so the cut loses only the END and not a coalesced half SEND as well.
+                for _ in range(100):
+                    if len(cuts) == n:
+                        break
+                    await asyncio.sleep(0.02)
+                assert len(cuts) == n, f"END_TRANSACTION of {key} was not cut"
+            await _wait_resolved(broker)
+        assert sorted(set(listener.checked)) == ["END-C", "END-R"]  # resolved by check-back
+        assert await _consume(proxy.addr, "LostEndTopic", "lostend_cg") == ["END-C"]
+    finally:
+        await proxy.close()
+        await broker.stop()
+
+
+async def test_lost_check_back_is_asked_again(broker_config):
+    # The local transaction answers UNKNOW; the first CHECK_TRANSACTION_STATE is lost with its
+    # connection (the producer never sees it).  The broker must ask again on the reopened
+    # connection, and the listener's COMMIT then delivers the message exactly once.
+    cuts: list[bytes] = []
+
+    def lose_first_check(to_server: bool, chunk: bytes) -> bool:
+        if not to_server and request_frame(39) in chunk and not cuts:
+            cuts.append(chunk)
+            return True
+        return False
+
+    broker, proxy = await _proxied_broker(broker_config, lose_first_check)
+    listener = DecidedListener(execute={"CHK": LocalTransactionState.UNKNOW},
+                               truth={"CHK": LocalTransactionState.COMMIT_MESSAGE})
+    try:
+        async with TransactionProducer("lostcheck_pg", proxy.addr, listener=listener) as p:
+            result = await p.send_message_in_transaction(Message("LostCheckTopic", b"chk", keys="CHK"))
+            assert result.local_transaction_state == LocalTransactionState.UNKNOW
+            await _wait_resolved(broker)
+            assert cuts, "the first check-back must have been cut"
+            assert listener.checked == ["CHK"]  # the lost check never reached the listener
+        assert await _consume(proxy.addr, "LostCheckTopic", "lostcheck_cg") == ["CHK"]
+    finally:
+        await proxy.close()
+        await broker.stop()
