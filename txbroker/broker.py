@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -37,7 +38,7 @@ from txbroker.service.transaction import (
     TransactionalMessageService,
     transaction_handlers,
 )
-from txbroker.store.message_store import MessageStore
+from txbroker.store.message_store import DiskUsage, MessageStore
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,16 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig, *, clock: Callable[[], float] = time.time) -> None:
+    """The broker.  ``clock`` and ``disk_usage`` are the world it sees, injected here like
+    everything else: ``clock`` drives immunity and check timing, ``disk_usage`` (as
+    :func:`shutil.disk_usage`: path -> (total, used, free)) is the store's disk-guard probe, so
+    a test can fill the disk and free it again on a live broker."""
+
+    def __init__(self, config: BrokerConfig, *, clock: Callable[[], float] = time.time,
+                 disk_usage: DiskUsage = shutil.disk_usage) -> None:
         self.config = config
         self.clock = clock
+        self.disk_usage = disk_usage
         self.host = advertised_host(config)
         self.broker_port = 0
         self.namesrv_port = -1
@@ -123,7 +131,8 @@ class Broker:
         self.broker_port = broker_sock.getsockname()[1]
         self.namesrv_port = ns_sock.getsockname()[1] if ns_sock is not None else -1
 
-        self.store = MessageStore(cfg, clock=self.clock, store_host=(self.host, self.broker_port))
+        self.store = MessageStore(cfg, clock=self.clock, store_host=(self.host, self.broker_port),
+                                  disk_usage=self.disk_usage)
         try:
             report = self.store.open()
         except BaseException:
