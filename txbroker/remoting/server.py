@@ -123,6 +123,12 @@ class Connection(asyncio.Protocol):
         return self._closed
 
     @property
+    def writable(self) -> bool:
+        """False while the peer is not reading what was sent (the transport is above its
+        high-water mark) or the connection is closed."""
+        return not self._write_paused and not self._closed
+
+    @property
     def inflight(self) -> int:
         """Requests being handled or waiting in the backlog."""
         return self._inflight + len(self._backlog)
@@ -398,8 +404,8 @@ class Connection(asyncio.Protocol):
     def send_oneway(self, cmd: RemotingCommand) -> None:
         """Send a one-way request (flag bit 1) to the client; nothing comes back.
 
-        Raises ConnectionError when the connection is gone.  Not subject to write
-        back-pressure (these are small and rare); the transport buffers them.
+        Raises ConnectionError when the connection is gone.  Never waits: a caller that may
+        send many (the check service) looks at :attr:`writable` first.
         """
         if self._closed:
             raise ConnectionError(f"connection to {self.peer} is closed")

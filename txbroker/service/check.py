@@ -10,10 +10,15 @@ queue), so a pass costs time in proportion to what is pending.  For each pending
 * already checked ``transaction_check_max`` times, or older than ``file_reserved_time`` (its
   segment is about to be deleted): discarded to TRANS_CHECK_MAX_TIME_TOPIC;
 * otherwise CHECK_TRANSACTION_STATE goes, one-way, to the connection that sent the half if it
-  is still open (it is the one that knows the transaction, #9791), else to the most recently
-  active live connection of its producer group.  No connection: logged and counted as
-  ``tx_no_producer``, and the half's check count is **not** incremented (#8311 burned counts
-  without sending, then discarded halves whose producer was merely restarting).
+  is still open (it is the one that knows the transaction, #9791); later checks rotate over
+  every live connection of its producer group, so a member that cannot answer does not absorb
+  them all.  No connection: logged and counted as ``tx_no_producer``, and the half's check
+  count is **not** incremented (#8311 burned counts without sending, then discarded halves
+  whose producer was merely restarting);
+* the chosen connection is not reading what was already sent to it (its transport is above
+  the high-water mark): the check is deferred to a later pass, not counted.  A check carries
+  the whole half (up to the maximum message size), so without this a pass over many halves
+  of a stalled producer would pile them all up in the broker's memory.
 
 The request (protocol.md §4.4): ext ``tranStateTableOffset``, ``commitLogOffset``, ``msgId`` and
 ``transactionId`` (= UNIQ_KEY) and ``offsetMsgId``, all strings (the C++ client ignores
@@ -21,8 +26,8 @@ numbers); body = the half record re-encoded with its real topic and queue id.
 
 Sends are one-way and never wait for the peer, so "bounded concurrency" means the pass sends
 ``check_concurrency`` checks, then yields to the event loop before the next batch: a pass over
-many halves never starves request handling, and nothing queues up behind a slow producer (the
-check thread-pool overflows of #1519 cannot happen).  The counts of all halves checked in a
+many halves never starves request handling, and what waits for a slow producer is bounded by
+its connection's high-water mark (the check thread-pool overflows of #1519 cannot happen).  The counts of all halves checked in a
 pass are persisted as one record at the end of the pass.
 """
 
@@ -33,6 +38,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from txbroker.config import BrokerConfig
@@ -63,6 +69,7 @@ class CheckPassReport:
     no_producer: int = 0        # due, but no live connection of the group
     discarded: int = 0
     failed: int = 0             # half unreadable or the send raised
+    deferred: int = 0           # its producer was not reading: asked at a later pass
     elapsed: float = 0.0        # seconds
     no_producer_groups: dict[str, int] = field(default_factory=dict)
 
@@ -135,6 +142,9 @@ class CheckService:
         report = CheckPassReport(pending=len(pending))
         due = [e for e in pending
                if now_ms - e.store_ts >= e.immunity_ms and not tx.is_busy(e.phys)]
+        # Fewest checks first (stable: oldest first among equals), so halves deferred behind a
+        # producer that stopped reading are not starved by the ones checked before them.
+        due.sort(key=attrgetter("checks"))
         report.due = len(due)
         check_max = self.config.transaction_check_max
         # A half about to leave the retained log is discarded like RocketMQ's "needSkip": its
@@ -155,6 +165,9 @@ class CheckService:
             if conn is None:
                 missing[entry.group] += 1
                 tx.metrics.no_producer.inc()
+                continue
+            if not conn.writable:
+                report.deferred += 1
                 continue
             record = tx.read_half(entry.phys)
             if record is None:
