@@ -14,6 +14,9 @@ from click.testing import CliRunner
 from sdk_helpers import wait_until
 
 from cli.main import main
+from cli.status import KEY_METRICS
+from txbroker.remoting.codec import RemotingCommand
+from txbroker.remoting.codes import RequestCode, ResponseCode
 
 
 async def _cli(*args: str, env: dict[str, str] | None = None, input: bytes | None = None):
@@ -101,14 +104,75 @@ async def test_transactions_and_operator_decisions(broker, namesrv) -> None:
     assert "already so, now committed" in out
 
 
-async def test_status(broker, namesrv) -> None:
+async def test_status(broker, namesrv, broker_client) -> None:
     ns = ("--namesrv", namesrv)
-    _ok(await _cli("produce", "--topic", "TStat", "--body", "x", *ns))
+    _ok(await _cli("topic", "create", "TStat", "--queues", "3", *ns))
+    out = _ok(await _cli("produce", "--topic", "TStat", "--body", "x", "--count", "7", "--json", *ns))
+    per_queue = [0, 0, 0]
+    for line in out.splitlines():
+        per_queue[orjson.loads(line)["queue_id"]] += 1
+    assert sum(per_queue) == 7 and all(per_queue)  # round robin reached every queue
+    # CG_STAT commits every message through the consumer; CG_PART commits partial offsets
+    # with a plain UPDATE_CONSUMER_OFFSET (a group with offsets but no member).
+    _ok(await _cli("consume", "--topic", "TStat", "--group", "CG_STAT", "--from-beginning",
+                   "--max", "7", "--timeout", "10", *ns))
+    await wait_until(lambda: [broker.store.offsets.get("CG_STAT", "TStat", q) for q in range(3)] == per_queue,
+                     what="CG_STAT offsets committed")
+    for qid, offset in ((0, 1), (2, per_queue[2] - 1)):
+        resp = await broker_client.invoke(RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
+            "consumerGroup": "CG_PART", "topic": "TStat", "queueId": str(qid),
+            "commitOffset": str(offset)}), 5.0)
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+    # one half left undecided: the CLI producer is gone, so it stays pending
+    _ok(await _cli("produce", "--topic", "TStat", "--body", "maybe", "--transactional",
+                   "--decision", "unknown", *ns))
+    await wait_until(lambda: broker.tx.pending_count() == 1, what="one pending half")
+    # Three more messages, after CG_STAT's commit: the queues' offsets now run past the
+    # group's, and they answer the consume command's long polls, which outlive its connection
+    # until a message arrives or their suspend deadline passes.
+    max_offsets = list(per_queue)
+    out = _ok(await _cli("produce", "--topic", "TStat", "--body", "y", "--count", "3", "--json", *ns))
+    for line in out.splitlines():
+        max_offsets[orjson.loads(line)["queue_id"]] += 1
+    await wait_until(lambda: broker.holds.held() == 0, what="held pulls of the gone consumer answered")
+
     out = _ok(await _cli("status", *ns))
-    assert "TStat" in out and "pending half messages" in out
+    lines = out.splitlines()
+    assert "pending half messages: 1" in lines[0] and broker.broker_addr in lines[0]
+    assert "flush=async" in lines[0]
+    [topic_row] = [line for line in lines if line.strip("│ ").startswith("TStat ")]
+    cells = [c.strip() for c in topic_row.strip("│").split("│")]
+    assert cells == ["TStat", "3", "10", " ".join(f"{q}:0..{n}" for q, n in enumerate(max_offsets))]
+    [full] = [line for line in lines if "CG_STAT" in line]
+    cells = [c.strip() for c in full.strip("│").split("│")]
+    assert cells == ["CG_STAT", "0", "TStat " + " ".join(f"{q}:{n}" for q, n in enumerate(per_queue))]
+    [part] = [line for line in lines if "CG_PART" in line]
+    cells = [c.strip() for c in part.strip("│").split("│")]
+    assert cells == ["CG_PART", "0", f"TStat 0:1 2:{per_queue[2] - 1}"]
+    [metrics] = [line for line in lines if line.startswith("metrics: ")]
+    shown = dict(item.split("=", 1) for item in metrics.removeprefix("metrics: ").split())
+    assert list(shown) == list(KEY_METRICS)
+    assert shown["commitLogMaxOffset"] == str(broker.store.max_physical_offset)
+    assert int(shown["commitLogMaxOffset"]) > 0
+    assert shown["pendingHalfMessages"] == "1" and shown["flushMode"] == "async"
+    assert shown["brokerVersionDesc"] == "V4_9_8"
+    assert int(shown["connections"]) >= 2  # this test's own client and the status command's
+    assert shown["heldPulls"] == "0"
+
     docs = orjson.loads(_ok(await _cli("status", "--json", *ns)))
     [doc] = docs.values()
-    assert "TStat" in doc["topics"] and doc["address"] == broker.broker_addr
+    assert doc["address"] == broker.broker_addr and doc["pendingHalfMessages"] == 1
+    assert doc["topics"]["TStat"]["queues"] == [
+        {"queueId": q, "minOffset": 0, "maxOffset": n} for q, n in enumerate(max_offsets)]
+    groups = doc["consumerGroups"]
+    assert groups["CG_STAT"] == {"consumers": [],
+                                 "offsets": {"TStat": {str(q): n for q, n in enumerate(per_queue)}}}
+    assert groups["CG_PART"]["offsets"] == {"TStat": {"0": 1, "2": per_queue[2] - 1}}
+    assert doc["metrics"]["commitLogMaxOffset"] == str(broker.store.max_physical_offset)
+    assert doc["metrics"]["pendingHalfMessages"] == "1"
+    # system topics only with --system
+    assert "RMQ_SYS_TRANS_HALF_TOPIC" not in out
+    assert "RMQ_SYS_TRANS_HALF_TOPIC" in _ok(await _cli("status", "--system", *ns))
 
 
 async def test_errors_are_one_line(broker, namesrv) -> None:

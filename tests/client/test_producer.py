@@ -134,6 +134,35 @@ async def test_heartbeat_registers_the_group_before_any_send(broker, namesrv) ->
         await wait_until(lambda: "PG_HB" in broker.registry.producer_groups(), what="producer registered")
 
 
+async def test_periodic_heartbeat_restores_a_group_the_broker_forgot(broker, namesrv) -> None:
+    """The broker drops both groups while their connections stay open (what its expiry of silent
+    producers does): nothing reconnects, so only the periodic heartbeat can bring a group back.
+    The producer heartbeating every 0.2 s is known again within a few intervals; the one with
+    the 30 s default stays unknown meanwhile."""
+    interval = 0.2
+
+    def forget(group: str) -> None:
+        for conn in broker.registry.producer_connections(group):
+            broker.registry.unregister(conn, "", group, None)
+        assert group not in broker.registry.producer_groups()
+
+    async with Producer("PG_HB_FAST", namesrv, heartbeat_interval=interval), \
+            Producer("PG_HB_SLOW", namesrv):
+        known = broker.registry.producer_groups()
+        assert "PG_HB_FAST" in known and "PG_HB_SLOW" in known
+        connections = set(broker.server.connections)
+        forget("PG_HB_FAST")
+        forget("PG_HB_SLOW")
+        await wait_until(lambda: "PG_HB_FAST" in broker.registry.producer_groups(),
+                         timeout=5 * interval, what="fast producer heartbeated again")
+        for _ in range(3):  # a few more fast intervals, in case the fast one came back early
+            forget("PG_HB_FAST")
+            await wait_until(lambda: "PG_HB_FAST" in broker.registry.producer_groups(),
+                             timeout=5 * interval, what="fast producer heartbeated again")
+        assert "PG_HB_SLOW" not in broker.registry.producer_groups()
+        assert set(broker.server.connections) == connections  # nothing reconnected
+
+
 async def test_delay_level_defers_delivery(broker, namesrv) -> None:
     consumer = Consumer("CG_DELAY", namesrv, from_where="first", long_poll_timeout=1.0)
     consumer.subscribe("TDelay")

@@ -1,0 +1,85 @@
+"""The bench commands' success paths through click, as an operator runs them.
+
+One small ``bench run`` (embedded ``txbroker serve`` subprocess on loopback), then ``bench
+generate`` and ``bench report`` on what it left.  The commands build their SparkSession with
+``getOrCreate``, so inside the test session they reuse the shared ``spark`` fixture's JVM; the
+settings the commands apply to it (shuffle partitions) are put back afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+from bench_helpers import E2E_BROKER
+from click.testing import CliRunner
+
+from bench.trace.report import FILES
+from bench.trace.verify import VERIFY_FILE
+from cli.main import main
+
+#: The smallest trace that still has every kind of row (and so every kind of check).
+TRANSACTIONS = 300
+TRACE_OPTIONS = ["--seed", "11", "--topics", "2", "--producers", "2",
+                 "--transaction-timeout", str(E2E_BROKER.transaction_timeout),
+                 "--check-interval", str(E2E_BROKER.transaction_check_interval),
+                 "--check-max", str(E2E_BROKER.transaction_check_max),
+                 "--master", "local[2]"]
+
+
+def _summary(output: str) -> dict[str, str]:
+    """The summary table's rows: figure → value (rich draws cells between │ bars)."""
+    rows = {}
+    for line in output.splitlines():
+        cells = [c.strip() for c in line.strip().strip("│").split("│")]
+        if len(cells) == 2 and cells[0]:
+            rows[cells[0]] = cells[1]
+    return rows
+
+
+def test_bench_run_generate_and_report_through_the_cli(spark, tmp_path):
+    partitions = spark.conf.get("spark.sql.shuffle.partitions")
+    runner = CliRunner()
+    work = tmp_path / "work"
+    try:
+        run = runner.invoke(main, ["bench", "run", "--transactions", str(TRANSACTIONS),
+                                   "--work-dir", str(work), "--tasks", "2", *TRACE_OPTIONS])
+        assert run.exit_code == 0, (run.exit_code, run.output, run.exception)
+        table = _summary(run.stdout)
+        assert table["violations"] == "0", run.stdout
+        assert table["transactions"] == f"{TRANSACTIONS:,}", run.stdout
+        trace = pq.read_table(work / "trace").to_pylist()
+        commits = sum(r["expected_outcome"] == "commit" for r in trace)
+        scripted = sum(r["expected_checks"] for r in trace)
+        assert len(trace) == TRANSACTIONS and commits > 0 and scripted > 0
+        assert {r["kind"] for r in trace} == {"commit", "rollback", "unknown_commit",
+                                              "unknown_rollback", "never"}
+        assert table["deliveries / expected commits"] == f"{commits:,} / {commits:,}", run.stdout
+        assert table["checks expected / received as expected"] == f"{scripted:,} / {scripted:,}"
+        assert set(table) >= {"generate (s)", "replay (s)", "verify (s)", "report (s)"}
+        assert f"report: {work / 'report' / 'report.md'}" in run.stdout
+        verified = json.loads((work / "results" / VERIFY_FILE).read_text())
+        assert verified["violation_total"] == 0 and verified["transactions"] == TRANSACTIONS
+        for name in FILES:
+            assert (work / "report" / name).stat().st_size > 0, name
+        assert "**PASS**" in (work / "report" / "report.md").read_text()
+
+        # The same options and seed through `bench generate`: the very same trace.
+        again = tmp_path / "again"
+        gen = runner.invoke(main, ["bench", "generate", "--transactions", str(TRANSACTIONS),
+                                   "--out", str(again), *TRACE_OPTIONS])
+        assert gen.exit_code == 0, (gen.output, gen.exception)
+        assert f"wrote {TRANSACTIONS:,} transactions to {again}" in gen.stdout
+        assert sorted(pq.read_table(again).to_pylist(), key=lambda r: r["id"]) == \
+            sorted(trace, key=lambda r: r["id"])
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", partitions)
+
+    # `bench report` on the run's results writes the same files elsewhere and lists them.
+    out = tmp_path / "report2"
+    rep = runner.invoke(main, ["bench", "report", "--results", str(work / "results"), "--out", str(out)])
+    assert rep.exit_code == 0, (rep.output, rep.exception)
+    assert rep.stdout.split() == [str(out / name) for name in FILES]
+    for name in FILES:
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "report.md").read_text() == (work / "report" / "report.md").read_text()
