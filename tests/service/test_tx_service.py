@@ -518,6 +518,32 @@ async def test_checks_to_a_producer_that_stops_reading_wait_and_are_not_counted(
         await node.close()
 
 
+async def test_no_checks_while_the_store_refuses_writes(tmp_path) -> None:
+    # With the disk guard refusing writes a commit answer cannot be applied: checks would
+    # only burn counts until the half is discarded although its producer committed.
+    usage = {"used": 50}
+    node = await open_node(tx_config(tmp_path / "data", disk_max_used_ratio=0.9), Clock(),
+                           disk_usage=lambda _p: (100, usage["used"], 100 - usage["used"]))
+    producer = await Producer(node, answer=COMMIT).start()
+    try:
+        result = await prepare(node, producer.conn)
+        node.clock.advance(60)
+        usage["used"] = 95
+        node.store.recheck_disk()
+        for _ in range(5):  # more passes than transaction_check_max (3)
+            report = await node.tx.check_now()
+            assert report.sent == 0 and report.discarded == 0 and "disk" in report.skipped
+        assert node.tx.entry(result.physical_offset).checks == 0 and producer.checks == []
+        usage["used"] = 50
+        node.store.recheck_disk()
+        assert (await node.tx.check_now()).sent == 1
+        await wait_for(lambda: node.tx.pending_count() == 0)
+        assert [m.body for m in visible(node)] == [b"payload"]
+    finally:
+        await producer.close()
+        await node.close()
+
+
 async def test_check_goes_to_the_sending_connection_first(node) -> None:
     sender = await Producer(node).start()
     other = await Producer(node).start()  # most recently active member of the group

@@ -7,6 +7,7 @@ queue), so a pass costs time in proportion to what is pending.  For each pending
   measured on the broker's store timestamp — never the producer's born timestamp, whose clock
   may be skewed (apache/rocketmq #1517, #9640) — it is left alone;
 * a decision on it is being written right now: left alone (the decision wins);
+* the store refuses writes (the disk guard): the whole pass is skipped, nothing counted;
 * already checked ``transaction_check_max`` times, or older than ``file_reserved_time`` (its
   segment is about to be deleted): discarded to TRANS_CHECK_MAX_TIME_TOPIC;
 * otherwise CHECK_TRANSACTION_STATE goes, one-way, to the connection that sent the half if it
@@ -70,6 +71,7 @@ class CheckPassReport:
     discarded: int = 0
     failed: int = 0             # half unreadable or the send raised
     deferred: int = 0           # its producer was not reading: asked at a later pass
+    skipped: str = ""           # why the whole pass was skipped (the store refuses writes)
     elapsed: float = 0.0        # seconds
     no_producer_groups: dict[str, int] = field(default_factory=dict)
 
@@ -140,6 +142,14 @@ class CheckService:
         now_ms = int(tx.clock() * 1000)
         pending = tx.pending_entries()
         report = CheckPassReport(pending=len(pending))
+        refusal = tx.store.write_refusal()
+        if refusal:
+            # A commit answer could not be applied and a discard could not be stored, so a
+            # check now would only burn a count, and enough of them would discard halves their
+            # producers committed.  RocketMQ skips too (its check re-appends the half).
+            report.skipped = refusal
+            log.warning("check pass skipped: the store refuses writes (%s)", refusal)
+            return report
         due = [e for e in pending
                if now_ms - e.store_ts >= e.immunity_ms and not tx.is_busy(e.phys)]
         # Fewest checks first (stable: oldest first among equals), so halves deferred behind a

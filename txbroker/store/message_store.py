@@ -346,6 +346,14 @@ class MessageStore:
                     if ratio > limit else "")
         return self._disk_refusal
 
+    def write_refusal(self) -> str:
+        """Why puts are refused right now, '' when they are accepted (the disk guard, probed at
+        most every ``DISK_PROBE_INTERVAL``).  Lets a caller hold back work whose outcome needs
+        a write, as the check service does."""
+        if self._closed:
+            return "store is closed"
+        return self._disk_full_reason()
+
     def recheck_disk(self) -> str:
         """Probe the disk now (operators, tests); returns the refusal reason or ''."""
         self._disk_checked_at = -1e18
