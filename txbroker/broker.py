@@ -199,11 +199,12 @@ class Broker:
         return {"connections": str(conns), "heldPulls": str(self.holds.held())}
 
     def _update_gauges(self) -> None:
-        setter = getattr(self.metrics, "set_broker_gauges", None)
-        if setter is None or self.store is None:
+        if self.store is None:
             return
-        setter(connections=len(self.server.connections) if self.server else 0,
-               store=self.store.stats(), held_pulls=self.holds.held())
+        conns = self.server.connections if self.server is not None else ()
+        self.metrics.set_broker_gauges(connections=len(conns), store=self.store.stats(),
+                                       held_pulls=self.holds.held(),
+                                       in_flight=sum(c.inflight for c in conns))
 
     async def _housekeep(self) -> None:
         while True:

@@ -254,7 +254,23 @@ async def test_metrics_endpoint_serves_prometheus_text(broker_config) -> None:
         head, _, body = raw.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.0 200") and b"text/plain" in head
         assert b"txbroker_tx_pending 1.0" in body
-        assert b"txbroker_connections" in body
+        assert b"txbroker_tx_halves_total 1.0" in body
+        assert b"txbroker_connections 1.0" in body
+        # The held pull below is in flight on its connection when the endpoint is scraped.
+        pull = asyncio.ensure_future(c.invoke(request(RequestCode.PULL_MESSAGE, {
+            "consumerGroup": "CG_M", "topic": "MetricT", "queueId": "0", "queueOffset": "0",
+            "maxMsgNums": "32", "sysFlag": "2", "commitOffset": "0", "suspendTimeoutMillis": "3000",
+            "subscription": "*", "subVersion": "0"}), TIMEOUT))
+        await asyncio.sleep(0.2)
+        reader, writer = await asyncio.open_connection("127.0.0.1", b.metrics_port)
+        writer.write(b"GET /metrics HTTP/1.0\r\n\r\n")
+        body = (await asyncio.wait_for(reader.read(), TIMEOUT)).partition(b"\r\n\r\n")[2]
+        writer.close()
+        assert b"txbroker_requests_in_flight 1.0" in body and b"txbroker_held_pulls 1.0" in body
+        pull.cancel()
+        # The same figures through GET_BROKER_RUNTIME_INFO, as strings (RocketMQ's table).
+        info = orjson.loads((await c.invoke(request(RequestCode.GET_BROKER_RUNTIME_INFO), TIMEOUT)).body)
+        assert info["table"]["tx_halves_total"] == "1" and info["table"]["pendingHalfMessages"] == "1"
         reader, writer = await asyncio.open_connection("127.0.0.1", b.metrics_port)
         writer.write(b"GET /nope HTTP/1.0\r\n\r\n")
         raw = await asyncio.wait_for(reader.read(), TIMEOUT)
