@@ -71,9 +71,16 @@ def test_send_v1_v2_and_batch_are_one_type() -> None:
 
 
 @pytest.mark.parametrize("text, value", [("true", True), ("TRUE", True), ("1", True), (" True ", True),
-                                         ("0", False), ("false", False), ("yes", False), ("", False)])
+                                         ("0", False), ("false", False), ("", False)])
 def test_booleans(text: str, value: bool) -> None:
     assert SendMessageRequestHeader.from_ext({**SEND, "batch": text}).batch is value
+
+
+@pytest.mark.parametrize("text", ["yes", "maybe", "2", "tru"])
+def test_ill_typed_booleans_are_refused(text: str) -> None:
+    with pytest.raises(HeaderError, match="'batch' must be a boolean") as info:
+        SendMessageRequestHeader.from_ext({**SEND, "batch": text})
+    assert info.value.code == ResponseCode.SYSTEM_ERROR
 
 
 @pytest.mark.parametrize("ext, field", [

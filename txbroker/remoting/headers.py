@@ -4,14 +4,20 @@ RocketMQ flattens each "custom header" object into extFields by field name and c
 strings back by declared type (protocol.md §2.5).  Here every header is a dataclass whose fields
 declare their wire name, type, whether they are required and their valid range; one generic
 ``from_ext``/``to_ext`` pair does the conversion, so processors receive typed, validated values
-and never parse strings themselves.
+and never parse strings themselves.  ``from_ext`` runs a per-class decoder compiled once from
+the field declarations (one converter per field), because SEND decodes a header per message.
+
+Field checks live here (presence, type, range, allowed values); checks against broker state
+(does the topic exist, is the queue id below the topic's queue count, permissions) stay in the
+processors.
 
 Conversions follow Java's rules with the leniency real clients need:
 
 * integers are int32 (``Integer``) or int64 (``Long``), range-checked;
-* booleans are true for ``true`` or ``1`` in any case and false otherwise, because the C++
-  client sends ``"0"``/``"1"`` where Java's ``Boolean.parseBoolean`` would read ``"1"`` as
-  false (client-capture.md §2.6: a Java broker silently ignores C++ batches);
+* booleans are ``true``/``false`` or ``1``/``0`` in any case, because the C++ client sends
+  ``"0"``/``"1"`` where Java's ``Boolean.parseBoolean`` would read ``"1"`` as false
+  (client-capture.md §2.6: a Java broker silently ignores C++ batches); any other text is an
+  ill-typed field and refused, like a non-numeric integer;
 * a required field that is missing, empty or ill-typed raises :class:`HeaderError` carrying the
   response code to answer with and a remark that names the field.
 
@@ -21,7 +27,7 @@ strings only: the C++ client ignores values that are JSON numbers (client-captur
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Self, TypeVar
 
@@ -115,7 +121,14 @@ def h_bool(wire: str, default: Any = MISSING) -> Any:
 _SPECS: dict[type, tuple[_Spec, ...]] = {}
 _BOUNDS = {"int": INT32, "long": INT64}
 
+#: Accepted boolean spellings (after strip/lower): Java writes true/false, the C++ client 1/0.
+_BOOLS = {"true": True, "false": False, "1": True, "0": False}
+
 H = TypeVar("H", bound="Header")
+
+#: One step of a compiled decoder: (attribute, wire key, fallback key or None, converter or
+#: None for a plain string, required, allow_empty, the field's name as remarks spell it).
+_Step = tuple[str, str, str | None, Callable[[str], Any] | None, bool, bool, str]
 
 
 class Header:
@@ -142,20 +155,47 @@ class Header:
         return specs
 
     @classmethod
+    def _plan(cls, keys: Mapping[str, str] | None = None) -> tuple[_Step, ...]:
+        """The decoder for this class, compiled once (per key map) and cached.
+
+        ``keys`` renames wire keys (SEND_MESSAGE_V2's one-letter keys); the long name stays
+        readable as a fallback and remarks name both, e.g. ``'b' (topic)``.
+        """
+        cache_key = (cls, id(keys))
+        plan = _PLANS.get(cache_key)
+        if plan is None:
+            steps = []
+            for spec in cls._specs():
+                short = keys.get(spec.wire) if keys else None
+                wire, fallback = (short, spec.wire) if short else (spec.wire, None)
+                name = f"'{short}' ({spec.wire})" if short else f"'{spec.wire}'"
+                steps.append((spec.attr, wire, fallback, _converter(cls, spec, name),
+                              spec.required, spec.allow_empty, name))
+            plan = _PLANS[cache_key] = tuple(steps)
+        return plan
+
+    @classmethod
     def from_ext(cls, ext: Mapping[str, str]) -> Self:
         """Decode and validate; raises :class:`HeaderError` naming the offending field."""
+        return cls._decode(ext, cls._plan())
+
+    @classmethod
+    def _decode(cls, ext: Mapping[str, str], plan: tuple[_Step, ...]) -> Self:
         values: dict[str, Any] = {}
-        for spec in cls._specs():
-            raw = ext.get(spec.wire)
+        get = ext.get
+        for attr, wire, fallback, convert, required, allow_empty, name in plan:
+            raw = get(wire)
+            if raw is None and fallback is not None:
+                raw = get(fallback)
             if raw is None:
-                if spec.required:
-                    raise HeaderError(cls.ERROR_CODE, f"missing header field '{spec.wire}'")
+                if required:
+                    raise HeaderError(cls.ERROR_CODE, f"missing header field {name}")
                 continue
-            if raw == "" and not spec.allow_empty:
-                if spec.required:
-                    raise HeaderError(cls.ERROR_CODE, f"header field '{spec.wire}' is empty")
+            if raw == "" and not allow_empty:
+                if required:
+                    raise HeaderError(cls.ERROR_CODE, f"header field {name} is empty")
                 continue  # an empty optional value means "not set", as Java's null
-            values[spec.attr] = _parse(cls, spec, raw)
+            values[attr] = raw if convert is None else convert(raw)
         return cls(**values)
 
     def to_ext(self) -> dict[str, str]:
@@ -172,35 +212,57 @@ class Header:
         return out
 
 
-def _parse(cls: type[Header], spec: _Spec, raw: str) -> Any:
+_PLANS: dict[tuple[type, int], tuple[_Step, ...]] = {}
+
+
+def _converter(cls: type[Header], spec: _Spec, name: str) -> Callable[[str], Any] | None:
+    """A function from the wire string to the field's value, raising HeaderError; None for a
+    plain string (no conversion, no check)."""
+    code = cls.ERROR_CODE
     kind = spec.kind
     if kind == "str":
-        if spec.choices is not None and raw not in spec.choices:
-            raise HeaderError(cls.ERROR_CODE, f"header field '{spec.wire}' must be one of "
-                                              f"{', '.join(spec.choices)}, got {raw!r}")
-        return raw
+        choices = spec.choices
+        if choices is None:
+            return None
+
+        def to_choice(raw: str) -> str:
+            if raw not in choices:
+                raise HeaderError(code, f"header field {name} must be one of "
+                                        f"{', '.join(choices)}, got {raw!r}")
+            return raw
+        return to_choice
     if kind == "bool":
-        text = raw.strip().lower()
-        return text == "true" or text == "1"
-    try:
-        if "_" in raw:  # Python's int() takes "1_000"; Java's parseLong does not
-            raise ValueError
-        value = int(raw)
-    except ValueError:
-        label = "an integer" if kind == "int" else "a long integer"
-        raise HeaderError(cls.ERROR_CODE, f"header field '{spec.wire}' must be {label}, "
-                                          f"got {raw[:40]!r}") from None
-    lo, hi = _BOUNDS[kind]
-    if not lo <= value <= hi:
-        raise HeaderError(cls.ERROR_CODE, f"header field '{spec.wire}' = {value} is out of "
-                                          f"range for a{'n int32' if kind == 'int' else ' int64'}")
-    if spec.lo is not None and value < spec.lo:
-        raise HeaderError(cls.ERROR_CODE, f"header field '{spec.wire}' = {value} must be "
-                                          f">= {spec.lo}")
-    if spec.hi is not None and value > spec.hi:
-        raise HeaderError(cls.ERROR_CODE, f"header field '{spec.wire}' = {value} must be "
-                                          f"<= {spec.hi}")
-    return value
+        def to_bool(raw: str) -> bool:
+            value = _BOOLS.get(raw)
+            if value is None:
+                value = _BOOLS.get(raw.strip().lower())
+                if value is None:
+                    raise HeaderError(code, f"header field {name} must be a boolean "
+                                            f"(true/false or 1/0), got {raw[:40]!r}")
+            return value
+        return to_bool
+    type_lo, type_hi = _BOUNDS[kind]
+    lo = type_lo if spec.lo is None else max(type_lo, spec.lo)
+    hi = type_hi if spec.hi is None else min(type_hi, spec.hi)
+    label = "an integer" if kind == "int" else "a long integer"
+    width = "an int32" if kind == "int" else "an int64"
+
+    def to_int(raw: str) -> int:
+        try:
+            if "_" in raw:  # Python's int() takes "1_000"; Java's parseLong does not
+                raise ValueError
+            value = int(raw)
+        except ValueError:
+            raise HeaderError(code, f"header field {name} must be {label}, "
+                                    f"got {raw[:40]!r}") from None
+        if lo <= value <= hi:
+            return value
+        if not type_lo <= value <= type_hi:
+            raise HeaderError(code, f"header field {name} = {value} is out of range for {width}")
+        if value < lo:
+            raise HeaderError(code, f"header field {name} = {value} must be >= {lo}")
+        raise HeaderError(code, f"header field {name} = {value} must be <= {hi}")
+    return to_int
 
 
 _header = dataclass(kw_only=True, slots=True)
@@ -220,7 +282,9 @@ class SendMessageRequestHeader(Header):
     producer_group: str = h_str("producerGroup")
     topic: str = h_str("topic")
     default_topic: str = h_str("defaultTopic", DEFAULT_TOPIC)
-    default_topic_queue_nums: int = h_int("defaultTopicQueueNums", 4, lo=1)
+    #: Queues for an auto-created topic, capped by the broker's default; None or 0 = the
+    #: broker's default (the topic table applies the cap).
+    default_topic_queue_nums: int | None = h_int("defaultTopicQueueNums", None, lo=0, hi=1024)
     queue_id: int = h_int("queueId")
     sys_flag: int = h_int("sysFlag", lo=0)
     born_timestamp: int = h_long("bornTimestamp", lo=0)
@@ -228,22 +292,19 @@ class SendMessageRequestHeader(Header):
     properties: str | None = h_str("properties", None, allow_empty=True)
     reconsume_times: int = h_int("reconsumeTimes", 0, lo=0)
     unit_mode: bool = h_bool("unitMode", False)
-    max_reconsume_times: int | None = h_int("maxReconsumeTimes", None, lo=-1)
+    #: Honoured for %RETRY% topics from client version V3_4_9 on.  Java clients send 16 for
+    #: their "-1 = default", so a negative value is refused rather than read as "DLQ now".
+    max_reconsume_times: int | None = h_int("maxReconsumeTimes", None, lo=0)
     batch: bool = h_bool("batch", False)
     bname: str | None = h_str("bname", None)
 
     @classmethod
     def from_ext_v2(cls, ext: Mapping[str, str]) -> SendMessageRequestHeader:
-        """Decode the short-name (a..n) form of SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE."""
-        try:
-            return cls.from_ext({SEND_V2_KEYS.get(k, k): v for k, v in ext.items()})
-        except HeaderError as exc:
-            # Name the key the client actually sent, with its long meaning.
-            for short, long in SEND_V2_KEYS.items():
-                token = f"'{long}'"
-                if token in exc.remark:
-                    raise HeaderError(exc.code, exc.remark.replace(token, f"'{short}' ({long})")) from None
-            raise
+        """Decode the short-name (a..n) form of SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE.
+
+        Remarks name the key the client actually sent with its long meaning, ``'b' (topic)``.
+        """
+        return cls._decode(ext, cls._plan(SEND_V1_KEYS))
 
     def to_ext_v2(self) -> dict[str, str]:
         return {SEND_V1_KEYS[k]: v for k, v in self.to_ext().items()}
@@ -289,8 +350,9 @@ class PullMessageRequestHeader(Header):
     queue_offset: int = h_long("queueOffset", lo=0)
     max_msg_nums: int = h_int("maxMsgNums", lo=1)
     sys_flag: int = h_int("sysFlag", lo=0)
-    #: -1 until the consumer has committed anything (observed).
-    commit_offset: int = h_long("commitOffset", -1, lo=-1)
+    #: -1 until the consumer has committed anything (observed); any negative value means
+    #: "nothing to commit", as in RocketMQ, so it is not range-checked.
+    commit_offset: int = h_long("commitOffset", -1)
     suspend_timeout_millis: int = h_long("suspendTimeoutMillis", 0, lo=0)
     subscription: str | None = h_str("subscription", None, allow_empty=True)
     sub_version: int = h_long("subVersion", 0)
@@ -382,11 +444,12 @@ class ConsumerSendMsgBackRequestHeader(Header):
     #: The failed message's commitlog offset.
     offset: int = h_long("offset", lo=0)
     group: str = h_str("group")
-    delay_level: int = h_int("delayLevel", lo=-1)
+    #: 0 = the broker picks (3 + reconsume times); any negative value = straight to the DLQ.
+    delay_level: int = h_int("delayLevel")
     origin_msg_id: str | None = h_str("originMsgId", None)
     origin_topic: str | None = h_str("originTopic", None)
     unit_mode: bool = h_bool("unitMode", False)
-    max_reconsume_times: int | None = h_int("maxReconsumeTimes", None, lo=-1)
+    max_reconsume_times: int | None = h_int("maxReconsumeTimes", None, lo=0)
 
 
 @_header
@@ -462,8 +525,10 @@ class CreateTopicRequestHeader(Header):
 
     topic: str = h_str("topic")
     default_topic: str = h_str("defaultTopic", DEFAULT_TOPIC)
-    read_queue_nums: int = h_int("readQueueNums", lo=1, hi=1024)
-    write_queue_nums: int = h_int("writeQueueNums", lo=1, hi=1024)
+    #: Java marks both @CFNotNull; txbroker's own tools may leave them out, and the broker then
+    #: uses its default queue count (read) and the read count (write).
+    read_queue_nums: int | None = h_int("readQueueNums", None, lo=1, hi=1024)
+    write_queue_nums: int | None = h_int("writeQueueNums", None, lo=1, hi=1024)
     perm: int = h_int("perm", PERM_READ | PERM_WRITE, lo=0, hi=0xF)
     topic_filter_type: str = h_str("topicFilterType", "SINGLE_TAG",
                                    choices=("SINGLE_TAG", "MULTI_TAG"))

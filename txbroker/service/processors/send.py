@@ -16,13 +16,13 @@ import logging
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
-from txbroker.remoting.headers import HeaderError
-from txbroker.service.clients import ClientRegistry
-from txbroker.service.processors.fields import (
-    FieldError,
-    error_response,
-    send_fields,
+from txbroker.remoting.headers import (
+    HeaderError,
+    SendMessageRequestHeader,
+    SendMessageResponseHeader,
 )
+from txbroker.service.clients import ClientRegistry
+from txbroker.service.processors.errors import Refusal, error_response
 from txbroker.service.schedule import ScheduleService
 from txbroker.service.topics import (
     PERM_WRITE,
@@ -100,47 +100,41 @@ class SendProcessor:
             resp = await self._send(conn, cmd)
         except RecordError as exc:
             resp = cmd.response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
-        except (HeaderError, TransactionError) as exc:  # FieldError, TopicError, tx refusals
+        except (HeaderError, TransactionError) as exc:  # header, Refusal, TopicError, tx refusals
             resp = error_response(cmd, exc)
             log.info("send refused from %s: %s", getattr(conn, "peer", "?"), resp.remark)
         return None if cmd.is_oneway else resp
 
     async def _send(self, conn, cmd: RemotingCommand) -> RemotingCommand:
-        code = cmd.code
-        f = send_fields(cmd, v2=code != RequestCode.SEND_MESSAGE)
+        h = SendMessageRequestHeader.from_command(cmd.code, cmd.ext_fields)
         # The group becomes the half's PGROUP and names the connections asked for check-backs.
-        group = validate_group_name(f.str("producerGroup"), "producer group")
-        topic = f.str("topic")
+        group = validate_group_name(h.producer_group, "producer group")
+        topic = h.topic
         tc = self.topics.get(topic)
         if tc is None:  # known topics were validated when they were created
             validate_topic_name(topic)
         if is_system_topic(topic):
-            raise FieldError(ResponseCode.NO_PERMISSION,
-                             f"Sending message to topic[{topic}] is forbidden: system topic")
-        queue_nums = f.int("defaultTopicQueueNums", required=False, lo=0, hi=1024)
-        queue_id = f.int("queueId")
-        sys_flag = f.int("sysFlag", lo=0)
-        born_ts = f.long("bornTimestamp", lo=0)
-        flag = f.int("flag")
-        props_text = f.str("properties", required=False) or ""
-        reconsume = f.int("reconsumeTimes", required=False, default=0, lo=0)
-        batch = code == RequestCode.SEND_BATCH_MESSAGE or f.bool("batch")
-        f.bool("unitMode")
-        max_reconsume = f.int("maxReconsumeTimes", required=False, lo=0)
+            raise Refusal(ResponseCode.NO_PERMISSION,
+                          f"Sending message to topic[{topic}] is forbidden: system topic")
+        queue_id = h.queue_id
+        sys_flag = h.sys_flag
+        born_ts = h.born_timestamp
+        reconsume = h.reconsume_times
+        max_reconsume = h.max_reconsume_times
         if sys_flag & ~_ALLOWED_SYS_FLAG:
-            raise FieldError(ResponseCode.MESSAGE_ILLEGAL, f"sysFlag {sys_flag:#x} has unknown bits set")
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL, f"sysFlag {sys_flag:#x} has unknown bits set")
         tx_bits = sys_flag & TRANSACTION_MASK
         if tx_bits not in (TRANSACTION_NOT_TYPE, TRANSACTION_PREPARED_TYPE):
-            raise FieldError(ResponseCode.MESSAGE_ILLEGAL,
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL,
                              f"sysFlag {sys_flag:#x}: a producer may not send a committed or "
                              "rolled-back message")
         body = cmd.body
         if len(body) > self.config.max_message_size:
-            raise FieldError(ResponseCode.MESSAGE_ILLEGAL,
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL,
                              f"message body size {len(body)} exceeds the maximum "
                              f"{self.config.max_message_size}")
         if not body:
-            raise FieldError(ResponseCode.MESSAGE_ILLEGAL, "message body is empty")
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL, "message body is empty")
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             # A client re-sending a failed message itself (its send-back failed): past the
             # maximum it goes to the group's dead-letter queue, as in RocketMQ.
@@ -150,29 +144,30 @@ class SendProcessor:
                 topic = DLQ_GROUP_TOPIC_PREFIX + topic[len(RETRY_GROUP_TOPIC_PREFIX):]
                 tc, queue_id = None, 0
         if tc is None:
-            tc = self.topics.get_or_create(topic, queue_nums=queue_nums)
+            tc = self.topics.get_or_create(topic, queue_nums=h.default_topic_queue_nums)
         if not tc.perm & PERM_WRITE:
-            raise FieldError(ResponseCode.NO_PERMISSION, f"topic[{topic}] is not writable")
+            raise Refusal(ResponseCode.NO_PERMISSION, f"topic[{topic}] is not writable")
         if queue_id < 0:
             queue_id = next(self._rr) % tc.write_queue_nums
         elif queue_id >= tc.write_queue_nums:
-            raise FieldError(ResponseCode.SYSTEM_ERROR,
+            raise Refusal(ResponseCode.SYSTEM_ERROR,
                              f"request queueId[{queue_id}] is illegal, topic {topic} has "
                              f"{tc.write_queue_nums} write queues")
         self.registry.note_producer(group, conn)
         born_host = conn.attributes.get("born_host")
         if born_host is None:
             born_host = conn.attributes["born_host"] = parse_peer(conn.peer)
-        if batch:
+        if h.batch:
             return await self._send_batch(cmd, topic, queue_id, sys_flag, born_ts, born_host,
                                           reconsume, body)
+        props_text = h.properties or ""
         props = string_to_properties(props_text)
         self._fix_properties(props, len(props_text))
         transactional = is_true(props.get(PROPERTY_TRANSACTION_PREPARED))
         if tx_bits == TRANSACTION_PREPARED_TYPE and not transactional:
-            raise FieldError(ResponseCode.MESSAGE_ILLEGAL,
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL,
                              "sysFlag marks a transactional message but property TRAN_MSG is not true")
-        msg = Message(topic=topic, queue_id=queue_id, body=body, flag=flag, properties=props,
+        msg = Message(topic=topic, queue_id=queue_id, body=body, flag=h.flag, properties=props,
                       sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
                       reconsume_times=reconsume)
         if transactional:
@@ -192,7 +187,7 @@ class SendProcessor:
         if text_len is not None and 3 * (text_len + len(self.config.cluster_name)) + 16 < MAX_PROPERTIES_BYTES:
             return
         if len(properties_to_string(props).encode()) > MAX_PROPERTIES_BYTES:
-            raise FieldError(ResponseCode.MESSAGE_ILLEGAL,
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL,
                              f"message properties exceed {MAX_PROPERTIES_BYTES} bytes")
 
     def _delay_level(self, props: dict[str, str]) -> int:
@@ -202,24 +197,24 @@ class SendProcessor:
         try:
             level = int(raw)
         except ValueError:
-            raise FieldError(ResponseCode.MESSAGE_ILLEGAL, f"property DELAY={raw!r} is not an integer") from None
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL, f"property DELAY={raw!r} is not an integer") from None
         if level < 0:
-            raise FieldError(ResponseCode.MESSAGE_ILLEGAL, f"property DELAY={level} is negative")
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL, f"property DELAY={level} is negative")
         return min(level, self.schedule.max_level)
 
     async def _send_batch(self, cmd, topic, queue_id, sys_flag, born_ts, born_host, reconsume,
                           body) -> RemotingCommand:
         if sys_flag & TRANSACTION_MASK:
-            raise FieldError(ResponseCode.MESSAGE_ILLEGAL, "a batch cannot be transactional")
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL, "a batch cannot be transactional")
         entries = decode_batch(body)
         if not entries:
-            raise FieldError(ResponseCode.MESSAGE_ILLEGAL, "batch body holds no messages")
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL, "batch body holds no messages")
         msgs = []
         for i, (flag, entry_body, props) in enumerate(entries):
             if is_true(props.get(PROPERTY_TRANSACTION_PREPARED)):
-                raise FieldError(ResponseCode.MESSAGE_ILLEGAL, f"batch entry {i} is transactional")
+                raise Refusal(ResponseCode.MESSAGE_ILLEGAL, f"batch entry {i} is transactional")
             if props.get(PROPERTY_DELAY_TIME_LEVEL, "0") not in ("", "0"):
-                raise FieldError(ResponseCode.MESSAGE_ILLEGAL, f"batch entry {i} has a delay level")
+                raise Refusal(ResponseCode.MESSAGE_ILLEGAL, f"batch entry {i} has a delay level")
             self._fix_properties(props)
             msgs.append(Message(topic=topic, queue_id=queue_id, body=entry_body, flag=flag,
                                 properties=props, sys_flag=sys_flag & ~TRANSACTION_MASK,
@@ -229,7 +224,7 @@ class SendProcessor:
         bad = next((r for r in results if r.status.name not in ("OK", "FLUSH_DISK_TIMEOUT")), None)
         first = bad or results[0]
         resp = self._response(cmd, first, queue_id=queue_id)
-        if bad is None:
+        if bad is None:  # the batch's answer names every stored message
             resp.ext_fields["msgId"] = ",".join(r.msg_id for r in results)
         return resp
 
@@ -245,11 +240,9 @@ class SendProcessor:
         else:
             return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE,
                                 result.reason or f"store not available: {status}")
-        return cmd.response(code, remark, ext={
-            "msgId": result.msg_id, "queueId": str(queue_id),
-            "queueOffset": str(result.queue_offset),
-            "MSG_REGION": "DefaultRegion", "TRACE_ON": "true",
-        })
+        header = SendMessageResponseHeader(msg_id=result.msg_id, queue_id=queue_id,
+                                           queue_offset=result.queue_offset, trace_on=True)
+        return cmd.response(code, remark, ext=header.to_ext())
 
 
 def put_ok(result) -> bool:
