@@ -23,9 +23,13 @@ from collections.abc import Callable
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
-from txbroker.remoting.headers import HeaderError
+from txbroker.remoting.headers import (
+    HeaderError,
+    PullMessageRequestHeader,
+    PullMessageResponseHeader,
+)
 from txbroker.service.clients import ClientRegistry, parse_tag_expression
-from txbroker.service.processors.fields import FieldError, Fields, error_response
+from txbroker.service.processors.errors import Refusal, error_response
 from txbroker.service.topics import (
     PERM_READ,
     TopicError,
@@ -37,9 +41,6 @@ from txbroker.store.record import tag_hash
 
 log = logging.getLogger(__name__)
 
-FLAG_COMMIT_OFFSET = 0x1
-FLAG_SUSPEND = 0x2
-FLAG_SUBSCRIPTION = 0x4
 #: Upper bound on messages per pull, whatever the client asks (RocketMQ caps at 32 by default
 #: in the client; a broker-side cap keeps one response bounded).
 MAX_PULL_BATCH = 1024
@@ -117,51 +118,46 @@ class PullProcessor:
             return error_response(cmd, exc)
 
     async def _pull(self, cmd: RemotingCommand) -> RemotingCommand:
-        f = Fields(cmd.ext_fields)
-        group = validate_group_name(f.str("consumerGroup"), "consumer group")
-        topic = f.str("topic")
-        queue_id = f.int("queueId", lo=0)
-        offset = f.long("queueOffset", lo=0)
-        max_nums = f.int("maxMsgNums", lo=1)
-        sys_flag = f.int("sysFlag", lo=0)
-        commit_offset = f.long("commitOffset", required=False, default=-1)
-        suspend_ms = f.long("suspendTimeoutMillis", required=False, default=0, lo=0)
-        subscription = f.str("subscription", required=False)
-        f.long("subVersion", required=False)
-        expression_type = f.str("expressionType", required=False) or "TAG"
+        h = PullMessageRequestHeader.from_ext(cmd.ext_fields)
+        group = validate_group_name(h.consumer_group, "consumer group")
+        topic = h.topic
+        queue_id = h.queue_id
+        offset = h.queue_offset
+        suspend_ms = h.suspend_timeout_millis
+        expression_type = h.expression_type or "TAG"
         if expression_type.upper() != "TAG":
-            raise FieldError(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
-                             f"expression type {expression_type!r} is not supported (TAG only)")
+            raise Refusal(ResponseCode.SUBSCRIPTION_PARSE_FAILED,
+                          f"expression type {expression_type!r} is not supported (TAG only)")
         if is_system_topic(topic):
             # Half, op, discarded and scheduled messages are broker state, not deliveries:
             # pulling them would expose undecided or rolled-back transactions.
-            raise FieldError(ResponseCode.NO_PERMISSION,
-                             f"topic[{topic}] is a system topic and cannot be pulled")
+            raise Refusal(ResponseCode.NO_PERMISSION,
+                          f"topic[{topic}] is a system topic and cannot be pulled")
         tc = self.topics.get(topic)
         if tc is None:
             try:
                 tc = self.topics.get_or_create(topic, auto_create=False)
             except TopicError as exc:
-                raise FieldError(ResponseCode.TOPIC_NOT_EXIST,
-                                 f"topic[{topic}] not exist, apply first please!") from exc
+                raise Refusal(ResponseCode.TOPIC_NOT_EXIST,
+                              f"topic[{topic}] not exist, apply first please!") from exc
         if not tc.perm & PERM_READ:
-            raise FieldError(ResponseCode.NO_PERMISSION, f"topic[{topic}] is not readable")
+            raise Refusal(ResponseCode.NO_PERMISSION, f"topic[{topic}] is not readable")
         if queue_id >= tc.read_queue_nums:
-            raise FieldError(ResponseCode.SYSTEM_ERROR,
-                             f"queueId[{queue_id}] is illegal, topic {topic} has "
-                             f"{tc.read_queue_nums} read queues")
-        if sys_flag & FLAG_SUBSCRIPTION:
-            tags = parse_tag_expression(subscription)
+            raise Refusal(ResponseCode.SYSTEM_ERROR,
+                          f"queueId[{queue_id}] is illegal, topic {topic} has "
+                          f"{tc.read_queue_nums} read queues")
+        if h.has_subscription:
+            tags = parse_tag_expression(h.subscription)
         else:
             sub = self.registry.subscription(group, topic)
             tags = sub.tags if sub is not None else frozenset()
         tag_filter = {tag_hash(t) for t in tags} if tags else None
-        if sys_flag & FLAG_COMMIT_OFFSET and commit_offset is not None and commit_offset >= 0:
-            self.store.offsets.set(group, topic, queue_id, commit_offset)
-        max_nums = min(max_nums, MAX_PULL_BATCH)
+        if h.commit_offset_enabled and h.commit_offset >= 0:
+            self.store.offsets.set(group, topic, queue_id, h.commit_offset)
+        max_nums = min(h.max_msg_nums, MAX_PULL_BATCH)
 
         resp = self._once(cmd, topic, queue_id, offset, max_nums, tag_filter)
-        if resp.code != ResponseCode.PULL_NOT_FOUND or not sys_flag & FLAG_SUSPEND or suspend_ms <= 0:
+        if resp.code != ResponseCode.PULL_NOT_FOUND or not h.suspend or suspend_ms <= 0:
             return resp
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(suspend_ms / 1000.0, self.config.max_pull_suspend)
@@ -194,7 +190,7 @@ class PullProcessor:
             code = ResponseCode.PULL_OFFSET_MOVED
         else:  # NO_MATCHED_MESSAGE, OFFSET_FOUND_NULL: try again from next_offset
             code = ResponseCode.PULL_RETRY_IMMEDIATELY
-        return cmd.response(code, None if code == ResponseCode.SUCCESS else status, ext={
-            "suggestWhichBrokerId": "0", "nextBeginOffset": str(next_offset),
-            "minOffset": str(res.min_offset), "maxOffset": str(res.max_offset),
-        }, body=body)
+        header = PullMessageResponseHeader(next_begin_offset=next_offset,
+                                           min_offset=res.min_offset, max_offset=res.max_offset)
+        return cmd.response(code, None if code == ResponseCode.SUCCESS else status,
+                            ext=header.to_ext(), body=body)

@@ -126,13 +126,13 @@ class SendProcessor:
         tx_bits = sys_flag & TRANSACTION_MASK
         if tx_bits not in (TRANSACTION_NOT_TYPE, TRANSACTION_PREPARED_TYPE):
             raise Refusal(ResponseCode.MESSAGE_ILLEGAL,
-                             f"sysFlag {sys_flag:#x}: a producer may not send a committed or "
-                             "rolled-back message")
+                          f"sysFlag {sys_flag:#x}: a producer may not send a committed or "
+                          "rolled-back message")
         body = cmd.body
         if len(body) > self.config.max_message_size:
             raise Refusal(ResponseCode.MESSAGE_ILLEGAL,
-                             f"message body size {len(body)} exceeds the maximum "
-                             f"{self.config.max_message_size}")
+                          f"message body size {len(body)} exceeds the maximum "
+                          f"{self.config.max_message_size}")
         if not body:
             raise Refusal(ResponseCode.MESSAGE_ILLEGAL, "message body is empty")
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
@@ -151,8 +151,8 @@ class SendProcessor:
             queue_id = next(self._rr) % tc.write_queue_nums
         elif queue_id >= tc.write_queue_nums:
             raise Refusal(ResponseCode.SYSTEM_ERROR,
-                             f"request queueId[{queue_id}] is illegal, topic {topic} has "
-                             f"{tc.write_queue_nums} write queues")
+                          f"request queueId[{queue_id}] is illegal, topic {topic} has "
+                          f"{tc.write_queue_nums} write queues")
         self.registry.note_producer(group, conn)
         born_host = conn.attributes.get("born_host")
         if born_host is None:
@@ -166,7 +166,7 @@ class SendProcessor:
         transactional = is_true(props.get(PROPERTY_TRANSACTION_PREPARED))
         if tx_bits == TRANSACTION_PREPARED_TYPE and not transactional:
             raise Refusal(ResponseCode.MESSAGE_ILLEGAL,
-                             "sysFlag marks a transactional message but property TRAN_MSG is not true")
+                          "sysFlag marks a transactional message but property TRAN_MSG is not true")
         msg = Message(topic=topic, queue_id=queue_id, body=body, flag=h.flag, properties=props,
                       sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
                       reconsume_times=reconsume)
@@ -188,7 +188,7 @@ class SendProcessor:
             return
         if len(properties_to_string(props).encode()) > MAX_PROPERTIES_BYTES:
             raise Refusal(ResponseCode.MESSAGE_ILLEGAL,
-                             f"message properties exceed {MAX_PROPERTIES_BYTES} bytes")
+                          f"message properties exceed {MAX_PROPERTIES_BYTES} bytes")
 
     def _delay_level(self, props: dict[str, str]) -> int:
         raw = props.get(PROPERTY_DELAY_TIME_LEVEL)
