@@ -1,7 +1,9 @@
 """Consumer-side requests: heartbeats, membership, offsets, send-back, queue locks.
 
-Heartbeat bodies are parsed leniently: the C++ client writes enums as ordinals, leaves out empty
-sets and sends ``subVersion`` as a string (client-capture.md §5.8), while Java writes enum names.
+Headers arrive through the typed classes of ``remoting.headers`` and JSON bodies through
+``remoting.bodies`` (``HeartbeatData`` reads both the Java form and the C++ one, which writes enums
+as ordinals, leaves out empty sets and sends ``subVersion`` as a string, client-capture.md §5.8);
+this module only applies them to the registry, the offset store and the lock table.
 
 Send-back (CONSUMER_SEND_MSG_BACK) follows RocketMQ: the failed message, read back by its
 commitlog offset, is re-published to ``%RETRY%<group>`` through the delay-level schedule (level
@@ -18,19 +20,35 @@ import logging
 import time
 from collections.abc import Callable
 
-import orjson
-
 from txbroker.config import BrokerConfig
+from txbroker.remoting.bodies import (
+    ConsumerListBody,
+    HeartbeatData,
+    LockBatchRequestBody,
+    LockBatchResponseBody,
+    MessageQueue,
+)
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
-from txbroker.remoting.headers import HeaderError
+from txbroker.remoting.headers import (
+    ConsumerSendMsgBackRequestHeader,
+    GetConsumerListByGroupRequestHeader,
+    GetMaxOffsetRequestHeader,
+    GetMinOffsetRequestHeader,
+    HeaderError,
+    OffsetResponseHeader,
+    QueryConsumerOffsetRequestHeader,
+    SearchOffsetRequestHeader,
+    UnregisterClientRequestHeader,
+    UpdateConsumerOffsetRequestHeader,
+)
 from txbroker.service.clients import (
     ClientRegistry,
     ConsumerEntry,
     Subscription,
     parse_tag_expression,
 )
-from txbroker.service.processors.fields import FieldError, Fields, error_response
+from txbroker.service.processors.errors import error_response
 from txbroker.service.processors.send import VERSION_HONOUR_MAX_RECONSUME, put_ok
 from txbroker.service.schedule import ScheduleService
 from txbroker.service.topics import (
@@ -51,41 +69,6 @@ from txbroker.store.record import (
 log = logging.getLogger(__name__)
 
 LOCK_LIVE_TIME = 60.0
-
-_CONSUME_TYPES = ["CONSUME_ACTIVELY", "CONSUME_PASSIVELY"]
-_MESSAGE_MODELS = ["BROADCASTING", "CLUSTERING"]
-_CONSUME_FROM = ["CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_LAST_OFFSET_AND_FROM_MIN_WHEN_BOOT_FIRST",
-                 "CONSUME_FROM_MIN_OFFSET", "CONSUME_FROM_MAX_OFFSET", "CONSUME_FROM_FIRST_OFFSET",
-                 "CONSUME_FROM_TIMESTAMP"]
-
-
-def _enum(value, names: list[str], default: str) -> str:
-    """Java writes enum names, C++ ordinals; both map to the name."""
-    if isinstance(value, str) and value in names:
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(names):
-        return names[value]
-    if isinstance(value, str) and value.isdigit() and int(value) < len(names):
-        return names[int(value)]
-    return default
-
-
-def _json_body(cmd: RemotingCommand, what: str) -> dict:
-    try:
-        doc = orjson.loads(cmd.body) if cmd.body else {}
-    except orjson.JSONDecodeError as exc:
-        raise FieldError(ResponseCode.SYSTEM_ERROR, f"{what} body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise FieldError(ResponseCode.SYSTEM_ERROR, f"{what} body is not a JSON object")
-    return doc
-
-
-def _list(doc: dict, key: str, what: str) -> list:
-    value = doc.get(key) or []
-    if not isinstance(value, list):
-        raise FieldError(ResponseCode.SYSTEM_ERROR, f"{what}: '{key}' is not a list")
-    return value
-
 
 class LockManager:
     """Per-(group, topic, broker, queue) leases for orderly consumers."""
@@ -149,29 +132,18 @@ class ConsumerProcessor:
 
     # --- membership ----------------------------------------------------------------------
     async def heartbeat(self, conn, cmd: RemotingCommand) -> RemotingCommand:
-        doc = _json_body(cmd, "heartbeat")
-        client_id = str(doc.get("clientID") or "")
-        producers = []
-        for pd in _list(doc, "producerDataSet", "heartbeat"):
-            if isinstance(pd, dict) and pd.get("groupName"):
-                producers.append(validate_group_name(str(pd["groupName"]), "producer group"))
+        hb = HeartbeatData.decode(cmd.body)
+        producers = [validate_group_name(pd.group_name, "producer group")
+                     for pd in hb.producer_data_set]
         consumers = []
-        for cd in _list(doc, "consumerDataSet", "heartbeat"):
-            if not isinstance(cd, dict) or not cd.get("groupName"):
-                continue
-            group = validate_group_name(str(cd["groupName"]), "consumer group")
+        for cd in hb.consumer_data_set:
+            group = validate_group_name(cd.group_name, "consumer group")
             subs: dict[str, Subscription] = {}
-            for sd in _list(cd, "subscriptionDataSet", "heartbeat"):
-                if not isinstance(sd, dict) or not sd.get("topic"):
-                    continue
-                expr = str(sd.get("subString") or "*")
-                try:
-                    version = int(sd.get("subVersion") or 0)
-                except (TypeError, ValueError):
-                    version = 0
-                subs[str(sd["topic"])] = Subscription(
-                    topic=str(sd["topic"]), expression=expr, tags=parse_tag_expression(expr),
-                    version=version, expression_type=str(sd.get("expressionType") or "TAG"))
+            for sd in cd.subscription_data_set:
+                expr = sd.sub_string or "*"
+                subs[sd.topic] = Subscription(
+                    topic=sd.topic, expression=expr, tags=parse_tag_expression(expr),
+                    version=sd.sub_version, expression_type=sd.expression_type)
             # RocketMQ creates the group's retry topic when the group first heartbeats.  On a
             # full disk that fails; the heartbeat must not (consumers keep reading), and the
             # next heartbeat or a send-back creates it once the disk allows.
@@ -180,79 +152,66 @@ class ConsumerProcessor:
             except TopicStoreError as exc:
                 log.warning("heartbeat of %s: %s", group, exc.remark)
             consumers.append((group, ConsumerEntry(
-                client_id=client_id or f"conn-{conn.id}", conn=conn, subscriptions=subs,
+                client_id=hb.client_id, conn=conn, subscriptions=subs,
                 last_seen=0.0,  # stamped by the registry
-                consume_type=_enum(cd.get("consumeType"), _CONSUME_TYPES, "CONSUME_PASSIVELY"),
-                message_model=_enum(cd.get("messageModel"), _MESSAGE_MODELS, "CLUSTERING"),
-                consume_from_where=_enum(cd.get("consumeFromWhere"), _CONSUME_FROM,
-                                         "CONSUME_FROM_LAST_OFFSET"))))
-        self.registry.heartbeat(conn, client_id, producers, consumers)
+                consume_type=cd.consume_type.name, message_model=cd.message_model.name,
+                consume_from_where=cd.consume_from_where.name)))
+        self.registry.heartbeat(conn, hb.client_id, producers, consumers)
         return cmd.response(ResponseCode.SUCCESS)
 
     async def unregister(self, conn, cmd: RemotingCommand) -> RemotingCommand:
-        f = Fields(cmd.ext_fields)
-        client_id = f.str("clientID")
-        self.registry.unregister(conn, client_id, f.str("producerGroup", required=False),
-                                 f.str("consumerGroup", required=False))
+        h = UnregisterClientRequestHeader.from_ext(cmd.ext_fields)
+        self.registry.unregister(conn, h.client_id, h.producer_group, h.consumer_group)
         return cmd.response(ResponseCode.SUCCESS)
 
     async def consumer_list(self, conn, cmd: RemotingCommand) -> RemotingCommand:
-        group = Fields(cmd.ext_fields).str("consumerGroup")
+        group = GetConsumerListByGroupRequestHeader.from_ext(cmd.ext_fields).consumer_group
         ids = self.registry.consumer_ids(group)
         if not ids:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
-        return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps({"consumerIdList": ids}))
+        return cmd.response(ResponseCode.SUCCESS, body=ConsumerListBody(ids).encode())
 
     # --- offsets -------------------------------------------------------------------------
-    def _queue(self, f: Fields) -> tuple[str, int]:
-        return f.str("topic"), f.int("queueId", lo=0)
+    @staticmethod
+    def _offset(cmd: RemotingCommand, offset: int) -> RemotingCommand:
+        return cmd.response(ResponseCode.SUCCESS, ext=OffsetResponseHeader(offset=offset).to_ext())
 
     async def query_offset(self, conn, cmd: RemotingCommand) -> RemotingCommand:
-        f = Fields(cmd.ext_fields)
-        group = f.str("consumerGroup")
-        topic, qid = self._queue(f)
-        offset = self.store.offsets.get(group, topic, qid)
+        h = QueryConsumerOffsetRequestHeader.from_ext(cmd.ext_fields)
+        offset = self.store.offsets.get(h.consumer_group, h.topic, h.queue_id)
         if offset is None:
-            if self.store.min_offset(topic, qid) <= 0:
+            if self.store.min_offset(h.topic, h.queue_id) <= 0:
                 offset = 0
             else:
                 return cmd.response(ResponseCode.QUERY_NOT_FOUND,
                                     "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
-        return cmd.response(ResponseCode.SUCCESS, ext={"offset": str(offset)})
+        return self._offset(cmd, offset)
 
     async def update_offset(self, conn, cmd: RemotingCommand) -> RemotingCommand | None:
-        f = Fields(cmd.ext_fields)
-        group = validate_group_name(f.str("consumerGroup"), "consumer group")
-        topic, qid = self._queue(f)
-        offset = f.long("commitOffset", lo=0)
-        self.store.offsets.set(group, topic, qid, offset)
+        h = UpdateConsumerOffsetRequestHeader.from_ext(cmd.ext_fields)
+        group = validate_group_name(h.consumer_group, "consumer group")
+        self.store.offsets.set(group, h.topic, h.queue_id, h.commit_offset)
         return None if cmd.is_oneway else cmd.response(ResponseCode.SUCCESS)
 
     async def max_offset(self, conn, cmd: RemotingCommand) -> RemotingCommand:
-        topic, qid = self._queue(Fields(cmd.ext_fields))
-        return cmd.response(ResponseCode.SUCCESS, ext={"offset": str(self.store.max_offset(topic, qid))})
+        h = GetMaxOffsetRequestHeader.from_ext(cmd.ext_fields)
+        return self._offset(cmd, self.store.max_offset(h.topic, h.queue_id))
 
     async def min_offset(self, conn, cmd: RemotingCommand) -> RemotingCommand:
-        topic, qid = self._queue(Fields(cmd.ext_fields))
-        return cmd.response(ResponseCode.SUCCESS, ext={"offset": str(self.store.min_offset(topic, qid))})
+        h = GetMinOffsetRequestHeader.from_ext(cmd.ext_fields)
+        return self._offset(cmd, self.store.min_offset(h.topic, h.queue_id))
 
     async def search_offset(self, conn, cmd: RemotingCommand) -> RemotingCommand:
-        f = Fields(cmd.ext_fields)
-        topic, qid = self._queue(f)
-        ts = f.long("timestamp", lo=0)
-        return cmd.response(ResponseCode.SUCCESS,
-                            ext={"offset": str(self.store.offset_by_time(topic, qid, ts))})
+        h = SearchOffsetRequestHeader.from_ext(cmd.ext_fields)
+        return self._offset(cmd, self.store.offset_by_time(h.topic, h.queue_id, h.timestamp))
 
     # --- send-back -----------------------------------------------------------------------
     async def send_back(self, conn, cmd: RemotingCommand) -> RemotingCommand:
-        f = Fields(cmd.ext_fields)
-        offset = f.long("offset", lo=0)
-        group = validate_group_name(f.str("group"), "consumer group")
-        delay_level = f.int("delayLevel")
-        origin_msg_id = f.str("originMsgId", required=False)
-        f.str("originTopic", required=False)
-        f.bool("unitMode")
-        max_times = f.int("maxReconsumeTimes", required=False, lo=0)
+        h = ConsumerSendMsgBackRequestHeader.from_ext(cmd.ext_fields)
+        offset = h.offset
+        group = validate_group_name(h.group, "consumer group")
+        delay_level = h.delay_level
+        max_times = h.max_reconsume_times
         if max_times is None or cmd.version <= VERSION_HONOUR_MAX_RECONSUME:
             max_times = self.config.max_reconsume_times
         old = self.store.read(offset)
@@ -265,7 +224,7 @@ class ConsumerProcessor:
                                 f"message at offset {offset} is in system topic {old.topic}")
         props = dict(old.properties)
         props.setdefault(PROPERTY_RETRY_TOPIC, old.topic)
-        props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, origin_msg_id or old.uniq_key or old.msg_id)
+        props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, h.origin_msg_id or old.uniq_key or old.msg_id)
         props[PROPERTY_MAX_RECONSUME_TIMES] = str(max_times)
         reconsume = old.reconsume_times
         if reconsume >= max_times or delay_level < 0:
@@ -289,24 +248,15 @@ class ConsumerProcessor:
 
     # --- locks ---------------------------------------------------------------------------
     def _lock_body(self, cmd: RemotingCommand) -> tuple[str, str, list[tuple[str, str, int]]]:
-        doc = _json_body(cmd, "lock batch")
-        group = validate_group_name(str(doc.get("consumerGroup") or ""), "consumer group")
-        client_id = str(doc.get("clientId") or "")
-        if not client_id:
-            raise FieldError(ResponseCode.SYSTEM_ERROR, "lock batch: missing 'clientId'")
-        mqs = []
-        for mq in _list(doc, "mqSet", "lock batch"):
-            if not isinstance(mq, dict) or not isinstance(mq.get("queueId"), int) or not mq.get("topic"):
-                raise FieldError(ResponseCode.SYSTEM_ERROR, f"lock batch: bad message queue {mq!r}")
-            mqs.append((str(mq["topic"]), str(mq.get("brokerName") or self.config.broker_name),
-                        int(mq["queueId"])))
-        return group, client_id, mqs
+        body = LockBatchRequestBody.decode(cmd.body)
+        group = validate_group_name(body.consumer_group, "consumer group")
+        return group, body.client_id, [(q.topic, q.broker_name, q.queue_id) for q in body.mq_set]
 
     async def lock_batch(self, conn, cmd: RemotingCommand) -> RemotingCommand:
         group, client_id, mqs = self._lock_body(cmd)
         ok = self.locks.lock(group, client_id, mqs)
-        body = {"lockOKMQSet": [{"brokerName": b, "queueId": q, "topic": t} for t, b, q in ok]}
-        return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(body))
+        body = LockBatchResponseBody([MessageQueue(t, b, q) for t, b, q in ok])
+        return cmd.response(ResponseCode.SUCCESS, body=body.encode())
 
     async def unlock_batch(self, conn, cmd: RemotingCommand) -> RemotingCommand | None:
         group, client_id, mqs = self._lock_body(cmd)
@@ -315,7 +265,7 @@ class ConsumerProcessor:
 
 
 def _guarded(fn):
-    """Turn refusals (FieldError, TopicError) into error responses for one handler."""
+    """Turn refusals (header, body and topic errors) into error responses for one handler."""
     async def handler(conn, cmd: RemotingCommand):
         try:
             return await fn(conn, cmd)
