@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pytest
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.headers import HeaderError, SendMessageRequestHeader
 from txbroker.service.clients import ClientRegistry, ConsumerEntry, parse_tag_expression
-from txbroker.service.namesrv import NameServer, fastjson_dumps
+from txbroker.service.namesrv import NameServer
 from txbroker.service.processors.consumer import LockManager
-from txbroker.service.processors.fields import FieldError, Fields, send_fields
+from txbroker.service.processors.errors import Refusal, error_response
 from txbroker.service.schedule import parse_levels
 from txbroker.service.topics import (
     TopicConfig,
@@ -108,12 +111,6 @@ def test_registry_consumers_notify_and_expire() -> None:
     assert reg.consumer_ids("G") == []
 
 
-def test_fastjson_route_keys() -> None:
-    raw = fastjson_dumps({"brokerDatas": [{"brokerAddrs": {0: "127.0.0.1:1"}, "x": "0"}]})
-    assert b'{0:"127.0.0.1:1"}' in raw
-    assert b'"x":"0"' in raw
-
-
 async def test_namesrv_dialects(tmp_path) -> None:
     cfg = BrokerConfig(data_dir=str(tmp_path), auto_create_topic=False)
     ns = NameServer(cfg, TopicManager(cfg), lambda: "127.0.0.1:10911")
@@ -128,16 +125,23 @@ async def test_namesrv_dialects(tmp_path) -> None:
     assert (await ns.get_route(None, missing)).code == ResponseCode.TOPIC_NOT_EXIST
 
 
-def test_fields_types_and_v2_keys() -> None:
-    f = Fields({"a": "1", "b": "x", "t": "TRUE", "z": "1"})
-    assert f.int("a") == 1 and f.bool("t") and f.bool("z")
-    for call in (lambda: f.int("b"), lambda: f.int("missing"), lambda: f.bool("b"),
-                 lambda: f.int("a", lo=2)):
-        with pytest.raises(FieldError):
-            call()
-    cmd = RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, {"a": "PG", "b": "T", "e": "3"})
-    v2 = send_fields(cmd, v2=True)
-    assert v2.str("producerGroup") == "PG" and v2.int("queueId") == 3
+def test_send_header_v2_keys_and_refusals() -> None:
+    ext = {"a": "PG", "b": "T", "e": "3", "f": "0", "g": "1", "h": "0", "m": "1"}
+    h = SendMessageRequestHeader.from_command(RequestCode.SEND_MESSAGE_V2, ext)
+    assert h.producer_group == "PG" and h.queue_id == 3 and h.batch is True
+    assert h.default_topic_queue_nums is None and h.reconsume_times == 0
+    for bad, words in ((("e", "x"), "'e' (queueId) must be an integer"),
+                       (("m", "maybe"), "'m' (batch) must be a boolean"),
+                       (("d", "2000"), "'d' (defaultTopicQueueNums) = 2000 must be <= 1024"),
+                       (("l", "-1"), "'l' (maxReconsumeTimes) = -1 must be >= 0")):
+        with pytest.raises(HeaderError, match=re.escape(words)):
+            SendMessageRequestHeader.from_command(RequestCode.SEND_MESSAGE_V2, {**ext, bad[0]: bad[1]})
+    missing = {k: v for k, v in ext.items() if k != "f"}
+    with pytest.raises(HeaderError, match=r"missing header field 'f' \(sysFlag\)"):
+        SendMessageRequestHeader.from_command(RequestCode.SEND_BATCH_MESSAGE, missing)
+    cmd = RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, ext)
+    resp = error_response(cmd, Refusal(ResponseCode.NO_PERMISSION, "topic[T] is not writable"))
+    assert resp.code == ResponseCode.NO_PERMISSION and resp.remark == "topic[T] is not writable"
 
 
 def test_locks_expire_and_belong_to_holder() -> None:

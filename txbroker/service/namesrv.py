@@ -9,24 +9,30 @@ port and on the broker port alike.
 Route bodies come in two dialects.  Old clients get fastjson's default output, whose
 ``brokerAddrs`` map has *unquoted* numeric keys (``{0:"127.0.0.1:10911"}``); clients at
 version >= V4_9_4 (401), or that send ``acceptStandardJsonOnly=true``, get standard JSON
-(protocol.md §4.9).  Both dialects sort keys, as fastjson does.
+(protocol.md §4.9).  Both dialects sort keys, as fastjson does.  The request header is a
+``GetRouteInfoRequestHeader`` and the answers are written by ``remoting.bodies``
+(``TopicRouteData``, ``ClusterInfo``).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 
 import orjson
 
 from txbroker.config import BrokerConfig
-from txbroker.remoting.codec import RemotingCommand
-from txbroker.remoting.codes import (
-    VERSION_STANDARD_JSON_ROUTE,
-    RequestCode,
-    ResponseCode,
+from txbroker.remoting.bodies import (
+    MASTER_ID,
+    BrokerData,
+    ClusterInfo,
+    QueueData,
+    TopicRouteData,
+    wants_standard_json,
 )
+from txbroker.remoting.codec import RemotingCommand
+from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.headers import GetRouteInfoRequestHeader, HeaderError
 from txbroker.service.topics import (
     PERM_READ_WRITE,
     TopicError,
@@ -36,22 +42,6 @@ from txbroker.service.topics import (
 )
 
 log = logging.getLogger(__name__)
-
-#: Master broker id in ``brokerAddrs`` (MixAll.MASTER_ID).
-MASTER_ID = 0
-
-_NUMERIC_KEY = re.compile(rb'(?<=[{,])"(-?\d+)":')
-
-
-def is_true(value: str | None) -> bool:
-    """Java reads only "true"; C++ clients send "1" (protocol.md §2.5), so accept both."""
-    return value is not None and value.strip().lower() in ("true", "1")
-
-
-def fastjson_dumps(doc: object) -> bytes:
-    """fastjson's default dialect: sorted keys, numeric map keys left unquoted."""
-    return _NUMERIC_KEY.sub(rb"\1:", orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS))
-
 
 class NameServer:
     """Answers name-server requests from the broker's own topic table."""
@@ -69,11 +59,11 @@ class NameServer:
             RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self.get_topic_list,
         }
 
-    def _broker_data(self) -> dict:
-        return {"brokerAddrs": {MASTER_ID: self._broker_addr()},
-                "brokerName": self.config.broker_name, "cluster": self.config.cluster_name}
+    def _broker_data(self) -> BrokerData:
+        return BrokerData(self.config.cluster_name, self.config.broker_name,
+                          {MASTER_ID: self._broker_addr()})
 
-    def route_data(self, topic: str) -> dict | None:
+    def route_data(self, topic: str) -> TopicRouteData | None:
         """TopicRouteData for ``topic``, auto-creating it when the broker allows that."""
         tc = self.topics.get(topic)
         if tc is None:
@@ -85,41 +75,29 @@ class NameServer:
                 raise  # answered with its own code: the disk refused, the topic may be fine
             except TopicError:
                 return None
-        return {
-            "brokerDatas": [self._broker_data()],
-            "filterServerTable": {},
-            "queueDatas": [{
-                "brokerName": self.config.broker_name, "perm": tc.perm or PERM_READ_WRITE,
-                "readQueueNums": tc.read_queue_nums, "topicSysFlag": tc.topic_sys_flag,
-                "writeQueueNums": tc.write_queue_nums,
-            }],
-        }
+        return TopicRouteData(
+            queue_datas=[QueueData(self.config.broker_name, tc.read_queue_nums,
+                                   tc.write_queue_nums, tc.perm or PERM_READ_WRITE,
+                                   tc.topic_sys_flag)],
+            broker_datas=[self._broker_data()])
 
     async def get_route(self, conn, cmd: RemotingCommand) -> RemotingCommand:
-        topic = cmd.ext_fields.get("topic")
-        if not topic:
-            return cmd.response(ResponseCode.SYSTEM_ERROR, "missing header field 'topic'")
-        data = self.route_data(topic)
+        try:
+            h = GetRouteInfoRequestHeader.from_ext(cmd.ext_fields)
+        except HeaderError as exc:
+            return cmd.response(exc.code, exc.remark)
+        data = self.route_data(h.topic)
         if data is None:
             return cmd.response(ResponseCode.TOPIC_NOT_EXIST,
-                                f"No topic route info in name server for the topic: {topic}")
-        standard = (cmd.version >= VERSION_STANDARD_JSON_ROUTE
-                    or is_true(cmd.ext_fields.get("acceptStandardJsonOnly")))
-        if standard:
-            data["brokerDatas"][0]["brokerAddrs"] = {str(MASTER_ID): self._broker_addr()}
-            body = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
-        else:
-            body = fastjson_dumps(data)
-        return cmd.response(ResponseCode.SUCCESS, body=body)
+                                f"No topic route info in name server for the topic: {h.topic}")
+        standard = wants_standard_json(cmd.version, h.accept_standard_json_only)
+        return cmd.response(ResponseCode.SUCCESS, body=data.encode(standard_json=standard))
 
     async def get_cluster_info(self, conn, cmd: RemotingCommand) -> RemotingCommand:
+        # Always standard JSON (quoted broker ids): every client version reads that here.
         name = self.config.broker_name
-        bd = self._broker_data()
-        bd["brokerAddrs"] = {str(MASTER_ID): self._broker_addr()}
-        doc = {"brokerAddrTable": {name: bd},
-               "clusterAddrTable": {self.config.cluster_name: [name]}}
-        return cmd.response(ResponseCode.SUCCESS,
-                            body=orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS))
+        info = ClusterInfo({name: self._broker_data()}, {self.config.cluster_name: [name]})
+        return cmd.response(ResponseCode.SUCCESS, body=info.encode(standard_json=True))
 
     async def get_topic_list(self, conn, cmd: RemotingCommand) -> RemotingCommand:
         doc = {"brokerAddr": self._broker_addr(), "topicList": self.topics.names()}

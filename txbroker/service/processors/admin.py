@@ -13,12 +13,16 @@ from collections.abc import Callable
 import orjson
 
 from txbroker.config import BrokerConfig
+from txbroker.remoting.bodies import KVTable
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.headers import (
+    CreateTopicRequestHeader,
+    ViewMessageByIdRequestHeader,
+)
 from txbroker.service.clients import ClientRegistry
 from txbroker.service.processors.consumer import _guarded
-from txbroker.service.processors.fields import Fields
-from txbroker.service.topics import PERM_READ_WRITE, TopicConfig, TopicManager
+from txbroker.service.topics import TopicConfig, TopicManager
 
 
 class AdminProcessor:
@@ -46,15 +50,11 @@ class AdminProcessor:
         return {code: _guarded(fn) for code, fn in table.items()}
 
     async def create_topic(self, conn, cmd: RemotingCommand) -> RemotingCommand:
-        f = Fields(cmd.ext_fields)
-        topic = f.str("topic")
-        read = f.int("readQueueNums", required=False, default=self.config.default_queue_nums)
-        write = f.int("writeQueueNums", required=False, default=read)
-        perm = f.int("perm", required=False, default=PERM_READ_WRITE)
-        sys_flag = f.int("topicSysFlag", required=False, default=0, lo=0)
-        order = f.bool("order")
-        f.str("defaultTopic", required=False)
-        tc = self.topics.create_or_update(TopicConfig(topic, read, write, perm, sys_flag, order))
+        h = CreateTopicRequestHeader.from_ext(cmd.ext_fields)
+        read = h.read_queue_nums or self.config.default_queue_nums
+        write = h.write_queue_nums or read
+        tc = self.topics.create_or_update(
+            TopicConfig(h.topic, read, write, h.perm, h.topic_sys_flag, h.order))
         return cmd.response(ResponseCode.SUCCESS, ext={"topic": tc.name})
 
     async def all_topic_config(self, conn, cmd: RemotingCommand) -> RemotingCommand:
@@ -64,7 +64,7 @@ class AdminProcessor:
         return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(doc))
 
     async def view_message(self, conn, cmd: RemotingCommand) -> RemotingCommand:
-        offset = Fields(cmd.ext_fields).long("offset", lo=0)
+        offset = ViewMessageByIdRequestHeader.from_ext(cmd.ext_fields).offset
         raw = self.store.read_raw(offset)
         if raw is None:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
@@ -88,7 +88,7 @@ class AdminProcessor:
         return table
 
     async def runtime_info(self, conn, cmd: RemotingCommand) -> RemotingCommand:
-        return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps({"table": self.runtime_table()}))
+        return cmd.response(ResponseCode.SUCCESS, body=KVTable(self.runtime_table()).encode())
 
     def status_doc(self) -> dict:
         queues = self.store.queues()
