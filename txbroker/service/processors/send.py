@@ -222,13 +222,14 @@ class SendProcessor:
                                 reconsume_times=reconsume))
         results = await self.store.put_batch(msgs)
         bad = next((r for r in results if r.status.name not in ("OK", "FLUSH_DISK_TIMEOUT")), None)
-        first = bad or results[0]
-        resp = self._response(cmd, first, queue_id=queue_id)
-        if bad is None:  # the batch's answer names every stored message
-            resp.ext_fields["msgId"] = ",".join(r.msg_id for r in results)
-        return resp
+        if bad is not None:
+            return self._response(cmd, bad, queue_id=queue_id)
+        # The batch's answer names every stored message, in order.
+        return self._response(cmd, results[0], queue_id=queue_id,
+                              msg_id=",".join(r.msg_id for r in results))
 
-    def _response(self, cmd: RemotingCommand, result, *, queue_id: int) -> RemotingCommand:
+    def _response(self, cmd: RemotingCommand, result, *, queue_id: int,
+                  msg_id: str | None = None) -> RemotingCommand:
         status = result.status.name
         if status == "OK":
             code, remark = ResponseCode.SUCCESS, None
@@ -240,7 +241,7 @@ class SendProcessor:
         else:
             return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE,
                                 result.reason or f"store not available: {status}")
-        header = SendMessageResponseHeader(msg_id=result.msg_id, queue_id=queue_id,
+        header = SendMessageResponseHeader(msg_id=msg_id or result.msg_id, queue_id=queue_id,
                                            queue_offset=result.queue_offset, trace_on=True)
         return cmd.response(code, remark, ext=header.to_ext())
 
