@@ -1,4 +1,4 @@
-"""``txbroker topic``: create topics and list them."""
+"""``txbroker topic``: create, delete and list topics."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from txbroker.client.admin import AdminClient
 
 @click.group()
 def topic() -> None:
-    """Create and list topics."""
+    """Create, delete and list topics."""
 
 
 @topic.command()
@@ -31,6 +31,21 @@ def create(name: str, queues: int, namesrv: str, credentials: dict[str, str]) ->
 
     run(main)
     click.echo(f"topic {name} created with {queues} queue(s)")
+
+
+@topic.command()
+@click.argument("name")
+@namesrv_option
+@credentials_options
+def delete(name: str, namesrv: str, credentials: dict[str, str]) -> None:
+    """Delete topic NAME: its config, queues and consumer offsets (system topics refuse)."""
+
+    async def main() -> None:
+        async with AdminClient(namesrv, **credentials) as admin:
+            await admin.delete_topic(name)
+
+    run(main)
+    click.echo(f"topic {name} deleted")
 
 
 @topic.command("list")

@@ -70,6 +70,12 @@ async def test_topic_produce_consume(broker, namesrv, tmp_path) -> None:
     # a new group without --from-beginning only sees new messages
     out = _ok(await _cli("consume", "--topic", "TCli", "--group", "CG_NEW", "--timeout", "0.5", *ns))
     assert out == ""
+    # deleted: gone from the list, its queues and committed offsets with it
+    assert "topic TCli deleted" in _ok(await _cli("topic", "delete", "TCli", *ns))
+    assert "TCli" not in orjson.loads(_ok(await _cli("topic", "list", "--json", *ns)))
+    assert broker.store.max_offset("TCli", 0) == 0 and "CG_CLI" not in broker.store.offsets.groups()
+    err = _one_line_error(await _cli("topic", "delete", "RMQ_SYS_TRANS_HALF_TOPIC", *ns))
+    assert "NO_PERMISSION" in err or "system topic" in err, err
 
 
 async def test_transactions_and_operator_decisions(broker, namesrv) -> None:

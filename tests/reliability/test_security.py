@@ -13,7 +13,7 @@ from txbroker.broker import Broker
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codes import RequestCode, ResponseCode
 
-#: RocketMQ DELETE_TOPIC_IN_BROKER; txbroker has no topic deletion, so it must be refused too.
+#: RocketMQ DELETE_TOPIC_IN_BROKER: refused for system topics (NO_PERMISSION).
 DELETE_TOPIC_IN_BROKER = 215
 
 
@@ -49,6 +49,8 @@ async def test_system_topics_cannot_be_written_created_deleted_or_pulled(broker,
         code, remark = await answer(addr, data)
         assert code not in (None, ResponseCode.SUCCESS), (topic, code, remark)
         assert remark, (topic, code)
+    code, remark = await answer(addr, request(DELETE_TOPIC_IN_BROKER, {"topic": topic}))
+    assert code == ResponseCode.NO_PERMISSION, (topic, code, remark)  # refused as a system topic
 
 
 @pytest.mark.parametrize("topic", ["", "bad topic", "a/b", "x" * 300, "t\u00e9"])

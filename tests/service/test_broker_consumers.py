@@ -301,3 +301,30 @@ async def test_offsets_after_retention_deleted_the_head(broker, broker_client) -
     assert int(resp.ext_fields["nextBeginOffset"]) == low
     resp, msgs = await pull(c, "NewGroup", "Ret", 0, low, max_nums=2)
     assert resp.code == ResponseCode.SUCCESS and msgs[0].queue_offset == low
+
+
+async def test_delete_topic(broker, broker_client) -> None:
+    c = broker_client
+    await send(c, "Doomed", b"x", queue_id=1)
+    await c.invoke(request(RequestCode.UPDATE_CONSUMER_OFFSET, {
+        "consumerGroup": "DG", "topic": "Doomed", "queueId": "1", "commitOffset": "1"}), TIMEOUT)
+    await send(c, "Kept", b"y", queue_id=0)
+    cq_dir = broker.store.root / "consumequeue" / "Doomed"
+    assert cq_dir.is_dir()
+    resp = await c.invoke(request(RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Doomed"}), TIMEOUT)
+    assert resp.code == ResponseCode.SUCCESS, resp.remark
+    assert broker.topics.get("Doomed") is None and not cq_dir.exists()
+    assert broker.store.max_offset("Doomed", 1) == 0
+    assert "Doomed" not in broker.store.offsets.groups().get("DG", {})
+    assert broker.store.max_offset("Kept", 0) == 1  # other topics untouched
+    resp = await c.invoke(request(RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Doomed"}), TIMEOUT)
+    assert resp.code == ResponseCode.TOPIC_NOT_EXIST
+    for bad, code in (("../Kept", ResponseCode.MESSAGE_ILLEGAL),
+                      ("RMQ_SYS_TRANS_HALF_TOPIC", ResponseCode.NO_PERMISSION),
+                      ("TBW102", ResponseCode.NO_PERMISSION)):
+        resp = await c.invoke(request(RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": bad}), TIMEOUT)
+        assert resp.code == code, (bad, resp.code, resp.remark)
+    assert broker.store.max_offset("Kept", 0) == 1
+    # Sending again makes a fresh topic (auto-create), from offset 0.
+    await send(c, "Doomed", b"z", queue_id=1)
+    assert broker.store.max_offset("Doomed", 1) == 1

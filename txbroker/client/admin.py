@@ -76,6 +76,13 @@ class AdminClient:
         for addr in self.brokers.values():
             await self._call(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, f"create topic {topic}", ext)
 
+    async def delete_topic(self, topic: str) -> None:
+        """Delete ``topic`` on every broker: its config, queues and consumer offsets."""
+        validate_topic(topic)
+        for addr in self.brokers.values():
+            await self._call(addr, RequestCode.DELETE_TOPIC_IN_BROKER, f"delete topic {topic}",
+                             {"topic": topic})
+
     async def list_topics(self) -> dict[str, dict]:
         """Topic name -> RocketMQ TopicConfig (queues, perm), merged over brokers."""
         out: dict[str, dict] = {}

@@ -537,6 +537,13 @@ class CreateTopicRequestHeader(Header):
 
 
 @_header
+class DeleteTopicRequestHeader(Header):
+    """DELETE_TOPIC_IN_BROKER (215)."""
+
+    topic: str = h_str("topic")
+
+
+@_header
 class TxnListRequestHeader(Header):
     """TXN_LIST (txbroker admin): which half messages to list, at most ``limit`` of them."""
 

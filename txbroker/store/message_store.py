@@ -384,6 +384,17 @@ class MessageStore:
         self.delete_expired()
 
     # --- writing ----------------------------------------------------------------------------------
+    def delete_topic(self, topic: str) -> int:
+        """Drop ``topic``'s consume queues (files included) and its consumer offsets, as
+        RocketMQ's topic deletion does; returns the number of queues dropped.  The records stay
+        in the commitlog until retention deletes their segments, unreachable."""
+        dropped = [key for key in self.queues_ if key[0] == topic]
+        for key in dropped:
+            self.queues_.pop(key).close()
+        shutil.rmtree(self.root / "consumequeue" / topic, ignore_errors=True)
+        self.offsets.forget_topic(topic)
+        return len(dropped)
+
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = self.queues_.get((topic, queue_id))
         if cq is None:

@@ -51,6 +51,14 @@ class ConsumerOffsetStore:
             self._offsets[key] = offset
             self._dirty = True
 
+    def forget_topic(self, topic: str) -> int:
+        """Drop every group's offsets in ``topic`` (the topic was deleted); returns how many."""
+        keys = [k for k in self._offsets if k[1] == topic]
+        for key in keys:
+            del self._offsets[key]
+        self._dirty = self._dirty or bool(keys)
+        return len(keys)
+
     def groups(self) -> dict[str, dict[str, dict[int, int]]]:
         out: dict[str, dict[str, dict[int, int]]] = {}
         for (group, topic, qid), offset in self._offsets.items():

@@ -1,4 +1,5 @@
-"""Admin requests: topics, message lookup by offset, runtime info and the status document.
+"""Admin requests: topics (create, delete, list), message lookup by offset, runtime info and
+the status document.
 
 BROKER_STATUS (9004, txbroker's private range) is what ``txbroker status`` prints: topics with
 per-queue min/max offsets, consumer groups with their committed offsets and members, pending
@@ -7,6 +8,7 @@ half messages and key metrics, as one JSON document.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -18,11 +20,14 @@ from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.headers import (
     CreateTopicRequestHeader,
+    DeleteTopicRequestHeader,
     ViewMessageByIdRequestHeader,
 )
 from txbroker.service.clients import ClientRegistry
 from txbroker.service.processors.consumer import _guarded
-from txbroker.service.topics import TopicConfig, TopicManager
+from txbroker.service.topics import TopicConfig, TopicManager, validate_topic_name
+
+log = logging.getLogger(__name__)
 
 
 class AdminProcessor:
@@ -42,6 +47,7 @@ class AdminProcessor:
     def handlers(self) -> dict[int, object]:
         table = {
             RequestCode.UPDATE_AND_CREATE_TOPIC: self.create_topic,
+            RequestCode.DELETE_TOPIC_IN_BROKER: self.delete_topic,
             RequestCode.GET_ALL_TOPIC_CONFIG: self.all_topic_config,
             RequestCode.GET_BROKER_RUNTIME_INFO: self.runtime_info,
             RequestCode.VIEW_MESSAGE_BY_ID: self.view_message,
@@ -56,6 +62,17 @@ class AdminProcessor:
         tc = self.topics.create_or_update(
             TopicConfig(h.topic, read, write, h.perm, h.topic_sys_flag, h.order))
         return cmd.response(ResponseCode.SUCCESS, ext={"topic": tc.name})
+
+    async def delete_topic(self, conn, cmd: RemotingCommand) -> RemotingCommand:
+        """The topic's config, consume queues and consumer offsets go; system topics never
+        (they hold the transaction state: deleting one would lose or forge decisions)."""
+        topic = validate_topic_name(DeleteTopicRequestHeader.from_ext(cmd.ext_fields).topic)
+        existed = self.topics.delete(topic)
+        queues = self.store.delete_topic(topic)
+        if not existed and not queues:
+            return cmd.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] does not exist")
+        log.warning("topic %s deleted by %s (%d queues)", topic, getattr(conn, "peer", "?"), queues)
+        return cmd.response(ResponseCode.SUCCESS)
 
     async def all_topic_config(self, conn, cmd: RemotingCommand) -> RemotingCommand:
         doc = {"topicConfigTable": {t.name: t.to_wire() for t in self.topics.all()},
