@@ -20,6 +20,7 @@ from txbroker.store.record import (
     BLANK_MAGIC,
     TRANSACTION_PREPARED_TYPE,
     Message,
+    create_offset_msg_id,
     decode_record,
     record_size,
     tag_hash,
@@ -58,6 +59,13 @@ async def test_put_get_and_queue_offsets(tmp_path):
     assert [m.body for m in got.messages()] == [b"m%d" % i for i in range(0, 20, 2)]
     read = store.read(results[3].physical_offset)
     assert read is not None and read.body == b"m3" and read.msg_id == results[3].msg_id
+    by_id = store.read_by_msg_id(results[3].msg_id.lower())
+    assert by_id is not None and by_id.body == b"m3"
+    # Another broker's id for the same offset names nothing here; garbage is an error.
+    other = create_offset_msg_id("127.0.0.2", 10911, results[3].physical_offset)
+    assert store.read_by_msg_id(other) is None
+    with pytest.raises(ValueError):
+        store.read_by_msg_id("not-an-id")
     await store.close()
 
 

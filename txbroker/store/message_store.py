@@ -46,6 +46,7 @@ from txbroker.store.record import (
     RecordError,
     StoredMessage,
     create_offset_msg_id,
+    decode_offset_msg_id,
     decode_record,
     decode_records,
     ip4_bytes,
@@ -596,6 +597,17 @@ class MessageStore:
             return decode_record(raw)
         except RecordError:
             return None
+
+    def read_by_msg_id(self, msg_id: str) -> StoredMessage | None:
+        """The message an offsetMsgId names, None if it names nothing here.
+
+        The id carries the store host and port as well as the offset: an id from another
+        broker (or this one under another address) must not resolve to whatever record this
+        log holds at that offset.  ValueError when ``msg_id`` is not an offsetMsgId at all."""
+        decode_offset_msg_id(msg_id)  # shape and hex
+        if msg_id[:16].upper() != self._id_prefix:
+            return None
+        return self.read(int(msg_id[16:], 16))
 
     def read_raw(self, physical_offset: int) -> bytes | None:
         if self.commitlog is None or physical_offset < 0:
