@@ -52,10 +52,10 @@ from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.headers import HeaderError
 from txbroker.remoting.signing import ACCESS_KEY, SIGNATURE, signature
+from txbroker.store.record import RETRY_GROUP_TOPIC_PREFIX
 
 log = logging.getLogger(__name__)
 
-RETRY_PREFIX = "%RETRY%"
 #: RocketMQ's AclConstants: keys and secrets must be longer than this.
 MIN_KEY_LENGTH = 6
 
@@ -101,7 +101,7 @@ def check_permission(needed: Perm, owned: Perm) -> bool:
 
 
 def retry_topic(group: str) -> str:
-    return RETRY_PREFIX + group
+    return RETRY_GROUP_TOPIC_PREFIX + group
 
 
 # --- remote address patterns -------------------------------------------------------------------
@@ -407,8 +407,8 @@ def required_resources(code: int, ext: Mapping[str, str], body: bytes) -> dict[s
 
 
 def _describe(resource: str) -> str:
-    if resource.startswith(RETRY_PREFIX):
-        return f"group={resource[len(RETRY_PREFIX):]}"
+    if resource.startswith(RETRY_GROUP_TOPIC_PREFIX):
+        return f"group={resource[len(RETRY_GROUP_TOPIC_PREFIX):]}"
     return f"topic={resource}"
 
 
@@ -441,7 +441,7 @@ def validate(rules: AclRules, code: int, ext: Mapping[str, str], body: bytes,
     for resource, perm in needed.items():
         owned = account.resource_perms.get(resource)
         if owned is None:
-            is_group = resource.startswith(RETRY_PREFIX)
+            is_group = resource.startswith(RETRY_GROUP_TOPIC_PREFIX)
             owned = account.default_group_perm if is_group else account.default_topic_perm
         if not check_permission(perm, owned):
             return AclDenied(f"No permission for {_describe(resource)}: accessKey={access_key} "

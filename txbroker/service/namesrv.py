@@ -32,7 +32,7 @@ from txbroker.remoting.bodies import (
 )
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
-from txbroker.remoting.headers import GetRouteInfoRequestHeader, HeaderError
+from txbroker.remoting.headers import GetRouteInfoRequestHeader
 from txbroker.service.topics import (
     PERM_READ_WRITE,
     TopicError,
@@ -82,10 +82,8 @@ class NameServer:
             broker_datas=[self._broker_data()])
 
     async def get_route(self, conn, cmd: RemotingCommand) -> RemotingCommand:
-        try:
-            h = GetRouteInfoRequestHeader.from_ext(cmd.ext_fields)
-        except HeaderError as exc:
-            return cmd.response(exc.code, exc.remark)
+        # A bad header raises HeaderError, which the server answers with its code and remark.
+        h = GetRouteInfoRequestHeader.from_ext(cmd.ext_fields)
         data = self.route_data(h.topic)
         if data is None:
             return cmd.response(ResponseCode.TOPIC_NOT_EXIST,

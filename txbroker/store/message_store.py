@@ -389,6 +389,8 @@ class MessageStore:
         """Drop ``topic``'s consume queues (files included) and its consumer offsets, as
         RocketMQ's topic deletion does; returns the number of queues dropped.  The records stay
         in the commitlog until retention deletes their segments, unreachable."""
+        if not topic or "/" in topic or topic in (".", ".."):
+            raise ValueError(f"{topic!r} cannot name a topic directory")
         dropped = [key for key in self.queues_ if key[0] == topic]
         for key in dropped:
             self.queues_.pop(key).close()
