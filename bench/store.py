@@ -1,5 +1,7 @@
 """Store benchmark: ``python -m bench.store`` prints put/get/flush/recovery rates and, in the
-same run, the raw ceiling of assigning the same bytes into an mmap slice.
+same run, the raw ceiling of assigning the same bytes into an mmap slice; then how long a
+restart after SIGKILL takes against a 1 GiB segment, by bytes written since the last checkpoint
+(``--restart-only`` for just those rows).
 
 Bounded in size (a temp dir, deleted afterwards).  Numbers on a shared 2-core machine are
 noisy: compare ratios within one run, and use ``--repeat`` to quote medians.
@@ -12,6 +14,7 @@ import asyncio
 import mmap
 import os
 import shutil
+import signal
 import statistics
 import tempfile
 import threading
@@ -166,6 +169,51 @@ async def recovery_rate(root: Path, name: str) -> tuple[float, int]:
     return report.bytes_scanned / report.seconds / 1e6, report.bytes_scanned
 
 
+def _write_then_die(data: str, segment: int, written: int, checkpointed: bool) -> None:
+    """In a forked child: store ``written`` bytes of 4 KiB records, optionally reach a
+    checkpoint, add one record, then SIGKILL itself.  The parent inherits a crashed store."""
+    async def work() -> None:
+        # No periodic checkpoint: every byte written counts as "since the last checkpoint".
+        store = MessageStore(BrokerConfig(data_dir=data, segment_size=segment, flush_interval=3600.0))
+        store.open()
+        await store.start()
+        payload = os.urandom(4096)
+        for _ in range(written // 4096):
+            await store.put(Message("BenchTopic", 0, payload))
+        if checkpointed:
+            await store._checkpoint_once()
+        await store.put(Message("BenchTopic", 0, payload[:157]))
+        os.kill(os.getpid(), signal.SIGKILL)
+    asyncio.run(work())
+
+
+def crash_restart(root: Path, name: str, written: int, *, checkpointed: bool = False,
+                  segment: int = 1024 * 1024 * 1024) -> tuple[float, int]:
+    """Seconds :meth:`MessageStore.open` takes after a SIGKILL, and the bytes it validated.
+
+    The writer is a forked child killed mid-run, so the parent finds what a broker restarted
+    after ``kill -9`` finds: the abort marker, the last checkpoint, written pages in the page
+    cache and the rest of a preallocated ``segment`` never written.
+    """
+    data = str(root / name)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _write_then_die(data, segment, written, checkpointed)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    if not os.WIFSIGNALED(status) or os.WTERMSIG(status) != signal.SIGKILL:
+        raise RuntimeError(f"crash writer ended with status {status}, not SIGKILL")
+    store = MessageStore(BrokerConfig(data_dir=data, segment_size=segment))
+    report = store.open()
+    if report.clean:
+        raise RuntimeError("a store killed with SIGKILL recovered as clean")
+    asyncio.run(store.close())
+    shutil.rmtree(data, ignore_errors=True)
+    return report.seconds, report.bytes_scanned
+
+
 async def run_once(root: Path, scale: float) -> dict[str, tuple[float, float | None]]:
     out: dict[str, tuple[float, float | None]] = {}
     n256 = int(200_000 * scale)
@@ -206,28 +254,46 @@ async def run_once(root: Path, scale: float) -> dict[str, tuple[float, float | N
     return out
 
 
+def restart_rows(root: Path, scale: float) -> dict[str, tuple[float, float | None]]:
+    """Restart after SIGKILL against a 1 GiB segment, by bytes written since the checkpoint."""
+    out: dict[str, tuple[float, float | None]] = {}
+    mib = 1024 * 1024
+    cases = [("1 record", 0, False), ("64 MiB", 64 * mib, False),
+             ("1 GiB", int(1024 * mib * scale) // 4096 * 4096, False),
+             ("1 GiB checkpointed + 1 record", int(1024 * mib * scale) // 4096 * 4096, True)]
+    for label, written, checkpointed in cases:
+        seconds, scanned = crash_restart(root, "crash", written, checkpointed=checkpointed)
+        out[f"restart after SIGKILL, 1 GiB segment, {label}"] = (seconds, scanned / 1e6)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeat", type=int, default=1, help="runs; the table shows medians")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
+    ap.add_argument("--restart-only", action="store_true",
+                    help="only the restart-after-SIGKILL rows")
     args = ap.parse_args()
     runs: list[dict[str, tuple[float, float | None]]] = []
     for _ in range(args.repeat):
         root = Path(tempfile.mkdtemp(prefix="txbroker-bench-store-"))
         try:
-            runs.append(asyncio.run(run_once(root, args.scale)))
+            run = {} if args.restart_only else asyncio.run(run_once(root, args.scale))
+            run.update(restart_rows(root, args.scale))  # forks: outside any event loop
+            runs.append(run)
         finally:
             shutil.rmtree(root, ignore_errors=True)
     table = Table(title=f"txbroker store (median of {args.repeat})")
     table.add_column("operation")
     table.add_column("rate", justify="right")
-    table.add_column("MB/s", justify="right")
+    table.add_column("MB/s (restart: MB validated)", justify="right")
     for key in runs[0]:
         rates = [r[key][0] for r in runs if key in r]
         mbs = [r[key][1] for r in runs if key in r and r[key][1] is not None]
-        unit = ("MB/s" if key.startswith("recovery") else "flushes/s" if key.startswith("durable")
+        unit = ("s" if key.startswith("restart") else "MB/s" if key.startswith("recovery") else "flushes/s" if key.startswith("durable")
                 else "% of idle" if key.startswith("loop") else "" if key.startswith(" ") else "msgs/s")
-        table.add_row(key, f"{statistics.median(rates):,.0f} {unit}",
+        fmt = ",.3f" if unit == "s" else ",.0f"
+        table.add_row(key, f"{statistics.median(rates):{fmt}} {unit}",
                       f"{statistics.median(mbs):,.0f}" if mbs else "")
     Console().print(table)
 

@@ -25,6 +25,7 @@ from txbroker.store.record import (
     record_size,
     tag_hash,
 )
+from txbroker.store.segment import MappedSegment
 
 SEG = 64 * 1024
 
@@ -580,3 +581,41 @@ def test_recovery_property_any_damage_point(tmp_path):
         root = tmp_path / f"case{n}"
         asyncio.run(one(root, "flip" if n % 2 else "tear"))
         shutil.rmtree(root)
+
+
+async def test_crash_recovery_reads_only_what_was_written(tmp_path):
+    """A restart after a crash costs the bytes written, not the preallocated segment: recovery
+    must not read the never-written rest of a large segment (reading pages in is what made a
+    restart with one record take seconds on a 1 GiB segment).  The kernel's data map of the
+    file shows what was read in: pages read through the mapping count as data there."""
+    big = 256 * 1024 * 1024
+    store = await opened(cfg(tmp_path, segment_size=big))
+    r = await store.put(Message("T", 0, b"one record"))
+    _crash_copy(store)
+    again = MessageStore(cfg(tmp_path, segment_size=big))
+    report = again.open()
+    assert not report.clean and report.end_offset == r.physical_offset + r.size
+    seg = again.commitlog.segments[0]
+    mapped = sum(end - start for start, end in seg.data_ranges(0))
+    assert 0 < mapped <= 32 * 1024 * 1024, f"recovery read {mapped} bytes of a {big}-byte segment"
+    assert again.read(r.physical_offset).body == b"one record"
+    await again.start()
+    await again.close()
+
+
+def test_zero_from_erases_stale_data_past_a_zero_gap(tmp_path):
+    """Pages can reach the disk out of order: stale bytes past a zeroed stretch must be erased
+    too, or a later recovery could take them for records once new writes reach them."""
+    size = 64 * 1024 * 1024
+    seg = MappedSegment(tmp_path / f"{0:020d}", 0, size, create=True)
+    try:
+        seg.append(b"r" * 100)
+        seg.write_at(40 * 1024 * 1024, b"stale record bytes")
+        seg.write_at(size - 5, b"tail!")
+        cut = seg.zero_from(50)
+        assert cut == size - 50
+        assert seg.read(0, 50) == b"r" * 50
+        assert seg.read(50, size - 50).count(0) == size - 50
+        assert seg.wrote == 50
+    finally:
+        seg.destroy()

@@ -21,8 +21,10 @@ concurrently in an executor because it only asks the kernel to write pages back.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 _ZERO_CHUNK = 1024 * 1024
@@ -99,22 +101,55 @@ class MappedSegment:
         """Erase everything from ``rel`` on (a torn or corrupt tail).
 
         Every byte up to the end of the file is cleared, not just up to the first zero run:
-        stale records left behind could otherwise look valid to a later recovery.  Chunks that
-        are already zero are only compared, never written, so a mostly empty preallocated
-        segment is not dirtied.  Returns how many bytes held data (up to the last non-zero one).
+        after a power loss pages reach the disk out of order, so stale records can sit past a
+        zeroed page and would look valid to a later recovery once new writes reach them.  Only
+        the ranges the kernel reports as possibly holding data are read (:meth:`data_ranges`):
+        a preallocated segment that is mostly unwritten costs what was written, not its size.
+        Chunks that are already zero are only compared, never written, so they are not dirtied.
+        Returns how many bytes held data (up to the last non-zero one).
         """
         cut_end = rel
-        pos = rel
-        while pos < self.size:
-            n = min(_ZERO_CHUNK, self.size - pos)
-            chunk = self._mm[pos:pos + n]
-            if chunk != _ZEROS[:n]:
-                cut_end = pos + len(chunk.rstrip(b"\x00"))
-                self._mm[pos:pos + n] = _ZEROS[:n]
-            pos += n
+        # The map is taken whole before reading: reading pages in (with read-ahead) makes the
+        # kernel count them as data, and a lazy walk would chase its own reads to the end.
+        for first, end in list(self.data_ranges(rel)):
+            pos = first
+            while pos < end:
+                n = min(_ZERO_CHUNK, end - pos)
+                chunk = self._mm[pos:pos + n]
+                if chunk != _ZEROS[:n]:
+                    cut_end = pos + len(chunk.rstrip(b"\x00"))
+                    self._mm[pos:pos + n] = _ZEROS[:n]
+                pos += n
         self.wrote = min(self.wrote, rel)
         self.flushed = min(self.flushed, rel)
         return cut_end - rel
+
+    def data_ranges(self, rel: int) -> Iterator[tuple[int, int]]:
+        """The ``[start, end)`` ranges at or after ``rel`` that may hold non-zero bytes.
+
+        Asked of the kernel with ``lseek(SEEK_DATA / SEEK_HOLE)``: a hole, and on ext4, XFS and
+        tmpfs a preallocated extent nothing was written to, reads as zeros, while a page written
+        through the mapping counts as data from the moment it is dirtied, before any write-back.
+        The kernel may report zeros as data (a page it read in), never data as a hole, so the
+        ranges can only be too wide.  A filesystem without the map reports the whole rest of
+        the file as one range, which is still correct, only as slow as a full scan.
+        """
+        pos = rel
+        while pos < self.size:
+            try:
+                first = os.lseek(self._fd, pos, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # nothing but holes from ``pos`` to the end
+                    return
+                if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+                    yield pos, self.size
+                    return
+                raise
+            if first >= self.size:
+                return
+            end = min(os.lseek(self._fd, first, os.SEEK_HOLE), self.size)
+            yield first, end
+            pos = end
 
     def sync(self) -> None:
         """Write dirty pages back to disk (blocking; run it in an executor)."""
