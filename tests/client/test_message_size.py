@@ -11,7 +11,14 @@ import random
 import pytest
 from sdk_helpers import collect
 
-from txbroker.client import Consumer, LocalTransactionState, Message, Producer, TransactionListener, TransactionProducer
+from txbroker.client import (
+    Consumer,
+    LocalTransactionState,
+    Message,
+    Producer,
+    TransactionListener,
+    TransactionProducer,
+)
 from txbroker.client.message import DEFAULT_MAX_MESSAGE_SIZE
 from txbroker.config import BrokerConfig
 from txbroker.store.record import COMPRESSED_FLAG, decode_offset_msg_id
