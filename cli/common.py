@@ -3,8 +3,8 @@
 Every client command runs its coroutine on a fresh event loop in a worker thread.  That keeps
 the commands callable from anywhere — a shell, a test's click runner, or code that already
 runs an event loop — and lets Ctrl-C cancel the coroutine cleanly (so a consumer still commits
-its offsets) instead of killing it mid-request.  Failures become one line on stderr and exit
-status 1, never a traceback.
+its offsets) instead of killing it mid-request.  Failures become one line on stderr,
+``error: <what> at <address>: <why>``, and exit status 1 (usage errors: 2), never a traceback.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import logging
 import signal
 import threading
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import IO, Any, TypeVar
 
 import click
 
-from txbroker.client.errors import ClientError
+from txbroker.client.errors import BrokerError, ClientError, SendError, code_name
 
 DEFAULT_NAMESRV = "127.0.0.1:9876"
 T = TypeVar("T")
@@ -59,17 +59,108 @@ def is_system_topic(topic: str) -> bool:
             or topic in ("TBW102", "TRANS_CHECK_MAX_TIME_TOPIC"))
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
+class CommandError(click.ClickException):
+    """A failed command, shown as the one line ``error: <what> at <address>: <why>`` (exit 1).
+
+    Every client command fails through this class, so a script or a person reading stderr
+    always learns what was attempted, against which address, and why it failed.
+    """
+
+    def __init__(self, what: str, address: str | None, why: str) -> None:
+        self.what, self.address, self.why = what, address, why
+        where = f" at {address}" if address else ""
+        super().__init__(" ".join(f"{what}{where}: {why}".split()))  # one line
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class _UsageLine(click.UsageError):
+    """A usage error as one ``error:`` line pointing at ``--help`` (exit 2), not click's block."""
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        path = self.ctx.command_path if self.ctx is not None else "txbroker"
+        click.echo(f"error: {self.format_message()} (see '{path} --help')", err=True)
+
+
+class OneLineErrors(click.Group):
+    """The root command group: usage and other click errors of every sub-command become one
+    ``error:`` line too, the same style as :class:`CommandError`."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as exc:
+            raise _one_line(exc) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            raise _one_line(exc) from None
+
+
+def _one_line(exc: click.ClickException) -> click.ClickException:
+    if isinstance(exc, CommandError | _UsageLine | click.exceptions.NoArgsIsHelpError):
+        return exc  # the last: a group called bare shows its help, which is no error line
+    if isinstance(exc, click.UsageError):
+        return _UsageLine(exc.format_message(), exc.ctx)
+    ctx = click.get_current_context(silent=True)
+    return CommandError(_command_name(ctx), None, exc.format_message())
+
+
+def _command_name(ctx: click.Context | None) -> str:
+    """``topic list`` for ``txbroker topic list``: the command path without the program."""
+    if ctx is None:
+        return "txbroker"
+    return ctx.command_path.partition(" ")[2] or ctx.command_path
+
+
+def _refused(exc: BaseException | None) -> bool:
+    while exc is not None:
+        if isinstance(exc, ConnectionRefusedError):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def explain(exc: BaseException, what: str, address: str | None) -> CommandError:
+    """The one-line error for ``exc``, raised while doing ``what`` against ``address``.
+
+    A broker's refusal names the broker's own address and its response code; a refused
+    connection says that nothing is listening there, which almost always means no broker
+    runs at that address.
+    """
+    if isinstance(exc, BrokerError):
+        why = f"{code_name(exc.code)} ({exc.code})" + (f": {exc.remark}" if exc.remark else "")
+        return CommandError(exc.what, exc.addr or address, why)
+    if isinstance(exc, SendError):
+        what = f"send to topic {exc.topic!r}"
+        if exc.code is not None and len(exc.attempts) == 1:
+            why = f"{code_name(exc.code)} ({exc.code})" + (f": {exc.remark}" if exc.remark else "")
+            return CommandError(what, exc.addr or address, why)
+        return CommandError(what, address, f"failed after {len(exc.attempts)} attempt(s): "
+                                           + "; ".join(exc.attempts))
+    if _refused(exc):
+        return CommandError(what, address, "connection refused: no broker is running there "
+                                           "(start one with 'txbroker serve')")
     if isinstance(exc, TimeoutError) and not str(exc):
-        text = "timed out waiting for the broker"
-    if isinstance(exc, ConnectionRefusedError):
-        text = f"connection refused ({text})"
-    return " ".join(text.split())  # one line
+        return CommandError(what, address, "timed out waiting for the broker")
+    return CommandError(what, address, str(exc).strip() or type(exc).__name__)
 
 
-def run(make: Callable[[], Awaitable[T]]) -> T:
-    """Run ``make()`` on its own loop in a worker thread; map failures to a click error."""
+def run(make: Callable[[], Awaitable[T]], what: str | None = None, address: str | None = None) -> T:
+    """Run ``make()`` on its own loop in a worker thread; map failures to a :class:`CommandError`.
+
+    ``what`` names the action for the error line (default: the command, e.g. ``topic list``),
+    ``address`` where it went (default: the command's ``--namesrv``).
+    """
+    ctx = click.get_current_context(silent=True)
+    if what is None:
+        what = _command_name(ctx)
+    if address is None and ctx is not None:
+        address = ctx.params.get("namesrv")
     result: dict[str, object] = {}
     loop = asyncio.new_event_loop()
     main: dict[str, asyncio.Task] = {}
@@ -122,7 +213,7 @@ def run(make: Callable[[], Awaitable[T]]) -> T:
         if isinstance(exc, asyncio.CancelledError):
             raise click.exceptions.Exit(130)
         if isinstance(exc, EXPECTED_ERRORS):
-            raise click.ClickException(_describe(exc))
+            raise explain(exc, what, address) from None
         logging.getLogger("txbroker.cli").debug("unexpected error", exc_info=exc)
-        raise click.ClickException(f"unexpected {type(exc).__name__}: {_describe(exc)}")
+        raise CommandError(what, address, f"unexpected {type(exc).__name__}: {exc}") from None
     return result["value"]  # type: ignore[return-value]

@@ -1,7 +1,9 @@
 """``txbroker consume``: print messages of a topic as a member of a consumer group.
 
 Offsets are committed for the group, so a second run continues where the first stopped.  A
-printed message counts as consumed; stop with Ctrl-C, ``--max`` or ``--timeout``.
+printed message counts as consumed; stop with Ctrl-C, ``--max`` or ``--idle-timeout``.  With
+``--max`` the idle time-out defaults to 5 s, so asking for more messages than the topic holds
+ends instead of waiting forever; without it the command follows the topic until stopped.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import orjson
 
 from cli.common import credentials_options, namesrv_option, run
 from txbroker.client import Consumer, MessageExt
+
+#: Idle seconds after which a ``--max`` run stops short of its count.
+MAX_IDLE_DEFAULT = 5.0
 
 
 def _doc(msg: MessageExt) -> dict:
@@ -51,13 +56,17 @@ def _text(msg: MessageExt) -> str:
 @click.option("--from-beginning", is_flag=True,
               help="A new group starts at the oldest retained message (default: only new ones).")
 @click.option("--max", "max_count", type=click.IntRange(1), help="Stop after this many messages.")
-@click.option("--timeout", type=click.FloatRange(0.01), help="Stop after this many idle seconds.")
+@click.option("--idle-timeout", "--timeout", "idle_timeout", type=click.FloatRange(0.01),
+              metavar="SECONDS",
+              help=f"Stop after this many seconds without a new message [default: "
+                   f"{MAX_IDLE_DEFAULT:g} with --max, else follow until Ctrl-C].")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per message.")
 @namesrv_option
 @credentials_options
 def consume(topic: str, group: str, expression: str, from_beginning: bool, max_count: int | None,
-            timeout: float | None, as_json: bool, namesrv: str, credentials: dict[str, str]) -> None:
-    """Print messages of TOPIC as they arrive."""
+            idle_timeout: float | None, as_json: bool, namesrv: str, credentials: dict[str, str]) -> None:
+    """Print messages of TOPIC as they arrive; a summary line goes to stderr at the end."""
+    timeout = MAX_IDLE_DEFAULT if idle_timeout is None and max_count is not None else idle_timeout
 
     async def main() -> None:
         consumer = Consumer(group, namesrv, from_where="first" if from_beginning else "last",
@@ -65,16 +74,21 @@ def consume(topic: str, group: str, expression: str, from_beginning: bool, max_c
                             **credentials)
         consumer.subscribe(topic, expression)
         await consumer.start()
-        count = 0
+        count, why = 0, "stopped"
         try:
             while max_count is None or count < max_count:
                 msg = await consumer.poll(timeout)
-                if msg is None:  # idle for --timeout seconds
+                if msg is None:
+                    why = f"no new message for {timeout:g} s"
                     break
                 click.echo(orjson.dumps(_doc(msg)).decode() if as_json else _text(msg))
                 count += 1
+            else:
+                why = f"--max {max_count} reached"
         finally:
             # Printed means consumed: commit past the last printed message.
             await consumer.shutdown(ack_delivered=True)
+            click.echo(f"consumed {count:,} message{'' if count == 1 else 's'} of topic {topic} "
+                       f"as group {group} ({why})", err=True)
 
     run(main)

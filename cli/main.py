@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
+from cli.common import OneLineErrors
 from txbroker import __version__
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="txbroker")
 def main() -> None:
     """txbroker: a transactional message broker speaking the RocketMQ 4.x protocol."""

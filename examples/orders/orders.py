@@ -8,6 +8,9 @@ END_TRANSACTION: a logged transaction committed, a missing one older than a few 
 will.  The consumer applies orders to its own database idempotently (at-least-once delivery
 means a message can arrive twice).
 
+The two SQLite databases, ``orders.db`` and ``shipments.db``, live in ``--data-dir``
+(default ``.example-data/`` in the current directory, created when missing).
+
 Run against ``txbroker serve`` (see the README)::
 
     python examples/orders/orders.py place --item book --quantity 2
@@ -28,6 +31,7 @@ import sqlite3
 import sys
 import time
 import uuid
+from pathlib import Path
 
 from txbroker.client import (
     Consumer,
@@ -44,6 +48,10 @@ PRODUCER_GROUP = "order-service"
 CONSUMER_GROUP = "order-applier"
 #: A transaction with no log row this long after its half was sent never committed locally.
 UNDECIDED_GRACE_SECONDS = 5.0
+#: Where the databases go unless --data-dir says otherwise (git-ignored in the repository).
+DEFAULT_DATA_DIR = ".example-data"
+ORDERS_DB = "orders.db"
+SHIPMENTS_DB = "shipments.db"
 
 log = logging.getLogger("orders")
 
@@ -117,7 +125,7 @@ class OrderTransactions(TransactionListener):
 async def place(args: argparse.Namespace) -> int:
     order = {"order_id": args.order_id or uuid.uuid4().hex[:12], "item": args.item,
              "quantity": args.quantity}
-    listener = OrderTransactions(args.db, fail=args.fail, lose_end=args.lose_end)
+    listener = OrderTransactions(str(args.data_dir / ORDERS_DB), fail=args.fail, lose_end=args.lose_end)
     async with TransactionProducer(PRODUCER_GROUP, args.namesrv, listener=listener) as producer:
         msg = Message(TOPIC, json.dumps(order).encode(), tags="created", keys=order["order_id"])
         result = await producer.send_message_in_transaction(msg, order)
@@ -128,7 +136,7 @@ async def place(args: argparse.Namespace) -> int:
 
 async def checker(args: argparse.Namespace) -> int:
     """Stay in the producer group for a while, answering check-backs from the database."""
-    listener = OrderTransactions(args.db)
+    listener = OrderTransactions(str(args.data_dir / ORDERS_DB))
     async with TransactionProducer(PRODUCER_GROUP, args.namesrv, listener=listener,
                                    heartbeat_interval=min(30.0, args.seconds)):
         print(json.dumps({"checker": "ready"}), flush=True)
@@ -145,7 +153,7 @@ def open_applied_db(path: str) -> sqlite3.Connection:
 
 async def apply(args: argparse.Namespace) -> int:
     """Apply orders to the shipping database; a redelivered order is applied once."""
-    db = open_applied_db(args.applied_db)
+    db = open_applied_db(str(args.data_dir / SHIPMENTS_DB))
     consumer = Consumer(CONSUMER_GROUP, args.namesrv, from_where="first",
                         long_poll_timeout=min(15.0, args.timeout))
     consumer.subscribe(TOPIC, "created")
@@ -167,7 +175,9 @@ async def apply(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--namesrv", default=os.environ.get("TXBROKER_NAMESRV", "127.0.0.1:9876"))
-    parser.add_argument("--db", default="orders.db", help="the order service's database")
+    parser.add_argument("--data-dir", type=Path, default=Path(DEFAULT_DATA_DIR),
+                        help=f"directory of {ORDERS_DB} and {SHIPMENTS_DB} (default: {DEFAULT_DATA_DIR}, "
+                             "created when missing)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("place", help="place an order (database row + message, atomically)")
     p.add_argument("--item", required=True)
@@ -179,13 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("checker", help="answer check-backs for the producer group")
     c.add_argument("--seconds", type=float, default=30.0)
     a = sub.add_parser("apply", help="consume orders into the shipping database")
-    a.add_argument("--applied-db", default="shipments.db")
     a.add_argument("--max", type=int)
     a.add_argument("--timeout", type=float, default=30.0, help="stop after this many idle seconds")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     handler = {"place": place, "checker": checker, "apply": apply}[args.command]
     try:
+        args.data_dir.mkdir(parents=True, exist_ok=True)
         return asyncio.run(handler(args))
     except (ClientError, OSError, ValueError, TimeoutError) as exc:
         print(f"error: {exc}", file=sys.stderr)  # one line, no traceback

@@ -16,9 +16,9 @@ SCRIPT = REPO / "examples" / "orders" / "orders.py"
 TIMEOUT = 30
 
 
-def _run(namesrv: str, db: Path, *args: str) -> list[dict]:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--namesrv", namesrv, "--db", str(db), *args],
-                          check=False, cwd=REPO, capture_output=True, timeout=TIMEOUT, text=True)
+def _run(namesrv: str, cwd: Path, *args: str) -> list[dict]:
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--namesrv", namesrv, *args],
+                          check=False, cwd=cwd, capture_output=True, timeout=TIMEOUT, text=True)
     assert proc.returncode == 0, (args, proc.stdout, proc.stderr)
     return [json.loads(line) for line in proc.stdout.splitlines()]
 
@@ -51,26 +51,29 @@ def _read_until(proc: subprocess.Popen, pred, timeout: float = TIMEOUT) -> list[
 def test_orders_example(broker_process, tmp_path: Path) -> None:
     broker = broker_process()
     ns = broker.namesrv_addr
-    orders_db, shipments_db = tmp_path / "orders.db", tmp_path / "shipments.db"
+    # Run from a directory of its own: the databases go to .example-data/ under it, by default.
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    data = cwd / ".example-data"
+    orders_db, shipments_db = data / "orders.db", data / "shipments.db"
 
-    [book] = _run(ns, orders_db, "place", "--item", "book", "--quantity", "2", "--order-id", "o-book")
+    [book] = _run(ns, cwd, "place", "--item", "book", "--quantity", "2", "--order-id", "o-book")
     assert book["state"] == "COMMIT_MESSAGE"
-    [lamp] = _run(ns, orders_db, "place", "--item", "lamp", "--order-id", "o-lamp", "--fail")
+    [lamp] = _run(ns, cwd, "place", "--item", "lamp", "--order-id", "o-lamp", "--fail")
     assert lamp["state"] == "ROLLBACK_MESSAGE"
-    [desk] = _run(ns, orders_db, "place", "--item", "desk", "--order-id", "o-desk", "--lose-end")
+    [desk] = _run(ns, cwd, "place", "--item", "desk", "--order-id", "o-desk", "--lose-end")
     assert desk["state"] == "UNKNOW"  # committed in SQLite, but the broker was never told
 
     checker = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--namesrv", ns, "--db", str(orders_db), "checker", "--seconds", "20"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        [sys.executable, str(SCRIPT), "--namesrv", ns, "checker", "--seconds", "20"],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         # Another process of the group answers the broker's check-back from the database.
         lines = _read_until(checker, lambda d: d.get("check") == desk["transaction_id"]
                             and d.get("state") == "COMMIT_MESSAGE")
         assert lines[0] == {"checker": "ready"}
         # The checker prints before its answer leaves, so it keeps running while orders apply.
-        applied = _run(ns, orders_db, "apply", "--applied-db", str(shipments_db), "--max", "2",
-                       "--timeout", "15")
+        applied = _run(ns, cwd, "apply", "--max", "2", "--timeout", "15")
     finally:
         checker.kill()
         checker.wait(10)
@@ -81,4 +84,9 @@ def test_orders_example(broker_process, tmp_path: Path) -> None:
     with sqlite3.connect(orders_db) as db:
         assert db.execute("SELECT order_id FROM orders ORDER BY order_id").fetchall() == [("o-book",), ("o-desk",)]
     # nothing else arrives: the rolled-back order never reaches the consumer
-    assert _run(ns, orders_db, "apply", "--applied-db", str(shipments_db), "--timeout", "1") == []
+    elsewhere = tmp_path / "elsewhere" / "data"
+    assert _run(ns, cwd, "--data-dir", str(elsewhere), "apply", "--timeout", "1") == []
+    # the databases are in the data dirs, none in the working directory
+    assert sorted(p.name for p in cwd.iterdir()) == [".example-data"]
+    assert {p.name for p in data.iterdir()} >= {"orders.db", "shipments.db"}
+    assert [p.name for p in elsewhere.iterdir()] == ["shipments.db"]

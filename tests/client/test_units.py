@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 import zlib
 from datetime import UTC, datetime
@@ -13,8 +14,8 @@ from txbroker.client.message import (
     Message,
     MessageExt,
     UniqKeyGenerator,
-    compress,
     parse_tag_expression,
+    wire_body,
 )
 from txbroker.client.rebalance import MessageQueue, OffsetTracker, allocate_average
 from txbroker.store import record as rec
@@ -112,7 +113,6 @@ def test_tag_expressions() -> None:
     ({"topic": ""}, "non-empty"),
     ({"topic": "T" * 200}, "longer than"),
     ({"body": b""}, "empty"),
-    ({"body": b"x" * 2000}, "exceeds the maximum"),
     ({"tags": "A||B"}, "may not contain"),
     ({"keys": ["ok", "has space"]}, "no spaces"),
     ({"properties": {"TRAN_MSG": "true"}}, "reserved"),
@@ -124,7 +124,27 @@ def test_tag_expressions() -> None:
 def test_message_validation(kwargs: dict, error: str) -> None:
     fields = {"topic": "T", "body": b"x", **kwargs}
     with pytest.raises(ValueError, match=error):
-        Message(**fields).validate(max_size=1024)
+        Message(**fields).validate()
+
+
+def test_wire_body_compresses_only_when_it_shrinks() -> None:
+    text = b"hello " * 2000
+    packed, flag = wire_body(text, 4096, 1024)  # the limit applies to the compressed size
+    assert flag == rec.COMPRESSED_FLAG and zlib.decompress(packed) == text
+    assert wire_body(b"small", 4096, 1024) == (b"small", 0)  # under the threshold
+    noise = random.Random(6).randbytes(8192)  # zlib makes random bytes longer: sent as is
+    assert wire_body(noise, 4096, 8192) == (noise, 0)
+    assert wire_body(text, 0, len(text)) == (text, 0)  # threshold 0: never compressed
+
+
+@pytest.mark.parametrize("body,threshold,error", [
+    (random.Random(6).randbytes(8192), 4096,
+     r"^message body is 8,192 bytes \(8,\d{3} compressed\), over the 4,096-byte limit$"),
+    (b"x" * 5000, 0, r"^message body is 5,000 bytes, over the 4,096-byte limit$"),
+])
+def test_wire_body_over_the_limit(body: bytes, threshold: int, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        wire_body(body, threshold, 4096)
 
 
 def test_body_type_checked() -> None:
@@ -143,9 +163,7 @@ def test_wire_properties() -> None:
 
 def test_message_ext_from_stored_decompresses() -> None:
     body = b"hello " * 2000
-    packed, flag = compress(body, 4096)
-    assert flag == rec.COMPRESSED_FLAG and zlib.decompress(packed) == body
-    assert compress(b"small", 4096) == (b"small", 0)
+    packed, flag = wire_body(body, 4096, 4096)
     stored_msg = rec.Message(topic="T", queue_id=2, body=packed, sys_flag=flag,
                              properties={"UNIQ_KEY": "AB" * 16, "TAGS": "t", "KEYS": "k1 k2"},
                              born_timestamp=5, born_host=("127.0.0.1", 1234))

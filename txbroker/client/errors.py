@@ -32,13 +32,17 @@ class BrokerError(ClientError):
         where = f" from {addr}" if addr else ""
         super().__init__(f"{what}: broker{where} answered {code_name(code)} ({code})"
                          + (f": {remark}" if remark else ""))
+        self.what = what
         self.code = code
         self.remark = remark or ""
         self.addr = addr
 
 
 class SendError(ClientError):
-    """A send failed on every attempt; ``attempts`` holds one line per attempt."""
+    """A send failed on every attempt; ``attempts`` holds one line per attempt.
+
+    ``code``, ``remark`` and ``addr`` are the last attempt's broker refusal (None, None and
+    "" when it got no answer)."""
 
     def __init__(self, topic: str, attempts: list[str], last: BaseException | None) -> None:
         super().__init__(f"send to topic {topic!r} failed after {len(attempts)} attempt(s): "
@@ -47,3 +51,4 @@ class SendError(ClientError):
         self.attempts = attempts
         self.code = getattr(last, "code", None)
         self.remark = getattr(last, "remark", None)
+        self.addr = getattr(last, "addr", "")

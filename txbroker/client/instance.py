@@ -225,6 +225,7 @@ class ClientInstance:
         if self._ns is not None and not getattr(self._ns, "closed", False):
             return self._ns
         errors = []
+        last: BaseException | None = None
         for i in range(len(self.namesrv_addrs)):
             addr = self.namesrv_addrs[(self._ns_index + i) % len(self.namesrv_addrs)]
             client = RemotingClient(addr, connect_timeout=self.request_timeout,
@@ -233,13 +234,15 @@ class ClientInstance:
                 await client.connect()
             except (OSError, TimeoutError) as exc:
                 errors.append(f"{addr}: {exc or type(exc).__name__}")
+                last = exc
                 with contextlib.suppress(Exception):
                     await client.close()
                 continue
             self._ns_index = (self._ns_index + i) % len(self.namesrv_addrs)
             self._ns = client
             return client
-        raise RouteError("cannot connect to the name server (" + "; ".join(errors) + ")")
+        # Chained, so a caller can tell a refused connection (nothing listening) from a time-out.
+        raise RouteError("cannot connect to the name server (" + "; ".join(errors) + ")") from last
 
     async def namesrv_invoke(self, cmd: RemotingCommand, timeout: float | None = None) -> RemotingCommand:
         ns = await self._namesrv()

@@ -96,15 +96,17 @@ class Message:
     properties: dict[str, str] | None = None
     delay_level: int = 0
 
-    def validate(self, max_size: int = 4 * 1024 * 1024) -> None:
-        """Raise ValueError naming the first bad field; nothing is sent for a bad message."""
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field; nothing is sent for a bad message.
+
+        The body's size is checked by :func:`wire_body`, after compression: the limit applies
+        to what the broker receives.
+        """
         validate_topic(self.topic)
         if not isinstance(self.body, (bytes, bytearray, memoryview)):
             raise TypeError(f"body must be bytes, got {type(self.body).__name__}")
         if len(self.body) == 0:
             raise ValueError("body is empty")
-        if len(self.body) > max_size:
-            raise ValueError(f"body of {len(self.body)} bytes exceeds the maximum {max_size}")
         if self.tags is not None:
             _check_text("tags", self.tags)
             if not self.tags or "||" in self.tags:
@@ -231,11 +233,33 @@ class TransactionSendResult(SendResult):
     local_transaction_state: LocalTransactionState = LocalTransactionState.UNKNOW
 
 
-def compress(body: bytes, threshold: int) -> tuple[bytes, int]:
-    """zlib-compress bodies of at least ``threshold`` bytes (Java's default is 4 KiB)."""
-    if threshold <= 0 or len(body) < threshold:
-        return bytes(body), 0
-    return zlib.compress(bytes(body), 5), rec.COMPRESSED_FLAG
+#: The broker's default ``max_message_size`` and RocketMQ's ``maxMessageSize``: 4 MiB of body.
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+#: RocketMQ's ``compressMsgBodyOverHowmuch``: bodies of at least this many bytes are compressed.
+DEFAULT_COMPRESS_THRESHOLD = 4096
+
+
+def wire_body(body: bytes, compress_threshold: int, max_size: int) -> tuple[bytes, int]:
+    """The body as the broker will receive it, and the sys flag that goes with it.
+
+    Bodies of at least ``compress_threshold`` bytes (0 = never) are zlib-compressed as
+    RocketMQ does, but sent compressed only when that makes them smaller: random or already
+    compressed data grows under zlib.  The broker refuses a body over its max_message_size
+    (MESSAGE_ILLEGAL), measured as received, so the limit is checked here on the same bytes;
+    a body over it raises ValueError naming its size, the compressed size and the limit.
+    """
+    raw = bytes(body)
+    sent, flag, packed_size = raw, 0, None
+    if 0 < compress_threshold <= len(raw):
+        packed = zlib.compress(raw, 5)
+        packed_size = len(packed)
+        if packed_size < len(raw):
+            sent, flag = packed, rec.COMPRESSED_FLAG
+    if len(sent) > max_size:
+        packed_text = f" ({packed_size:,} compressed)" if packed_size is not None else ""
+        raise ValueError(f"message body is {len(raw):,} bytes{packed_text}, over the "
+                         f"{max_size:,}-byte limit")
+    return sent, flag
 
 
 class UniqKeyGenerator:

@@ -25,12 +25,14 @@ from txbroker.client.errors import (
 )
 from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
 from txbroker.client.message import (
+    DEFAULT_COMPRESS_THRESHOLD,
+    DEFAULT_MAX_MESSAGE_SIZE,
     Message,
     SendResult,
     SendStatus,
     UniqKeyGenerator,
-    compress,
     validate_topic,
+    wire_body,
 )
 from txbroker.client.rebalance import MessageQueue
 from txbroker.remoting.codec import RemotingCommand
@@ -60,13 +62,19 @@ def validate_group(group: object) -> str:
 class Producer:
     """Sends messages; ``async with Producer("PG") as p: await p.send(Message(...))``.
 
+    ``max_message_size`` is the broker's ``max_message_size`` (4 MiB unless the broker was
+    configured otherwise; like RocketMQ's client, the producer is told, it does not ask): a
+    body larger than that as sent, i.e. after compression, is refused before it leaves.
+    ``compress_threshold``: bodies of at least this many bytes are compressed when that
+    shrinks them (0 = never).
+
     ``access_key``/``secret_key`` (RocketMQ's SessionCredentials) sign every request, for
     brokers that run access control; leave them unset otherwise.
     """
 
     def __init__(self, group: str, namesrv: str = DEFAULT_NAMESRV, send_timeout: float = 3.0,
-                 retries: int = 2, *, max_message_size: int = 4 * 1024 * 1024,
-                 compress_threshold: int = 4096, heartbeat_interval: float = 30.0,
+                 retries: int = 2, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+                 compress_threshold: int = DEFAULT_COMPRESS_THRESHOLD, heartbeat_interval: float = 30.0,
                  instance_name: str | None = None, access_key: str | None = None,
                  secret_key: str | None = None) -> None:
         self.group = validate_group(group)
@@ -128,17 +136,17 @@ class Producer:
     async def send(self, msg: Message) -> SendResult:
         """Send one message and wait until the broker stored it."""
         self._check_running()
-        msg.validate(self.max_message_size)
+        msg.validate()
+        body, sys_flag = wire_body(msg.body, self.compress_threshold, self.max_message_size)
         uniq = self._ids.next()
-        body, sys_flag = compress(msg.body, self.compress_threshold)
         return await self._send(msg.topic, body, msg.wire_properties(uniq), sys_flag, uniq)
 
     async def send_oneway(self, msg: Message) -> None:
         """Send without waiting for the broker (no result, no retry: delivery is best effort)."""
         self._check_running()
-        msg.validate(self.max_message_size)
+        msg.validate()
+        body, sys_flag = wire_body(msg.body, self.compress_threshold, self.max_message_size)
         uniq = self._ids.next()
-        body, sys_flag = compress(msg.body, self.compress_threshold)
         queues = await self._queues(msg.topic)
         mq = queues[next(self._rr) % len(queues)]
         cmd = self._request(mq, body, msg.wire_properties(uniq), sys_flag, batch=False, oneway=True)
@@ -156,7 +164,7 @@ class Producer:
         topic = msgs[0].topic
         items, uniqs = [], []
         for i, m in enumerate(msgs):
-            m.validate(self.max_message_size)
+            m.validate()
             if m.topic != topic:
                 raise ValueError(f"batch message {i} is for topic {m.topic!r}, not {topic!r}")
             if m.delay_level:
@@ -165,8 +173,9 @@ class Producer:
             uniqs.append(uniq)
             items.append((0, bytes(m.body), m.wire_properties(uniq)))
         body = rec.encode_batch(items)
-        if len(body) > self.max_message_size:
-            raise ValueError(f"batch of {len(body)} bytes exceeds the maximum {self.max_message_size}")
+        if len(body) > self.max_message_size:  # batches go uncompressed, as in RocketMQ
+            raise ValueError(f"batch body is {len(body):,} bytes, over the "
+                             f"{self.max_message_size:,}-byte limit")
         return await self._send(topic, body, {rec.PROPERTY_WAIT_STORE_MSG_OK: "true"}, 0,
                                 ",".join(uniqs), batch=True)
 

@@ -28,7 +28,7 @@ from txbroker.client.message import (
     Message,
     MessageExt,
     TransactionSendResult,
-    compress,
+    wire_body,
 )
 from txbroker.client.producer import Producer
 from txbroker.remoting.codec import RemotingCommand
@@ -113,7 +113,7 @@ class TransactionProducer(Producer):
         Raises if the half could not be stored (then the local transaction does not run).
         """
         self._check_running()
-        msg.validate(self.max_message_size)
+        msg.validate()
         if msg.delay_level:
             raise ValueError("a transactional message cannot have a delay level")
         uniq = self._ids.next()
@@ -123,7 +123,7 @@ class TransactionProducer(Producer):
         # The transaction id is the UNIQ_KEY; carried on the half so every broker version
         # hands it to check-backs and consumers (5.x brokers add it themselves).
         props[rec.PROPERTY_TRANSACTION_ID] = uniq
-        body, sys_flag = compress(msg.body, self.compress_threshold)
+        body, sys_flag = wire_body(msg.body, self.compress_threshold, self.max_message_size)
         result = await self._send(msg.topic, body, props, sys_flag | rec.TRANSACTION_PREPARED_TYPE, uniq)
 
         half = MessageExt(topic=msg.topic, body=bytes(msg.body), tags=msg.tags,
