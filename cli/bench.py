@@ -69,7 +69,7 @@ def _wall(t0: float, startup: float) -> str:
 
 def _beside(directory: str) -> Path:
     """``DIR.spark.log`` next to a directory the command replaces (so not inside it)."""
-    d = Path(directory)
+    d = Path(directory).absolute()  # "." has no name to add to
     return d.with_name(d.name + ".spark.log")
 
 
