@@ -1,8 +1,9 @@
 """``txbroker bench``: the PySpark trace bench (generate, replay, verify, report, run).
 
-Every command takes ``--master`` (default ``local[*]``; ``spark://HOST:PORT`` runs the same job
-on a cluster).  ``verify`` and ``run`` exit 1 when any violation is found; bad options exit 2
-with one ``error:`` line.
+Every Spark command takes ``--master`` (default ``local[*]``; ``spark://HOST:PORT`` runs the
+same job on a cluster) and sends Spark's own output (JVM banner, log4j lines, progress bars) to a
+log file it names on stderr, unless ``--verbose``.  ``verify`` and ``run`` exit 1 when any
+violation is found; bad options exit 2 with one ``error:`` line.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import functools
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import click
@@ -22,8 +24,21 @@ from bench.trace.spec import (
     parse_mix,
 )
 
-_master = click.option("--master", default="local[*]", show_default=True,
-                       help="Spark master (local[*], local[N] or spark://HOST:PORT)")
+
+def _spark_options(log_default: str):
+    """``--master``, ``--verbose`` and ``--spark-log`` (default described by ``log_default``)."""
+    def decorate(fn):
+        for opt in reversed([
+            click.option("--master", default="local[*]", show_default=True,
+                         help="Spark master (local[*], local[N] or spark://HOST:PORT)"),
+            click.option("--spark-log", type=click.Path(dir_okay=False), default=None,
+                         help=f"file for Spark's output and log [default: {log_default}]"),
+            click.option("--verbose", "-v", is_flag=True,
+                         help="show Spark's output (log4j lines, progress bars) on the terminal"),
+        ]):
+            fn = opt(fn)
+        return fn
+    return decorate
 
 
 def _errors(fn):
@@ -37,9 +52,25 @@ def _errors(fn):
     return wrapper
 
 
-def _spark(master: str):
+def _spark(master: str, verbose: bool, log_file: Path):
+    """Start (or join) the SparkSession; return it and the seconds that took."""
     from bench.trace.spark import session
-    return session(master)
+
+    if not verbose:
+        click.echo(f"Spark log: {log_file} (--verbose shows it here)", err=True)
+    t = time.perf_counter()
+    spark = session(master, log_file=None if verbose else log_file)
+    return spark, time.perf_counter() - t
+
+
+def _wall(t0: float, startup: float) -> str:
+    return f"{time.perf_counter() - t0:.1f} s wall, including {startup:.1f} s Spark start-up"
+
+
+def _beside(directory: str) -> Path:
+    """``DIR.spark.log`` next to a directory the command replaces (so not inside it)."""
+    d = Path(directory).absolute()  # "." has no name to add to
+    return d.with_name(d.name + ".spark.log")
 
 
 def _trace_options(fn):
@@ -82,20 +113,20 @@ def bench() -> None:
 @click.option("--transactions", "-n", type=int, required=True)
 @click.option("--out", type=click.Path(file_okay=False), required=True)
 @_trace_options
-@_master
+@_spark_options("OUT.spark.log")
 @_errors
-def generate_cmd(transactions, out, master, **opts) -> None:
+def generate_cmd(transactions, out, master, verbose, spark_log, **opts) -> None:
     """Write a trace (Parquet, deterministic for --seed)."""
-    import time
-
     from bench.trace.generate import generate, validate
 
+    t0 = time.perf_counter()
     meta = _meta(transactions, **opts)
     validate(meta)
-    spark = _spark(master)
+    spark, startup = _spark(master, verbose, Path(spark_log or _beside(out)))
     t = time.perf_counter()
     generate(spark, meta, Path(out))
-    click.echo(f"wrote {transactions:,} transactions to {out} in {time.perf_counter() - t:.1f} s")
+    click.echo(f"wrote {transactions:,} transactions to {out} in {time.perf_counter() - t:.1f} s "
+               f"({_wall(t0, startup)})")
 
 
 @bench.command("replay")
@@ -109,16 +140,19 @@ def generate_cmd(transactions, out, master, **opts) -> None:
               help="check-backs answered at once per producer (the SDK drops beyond 16x this)")
 @click.option("--rate", type=float, default=None,
               help="override the trace schedule: transactions/s (0 = as fast as possible)")
-@_master
+@_spark_options("OUT.spark.log")
 @_errors
 def replay_cmd(trace_dir, namesrv, out, concurrency, tasks, check_concurrency, rate,
-               master) -> None:
+               master, verbose, spark_log) -> None:
     """Replay a trace against a running broker; results are Parquet."""
     from bench.trace.replay import replay
 
-    s = replay(_spark(master), trace_dir, namesrv, out, tasks=tasks, concurrency=concurrency,
+    t0 = time.perf_counter()
+    spark, startup = _spark(master, verbose, Path(spark_log or _beside(out)))
+    s = replay(spark, trace_dir, namesrv, out, tasks=tasks, concurrency=concurrency,
                rate=rate, check_concurrency=check_concurrency)
-    click.echo(f"run {s['run_id']}: {s['deliveries']:,} deliveries recorded in {out}")
+    click.echo(f"run {s['run_id']}: {s['deliveries']:,} deliveries recorded in {out} "
+               f"({_wall(t0, startup)})")
 
 
 @bench.command("verify")
@@ -126,16 +160,19 @@ def replay_cmd(trace_dir, namesrv, out, concurrency, tasks, check_concurrency, r
 @click.option("--results", type=click.Path(file_okay=False, exists=True), required=True)
 @click.option("--grace-ms", type=float, default=500.0, show_default=True,
               help="a check this soon after the decision is a race, not a violation")
-@_master
+@_spark_options("RESULTS/verify.spark.log")
 @_errors
-def verify_cmd(trace_dir, results, grace_ms, master) -> None:
+def verify_cmd(trace_dir, results, grace_ms, master, verbose, spark_log) -> None:
     """Join expectations with deliveries; exit 1 on any violation."""
     from bench.trace.verify import verify
 
-    v = verify(_spark(master), trace_dir, results, grace_ms=grace_ms)
+    t0 = time.perf_counter()
+    spark, startup = _spark(master, verbose, Path(spark_log or Path(results) / "verify.spark.log"))
+    v = verify(spark, trace_dir, results, grace_ms=grace_ms)
     for name, n in v["violations"].items():
         click.echo(f"{name:<26} {n:>10,}" + (f"  e.g. {v['violation_samples'][name]}" if n else ""))
     click.echo(f"checks: {v['checks']} (scripted {v['expected_checks']:,})")
+    click.echo(f"verified in {_wall(t0, startup)}")
     click.echo(f"throughput {v['throughput_tx_per_s']:,.0f} tx/s; "
                f"{'PASS' if v['violation_total'] == 0 else 'FAIL'}")
     sys.exit(1 if v["violation_total"] else 0)
@@ -165,23 +202,26 @@ def report_cmd(results, out) -> None:
 @click.option("--replay-rate", type=float, default=None,
               help="override the trace schedule (0 = as fast as possible)")
 @_trace_options
-@_master
+@_spark_options("WORK-DIR/spark.log")
 @_errors
 def run_cmd(transactions, namesrv, work_dir, concurrency, tasks, check_concurrency, replay_rate,
-            master, **opts) -> None:
+            master, verbose, spark_log, **opts) -> None:
     """generate + replay + verify + report; exit 1 on any violation."""
     from rich.console import Console
 
     from bench.trace.generate import validate
     from bench.trace.run import run_all, summary_table
 
+    t0 = time.perf_counter()
     meta = _meta(transactions, **opts)
     validate(meta)
     work = Path(work_dir or tempfile.mkdtemp(prefix="txbroker-bench-run-"))
+    spark, startup = _spark(master, verbose, Path(spark_log or work / "spark.log"))
     console = Console(stderr=True)
-    summary, timings = run_all(_spark(master), meta, work, namesrv, tasks=tasks,
+    summary, timings = run_all(spark, meta, work, namesrv, tasks=tasks,
                                concurrency=concurrency, rate=replay_rate,
                                check_concurrency=check_concurrency, console=console)
+    timings = {"Spark start-up": startup, **timings, "wall": time.perf_counter() - t0}
     Console().print(summary_table(summary, timings))
     click.echo(f"report: {work / 'report' / 'report.md'}")
     sys.exit(1 if summary["violation_total"] else 0)

@@ -1,7 +1,8 @@
-"""``bench report``: Markdown plus three PNG plots from a verified results directory.
+"""``bench report``: Markdown plus four PNG plots from a verified results directory.
 
-Plots: throughput over time (started / decided / delivered per second), latency CDFs (send,
-decision, end to end) and checks by kind.  matplotlib runs on the Agg backend: no display.
+The figures come from ``verify.json``; the plots (:mod:`bench.trace.plots`) from the raw event
+times in the results Parquet: throughput over time, the latency distribution, latency over
+time and check-backs (by kind and over time).  No Spark: pyarrow and numpy suffice.
 """
 
 from __future__ import annotations
@@ -9,10 +10,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
+from bench.trace import plots
+from bench.trace.plots import Events
 from bench.trace.spec import SpecError
 from bench.trace.verify import CHECK_KINDS, VERIFY_FILE, VIOLATIONS
 
-FILES = ("report.md", "throughput.png", "latency_cdf.png", "checks.png")
+FILES = ("report.md", "throughput.png", "latency_cdf.png", "latency_over_time.png",
+         "checks.png")
 
 
 def _fmt(v) -> str:
@@ -38,68 +44,69 @@ def summary_rows(v: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def report(results_dir: str | Path, out: str | Path) -> list[Path]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def load_events(results_dir: Path) -> Events:
+    """The run's event times from the results Parquet, in seconds since its first send."""
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    tx = pq.read_table(results_dir / "transactions",
+                       columns=["id", "start_ms", "half_ms", "decided_ms", "check_ms", "check_phase"])
+    dl = pq.read_table(results_dir / "deliveries", columns=["tx", "recv_ms"])
+
+    def col(table, name) -> np.ndarray:
+        return table.column(name).to_numpy().astype(float)
+
+    start = col(tx, "start_ms")
+    t0 = np.nanmin(start) if start.size and not np.all(np.isnan(start)) else 0.0
+    ids = tx.column("id").to_numpy()
+    recv = col(dl, "recv_ms")
+    # First delivery per transaction: sort by time, keep each id's first occurrence.
+    order = np.argsort(recv, kind="stable")
+    delivered, first = np.unique(dl.column("tx").to_numpy()[order], return_index=True)
+    first_recv = np.full(ids.size, np.nan)
+    at = np.searchsorted(delivered, ids)
+    hit = at < delivered.size
+    hit[hit] = delivered[at[hit]] == ids[hit]
+    first_recv[hit] = recv[order][first[at[hit]]]
+    check = pc.list_flatten(tx.column("check_ms")).to_numpy().astype(float)
+    phase = np.asarray(pc.list_flatten(tx.column("check_phase")).to_pylist(), dtype=object)
+
+    def since(ms: np.ndarray) -> np.ndarray:
+        return (ms - t0) / 1000.0
+
+    return Events(start=since(start), half=since(col(tx, "half_ms")),
+                  decided=since(col(tx, "decided_ms")), first_recv=since(first_recv),
+                  recv=since(recv), check=since(check), check_phase=phase)
+
+
+def report(results_dir: str | Path, out: str | Path) -> list[Path]:
     results_dir, out = Path(results_dir), Path(out)
     try:
         v = json.loads((results_dir / VERIFY_FILE).read_text())
     except FileNotFoundError:
         raise SpecError(f"{results_dir}: no {VERIFY_FILE}; run `txbroker bench verify` first") from None
     out.mkdir(parents=True, exist_ok=True)
-    tx = pq.read_table(results_dir / "transactions",
-                       columns=["id", "start_ms", "half_ms", "decided_ms"]).to_pydict()
-    dl = pq.read_table(results_dir / "deliveries", columns=["tx", "recv_ms"]).to_pydict()
-
-    tl = v["timeline"] or [{"second": 0, "started": 0, "decided": 0, "delivered": 0}]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for col in ("started", "decided", "delivered"):
-        ax.plot([p["second"] for p in tl], [p[col] for p in tl], label=col)
-    ax.set_xlabel("seconds since first send")
-    ax.set_ylabel("transactions / s")
-    ax.set_title("Throughput over time")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "throughput.png", dpi=100)
-    plt.close(fig)
-
-    first_recv: dict[int, float] = {}
-    for t, at in zip(dl["tx"], dl["recv_ms"]):
-        if t not in first_recv or at < first_recv[t]:
-            first_recv[t] = at
-    series: dict[str, list[float]] = {"send": [], "decision": [], "end to end": []}
-    for i, start, half, decided in zip(tx["id"], tx["start_ms"], tx["half_ms"], tx["decided_ms"]):
-        if start is None:
-            continue
-        for name, at in (("send", half), ("decision", decided), ("end to end", first_recv.get(i))):
-            if at is not None:
-                series[name].append(at - start)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for name, values in series.items():
-        values.sort()
-        if values:
-            n = len(values)
-            ax.plot(values, [k / n for k in range(1, n + 1)], label=name)
-    ax.set_xscale("symlog", linthresh=1.0)
-    ax.set_xlabel("ms since send_message_in_transaction was called")
-    ax.set_ylabel("fraction of transactions")
-    ax.set_title("Latency CDF")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "latency_cdf.png", dpi=100)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.bar(list(CHECK_KINDS), [v["checks"].get(k, 0) for k in CHECK_KINDS])
-    ax.axhline(v["expected_checks"], color="gray", linestyle="--", label="scripted by the trace")
-    ax.set_title("Checks received by kind")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "checks.png", dpi=100)
-    plt.close(fig)
+    ev = load_events(results_dir)
+    n = v["transactions"]
+    lat = v["latency_ms"]
+    e2e = lat["end_to_end_ms"]
+    b = v["broker"]
+    plots.throughput(ev, f"Throughput: {n:,} transactions, {v['throughput_tx_per_s']:,.0f} tx/s "
+                         f"sent over {v['send_seconds']:,.1f} s; {v['deliveries']:,} delivered "
+                         f"within {ev.span:,.1f} s", out / "throughput.png")
+    plots.latency_cdf(ev, f"Latency distribution: {n:,} transactions; end to end p50 "
+                          f"{_fmt(e2e.get('p50'))} ms, p99 {_fmt(e2e.get('p99'))} ms "
+                          f"(check-backs answer after ≥ {b['transaction_timeout']:g} s)",
+                      out / "latency_cdf.png")
+    plots.latency_over_time(ev, "Latency by send time: p50 (solid) and p99 (dashed) per bucket; "
+                            "a gap is a bucket in which no transaction started",
+                            out / "latency_over_time.png")
+    bad = v["checks"].get("unexpected", 0) + v["checks"].get("duplicate", 0)
+    plots.checks(ev, {k: v["checks"].get(k, 0) for k in CHECK_KINDS}, v["expected_checks"],
+                 f"Check-backs: {v['checks'].get('expected', 0):,} as scripted of "
+                 f"{v['expected_checks']:,}, {bad:,} violating; broker checks every "
+                 f"{b['transaction_check_interval']:g} s after {b['transaction_timeout']:g} s, "
+                 f"at most {b['transaction_check_max']} times", out / "checks.png")
 
     lines = [f"# txbroker bench report (run {v.get('run_id')})", "",
              "**PASS**: no violations." if v["violation_total"] == 0 else
@@ -118,12 +125,14 @@ def report(results_dir: str | Path, out: str | Path) -> list[Path]:
     for name, q in v["latency_ms"].items():
         lines.append(f"| {name} | {q['n']:,} | " + " | ".join(
             _fmt(q.get(k)) for k in ("p50", "p90", "p99", "p99.9", "max")) + " |")
-    b = v["broker"]
     settings = (f"Broker settings assumed by the trace: transaction_timeout "
                 f"{b['transaction_timeout']} s, check interval {b['transaction_check_interval']} s, "
                 f"check max {b['transaction_check_max']}.")
-    lines += ["", settings, "",
-              "![throughput](throughput.png)", "", "![latency CDF](latency_cdf.png)", "",
-              "![checks](checks.png)", ""]
+    buckets = (f"Plots: time axes count seconds from the first send; throughput and check-backs "
+               f"in {plots.fmt_seconds(plots.bucket_seconds(ev.span))} buckets, latency by "
+               f"send time in {plots.fmt_seconds(plots.bucket_seconds(ev.send_span))} buckets.")
+    lines += ["", settings, "", buckets, "",
+              "![throughput](throughput.png)", "", "![latency distribution](latency_cdf.png)", "",
+              "![latency over time](latency_over_time.png)", "", "![check-backs](checks.png)", ""]
     (out / "report.md").write_text("\n".join(lines))
     return [out / f for f in FILES]

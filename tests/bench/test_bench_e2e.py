@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pyarrow.parquet as pq
 from bench_helpers import E2E_BROKER, E2E_TRANSACTIONS
 
-from bench.trace.report import FILES
+from bench.trace.plots import (
+    MAX_BUCKETS,
+    MIN_BUCKETS,
+    bucket_count,
+    bucket_seconds,
+    fmt_seconds,
+)
+from bench.trace.report import FILES, load_events
 from bench.trace.verify import VERIFY_FILE
 
 
@@ -44,11 +52,35 @@ def test_end_to_end_has_no_violations_and_the_scripted_checks(e2e_run):
 
 
 def test_report_writes_markdown_and_plots(e2e_run):
-    work, _summary, _ = e2e_run
-    for name in FILES:
+    from matplotlib.image import imread
+
+    work, summary, _ = e2e_run
+    assert FILES == ("report.md", "throughput.png", "latency_cdf.png", "latency_over_time.png",
+                     "checks.png")
+    for name in FILES[1:]:
         path = work / "report" / name
-        assert path.stat().st_size > 0, name
-    assert (work / "report" / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        pixels = imread(path)[..., :3]
+        assert pixels.shape[0] >= 400 and pixels.shape[1] >= 800, (name, pixels.shape)
+        # Drawn on, not a blank canvas: a fair share of ink, in several colours.
+        ink = np.any(pixels < 0.9, axis=-1).mean()
+        colours = len(np.unique((pixels * 255).astype(np.uint8).reshape(-1, 3), axis=0))
+        assert ink > 0.03 and colours > 20, (name, ink, colours)
     text = (work / "report" / "report.md").read_text()
     assert "**PASS**" in text
     assert f"| transactions | {E2E_TRANSACTIONS:,} |" in text
+    for name in FILES[1:]:
+        assert f"]({name})" in text, name
+
+    # The plots bucket the raw event times; a run of a few seconds gets sub-second buckets.
+    ev = load_events(work / "results")
+    step = bucket_seconds(ev.span)
+    assert 1.0 < ev.span < 60.0 and step < 1.0
+    assert MIN_BUCKETS <= bucket_count(ev.span, step) <= MAX_BUCKETS
+    assert f"throughput and check-backs in {fmt_seconds(step)} buckets" in text
+    assert f"send time in {fmt_seconds(bucket_seconds(ev.send_span))} buckets" in text
+    assert np.count_nonzero(~np.isnan(ev.start)) == E2E_TRANSACTIONS
+    assert np.nanmin(ev.start) == 0.0
+    assert ev.recv.size == summary["deliveries"]
+    assert np.count_nonzero(~np.isnan(ev.first_recv)) == summary["deliveries"]
+    assert ev.check.size == ev.check_phase.size == sum(summary["checks"].values())
