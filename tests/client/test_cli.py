@@ -93,7 +93,7 @@ async def test_transactions_and_operator_decisions(broker, namesrv) -> None:
     assert any(pending_id in orjson.dumps(r).decode() for r in rows)
     table = _ok(await _cli("txn", "list", *ns))
     assert "TCliTx" in table and "1 pending" in table
-    shown = orjson.loads(_ok(await _cli("txn", "show", pending_id, *ns)))
+    shown = orjson.loads(_ok(await _cli("txn", "show", pending_id, "--json", *ns)))
     assert pending_id in orjson.dumps(shown).decode()
     out = _ok(await _cli("txn", "commit", pending_id, "--operator", "alice", *ns))
     assert f"commit {pending_id}" in out and "alice" in out
@@ -103,11 +103,11 @@ async def test_transactions_and_operator_decisions(broker, namesrv) -> None:
     assert sorted(line.rsplit(" ", 1)[-1] for line in out.splitlines()) == ["commit", "unknown"]
     # a contradicting decision is refused, by UNIQ_KEY or by offsetMsgId
     err = _one_line_error(await _cli("txn", "rollback", pending_id, "--operator", "bob", *ns))
-    assert pending_id in err
+    assert f"transaction {pending_id} is already committed; rollback refused" in err
     err = _one_line_error(await _cli("txn", "rollback", offset_msg_id, "--operator", "bob", *ns))
-    assert "TRANSACTION_FAILED" in err and "committed" in err
+    assert f"transaction {offset_msg_id} is already committed; rollback refused" in err
     out = _ok(await _cli("txn", "commit", offset_msg_id, "--operator", "alice", *ns))
-    assert "already so, now committed" in out
+    assert "already committed" in out
 
 
 async def test_status(broker, namesrv, broker_client) -> None:

@@ -645,7 +645,7 @@ async def test_operator_decisions_and_show(node) -> None:
         resp = await c.invoke(RemotingCommand.request(RequestCode.TXN_SHOW, {"id": b.msg_id}), TIMEOUT)
         assert orjson.loads(resp.body)["id"] == "OPB"
         resp = await c.invoke(RemotingCommand.request(RequestCode.TXN_SHOW, {"id": "NOPE"}), TIMEOUT)
-        assert resp.code == ResponseCode.SYSTEM_ERROR and "NOPE" in resp.remark
+        assert resp.code == ResponseCode.QUERY_NOT_FOUND and resp.remark == "no transaction NOPE"
         resp = await c.invoke(RemotingCommand.request(RequestCode.TXN_DECIDE, {
             "id": "OPA", "decision": "commit", "operator": "bob"}), TIMEOUT)
         assert resp.code == ResponseCode.SUCCESS
