@@ -32,9 +32,9 @@ _TOPIC                        decimal, one record per decision (no 5.x batching:
                               5.x bodies ``"17,18,"``).  Property ``TXB_STATE`` = ``committed``
                               or ``rolled_back``; ``TXB_SOURCE`` = ``producer``, ``check`` or
                               ``operator``; ``TXB_OPERATOR`` when an operator decided;
-                              ``__transactionId__`` = the half's UNIQ_KEY.  A record without
-                              them (RocketMQ's, or older txbroker's) replays as source
-                              ``unknown``.
+                              ``__transactionId__`` = the half's UNIQ_KEY; born timestamp =
+                              the decision time.  A record without them (RocketMQ's, or older
+                              txbroker's) replays as source ``unknown``.
 same                   ``c``  check counts, one record per check pass: body
                               ``"<half queue offset>:<checks so far>,"`` repeated.  Counts are
                               absolute, so replaying is idempotent.
@@ -223,6 +223,7 @@ class _RecordView(NamedTuple):
     """What recovery needs of an op or discard record."""
 
     phys: int
+    born_ts: int
     store_ts: int
     topic: str
     body: bytes
@@ -233,7 +234,7 @@ _I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 #: Positions in a stored record (protocol.md §6.1, IPv4 hosts: the store writes no other).
-_PHYS_POS, _STORE_TS_POS, _BODY_LEN_POS = 28, 56, 84
+_PHYS_POS, _BORN_TS_POS, _STORE_TS_POS, _BODY_LEN_POS = 28, 40, 56, 84
 
 
 def _view(raw: bytes) -> _RecordView:
@@ -251,8 +252,8 @@ def _view(raw: bytes) -> _RecordView:
     topic = raw[p + 1:topic_end].decode()
     props_len = _I16.unpack_from(raw, topic_end)[0]
     props = string_to_properties(raw[topic_end + 2:topic_end + 2 + props_len].decode())
-    return _RecordView(_I64.unpack_from(raw, _PHYS_POS)[0], _I64.unpack_from(raw, _STORE_TS_POS)[0],
-                       topic, body, props)
+    return _RecordView(_I64.unpack_from(raw, _PHYS_POS)[0], _I64.unpack_from(raw, _BORN_TS_POS)[0],
+                       _I64.unpack_from(raw, _STORE_TS_POS)[0], topic, body, props)
 
 
 def _parse_counts(body: bytes) -> list[tuple[int, int]]:
@@ -450,7 +451,7 @@ class TransactionalMessageService:
                     self._resolved.set(qo, state)
                     counts.pop(qo, None)
                     discarded.discard(qo)
-                    decided.append((qo, Decided(qo, state, source, operator, m.store_ts,
+                    decided.append((qo, Decided(qo, state, source, operator, m.born_ts,
                                                 m.properties.get(PROPERTY_TRANSACTION_ID))))
             elif tag == OP_TAG_CHECKS:
                 for qo, n in _parse_counts(m.body):
@@ -542,7 +543,8 @@ class TransactionalMessageService:
             known = self.history.get(qo)
             if known is not None:
                 extra.update(self._decision_properties(known))
-            result = await self._put_op(OP_TAG_DONE, str(qo), extra)
+            result = await self._put_op(OP_TAG_DONE, str(qo), extra,
+                                        born_ms=known.decided_at if known is not None else None)
             if _put_ok(result):
                 log.warning("rewrote the missing op record of committed half %d (queue offset %d)",
                             phys, qo)
@@ -893,13 +895,15 @@ class TransactionalMessageService:
                 self.after_final_message(phys)
             # The final message is durable: the half is committed whatever happens to the op.
             self._settle(entry, decided)
-            op = await self._put_op(OP_TAG_DONE, str(entry.queue_offset), extra)
+            op = await self._put_op(OP_TAG_DONE, str(entry.queue_offset), extra,
+                                    born_ms=decided.decided_at)
             if not _put_ok(op):
                 self._missing_ops.append((phys, entry.queue_offset))
                 log.error("op record of committed half %d not written (%s); it is rewritten at "
                           "the next start", phys, op.status.name)
         else:
-            op = await self._put_op(OP_TAG_DONE, str(entry.queue_offset), extra)
+            op = await self._put_op(OP_TAG_DONE, str(entry.queue_offset), extra,
+                                    born_ms=decided.decided_at)
             if not _put_ok(op):
                 raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                        f"rollback failed, the store refused the op record: "
@@ -981,8 +985,9 @@ class TransactionalMessageService:
             self._recall(entry.phys)
             entry.state = target
             self._discarded[entry.phys] = entry
-            self.history.record(Decided(entry.queue_offset, target, "check", None, self._now_ms(),
-                                        entry.uniq))
+            # a replay reads the discard time from the copy's store timestamp: the same value
+            self.history.record(Decided(entry.queue_offset, target, "check", None,
+                                        result.store_timestamp, entry.uniq))
             self.metrics.discards.inc()
             log.warning("half %d (%s, group %s) discarded after %d checks without an answer",
                         entry.phys, entry.uniq, entry.group, entry.checks)
@@ -1106,11 +1111,15 @@ class TransactionalMessageService:
             return int(raw) * 1000
         return int(self.config.transaction_timeout * 1000)
 
-    async def _put_op(self, tag: str, body: str, extra: dict[str, str]) -> PutResult:
+    async def _put_op(self, tag: str, body: str, extra: dict[str, str], *,
+                      born_ms: int | None = None) -> PutResult:
+        """Append an op record; a ``d`` record is born at its decision's time, which a
+        replay reads back as the decision time."""
         props = {PROPERTY_TAGS: tag, PROPERTY_UNIQ_KEY: f"{self._id_prefix}{next(self._ids):016X}",
                  **extra}
         return await self.store.put(Message(topic=OP_HALF_TOPIC, queue_id=0, body=body.encode(),
-                                            properties=props, born_timestamp=self._now_ms()))
+                                            properties=props,
+                                            born_timestamp=self._now_ms() if born_ms is None else born_ms))
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
