@@ -13,7 +13,12 @@ import pytest
 from sdk_helpers import wait_until
 from test_cli import _cli, _ok, _one_line_error
 
-from txbroker.client import LocalTransactionState, Message, TransactionListener, TransactionProducer
+from txbroker.client import (
+    LocalTransactionState,
+    Message,
+    TransactionListener,
+    TransactionProducer,
+)
 from txbroker.client.admin import AdminClient, TransactionNotFoundError
 from txbroker.client.errors import BrokerError
 from txbroker.config import BrokerConfig
@@ -53,7 +58,7 @@ async def _show(ns: tuple[str, str], txn_id: str) -> dict:
 
 
 def _line(out: str, label: str) -> str:
-    m = re.search(rf"^{label}\s+(.*)$", out, re.M)
+    m = re.search(rf"^{label}\s+(.*)$", out, re.MULTILINE)
     assert m, (label, out)
     return m.group(1)
 

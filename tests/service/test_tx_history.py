@@ -23,7 +23,7 @@ def test_bound_evicts_the_oldest_decision_and_its_id() -> None:
     assert [h.get(qo) for qo in (0, 1)] == [None, None]
     assert h.by_txn_id("ID0") is None and h.by_txn_id("ID1") is None
     assert h.by_txn_id("ID4") == decided(4)
-    assert [row[0] for row in h.export()] == [2, 3, 4]
+    assert h.export()["qo"] == [2, 3, 4]
 
 
 def test_a_new_decision_on_the_same_half_replaces_it_as_the_newest() -> None:
@@ -45,7 +45,7 @@ def test_drop_and_trim_forget_entries_and_ids() -> None:
     h.drop(5)  # resumed: pending again
     assert h.get(5) is None and h.by_txn_id("ID5") is None
     h.trim_below(3)  # retention deleted halves 0..2
-    assert [row[0] for row in h.export()] == [3, 4]
+    assert h.export()["qo"] == [3, 4]
     assert h.by_txn_id("ID2") is None and h.by_txn_id("ID3") is not None
 
 
@@ -55,10 +55,22 @@ def test_zero_capacity_keeps_nothing() -> None:
     assert len(h) == 0 and h.by_txn_id("ID1") is None
 
 
-def test_rows_round_trip_and_bad_rows_are_refused() -> None:
-    entry = decided(7, C, "operator", "bob")
-    assert Decided.from_row(entry.row()) == entry
-    for bad in ([7, "committed", "martian", None, 1, "x"], [7, "maybe", "producer", None, 1, "x"],
-                ["7", "committed", "producer", None, 1, "x"], [7, "committed"]):
-        with pytest.raises((ValueError, TypeError)):
-            Decided.from_row(bad)
+def test_export_load_round_trip_and_bad_exports_are_refused() -> None:
+    h = TxHistory(10)
+    for qo, state, source, operator in ((3, D, "check", None), (1, C, "operator", "bob"),
+                                        (2, R, "unknown", None)):
+        h.record(decided(qo, state, source, operator))
+    doc = h.export()
+    loaded = TxHistory(10)
+    loaded.load(doc)
+    assert loaded.export() == doc and loaded.by_txn_id("ID1") == decided(1, C, "operator", "bob")
+    smaller = TxHistory(2)  # the bound was lowered between runs: the oldest go
+    smaller.load(doc)
+    assert smaller.export()["qo"] == [1, 2]
+    for key, bad in (("state", "cx?"), ("source", "cz!"), ("qo", [3, 1]), ("at", ["1", 2, 3]),
+                     ("id", [1, None, None]), ("operator", None)):
+        with pytest.raises(ValueError):
+            loaded.load({**doc, key: bad})
+    with pytest.raises(ValueError):
+        loaded.load({"qo": []})
+    assert loaded.export() == doc  # unchanged by the refused loads

@@ -412,13 +412,13 @@ class TransactionalMessageService:
         op_from = self.store.min_offset(OP_HALF_TOPIC, 0)
         discard_from = self.store.min_offset(CHECK_MAX_TIME_TOPIC, 0)
         commits_from = 0
-        # (queue offset, what was decided) in log order; None = resumed, pending again
-        decided: deque[tuple[int, Decided | None]] = deque(maxlen=max(self.history.capacity, 1))
+        # TxHistory.replay events in log order: Decided's fields as a plain tuple (cheap: one
+        # per op record), (qo,) for a resume
+        decided: deque[tuple] = deque(maxlen=max(self.history.capacity, 1))
         snap = self._take_snapshot()
         if snap is not None:
             self._resolved = ResolvedStates.restore(snap["resolved_base"], snap["resolved"])
-            for known in snap["history"]:
-                self.history.record(known)
+            self.history = snap["history"]
             for qo, checks, state in snap["open"]:
                 counts[qo] = checks
                 if state == HalfState.DISCARDED.value:
@@ -436,8 +436,8 @@ class TransactionalMessageService:
                 raw = m.properties.get(PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET, "")
                 if is_uint(raw) and self._resolved.get(int(raw)) is None:
                     discarded.add(int(raw))
-                    decided.append((int(raw), Decided(int(raw), HalfState.DISCARDED, "check", None,
-                                                      m.store_ts, m.properties.get(PROPERTY_UNIQ_KEY))))
+                    decided.append((int(raw), HalfState.DISCARDED, "check", None, m.store_ts,
+                                    m.properties.get(PROPERTY_UNIQ_KEY)))
                 continue
             tag = m.properties.get(PROPERTY_TAGS)
             if tag == OP_TAG_DONE:
@@ -451,8 +451,8 @@ class TransactionalMessageService:
                     self._resolved.set(qo, state)
                     counts.pop(qo, None)
                     discarded.discard(qo)
-                    decided.append((qo, Decided(qo, state, source, operator, m.born_ts,
-                                                m.properties.get(PROPERTY_TRANSACTION_ID))))
+                    decided.append((qo, state, source, operator, m.born_ts,
+                                    m.properties.get(PROPERTY_TRANSACTION_ID)))
             elif tag == OP_TAG_CHECKS:
                 for qo, n in _parse_counts(m.body):
                     if self._resolved.get(qo) is None:
@@ -462,12 +462,8 @@ class TransactionalMessageService:
                     if qo in discarded:
                         discarded.discard(qo)
                         counts[qo] = 0
-                        decided.append((qo, None))
-        for qo, what in decided:
-            if what is None:
-                self.history.drop(qo)
-            else:
-                self.history.record(what)
+                        decided.append((qo,))
+        self.history.replay(decided)
         self.trim_resolved()
         open_by_phys: dict[int, HalfEntry] = {}
         for m in self._undecided_halves():
@@ -615,7 +611,9 @@ class TransactionalMessageService:
             meta["resolved"] = data[start + n:]
             if meta["version"] != _SNAPSHOT_VERSION:
                 raise ValueError(f"version {meta['version']}, this broker reads {_SNAPSHOT_VERSION}")
-            meta["history"] = [Decided.from_row(row) for row in meta["history"]]
+            history = TxHistory(self.config.transaction_history_size)
+            history.load(meta["history"])
+            meta["history"] = history
             fits = (meta["op_next"] <= self.store.max_offset(OP_HALF_TOPIC, 0)
                     and meta["discard_next"] <= self.store.max_offset(CHECK_MAX_TIME_TOPIC, 0)
                     and meta["half_next"] <= self.store.max_offset(HALF_TOPIC, 0)

@@ -23,18 +23,25 @@ a busy broker that wants a longer memory of ids raises the bound, a small one lo
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 from txbroker.service.txstate import HalfState
 
-#: Decision sources, as op records and TXN_SHOW spell them.
-SOURCES = ("producer", "check", "operator", "unknown")
+#: Decision sources, as op records and TXN_SHOW spell them, and their one-letter snapshot codes.
+SOURCES = {"producer": "p", "check": "c", "operator": "o", "unknown": "u"}
+_SOURCE_OF = {code: name for name, code in SOURCES.items()}
+_STATE_CODES = {HalfState.COMMITTED: "c", HalfState.ROLLED_BACK: "r", HalfState.DISCARDED: "d"}
+_STATE_OF = {code: state for state, code in _STATE_CODES.items()}
 
 
-@dataclass(slots=True, frozen=True)
-class Decided:
-    """One decided half, as the history remembers it."""
+class Decided(NamedTuple):
+    """One decided half, as the history remembers it.
+
+    A tuple: recovery loads up to ``capacity`` entries, and the history stores the plain tuples
+    it is given (built at C speed by ``zip``) instead of building an object per entry; lookups
+    return a :class:`Decided` view of them.
+    """
 
     queue_offset: int
     state: HalfState
@@ -43,18 +50,8 @@ class Decided:
     decided_at: int             # ms, the broker's clock
     txn_id: str | None          # UNIQ_KEY of the half
 
-    def row(self) -> list[Any]:
-        """The snapshot form (see :meth:`TxHistory.export`)."""
-        return [self.queue_offset, self.state.value, self.source, self.operator,
-                self.decided_at, self.txn_id]
 
-    @classmethod
-    def from_row(cls, row: list[Any]) -> Decided:
-        """Inverse of :meth:`row`; ValueError or TypeError on a malformed row."""
-        qo, state, source, operator, at, txn_id = row
-        if not isinstance(qo, int) or not isinstance(at, int) or source not in SOURCES:
-            raise ValueError(f"bad history row {row!r}")
-        return cls(qo, HalfState(state), source, operator, at, txn_id)
+_QO, _ID = 0, 5  # field positions, for the plain tuples stored
 
 
 class TxHistory:
@@ -62,7 +59,7 @@ class TxHistory:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._by_offset: OrderedDict[int, Decided] = OrderedDict()
+        self._by_offset: OrderedDict[int, tuple] = OrderedDict()
         self._by_id: dict[str, int] = {}
 
     def __len__(self) -> int:
@@ -71,32 +68,44 @@ class TxHistory:
     def record(self, entry: Decided) -> None:
         """Remember ``entry`` as the newest decision, replacing one about the same half
         (an operator deciding a discarded half); the oldest go beyond ``capacity``."""
-        self.drop(entry.queue_offset)
-        if self.capacity <= 0:
-            return
-        self._by_offset[entry.queue_offset] = entry
-        if entry.txn_id:
-            self._by_id[entry.txn_id] = entry.queue_offset
-        while len(self._by_offset) > self.capacity:
-            _, old = self._by_offset.popitem(last=False)
-            self._unindex(old)
+        self.replay((entry,))
+
+    def replay(self, events: Iterable[tuple]) -> None:
+        """Apply events oldest first: a tuple of :class:`Decided`'s fields is recorded, a
+        1-tuple ``(queue offset,)`` forgets that half (resumed: it is pending again)."""
+        by_offset, by_id = self._by_offset, self._by_id
+        for event in events:
+            qo = event[_QO]
+            old = by_offset.pop(qo, None)
+            if old is not None:
+                self._unindex(old)
+            if len(event) == 1 or self.capacity <= 0:
+                continue
+            by_offset[qo] = event
+            if event[_ID]:
+                by_id[event[_ID]] = qo
+        self._evict()
 
     def drop(self, queue_offset: int) -> None:
         """Forget the half at ``queue_offset`` (resumed: it is pending again)."""
-        old = self._by_offset.pop(queue_offset, None)
-        if old is not None:
+        self.replay(((queue_offset,),))
+
+    def _evict(self) -> None:
+        while len(self._by_offset) > max(self.capacity, 0):
+            _, old = self._by_offset.popitem(last=False)
             self._unindex(old)
 
-    def _unindex(self, old: Decided) -> None:
-        if old.txn_id and self._by_id.get(old.txn_id) == old.queue_offset:
-            del self._by_id[old.txn_id]
+    def _unindex(self, old: tuple) -> None:
+        if old[_ID] and self._by_id.get(old[_ID]) == old[_QO]:
+            del self._by_id[old[_ID]]
 
     def get(self, queue_offset: int) -> Decided | None:
-        return self._by_offset.get(queue_offset)
+        found = self._by_offset.get(queue_offset)
+        return None if found is None else Decided._make(found)
 
     def by_txn_id(self, txn_id: str) -> Decided | None:
         qo = self._by_id.get(txn_id)
-        return None if qo is None else self._by_offset.get(qo)
+        return None if qo is None else self.get(qo)
 
     def trim_below(self, queue_offset: int) -> None:
         """Forget the oldest decisions about halves below ``queue_offset`` (deleted by
@@ -109,6 +118,32 @@ class TxHistory:
             del self._by_offset[qo]
             self._unindex(old)
 
-    def export(self) -> list[list[Any]]:
-        """Oldest first, as rows ``[queue offset, state, source, operator, decided at, id]``."""
-        return [e.row() for e in self._by_offset.values()]
+    def export(self) -> dict[str, Any]:
+        """The snapshot form, oldest first, one list per field (``state`` and ``source`` as
+        one-letter codes in a string): loading columns is several times faster than rows."""
+        entries = list(map(Decided._make, self._by_offset.values()))
+        return {"qo": [e.queue_offset for e in entries],
+                "state": "".join(_STATE_CODES[e.state] for e in entries),
+                "source": "".join(SOURCES[e.source] for e in entries),
+                "operator": [e.operator for e in entries],
+                "at": [e.decided_at for e in entries],
+                "id": [e.txn_id for e in entries]}
+
+    def load(self, doc: dict[str, Any]) -> None:
+        """Replace the content with an :meth:`export`; ValueError if it is malformed (then the
+        content is unchanged)."""
+        try:
+            qos, ats, operators, ids = doc["qo"], doc["at"], doc["operator"], doc["id"]
+            states = [_STATE_OF[c] for c in doc["state"]]
+            sources = [_SOURCE_OF[c] for c in doc["source"]]
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"history: {exc!r}") from None
+        columns = (qos, ats, operators, ids, states, sources)
+        if (not all(isinstance(c, list) for c in columns) or len({len(c) for c in columns}) != 1
+                or not all(type(x) is int for x in qos) or not all(type(x) is int for x in ats)
+                or not all(x is None or type(x) is str for x in (*operators, *ids))):
+            raise ValueError("history: columns of different lengths or types")
+        self._by_offset = OrderedDict(zip(qos, zip(qos, states, sources, operators, ats, ids,
+                                                   strict=True), strict=True))
+        self._by_id = {txn_id: qo for qo, txn_id in zip(qos, ids, strict=True) if txn_id}
+        self._evict()
