@@ -7,7 +7,9 @@ differs from RocketMQ is how the broker remembers what happened to it:
 
 * **An in-memory index.**  ``_pending`` and ``_discarded`` map the half's commitlog offset to a
   small :class:`HalfEntry`; decided halves cost one byte each in :class:`ResolvedStates`
-  (indexed by half queue offset), so remembering millions of decisions stays cheap.  A check
+  (indexed by half queue offset), so remembering millions of decisions stays cheap; who
+  decided the most recent ones and when is kept, bounded, in
+  :class:`~txbroker.service.txhistory.TxHistory` (``txbroker txn show``).  A check
   pass walks ``_pending`` only, so its cost follows what is pending, not the history of the
   half queue (RocketMQ walks the half and op queues every round).
 * **Every decision goes through** :func:`txbroker.service.txstate.decide` under a per-half
