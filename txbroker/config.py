@@ -86,7 +86,7 @@ class BrokerConfig:
     #: Check-backs in flight at once across the broker.
     check_concurrency: int = 16
     #: Decided transactions remembered for ``txbroker txn show`` and repeated decisions by id
-    #: (source, operator, time); oldest forgotten first.  ~370 bytes each: 100,000 ≈ 37 MB.
+    #: (source, operator, time); oldest forgotten first.  ~400-500 bytes each: 100,000 ≈ 40-50 MB.
     transaction_history_size: int = 100_000
 
     # --- long polling / consumers --------------------------------------------------------

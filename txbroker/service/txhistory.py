@@ -14,8 +14,9 @@ operator *who* decided, *when*, or to find the half again by its transaction id 
   giving up, ``operator``, or ``unknown`` when a record written without it was replayed) and
   the operator's name, and the decision time.
 
-An entry costs about 370 bytes (measured with ``tracemalloc``: the entry, its two dict
-slots, two ints and the 32-character id string), so the default 100,000 entries hold ~37 MB;
+An entry costs 400-500 bytes (measured with ``tracemalloc``: the tuple, its two dict slots,
+two ints and the 32-character id string; the upper figure once eviction has churned the
+dicts), so the default 100,000 entries hold 40-50 MB;
 a busy broker that wants a longer memory of ids raises the bound, a small one lowers it.  Recovery rebuilds it from the op records
 (which carry the source, operator and transaction id) or from the clean-close snapshot.
 """
