@@ -33,7 +33,7 @@ def _ok(result) -> str:
 def _one_line_error(result) -> str:
     assert result.exit_code == 1, (result.exit_code, result.output)
     err = result.stderr.strip()
-    assert err.startswith("Error: ") and "\n" not in err and "Traceback" not in result.output
+    assert err.lower().startswith("error: ") and "\n" not in err and "Traceback" not in result.output
     return err
 
 

@@ -11,7 +11,7 @@ import time
 import orjson
 import pytest
 from sdk_helpers import wait_until
-from test_cli import _cli, _ok, _one_line_error
+from test_cli import _cli, _ok
 
 from txbroker.client import (
     LocalTransactionState,
@@ -57,6 +57,14 @@ async def _show(ns: tuple[str, str], txn_id: str) -> dict:
     return orjson.loads(_ok(await _cli("txn", "show", txn_id, "--json", *ns)))
 
 
+def _refusal(result) -> str:
+    """The one stderr line of a refused ``txn`` command (exit 1), without ``error: ``."""
+    assert result.exit_code == 1, (result.exit_code, result.output)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0].removeprefix("error: ")
+
+
 def _line(out: str, label: str) -> str:
     m = re.search(rf"^{label}\s+(.*)$", out, re.MULTILINE)
     assert m, (label, out)
@@ -83,8 +91,8 @@ async def test_repeated_decision_is_idempotent_and_a_contradicting_one_refused(b
     for args, text in ((("rollback", a), f"transaction {a} is already committed; rollback refused"),
                        (("commit", b), f"transaction {b} is already rolled back; commit refused"),
                        (("resume", a), f"transaction {a} is already committed; resume refused")):
-        err = _one_line_error(await _cli("txn", *args, "--operator", "eve", *ns))
-        assert err.endswith(f"{text} at {broker.broker_addr}"), err
+        err = _refusal(await _cli("txn", *args, "--operator", "eve", *ns))
+        assert err == f"{text} at {broker.broker_addr}", err
     async with AdminClient(namesrv) as admin:
         with pytest.raises(BrokerError) as refused:
             await admin.txn_decide(a, "rollback", "eve")
@@ -108,8 +116,8 @@ async def test_repeated_decision_is_idempotent_and_a_contradicting_one_refused(b
 
 async def test_unknown_id_is_one_line_naming_the_broker(broker, namesrv) -> None:
     for args in (("show", "NOPE"), ("commit", "NOPE", "--operator", "x"), ("rollback", "NOPE")):
-        err = _one_line_error(await _cli("txn", *args, "--namesrv", namesrv))
-        assert err.endswith(f"no transaction NOPE at {broker.broker_addr}"), err
+        err = _refusal(await _cli("txn", *args, "--namesrv", namesrv))
+        assert err == f"no transaction NOPE at {broker.broker_addr}", err
     async with AdminClient(namesrv) as admin:
         with pytest.raises(TransactionNotFoundError):
             await admin.txn_show("NOPE")
@@ -169,6 +177,6 @@ async def test_history_survives_clean_restart_and_sigkill(broker_process) -> Non
         after = {i: {k: (await _show(ns, i)).get(k) for k in DECISION_FIELDS} for i in ids}
         assert after == before
         assert "already committed" in _ok(await _cli("txn", "commit", ids[2], "--operator", "bob", *ns))
-        err = _one_line_error(await _cli("txn", "commit", ids[1], "--operator", "bob", *ns))
+        err = _refusal(await _cli("txn", "commit", ids[1], "--operator", "bob", *ns))
         assert "is already rolled back; commit refused" in err
     assert "snapshot + tail" in proc.log_text() and "full replay" in proc.log_text()
