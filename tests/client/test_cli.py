@@ -33,7 +33,7 @@ def _ok(result) -> str:
 def _one_line_error(result) -> str:
     assert result.exit_code == 1, (result.exit_code, result.output)
     err = result.stderr.strip()
-    assert err.lower().startswith("error: ") and "\n" not in err and "Traceback" not in result.output
+    assert err.startswith("Error: ") and "\n" not in err and "Traceback" not in result.output
     return err
 
 
@@ -102,10 +102,10 @@ async def test_transactions_and_operator_decisions(broker, namesrv) -> None:
                          "--max", "2", "--timeout", "10", *ns))
     assert sorted(line.rsplit(" ", 1)[-1] for line in out.splitlines()) == ["commit", "unknown"]
     # a contradicting decision is refused, by UNIQ_KEY or by offsetMsgId
-    err = _one_line_error(await _cli("txn", "rollback", pending_id, "--operator", "bob", *ns))
-    assert f"transaction {pending_id} is already committed; rollback refused" in err
-    err = _one_line_error(await _cli("txn", "rollback", offset_msg_id, "--operator", "bob", *ns))
-    assert f"transaction {offset_msg_id} is already committed; rollback refused" in err
+    for txn_id in (pending_id, offset_msg_id):
+        refused = await _cli("txn", "rollback", txn_id, "--operator", "bob", *ns)
+        line = f"error: transaction {txn_id} is already committed; rollback refused at {broker.broker_addr}\n"
+        assert (refused.exit_code, refused.stderr) == (1, line)
     out = _ok(await _cli("txn", "commit", offset_msg_id, "--operator", "alice", *ns))
     assert "already committed" in out
 
@@ -193,7 +193,8 @@ async def test_errors_are_one_line(broker, namesrv) -> None:
         assert "name server" in err
     err = _one_line_error(await _cli("produce", "--topic", "bad topic", "--body", "x", "--namesrv", namesrv))
     assert "topic" in err
-    err = _one_line_error(await _cli("txn", "show", "F" * 32, "--namesrv", namesrv))
+    unknown = await _cli("txn", "show", "F" * 32, "--namesrv", namesrv)
+    assert (unknown.exit_code, unknown.stderr) == (1, f"error: no transaction {'F' * 32} at {broker.broker_addr}\n")
     usage = await _cli("produce", "--topic", "T", "--namesrv", namesrv)
     assert usage.exit_code == 2 and "--body or --file" in usage.stderr
     bad_ns = await _cli("status", "--namesrv", "nonsense")
