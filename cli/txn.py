@@ -3,13 +3,16 @@
 A half message stays pending while its producer neither committed nor rolled it back and no
 check-back got an answer (the producer group is gone, or its database cannot tell).  These
 commands show such halves and let an operator decide; the broker logs every decision with the
-operator's name and the time.
+operator's name and the time, and keeps a bounded history of decisions, so ``show`` also
+answers for a decided transaction (who decided, when) and deciding it again is harmless: the
+same decision answers "already committed", a contradicting one is refused.
 """
 
 from __future__ import annotations
 
 import getpass
 import time
+from datetime import datetime
 
 import click
 import orjson
@@ -17,7 +20,9 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.common import credentials_options, namesrv_option, run
-from txbroker.client.admin import AdminClient
+from txbroker.client.admin import AdminClient, TransactionNotFoundError
+from txbroker.client.errors import BrokerError
+from txbroker.remoting.codes import ResponseCode
 
 
 def _pick(row: dict, *names: str, default: object = "") -> object:
@@ -89,18 +94,91 @@ def list_(state: str, as_json: bool, namesrv: str, credentials: dict[str, str]) 
     Console(width=160).print(table)
 
 
+class _Refused(str):
+    """A broker's answer about the transaction itself (unknown id, contradicting decision),
+    printed as given: ``error: transaction <id> is already committed; rollback refused at
+    ADDR`` says everything, with no request name or name-server address in front."""
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    raise click.exceptions.Exit(1)
+
+
+def _words(state: object) -> str:
+    return str(state).replace("_", " ")
+
+
+def _when(ms: object) -> str:
+    """Epoch milliseconds as local time with the offset, to the millisecond."""
+    if not isinstance(ms, int):
+        return "unknown"
+    return datetime.fromtimestamp(ms / 1000).astimezone().isoformat(sep=" ", timespec="milliseconds")
+
+
+def _decided_by(doc: dict) -> str:
+    source = doc.get("source")
+    if source == "operator":
+        return f"operator {doc.get('operator') or '?'}"
+    if source == "producer":
+        return "producer (END_TRANSACTION)"
+    if source == "check" and doc.get("state") == "discarded":
+        return f"check service (no answer after {doc.get('checks', '?')} checks)"
+    if source == "check":
+        return "producer's answer to a check-back"
+    return "unknown (not recorded, or lost in a crash)"
+
+
+def _show_lines(doc: dict) -> list[tuple[str, str]]:
+    """``txn show`` as label/value pairs, decision first."""
+    lines = [("transaction", str(_pick(doc, "id", "offset_msg_id"))),
+             ("state", _words(doc.get("state", "?")))]
+    if "source" in doc:
+        lines.append(("decided by", _decided_by(doc)))
+    lines.append(("prepared at", _when(doc.get("prepared_at"))))
+    if "source" in doc:
+        decided, prepared = doc.get("decided_at"), doc.get("prepared_at")
+        after = (f" ({(decided - prepared) / 1000:.3f} s after prepare)"
+                 if isinstance(decided, int) and isinstance(prepared, int) else "")
+        lines.append(("decided at", _when(decided) + after))
+    lines += [("topic", f"{_pick(doc, 'topic')} (queue {_pick(doc, 'queue_id', default='?')})"),
+              ("keys", str(_pick(doc, "keys"))),
+              ("tags", str(_pick(doc, "tags"))),
+              ("producer group", str(_pick(doc, "producer_group"))),
+              ("checks", str(_pick(doc, "checks", default=0))),
+              ("body size", f"{_pick(doc, 'body_size', default='?')} bytes"),
+              ("offsetMsgId", str(_pick(doc, "offset_msg_id"))),
+              ("broker", str(_pick(doc, "broker")))]
+    return lines
+
+
 @txn.command()
 @click.argument("txn_id")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the broker's whole answer (with the half's properties) as JSON.")
 @namesrv_option
 @credentials_options
-def show(txn_id: str, namesrv: str, credentials: dict[str, str]) -> None:
-    """Show one half message (by transaction id or offsetMsgId) as JSON."""
+def show(txn_id: str, as_json: bool, namesrv: str, credentials: dict[str, str]) -> None:
+    """Show one transaction (by transaction id or offsetMsgId): pending, discarded or decided,
+    and for a decided one who decided (producer, check-back or operator) and when."""
 
-    async def main() -> dict:
+    async def main() -> dict | _Refused:
         async with AdminClient(namesrv, **credentials) as admin:
-            return await admin.txn_show(txn_id)
+            try:
+                return await admin.txn_show(txn_id)
+            except TransactionNotFoundError as exc:  # "no transaction <id> at ADDR"
+                return _Refused(exc)
 
-    click.echo(orjson.dumps(run(main), option=orjson.OPT_INDENT_2).decode())
+    doc = run(main)
+    if isinstance(doc, _Refused):
+        _fail(doc)
+    if as_json:
+        click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+        return
+    pairs = _show_lines(doc)
+    width = max(len(label) for label, _ in pairs)
+    for label, value in pairs:
+        click.echo(f"{label:<{width}}  {value}")
 
 
 def _decision_command(decision: str, help_text: str) -> click.Command:
@@ -111,14 +189,25 @@ def _decision_command(decision: str, help_text: str) -> click.Command:
     @namesrv_option
     @credentials_options
     def command(txn_id: str, operator: str, namesrv: str, credentials: dict[str, str]) -> None:
-        async def main() -> dict:
+        async def main() -> dict | _Refused:
             async with AdminClient(namesrv, **credentials) as admin:
-                return await admin.txn_decide(txn_id, decision, operator)
+                try:
+                    return await admin.txn_decide(txn_id, decision, operator)
+                except TransactionNotFoundError as exc:
+                    return _Refused(exc)
+                except BrokerError as exc:
+                    if exc.code != ResponseCode.TRANSACTION_FAILED:
+                        raise
+                    return _Refused(f"{exc.remark} at {exc.addr}")
 
         doc = run(main)
-        outcome = {"apply": "done", "duplicate": "already so"}.get(str(doc.get("outcome")), "done")
-        click.echo(f"{decision} {txn_id}: {outcome}, now {_pick(doc, 'state', default='?')} "
-                   f"(operator {operator})")
+        if isinstance(doc, _Refused):
+            _fail(doc)
+        state = _words(_pick(doc, "state", default="?"))
+        if doc.get("outcome") == "duplicate":
+            click.echo(f"{decision} {txn_id}: already {state}, nothing changed")
+        else:
+            click.echo(f"{decision} {txn_id}: done, now {state} (operator {operator})")
 
     return command
 

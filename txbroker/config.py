@@ -85,6 +85,9 @@ class BrokerConfig:
     transaction_check_max: int = 15
     #: Check-backs in flight at once across the broker.
     check_concurrency: int = 16
+    #: Decided transactions remembered for ``txbroker txn show`` and repeated decisions by id
+    #: (source, operator, time); oldest forgotten first.  ~400-500 bytes each: 100,000 ≈ 40-50 MB.
+    transaction_history_size: int = 100_000
 
     # --- long polling / consumers --------------------------------------------------------
     #: Upper bound on how long a suspended pull is held, whatever the client asks.
@@ -139,6 +142,7 @@ def _validate(c: BrokerConfig) -> None:
                  "max_connections", "max_inflight_per_connection"):
         need(getattr(c, name) >= 1, name, "must be >= 1")
     need(c.max_reconsume_times >= 0, "max_reconsume_times", "must be >= 0")
+    need(c.transaction_history_size >= 0, "transaction_history_size", "must be >= 0")
     need(bool(c.broker_name) and bool(c.cluster_name), "broker_name", "names must not be empty")
     need(bool(c.data_dir), "data_dir", "must not be empty")
     need(c.acl_file is None or bool(c.acl_file.strip()), "acl_file",

@@ -85,6 +85,10 @@ def test_crash_between_final_message_and_op_record(tmp_path) -> None:
             # the history before the snapshot is intact
             assert [e.uniq for e in node.tx.pending_entries()] == ["H3"]
             assert node.tx.state_of(pending.physical_offset) is HalfState.PENDING
+            # who committed died with the op record: the history says so instead of guessing
+            shown = node.tx.show("U1")
+            assert (shown["state"], shown["source"], shown["operator"]) == ("committed", "unknown", None)
+            assert node.tx.show("H1")["source"] == node.tx.show("H2")["source"] == "producer"
             # start() wrote the missing op record
             ops = op_records(node)
             assert len(ops) == 3
@@ -119,6 +123,7 @@ async def test_restart_rebuilds_pending_resolved_counts_and_discards(tmp_path, s
             await node.tx.check_now()
         assert node.tx.state_of(discarded.physical_offset) is HalfState.DISCARDED
         assert node.tx.state_of(resumed.physical_offset) is HalfState.DISCARDED
+        discarded_at = node.tx.show("D")["decided_at"]
         await node.tx.operator_decide("S", "resume", operator="carol")
         checked = await prepare(node, conn=producer.conn, uniq="P", body=b"p")
         for _ in range(2):  # P and the resumed S are checked twice
@@ -157,6 +162,12 @@ async def test_restart_rebuilds_pending_resolved_counts_and_discards(tmp_path, s
         assert node.store.max_physical_offset == end_of_log
         rows = tx.list_halves("all")
         assert [r["id"] for r in rows] == ["D", "S", "P"]
+        # the decision history came back with them, by transaction id
+        shown = {i: tx.show(i) for i in "CRDSP"}
+        assert [(shown[i]["state"], shown[i].get("source")) for i in "CRDSP"] == [
+            ("committed", "producer"), ("rolled_back", "producer"), ("discarded", "check"),
+            ("pending", None), ("pending", None)]
+        assert shown["D"]["decided_at"] == discarded_at
         # the recovered halves are still checked (no sending connection after a restart:
         # the group's live connection is used)
         producer = await Producer(node, answer=COMMIT).start()

@@ -645,7 +645,7 @@ async def test_operator_decisions_and_show(node) -> None:
         resp = await c.invoke(RemotingCommand.request(RequestCode.TXN_SHOW, {"id": b.msg_id}), TIMEOUT)
         assert orjson.loads(resp.body)["id"] == "OPB"
         resp = await c.invoke(RemotingCommand.request(RequestCode.TXN_SHOW, {"id": "NOPE"}), TIMEOUT)
-        assert resp.code == ResponseCode.SYSTEM_ERROR and "NOPE" in resp.remark
+        assert resp.code == ResponseCode.QUERY_NOT_FOUND and resp.remark == "no transaction NOPE"
         resp = await c.invoke(RemotingCommand.request(RequestCode.TXN_DECIDE, {
             "id": "OPA", "decision": "commit", "operator": "bob"}), TIMEOUT)
         assert resp.code == ResponseCode.SUCCESS
@@ -804,4 +804,22 @@ async def test_half_whose_segment_was_deleted_leaves_the_index(tmp_path) -> None
         assert producer.checks == []
     finally:
         await producer.close()
+        await node.close()
+
+
+async def test_decision_beyond_the_history_bound_is_shown_by_offset_msg_id_only(tmp_path) -> None:
+    node = await open_node(tx_config(tmp_path / "data", transaction_history_size=1), Clock())
+    try:
+        old, new = await prepare(node, uniq="OLD"), await prepare(node, uniq="NEW")
+        await end(node, old, COMMIT)
+        await end(node, new, ROLLBACK)  # evicts OLD's entry
+        assert node.tx.show("OLD") is None
+        shown = node.tx.show(old.msg_id)  # the one-byte state outlives the history entry
+        assert (shown["state"], shown["source"], shown["decided_at"]) == ("committed", "unknown", None)
+        assert (node.tx.show("NEW")["state"], node.tx.show("NEW")["source"]) == ("rolled_back", "producer")
+        with pytest.raises(TransactionError) as err:
+            await node.tx.operator_decide("OLD", "commit", operator="ops")
+        assert err.value.code == ResponseCode.QUERY_NOT_FOUND
+        assert (await node.tx.operator_decide(old.msg_id, "commit", operator="ops"))["outcome"] == "duplicate"
+    finally:
         await node.close()

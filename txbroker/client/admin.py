@@ -118,36 +118,58 @@ class AdminClient:
         return rows
 
     async def txn_show(self, txn_id: str) -> dict:
-        """One half message by transaction id (UNIQ_KEY) or offsetMsgId."""
+        """One transaction by id (UNIQ_KEY) or offsetMsgId: pending, discarded, or decided
+        (then with ``source``, ``operator``, ``decided_at`` from the broker's history).
+
+        Raises :class:`TransactionNotFoundError` if no broker knows the id."""
         if not txn_id or not isinstance(txn_id, str):
             raise ValueError("a transaction id is required")
-        errors = []
-        for name, addr in self.brokers.items():
-            resp = await self._instance.invoke(addr, RemotingCommand.request(RequestCode.TXN_SHOW, {"id": txn_id}))
-            if resp.code == ResponseCode.SUCCESS:
-                doc = self._json(resp, "show transaction")
-                return {"broker": name, **(doc if isinstance(doc, dict) else {"value": doc})}
-            errors.append(BrokerError(f"show transaction {txn_id}", resp.code, resp.remark, addr))
-        raise errors[0] if len(errors) == 1 else ClientError("; ".join(map(str, errors)))
+        return await self._txn_request(RequestCode.TXN_SHOW, {"id": txn_id}, txn_id,
+                                       f"show transaction {txn_id}")
 
     async def txn_decide(self, txn_id: str, decision: str, operator: str) -> dict:
-        """Operator decision on a half: commit, rollback, or resume (check it again)."""
+        """Operator decision on a half: commit, rollback, or resume (check it again).
+
+        The answer's ``outcome`` is ``apply`` or ``duplicate`` (it was already so: nothing
+        written).  A contradicting decision raises :class:`BrokerError` with code
+        TRANSACTION_FAILED and a remark such as ``transaction <id> is already committed;
+        rollback refused``; an unknown id raises :class:`TransactionNotFoundError`."""
         if decision not in DECISIONS:
             raise ValueError(f"decision must be one of {', '.join(DECISIONS)}")
         if not operator:
             raise ValueError("an operator name is required")
         if not txn_id or not isinstance(txn_id, str):
             raise ValueError("a transaction id is required")
-        errors = []
+        return await self._txn_request(RequestCode.TXN_DECIDE, {
+            "id": txn_id, "decision": decision, "operator": operator}, txn_id,
+            f"{decision} transaction {txn_id}")
+
+    async def _txn_request(self, code: int, ext: dict[str, str], txn_id: str, what: str) -> dict:
+        """Ask the brokers in turn; the first that knows ``txn_id`` answers."""
+        missing: list[str] = []
+        errors: list[BrokerError] = []
         for name, addr in self.brokers.items():
-            cmd = RemotingCommand.request(RequestCode.TXN_DECIDE, {
-                "id": txn_id, "decision": decision, "operator": operator})
-            resp = await self._instance.invoke(addr, cmd)
+            resp = await self._instance.invoke(addr, RemotingCommand.request(code, ext))
             if resp.code == ResponseCode.SUCCESS:
-                doc = self._json(resp, decision)
-                return {"broker": name, **(doc if isinstance(doc, dict) else {})}
-            errors.append(BrokerError(f"{decision} transaction {txn_id}", resp.code, resp.remark, addr))
+                doc = self._json(resp, what)
+                return {"broker": name, **(doc if isinstance(doc, dict) else {"value": doc})}
+            if resp.code == ResponseCode.QUERY_NOT_FOUND:
+                missing.append(addr)
+            else:
+                errors.append(BrokerError(what, resp.code, resp.remark, addr))
+        if not errors:
+            raise TransactionNotFoundError(txn_id, missing)
         raise errors[0] if len(errors) == 1 else ClientError("; ".join(map(str, errors)))
+
+
+class TransactionNotFoundError(ClientError):
+    """No broker knows the transaction id: never prepared there, or decided so long ago that
+    its decision history forgot it (``transaction_history_size``)."""
+
+    def __init__(self, txn_id: str, addrs: list[str]) -> None:
+        super().__init__(f"no transaction {txn_id} at {', '.join(addrs)}")
+        self.txn_id = txn_id
+        self.addrs = addrs
 
 
 def _rows(doc: object) -> list[dict]:

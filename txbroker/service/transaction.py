@@ -7,7 +7,9 @@ differs from RocketMQ is how the broker remembers what happened to it:
 
 * **An in-memory index.**  ``_pending`` and ``_discarded`` map the half's commitlog offset to a
   small :class:`HalfEntry`; decided halves cost one byte each in :class:`ResolvedStates`
-  (indexed by half queue offset), so remembering millions of decisions stays cheap.  A check
+  (indexed by half queue offset), so remembering millions of decisions stays cheap; who
+  decided the most recent ones and when is kept, bounded, in
+  :class:`~txbroker.service.txhistory.TxHistory` (``txbroker txn show``).  A check
   pass walks ``_pending`` only, so its cost follows what is pending, not the history of the
   half queue (RocketMQ walks the half and op queues every round).
 * **Every decision goes through** :func:`txbroker.service.txstate.decide` under a per-half
@@ -30,7 +32,11 @@ RMQ_SYS_TRANS_OP_HALF  ``d``  RocketMQ 4.x op message: body = the half queue off
 _TOPIC                        decimal, one record per decision (no 5.x batching: a 4.x
                               checker can still read the store; the reader here also accepts
                               5.x bodies ``"17,18,"``).  Property ``TXB_STATE`` = ``committed``
-                              or ``rolled_back``; ``TXB_OPERATOR`` when an operator decided.
+                              or ``rolled_back``; ``TXB_SOURCE`` = ``producer``, ``check`` or
+                              ``operator``; ``TXB_OPERATOR`` when an operator decided;
+                              ``__transactionId__`` = the half's UNIQ_KEY; born timestamp =
+                              the decision time.  A record without them (RocketMQ's, or older
+                              txbroker's) replays as source ``unknown``.
 same                   ``c``  check counts, one record per check pass: body
                               ``"<half queue offset>:<checks so far>,"`` repeated.  Counts are
                               absolute, so replaying is idempotent.
@@ -52,12 +58,14 @@ Recovery (:meth:`TransactionalMessageService.recover`) reads the op and discard 
 only the halves no decision names, and scans the commitlog from the oldest of those for
 committed messages: its cost follows the transactional records, not the normal traffic in the
 log.  At a clean close the service also writes ``txstate.snapshot`` in the data dir: the
-decision bytes, the undecided halves' check counts and the op/discard/half queue ends and
-commitlog end it reflects.  The next ``recover()`` loads it (once: it is deleted on load, so a
+decision bytes, the undecided halves' check counts, the decision history
+(:mod:`txbroker.service.txhistory`) and the op/discard/half queue ends and commitlog end it
+reflects.  The next ``recover()`` loads it (once: it is deleted on load, so a
 crash later in that run falls back to the full replay) after checking it is not ahead of the
 store, then replays only the queue tails after it; the commit scan starts no earlier than its
 commitlog end.  A clean restart therefore costs what happened since the snapshot, not the
-whole history.  The benchmark ``bench/txcheck.py`` reports both paths.
+whole history.  The decision history survives both paths: a replay rebuilds it from the op
+records (decision time = the record's store time) and the discard copies.  The benchmark ``bench/txcheck.py`` reports both paths.
 """
 
 from __future__ import annotations
@@ -71,7 +79,7 @@ import re
 import struct
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -86,12 +94,14 @@ from txbroker.remoting.codes import ResponseCode
 from txbroker.service.check import CheckPassReport, CheckService
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.tx_processors import transaction_handlers
+from txbroker.service.txhistory import Decided, TxHistory
 from txbroker.service.txstate import (
     ConflictError,
     Decision,
     HalfState,
     Outcome,
     TransactionError,
+    UnknownTransactionError,
     decide,
 )
 from txbroker.store.message_store import PutResult, PutStatus
@@ -139,6 +149,7 @@ OP_TAG_CHECKS = "c"
 OP_TAG_RESUME = "r"
 PROPERTY_STATE = "TXB_STATE"
 PROPERTY_OPERATOR = "TXB_OPERATOR"
+PROPERTY_SOURCE = "TXB_SOURCE"
 
 _PUT_OK = ("OK", "FLUSH_DISK_TIMEOUT")
 #: Body bytes of recently prepared halves kept in memory, so that the common commit (within
@@ -152,6 +163,8 @@ _ZERO_RUNS = re.compile(rb"\x00+")
 #: Written at clean close, read (once) by recover(): see the module docstring.
 SNAPSHOT_FILE = "txstate.snapshot"
 _SNAPSHOT_MAGIC = b"TXBSNAP1"
+#: 2: carries the decision history.  Another version is not loaded (the replay rebuilds all).
+_SNAPSHOT_VERSION = 2
 _SNAPSHOT_LEN = struct.Struct(">I")
 _STATE_CODES = {HalfState.COMMITTED: 1, HalfState.ROLLED_BACK: 2}
 _CODE_STATES = {code: state for state, code in _STATE_CODES.items()}  # RocketMQ counts a flush time-out as stored
@@ -212,6 +225,8 @@ class _RecordView(NamedTuple):
     """What recovery needs of an op or discard record."""
 
     phys: int
+    born_ts: int
+    store_ts: int
     topic: str
     body: bytes
     properties: dict[str, str]
@@ -221,7 +236,7 @@ _I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 #: Positions in a stored record (protocol.md §6.1, IPv4 hosts: the store writes no other).
-_PHYS_POS, _BODY_LEN_POS = 28, 84
+_PHYS_POS, _BORN_TS_POS, _STORE_TS_POS, _BODY_LEN_POS = 28, 40, 56, 84
 
 
 def _view(raw: bytes) -> _RecordView:
@@ -239,7 +254,8 @@ def _view(raw: bytes) -> _RecordView:
     topic = raw[p + 1:topic_end].decode()
     props_len = _I16.unpack_from(raw, topic_end)[0]
     props = string_to_properties(raw[topic_end + 2:topic_end + 2 + props_len].decode())
-    return _RecordView(_I64.unpack_from(raw, _PHYS_POS)[0], topic, body, props)
+    return _RecordView(_I64.unpack_from(raw, _PHYS_POS)[0], _I64.unpack_from(raw, _BORN_TS_POS)[0],
+                       _I64.unpack_from(raw, _STORE_TS_POS)[0], topic, body, props)
 
 
 def _parse_counts(body: bytes) -> list[tuple[int, int]]:
@@ -335,6 +351,8 @@ class TransactionalMessageService:
         self._pending: dict[int, HalfEntry] = {}
         self._discarded: dict[int, HalfEntry] = {}
         self._resolved = ResolvedStates()
+        #: Who decided the most recent halves and when (TXN_SHOW, decisions by id).
+        self.history = TxHistory(config.transaction_history_size)
         #: UNIQ_KEY -> commitlog offset, for unresolved halves (admin lookups).
         self._by_uniq: dict[str, int] = {}
         #: commitlog offset -> the half as it was stored, newest last, bounded by
@@ -376,11 +394,16 @@ class TransactionalMessageService:
         3. scan the commitlog from the oldest of those halves for committed messages naming
            one of them in ``preparedTransactionOffset`` (a crash between a commit's final
            message and its op record); their op records are rewritten by :meth:`start`.
+
+        The decision history is rebuilt on the way: the snapshot's, then the newest decisions,
+        discards and resumes replayed (at most ``transaction_history_size`` of them are kept
+        while replaying, so a long op queue costs no more memory than the history itself).
         """
         started = time.perf_counter()
         self._pending.clear()
         self._discarded.clear()
         self._resolved = ResolvedStates()
+        self.history = TxHistory(self.config.transaction_history_size)
         self._by_uniq.clear()
         self._recent.clear()
         self._recent_bytes = 0
@@ -391,9 +414,13 @@ class TransactionalMessageService:
         op_from = self.store.min_offset(OP_HALF_TOPIC, 0)
         discard_from = self.store.min_offset(CHECK_MAX_TIME_TOPIC, 0)
         commits_from = 0
+        # TxHistory.replay events in log order: Decided's fields as a plain tuple (cheap: one
+        # per op record), (qo,) for a resume
+        decided: deque[tuple] = deque(maxlen=max(self.history.capacity, 1))
         snap = self._take_snapshot()
         if snap is not None:
             self._resolved = ResolvedStates.restore(snap["resolved_base"], snap["resolved"])
+            self.history = snap["history"]
             for qo, checks, state in snap["open"]:
                 counts[qo] = checks
                 if state == HalfState.DISCARDED.value:
@@ -411,6 +438,8 @@ class TransactionalMessageService:
                 raw = m.properties.get(PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET, "")
                 if is_uint(raw) and self._resolved.get(int(raw)) is None:
                     discarded.add(int(raw))
+                    decided.append((int(raw), HalfState.DISCARDED, "check", None, m.store_ts,
+                                    m.properties.get(PROPERTY_UNIQ_KEY)))
                 continue
             tag = m.properties.get(PROPERTY_TAGS)
             if tag == OP_TAG_DONE:
@@ -418,10 +447,14 @@ class TransactionalMessageService:
                 # is taken as a rollback unless step 3 finds the committed message.
                 state = (HalfState.COMMITTED if m.properties.get(PROPERTY_STATE) == HalfState.COMMITTED.value
                          else HalfState.ROLLED_BACK)
+                operator = m.properties.get(PROPERTY_OPERATOR)
+                source = m.properties.get(PROPERTY_SOURCE) or ("operator" if operator else "unknown")
                 for qo in _parse_offsets(m.body):
                     self._resolved.set(qo, state)
                     counts.pop(qo, None)
                     discarded.discard(qo)
+                    decided.append((qo, state, source, operator, m.born_ts,
+                                    m.properties.get(PROPERTY_TRANSACTION_ID)))
             elif tag == OP_TAG_CHECKS:
                 for qo, n in _parse_counts(m.body):
                     if self._resolved.get(qo) is None:
@@ -431,6 +464,8 @@ class TransactionalMessageService:
                     if qo in discarded:
                         discarded.discard(qo)
                         counts[qo] = 0
+                        decided.append((qo,))
+        self.history.replay(decided)
         self.trim_resolved()
         open_by_phys: dict[int, HalfEntry] = {}
         for m in self._undecided_halves():
@@ -451,6 +486,9 @@ class TransactionalMessageService:
                 if entry is not None:
                     self._resolved.set(entry.queue_offset, HalfState.COMMITTED)
                     self._missing_ops.append((entry.phys, entry.queue_offset))
+                    # who committed died with the op record: say so, do not guess
+                    self.history.record(Decided(entry.queue_offset, HalfState.COMMITTED, "unknown",
+                                                None, m.store_timestamp, entry.uniq))
         for entry in open_by_phys.values():
             pool = self._pending if entry.state is HalfState.PENDING else self._discarded
             pool[entry.phys] = entry
@@ -499,7 +537,12 @@ class TransactionalMessageService:
         """Write op records recovery found missing, then start the periodic check service."""
         missing, self._missing_ops = self._missing_ops, []
         for phys, qo in missing:
-            result = await self._put_op(OP_TAG_DONE, str(qo), {PROPERTY_STATE: HalfState.COMMITTED.value})
+            extra = {PROPERTY_STATE: HalfState.COMMITTED.value}
+            known = self.history.get(qo)
+            if known is not None:
+                extra.update(self._decision_properties(known))
+            result = await self._put_op(OP_TAG_DONE, str(qo), extra,
+                                        born_ms=known.decided_at if known is not None else None)
             if _put_ok(result):
                 log.warning("rewrote the missing op record of committed half %d (queue offset %d)",
                             phys, qo)
@@ -526,7 +569,7 @@ class TransactionalMessageService:
         """State as of the current queue ends, written atomically (tmp file, fsync, rename)."""
         base, resolved = self._resolved.export()
         meta = {
-            "version": 1,
+            "version": _SNAPSHOT_VERSION,
             "op_next": self.store.max_offset(OP_HALF_TOPIC, 0),
             "discard_next": self.store.max_offset(CHECK_MAX_TIME_TOPIC, 0),
             "half_next": self.store.max_offset(HALF_TOPIC, 0),
@@ -535,6 +578,7 @@ class TransactionalMessageService:
             "open": [[e.queue_offset, e.checks, e.state.value]
                      for e in (*self._pending.values(), *self._discarded.values())],
             "missing_ops": self._missing_ops,
+            "history": self.history.export(),
         }
         head = orjson.dumps(meta)
         path = self.snapshot_path
@@ -567,8 +611,12 @@ class TransactionalMessageService:
             start = len(_SNAPSHOT_MAGIC) + _SNAPSHOT_LEN.size
             meta = orjson.loads(data[start:start + n])
             meta["resolved"] = data[start + n:]
-            fits = (meta["version"] == 1
-                    and meta["op_next"] <= self.store.max_offset(OP_HALF_TOPIC, 0)
+            if meta["version"] != _SNAPSHOT_VERSION:
+                raise ValueError(f"version {meta['version']}, this broker reads {_SNAPSHOT_VERSION}")
+            history = TxHistory(self.config.transaction_history_size)
+            history.load(meta["history"])
+            meta["history"] = history
+            fits = (meta["op_next"] <= self.store.max_offset(OP_HALF_TOPIC, 0)
                     and meta["discard_next"] <= self.store.max_offset(CHECK_MAX_TIME_TOPIC, 0)
                     and meta["half_next"] <= self.store.max_offset(HALF_TOPIC, 0)
                     and meta["log_end"] <= self.store.max_physical_offset)
@@ -605,10 +653,18 @@ class TransactionalMessageService:
         return list(self._pending.values())
 
     def resolve_id(self, txn_id: str) -> int | None:
-        """A UNIQ_KEY or an offsetMsgId → the half's commitlog offset (None if unknown)."""
+        """A UNIQ_KEY or an offsetMsgId → the half's commitlog offset (None if unknown).
+
+        A UNIQ_KEY resolves while its half is undecided or in the decision history.
+        """
         phys = self._by_uniq.get(txn_id)
         if phys is not None:
             return phys
+        known = self.history.by_txn_id(txn_id)
+        if known is not None:
+            half = self._half_at(known.queue_offset)
+            if half is not None:
+                return half.physical_offset
         try:
             _, _, phys = decode_offset_msg_id(txn_id)
         except ValueError:
@@ -627,7 +683,10 @@ class TransactionalMessageService:
         return [e.row(now_ms) for e in entries[:limit]]
 
     def show(self, txn_id: str) -> dict[str, Any] | None:
-        """TXN_SHOW: the row plus body size and the stored properties (None if unknown)."""
+        """TXN_SHOW: the row plus body size, the stored properties and, once decided or
+        discarded, the decision: ``source`` (producer, check, operator or unknown),
+        ``operator``, ``decided_at`` (ms; None when the history no longer holds it).
+        ``prepared_at`` is the half's store time.  None if the id names no half."""
         phys = self.resolve_id(txn_id)
         if phys is None:
             return None
@@ -636,7 +695,16 @@ class TransactionalMessageService:
             return None
         entry = self.entry(phys) or self._entry_from(half)
         row = entry.row(self._now_ms())
-        row["state"] = self.state_of(phys).value
+        state = self.state_of(phys)
+        row["state"] = state.value
+        row["prepared_at"] = half.store_timestamp
+        if state is not HalfState.PENDING:
+            known = self.history.get(half.queue_offset)
+            if known is not None and known.state is not state:
+                known = None  # a decision this broker does not remember any more
+            row["source"] = known.source if known is not None else "unknown"
+            row["operator"] = known.operator if known is not None else None
+            row["decided_at"] = known.decided_at if known is not None else None
         row["body_size"] = len(half.body)
         row["store_timestamp"] = half.store_timestamp
         row["born_timestamp"] = half.born_timestamp
@@ -774,7 +842,7 @@ class TransactionalMessageService:
         """TXN_DECIDE / RESUME_CHECK_HALF_MESSAGE: commit, rollback or resume, logged with who."""
         phys = self.resolve_id(txn_id)
         if phys is None:
-            raise TransactionError(ResponseCode.SYSTEM_ERROR, f"no half message with id {txn_id!r}")
+            raise UnknownTransactionError(txn_id)
         dec = {"commit": Decision.COMMIT, "rollback": Decision.ROLLBACK,
                "resume": Decision.RESUME}.get(decision)
         if dec is None:
@@ -787,17 +855,19 @@ class TransactionalMessageService:
         async with self._locked(phys):
             state = self.state_of(phys)
             if dec is Decision.RESUME:
-                outcome = await self._resume(phys, state, operator)
+                outcome = await self._resume(phys, state, operator, txn_id)
             else:
-                outcome = await self._apply(phys, state, dec, source="operator", operator=operator)
+                outcome = await self._apply(phys, state, dec, source="operator", operator=operator,
+                                            name=txn_id)
         return {"id": txn_id, "commit_log_offset": phys, "decision": dec.value,
                 "outcome": outcome.value, "state": self.state_of(phys).value,
                 "operator": operator, "at": when}
 
     async def _apply(self, phys: int, state: HalfState, decision: Decision, *, source: str,
-                     operator: str | None = None) -> Outcome:
+                     operator: str | None = None, name: str | None = None) -> Outcome:
+        """Write ``decision`` (or nothing, for a repeat; or refuse a contradiction, naming
+        the transaction ``name`` or, for a producer's END, the half's commitlog offset)."""
         outcome, target = decide(state, decision, operator=operator is not None)
-        half_name = str(phys)
         if outcome is Outcome.DUPLICATE:
             self.metrics.duplicate_ends.inc()
             log.info("%s of half %d repeated (%s): nothing written", decision.value, phys, source)
@@ -806,12 +876,11 @@ class TransactionalMessageService:
             self.metrics.conflicting_ends.inc()
             log.warning("refused %s of half %d from %s: it is %s", decision.value, phys, source,
                         state.value)
-            raise ConflictError(state, decision, half_name)
+            raise ConflictError(state, decision, name or f"at commitlog offset {phys}")
         entry = self.entry(phys)
         assert entry is not None  # APPLY only from PENDING/DISCARDED, which are indexed
-        extra = {PROPERTY_STATE: target.value}
-        if operator is not None:
-            extra[PROPERTY_OPERATOR] = operator
+        decided = Decided(entry.queue_offset, target, source, operator, self._now_ms(), entry.uniq)
+        extra = {PROPERTY_STATE: target.value, **self._decision_properties(decided)}
         if decision is Decision.COMMIT:
             half = self._recall(phys) or self._read_half(phys)
             if half is None:
@@ -825,31 +894,46 @@ class TransactionalMessageService:
             if self.after_final_message is not None:
                 self.after_final_message(phys)
             # The final message is durable: the half is committed whatever happens to the op.
-            self._settle(entry, target, source)
-            op = await self._put_op(OP_TAG_DONE, str(entry.queue_offset), extra)
+            self._settle(entry, decided)
+            op = await self._put_op(OP_TAG_DONE, str(entry.queue_offset), extra,
+                                    born_ms=decided.decided_at)
             if not _put_ok(op):
                 self._missing_ops.append((phys, entry.queue_offset))
                 log.error("op record of committed half %d not written (%s); it is rewritten at "
                           "the next start", phys, op.status.name)
         else:
-            op = await self._put_op(OP_TAG_DONE, str(entry.queue_offset), extra)
+            op = await self._put_op(OP_TAG_DONE, str(entry.queue_offset), extra,
+                                    born_ms=decided.decided_at)
             if not _put_ok(op):
                 raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                        f"rollback failed, the store refused the op record: "
                                        f"{op.status.name} {op.reason}".strip())
-            self._settle(entry, target, source)
+            self._settle(entry, decided)
         return Outcome.APPLY
 
-    def _settle(self, entry: HalfEntry, target: HalfState, source: str) -> None:
+    @staticmethod
+    def _decision_properties(decided: Decided) -> dict[str, str]:
+        """What a ``d`` record carries so a replay knows who decided which transaction."""
+        props = {}
+        if decided.source != "unknown":
+            props[PROPERTY_SOURCE] = decided.source
+        if decided.operator:
+            props[PROPERTY_OPERATOR] = decided.operator
+        if decided.txn_id:
+            props[PROPERTY_TRANSACTION_ID] = decided.txn_id
+        return props
+
+    def _settle(self, entry: HalfEntry, decided: Decided) -> None:
         self._pending.pop(entry.phys, None)
         self._discarded.pop(entry.phys, None)
         self._recall(entry.phys)
         if entry.uniq:
             self._by_uniq.pop(entry.uniq, None)
-        entry.state = target
+        entry.state = target = decided.state
         entry.conn = None
         self._resolved.set(entry.queue_offset, target)
-        self._decided[(target, source)].inc()
+        self.history.record(decided)
+        self._decided[(target, decided.source)].inc()
         self.metrics.decision_latency.observe(max(0, self._now_ms() - entry.store_ts) / 1000)
 
     def _final_message(self, half: Message, phys: int, store_ts: int) -> Message:
@@ -901,16 +985,19 @@ class TransactionalMessageService:
             self._recall(entry.phys)
             entry.state = target
             self._discarded[entry.phys] = entry
+            # a replay reads the discard time from the copy's store timestamp: the same value
+            self.history.record(Decided(entry.queue_offset, target, "check", None,
+                                        result.store_timestamp, entry.uniq))
             self.metrics.discards.inc()
             log.warning("half %d (%s, group %s) discarded after %d checks without an answer",
                         entry.phys, entry.uniq, entry.group, entry.checks)
             return True
 
-    async def _resume(self, phys: int, state: HalfState, operator: str) -> Outcome:
+    async def _resume(self, phys: int, state: HalfState, operator: str, name: str) -> Outcome:
         outcome, target = decide(state, Decision.RESUME)
         if outcome is Outcome.CONFLICT:
             self.metrics.conflicting_ends.inc()
-            raise ConflictError(state, Decision.RESUME, str(phys))
+            raise ConflictError(state, Decision.RESUME, name)
         if outcome is Outcome.DUPLICATE:
             return outcome
         entry = self._discarded[phys]
@@ -919,6 +1006,7 @@ class TransactionalMessageService:
             raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                    f"resume failed, the store refused the record: {result.status.name}")
         del self._discarded[phys]
+        self.history.drop(entry.queue_offset)
         entry.state = target
         entry.checks = 0
         self._pending[phys] = entry
@@ -947,7 +1035,9 @@ class TransactionalMessageService:
 
     def trim_resolved(self) -> None:
         """Drop decisions about halves retention has deleted (run by every check pass)."""
-        self._resolved.trim_below(self.store.min_offset(HALF_TOPIC, 0))
+        oldest = self.store.min_offset(HALF_TOPIC, 0)
+        self._resolved.trim_below(oldest)
+        self.history.trim_below(oldest)
 
     def forget(self, entry: HalfEntry, reason: str) -> None:
         """Drop an undecided half from the index because its record is gone."""
@@ -986,6 +1076,11 @@ class TransactionalMessageService:
             if slot[1] == 0:
                 del self._locks[phys]
 
+    def _half_at(self, queue_offset: int) -> StoredMessage | None:
+        """The half message at ``queue_offset`` of the half queue, if still retained."""
+        found = self.store.get(HALF_TOPIC, 0, queue_offset, 1).messages()
+        return found[0] if found and found[0].queue_offset == queue_offset else None
+
     def _read_half(self, phys: int) -> StoredMessage | None:
         """The half message at ``phys``, or None if there is no half message there."""
         try:
@@ -1016,11 +1111,15 @@ class TransactionalMessageService:
             return int(raw) * 1000
         return int(self.config.transaction_timeout * 1000)
 
-    async def _put_op(self, tag: str, body: str, extra: dict[str, str]) -> PutResult:
+    async def _put_op(self, tag: str, body: str, extra: dict[str, str], *,
+                      born_ms: int | None = None) -> PutResult:
+        """Append an op record; a ``d`` record is born at its decision's time, which a
+        replay reads back as the decision time."""
         props = {PROPERTY_TAGS: tag, PROPERTY_UNIQ_KEY: f"{self._id_prefix}{next(self._ids):016X}",
                  **extra}
         return await self.store.put(Message(topic=OP_HALF_TOPIC, queue_id=0, body=body.encode(),
-                                            properties=props, born_timestamp=self._now_ms()))
+                                            properties=props,
+                                            born_timestamp=self._now_ms() if born_ms is None else born_ms))
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)

@@ -3,7 +3,9 @@ txbroker admin requests TXN_LIST / TXN_SHOW / TXN_DECIDE.
 
 Handlers decode typed headers (``remoting.headers``), call the service, and turn its refusals
 (:class:`~txbroker.service.txstate.TransactionError`, header errors) into error responses that
-carry RocketMQ's code and a remark; nothing else escapes.
+carry RocketMQ's code and a remark; nothing else escapes.  TXN_SHOW and TXN_DECIDE answer an
+id the broker does not know with QUERY_NOT_FOUND and a contradicting decision with
+TRANSACTION_FAILED; a decided id is answered from the decision history.
 
 END_TRANSACTION is one-way from Java clients (flag 2: never answered, even on error — the
 error is logged and counted), but the C++ client sends it with flag 0 (client-capture.md §5.1)
@@ -28,7 +30,7 @@ from txbroker.remoting.headers import (
     TxnListRequestHeader,
     TxnShowRequestHeader,
 )
-from txbroker.service.txstate import TransactionError
+from txbroker.service.txstate import TransactionError, UnknownTransactionError
 
 if TYPE_CHECKING:
     from txbroker.service.transaction import TransactionalMessageService
@@ -67,6 +69,8 @@ def transaction_handlers(tx: TransactionalMessageService) -> dict[int, Handler]:
             await tx.operator_decide(h.msg_id, "resume", operator="RESUME_CHECK_HALF_MESSAGE",
                                      peer=getattr(conn, "peer", ""))
             resp = cmd.response(ResponseCode.SUCCESS)
+        except UnknownTransactionError as exc:  # RocketMQ answers a message it cannot find so
+            resp = cmd.response(ResponseCode.SYSTEM_ERROR, exc.remark)
         except (HeaderError, TransactionError) as exc:
             resp = _refusal(cmd, exc)
         return None if cmd.is_oneway else resp
@@ -86,7 +90,7 @@ def transaction_handlers(tx: TransactionalMessageService) -> dict[int, Handler]:
             return _refusal(cmd, exc)
         doc = tx.show(h.id)
         if doc is None:
-            return cmd.response(ResponseCode.SYSTEM_ERROR, f"no half message with id {h.id!r}")
+            return _refusal(cmd, UnknownTransactionError(h.id))
         return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(doc))
 
     async def txn_decide(conn: Any, cmd: RemotingCommand) -> RemotingCommand:

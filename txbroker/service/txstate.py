@@ -103,11 +103,25 @@ class TransactionError(HeaderError):
 
 
 class ConflictError(TransactionError):
-    """A decision that contradicts the half's recorded state (never applied)."""
+    """A decision that contradicts the half's recorded state (never applied).
+
+    Answered with RocketMQ's TRANSACTION_FAILED (4), for a producer's END_TRANSACTION and an
+    operator's decision alike; the remark reads ``transaction <id> is already committed;
+    rollback refused``.
+    """
 
     def __init__(self, state: HalfState, decision: Decision, half: str) -> None:
         super().__init__(ResponseCode.TRANSACTION_FAILED,
-                         f"conflicting decision: cannot {decision.value} transaction {half}: "
-                         f"it is already {state.value}")
+                         f"transaction {half} is already {state.value.replace('_', ' ')}; "
+                         f"{decision.value} refused")
         self.state = state
         self.decision = decision
+
+
+class UnknownTransactionError(TransactionError):
+    """An operator request naming no half this broker knows: QUERY_NOT_FOUND, as RocketMQ
+    answers a lookup that finds nothing (neither pending nor in the decision history)."""
+
+    def __init__(self, txn_id: str) -> None:
+        super().__init__(ResponseCode.QUERY_NOT_FOUND, f"no transaction {txn_id}")
+        self.txn_id = txn_id
