@@ -64,13 +64,23 @@ class LocalTransactionState(enum.Enum):
 
 
 def validate_topic(topic: object) -> str:
-    if not isinstance(topic, str) or not topic:
-        raise ValueError("topic must be a non-empty string")
-    if len(topic) > MAX_TOPIC_LENGTH:
-        raise ValueError(f"topic {topic[:20]!r}... is longer than {MAX_TOPIC_LENGTH} characters")
-    if not _TOPIC_RE.match(topic):
-        raise ValueError(f"topic {topic!r} may only contain letters, digits, '%', '|', '_' and '-'")
-    return topic
+    return _validate_name(topic, "topic", MAX_TOPIC_LENGTH)
+
+
+def validate_group(group: object, what: str = "group") -> str:
+    """A consumer or producer group name (``what`` names which, for the error): the topic
+    charset, and short enough that ``%RETRY%<group>`` is still a valid topic."""
+    return _validate_name(group, what, MAX_TOPIC_LENGTH - len(rec.RETRY_GROUP_TOPIC_PREFIX))
+
+
+def _validate_name(name: object, what: str, limit: int) -> str:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} must be a non-empty string")
+    if len(name) > limit:
+        raise ValueError(f"{what} {name[:20]!r}... is longer than {limit} characters")
+    if not _TOPIC_RE.match(name):
+        raise ValueError(f"{what} {name!r} may only contain letters, digits, '%', '|', '_' and '-'")
+    return name
 
 
 def _check_text(what: str, value: object) -> str:

@@ -30,7 +30,7 @@ from txbroker.client.message import (
     SendStatus,
     UniqKeyGenerator,
     compress,
-    validate_topic,
+    validate_group,
 )
 from txbroker.client.rebalance import MessageQueue
 from txbroker.remoting.codec import RemotingCommand
@@ -49,14 +49,6 @@ RETRY_CODES = frozenset({ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY,
 _STATUS_BY_CODE = {s.value: s for s in SendStatus}
 
 
-def validate_group(group: object) -> str:
-    """Group names follow the topic rule (RocketMQ validates both with the same charset)."""
-    if not isinstance(group, str) or not group:
-        raise ValueError("group must be a non-empty string")
-    validate_topic(group)  # same charset and length rule as topics
-    return group
-
-
 class Producer:
     """Sends messages; ``async with Producer("PG") as p: await p.send(Message(...))``.
 
@@ -69,7 +61,7 @@ class Producer:
                  compress_threshold: int = 4096, heartbeat_interval: float = 30.0,
                  instance_name: str | None = None, access_key: str | None = None,
                  secret_key: str | None = None) -> None:
-        self.group = validate_group(group)
+        self.group = validate_group(group, "producer group")
         if not isinstance(retries, int) or retries < 0:
             raise ValueError("retries must be a non-negative integer")
         if send_timeout <= 0:
@@ -172,7 +164,7 @@ class Producer:
 
     # --- internals ---------------------------------------------------------------------------
     async def _queues(self, topic: str, refresh: bool = False) -> list[MessageQueue]:
-        route = await self._instance.route(topic, refresh=refresh)
+        route = await self._instance.publish_route(topic, DEFAULT_TOPIC_QUEUE_NUMS, refresh=refresh)
         queues = route.write_queues()
         if not queues:
             raise RouteError(f"topic {topic!r} has no writable queue")
