@@ -296,3 +296,15 @@ async def test_consuming_requests_never_create_topics(broker, broker_client) -> 
     assert broker.topics.get("NoSuchTopic") is None
     assert broker.topics.get("%RETRY%G") is not None  # the group's retry topic, as RocketMQ
     assert "G" not in broker.store.offsets.groups()
+
+
+async def test_bad_group_names_are_named_as_groups(broker, broker_client) -> None:
+    c = broker_client
+    resp = await send(c, "T", b"x", group="bad group")
+    assert resp.code == ResponseCode.SYSTEM_ERROR
+    assert resp.remark.startswith("producer group name 'bad group' is invalid"), resp.remark
+    resp, _ = await pull(c, "bad group", "T", 0, 0)
+    assert resp.remark.startswith("consumer group name 'bad group' is invalid"), resp.remark
+    resp = await c.invoke(request(RequestCode.HEART_BEAT, body=heartbeat_body("c1", "bad group", "T")),
+                          TIMEOUT)
+    assert resp.remark.startswith("consumer group name 'bad group' is invalid"), resp.remark
