@@ -63,17 +63,8 @@ class LocalTransactionState(enum.Enum):
     UNKNOW = rec.TRANSACTION_NOT_TYPE
 
 
-def validate_topic(topic: object) -> str:
-    return _validate_name(topic, "topic", MAX_TOPIC_LENGTH)
-
-
-def validate_group(group: object, what: str = "group") -> str:
-    """A consumer or producer group name (``what`` names which, for the error): the topic
-    charset, and short enough that ``%RETRY%<group>`` is still a valid topic."""
-    return _validate_name(group, what, MAX_TOPIC_LENGTH - len(rec.RETRY_GROUP_TOPIC_PREFIX))
-
-
-def _validate_name(name: object, what: str, limit: int) -> str:
+def validate_topic(name: object, what: str = "topic", limit: int = MAX_TOPIC_LENGTH) -> str:
+    """A topic name (or, with ``what`` and ``limit``, another name under the topic rule)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"{what} must be a non-empty string")
     if len(name) > limit:

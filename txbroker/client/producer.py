@@ -30,7 +30,7 @@ from txbroker.client.message import (
     SendStatus,
     UniqKeyGenerator,
     compress,
-    validate_group,
+    validate_topic,
 )
 from txbroker.client.rebalance import MessageQueue
 from txbroker.remoting.codec import RemotingCommand
@@ -47,6 +47,13 @@ DEFAULT_TOPIC_QUEUE_NUMS = 4
 RETRY_CODES = frozenset({ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY,
                          ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.TOPIC_NOT_EXIST})
 _STATUS_BY_CODE = {s.value: s for s in SendStatus}
+
+
+def validate_group(group: object, what: str = "group") -> str:
+    """Group names follow the topic charset (RocketMQ checks both alike), at most 120
+    characters so that ``%RETRY%<group>`` is still a valid topic; ``what`` ("producer group",
+    "consumer group") names the group in the error."""
+    return validate_topic(group, what, rec.MAX_TOPIC_BYTES - len(rec.RETRY_GROUP_TOPIC_PREFIX))
 
 
 class Producer:
