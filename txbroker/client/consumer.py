@@ -46,12 +46,8 @@ from txbroker.client.errors import (
     TopicNotFoundError,
 )
 from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
-from txbroker.client.message import (
-    MessageExt,
-    parse_tag_expression,
-    validate_group,
-    validate_topic,
-)
+from txbroker.client.message import MessageExt, parse_tag_expression, validate_topic
+from txbroker.client.producer import validate_group
 from txbroker.client.rebalance import MessageQueue, OffsetTracker, allocate_average
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
