@@ -1,4 +1,4 @@
-"""``txbroker topic``: create, delete and list topics."""
+"""``txbroker topic``: create, update, delete and list topics."""
 
 from __future__ import annotations
 
@@ -9,11 +9,20 @@ from rich.table import Table
 
 from cli.common import credentials_options, is_system_topic, namesrv_option, run
 from txbroker.client.admin import AdminClient
+from txbroker.client.errors import TopicExistsError, TopicShrinkError
+
+#: ``--perm`` choices: RocketMQ's PermName bits (READ=4, WRITE=2; INHERIT=1 is kept as it is).
+PERMS = {"rw": 6, "r-": 4, "-w": 2}
+
+
+def perm_text(perm: int) -> str:
+    """RocketMQ's PermName bits as ``rw`` / ``r-`` / ``-w`` / ``--``."""
+    return ("r" if perm & 4 else "-") + ("w" if perm & 2 else "-")
 
 
 @click.group()
 def topic() -> None:
-    """Create, delete and list topics."""
+    """Create, update, delete and list topics."""
 
 
 @topic.command()
@@ -23,14 +32,50 @@ def topic() -> None:
 @namesrv_option
 @credentials_options
 def create(name: str, queues: int, namesrv: str, credentials: dict[str, str]) -> None:
-    """Create topic NAME (or change its queue count)."""
+    """Create topic NAME (an existing topic is refused: see 'txbroker topic update')."""
 
     async def main() -> None:
         async with AdminClient(namesrv, **credentials) as admin:
-            await admin.create_topic(name, queues)
+            try:
+                await admin.create_topic(name, queues)
+            except TopicExistsError as exc:
+                raise click.ClickException(f"{exc}; use 'txbroker topic update'") from None
 
     run(main)
     click.echo(f"topic {name} created with {queues} queue(s)")
+
+
+@topic.command()
+@click.argument("name")
+@click.option("--queues", type=click.IntRange(1, 1024),
+              help="New read and write queue count (default: unchanged).")
+@click.option("--perm", type=click.Choice(list(PERMS)),
+              help="New permission: rw (read and write), r- (read only), -w (write only) "
+                   "(default: unchanged).")
+@click.option("--force", is_flag=True,
+              help="Shrink even if the dropped queues hold messages (consumers stop seeing them).")
+@namesrv_option
+@credentials_options
+def update(name: str, queues: int | None, perm: str | None, force: bool, namesrv: str,
+           credentials: dict[str, str]) -> None:
+    """Change the queue count or permission of existing topic NAME.
+
+    Shrinking a topic whose dropped queues hold messages is refused unless --force.
+    """
+    if queues is None and perm is None:
+        raise click.UsageError("nothing to change: give --queues and/or --perm")
+
+    async def main() -> dict[str, dict]:
+        async with AdminClient(namesrv, **credentials) as admin:
+            try:
+                return await admin.update_topic(name, queues, None if perm is None else PERMS[perm],
+                                                force=force)
+            except TopicShrinkError as exc:
+                raise click.ClickException(f"{exc}; use --force to shrink anyway") from None
+
+    cfg = next(iter(run(main).values()), {})
+    click.echo(f"topic {name} updated: {cfg.get('readQueueNums')} queue(s), "
+               f"perm {perm_text(int(cfg.get('perm', 0)))}")
 
 
 @topic.command()
@@ -69,5 +114,5 @@ def list_(as_json: bool, system: bool, namesrv: str, credentials: dict[str, str]
         table.add_column(col)
     for name, cfg in topics.items():
         table.add_row(name, str(cfg.get("readQueueNums", "")), str(cfg.get("writeQueueNums", "")),
-                      str(cfg.get("perm", "")))
+                      perm_text(int(cfg.get("perm", 0))))
     Console(width=160).print(table)

@@ -9,12 +9,15 @@ Every case opens its own connection, writes its bytes and watches what comes bac
   whose code is not SUCCESS — never silence, never a success;
 * the broker must keep serving: the caller runs a healthy client throughout and checks it.
 
-Cases are drawn from a seeded ``random.Random``, so a failing run is reproduced by its seed.
+Every run starts with the same sweep (a send to every bad and system topic, a pull of every
+system topic); then ``rounds`` cases are drawn from a seeded ``random.Random``, each drawing its
+own values when it is made, so a failing run is reproduced by its seed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import struct
 from collections import Counter
@@ -28,7 +31,9 @@ from txbroker.remoting.codes import RequestCode, ResponseCode
 
 SYSTEM_TOPICS = ("RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
                  "TRANS_CHECK_MAX_TIME_TOPIC", "SCHEDULE_TOPIC_XXXX")
-BAD_TOPICS = ("", "bad topic", "a/b", "x" * 300, "topic\u00e9", "%RETRY%", "RMQ_SYS_X")
+#: Topics no send may store: malformed names, a reserved prefix, retry topics of no group.
+BAD_TOPICS = ("", "bad topic", "a/b", "x" * 300, "topic\u00e9", "%RETRY%", "%RETRY%fuzz_no_such_group",
+              "RMQ_SYS_X")
 HUGE = str(1 << 62)
 TOO_HUGE = str(1 << 70)
 
@@ -41,12 +46,16 @@ class Case:
     name: str
     data: bytes
     expect: str
+    #: The request's topic, if any (the stats count cases per topic).
+    topic: str | None = None
     eof: bool = False
 
 
 @dataclass
 class FuzzStats:
     cases: Counter = field(default_factory=Counter)
+    #: (case name, topic) -> count, for the cases that name a topic.
+    topics: Counter = field(default_factory=Counter)
     codes: Counter = field(default_factory=Counter)
     closed: int = 0
     #: Requests that needed an answer and got none while the connection stayed open.
@@ -116,31 +125,65 @@ def _framing_cases(rng: random.Random, max_message_size: int) -> list[Callable[[
     ]
 
 
+def send_case(name: str, ext: dict[str, str], body: bytes = b"fuzz") -> Case:
+    return Case(name, request(RequestCode.SEND_MESSAGE, ext, body), ANSWER_ERROR, ext.get("topic"))
+
+
+def pull_case(name: str, ext: dict[str, str]) -> Case:
+    return Case(name, request(RequestCode.PULL_MESSAGE, ext), ANSWER_ERROR, ext.get("topic"))
+
+
+def coverage_cases() -> list[Case]:
+    """Run first, whatever the seed and round count: a send to every bad and every system
+    topic and a pull of every system topic, so no run leaves one of them out."""
+    return ([send_case("send-bad-topic", send_ext(t)) for t in BAD_TOPICS]
+            + [send_case("send-system-topic", send_ext(t)) for t in SYSTEM_TOPICS]
+            + [pull_case("pull-system-topic", pull_ext(t)) for t in SYSTEM_TOPICS])
+
+
+def _cycle(values: tuple[str, ...], rng: random.Random) -> Callable[[], str]:
+    """Each call returns the next value of a shuffled cycle: every value is drawn once per
+    ``len(values)`` calls, so a run covers them all (and stays reproducible by its seed)."""
+    order = list(values)
+    rng.shuffle(order)
+    it = itertools.cycle(order)
+    return lambda: next(it)
+
+
 def _request_cases(rng: random.Random, max_message_size: int) -> list[Callable[[], Case]]:
-    def send(name: str, ext: dict[str, str], body: bytes = b"fuzz") -> Callable[[], Case]:
-        return lambda: Case(name, request(RequestCode.SEND_MESSAGE, ext, body), ANSWER_ERROR)
+    # Every maker draws its values when it is called, once per case, never once per run.
+    def send(name: str, make_ext: Callable[[], dict[str, str]], body: bytes = b"fuzz") -> Callable[[], Case]:
+        return lambda: send_case(name, make_ext(), body)
 
-    def pull(name: str, ext: dict[str, str]) -> Callable[[], Case]:
-        return lambda: Case(name, request(RequestCode.PULL_MESSAGE, ext), ANSWER_ERROR)
+    def pull(name: str, make_ext: Callable[[], dict[str, str]]) -> Callable[[], Case]:
+        return lambda: pull_case(name, make_ext())
 
+    bad_topic = _cycle(BAD_TOPICS, rng)
+    send_system, pull_system = _cycle(SYSTEM_TOPICS, rng), _cycle(SYSTEM_TOPICS, rng)
     cases = [
-        send("send-system-topic", send_ext(rng.choice(SYSTEM_TOPICS))),
-        send("send-bad-topic", send_ext(rng.choice(BAD_TOPICS))),
+        send("send-system-topic", lambda: send_ext(send_system())),
+        send("send-bad-topic", lambda: send_ext(bad_topic())),
         # A negative queue id means "any queue" in RocketMQ; only ids past the queues are invalid.
-        send("send-queue-out-of-range", send_ext("FuzzTopic", queueId=str(rng.randint(4, (1 << 31) - 1)))),
-        send("send-queue-not-int", send_ext("FuzzTopic", queueId=rng.choice(["abc", "1.5", "", HUGE]))),
-        send("send-sysflag-negative", send_ext("FuzzTopic", sysFlag="-7")),
-        send("send-born-not-int", send_ext("FuzzTopic", bornTimestamp=rng.choice(["yesterday", TOO_HUGE]))),
-        send("send-missing-topic", {k: v for k, v in send_ext("FuzzTopic").items() if k != "topic"}),
-        send("send-oversize-body", send_ext("FuzzTopic"), b"o" * (max_message_size + 1)),
-        send("send-empty-body", send_ext("FuzzTopic"), b""),
-        send("send-missing-group", send_ext("FuzzTopic", producerGroup="")),
-        pull("pull-negative-offset", pull_ext("FuzzTopic", queueOffset=str(-rng.randint(1, 1 << 40)))),
-        pull("pull-offset-not-int", pull_ext("FuzzTopic", queueOffset=rng.choice(["x", TOO_HUGE, "1e3"]))),
-        pull("pull-unknown-topic", pull_ext(f"NoSuchTopic{rng.randint(0, 1 << 30)}")),
-        pull("pull-system-topic", pull_ext(rng.choice(SYSTEM_TOPICS))),
-        pull("pull-bad-queue", pull_ext("FuzzTopic", queueId=rng.choice(["-1", "9999", "q"]))),
-        pull("pull-zero-max", pull_ext("FuzzTopic", maxMsgNums=rng.choice(["0", "-3"]))),
+        send("send-queue-out-of-range",
+             lambda: send_ext("FuzzTopic", queueId=str(rng.randint(4, (1 << 31) - 1)))),
+        send("send-queue-not-int",
+             lambda: send_ext("FuzzTopic", queueId=rng.choice(["abc", "1.5", "", HUGE]))),
+        send("send-sysflag-negative", lambda: send_ext("FuzzTopic", sysFlag="-7")),
+        send("send-born-not-int",
+             lambda: send_ext("FuzzTopic", bornTimestamp=rng.choice(["yesterday", TOO_HUGE]))),
+        send("send-missing-topic",
+             lambda: {k: v for k, v in send_ext("FuzzTopic").items() if k != "topic"}),
+        send("send-oversize-body", lambda: send_ext("FuzzTopic"), b"o" * (max_message_size + 1)),
+        send("send-empty-body", lambda: send_ext("FuzzTopic"), b""),
+        send("send-missing-group", lambda: send_ext("FuzzTopic", producerGroup="")),
+        pull("pull-negative-offset",
+             lambda: pull_ext("FuzzTopic", queueOffset=str(-rng.randint(1, 1 << 40)))),
+        pull("pull-offset-not-int",
+             lambda: pull_ext("FuzzTopic", queueOffset=rng.choice(["x", TOO_HUGE, "1e3"]))),
+        pull("pull-unknown-topic", lambda: pull_ext(f"NoSuchTopic{rng.randint(0, 1 << 30)}")),
+        pull("pull-system-topic", lambda: pull_ext(pull_system())),
+        pull("pull-bad-queue", lambda: pull_ext("FuzzTopic", queueId=rng.choice(["-1", "9999", "q"]))),
+        pull("pull-zero-max", lambda: pull_ext("FuzzTopic", maxMsgNums=rng.choice(["0", "-3"]))),
         lambda: Case("update-offset-negative", request(RequestCode.UPDATE_CONSUMER_OFFSET, {
             "consumerGroup": "fuzz_cg", "topic": "FuzzTopic", "queueId": "0",
             "commitOffset": rng.choice(["-5", "abc", TOO_HUGE])}), ANSWER_ERROR),
@@ -207,6 +250,8 @@ async def fuzz_broker(addr: str, *, seed: int, rounds: int, max_message_size: in
         async with slots:
             answers, closed = await run_case(host, int(port), case, timeout)
         stats.cases[case.name] += 1
+        if case.topic is not None:
+            stats.topics[(case.name, case.topic)] += 1
         stats.closed += closed
         for a in answers:
             stats.codes[a.code] += 1
@@ -223,6 +268,7 @@ async def fuzz_broker(addr: str, *, seed: int, rounds: int, max_message_size: in
         elif case.expect == ANY and any(a.code == ResponseCode.SUCCESS for a in answers):
             stats.accepted.append(case.name)
 
+    await asyncio.gather(*(one(case) for case in coverage_cases()))
     await asyncio.gather(*(one(rng.choice(makers)()) for _ in range(rounds)))
     return stats
 
@@ -247,6 +293,8 @@ async def _main(rounds: int, seed: int) -> int:
     print(f"network fuzz: seed={seed} rounds={rounds} broker alive={alive} restart={restart:.2f}s")
     for name, n in sorted(stats.cases.items()):
         print(f"  {name:<28} {n:>6}")
+    covered = {t for (name, t) in stats.topics if name == "send-bad-topic"}
+    print(f"  bad topics sent: {len(covered)}/{len(BAD_TOPICS)}")
     print(f"  answer codes: {dict(sorted(stats.codes.items()))}  closed: {stats.closed}")
     print(f"  silent: {len(stats.silent)}  accepted: {len(stats.accepted)}  left open: {len(stats.left_open)}"
           f"  unexplained: {sum(stats.unexplained.values())}")

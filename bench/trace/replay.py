@@ -291,10 +291,14 @@ class DeliveryRecorder(threading.Thread):
 
 async def _create_topics(namesrv: str, topics: list[str]) -> None:
     from txbroker.client.admin import AdminClient
+    from txbroker.client.errors import TopicExistsError
 
     async with AdminClient(namesrv) as admin:
         for topic in topics:
-            await admin.create_topic(topic, 4)
+            try:
+                await admin.create_topic(topic, 4)
+            except TopicExistsError:
+                pass  # an earlier replay against the same broker made it: reuse it as it is
 
 
 def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,

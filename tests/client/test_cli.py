@@ -224,3 +224,81 @@ async def test_consume_stops_cleanly_on_sigterm(broker, namesrv) -> None:
     # the clean stop committed past the printed message and left the group
     assert sum(broker.store.offsets.get("CG_TERM", "TTerm", q) or 0 for q in range(4)) == 1
     assert broker.registry.consumer_ids("CG_TERM") == []
+
+
+def _error_text(result) -> str:
+    """The message of a one-line CLI error, without its ``error:`` prefix (the checks below
+    look for the parts that matter, whatever the command puts around them)."""
+    prefix, _, text = _one_line_error(result).partition(": ")
+    assert prefix.lower() == "error", prefix
+    return text
+
+
+async def test_consume_of_a_missing_topic_fails_and_creates_nothing(broker, namesrv) -> None:
+    ns = ("--namesrv", namesrv)
+    result = await _cli("consume", "--topic", "NoSuch", "--group", "CG_TYPO", "--timeout", "1", *ns)
+    assert f"no such topic 'NoSuch' at {namesrv}" in _error_text(result)
+    listed = orjson.loads(_ok(await _cli("topic", "list", "--system", "--json", *ns)))
+    assert "NoSuch" not in listed and "%RETRY%CG_TYPO" not in listed
+
+
+async def test_topic_create_existing_and_update(broker, namesrv) -> None:
+    ns = ("--namesrv", namesrv)
+    addr = broker.broker_addr
+    _ok(await _cli("topic", "create", "Keep", "--queues", "4", *ns))
+    _ok(await _cli("produce", "--topic", "Keep", "--body", "x", "--count", "12", *ns))
+    held = {q: broker.store.max_offset("Keep", q) for q in (1, 2, 3)}
+    assert sum(held.values()) > 0
+
+    # create of an existing topic: refused, nothing changes
+    result = await _cli("topic", "create", "Keep", "--queues", "1", *ns)
+    text = _error_text(result)
+    assert f"topic 'Keep' already exists at {addr} (4 queues)" in text
+    assert "use 'txbroker topic update'" in text
+    assert broker.topics.get("Keep").read_queue_nums == 4
+
+    # a shrink that would hide messages needs --force
+    result = await _cli("topic", "update", "Keep", "--queues", "1", *ns)
+    with_data = [q for q, n in held.items() if n]
+    queues = "1-3" if with_data == [1, 2, 3] else ", ".join(map(str, with_data))
+    text = _error_text(result)
+    assert (f"topic 'Keep' at {addr}: queue(s) {queues} hold {sum(held.values())} message(s) that "
+            "shrinking to 1 queue(s) would hide" in text and "use --force" in text), text
+    assert broker.topics.get("Keep").read_queue_nums == 4
+
+    # growing, and changing the permission, need no force
+    assert "6 queue(s), perm rw" in _ok(await _cli("topic", "update", "Keep", "--queues", "6", *ns))
+    assert "6 queue(s), perm r-" in _ok(await _cli("topic", "update", "Keep", "--perm", "r-", *ns))
+    tc = broker.topics.get("Keep")
+    assert (tc.read_queue_nums, tc.write_queue_nums, tc.perm) == (6, 6, 4)
+    assert "1 queue(s), perm r-" in _ok(await _cli("topic", "update", "Keep", "--queues", "1",
+                                                   "--force", *ns))
+    assert broker.topics.get("Keep").read_queue_nums == 1
+
+    result = await _cli("topic", "update", "Nope", "--queues", "2", *ns)
+    assert f"no such topic 'Nope' at {addr}" in _error_text(result)
+    assert broker.topics.get("Nope") is None
+    result = await _cli("topic", "update", "Keep", *ns)
+    assert result.exit_code == 2 and "nothing to change" in result.stderr
+
+
+async def test_topic_list_shows_perm_letters(broker, namesrv) -> None:
+    ns = ("--namesrv", namesrv)
+    for name, perm in (("PermRW", None), ("PermR", "r-"), ("PermW", "-w")):
+        _ok(await _cli("topic", "create", name, "--queues", "2", *ns))
+        if perm:
+            _ok(await _cli("topic", "update", name, "--perm", perm, *ns))
+    rows = {line.split("│")[1].strip(): line.split("│")[4].strip()
+            for line in _ok(await _cli("topic", "list", *ns)).splitlines()
+            if line.count("│") == 5 and "Perm" in line}
+    assert rows == {"PermRW": "rw", "PermR": "r-", "PermW": "-w"}
+
+
+async def test_group_name_errors_name_the_group(broker, namesrv) -> None:
+    ns = ("--namesrv", namesrv)
+    result = await _cli("consume", "--topic", "T", "--group", "bad group", "--timeout", "1", *ns)
+    text = _error_text(result)
+    assert "consumer group 'bad group' may only contain" in text and "topic 'bad" not in text, text
+    result = await _cli("produce", "--topic", "T", "--body", "x", "--group", "bad group", *ns)
+    text = _error_text(result)
+    assert "producer group 'bad group' may only contain" in text and "topic 'bad" not in text, text

@@ -10,7 +10,7 @@ from sdk_helpers import collect, wait_until
 
 from txbroker.client import Consumer, Message, Producer
 from txbroker.client.admin import AdminClient
-from txbroker.client.errors import ClientStateError
+from txbroker.client.errors import ClientStateError, TopicNotFoundError
 
 FAST = {"long_poll_timeout": 1.0, "rebalance_interval": 0.5, "persist_interval": 0.2}
 
@@ -19,6 +19,13 @@ async def _send(namesrv: str, topic: str, bodies: list[bytes], **kw) -> None:
     async with Producer("PG_C", namesrv) as producer:
         for b in bodies:
             await producer.send(Message(topic, b, **kw))
+
+
+async def _create(namesrv: str, *topics: str) -> None:
+    """Consuming needs the topic to exist (a consumer never creates one)."""
+    async with AdminClient(namesrv) as admin:
+        for topic in topics:
+            await admin.create_topic(topic, 4)
 
 
 def _consumer(namesrv: str, group: str, topic: str, expression: str = "*", **kw) -> Consumer:
@@ -101,6 +108,7 @@ async def test_start_positions_last_first_timestamp(broker, namesrv) -> None:
 
 
 async def test_tag_expression_and_async_iteration(broker, namesrv) -> None:
+    await _create(namesrv, "TTags")
     consumer = _consumer(namesrv, "CG_TAGS", "TTags", "TagA || TagC", from_where="first")
     async with consumer:
         for tag in ("TagA", "TagB", "TagC", "TagB"):
@@ -121,6 +129,7 @@ async def test_poll_and_lifecycle_errors(broker, namesrv) -> None:
     consumer.subscribe("TLife")
     with pytest.raises(ClientStateError):
         await consumer.poll(0.1)
+    await _create(namesrv, "TLife")
     await consumer.start()
     t0 = time.monotonic()
     assert await consumer.poll(0.2) is None
@@ -137,6 +146,7 @@ async def test_poll_and_lifecycle_errors(broker, namesrv) -> None:
 
 
 async def test_consumer_survives_dropped_connections(broker, namesrv) -> None:
+    await _create(namesrv, "TDrop")
     consumer = _consumer(namesrv, "CG_DROP", "TDrop", from_where="first")
     async with consumer:
         await _send(namesrv, "TDrop", [b"before"])
@@ -151,6 +161,7 @@ async def test_consumer_survives_dropped_connections(broker, namesrv) -> None:
 
 
 async def test_subscribe_while_running(broker, namesrv) -> None:
+    await _create(namesrv, "TLateA")
     consumer = _consumer(namesrv, "CG_LATE", "TLateA", from_where="first")
     async with consumer:
         await _send(namesrv, "TLateB", [b"b"])
@@ -192,3 +203,20 @@ async def test_offset_beyond_the_queue_is_corrected(broker, namesrv, broker_clie
         # PULL_OFFSET_MOVED moves the consumer to where the broker says, and it goes on
         got = await collect(consumer, 1)
         assert [m.body for m in got] == [b"c"]  # moved to the end (max offset), as RocketMQ does
+
+
+async def test_subscribing_to_a_missing_topic_raises_and_creates_nothing(broker, namesrv) -> None:
+    consumer = _consumer(namesrv, "CG_MISSING", "NoSuchTopic", from_where="first")
+    with pytest.raises(TopicNotFoundError, match=f"^no such topic 'NoSuchTopic' at {namesrv}$") as info:
+        await consumer.start()
+    assert info.value.topic == "NoSuchTopic" and info.value.namesrv == namesrv
+    assert broker.topics.get("NoSuchTopic") is None
+    # nothing registered either: no member, no retry topic for the group, no connection left
+    assert broker.registry.consumer_ids("CG_MISSING") == []
+    assert broker.topics.get("%RETRY%CG_MISSING") is None
+    await wait_until(lambda: not broker.server.connections, what="connections closed")
+    # once the topic exists the same consumer starts
+    await _create(namesrv, "NoSuchTopic")
+    async with consumer:
+        await _send(namesrv, "NoSuchTopic", [b"here"])
+        assert [m.body for m in await collect(consumer, 1)] == [b"here"]

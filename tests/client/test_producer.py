@@ -71,7 +71,7 @@ async def test_retry_on_another_queue_after_a_refusal(broker, namesrv) -> None:
     async with Producer("PG_RETRY", namesrv) as producer:
         await producer.send(Message("TShrink", b"warm-up"))  # caches the 8-queue route
         async with AdminClient(namesrv) as admin:
-            await admin.create_topic("TShrink", 1)
+            await admin.update_topic("TShrink", 1, force=True)
         # Whichever of the 8 cached queues is tried first, the broker refuses ids >= 1
         # (SYSTEM_ERROR); the retry refreshes the route and lands on queue 0.
         results = [await producer.send(Message("TShrink", f"m{i}".encode())) for i in range(4)]
@@ -166,6 +166,8 @@ async def test_periodic_heartbeat_restores_a_group_the_broker_forgot(broker, nam
 async def test_delay_level_defers_delivery(broker, namesrv) -> None:
     consumer = Consumer("CG_DELAY", namesrv, from_where="first", long_poll_timeout=1.0)
     consumer.subscribe("TDelay")
+    async with AdminClient(namesrv) as admin:
+        await admin.create_topic("TDelay", 4)
     async with consumer, Producer("PG_DELAY", namesrv) as producer:
         await producer.send(Message("TDelay", b"later", delay_level=1))  # level 1 = 1 s
         await producer.send(Message("TDelay", b"now"))

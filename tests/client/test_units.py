@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from txbroker.client import Consumer, Producer, TransactionListener, TransactionProducer
 from txbroker.client.instance import TopicRoute, parse_addresses
 from txbroker.client.message import (
     Message,
@@ -202,3 +203,18 @@ def test_namesrv_addresses() -> None:
     for bad in ("", "localhost", "127.0.0.1:0", "127.0.0.1:x", ":1"):
         with pytest.raises(ValueError):
             parse_addresses(bad)
+
+
+@pytest.mark.parametrize("make, what", [
+    (lambda g: Producer(g), "producer group"),
+    (lambda g: TransactionProducer(g, listener=TransactionListener()), "producer group"),
+    (lambda g: Consumer(g), "consumer group"),
+])
+def test_group_name_errors_name_the_group(make, what: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{what} 'bad group' may only contain") as info:
+        make("bad group")
+    assert "topic" not in str(info.value)
+    # 120 characters at most, so that the group's %RETRY% topic is still a valid topic
+    assert make("g" * 120) is not None
+    with pytest.raises(ValueError, match=rf"^{what} 'g+'\.\.\. is longer than 120 characters"):
+        make("g" * 121)

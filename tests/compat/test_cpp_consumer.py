@@ -9,6 +9,7 @@ import pytest
 from compat_cpp import CppRun, run_cpp
 
 from txbroker.client import Consumer, Message, Producer
+from txbroker.client.admin import AdminClient
 
 pytestmark = pytest.mark.needs_cpp
 
@@ -21,6 +22,12 @@ async def produce(broker, bodies_tags: list[tuple[str, str]], topic: str = TOPIC
         for body, tag in bodies_tags:
             await p.send(Message(topic, body.encode(), tags=tag, keys="K-" + body,
                                  properties={"origin": "sdk"}))
+
+
+async def create_topic(broker, topic: str = TOPIC) -> None:
+    """Consumers never create their topic (RocketMQ's neither): made before one starts."""
+    async with AdminClient(broker.namesrv_addr) as admin:
+        await admin.create_topic(topic, 4)
 
 
 def push_spec(broker, **kw) -> dict:
@@ -66,6 +73,7 @@ async def test_push_consumer_tag_expression_offsets_committed_and_resumed(broker
 
 
 async def test_two_push_consumers_of_one_group_share_the_queues(broker, tmp_path):
+    await create_topic(broker)
     stop = tmp_path / "stop"
     spec = push_spec(broker, max_seconds=25, stop_file=str(stop))
     a = await CppRun(spec, tmp_path / "a").start()
@@ -185,6 +193,7 @@ async def test_committed_offsets_survive_a_broker_restart(broker_process, tmp_pa
 
 async def test_killed_cpp_consumer_queues_move_to_the_survivor(broker, tmp_path):
     # A member that crashes (SIGKILL, held pulls on its connection) must not strand its queues.
+    await create_topic(broker)
     a = await CppRun(push_spec(broker, max_seconds=25), tmp_path / "a").start()
     b = await CppRun(push_spec(broker, expect=8, max_seconds=25), tmp_path / "b").start()
     try:

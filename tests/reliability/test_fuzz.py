@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import random
+from collections import Counter
 
 import pytest
 
 from bench.chaos.codecfuzz import PROPERTIES, run
-from bench.chaos.fuzz import fuzz_broker
+from bench.chaos.fuzz import BAD_TOPICS, cases, coverage_cases, fuzz_broker
 from txbroker.client import Consumer, Message, Producer
 
 
@@ -43,6 +45,8 @@ async def test_fuzzed_broker_keeps_serving_and_answers_errors(broker_process, tm
     assert stats.ok, (stats.silent, stats.accepted, stats.left_open, stats.cases)
     assert not stats.unexplained, stats.unexplained  # every error answer says what was wrong
     assert len(stats.cases) >= 25, stats.cases
+    # every bad topic was sent (and refused: nothing was accepted) in this run
+    assert {t for (name, t) in stats.topics if name == "send-bad-topic"} == set(BAD_TOPICS)
     assert sent_during >= 1  # the healthy client was served while the fuzzer ran
     assert len(sent) >= 20
 
@@ -63,6 +67,14 @@ async def test_fuzzed_broker_keeps_serving_and_answers_errors(broker_process, tm
     assert got == set(sent)
     async with Producer("healthy_pg", proc.namesrv_addr) as producer:
         assert (await producer.send(Message("HealthyTopic", b"after"))).send_status.name == "SEND_OK"
+
+
+def test_fuzz_cases_draw_per_case_and_cover_every_bad_topic() -> None:
+    makers = {maker().name: maker for maker in cases(random.Random(5), 1024)}
+    drawn = Counter(makers["send-bad-topic"]().topic for _ in range(2 * len(BAD_TOPICS)))
+    assert drawn == dict.fromkeys(BAD_TOPICS, 2)
+    assert {c.topic for c in coverage_cases() if c.name == "send-bad-topic"} == set(BAD_TOPICS)
+    assert {"%RETRY%", "%RETRY%fuzz_no_such_group"} <= set(BAD_TOPICS)
 
 
 @pytest.mark.parametrize("prop", PROPERTIES, ids=lambda p: p.__name__)

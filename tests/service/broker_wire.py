@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import orjson
+
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode
 from txbroker.store.record import decode_records, properties_to_string
@@ -72,3 +74,17 @@ async def create_topic(client, topic: str, *, queues: int = 4) -> None:
         "topic": topic, "readQueueNums": str(queues), "writeQueueNums": str(queues),
         "perm": "6"}), TIMEOUT)
     assert resp.code == 0, resp.remark
+
+
+def heartbeat_body(client_id: str, group: str, topic: str, *, cpp: bool = False) -> bytes:
+    if cpp:  # C++ style: ordinals, subVersion as a string, empty sets left out
+        cd = {"consumeFromWhere": 0, "consumeType": 1, "groupName": group, "messageModel": 1,
+              "subscriptionDataSet": [{"subString": "TagA || TagB", "subVersion": "1795348495561",
+                                       "codeSet": [0, 0], "tagsSet": ["TagA", "TagB"], "topic": topic}]}
+    else:
+        cd = {"groupName": group, "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+              "consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET", "unitMode": False,
+              "subscriptionDataSet": [{"topic": topic, "subString": "*", "tagsSet": [],
+                                       "codeSet": [], "subVersion": 1, "expressionType": "TAG",
+                                       "classFilterMode": False}]}
+    return orjson.dumps({"clientID": client_id, "consumerDataSet": [cd], "producerDataSet": []})

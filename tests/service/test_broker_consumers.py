@@ -6,7 +6,15 @@ import asyncio
 import time
 
 import orjson
-from broker_wire import PULL_COMMIT, PULL_SUBSCRIPTION, TIMEOUT, pull, request, send
+from broker_wire import (
+    PULL_COMMIT,
+    PULL_SUBSCRIPTION,
+    TIMEOUT,
+    heartbeat_body,
+    pull,
+    request,
+    send,
+)
 
 from txbroker.broker import Broker
 from txbroker.remoting.client import RemotingClient
@@ -41,29 +49,15 @@ async def test_routes_on_both_ports(broker) -> None:
             cluster = await client.invoke(request(RequestCode.GET_BROKER_CLUSTER_INFO), TIMEOUT)
             info = orjson.loads(cluster.body)
             assert info["clusterAddrTable"] == {broker.config.cluster_name: [broker.config.broker_name]}
-            # auto-create is on: a new topic gets a route
+            # A lookup never creates a topic (a producer sends on TBW102's route instead).
             fresh = await client.invoke(_route_request("Fresh", 409), TIMEOUT)
-            assert fresh.code == ResponseCode.SUCCESS
+            assert fresh.code == ResponseCode.TOPIC_NOT_EXIST and "Fresh" in fresh.remark
             bad = await client.invoke(_route_request("bad name", 409), TIMEOUT)
             assert bad.code == ResponseCode.TOPIC_NOT_EXIST
             topics = await client.invoke(request(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER), TIMEOUT)
-            assert "Fresh" in orjson.loads(topics.body)["topicList"]
+            assert "Fresh" not in orjson.loads(topics.body)["topicList"]
         finally:
             await client.close()
-
-
-def _heartbeat(client_id: str, group: str, topic: str, *, cpp: bool = False) -> bytes:
-    if cpp:  # C++ style: ordinals, subVersion as a string, empty sets left out
-        cd = {"consumeFromWhere": 0, "consumeType": 1, "groupName": group, "messageModel": 1,
-              "subscriptionDataSet": [{"subString": "TagA || TagB", "subVersion": "1795348495561",
-                                       "codeSet": [0, 0], "tagsSet": ["TagA", "TagB"], "topic": topic}]}
-    else:
-        cd = {"groupName": group, "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
-              "consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET", "unitMode": False,
-              "subscriptionDataSet": [{"topic": topic, "subString": "*", "tagsSet": [],
-                                       "codeSet": [], "subVersion": 1, "expressionType": "TAG",
-                                       "classFilterMode": False}]}
-    return orjson.dumps({"clientID": client_id, "consumerDataSet": [cd], "producerDataSet": []})
 
 
 async def test_membership_changes_notify_members(broker) -> None:
@@ -75,9 +69,9 @@ async def test_membership_changes_notify_members(broker) -> None:
 
     a.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, on_notify)
     try:
-        resp = await a.invoke(request(RequestCode.HEART_BEAT, body=_heartbeat("cA", "CG", "T1")), TIMEOUT)
+        resp = await a.invoke(request(RequestCode.HEART_BEAT, body=heartbeat_body("cA", "CG", "T1")), TIMEOUT)
         assert resp.code == ResponseCode.SUCCESS
-        resp = await b.invoke(request(RequestCode.HEART_BEAT, body=_heartbeat("cB", "CG", "T1", cpp=True)), TIMEOUT)
+        resp = await b.invoke(request(RequestCode.HEART_BEAT, body=heartbeat_body("cB", "CG", "T1", cpp=True)), TIMEOUT)
         assert resp.code == ResponseCode.SUCCESS
         lst = await a.invoke(request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "CG"}), TIMEOUT)
         assert orjson.loads(lst.body) == {"consumerIdList": ["cA", "cB"]}

@@ -10,6 +10,7 @@ from broker_wire import (
     PULL_SUSPEND,
     TIMEOUT,
     create_topic,
+    heartbeat_body,
     pull,
     request,
     send,
@@ -193,6 +194,9 @@ async def test_auto_create_off_refuses_unknown_topic(broker_config, tmp_path) ->
     try:
         resp = await send(client, "Unknown", b"x")
         assert resp.code == ResponseCode.TOPIC_NOT_EXIST
+        # No auto-creation: the template topic has no route, so producers do not try.
+        resp = await client.invoke(request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TBW102"}), TIMEOUT)
+        assert resp.code == ResponseCode.TOPIC_NOT_EXIST
         resp = await client.invoke(request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
             "topic": "Known", "readQueueNums": "2", "writeQueueNums": "2"}), TIMEOUT)
         assert resp.code == ResponseCode.SUCCESS
@@ -246,6 +250,9 @@ async def test_failed_start_leaves_a_clean_store(broker_config) -> None:
 
 async def test_client_resend_to_retry_topic_goes_to_dlq_past_max(broker, broker_client) -> None:
     c = broker_client
+    # The group heartbeats first (that makes it known and creates its retry topic).
+    hb = await c.invoke(request(RequestCode.HEART_BEAT, body=heartbeat_body("c1", "RG", "T")), TIMEOUT)
+    assert hb.code == ResponseCode.SUCCESS
     cmd = send_cmd("%RETRY%RG", b"again", queue_id=0)
     cmd.ext_fields["reconsumeTimes"] = "1"
     assert (await c.invoke(cmd, TIMEOUT)).code == ResponseCode.SUCCESS
@@ -255,3 +262,49 @@ async def test_client_resend_to_retry_topic_goes_to_dlq_past_max(broker, broker_
     _, retry = await pull(c, "RG", "%RETRY%RG", 0, 0)
     _, dlq = await pull(c, "RG", "%DLQ%RG", 0, 0)
     assert [m.body for m in retry] == [b"again"] and [m.body for m in dlq] == [b"dead"]
+
+
+async def test_send_to_retry_topic_of_unknown_group_refused(broker, broker_client) -> None:
+    c = broker_client
+    for topic, group in (("%RETRY%", "''"), ("%RETRY%nosuchgroup", "'nosuchgroup'")):
+        for code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2):
+            resp = await send(c, topic, b"x", code=code)
+            assert resp.code == ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST == 26, resp.remark
+            assert "subscription group not exist" in resp.remark and group in resp.remark
+        assert broker.topics.get(topic) is None and broker.store.max_offset(topic, 0) == 0
+    # A group that heartbeated may write its retry topic through a plain send.
+    hb = await c.invoke(request(RequestCode.HEART_BEAT, body=heartbeat_body("c1", "known", "T")), TIMEOUT)
+    assert hb.code == ResponseCode.SUCCESS
+    assert (await send(c, "%RETRY%known", b"x")).code == ResponseCode.SUCCESS
+
+
+async def test_consuming_requests_never_create_topics(broker, broker_client) -> None:
+    c = broker_client
+    for topic in ("NoSuchTopic", "%RETRY%NoSuchGroup", "%DLQ%NoSuchGroup"):
+        resp, _ = await pull(c, "G", topic, 0, 0)
+        assert resp.code == ResponseCode.TOPIC_NOT_EXIST == 17
+        assert resp.remark == f"topic[{topic}] not exist, apply first please!"
+        resp = await c.invoke(request(RequestCode.UPDATE_CONSUMER_OFFSET, {
+            "consumerGroup": "G", "topic": topic, "queueId": "0", "commitOffset": "3"}), TIMEOUT)
+        assert resp.code == ResponseCode.TOPIC_NOT_EXIST and topic in resp.remark
+        resp = await c.invoke(request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}), TIMEOUT)
+        assert resp.code == ResponseCode.TOPIC_NOT_EXIST
+        assert broker.topics.get(topic) is None
+    hb = await c.invoke(request(RequestCode.HEART_BEAT, body=heartbeat_body("c1", "G", "NoSuchTopic")),
+                        TIMEOUT)
+    assert hb.code == ResponseCode.SUCCESS
+    assert broker.topics.get("NoSuchTopic") is None
+    assert broker.topics.get("%RETRY%G") is not None  # the group's retry topic, as RocketMQ
+    assert "G" not in broker.store.offsets.groups()
+
+
+async def test_bad_group_names_are_named_as_groups(broker, broker_client) -> None:
+    c = broker_client
+    resp = await send(c, "T", b"x", group="bad group")
+    assert resp.code == ResponseCode.SYSTEM_ERROR
+    assert resp.remark.startswith("producer group name 'bad group' is invalid"), resp.remark
+    resp, _ = await pull(c, "bad group", "T", 0, 0)
+    assert resp.remark.startswith("consumer group name 'bad group' is invalid"), resp.remark
+    resp = await c.invoke(request(RequestCode.HEART_BEAT, body=heartbeat_body("c1", "bad group", "T")),
+                          TIMEOUT)
+    assert resp.remark.startswith("consumer group name 'bad group' is invalid"), resp.remark

@@ -112,7 +112,7 @@ def test_registry_consumers_notify_and_expire() -> None:
 
 
 async def test_namesrv_dialects(tmp_path) -> None:
-    cfg = BrokerConfig(data_dir=str(tmp_path), auto_create_topic=False)
+    cfg = BrokerConfig(data_dir=str(tmp_path))
     ns = NameServer(cfg, TopicManager(cfg), lambda: "127.0.0.1:10911")
     old = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TBW102"})
     old.version = 63

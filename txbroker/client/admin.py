@@ -1,7 +1,9 @@
 """Operator requests: topics, broker status and pending transactions.
 
 What the ``txbroker topic|status|txn`` commands use, and what an operator's script can use.
-Topic creation is RocketMQ's UPDATE_AND_CREATE_TOPIC (so RocketMQ tooling works the same);
+Topic creation and change are RocketMQ's UPDATE_AND_CREATE_TOPIC (so RocketMQ tooling works
+the same), with two checks RocketMQ's request does not make: creating an existing topic is
+refused, and shrinking one whose dropped queues hold messages needs ``force``;
 the status document and the transaction requests (TXN_LIST/SHOW/DECIDE, BROKER_STATUS) are
 txbroker's own codes in the private 9001-9099 range.  Each request goes to every broker the
 name server knows (one, for a single-broker installation), so answers are per broker.
@@ -13,7 +15,13 @@ from typing import Self
 
 import orjson
 
-from txbroker.client.errors import BrokerError, ClientError
+from txbroker.client.errors import (
+    BrokerError,
+    ClientError,
+    TopicExistsError,
+    TopicNotFoundError,
+    TopicShrinkError,
+)
 from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
 from txbroker.client.message import validate_topic
 from txbroker.remoting.codec import RemotingCommand
@@ -67,14 +75,81 @@ class AdminClient:
 
     # --- topics --------------------------------------------------------------------------
     async def create_topic(self, topic: str, queues: int = 4) -> None:
+        """Create ``topic`` with ``queues`` read and write queues on every broker.
+
+        A topic that exists on any broker raises :class:`TopicExistsError` and nothing
+        changes: RocketMQ's UPDATE_AND_CREATE_TOPIC would silently redefine it (fewer queues
+        hide the messages of the dropped ones); :meth:`update_topic` changes a topic.
+        """
         validate_topic(topic)
-        if not isinstance(queues, int) or not 1 <= queues <= 1024:
-            raise ValueError("queues must be an integer in [1, 1024]")
-        ext = {"topic": topic, "defaultTopic": "TBW102", "readQueueNums": str(queues),
-               "writeQueueNums": str(queues), "perm": str(PERM_READ_WRITE),
-               "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0", "order": "false"}
+        _check_queues(queues)
+        current = await self._topic_configs(topic)
+        if current:
+            addr, cfg = next(iter(current.items()))
+            raise TopicExistsError(topic, addr, _queue_count(cfg))
         for addr in self.brokers.values():
-            await self._call(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, f"create topic {topic}", ext)
+            await self._put_topic(addr, topic, queues, queues, PERM_READ_WRITE)
+
+    async def update_topic(self, topic: str, queues: int | None = None, perm: int | None = None,
+                           *, force: bool = False) -> dict[str, dict]:
+        """Change an existing topic's queue count and/or permission on every broker; returns
+        broker address -> the new config.
+
+        Shrinking hides the messages of the dropped queues from consumers, so it raises
+        :class:`TopicShrinkError` (naming the queues and how many messages they hold) unless
+        ``force``; a broker without the topic raises :class:`TopicNotFoundError`.
+        """
+        validate_topic(topic)
+        if queues is not None:
+            _check_queues(queues)
+        if perm is not None and (not isinstance(perm, int) or perm & ~PERM_READ_WRITE):
+            raise ValueError("perm must be a combination of 4 (read) and 2 (write)")
+        current = await self._topic_configs(topic)
+        for addr in self.brokers.values():
+            if addr not in current:
+                raise TopicNotFoundError(topic, addr)
+        plans = {}
+        for addr, cfg in current.items():
+            read, write = int(cfg.get("readQueueNums", 0)), int(cfg.get("writeQueueNums", 0))
+            new_read, new_write = (read, write) if queues is None else (queues, queues)
+            old_perm = int(cfg.get("perm", PERM_READ_WRITE))
+            new_perm = old_perm if perm is None else (old_perm & ~PERM_READ_WRITE) | perm
+            if not force and new_read < max(read, write):
+                held = await self._held(addr, topic, range(new_read, max(read, write)))
+                if held:
+                    raise TopicShrinkError(topic, addr, new_read, held)
+            plans[addr] = (new_read, new_write, new_perm)
+        for addr, (read, write, new_perm) in plans.items():
+            await self._put_topic(addr, topic, read, write, new_perm)
+        return await self._topic_configs(topic)
+
+    async def _put_topic(self, addr: str, topic: str, read: int, write: int, perm: int) -> None:
+        ext = {"topic": topic, "defaultTopic": "TBW102", "readQueueNums": str(read),
+               "writeQueueNums": str(write), "perm": str(perm),
+               "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0", "order": "false"}
+        await self._call(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, f"create topic {topic}", ext)
+
+    async def _topic_configs(self, topic: str) -> dict[str, dict]:
+        """Broker address -> ``topic``'s TopicConfig, for the brokers that have it."""
+        out = {}
+        for addr in self.brokers.values():
+            table = _config_table(self._json(
+                await self._call(addr, RequestCode.GET_ALL_TOPIC_CONFIG, "list topics"), "list topics"))
+            if isinstance(table.get(topic), dict):
+                out[addr] = table[topic]
+        return out
+
+    async def _held(self, addr: str, topic: str, queue_ids: range) -> dict[int, int]:
+        """Queue id -> messages retained, for the queues of ``queue_ids`` that hold any."""
+        held = {}
+        for q in queue_ids:
+            ext = {"topic": topic, "queueId": str(q)}
+            low, high = [int((await self._call(addr, code, f"offsets of {topic} queue {q}", ext))
+                             .ext_fields.get("offset", "0"))
+                         for code in (RequestCode.GET_MIN_OFFSET, RequestCode.GET_MAX_OFFSET)]
+            if high > low:
+                held[q] = high - low
+        return held
 
     async def delete_topic(self, topic: str) -> None:
         """Delete ``topic`` on every broker: its config, queues and consumer offsets."""
@@ -87,9 +162,8 @@ class AdminClient:
         """Topic name -> RocketMQ TopicConfig (queues, perm), merged over brokers."""
         out: dict[str, dict] = {}
         for addr in self.brokers.values():
-            doc = self._json(await self._call(addr, RequestCode.GET_ALL_TOPIC_CONFIG, "list topics"),
-                             "list topics")
-            table = (doc or {}).get("topicConfigTable") or {} if isinstance(doc, dict) else {}
+            table = _config_table(self._json(
+                await self._call(addr, RequestCode.GET_ALL_TOPIC_CONFIG, "list topics"), "list topics"))
             for name, cfg in table.items():
                 out.setdefault(name, cfg if isinstance(cfg, dict) else {})
         return dict(sorted(out.items()))
@@ -170,6 +244,21 @@ class TransactionNotFoundError(ClientError):
         super().__init__(f"no transaction {txn_id} at {', '.join(addrs)}")
         self.txn_id = txn_id
         self.addrs = addrs
+
+
+def _check_queues(queues: object) -> None:
+    if not isinstance(queues, int) or isinstance(queues, bool) or not 1 <= queues <= 1024:
+        raise ValueError("queues must be an integer in [1, 1024]")
+
+
+def _queue_count(cfg: dict) -> int:
+    return max(int(cfg.get("readQueueNums", 0)), int(cfg.get("writeQueueNums", 0)))
+
+
+def _config_table(doc: object) -> dict:
+    """The ``topicConfigTable`` of a GET_ALL_TOPIC_CONFIG answer ({} if absent)."""
+    table = doc.get("topicConfigTable") if isinstance(doc, dict) else None
+    return table if isinstance(table, dict) else {}
 
 
 def _rows(doc: object) -> list[dict]:

@@ -15,6 +15,10 @@ Mirrors RocketMQ's push consumer, delivered through an async iterator instead of
   a crash re-delivers what was in flight and never skips it (at-least-once).  Offsets are
   committed every ``persist_interval``, on every pull (the commit-offset flag), when a queue is
   given away, and at shutdown.
+* **Topics must exist.**  ``start()`` raises :class:`TopicNotFoundError` (naming the topic and
+  the name server) for a subscribed topic the name server does not know; consuming never
+  creates a topic.  A topic subscribed later, or deleted while consumed, is looked up again at
+  every rebalance, with a warning, as RocketMQ's consumers do.
 * **Where a new group starts.**  ``from_where="last"`` (only messages sent from now on),
   ``"first"`` (everything retained), or a timestamp (``datetime`` or Unix seconds).  A group's
   committed offset always wins.
@@ -35,7 +39,12 @@ from typing import Self
 
 import orjson
 
-from txbroker.client.errors import BrokerError, ClientError, ClientStateError
+from txbroker.client.errors import (
+    BrokerError,
+    ClientError,
+    ClientStateError,
+    TopicNotFoundError,
+)
 from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
 from txbroker.client.message import MessageExt, parse_tag_expression, validate_topic
 from txbroker.client.producer import validate_group
@@ -102,7 +111,7 @@ class Consumer:
                  heartbeat_interval: float = 30.0, pull_error_backoff: float = 1.0,
                  instance_name: str | None = None, access_key: str | None = None,
                  secret_key: str | None = None) -> None:
-        self.group = validate_group(group)
+        self.group = validate_group(group, "consumer group")
         self.from_where = _from_where(from_where)
         if not 1 <= pull_batch_size <= 1024:
             raise ValueError("pull_batch_size must be in [1, 1024]")
@@ -176,14 +185,18 @@ class Consumer:
         self._rebalance_needed = asyncio.Event()
         self._rebalance_lock = asyncio.Lock()
         try:
-            await self._instance.start()
+            # Routes first: a subscription to a topic that does not exist fails here, before
+            # the heartbeat registers the group (which would create its retry topic).
             for topic in self._subs:
                 await self._instance.route(topic)
+            await self._instance.start()
             await self._instance.heartbeat_all()
             await self.rebalance()
         except BaseException:
-            self._state = "new"
+            self._state = "new"  # start() may be called again (the topic may be created later)
             await self._stop_pullers()
+            self._owned.clear()
+            await self._instance.abort_start()
             raise
         self._state = "running"
         self._tasks = [
@@ -316,7 +329,14 @@ class Consumer:
         async with self._rebalance_lock:
             status_cache: dict = {}
             for topic, _sub in list(self._subs.items()):
-                route = await self._instance.route(topic, refresh=True)
+                try:
+                    route = await self._instance.route(topic, refresh=True)
+                except TopicNotFoundError as exc:
+                    # Deleted meanwhile, or subscribed while running: keep what is owned and
+                    # look again at the next rebalance, as RocketMQ's consumers do.
+                    log.warning("consumer %s: %s; retrying every %.0f s", self.client_id, exc,
+                                self.rebalance_interval)
+                    continue
                 queues = route.read_queues()
                 members: set[str] = set()
                 for name in sorted({q.broker_name for q in queues}):

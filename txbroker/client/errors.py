@@ -25,6 +25,50 @@ class RouteError(ClientError):
     """No route for a topic (unknown topic, no writable queue, name server unreachable)."""
 
 
+class TopicNotFoundError(RouteError):
+    """The name server at ``namesrv`` knows no topic ``topic`` (nothing was created)."""
+
+    def __init__(self, topic: str, namesrv: str) -> None:
+        super().__init__(f"no such topic {topic!r} at {namesrv}")
+        self.topic = topic
+        self.namesrv = namesrv
+
+
+class TopicExistsError(ClientError):
+    """Creating ``topic`` refused: the broker at ``addr`` already has it with ``queues`` queues."""
+
+    def __init__(self, topic: str, addr: str, queues: int) -> None:
+        super().__init__(f"topic {topic!r} already exists at {addr} ({queues} queues)")
+        self.topic = topic
+        self.addr = addr
+        self.queues = queues
+
+
+class TopicShrinkError(ClientError):
+    """Shrinking ``topic`` refused: its queues past the new count still hold messages, which
+    the fewer queues would hide from consumers.  ``held`` maps queue id -> message count."""
+
+    def __init__(self, topic: str, addr: str, queues: int, held: dict[int, int]) -> None:
+        total = sum(held.values())
+        super().__init__(f"topic {topic!r} at {addr}: queue(s) {queue_ranges(sorted(held))} hold "
+                         f"{total} message(s) that shrinking to {queues} queue(s) would hide")
+        self.topic = topic
+        self.addr = addr
+        self.queues = queues
+        self.held = held
+
+
+def queue_ranges(ids: list[int]) -> str:
+    """[1, 2, 3, 5] -> "1-3, 5" (sorted queue ids)."""
+    runs: list[list[int]] = []
+    for q in ids:
+        if runs and q == runs[-1][1] + 1:
+            runs[-1][1] = q
+        else:
+            runs.append([q, q])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 class BrokerError(ClientError):
     """The broker answered with an error code; ``code`` and ``remark`` are the broker's."""
 

@@ -35,12 +35,18 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from txbroker.client.errors import BrokerError, ClientError, RouteError
+from txbroker.client.errors import (
+    BrokerError,
+    ClientError,
+    RouteError,
+    TopicNotFoundError,
+)
 from txbroker.client.rebalance import MessageQueue
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.signing import SessionCredentials, credentials
+from txbroker.store.record import DEFAULT_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +210,20 @@ class ClientInstance:
                     await self._conns[addr].invoke(cmd, self.request_timeout)
                 except (ClientError, OSError, TimeoutError) as exc:  # shutdown goes on: the broker expires us anyway
                     log.debug("unregister %s from %s failed: %s", group, addr, exc)
+        await self._close_connections()
+
+    async def abort_start(self) -> None:
+        """Undo a failed start (tasks stopped, connections closed) so start() may run again;
+        the broker forgets our heartbeats when the connections close."""
+        tasks = [*self._tasks, *self._background]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks = []
+        self._started = False
+        await self._close_connections()
+
+    async def _close_connections(self) -> None:
         for conn in [*self._conns.values(), *([self._ns] if self._ns else [])]:
             with contextlib.suppress(Exception):
                 await conn.close()
@@ -260,7 +280,7 @@ class ClientInstance:
         """Learn every broker (name -> master address) from the name server."""
         resp = await self.namesrv_invoke(RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO))
         if resp.code != ResponseCode.SUCCESS:
-            raise BrokerError("cluster info", resp.code, resp.remark, self.namesrv_addrs[self._ns_index % len(self.namesrv_addrs)])
+            raise BrokerError("cluster info", resp.code, resp.remark, self.namesrv_addr)
         doc = _json(resp.body, "cluster info")
         for name, bd in (doc.get("brokerAddrTable") or {}).items():
             addrs = (bd or {}).get("brokerAddrs") or {}
@@ -286,12 +306,38 @@ class ClientInstance:
                              f"{exc or type(exc).__name__}") from exc
         if resp.code != ResponseCode.SUCCESS:
             self.routes.pop(topic, None)
+            if resp.code == ResponseCode.TOPIC_NOT_EXIST:
+                raise TopicNotFoundError(topic, self.namesrv_addr)
             raise RouteError(f"no route for topic {topic!r}: name server answered "
                              f"{resp.code}: {resp.remark or ''}".rstrip(": "))
         route = TopicRoute.parse(topic, resp.body)
         self.routes[topic] = route
         self.broker_addrs.update(route.brokers)
         return route
+
+    async def publish_route(self, topic: str, queue_nums: int, *, refresh: bool = False) -> TopicRoute:
+        """The route a producer sends ``topic`` on.
+
+        A topic that does not exist yet gets the queues of the template topic TBW102, capped
+        at ``queue_nums``, as RocketMQ's producers do: the name server answers that route only
+        while the broker auto-creates topics, and the broker creates the topic on the first
+        send.  Such a route is not cached, so the topic's own route is used once it exists.
+        """
+        try:
+            return await self.route(topic, refresh=refresh)
+        except TopicNotFoundError as missing:
+            try:
+                template = await self.route(DEFAULT_TOPIC, refresh=refresh)
+            except TopicNotFoundError:
+                raise missing from None  # no auto-creation: the topic must be created first
+        return TopicRoute(topic, dict(template.brokers),
+                          [(name, min(r, queue_nums), min(w, queue_nums), perm)
+                           for name, r, w, perm in template.queues])
+
+    @property
+    def namesrv_addr(self) -> str:
+        """The name server in use (or tried next), for error messages."""
+        return self.namesrv_addrs[self._ns_index % len(self.namesrv_addrs)]
 
     async def _refresh_routes(self) -> None:
         for topic in list(self.routes):

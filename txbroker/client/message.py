@@ -63,14 +63,15 @@ class LocalTransactionState(enum.Enum):
     UNKNOW = rec.TRANSACTION_NOT_TYPE
 
 
-def validate_topic(topic: object) -> str:
-    if not isinstance(topic, str) or not topic:
-        raise ValueError("topic must be a non-empty string")
-    if len(topic) > MAX_TOPIC_LENGTH:
-        raise ValueError(f"topic {topic[:20]!r}... is longer than {MAX_TOPIC_LENGTH} characters")
-    if not _TOPIC_RE.match(topic):
-        raise ValueError(f"topic {topic!r} may only contain letters, digits, '%', '|', '_' and '-'")
-    return topic
+def validate_topic(name: object, what: str = "topic", limit: int = MAX_TOPIC_LENGTH) -> str:
+    """A topic name (or, with ``what`` and ``limit``, another name under the topic rule)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} must be a non-empty string")
+    if len(name) > limit:
+        raise ValueError(f"{what} {name[:20]!r}... is longer than {limit} characters")
+    if not _TOPIC_RE.match(name):
+        raise ValueError(f"{what} {name!r} may only contain letters, digits, '%', '|', '_' and '-'")
+    return name
 
 
 def _check_text(what: str, value: object) -> str:

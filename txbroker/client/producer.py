@@ -51,12 +51,11 @@ RETRY_CODES = frozenset({ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY,
 _STATUS_BY_CODE = {s.value: s for s in SendStatus}
 
 
-def validate_group(group: object) -> str:
-    """Group names follow the topic rule (RocketMQ validates both with the same charset)."""
-    if not isinstance(group, str) or not group:
-        raise ValueError("group must be a non-empty string")
-    validate_topic(group)  # same charset and length rule as topics
-    return group
+def validate_group(group: object, what: str = "group") -> str:
+    """Group names follow the topic charset (RocketMQ checks both alike), at most 120
+    characters so that ``%RETRY%<group>`` is still a valid topic; ``what`` ("producer group",
+    "consumer group") names the group in the error."""
+    return validate_topic(group, what, rec.MAX_TOPIC_BYTES - len(rec.RETRY_GROUP_TOPIC_PREFIX))
 
 
 class Producer:
@@ -77,7 +76,7 @@ class Producer:
                  compress_threshold: int = DEFAULT_COMPRESS_THRESHOLD, heartbeat_interval: float = 30.0,
                  instance_name: str | None = None, access_key: str | None = None,
                  secret_key: str | None = None) -> None:
-        self.group = validate_group(group)
+        self.group = validate_group(group, "producer group")
         if not isinstance(retries, int) or retries < 0:
             raise ValueError("retries must be a non-negative integer")
         if send_timeout <= 0:
@@ -181,7 +180,7 @@ class Producer:
 
     # --- internals ---------------------------------------------------------------------------
     async def _queues(self, topic: str, refresh: bool = False) -> list[MessageQueue]:
-        route = await self._instance.route(topic, refresh=refresh)
+        route = await self._instance.publish_route(topic, DEFAULT_TOPIC_QUEUE_NUMS, refresh=refresh)
         queues = route.write_queues()
         if not queues:
             raise RouteError(f"topic {topic!r} has no writable queue")

@@ -6,6 +6,13 @@ single broker, so the name server is a view over its own topic table rather than
 brokers: one port is a complete installation.  The handlers are registered on the name-server
 port and on the broker port alike.
 
+A route lookup never creates a topic: an unknown topic answers TOPIC_NOT_EXIST, as RocketMQ's
+name server does, so a consumer subscribing to a misspelt name is told so instead of leaving a
+new empty topic behind.  A producer's send still creates its topic when the broker allows
+auto-creation: like RocketMQ's clients it falls back to the route of the template topic
+``TBW102``, which is answered only while ``auto_create_topic`` is on, and the SEND then creates
+the topic (``SendProcessor``).
+
 Route bodies come in two dialects.  Old clients get fastjson's default output, whose
 ``brokerAddrs`` map has *unquoted* numeric keys (``{0:"127.0.0.1:10911"}``); clients at
 version >= V4_9_4 (401), or that send ``acceptStandardJsonOnly=true``, get standard JSON
@@ -33,13 +40,8 @@ from txbroker.remoting.bodies import (
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.headers import GetRouteInfoRequestHeader
-from txbroker.service.topics import (
-    PERM_READ_WRITE,
-    TopicError,
-    TopicManager,
-    TopicStoreError,
-    is_system_topic,
-)
+from txbroker.service.topics import PERM_READ_WRITE, TopicManager
+from txbroker.store.record import DEFAULT_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -64,17 +66,14 @@ class NameServer:
                           {MASTER_ID: self._broker_addr()})
 
     def route_data(self, topic: str) -> TopicRouteData | None:
-        """TopicRouteData for ``topic``, auto-creating it when the broker allows that."""
+        """TopicRouteData for ``topic``; None when it does not exist (nothing is created).
+
+        The template topic has a route only while the broker auto-creates topics: that is
+        how a RocketMQ producer learns it may send to a topic that does not exist yet.
+        """
         tc = self.topics.get(topic)
-        if tc is None:
-            if is_system_topic(topic):
-                return None
-            try:
-                tc = self.topics.get_or_create(topic)
-            except TopicStoreError:
-                raise  # answered with its own code: the disk refused, the topic may be fine
-            except TopicError:
-                return None
+        if tc is None or (topic == DEFAULT_TOPIC and not self.config.auto_create_topic):
+            return None
         return TopicRouteData(
             queue_datas=[QueueData(self.config.broker_name, tc.read_queue_nums,
                                    tc.write_queue_nums, tc.perm or PERM_READ_WRITE,

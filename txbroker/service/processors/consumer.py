@@ -190,6 +190,11 @@ class ConsumerProcessor:
     async def update_offset(self, conn, cmd: RemotingCommand) -> RemotingCommand | None:
         h = UpdateConsumerOffsetRequestHeader.from_ext(cmd.ext_fields)
         group = validate_group_name(h.consumer_group, "consumer group")
+        if self.topics.get(h.topic) is None:
+            # Offsets of a topic that does not exist (a typo, or deleted meanwhile) would
+            # bring a deleted topic's group back in the status (RocketMQ 5 refuses too).
+            return None if cmd.is_oneway else cmd.response(
+                ResponseCode.TOPIC_NOT_EXIST, f"topic[{h.topic}] not exist, apply first please!")
         self.store.offsets.set(group, h.topic, h.queue_id, h.commit_offset)
         return None if cmd.is_oneway else cmd.response(ResponseCode.SUCCESS)
 

@@ -32,7 +32,6 @@ from txbroker.service.clients import ClientRegistry, parse_tag_expression
 from txbroker.service.processors.errors import Refusal, error_response
 from txbroker.service.topics import (
     PERM_READ,
-    TopicError,
     TopicManager,
     is_system_topic,
     validate_group_name,
@@ -134,12 +133,8 @@ class PullProcessor:
             raise Refusal(ResponseCode.NO_PERMISSION,
                           f"topic[{topic}] is a system topic and cannot be pulled")
         tc = self.topics.get(topic)
-        if tc is None:
-            try:
-                tc = self.topics.get_or_create(topic, auto_create=False)
-            except TopicError as exc:
-                raise Refusal(ResponseCode.TOPIC_NOT_EXIST,
-                              f"topic[{topic}] not exist, apply first please!") from exc
+        if tc is None:  # a pull never creates a topic, not even a retry topic
+            raise Refusal(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
         if not tc.perm & PERM_READ:
             raise Refusal(ResponseCode.NO_PERMISSION, f"topic[{topic}] is not readable")
         if queue_id >= tc.read_queue_nums:

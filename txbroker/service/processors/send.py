@@ -116,6 +116,8 @@ class SendProcessor:
         if is_system_topic(topic):
             raise Refusal(ResponseCode.NO_PERMISSION,
                           f"Sending message to topic[{topic}] is forbidden: system topic")
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            self._check_retry_group(topic[len(RETRY_GROUP_TOPIC_PREFIX):])
         queue_id = h.queue_id
         sys_flag = h.sys_flag
         born_ts = h.born_timestamp
@@ -179,6 +181,19 @@ class SendProcessor:
             msg = self.schedule.wrap(msg, level)
         result = await self.store.put(msg)
         return self._response(cmd, result, queue_id=queue_id)
+
+    def _check_retry_group(self, group: str) -> None:
+        """A retry topic is written for its consumer group only, so the group must exist:
+        it has heartbeated (which created ``%RETRY%<group>``), is connected, or committed
+        offsets.  Otherwise SUBSCRIPTION_GROUP_NOT_EXIST, as RocketMQ answers; storing it
+        would create a retry topic for nobody."""
+        if group and (self.topics.get(RETRY_GROUP_TOPIC_PREFIX + group) is not None
+                      or self.registry.consumer_ids(group)
+                      or group in self.store.offsets.groups()):
+            return
+        raise Refusal(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
+                      f"subscription group not exist, consumer group {group!r} of topic "
+                      f"{RETRY_GROUP_TOPIC_PREFIX + group} is unknown to this broker")
 
     def _fix_properties(self, props: dict[str, str], text_len: int | None = None) -> None:
         props.pop(PROPERTY_WAIT_STORE_MSG_OK, None)
