@@ -19,7 +19,13 @@ from typing import IO, Any, TypeVar
 
 import click
 
-from txbroker.client.errors import BrokerError, ClientError, SendError, code_name
+from txbroker.client.errors import (
+    BrokerError,
+    ClientError,
+    LocatedError,
+    SendError,
+    code_name,
+)
 
 DEFAULT_NAMESRV = "127.0.0.1:9876"
 T = TypeVar("T")
@@ -142,6 +148,8 @@ def explain(exc: BaseException, what: str, address: str | None) -> CommandError:
             return CommandError(what, exc.addr or address, why)
         return CommandError(what, address, f"failed after {len(exc.attempts)} attempt(s): "
                                            + "; ".join(exc.attempts))
+    if isinstance(exc, LocatedError):
+        return CommandError(what, exc.addr, exc.reason)
     if _refused(exc):
         return CommandError(what, address, "connection refused: no broker is running there "
                                            "(start one with 'txbroker serve')")

@@ -7,7 +7,13 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from cli.common import credentials_options, is_system_topic, namesrv_option, run
+from cli.common import (
+    CommandError,
+    credentials_options,
+    is_system_topic,
+    namesrv_option,
+    run,
+)
 from txbroker.client.admin import AdminClient
 from txbroker.client.errors import TopicExistsError, TopicShrinkError
 
@@ -39,7 +45,7 @@ def create(name: str, queues: int, namesrv: str, credentials: dict[str, str]) ->
             try:
                 await admin.create_topic(name, queues)
             except TopicExistsError as exc:
-                raise click.ClickException(f"{exc}; use 'txbroker topic update'") from None
+                raise CommandError("topic create", exc.addr, f"{exc.reason}; use 'txbroker topic update'") from None
 
     run(main)
     click.echo(f"topic {name} created with {queues} queue(s)")
@@ -71,7 +77,7 @@ def update(name: str, queues: int | None, perm: str | None, force: bool, namesrv
                 return await admin.update_topic(name, queues, None if perm is None else PERMS[perm],
                                                 force=force)
             except TopicShrinkError as exc:
-                raise click.ClickException(f"{exc}; use --force to shrink anyway") from None
+                raise CommandError("topic update", exc.addr, f"{exc.reason}; use --force to shrink anyway") from None
 
     cfg = next(iter(run(main).values()), {})
     click.echo(f"topic {name} updated: {cfg.get('readQueueNums')} queue(s), "

@@ -20,9 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli.common import credentials_options, namesrv_option, run
-from txbroker.client.admin import AdminClient, TransactionNotFoundError
-from txbroker.client.errors import BrokerError
-from txbroker.remoting.codes import ResponseCode
+from txbroker.client.admin import AdminClient
 
 
 def _pick(row: dict, *names: str, default: object = "") -> object:
@@ -94,17 +92,6 @@ def list_(state: str, as_json: bool, namesrv: str, credentials: dict[str, str]) 
     Console(width=160).print(table)
 
 
-class _Refused(str):
-    """A broker's answer about the transaction itself (unknown id, contradicting decision),
-    printed as given: ``error: transaction <id> is already committed; rollback refused at
-    ADDR`` says everything, with no request name or name-server address in front."""
-
-
-def _fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    raise click.exceptions.Exit(1)
-
-
 def _words(state: object) -> str:
     return str(state).replace("_", " ")
 
@@ -162,16 +149,11 @@ def show(txn_id: str, as_json: bool, namesrv: str, credentials: dict[str, str]) 
     """Show one transaction (by transaction id or offsetMsgId): pending, discarded or decided,
     and for a decided one who decided (producer, check-back or operator) and when."""
 
-    async def main() -> dict | _Refused:
+    async def main() -> dict:
         async with AdminClient(namesrv, **credentials) as admin:
-            try:
-                return await admin.txn_show(txn_id)
-            except TransactionNotFoundError as exc:  # "no transaction <id> at ADDR"
-                return _Refused(exc)
+            return await admin.txn_show(txn_id)
 
     doc = run(main)
-    if isinstance(doc, _Refused):
-        _fail(doc)
     if as_json:
         click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
         return
@@ -189,20 +171,11 @@ def _decision_command(decision: str, help_text: str) -> click.Command:
     @namesrv_option
     @credentials_options
     def command(txn_id: str, operator: str, namesrv: str, credentials: dict[str, str]) -> None:
-        async def main() -> dict | _Refused:
+        async def main() -> dict:
             async with AdminClient(namesrv, **credentials) as admin:
-                try:
-                    return await admin.txn_decide(txn_id, decision, operator)
-                except TransactionNotFoundError as exc:
-                    return _Refused(exc)
-                except BrokerError as exc:
-                    if exc.code != ResponseCode.TRANSACTION_FAILED:
-                        raise
-                    return _Refused(f"{exc.remark} at {exc.addr}")
+                return await admin.txn_decide(txn_id, decision, operator)
 
         doc = run(main)
-        if isinstance(doc, _Refused):
-            _fail(doc)
         state = _words(_pick(doc, "state", default="?"))
         if doc.get("outcome") == "duplicate":
             click.echo(f"{decision} {txn_id}: already {state}, nothing changed")

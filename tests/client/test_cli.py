@@ -104,7 +104,8 @@ async def test_transactions_and_operator_decisions(broker, namesrv) -> None:
     # a contradicting decision is refused, by UNIQ_KEY or by offsetMsgId
     for txn_id in (pending_id, offset_msg_id):
         refused = await _cli("txn", "rollback", txn_id, "--operator", "bob", *ns)
-        line = f"error: transaction {txn_id} is already committed; rollback refused at {broker.broker_addr}\n"
+        line = (f"error: rollback transaction {txn_id} at {broker.broker_addr}: TRANSACTION_FAILED (4): "
+                f"transaction {txn_id} is already committed; rollback refused\n")
         assert (refused.exit_code, refused.stderr) == (1, line)
     out = _ok(await _cli("txn", "commit", offset_msg_id, "--operator", "alice", *ns))
     assert "already committed" in out
@@ -194,7 +195,7 @@ async def test_errors_are_one_line(broker, namesrv) -> None:
     err = _one_line_error(await _cli("produce", "--topic", "bad topic", "--body", "x", "--namesrv", namesrv))
     assert "topic" in err
     unknown = await _cli("txn", "show", "F" * 32, "--namesrv", namesrv)
-    assert (unknown.exit_code, unknown.stderr) == (1, f"error: no transaction {'F' * 32} at {broker.broker_addr}\n")
+    assert (unknown.exit_code, unknown.stderr) == (1, f"error: txn show at {broker.broker_addr}: no transaction {'F' * 32}\n")
     usage = await _cli("produce", "--topic", "T", "--namesrv", namesrv)
     assert usage.exit_code == 2 and "--body or --file" in usage.stderr
     bad_ns = await _cli("status", "--namesrv", "nonsense")
@@ -237,7 +238,7 @@ def _error_text(result) -> str:
 async def test_consume_of_a_missing_topic_fails_and_creates_nothing(broker, namesrv) -> None:
     ns = ("--namesrv", namesrv)
     result = await _cli("consume", "--topic", "NoSuch", "--group", "CG_TYPO", "--timeout", "1", *ns)
-    assert f"no such topic 'NoSuch' at {namesrv}" in _error_text(result)
+    assert _error_text(result) == f"consume at {namesrv}: no such topic 'NoSuch'"
     listed = orjson.loads(_ok(await _cli("topic", "list", "--system", "--json", *ns)))
     assert "NoSuch" not in listed and "%RETRY%CG_TYPO" not in listed
 
@@ -253,8 +254,7 @@ async def test_topic_create_existing_and_update(broker, namesrv) -> None:
     # create of an existing topic: refused, nothing changes
     result = await _cli("topic", "create", "Keep", "--queues", "1", *ns)
     text = _error_text(result)
-    assert f"topic 'Keep' already exists at {addr} (4 queues)" in text
-    assert "use 'txbroker topic update'" in text
+    assert text == f"topic create at {addr}: topic 'Keep' already exists (4 queues); use 'txbroker topic update'"
     assert broker.topics.get("Keep").read_queue_nums == 4
 
     # a shrink that would hide messages needs --force
@@ -262,8 +262,8 @@ async def test_topic_create_existing_and_update(broker, namesrv) -> None:
     with_data = [q for q, n in held.items() if n]
     queues = "1-3" if with_data == [1, 2, 3] else ", ".join(map(str, with_data))
     text = _error_text(result)
-    assert (f"topic 'Keep' at {addr}: queue(s) {queues} hold {sum(held.values())} message(s) that "
-            "shrinking to 1 queue(s) would hide" in text and "use --force" in text), text
+    assert text == (f"topic update at {addr}: queue(s) {queues} of topic 'Keep' hold {sum(held.values())} "
+                    "message(s) that shrinking to 1 queue(s) would hide; use --force to shrink anyway"), text
     assert broker.topics.get("Keep").read_queue_nums == 4
 
     # growing, and changing the permission, need no force
@@ -276,7 +276,7 @@ async def test_topic_create_existing_and_update(broker, namesrv) -> None:
     assert broker.topics.get("Keep").read_queue_nums == 1
 
     result = await _cli("topic", "update", "Nope", "--queues", "2", *ns)
-    assert f"no such topic 'Nope' at {addr}" in _error_text(result)
+    assert _error_text(result) == f"topic update at {addr}: no such topic 'Nope'"
     assert broker.topics.get("Nope") is None
     result = await _cli("topic", "update", "Keep", *ns)
     assert result.exit_code == 2 and "nothing to change" in result.stderr

@@ -92,7 +92,7 @@ async def test_repeated_decision_is_idempotent_and_a_contradicting_one_refused(b
                        (("commit", b), f"transaction {b} is already rolled back; commit refused"),
                        (("resume", a), f"transaction {a} is already committed; resume refused")):
         err = _refusal(await _cli("txn", *args, "--operator", "eve", *ns))
-        assert err == f"{text} at {broker.broker_addr}", err
+        assert err == f"{args[0]} transaction {args[1]} at {broker.broker_addr}: TRANSACTION_FAILED (4): {text}", err
     async with AdminClient(namesrv) as admin:
         with pytest.raises(BrokerError) as refused:
             await admin.txn_decide(a, "rollback", "eve")
@@ -117,7 +117,7 @@ async def test_repeated_decision_is_idempotent_and_a_contradicting_one_refused(b
 async def test_unknown_id_is_one_line_naming_the_broker(broker, namesrv) -> None:
     for args in (("show", "NOPE"), ("commit", "NOPE", "--operator", "x"), ("rollback", "NOPE")):
         err = _refusal(await _cli("txn", *args, "--namesrv", namesrv))
-        assert err == f"no transaction NOPE at {broker.broker_addr}", err
+        assert err == f"txn {args[0]} at {broker.broker_addr}: no transaction NOPE", err
     async with AdminClient(namesrv) as admin:
         with pytest.raises(TransactionNotFoundError):
             await admin.txn_show("NOPE")

@@ -18,6 +18,7 @@ import orjson
 from txbroker.client.errors import (
     BrokerError,
     ClientError,
+    LocatedError,
     TopicExistsError,
     TopicNotFoundError,
     TopicShrinkError,
@@ -236,12 +237,12 @@ class AdminClient:
         raise errors[0] if len(errors) == 1 else ClientError("; ".join(map(str, errors)))
 
 
-class TransactionNotFoundError(ClientError):
+class TransactionNotFoundError(LocatedError):
     """No broker knows the transaction id: never prepared there, or decided so long ago that
     its decision history forgot it (``transaction_history_size``)."""
 
     def __init__(self, txn_id: str, addrs: list[str]) -> None:
-        super().__init__(f"no transaction {txn_id} at {', '.join(addrs)}")
+        super().__init__(f"no transaction {txn_id}", ", ".join(addrs))
         self.txn_id = txn_id
         self.addrs = addrs
 

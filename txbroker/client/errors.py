@@ -25,35 +25,46 @@ class RouteError(ClientError):
     """No route for a topic (unknown topic, no writable queue, name server unreachable)."""
 
 
-class TopicNotFoundError(RouteError):
+class LocatedError(ClientError):
+    """A failure that belongs to one address: ``reason`` says what is wrong, ``addr`` where.
+
+    The message joins the two; a caller that reports the address itself (the CLI's one-line
+    errors) takes ``reason`` so the address is not named twice.
+    """
+
+    def __init__(self, reason: str, addr: str) -> None:
+        super().__init__(f"{reason} at {addr}")
+        self.reason = reason
+        self.addr = addr
+
+
+class TopicNotFoundError(LocatedError, RouteError):
     """The name server at ``namesrv`` knows no topic ``topic`` (nothing was created)."""
 
     def __init__(self, topic: str, namesrv: str) -> None:
-        super().__init__(f"no such topic {topic!r} at {namesrv}")
+        super().__init__(f"no such topic {topic!r}", namesrv)
         self.topic = topic
         self.namesrv = namesrv
 
 
-class TopicExistsError(ClientError):
+class TopicExistsError(LocatedError):
     """Creating ``topic`` refused: the broker at ``addr`` already has it with ``queues`` queues."""
 
     def __init__(self, topic: str, addr: str, queues: int) -> None:
-        super().__init__(f"topic {topic!r} already exists at {addr} ({queues} queues)")
+        super().__init__(f"topic {topic!r} already exists ({queues} queues)", addr)
         self.topic = topic
-        self.addr = addr
         self.queues = queues
 
 
-class TopicShrinkError(ClientError):
+class TopicShrinkError(LocatedError):
     """Shrinking ``topic`` refused: its queues past the new count still hold messages, which
     the fewer queues would hide from consumers.  ``held`` maps queue id -> message count."""
 
     def __init__(self, topic: str, addr: str, queues: int, held: dict[int, int]) -> None:
         total = sum(held.values())
-        super().__init__(f"topic {topic!r} at {addr}: queue(s) {queue_ranges(sorted(held))} hold "
-                         f"{total} message(s) that shrinking to {queues} queue(s) would hide")
+        super().__init__(f"queue(s) {queue_ranges(sorted(held))} of topic {topic!r} hold {total} "
+                         f"message(s) that shrinking to {queues} queue(s) would hide", addr)
         self.topic = topic
-        self.addr = addr
         self.queues = queues
         self.held = held
 
