@@ -4,9 +4,14 @@ Every :class:`~txbroker.config.BrokerConfig` field has an option of the same nam
 (``broker_port`` → ``--broker-port``); values are handed to :func:`~txbroker.config.load_config`
 as text so that options, ``TXBROKER_*`` variables and the ``--config`` TOML file share one
 validation and one error format.  An invalid value prints one ``error:`` line and exits 2.
+``--help`` shows each option's unit (the metavar: BYTES, SECONDS, PORT, ...) and real default.
 
-Once both ports listen, exactly one line ``txbroker ready broker=HOST:PORT namesrv=HOST:PORT``
-goes to stdout (tests and scripts wait for it); logs go to stderr.
+Start-up logs one block at INFO (addresses, data dir, what recovery did, key settings); every
+setting is logged at DEBUG, and ``--print-config`` prints them as TOML and exits before binding
+or touching anything.  Once every port listens, exactly one line
+``txbroker ready broker=HOST:PORT namesrv=HOST:PORT`` goes to stdout (tests and scripts wait
+for it); logs go to stderr.  A port clash or a data directory held by another broker is one
+``error:`` line naming the address or the directory (and the holder's pid), exit 1.
 """
 
 from __future__ import annotations
@@ -16,52 +21,149 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import fields
+import typing
+from dataclasses import MISSING, Field, fields
+from typing import NamedTuple
 
 import click
 
-from txbroker.config import BrokerConfig, ConfigError, load_config
+from txbroker.config import (
+    BrokerConfig,
+    ConfigError,
+    config_to_toml,
+    format_bytes,
+    format_seconds,
+    load_config,
+)
 
 log = logging.getLogger("txbroker.serve")
 
-_HELP = {
-    "listen_host": "interface to listen on",
-    "broker_port": "broker port (0 = ephemeral)",
-    "namesrv_port": "embedded name-server port (0 = ephemeral, -1 = off; the broker port answers too)",
-    "advertised_host": "host announced in routes and message ids",
-    "metrics_port": "Prometheus endpoint port on 127.0.0.1 (-1 = off)",
-    "data_dir": "directory for commitlog, queues, offsets and topics",
-    "flush_mode": "async (interval flush) or sync (ack after fsync, group commit)",
-    "transaction_check_interval": "seconds between transaction check passes",
-    "transaction_timeout": "seconds before a half message is first checked",
-    "transaction_check_max": "checks before a half message is discarded",
-    "acl_file": "RocketMQ plain_acl.yml: turns access control on (unset = off)",
+
+class _Opt(NamedTuple):
+    """How one BrokerConfig field reads in ``--help``: its value's kind (the metavar: the unit,
+    for sizes and durations) and what it does; ``default`` replaces the raw default where that
+    would say nothing (an empty string, None)."""
+
+    metavar: str
+    help: str
+    default: str | None = None
+
+
+#: One entry per BrokerConfig field (checked at import: a new field without help fails loudly).
+_OPTIONS: dict[str, _Opt] = {
+    "listen_host": _Opt("HOST", "interface to listen on (0.0.0.0 = every IPv4 interface)"),
+    "broker_port": _Opt("PORT", "broker port (0 = ephemeral)"),
+    "namesrv_port": _Opt("PORT", "embedded name-server port (0 = ephemeral, -1 = off; the broker "
+                                 "port answers name-server requests too)"),
+    "advertised_host": _Opt("HOST", "host announced in routes and message ids",
+                            "the listen host; 127.0.0.1 when that is a wildcard"),
+    "metrics_port": _Opt("PORT", "Prometheus /metrics port on 127.0.0.1 (0 = ephemeral, -1 = off)"),
+    "max_connections": _Opt("COUNT", "client connections accepted at once"),
+    "max_inflight_per_connection": _Opt("COUNT", "requests handled at once per connection before "
+                                                 "the broker stops reading from it"),
+    "max_frame_size": _Opt("BYTES", "largest request frame accepted"),
+    "broker_name": _Opt("NAME", "broker name announced in routes"),
+    "cluster_name": _Opt("NAME", "cluster name announced in routes"),
+    "data_dir": _Opt("PATH", "directory for the commitlog, consume queues, offsets and topics; "
+                             "one broker per directory (it holds DIR/lock)"),
+    "segment_size": _Opt("BYTES", "commitlog segment file size; each segment is preallocated on "
+                                  "disk in full when created (the first by the first message)"),
+    "consume_queue_entries": _Opt("COUNT", "entries per consume-queue file (20 bytes each)"),
+    "flush_mode": _Opt("MODE", "async: flush every --flush-interval; sync: acknowledge a send "
+                               "only once it is on disk (group commit)"),
+    "flush_interval": _Opt("SECONDS", "async mode: how often written data is flushed to disk"),
+    "sync_flush_timeout": _Opt("SECONDS", "sync mode: a send not on disk within this is answered "
+                                          "FLUSH_DISK_TIMEOUT (it is still stored)"),
+    "offset_persist_interval": _Opt("SECONDS", "how often consumer offsets are written to disk"),
+    "max_message_size": _Opt("BYTES", "largest message body accepted"),
+    "file_reserved_time": _Opt("SECONDS", "commitlog segments older than this are deleted (never "
+                                          "the one being written)"),
+    "disk_max_used_ratio": _Opt("RATIO", "sends are refused while the data disk is fuller than "
+                                         "this fraction (0 < RATIO <= 1)"),
+    "default_queue_nums": _Opt("COUNT", "queues of a topic created automatically"),
+    "auto_create_topic": _Opt("", "create a topic on its first send"),
+    "transaction_check_interval": _Opt("SECONDS", "time between transaction check passes"),
+    "transaction_timeout": _Opt("SECONDS", "age of a half message before its first check-back"),
+    "transaction_check_max": _Opt("COUNT", "check-backs before a half message is set aside to "
+                                           "TRANS_CHECK_MAX_TIME_TOPIC"),
+    "check_concurrency": _Opt("COUNT", "check-backs in flight at once"),
+    "max_pull_suspend": _Opt("SECONDS", "longest a long-polling pull is held, whatever the "
+                                        "client asks"),
+    "max_reconsume_times": _Opt("COUNT", "redeliveries before a message goes to the group's "
+                                         "dead-letter topic"),
+    "shutdown_grace": _Opt("SECONDS", "at stop, how long in-flight requests may finish"),
+    "acl_file": _Opt("PATH", "RocketMQ plain_acl.yml; setting it turns access control on",
+                     "unset: access control off"),
 }
+_missing = {f.name for f in fields(BrokerConfig)} ^ set(_OPTIONS)
+if _missing:
+    raise RuntimeError(f"serve options and BrokerConfig fields differ: {sorted(_missing)}")
+
+
+class _Choices(click.Choice):
+    """A choice shown in ``--help`` and offered to shell completion, but checked by
+    load_config like every other value, so a wrong one gets the same one-line error whether it
+    came from an option, a TXBROKER_* variable or the TOML file."""
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> object:
+        return value
+
+
+def _default_text(f: Field, opt: _Opt) -> str:
+    """The field's real default as an operator reads it (sizes also in KiB/MiB/GiB)."""
+    if opt.default is not None:
+        return opt.default
+    value = f.default if f.default is not MISSING else None
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if opt.metavar == "BYTES":
+        human = format_bytes(value)
+        return str(value) if human.endswith("bytes") else f"{value} ({human})"
+    if opt.metavar == "SECONDS":
+        human = format_seconds(value)
+        return f"{value:g}" if human.endswith(" s") else f"{value:g} ({human})"
+    if opt.metavar == "PORT" and value == -1:
+        return "-1 (off)"
+    return str(value)
 
 
 def _config_options(fn):
+    """One option per BrokerConfig field.  Values stay text (None = not given) so that
+    load_config applies one precedence and one validation to options, environment and TOML."""
+    hints = typing.get_type_hints(BrokerConfig)
     for f in reversed(fields(BrokerConfig)):
-        kind = str(f.type)
-        opt = "--" + f.name.replace("_", "-")
-        default = f.default
-        help_text = _HELP.get(f.name, f.name.replace("_", " "))
-        if kind == "bool":
-            fn = click.option(f"{opt}/--no-{opt[2:]}", f.name, default=None,
-                              help=f"{help_text} [default: {default}]")(fn)
+        opt = _OPTIONS[f.name]
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{opt.help}  [default: {_default_text(f, opt)}]"
+        hint = hints[f.name]
+        if hint is bool:
+            fn = click.option(f"{flag}/--no-{flag[2:]}", f.name, default=None, help=help_text)(fn)
+        elif typing.get_origin(hint) is typing.Literal:  # --help lists them: [async|sync]
+            fn = click.option(flag, f.name, type=_Choices(typing.get_args(hint)), default=None,
+                              help=help_text)(fn)
         else:
-            fn = click.option(opt, f.name, type=str, default=None, metavar="VALUE",
-                              help=f"{help_text} [default: {default}]")(fn)
+            fn = click.option(flag, f.name, type=str, default=None, metavar=opt.metavar,
+                              help=help_text)(fn)
     return fn
 
 
 @click.command("serve")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
-              help="TOML file with settings (top level or a [broker] table)")
+              metavar="FILE", help="TOML file with settings (top level or a [broker] table); "
+              "options and TXBROKER_* variables override it  [default: no file]")
 @click.option("--log-level", default="INFO", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              help="stderr log level; DEBUG also logs every setting")
+@click.option("--print-config", is_flag=True, default=False,
+              help="print the effective settings as TOML (usable with --config) and exit, "
+              "binding nothing and touching no file")
 @_config_options
-def serve(config_file: str | None, log_level: str, **options: object) -> None:
-    """Run a txbroker broker (with its embedded name server) until SIGINT/SIGTERM."""
+def serve(config_file: str | None, log_level: str, print_config: bool, **options: object) -> None:
+    """Run a txbroker broker (with its embedded name server) until SIGINT/SIGTERM.
+
+    Settings: options > TXBROKER_<SETTING> environment variables (e.g.
+    TXBROKER_SEGMENT_SIZE) > --config file > defaults.  Sizes are bytes, durations seconds.
+    """
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -69,8 +171,11 @@ def serve(config_file: str | None, log_level: str, **options: object) -> None:
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    if print_config:
+        click.echo(config_to_toml(config), nl=False)
+        return
     for key, value in config.as_dict().items():
-        log.info("config %s = %r", key, value)
+        log.debug("config %s = %r", key, value)
     try:
         import uvloop
         runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
@@ -82,7 +187,8 @@ def serve(config_file: str | None, log_level: str, **options: object) -> None:
 
 
 async def _run(config: BrokerConfig) -> int:
-    from txbroker.broker import Broker
+    from txbroker.broker import Broker, ListenError
+    from txbroker.store.lock import DataDirInUseError
 
     broker = Broker(config)
     try:
@@ -90,6 +196,12 @@ async def _run(config: BrokerConfig) -> int:
     except ConfigError as exc:  # an invalid ACL file: a setting's fault, like a bad option
         click.echo(f"error: {exc}", err=True)
         return 2
+    except DataDirInUseError as exc:
+        click.echo(f"error: {exc}; stop it or use another --data-dir", err=True)
+        return 1
+    except ListenError as exc:  # names the address and the listener
+        click.echo(f"error: {exc}", err=True)
+        return 1
     except OSError as exc:
         click.echo(f"error: cannot start broker: {exc}", err=True)
         await broker.stop()

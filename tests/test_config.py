@@ -2,7 +2,7 @@
 
 import pytest
 
-from txbroker.config import BrokerConfig, ConfigError, load_config
+from txbroker.config import BrokerConfig, ConfigError, config_to_toml, load_config
 
 
 def test_defaults_mirror_rocketmq():
@@ -44,3 +44,11 @@ def test_unknown_toml_key_is_an_error(tmp_path):
     toml.write_text("brokr_port = 1\n")
     with pytest.raises(ConfigError, match="brokr_port"):
         load_config(None, {}, toml)
+
+
+def test_printed_config_reads_back_unchanged(tmp_path):
+    for c in (BrokerConfig(), BrokerConfig(data_dir='/tmp/a "quoted" dir\\x', acl_file="acl.yml",
+                                           auto_create_topic=False, flush_interval=0.25)):
+        path = tmp_path / "printed.toml"
+        path.write_text(config_to_toml(c))
+        assert load_config(None, {}, path) == c

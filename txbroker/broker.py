@@ -1,9 +1,13 @@
 """The composition root: one :class:`Broker` builds the store, services and servers from one
 :class:`~txbroker.config.BrokerConfig` and runs them.
 
-Ports are bound *before* the store is built because the store stamps its host and port into
-every offsetMsgId (clients decode END_TRANSACTION offsets from it), and with port 0 the port is
-only known once bound.  The broker port also answers name-server requests, so one port is a
+Start-up order: every listener (broker, name-server and metrics ports) is bound first, then the
+store takes the data directory's lock, and only then is anything in the directory read or
+written (the store, the topic table, the transaction snapshot).  Ports come first because the
+store stamps its host and port into every offsetMsgId (clients decode END_TRANSACTION offsets
+from it) and with port 0 the port is only known once bound, and so that a port clash leaves no
+trace on disk; the lock comes before any file so that a second broker pointed at a directory in
+use refuses having touched nothing.  The broker port also answers name-server requests, so one port is a
 complete installation; the separate name-server port (``namesrv_port``, -1 = off) exists for
 clients configured with RocketMQ's usual two addresses.
 
@@ -16,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import socket
 import time
 from collections.abc import Callable
 from typing import Self
 
-from txbroker.config import BrokerConfig
+from txbroker.config import BrokerConfig, format_bytes, format_seconds
 from txbroker.remoting.server import RemotingServer
 from txbroker.service.acl import AclGuard, load_acl_file
 from txbroker.service.clients import ClientRegistry
@@ -38,10 +43,12 @@ from txbroker.service.transaction import (
     TransactionalMessageService,
     transaction_handlers,
 )
-from txbroker.store.message_store import DiskUsage, MessageStore
+from txbroker.store.message_store import DiskUsage, MessageStore, RecoveryReport
 
 log = logging.getLogger(__name__)
 
+#: The metrics endpoint listens on loopback only, whatever ``listen_host`` is.
+METRICS_HOST = "127.0.0.1"
 #: How often silent clients are expired and gauges refreshed.
 HOUSEKEEPING_INTERVAL = 1.0
 
@@ -55,7 +62,17 @@ def advertised_host(config: BrokerConfig) -> str:
     return config.listen_host
 
 
-def _bind(host: str, port: int) -> socket.socket:
+class ListenError(OSError):
+    """A listener could not be bound; the message names the address and which listener
+    (``str()`` is that one line, without OSError's ``[Errno N]`` prefix; ``errno`` is kept)."""
+
+    def __init__(self, message: str, errno: int | None) -> None:
+        super().__init__(message)
+        self.errno = errno
+
+
+def _bind(host: str, port: int, what: str) -> socket.socket:
+    """A listening socket on ``host:port``; ``what`` ("broker port", ...) names it in errors."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -63,9 +80,11 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
         sock.listen(1024)
         sock.setblocking(False)
-    except OSError:
+    except OSError as exc:
         sock.close()
-        raise
+        shown = f"[{host}]" if family == socket.AF_INET6 else host
+        reason = (exc.strerror or str(exc)).lower()
+        raise ListenError(f"cannot listen on {shown}:{port} ({what}): {reason}", exc.errno) from None
     return sock
 
 
@@ -84,7 +103,8 @@ class Broker:
         self.broker_port = 0
         self.namesrv_port = -1
         self.metrics_port = -1
-        self.topics = TopicManager(config)
+        #: Built by :meth:`start` once the store holds the data directory's lock.
+        self.topics: TopicManager | None = None
         self.registry = ClientRegistry(clock=clock)
         self.holds = PullHoldService()
         self.metrics = BrokerMetrics()
@@ -110,27 +130,15 @@ class Broker:
 
     async def start(self) -> None:
         cfg = self.config
+        acl = "off"
         if cfg.acl_file is not None:
             # Before anything binds or opens: a bad ACL file stops the start with its reason.
             rules = load_acl_file(cfg.acl_file)
             self.acl = AclGuard(rules)
-            log.info("access control on: %d account(s), %d globally white-listed pattern(s) "
-                     "from %s", len(rules.accounts), len(rules.global_white), cfg.acl_file)
-        socks: list[socket.socket] = []
-        try:
-            broker_sock = _bind(cfg.listen_host, cfg.broker_port)
-            socks.append(broker_sock)
-            ns_sock = None
-            if cfg.namesrv_port >= 0:
-                ns_sock = _bind(cfg.listen_host, cfg.namesrv_port)
-                socks.append(ns_sock)
-        except OSError:
-            for s in socks:
-                s.close()
-            raise
-        self.broker_port = broker_sock.getsockname()[1]
-        self.namesrv_port = ns_sock.getsockname()[1] if ns_sock is not None else -1
-
+            acl = (f"on: {len(rules.accounts)} account(s), {len(rules.global_white)} globally "
+                   f"white-listed pattern(s) from {cfg.acl_file}")
+        broker_sock, ns_sock, metrics_sock = self._bind_listeners()
+        socks = [s for s in (broker_sock, ns_sock, metrics_sock) if s is not None]
         self.store = MessageStore(cfg, clock=self.clock, store_host=(self.host, self.broker_port),
                                   disk_usage=self.disk_usage)
         try:
@@ -139,20 +147,89 @@ class Broker:
             for s in socks:
                 s.close()
             raise
-        log.info("store opened: %s", report)
         # From here on, stop() undoes whatever part of start() has run.
         self._started = True
         try:
-            await self._start_services(broker_sock, ns_sock)
+            self.topics = TopicManager(cfg)
+            await self._start_services(broker_sock, ns_sock, metrics_sock)
         except BaseException:
             for s in socks:
                 s.close()
             await self.stop()
             raise
-        log.info("broker %s listening on %s (name server %s)", cfg.broker_name, self.broker_addr,
-                 self.namesrv_addr)
+        log.info("%s", self.startup_summary(report, acl))
 
-    async def _start_services(self, broker_sock: socket.socket, ns_sock: socket.socket | None) -> None:
+    def _bind_listeners(self) -> tuple[socket.socket, socket.socket | None, socket.socket | None]:
+        """Bind every listener before anything else happens, or none (the error names the
+        one that failed); records the bound ports (port 0 = ephemeral)."""
+        cfg = self.config
+        wanted = [(cfg.listen_host, cfg.broker_port, "broker port")]
+        if cfg.namesrv_port >= 0:
+            wanted.append((cfg.listen_host, cfg.namesrv_port, "name-server port"))
+        if cfg.metrics_port >= 0:
+            wanted.append((METRICS_HOST, cfg.metrics_port, "metrics port"))
+        bound: dict[str, socket.socket] = {}
+        try:
+            for host, port, what in wanted:
+                bound[what] = _bind(host, port, what)
+        except OSError:
+            for s in bound.values():
+                s.close()
+            raise
+        broker_sock = bound["broker port"]
+        ns_sock = bound.get("name-server port")
+        metrics_sock = bound.get("metrics port")
+        self.broker_port = broker_sock.getsockname()[1]
+        self.namesrv_port = ns_sock.getsockname()[1] if ns_sock is not None else -1
+        self.metrics_port = metrics_sock.getsockname()[1] if metrics_sock is not None else -1
+        return broker_sock, ns_sock, metrics_sock
+
+    def startup_summary(self, report: RecoveryReport, acl: str) -> str:
+        """The start-up block: what an operator needs to know, one concern per line (the full
+        configuration is logged at DEBUG and printed by ``txbroker serve --print-config``)."""
+        cfg = self.config
+        listen = f"{cfg.listen_host}:{self.broker_port}"
+        if listen != self.broker_addr:
+            listen += f" (advertised as {self.broker_addr})"
+        if self.namesrv_port > 0:
+            namesrv = f"{cfg.listen_host}:{self.namesrv_port} (the broker port answers too)"
+        else:
+            namesrv = "the broker port (separate name-server port off)"
+        seg = format_bytes(cfg.segment_size)
+        metrics = (f"http://{METRICS_HOST}:{self.metrics_port}/metrics" if self.metrics_port > 0
+                   else "off")
+        if cfg.flush_mode == "sync":
+            flush = f"sync: acknowledged once on disk (flush timeout {format_seconds(cfg.sync_flush_timeout)})"
+        else:
+            flush = f"async: flushed every {format_seconds(cfg.flush_interval)}"
+        checks = (f"check every {format_seconds(cfg.transaction_check_interval)}, first check after "
+                  f"{format_seconds(cfg.transaction_timeout)}, at most {cfg.transaction_check_max} checks")
+        topics = (f"auto-create {'on' if cfg.auto_create_topic else 'off'}, "
+                  f"{cfg.default_queue_nums} queues by default")
+        retention = (f"{format_seconds(cfg.file_reserved_time)}; writes refused above "
+                     f"{cfg.disk_max_used_ratio:.0%} disk use")
+        first_use = (f"the first message takes {seg} of disk" if report.new
+                     else f"each new segment takes {seg} of disk at once")
+        rows = [
+            ("broker port", listen),
+            ("name server", namesrv),
+            ("metrics", metrics),
+            ("data dir", os.path.abspath(cfg.data_dir)),
+            ("store", report.describe()),
+            ("commitlog", f"{seg} segment files, preallocated in full: {first_use}"),
+            ("", "(change with --segment-size / TXBROKER_SEGMENT_SIZE, in bytes)"),
+            ("flush", flush),
+            ("transactions", checks),
+            ("topics", topics),
+            ("retention", retention),
+            ("access control", acl),
+        ]
+        lines = [f"broker {cfg.broker_name} (cluster {cfg.cluster_name}) started"]
+        lines += [f"  {label:<17}{value}" for label, value in rows]
+        return "\n".join(lines)
+
+    async def _start_services(self, broker_sock: socket.socket, ns_sock: socket.socket | None,
+                              metrics_sock: socket.socket | None) -> None:
         cfg = self.config
         self.holds.bind(asyncio.get_running_loop())
         self.store.add_listener(self.holds.on_put)
@@ -188,10 +265,8 @@ class Broker:
             for code, handler in namesrv.handlers().items():
                 self.namesrv_server.register(int(code), handler)
             await self.namesrv_server.start(cfg.listen_host, self.namesrv_port, sock=ns_sock)
-        if cfg.metrics_port >= 0:
-            self._metrics_server = await asyncio.start_server(
-                self._serve_metrics, "127.0.0.1", cfg.metrics_port)
-            self.metrics_port = self._metrics_server.sockets[0].getsockname()[1]
+        if metrics_sock is not None:
+            self._metrics_server = await asyncio.start_server(self._serve_metrics, sock=metrics_sock)
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txbroker-housekeeping")
 
     def _runtime(self) -> dict[str, str]:

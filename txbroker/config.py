@@ -14,6 +14,7 @@ collects the three sources and hands them over.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -149,6 +150,21 @@ def _validate(c: BrokerConfig) -> None:
          "must be the path of a plain_acl.yml file (leave it unset to turn access control off)")
 
 
+def format_bytes(n: int) -> str:
+    """A size as an operator reads it: ``1 GiB``, ``256 KiB``; bytes when not a round unit."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} bytes"
+
+
+def format_seconds(s: float) -> str:
+    """A duration: ``72 h`` when whole hours, else seconds (``0.5 s``, ``60 s``)."""
+    if s >= 3600 and s % 3600 == 0:
+        return f"{s / 3600:g} h"
+    return f"{s:g} s"
+
+
 def _coerce(name: str, kind: type, raw: Any) -> Any:
     """Turn a string (environment, CLI) or TOML value into the field's type."""
     if kind is bool:
@@ -223,3 +239,19 @@ def load_config(
         return BrokerConfig(**merged)
     except TypeError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def config_to_toml(config: BrokerConfig) -> str:
+    """The settings as a ``[broker]`` TOML table that :func:`load_config` reads back unchanged
+    (``txbroker serve --print-config``); an unset setting is a comment (TOML has no null)."""
+    lines = ["[broker]"]
+    for name, value in config.as_dict().items():
+        if value is None:
+            lines.append(f"# {name} is unset")
+        elif isinstance(value, bool):
+            lines.append(f"{name} = {'true' if value else 'false'}")
+        elif isinstance(value, (int, float)):
+            lines.append(f"{name} = {value!r}")
+        else:
+            lines.append(f"{name} = {json.dumps(value)}")  # a JSON string is a TOML basic string
+    return "\n".join(lines) + "\n"

@@ -145,10 +145,12 @@ def overwrite(path: Path, pos: int, data: bytes) -> None:
 
 
 def _crash_copy(store: MessageStore) -> None:
-    """Leave the files as a killed process would: no clean marker removal, no final flush."""
+    """Leave the files as a killed process would: no clean marker removal, no final flush;
+    only the data directory's lock goes, as the kernel drops a dead process's ``flock``."""
     for cq in store.queues_.values():
         cq.close()
     store.commitlog.close()
+    store._lock.release()
 
 
 async def test_torn_tail_at_random_byte_is_truncated(tmp_path):
