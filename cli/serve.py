@@ -87,6 +87,8 @@ _OPTIONS: dict[str, _Opt] = {
     "transaction_check_max": _Opt("COUNT", "check-backs before a half message is set aside to "
                                            "TRANS_CHECK_MAX_TIME_TOPIC"),
     "check_concurrency": _Opt("COUNT", "check-backs in flight at once"),
+    "transaction_history_size": _Opt("COUNT", "decided transactions remembered for 'txn show' and "
+                                              "repeated decisions (0 = none; ~0.5 KB each)"),
     "max_pull_suspend": _Opt("SECONDS", "longest a long-polling pull is held, whatever the "
                                         "client asks"),
     "max_reconsume_times": _Opt("COUNT", "redeliveries before a message goes to the group's "

@@ -494,8 +494,10 @@ class TransactionalMessageService:
             pool[entry.phys] = entry
             if entry.uniq:
                 self._by_uniq[entry.uniq] = entry.phys
-        log.info("transaction state recovered (%s) from %d records in %.3fs: %d pending, "
-                 "%d discarded, %d op records to rewrite",
+        # Nothing to recover (a new data directory) is not news at start-up.
+        log.log(logging.INFO if records else logging.DEBUG,
+                "transaction state recovered (%s) from %d records in %.3fs: %d pending, "
+                "%d discarded, %d op records to rewrite",
                  "snapshot + tail" if snap is not None else "full replay", records,
                  time.perf_counter() - started, len(self._pending), len(self._discarded),
                  len(self._missing_ops))
