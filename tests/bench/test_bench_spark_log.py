@@ -25,8 +25,8 @@ def test_generate_reports_wall_time_and_sends_spark_output_to_its_log(tmp_path):
     assert m, run.stdout
     generate_s, wall_s, startup_s = map(float, m.group(2, 3, 4))
     assert m.group(1) == str(out)
-    # each figure is rounded to 0.1 s, so the sum may exceed the wall time by up to 0.1 s
-    assert startup_s > 0 and wall_s + 0.1 >= generate_s + startup_s
+    # each figure is rounded to 0.1 s, so the sum may exceed the wall time by up to 0.15 s
+    assert startup_s > 0 and wall_s + 0.2 >= generate_s + startup_s
     log = tmp_path / "trace.spark.log"
     assert run.stderr == f"Spark log: {log} (--verbose shows it here)\n"
     assert not SPARK_CHATTER.search(run.stdout + run.stderr)

@@ -495,7 +495,7 @@ class TransactionalMessageService:
             if entry.uniq:
                 self._by_uniq[entry.uniq] = entry.phys
         # Nothing to recover (a new data directory) is not news at start-up.
-        log.log(logging.INFO if records else logging.DEBUG,
+        log.log(logging.INFO if records or snap is not None else logging.DEBUG,
                 "transaction state recovered (%s) from %d records in %.3fs: %d pending, "
                 "%d discarded, %d op records to rewrite",
                  "snapshot + tail" if snap is not None else "full replay", records,
