@@ -47,7 +47,7 @@ def raw_mmap(root: Path, body: int, count: int) -> float:
         fh.truncate(size)
     with open(path, "r+b") as fh:
         mm = mmap.mmap(fh.fileno(), size)
-        mm[0:size] = bytes(size)  # pre-touch, as measured.md's ceiling
+        mm[0:size] = bytes(size)  # pre-touch, as in docs/bench.md "Machine limits"
         n = len(rec)
         start = time.perf_counter()
         pos = 0

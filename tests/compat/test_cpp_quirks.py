@@ -1,4 +1,4 @@
-"""Every quirk of the C++ client (client-capture §5), replayed byte-exact over a raw socket.
+"""Every quirk of the C++ client (docs/protocol.md §8), replayed byte-exact over a raw socket.
 
 The frames are the captured ones in ``tests/vectors/`` (header text exactly as the client
 wrote it, newline included); only topic-independent fields are reused, so these tests need
@@ -51,7 +51,7 @@ def batch_body(rec: dict) -> bytes:
 
 
 def assert_cpp_safe(f: Frame, opaque: int) -> None:
-    """What the C++ client needs in every answer (§4): JSON, response bit, its opaque,
+    """What the C++ client needs in every answer (docs/protocol.md §8.3): JSON, response bit, its opaque,
     an extFields object (it segfaults without one) whose values are JSON strings."""
     assert f.serialize_type == 0, "C++ 1.2.3 reads only JSON headers"
     assert f.header["flag"] & 1
@@ -128,7 +128,7 @@ async def test_ordinal_heartbeat_then_consumer_list(broker):
 
 
 async def test_late_heartbeat_check_back_reaches_the_sending_connection(broker):
-    # The producer sends its half before any HEART_BEAT (§5.5): the check must still find it,
+    # The producer sends its half before any HEART_BEAT (docs/protocol.md §8.7): the check must still find it,
     # on that connection, with every header value a JSON string (C++ reads only strings).
     rec, raw = captured("send_tx_props", 10)
     assert rec["header"]["extFields"]["sysFlag"] == 4

@@ -75,7 +75,7 @@ def test_send_sync_header_fields_and_numeric_normalisation() -> None:
              if line["code"] == RequestCode.SEND_MESSAGE]
     assert len(sends) == 1
     line, cmd = sends[0]
-    assert line["prefix_hex"].startswith("00000228")  # protocol.md §1 worked example
+    assert line["prefix_hex"].startswith("00000228")  # docs/protocol.md §1 worked example
     ext = cmd.ext_fields
     # JSON numbers on the wire, strings after decoding
     assert isinstance(line["header"]["extFields"]["queueId"], int)

@@ -3,7 +3,7 @@
 The header bytes are sent exactly as captured (numeric extFields, ``"0"``/``"1"`` booleans,
 trailing newline, credentials fields, flag 0 even for one-way calls); bodies are rebuilt from
 the capture's decoded form.  Every answer must be a response frame with string-valued
-extFields and a code that client accepts for that request (client-capture.md §4).
+extFields and a code that client accepts for that request (docs/protocol.md §8.3).
 """
 
 from __future__ import annotations

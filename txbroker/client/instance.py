@@ -2,7 +2,7 @@
 and heartbeats.
 
 Mirrors RocketMQ's ``MQClientInstance`` with the parts that matter for correctness kept and the
-timing fixed where the C++ client gets it wrong (client-capture.md §2.1, §5.5):
+timing fixed where the C++ client gets it wrong (docs/protocol.md §8.7):
 
 * at start the instance asks the name server for the cluster and heartbeats every broker
   *before* the first send, so a transactional producer's group is known to the broker before
@@ -81,7 +81,7 @@ def parse_addresses(namesrv: str) -> list[str]:
 
 
 def _json(body: bytes, what: str) -> dict:
-    """Parse a JSON body, tolerating fastjson's unquoted numeric map keys (protocol.md §4.9)."""
+    """Parse a JSON body, tolerating fastjson's unquoted numeric map keys (docs/protocol.md §4.9)."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:

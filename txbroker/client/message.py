@@ -9,7 +9,7 @@ through the named fields, never smuggled in ``properties``.
 UNIQ_KEY (the client message id) follows Java's ``MessageClientIDSetter`` layout so ids look
 the same whichever client produced them: client IPv4 (4 bytes) + pid (2) + a per-process random
 number standing in for the class-loader hash (4) + milliseconds since the start of the current
-month (4) + a counter (2), as 32 uppercase hex characters (protocol.md §6.3).
+month (4) + a counter (2), as 32 uppercase hex characters (docs/protocol.md §6.3).
 """
 
 from __future__ import annotations

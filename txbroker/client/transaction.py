@@ -1,6 +1,6 @@
 """Transactional producer: half message, local transaction, one-way END_TRANSACTION, check-backs.
 
-The flow (design.md): send the message as a *half* (property ``TRAN_MSG=true``, ``PGROUP`` =
+The flow (docs/protocol.md §7): send the message as a *half* (property ``TRAN_MSG=true``, ``PGROUP`` =
 group, sysFlag PREPARED) — stored, invisible; run ``execute_local_transaction``; send
 END_TRANSACTION one-way naming the half by its commitlog offset (decoded from the response's
 offsetMsgId) and half-queue offset, with 8 = commit, 12 = rollback, 0 = unknown.  Because that

@@ -1,6 +1,6 @@
 """JSON request and response bodies: heartbeat, routes, consumer lists, queue locks, tables.
 
-Two writers produce these bodies and they disagree (protocol.md §4.9, client-capture.md §3):
+Two writers produce these bodies and they disagree (docs/protocol.md §4.9, §8.6):
 Java writes enums by name, every set, numbers as numbers; the C++ client writes enums as
 ordinals, leaves out empty sets and sends ``subVersion`` as a string.  Decoders here accept both.
 

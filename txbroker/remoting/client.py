@@ -6,7 +6,7 @@ Used by the Python SDK, the CLI, benchmarks and tests.  Design points:
   answer completes the future whatever order answers arrive in.
 * A time-out fails that one request and nothing else.  (The C++ client closes the whole
   connection on a time-out, which is what made a held pull cost it unrelated requests;
-  client-capture.md §3.2.)  A late answer to a timed-out request is dropped.
+  docs/protocol.md §8.5.)  A late answer to a timed-out request is dropped.
 * The broker calls the client too (CHECK_TRANSACTION_STATE, NOTIFY_CONSUMER_IDS_CHANGED):
   handlers registered per code run for those requests, and what a handler returns is sent
   back as the response unless the request is one-way.

@@ -6,11 +6,11 @@ The rule those tests pin down: any input yields whole commands, "need more", or
 :class:`ProtocolError` — never another exception.  Any other exception raised from here is a
 txbroker bug (for example encoding a command whose code does not fit the binary header).
 
-Frame (big-endian, protocol.md §1): ``total length L (4) | serialize type (high byte) + header
+Frame (big-endian, docs/protocol.md §1): ``total length L (4) | serialize type (high byte) + header
 length H (low 24 bits) | header (H) | body (L - 4 - H)``.  Header type 0 is JSON with
 fastjson's field names, type 1 the binary ROCKETMQ layout (§1.1).
 
-Real clients are loose in places and strict elsewhere (client-capture.md §5), so the decoder is
+Real clients are loose in places and strict elsewhere (docs/protocol.md §8), so the decoder is
 lenient exactly where they are: ext field values may arrive as JSON numbers or booleans and are
 normalised to strings; the C++ client ends its JSON header with a newline.  Everything else is
 strict: a wrongly typed header field is garbage, not something to guess about.  The encoder

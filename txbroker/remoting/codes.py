@@ -1,6 +1,6 @@
 """Request, response, language and serialization codes of the RocketMQ 4.x remoting protocol.
 
-Values follow RocketMQ's ``RequestCode``/``ResponseCode`` (protocol.md §3).  txbroker's own admin
+Values follow RocketMQ's ``RequestCode``/``ResponseCode`` (docs/protocol.md §3).  txbroker's own admin
 requests live in a private range, 9001-9099, far from any RocketMQ code so that a RocketMQ
 broker answers them with REQUEST_CODE_NOT_SUPPORTED instead of misreading them.
 """

@@ -1,7 +1,7 @@
 """Typed request and response headers: extFields (string -> string) in, dataclasses out.
 
 RocketMQ flattens each "custom header" object into extFields by field name and converts the
-strings back by declared type (protocol.md §2.5).  Here every header is a dataclass whose fields
+strings back by declared type (docs/protocol.md §2.5).  Here every header is a dataclass whose fields
 declare their wire name, type, whether they are required and their valid range; one generic
 ``from_ext``/``to_ext`` pair does the conversion, so processors receive typed, validated values
 and never parse strings themselves.  ``from_ext`` runs a per-class decoder compiled once from
@@ -16,13 +16,13 @@ Conversions follow Java's rules with the leniency real clients need:
 * integers are int32 (``Integer``) or int64 (``Long``), range-checked;
 * booleans are ``true``/``false`` or ``1``/``0`` in any case, because the C++ client sends
   ``"0"``/``"1"`` where Java's ``Boolean.parseBoolean`` would read ``"1"`` as false
-  (client-capture.md §2.6: a Java broker silently ignores C++ batches); any other text is an
+  (docs/protocol.md §8.2: a Java broker silently ignores C++ batches); any other text is an
   ill-typed field and refused, like a non-numeric integer;
 * a required field that is missing, empty or ill-typed raises :class:`HeaderError` carrying the
   response code to answer with and a remark that names the field.
 
 Response headers and broker-to-client requests are encoded with ``to_ext``, which writes
-strings only: the C++ client ignores values that are JSON numbers (client-capture.md §4).
+strings only: the C++ client ignores values that are JSON numbers (docs/protocol.md §8.3).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from txbroker.remoting.codes import RequestCode, ResponseCode
 INT32 = (-(1 << 31), (1 << 31) - 1)
 INT64 = (-(1 << 63), (1 << 63) - 1)
 
-#: SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE short keys (SendMessageRequestHeaderV2, protocol.md §4.1).
+#: SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE short keys (SendMessageRequestHeaderV2, docs/protocol.md §4.1).
 SEND_V2_KEYS: dict[str, str] = {
     "a": "producerGroup", "b": "topic", "c": "defaultTopic", "d": "defaultTopicQueueNums",
     "e": "queueId", "f": "sysFlag", "g": "bornTimestamp", "h": "flag", "i": "properties",
@@ -47,7 +47,7 @@ SEND_V1_KEYS: dict[str, str] = {long: short for short, long in SEND_V2_KEYS.item
 #: The topic RocketMQ clients name as the auto-create template.
 DEFAULT_TOPIC = "TBW102"
 
-#: END_TRANSACTION commitOrRollback values (MessageSysFlag, protocol.md §5.1).
+#: END_TRANSACTION commitOrRollback values (MessageSysFlag, docs/protocol.md §5.1).
 TRANSACTION_NOT_TYPE = 0
 TRANSACTION_COMMIT_TYPE = 0x8
 TRANSACTION_ROLLBACK_TYPE = 0xC
@@ -334,7 +334,7 @@ class SendMessageResponseHeader(Header):
 
 # --- pull and offsets --------------------------------------------------------------------------
 
-#: PullSysFlag bits (protocol.md §4.5).
+#: PullSysFlag bits (docs/protocol.md §4.5).
 PULL_FLAG_COMMIT_OFFSET = 0x1
 PULL_FLAG_SUSPEND = 0x2
 PULL_FLAG_SUBSCRIPTION = 0x4
@@ -512,7 +512,7 @@ class GetRouteInfoRequestHeader(Header):
     accept_standard_json_only: bool = h_bool("acceptStandardJsonOnly", False)
 
 
-#: PermName bits (protocol.md §4.9).
+#: PermName bits (docs/protocol.md §4.9).
 PERM_PRIORITY = 0x8
 PERM_READ = 0x4
 PERM_WRITE = 0x2

@@ -1,7 +1,7 @@
 """asyncio remoting server: one :class:`Connection` (an ``asyncio.Protocol``) per client.
 
 The transport only moves bytes and enforces limits; the codec parses, handlers decide.  What a
-RocketMQ client needs from it (client-capture.md §5):
+RocketMQ client needs from it (docs/protocol.md §8):
 
 * **Concurrency per connection.**  A push consumer keeps one long-poll PULL per queue on a
   single connection and still expects other requests answered within its time-out, or it

@@ -21,7 +21,7 @@ queue), so a pass costs time in proportion to what is pending.  For each pending
   the whole half (up to the maximum message size), so without this a pass over many halves
   of a stalled producer would pile them all up in the broker's memory.
 
-The request (protocol.md §4.4): ext ``tranStateTableOffset``, ``commitLogOffset``, ``msgId`` and
+The request (docs/protocol.md §4.4): ext ``tranStateTableOffset``, ``commitLogOffset``, ``msgId`` and
 ``transactionId`` (= UNIQ_KEY) and ``offsetMsgId``, all strings (the C++ client ignores
 numbers); body = the half record re-encoded with its real topic and queue id.
 

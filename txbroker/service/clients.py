@@ -3,7 +3,7 @@
 Two things depend on this registry.  The transaction check service needs a live connection of
 a half message's producer group; RocketMQ learns those only from heartbeats, but a producer
 heartbeats 10 ms after start and only to brokers it already knows, so its first half messages
-can arrive before any heartbeat (client-capture.md §5.5).  txbroker therefore also records the
+can arrive before any heartbeat (docs/protocol.md §8.7).  txbroker therefore also records the
 connection that *sent* for a group.  Consumers rebalance queues among the members a broker
 reports for their group; when membership changes (heartbeat join, unregister, disconnect,
 expiry) every remaining member is told with a one-way NOTIFY_CONSUMER_IDS_CHANGED so it

@@ -1,7 +1,7 @@
 """The embedded name server: routes for topics, cluster info, the topic list.
 
 A RocketMQ client needs *some* address answering GET_ROUTEINFO_BY_TOPIC; the route may point
-the broker at that same address (client-capture.md §4, ``route_same_port``).  txbroker is a
+the broker at that same address (docs/protocol.md §8.4).  txbroker is a
 single broker, so the name server is a view over its own topic table rather than a registry of
 brokers: one port is a complete installation.  The handlers are registered on the name-server
 port and on the broker port alike.
@@ -16,7 +16,7 @@ the topic (``SendProcessor``).
 Route bodies come in two dialects.  Old clients get fastjson's default output, whose
 ``brokerAddrs`` map has *unquoted* numeric keys (``{0:"127.0.0.1:10911"}``); clients at
 version >= V4_9_4 (401), or that send ``acceptStandardJsonOnly=true``, get standard JSON
-(protocol.md §4.9).  Both dialects sort keys, as fastjson does.  The request header is a
+(docs/protocol.md §4.9).  Both dialects sort keys, as fastjson does.  The request header is a
 ``GetRouteInfoRequestHeader`` and the answers are written by ``remoting.bodies``
 (``TopicRouteData``, ``ClusterInfo``).
 """

@@ -1,6 +1,6 @@
 """The transactional message service: half messages, decisions, discards, recovery.
 
-A half message is stored like RocketMQ 4.x stores it (protocol.md §7.2): topic rewritten to
+A half message is stored like RocketMQ 4.x stores it (docs/protocol.md §7.2): topic rewritten to
 ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0, the real topic and queue kept in ``REAL_TOPIC`` /
 ``REAL_QID``, the transaction bits of the sys flag reset so the half queue indexes it.  What
 differs from RocketMQ is how the broker remembers what happened to it:
@@ -235,7 +235,7 @@ class _RecordView(NamedTuple):
 _I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
-#: Positions in a stored record (protocol.md §6.1, IPv4 hosts: the store writes no other).
+#: Positions in a stored record (docs/protocol.md §6.1, IPv4 hosts: the store writes no other).
 _PHYS_POS, _BORN_TS_POS, _STORE_TS_POS, _BODY_LEN_POS = 28, 40, 56, 84
 
 

@@ -8,7 +8,7 @@ id the broker does not know with QUERY_NOT_FOUND and a contradicting decision wi
 TRANSACTION_FAILED; a decided id is answered from the decision history.
 
 END_TRANSACTION is one-way from Java clients (flag 2: never answered, even on error — the
-error is logged and counted), but the C++ client sends it with flag 0 (client-capture.md §5.1)
+error is logged and counted), but the C++ client sends it with flag 0 (docs/protocol.md §8.1)
 and then gets an answer, which it ignores harmlessly.
 """
 

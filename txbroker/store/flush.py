@@ -1,6 +1,6 @@
 """Getting appended bytes onto disk: interval flush (async mode) and group commit (sync mode).
 
-measured.md: making mapped pages durable costs ~3.7 ms per call here, about 15x a
+Machine limits (docs/bench.md): mapped pages cost ~3.7 ms per call to make durable, about 15x a
 ``write()``+fdatasync.  One flush per put would cap a broker near 300 puts/s, so sync mode is a
 group commit (RocketMQ's ``GroupCommitService``): each put appends, then waits on a future
 tagged with the offset its record ends at; one flusher task swaps the waiting list, performs a

@@ -3,7 +3,7 @@
 One layout serves three places, which is why it lives in one pure module: the commitlog on
 disk, the body of a PULL response (records exactly as stored, concatenated) and the body of a
 CHECK_TRANSACTION_STATE request.  RocketMQ clients decode these bytes themselves, so the
-layout follows ``MessageDecoder`` exactly (protocol.md §6.1); the client SDK imports this
+layout follows ``MessageDecoder`` exactly (docs/protocol.md §6.1); the client SDK imports this
 module to decode pulled records.
 
 Record (big-endian, IPv4 hosts)::

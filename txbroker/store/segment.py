@@ -1,7 +1,7 @@
 """One preallocated, memory-mapped file: the unit both the commitlog and consume queues use.
 
 Appends are slice assignments into the mapping (on this machine ~4x faster than one
-``os.write`` per record, see measured.md) and reads are slices of it.
+``os.write`` per record, see docs/bench.md, "Machine limits") and reads are slices of it.
 
 Durability comes from ``os.fdatasync`` on the file descriptor, not ``mmap.flush`` (msync).
 On Linux a shared mapping dirties the same page-cache pages the descriptor sees, so fdatasync

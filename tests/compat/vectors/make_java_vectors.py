@@ -1,7 +1,7 @@
 """Generate ``java_requests.jsonl``: frames a Java RocketMQ 4.9 client sends, and what it checks.
 
 No Java client can run in CI here, so its requests are rebuilt from the protocol facts in
-txbroker's protocol notes (``protocol.md`` sections in brackets) with an encoder written in
+txbroker's protocol notes (``docs/protocol.md`` sections in brackets) with an encoder written in
 this file, independent of ``txbroker.remoting``: if the broker's codec and this one disagree,
 the compat test shows it.  Regenerate with::
 

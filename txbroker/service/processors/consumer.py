@@ -2,7 +2,7 @@
 
 Headers arrive through the typed classes of ``remoting.headers`` and JSON bodies through
 ``remoting.bodies`` (``HeartbeatData`` reads both the Java form and the C++ one, which writes enums
-as ordinals, leaves out empty sets and sends ``subVersion`` as a string, client-capture.md §5.8);
+as ordinals, leaves out empty sets and sends ``subVersion`` as a string, docs/protocol.md §8.6);
 this module only applies them to the registry, the offset store and the lock table.
 
 Send-back (CONSUMER_SEND_MSG_BACK) follows RocketMQ: the failed message, read back by its

@@ -1,7 +1,7 @@
 """PULL_MESSAGE (11) with long polling.
 
 A push consumer keeps one pull outstanding per queue, up to 8 on one connection, and expects
-its other requests answered meanwhile (client-capture.md §5.7); the server runs each request in
+its other requests answered meanwhile (docs/protocol.md §8.5); the server runs each request in
 its own task, so a held pull only costs a future here.  When the suspend flag is set and
 nothing is there, the pull waits on :class:`PullHoldService` until the store reports a new
 message for that queue (``store.add_listener``), or answers PULL_NOT_FOUND at

@@ -5,7 +5,7 @@ What the broker adds or drops follows RocketMQ's SendMessageProcessor: ``WAIT`` 
 ``CLUSTER`` is added, a message whose ``TRAN_MSG`` property is true becomes a half message
 (handed to the transactional service), a ``DELAY`` level sends it through the schedule
 service.  The response always carries extFields with *string* values: the C++ client crashes
-without extFields and ignores numeric values (client-capture.md §4).
+without extFields and ignores numeric values (docs/protocol.md §8.3).
 """
 
 from __future__ import annotations
