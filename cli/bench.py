@@ -23,6 +23,7 @@ from bench.trace.spec import (
     TraceMeta,
     parse_mix,
 )
+from cli.common import CommandError
 
 
 def _spark_options(log_default: str):
@@ -49,6 +50,11 @@ def _errors(fn):
         except SpecError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
+        except OSError as exc:  # a work dir, trace or results path the machine refuses
+            where = f": {exc.filename}" if exc.filename else ""
+            why = f"{exc.strerror}{where}" if exc.strerror else str(exc)
+            ctx = click.get_current_context(silent=True)
+            raise CommandError(ctx.command_path.partition(" ")[2] if ctx else "bench", None, why) from None
     return wrapper
 
 
@@ -216,6 +222,7 @@ def run_cmd(transactions, namesrv, work_dir, concurrency, tasks, check_concurren
     meta = _meta(transactions, **opts)
     validate(meta)
     work = Path(work_dir or tempfile.mkdtemp(prefix="txbroker-bench-run-"))
+    work.mkdir(parents=True, exist_ok=True)  # an unusable work dir fails before Spark starts
     spark, startup = _spark(master, verbose, Path(spark_log or work / "spark.log"))
     console = Console(stderr=True)
     summary, timings = run_all(spark, meta, work, namesrv, tasks=tasks,

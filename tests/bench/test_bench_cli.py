@@ -88,3 +88,14 @@ def test_bench_run_generate_and_report_through_the_cli(spark, tmp_path):
     for name in FILES:
         assert (out / name).stat().st_size > 0, name
     assert (out / "report.md").read_text() == (work / "report" / "report.md").read_text()
+
+
+def test_unusable_work_dir_is_one_error_line_before_spark_starts(tmp_path):
+    """A work dir the machine refuses is one ``error:`` line (exit 1), not a traceback, and
+    no Spark JVM is started for a run that cannot write its results."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = CliRunner().invoke(main, ["bench", "run", "--transactions", "10",
+                                       "--work-dir", str(blocker / "work")])
+    assert result.exit_code == 1, result.output
+    assert result.stderr == f"error: bench run: Not a directory: {blocker / 'work'}\n"
