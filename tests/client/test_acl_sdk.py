@@ -161,7 +161,7 @@ async def test_group_permissions_for_heartbeat_and_offsets(acl_broker) -> None:
         assert "others" not in acl_broker.registry.consumer_groups()  # refused before the processor
     finally:
         await client.close()
-    acl_broker.topics.get_or_create("Orders")  # offsets are stored for existing topics only
+    await acl_broker.topics.get_or_create("Orders")  # offsets are stored for existing topics only
     offset = {"consumerGroup": "readers", "topic": "Orders", "queueId": "0", "commitOffset": "0"}
     resp = await _ask(acl_broker, READER, RequestCode.UPDATE_CONSUMER_OFFSET, offset)
     assert resp.code == ResponseCode.SUCCESS, resp.remark

@@ -207,7 +207,7 @@ async def test_eight_held_pulls_on_one_connection_do_not_block_other_requests(br
 async def test_update_offset_without_oneway_bit_is_stored(broker):
     rec, raw = captured("push_consumer", 15)
     assert rec["header"]["flag"] == 0
-    broker.topics.get_or_create(CPP_TOPIC)  # offsets are stored for existing topics only
+    await broker.topics.get_or_create(CPP_TOPIC)  # offsets are stored for existing topics only
     w = await Wire.open(broker.broker_addr)
     try:
         await w.send(frame(reheader(raw, opaque=700, commitOffset="2", queueId=1)))

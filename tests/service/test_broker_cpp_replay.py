@@ -79,7 +79,7 @@ def _requests(name: str) -> list[tuple[int, str, bytes]]:
 async def test_cpp_client_requests_are_answered(broker_config, name) -> None:
     b = Broker(broker_config.replace(max_pull_suspend=0.01))
     await b.start()
-    b.topics.get_or_create(CAPTURE_TOPIC)
+    await b.topics.get_or_create(CAPTURE_TOPIC)
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", b.broker_port)
         decoder = FrameDecoder()

@@ -49,24 +49,24 @@ def test_topic_names() -> None:
     assert not is_system_topic("TopicTest")
 
 
-def test_topics_persist_and_protect(tmp_path) -> None:
+async def test_topics_persist_and_protect(tmp_path) -> None:
     cfg = BrokerConfig(data_dir=str(tmp_path), default_queue_nums=4)
     tm = TopicManager(cfg)
     assert tm.get("TBW102") is not None
-    assert tm.get_or_create("Orders", queue_nums=8).write_queue_nums == 4  # capped
-    assert tm.get_or_create("%RETRY%g1").write_queue_nums == 1
-    tm.create_or_update(TopicConfig("Big", 16, 16))
+    assert (await tm.get_or_create("Orders", queue_nums=8)).write_queue_nums == 4  # capped
+    assert (await tm.get_or_create("%RETRY%g1")).write_queue_nums == 1
+    await tm.create_or_update(TopicConfig("Big", 16, 16))
     with pytest.raises(TopicError) as err:
-        tm.create_or_update(TopicConfig("RMQ_SYS_TRANS_HALF_TOPIC", 1, 1))
+        await tm.create_or_update(TopicConfig("RMQ_SYS_TRANS_HALF_TOPIC", 1, 1))
     assert err.value.code == ResponseCode.NO_PERMISSION
     with pytest.raises(TopicError):
-        tm.delete("TRANS_CHECK_MAX_TIME_TOPIC")
+        await tm.delete("TRANS_CHECK_MAX_TIME_TOPIC")
     again = TopicManager(cfg)
     assert again.get("Orders").write_queue_nums == 4
     assert again.get("Big").read_queue_nums == 16
     no_auto = TopicManager(cfg.replace(auto_create_topic=False))
     with pytest.raises(TopicError) as err:
-        no_auto.get_or_create("Unknown")
+        await no_auto.get_or_create("Unknown")
     assert err.value.code == ResponseCode.TOPIC_NOT_EXIST
 
 

@@ -2,8 +2,9 @@
 
 Topics are created on demand (RocketMQ's ``autoCreateTopicEnable``) or by the admin request
 UPDATE_AND_CREATE_TOPIC, and persisted to ``<data_dir>/config/topics.json`` with an atomic
-rename so a crash never leaves a half-written file; a change the file cannot take (a full disk)
-is refused and undone in memory too.  Names follow RocketMQ's rule (charset
+rename so a crash never leaves a half-written file.  The write (with its fsync) runs in the
+default executor, never on the event loop, and a change shows in memory only once the file
+holds it: a change the file cannot take (a full disk) is refused and never seen.  Names follow RocketMQ's rule (charset
 ``[%|a-zA-Z0-9_-]``, at most 127 characters) because the record format stores the topic length
 in a signed byte.  System topics hold broker-internal state (half and operation messages,
 discarded halves, scheduled messages): a client may never produce to them or delete them,
@@ -12,10 +13,10 @@ otherwise it could forge a commit or hide a pending transaction.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
-import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -111,13 +112,15 @@ def is_protected_topic(name: str, config: BrokerConfig) -> bool:
 
 
 class TopicManager:
-    """All topic configs of this broker.  Safe to call from the event loop only (one writer)."""
+    """All topic configs of this broker.  Used from the event loop only; changes are made one
+    at a time (an asyncio lock held across the write), so two writes of the file never overlap
+    and each one holds every change before it."""
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.path = Path(config.data_dir) / "config" / "topics.json"
         self._topics: dict[str, TopicConfig] = {}
-        self._lock = threading.Lock()
+        self._changing = asyncio.Lock()
         self._load()
         self._ensure_builtin()
 
@@ -132,22 +135,33 @@ class TopicManager:
             tc = TopicConfig(**entry)
             self._topics[tc.name] = tc
 
-    def _persist(self, name: str, previous: TopicConfig | None) -> None:
-        """Write the table atomically; if that fails, put ``name`` back as it was (``previous``)
-        so memory never holds a topic the file does not (a restart would lose it)."""
+    async def _commit(self, name: str, tc: TopicConfig | None) -> None:
+        """Make ``name`` hold ``tc`` (None: deleted); the caller holds ``_changing``.
+
+        The new table is written first, off the loop, and memory changes only once the file
+        holds it, so memory never holds a topic the file does not (a restart would lose it).
+        A caller cancelled meanwhile waits for the write to end (the next one must not overlap
+        it) and leaves memory as it was: the file may then lead memory, never lag it."""
+        table = dict(self._topics)
+        if tc is None:
+            table.pop(name, None)
+        else:
+            table[name] = tc
+        fut = asyncio.get_running_loop().run_in_executor(None, self._write, table)
         try:
-            self._write()
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            await asyncio.wait([fut])
+            raise
         except OSError as exc:
-            if previous is None:
-                self._topics.pop(name, None)
-            else:
-                self._topics[name] = previous
             raise TopicStoreError(ResponseCode.SERVICE_NOT_AVAILABLE,
                                   f"topic[{name}] not changed: cannot write the topic table: "
                                   f"{exc.strerror or exc}") from exc
+        self._topics = table
 
-    def _write(self) -> None:
-        doc = {"topics": [asdict(t) for t in sorted(self._topics.values(), key=lambda t: t.name)]}
+    def _write(self, table: dict[str, TopicConfig]) -> None:
+        """Blocking (the executor, or start-up): temp file, fsync, rename over the table."""
+        doc = {"topics": [asdict(t) for t in sorted(table.values(), key=lambda t: t.name)]}
         tmp = self.path.with_suffix(".tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -172,7 +186,7 @@ class TopicManager:
                 changed = True
         if changed:
             try:
-                self._write()
+                self._write(self._topics)
             except OSError as exc:  # built-ins are added again at every start: serve reads
                 log.warning("cannot write the topic table %s: %s", self.path, exc)
 
@@ -187,8 +201,8 @@ class TopicManager:
         return sorted(self._topics)
 
     # --- changes ------------------------------------------------------------------------
-    def get_or_create(self, name: str, *, queue_nums: int | None = None,
-                      auto_create: bool | None = None) -> TopicConfig:
+    async def get_or_create(self, name: str, *, queue_nums: int | None = None,
+                            auto_create: bool | None = None) -> TopicConfig:
         """The topic's config, creating it when allowed.
 
         Retry and dead-letter topics are always created (with one queue, as RocketMQ does):
@@ -212,9 +226,14 @@ class TopicManager:
             n = self.config.default_queue_nums
             if queue_nums is not None and queue_nums > 0:
                 n = min(queue_nums, n)
-        return self._put(TopicConfig(name, n, n))
+        async with self._changing:
+            tc = self._topics.get(name)  # another request may have created it meanwhile
+            if tc is None:
+                tc = TopicConfig(name, n, n)
+                await self._commit(name, tc)
+        return tc
 
-    def create_or_update(self, tc: TopicConfig) -> TopicConfig:
+    async def create_or_update(self, tc: TopicConfig) -> TopicConfig:
         """UPDATE_AND_CREATE_TOPIC: validated, never for protected topics."""
         validate_topic_name(tc.name)
         if is_protected_topic(tc.name, self.config):
@@ -225,20 +244,15 @@ class TopicManager:
                 raise TopicError(ResponseCode.SYSTEM_ERROR, f"{label}={n}: must be 1..1024")
         if not 0 <= tc.perm <= 0xF:
             raise TopicError(ResponseCode.SYSTEM_ERROR, f"perm={tc.perm}: must be 0..15")
-        return self._put(tc)
+        async with self._changing:
+            await self._commit(tc.name, tc)
+        return tc
 
-    def delete(self, name: str) -> bool:
+    async def delete(self, name: str) -> bool:
         if is_protected_topic(name, self.config):
             raise TopicError(ResponseCode.NO_PERMISSION, f"topic[{name}] is a system topic")
-        with self._lock:
-            previous = self._topics.pop(name, None)
-            if previous is not None:
-                self._persist(name, previous)
-        return previous is not None
-
-    def _put(self, tc: TopicConfig) -> TopicConfig:
-        with self._lock:
-            previous = self._topics.get(tc.name)
-            self._topics[tc.name] = tc
-            self._persist(tc.name, previous)
-        return tc
+        async with self._changing:
+            existed = name in self._topics
+            if existed:
+                await self._commit(name, None)
+        return existed

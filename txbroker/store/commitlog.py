@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from txbroker.store.allocate import SegmentAllocator
 from txbroker.store.record import (
     BLANK_MAGIC,
     BORNHOST_V6_FLAG,
@@ -56,6 +57,8 @@ class CommitLog:
         self.dir = directory
         self.segment_size = segment_size
         self.dir.mkdir(parents=True, exist_ok=True)
+        #: Makes the next segment's file ahead of need, once the store starts.
+        self.allocator = SegmentAllocator(self.dir, segment_size)
         self.segments: list[MappedSegment] = []
         for path in sorted(p for p in self.dir.iterdir() if p.name.isdigit() and len(p.name) == 20):
             self.segments.append(MappedSegment(path, int(path.name), segment_size, create=False))
@@ -129,8 +132,13 @@ class CommitLog:
         seg.append(data)
 
     def _new_segment(self, start: int) -> MappedSegment:
-        seg = MappedSegment(self.dir / MappedSegment.file_name(start), start, self.segment_size, create=True)
+        """The segment starting at ``start``: the preallocated spare renamed, when one is ready
+        (opening it then reserves nothing), else a file allocated here, on the caller's thread."""
+        path = self.dir / MappedSegment.file_name(start)
+        self.allocator.take(path)
+        seg = MappedSegment(path, start, self.segment_size, create=True)
         self.segments.append(seg)
+        self.allocator.request()
         return seg
 
     # --- reading ----------------------------------------------------------------------------

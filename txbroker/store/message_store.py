@@ -2,9 +2,9 @@
 
 It ties the commitlog, the consume queues, flushing, consumer offsets, recovery, the disk guard
 and retention together.  Everything runs on the event-loop thread: an append is a memcpy into
-a mapped segment plus a 20-byte index entry, so it never blocks; only flushes and offset
-persistence go to an executor.  ``put`` is ``async`` solely so that sync-flush mode can await
-the group commit.
+a mapped segment plus a 20-byte index entry, so it never blocks; flushes, checkpoints, offset
+persistence and the preallocation of the next commitlog segment go to an executor.  ``put`` is
+``async`` solely so that sync-flush mode can await the group commit.
 
 Dispatch rule (RocketMQ): a record whose transaction bits are PREPARED or ROLLBACK is stored
 but not indexed in any consume queue.  txbroker stores half messages in the half topic with
@@ -207,7 +207,7 @@ class MessageStore:
         """No checkpoint, no abort marker, no segment: no store has ever run here."""
         segments = self.root / "commitlog"
         return not (self._checkpoint.path.exists() or self._checkpoint.abort_path.exists()
-                    or (segments.is_dir() and any(segments.iterdir())))
+                    or (segments.is_dir() and any(p.name.isdigit() for p in segments.iterdir())))
 
     def _recover(self) -> RecoveryReport:
         """Load segments and queues; after an unclean stop, validate the tail and repair."""
@@ -286,8 +286,10 @@ class MessageStore:
         return repaired, dropped
 
     async def start(self) -> None:
-        """Start the background tasks: flushing, checkpoints, offset persistence, retention."""
+        """Start the background tasks: flushing, checkpoints, offset persistence, retention;
+        returns once the next commitlog segment is preallocated (or could not be)."""
         assert self.commitlog is not None
+        await self.commitlog.allocator.start()
         if self.config.flush_mode == "sync":
             self._flush = FlushService(self._flush_commitlog, lambda: self.max_physical_offset)
             self._flush.start()
@@ -314,14 +316,13 @@ class MessageStore:
         if self._flush is not None:
             await self._flush.close()
         assert self.commitlog is not None
-        loop = asyncio.get_running_loop()
+        await self.commitlog.allocator.close()
         end = self.max_physical_offset
-        await loop.run_in_executor(None, self._flush_all)
+        await _off_loop(self._flush_all)
         data = self.offsets.snapshot()
         if data is not None:
-            await loop.run_in_executor(None, self.offsets.write, data)
-        self._checkpoint.save(Checkpoint(commitlog_safe=end, commitlog_end=end))
-        self._checkpoint.mark_clean()
+            await _off_loop(self.offsets.write, data)
+        await _off_loop(self._mark_clean, Checkpoint(commitlog_safe=end, commitlog_end=end))
         for cq in self.queues_.values():
             cq.close()
         self.commitlog.close()
@@ -353,17 +354,22 @@ class MessageStore:
         for cq in list(self.queues_.values()):
             cq.sync()
 
+    def _mark_clean(self, cp: Checkpoint) -> None:
+        """Blocking: the final checkpoint, then the clean-shutdown marker."""
+        self._checkpoint.save(cp)
+        self._checkpoint.mark_clean()
+
     async def _checkpoint_once(self) -> None:
         """Flush log and queues, then record how far both are durable (recovery starts there)."""
         end = self.max_physical_offset
-        await asyncio.get_running_loop().run_in_executor(None, self._flush_all)
+        await _off_loop(self._flush_all)
         if not self._closed:
-            self._checkpoint.save(Checkpoint(commitlog_safe=end, commitlog_end=0))
+            await _off_loop(self._checkpoint.save, Checkpoint(commitlog_safe=end, commitlog_end=0))
 
     async def _persist_offsets(self) -> None:
         data = self.offsets.snapshot()
         if data is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.offsets.write, data)
+            await _off_loop(self.offsets.write, data)
 
     # --- disk guard and retention ----------------------------------------------------------------
     def _disk_full_reason(self) -> str:
@@ -707,6 +713,19 @@ class MessageStore:
             "group_commit_flushes": self._flush.flushes if self._flush else 0,
             "disk_refusal": self._disk_refusal,
         }
+
+
+async def _off_loop(fn: Callable[..., object], *args: object) -> None:
+    """Run blocking file work in the default executor.  A caller cancelled meanwhile still
+    waits for it to finish before the cancellation goes on: :meth:`MessageStore.close` cancels
+    the periodic tasks and then writes the same files, and a checkpoint or offsets write still
+    running in a thread could otherwise land after the final one."""
+    fut = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    try:
+        await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await asyncio.wait([fut])
+        raise
 
 
 def _dispatched(sys_flag: int) -> bool:

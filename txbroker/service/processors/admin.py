@@ -59,7 +59,7 @@ class AdminProcessor:
         h = CreateTopicRequestHeader.from_ext(cmd.ext_fields)
         read = h.read_queue_nums or self.config.default_queue_nums
         write = h.write_queue_nums or read
-        tc = self.topics.create_or_update(
+        tc = await self.topics.create_or_update(
             TopicConfig(h.topic, read, write, h.perm, h.topic_sys_flag, h.order))
         return cmd.response(ResponseCode.SUCCESS, ext={"topic": tc.name})
 
@@ -67,7 +67,7 @@ class AdminProcessor:
         """The topic's config, consume queues and consumer offsets go; system topics never
         (they hold the transaction state: deleting one would lose or forge decisions)."""
         topic = validate_topic_name(DeleteTopicRequestHeader.from_ext(cmd.ext_fields).topic)
-        existed = self.topics.delete(topic)
+        existed = await self.topics.delete(topic)
         queues = self.store.delete_topic(topic)
         if not existed and not queues:
             return cmd.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] does not exist")

@@ -148,7 +148,7 @@ class ConsumerProcessor:
             # full disk that fails; the heartbeat must not (consumers keep reading), and the
             # next heartbeat or a send-back creates it once the disk allows.
             try:
-                self.topics.get_or_create(RETRY_GROUP_TOPIC_PREFIX + group)
+                await self.topics.get_or_create(RETRY_GROUP_TOPIC_PREFIX + group)
             except TopicStoreError as exc:
                 log.warning("heartbeat of %s: %s", group, exc.remark)
             consumers.append((group, ConsumerEntry(
@@ -238,7 +238,7 @@ class ConsumerProcessor:
         else:
             topic = RETRY_GROUP_TOPIC_PREFIX + group
             level = delay_level if delay_level > 0 else 3 + reconsume
-        self.topics.get_or_create(topic)
+        await self.topics.get_or_create(topic)
         msg = Message(topic=topic, queue_id=0, body=old.body, flag=old.flag, properties=props,
                       sys_flag=old.sys_flag, born_timestamp=old.born_timestamp,
                       born_host=old.born_host, reconsume_times=reconsume + 1)

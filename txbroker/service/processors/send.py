@@ -146,7 +146,7 @@ class SendProcessor:
                 topic = DLQ_GROUP_TOPIC_PREFIX + topic[len(RETRY_GROUP_TOPIC_PREFIX):]
                 tc, queue_id = None, 0
         if tc is None:
-            tc = self.topics.get_or_create(topic, queue_nums=h.default_topic_queue_nums)
+            tc = await self.topics.get_or_create(topic, queue_nums=h.default_topic_queue_nums)
         if not tc.perm & PERM_WRITE:
             raise Refusal(ResponseCode.NO_PERMISSION, f"topic[{topic}] is not writable")
         if queue_id < 0:
