@@ -208,8 +208,10 @@ class Broker:
                   f"{cfg.default_queue_nums} queues by default")
         retention = (f"{format_seconds(cfg.file_reserved_time)}; writes refused above "
                      f"{cfg.disk_max_used_ratio:.0%} disk use")
-        first_use = (f"the first message takes {seg} of disk" if report.new
-                     else f"each new segment takes {seg} of disk at once")
+        two = format_bytes(2 * cfg.segment_size)
+        first_use = (f"{seg} of disk from start (the next segment is kept ready), {two} from the "
+                     f"first message on" if report.new
+                     else f"each new segment takes {seg} of disk, one kept ready ahead")
         rows = [
             ("broker port", listen),
             ("name server", namesrv),

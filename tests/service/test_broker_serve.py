@@ -45,9 +45,9 @@ async def test_ready_line_traffic_and_graceful_stop(broker_process) -> None:
     assert "  store            new data directory\n" in log
     assert f"  data dir         {proc.data_dir}\n" in log
     assert "  flush            async: flushed every 0.05 s\n" in log
-    assert ("  commitlog        1 MiB segment files, preallocated in full: the first message "
-            "takes 1 MiB of disk\n                   (change with --segment-size / "
-            "TXBROKER_SEGMENT_SIZE, in bytes)\n") in log
+    assert ("  commitlog        1 MiB segment files, preallocated in full: 1 MiB of disk from start "
+            "(the next segment is kept ready), 2 MiB from the first message on\n"
+            "                   (change with --segment-size / TXBROKER_SEGMENT_SIZE, in bytes)\n") in log
     assert "clean=False" not in log and "config flush_mode" not in log
     # A graceful stop leaves the clean-shutdown marker: the restart needs no recovery, and the
     # message is still there.
