@@ -167,7 +167,7 @@ class TransactionalMessageService:
             if known is not None:
                 extra.update(decision_properties(known))
             result = await self.bridge.put_op(OP_TAG_DONE, str(qo), extra,
-                                        born_ms=known.decided_at if known is not None else None)
+                                              born_ms=known.decided_at if known is not None else None)
             if put_ok(result):
                 log.warning("rewrote the missing op record of committed half %d (queue offset %d)",
                             phys, qo)
@@ -440,14 +440,14 @@ class TransactionalMessageService:
             # The final message is durable: the half is committed whatever happens to the op.
             self._settle(entry, decided)
             op = await self.bridge.put_op(OP_TAG_DONE, str(entry.queue_offset), extra,
-                                    born_ms=decided.decided_at)
+                                          born_ms=decided.decided_at)
             if not put_ok(op):
                 self._missing_ops.append((phys, entry.queue_offset))
                 log.error("op record of committed half %d not written (%s); it is rewritten at "
                           "the next start", phys, op.status.name)
         else:
             op = await self.bridge.put_op(OP_TAG_DONE, str(entry.queue_offset), extra,
-                                    born_ms=decided.decided_at)
+                                          born_ms=decided.decided_at)
             if not put_ok(op):
                 raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                        f"rollback failed, the store refused the op record: "
