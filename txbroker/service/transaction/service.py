@@ -29,6 +29,12 @@ A commit appends the final message *before* its ``d`` record, so a crash between
 writes leaves a commit that :mod:`.recovery` finds and :meth:`start` completes.  A check count
 is recorded after the checks are sent; a crash in between loses at most one count per half
 (the safe direction: a count is never burned without a check).
+
+Why this file is over 450 lines: every method left here reads or changes the pending and
+discarded maps, the decided-state bytes, the UNIQ_KEY index and the per-half locks together,
+under one invariant (a half is in exactly one of them, and only under its lock does it move).
+What does not touch that state is already out: the transition table, the index types, the op
+log, the messages, the store I/O, recovery and the check service.
 """
 
 from __future__ import annotations
