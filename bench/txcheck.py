@@ -36,7 +36,7 @@ from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.server import RemotingServer
 from txbroker.service.clients import ClientRegistry
 from txbroker.service.metrics import BrokerMetrics
-from txbroker.service.transaction import TransactionalMessageService
+from txbroker.service.transaction.service import TransactionalMessageService
 from txbroker.store.message_store import MessageStore
 from txbroker.store.record import Message
 

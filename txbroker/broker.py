@@ -37,12 +37,10 @@ from txbroker.service.processors.admin import AdminProcessor
 from txbroker.service.processors.consumer import ConsumerProcessor
 from txbroker.service.processors.pull import PullHoldService, PullProcessor
 from txbroker.service.processors.send import SendProcessor
+from txbroker.service.processors.transaction import transaction_handlers
 from txbroker.service.schedule import ScheduleService
 from txbroker.service.topics import TopicManager
-from txbroker.service.transaction import (
-    TransactionalMessageService,
-    transaction_handlers,
-)
+from txbroker.service.transaction.service import TransactionalMessageService
 from txbroker.store.message_store import DiskUsage, MessageStore, RecoveryReport
 
 log = logging.getLogger(__name__)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from txbroker.service.txhistory import Decided, TxHistory
-from txbroker.service.txstate import HalfState
+from txbroker.service.transaction.history import Decided, TxHistory
+from txbroker.service.transaction.state import HalfState
 
 C, R, D = HalfState.COMMITTED, HalfState.ROLLED_BACK, HalfState.DISCARDED
 

@@ -26,23 +26,29 @@ from test_tx_service import (
     wait_for,
 )
 
-from txbroker.service.txstate import ConflictError, HalfState, Outcome
+from txbroker.service.transaction.state import ConflictError, HalfState, Outcome
 from txbroker.store.record import CHECK_MAX_TIME_TOPIC, OP_HALF_TOPIC, Message
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-#: The child: prepare a half, then commit it with the fault seam killing the process right
+#: The child: prepare a half, then commit it through a bridge that kills the process right
 #: after the final message is stored (before the op record).  It never closes the store.
 CHILD = textwrap.dedent("""
     import asyncio, json, os, signal, sys, time
     sys.path.insert(0, sys.argv[2])
     from test_tx_service import Clock, open_node, prepare, tx_config, COMMIT, end
+    from txbroker.service.transaction.bridge import TransactionalMessageBridge
+
+    class CrashAfterFinalMessage(TransactionalMessageBridge):
+        async def put_final(self, final):
+            result = await super().put_final(final)
+            os.kill(os.getpid(), signal.SIGKILL)
+            return result
 
     async def main():
-        node = await open_node(tx_config(sys.argv[1]), Clock())
+        node = await open_node(tx_config(sys.argv[1]), Clock(), bridge=CrashAfterFinalMessage)
         result = await prepare(node, body=b"exactly-once")
         print(json.dumps({"phys": result.physical_offset, "qo": result.queue_offset}), flush=True)
-        node.tx.after_final_message = lambda phys: os.kill(os.getpid(), signal.SIGKILL)
         await end(node, result, COMMIT)
         print("not reached", flush=True)
 

@@ -27,9 +27,16 @@ from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.server import RemotingServer
 from txbroker.service.clients import ClientRegistry
 from txbroker.service.metrics import BrokerMetrics
-from txbroker.service.transaction import TransactionalMessageService
-from txbroker.service.tx_processors import transaction_handlers
-from txbroker.service.txstate import ConflictError, HalfState, Outcome, TransactionError
+from txbroker.service.processors.transaction import transaction_handlers
+from txbroker.service.transaction.bridge import TransactionalMessageBridge
+from txbroker.service.transaction.messages import final_message
+from txbroker.service.transaction.service import TransactionalMessageService
+from txbroker.service.transaction.state import (
+    ConflictError,
+    HalfState,
+    Outcome,
+    TransactionError,
+)
 from txbroker.store.message_store import MessageStore
 from txbroker.store.record import (
     BORNHOST_V6_FLAG,
@@ -92,13 +99,17 @@ class Node:
         await self.store.close()
 
 
-async def open_node(config: BrokerConfig, clock: Clock, **store_kw) -> Node:
+async def open_node(config: BrokerConfig, clock: Clock, *,
+                    bridge: type[TransactionalMessageBridge] = TransactionalMessageBridge,
+                    **store_kw) -> Node:
+    """``bridge``: the service's store access; crash tests pass a subclass that injects faults."""
     store = MessageStore(config, clock=clock, store_host=("127.0.0.1", 10911), **store_kw)
     store.open()
     await store.start()
     registry = ClientRegistry(clock=clock)
     metrics = BrokerMetrics()
-    tx = TransactionalMessageService(config, store, registry, metrics, clock=clock)
+    tx = TransactionalMessageService(config, store, registry, metrics, clock=clock,
+                                     bridge=bridge(store, clock=clock))
     tx.recover()
     await tx.start()
     server = RemotingServer(config)
@@ -265,7 +276,7 @@ async def test_commit_from_the_cached_half_writes_what_a_read_back_would(node, v
     assert cached is not None and read_back is not None
 
     def final_bytes(half) -> bytes:
-        return encode_record(node.tx._final_message(half, phys, ts), physical_offset=0,
+        return encode_record(final_message(half, phys, ts), physical_offset=0,
                              queue_offset=0, store_timestamp=ts, store_host=("127.0.0.1", 10911))
 
     assert final_bytes(cached) == final_bytes(read_back)

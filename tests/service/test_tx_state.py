@@ -8,7 +8,7 @@ import pytest
 
 from txbroker.remoting.codes import ResponseCode
 from txbroker.service.metrics import BrokerMetrics
-from txbroker.service.txstate import (
+from txbroker.service.transaction.state import (
     ConflictError,
     Decision,
     HalfState,
@@ -91,7 +91,7 @@ def test_metrics_are_per_instance_and_render() -> None:
 
 
 def test_resolved_states_one_byte_per_half() -> None:
-    from txbroker.service.transaction import ResolvedStates
+    from txbroker.service.transaction.index import ResolvedStates
 
     rs = ResolvedStates()
     assert rs.get(0) is None
@@ -117,10 +117,10 @@ def test_resolved_states_one_byte_per_half() -> None:
 
 
 def test_op_bodies_of_both_rocketmq_lines_parse() -> None:
-    from txbroker.service.transaction import _parse_counts, _parse_offsets
+    from txbroker.service.transaction.oplog import parse_counts, parse_offsets
 
-    assert _parse_offsets(b"17") == [17]            # 4.x: one offset
-    assert _parse_offsets(b"17,18,21,") == [17, 18, 21]  # 5.x batch
-    assert _parse_offsets(b"x,-1,,5") == [5]        # junk is skipped, never raises
-    assert _parse_offsets("²,7".encode()) == [7]
-    assert _parse_counts(b"3:1,4:15,bad,5:") == [(3, 1), (4, 15)]
+    assert parse_offsets(b"17") == [17]            # 4.x: one offset
+    assert parse_offsets(b"17,18,21,") == [17, 18, 21]  # 5.x batch
+    assert parse_offsets(b"x,-1,,5") == [5]        # junk is skipped, never raises
+    assert parse_offsets("²,7".encode()) == [7]
+    assert parse_counts(b"3:1,4:15,bad,5:") == [(3, 1), (4, 15)]

@@ -125,3 +125,25 @@ def test_decoders_raise_only_record_error_on_garbage(data):
             decode(data)
         except r.RecordError:
             pass
+
+
+def test_view_record_reads_what_decode_record_reads() -> None:
+    msg = r.Message(topic="RMQ_SYS_TRANS_OP_HALF_TOPIC", queue_id=0, body=b"17",
+                    properties={"TAGS": "d", "TXB_STATE": "committed", "note": "\u00fcber"},
+                    born_timestamp=1_700_000_000_123)
+    raw = r.encode_record(msg, physical_offset=4096, queue_offset=3,
+                          store_timestamp=1_700_000_000_456, store_host=("127.0.0.1", 10911))
+    full = r.decode_record(raw)
+    assert r.view_record(raw) == r.RecordView(4096, 1_700_000_000_123, 1_700_000_000_456,
+                                              full.topic, full.body, full.properties)
+
+
+def test_view_record_refuses_what_is_not_a_record() -> None:
+    raw = r.encode_record(r.Message(topic="T", queue_id=0, body=b"abc"), physical_offset=0,
+                          queue_offset=0, store_timestamp=1, store_host=("127.0.0.1", 1))
+    with pytest.raises(r.RecordError, match="not a message record"):
+        r.view_record(raw[:20])
+    with pytest.raises(r.RecordError, match="not a message record"):
+        r.view_record(raw[:4] + b"\x00" * 4 + raw[8:])
+    with pytest.raises(r.RecordError, match="body length"):
+        r.view_record(raw[:84] + struct.pack(">i", 1 << 20) + raw[88:])

@@ -31,7 +31,7 @@ from txbroker.service.topics import (
     validate_group_name,
     validate_topic_name,
 )
-from txbroker.service.txstate import TransactionError
+from txbroker.service.transaction.state import TransactionError
 from txbroker.store.record import (
     BORNHOST_V6_FLAG,
     DLQ_GROUP_TOPIC_PREFIX,

@@ -2,7 +2,7 @@
 txbroker admin requests TXN_LIST / TXN_SHOW / TXN_DECIDE.
 
 Handlers decode typed headers (``remoting.headers``), call the service, and turn its refusals
-(:class:`~txbroker.service.txstate.TransactionError`, header errors) into error responses that
+(:class:`~txbroker.service.transaction.state.TransactionError`, header errors) into error responses that
 carry RocketMQ's code and a remark; nothing else escapes.  TXN_SHOW and TXN_DECIDE answer an
 id the broker does not know with QUERY_NOT_FOUND and a contradicting decision with
 TRANSACTION_FAILED; a decided id is answered from the decision history.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
@@ -30,10 +30,8 @@ from txbroker.remoting.headers import (
     TxnListRequestHeader,
     TxnShowRequestHeader,
 )
-from txbroker.service.txstate import TransactionError, UnknownTransactionError
-
-if TYPE_CHECKING:
-    from txbroker.service.transaction import TransactionalMessageService
+from txbroker.service.transaction.service import TransactionalMessageService
+from txbroker.service.transaction.state import TransactionError, UnknownTransactionError
 
 log = logging.getLogger(__name__)
 

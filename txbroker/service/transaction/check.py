@@ -40,24 +40,43 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode
-from txbroker.service.txstate import HalfState
+from txbroker.service.metrics import BrokerMetrics
+from txbroker.service.transaction.index import HalfEntry
+from txbroker.service.transaction.state import HalfState
 from txbroker.store.record import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_UNIQ_KEY,
     Message,
+    StoredMessage,
     encode_record,
 )
 
-if TYPE_CHECKING:
-    from txbroker.service.transaction import HalfEntry, TransactionalMessageService
-
 log = logging.getLogger(__name__)
+
+
+class CheckTarget(Protocol):
+    """What a check pass needs of the transaction service, and nothing more: the pending
+    halves, a way to read one, and the three things a pass may do to one (discard it, forget
+    it, persist its check count)."""
+
+    metrics: BrokerMetrics
+
+    def clock(self) -> float: ...
+    def write_refusal(self) -> str: ...
+    def pending_entries(self) -> list[HalfEntry]: ...
+    def is_busy(self, phys: int) -> bool: ...
+    def producer_connections(self, group: str) -> list[Any]: ...
+    def read_half(self, phys: int) -> StoredMessage | None: ...
+    async def discard(self, entry: HalfEntry) -> bool: ...
+    def forget(self, entry: HalfEntry, reason: str) -> None: ...
+    async def record_checks(self, entries: list[HalfEntry]) -> None: ...
+    def trim_resolved(self) -> None: ...
 
 
 @dataclass
@@ -76,7 +95,7 @@ class CheckPassReport:
     no_producer_groups: dict[str, int] = field(default_factory=dict)
 
 
-def check_request(half_phys: int, entry: HalfEntry, record: Any) -> RemotingCommand:
+def check_request(half_phys: int, entry: HalfEntry, record: StoredMessage) -> RemotingCommand:
     """CHECK_TRANSACTION_STATE for ``entry``; ``record`` is the stored half (StoredMessage)."""
     props = dict(record.properties)
     topic = props.get(PROPERTY_REAL_TOPIC, entry.topic)
@@ -100,7 +119,9 @@ def check_request(half_phys: int, entry: HalfEntry, record: Any) -> RemotingComm
 
 
 class CheckService:
-    def __init__(self, tx: TransactionalMessageService, config: BrokerConfig) -> None:
+    """The periodic check task over a :class:`CheckTarget` (the transaction service)."""
+
+    def __init__(self, tx: CheckTarget, config: BrokerConfig) -> None:
         self.tx = tx
         self.config = config
         self._task: asyncio.Task | None = None
@@ -142,7 +163,7 @@ class CheckService:
         now_ms = int(tx.clock() * 1000)
         pending = tx.pending_entries()
         report = CheckPassReport(pending=len(pending))
-        refusal = tx.store.write_refusal()
+        refusal = tx.write_refusal()
         if refusal:
             # A commit answer could not be applied and a discard could not be stored, so a
             # check now would only burn a count, and enough of them would discard halves their
@@ -222,7 +243,7 @@ class CheckService:
         if conn is not None and entry.checks == 0:
             return conn
         live = [] if conn is None else [conn]
-        for candidate in self.tx.registry.producer_connections(entry.group):
+        for candidate in self.tx.producer_connections(entry.group):
             if not candidate.closed and candidate not in live:
                 live.append(candidate)
         if not live:

@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from txbroker.service.txstate import HalfState
+from txbroker.service.transaction.state import HalfState
 
 #: Decision sources, as op records and TXN_SHOW spell them, and their one-letter snapshot codes.
 SOURCES = {"producer": "p", "check": "c", "operator": "o", "unknown": "u"}
