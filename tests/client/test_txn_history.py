@@ -179,4 +179,4 @@ async def test_history_survives_clean_restart_and_sigkill(broker_process) -> Non
         assert "already committed" in _ok(await _cli("txn", "commit", ids[2], "--operator", "bob", *ns))
         err = _refusal(await _cli("txn", "commit", ids[1], "--operator", "bob", *ns))
         assert "is already rolled back; commit refused" in err
-    assert "snapshot + tail" in proc.log_text() and "full replay" in proc.log_text()
+    assert "snapshot + tail" in proc.log_tail() and "full replay" in proc.log_tail()
