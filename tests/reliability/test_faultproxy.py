@@ -10,6 +10,7 @@ import asyncio
 import random
 
 import pytest
+from support.waiting import eventually
 
 from bench.chaos.driver import LedgerListener
 from bench.chaos.faultproxy import FaultProxy
@@ -211,14 +212,6 @@ async def _proxied_broker(broker_config, cut_when):
     return broker, proxy
 
 
-async def _wait_resolved(broker, seconds: float = 10.0) -> None:
-    for _ in range(int(seconds / 0.1)):
-        if broker.tx.pending_count() == 0:
-            return
-        await asyncio.sleep(0.1)
-    assert broker.tx.pending_count() == 0
-
-
 async def _consume(addr: str, topic: str, group: str) -> list[str]:
     consumer = Consumer(group, addr, from_where="first", long_poll_timeout=0.5)
     consumer.subscribe(topic)
@@ -259,7 +252,7 @@ async def test_lost_end_transaction_is_resolved_by_check_back(broker_config):
                         break
                     await asyncio.sleep(0.02)
                 assert len(cuts) == n, f"END_TRANSACTION of {key} was not cut"
-            await _wait_resolved(broker)
+            await eventually(lambda: broker.tx.pending_count() == 0, 10.0, "every half resolved")
         assert sorted(set(listener.checked)) == ["END-C", "END-R"]  # resolved by check-back
         assert await _consume(proxy.addr, "LostEndTopic", "lostend_cg") == ["END-C"]
     finally:
@@ -286,7 +279,7 @@ async def test_lost_check_back_is_asked_again(broker_config):
         async with TransactionProducer("lostcheck_pg", proxy.addr, listener=listener) as p:
             result = await p.send_message_in_transaction(Message("LostCheckTopic", b"chk", keys="CHK"))
             assert result.local_transaction_state == LocalTransactionState.UNKNOW
-            await _wait_resolved(broker)
+            await eventually(lambda: broker.tx.pending_count() == 0, 10.0, "every half resolved")
             assert cuts, "the first check-back must have been cut"
             assert listener.checked == ["CHK"]  # the lost check never reached the listener
         assert await _consume(proxy.addr, "LostCheckTopic", "lostcheck_cg") == ["CHK"]

@@ -7,6 +7,7 @@ import socket
 import struct
 
 import pytest
+from support.waiting import eventually
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.client import RemotingClient
@@ -95,14 +96,6 @@ async def fx():
 
 def req(code, ext=None, body=b"", **kw) -> RemotingCommand:
     return RemotingCommand.request(code, ext, body, **kw)
-
-
-async def eventually(pred, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 async def raw_connect(addr: str):

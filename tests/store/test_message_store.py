@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from support.store import SEG, opened
+from support.store import store_config as cfg
 
 from txbroker.config import BrokerConfig
 from txbroker.store.commitlog import END_MARKER_SIZE
@@ -26,22 +28,6 @@ from txbroker.store.record import (
     tag_hash,
 )
 from txbroker.store.segment import MappedSegment
-
-SEG = 64 * 1024
-
-
-def cfg(tmp_path: Path, **kw) -> BrokerConfig:
-    base = {"data_dir": str(tmp_path / "data"), "segment_size": SEG, "max_message_size": 8192,
-            "consume_queue_entries": 64, "flush_interval": 0.05}
-    base.update(kw)
-    return BrokerConfig(**base)
-
-
-async def opened(config: BrokerConfig, **kw) -> MessageStore:
-    store = MessageStore(config, **kw)
-    store.open()
-    await store.start()
-    return store
 
 
 def body_for(size_on_disk: int, topic: str = "T") -> bytes:
