@@ -242,7 +242,7 @@ async def test_metrics_endpoint_serves_prometheus_text(broker_config) -> None:
             "consumerGroup": "CG_M", "topic": "MetricT", "queueId": "0", "queueOffset": "0",
             "maxMsgNums": "32", "sysFlag": "2", "commitOffset": "0", "suspendTimeoutMillis": "3000",
             "subscription": "*", "subVersion": "0"}), TIMEOUT))
-        await asyncio.sleep(0.2)
+        await eventually(lambda: b.holds.held() == 1, msg="the pull held")
         reader, writer = await asyncio.open_connection("127.0.0.1", b.metrics_port)
         writer.write(b"GET /metrics HTTP/1.0\r\n\r\n")
         body = (await asyncio.wait_for(reader.read(), TIMEOUT)).partition(b"\r\n\r\n")[2]
