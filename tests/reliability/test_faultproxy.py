@@ -101,11 +101,7 @@ async def test_transactions_through_a_faulty_network_end_in_exactly_one_outcome(
         await asyncio.wait_for(asyncio.gather(*(load(i, p) for i, p in enumerate(producers))), 90)
         assert proxy.stats.cuts_to_server + proxy.stats.cuts_to_client > 0
         proxy.enabled = False  # the network heals; check-backs now resolve everything left
-        for _ in range(300):
-            if broker.tx.pending_count() == 0:
-                break
-            await asyncio.sleep(0.1)
-        assert broker.tx.pending_count() == 0
+        await eventually(lambda: broker.tx.pending_count() == 0, 30, "every half resolved")
 
         consumer = Consumer("proxy_cg", proxy.addr, from_where="first", long_poll_timeout=0.5)
         consumer.subscribe("ProxyTopic")
@@ -247,11 +243,7 @@ async def test_lost_end_transaction_is_resolved_by_check_back(broker_config):
                 assert result.local_transaction_state == state
                 # END is one-way: wait until the proxy has cut it before the next half goes,
                 # so the cut loses only the END and not a coalesced half SEND as well.
-                for _ in range(100):
-                    if len(cuts) == n:
-                        break
-                    await asyncio.sleep(0.02)
-                assert len(cuts) == n, f"END_TRANSACTION of {key} was not cut"
+                await eventually(lambda n=n: len(cuts) == n, 2, f"END_TRANSACTION of {key} was not cut")
             await eventually(lambda: broker.tx.pending_count() == 0, 10.0, "every half resolved")
         assert sorted(set(listener.checked)) == ["END-C", "END-R"]  # resolved by check-back
         assert await _consume(proxy.addr, "LostEndTopic", "lostend_cg") == ["END-C"]

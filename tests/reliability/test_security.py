@@ -7,7 +7,6 @@ import asyncio
 import struct
 
 import pytest
-
 from support.waiting import eventually
 
 from bench.chaos.fuzz import SYSTEM_TOPICS, Case, pull_ext, request, run_case, send_ext

@@ -16,7 +16,6 @@ from broker_wire import (
     send,
     send_cmd,
 )
-
 from support.waiting import eventually
 
 from txbroker.remoting.codes import RequestCode, ResponseCode

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from support.store import SEG, opened
 from support.store import store_config as cfg
+from support.waiting import eventually
 
 from txbroker.config import BrokerConfig
 from txbroker.store.commitlog import END_MARKER_SIZE
@@ -471,14 +472,10 @@ def test_damaged_offset_file_is_a_clear_error(tmp_path, content):
 
 
 async def test_offsets_persist_across_restart_and_periodically(tmp_path):
-    import asyncio
     store = await opened(cfg(tmp_path, offset_persist_interval=0.05))
     store.offsets.set("g", "T", 2, 17)
     path = Path(store.root) / "consumerOffset.json"
-    for _ in range(100):
-        if path.exists():
-            break
-        await asyncio.sleep(0.02)
+    await eventually(path.exists, 2, "offsets persisted")
     assert ConsumerOffsetStore(path).get("g", "T", 2) == 17  # persisted before any close
     store.offsets.set("g", "T", 2, 18)
     await store.close()
