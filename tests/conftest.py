@@ -48,6 +48,18 @@ TEST_SETTINGS = {
 }
 
 
+#: Items that use these fixtures start a Spark JVM.
+SPARK_FIXTURES = {"spark", "e2e_run"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Spark, C++-client and chaos tests are ``slow`` too, so ``-m "not slow"`` leaves them out."""
+    for item in items:
+        if ("needs_cpp" in item.keywords or "chaos" in item.keywords
+                or SPARK_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def broker_config(tmp_path: Path) -> BrokerConfig:
     return BrokerConfig(data_dir=str(tmp_path / "data"), **TEST_SETTINGS)
