@@ -1,3 +1,0 @@
-"""Reliability suite: crash, fault and bad-input tests (see docs/reliability.md)."""
-
-from __future__ import annotations
