@@ -124,6 +124,7 @@ async def test_unknown_then_check_back_commits(broker, namesrv, listener_cls, ca
         await consumer.shutdown()
 
 
+@pytest.mark.slow
 async def test_check_backs_run_with_bounded_concurrency(broker, namesrv) -> None:
     running = peak = 0
     seen: set[str] = set()

@@ -172,6 +172,7 @@ class HoldingListener(LedgerListener):
 
 
 
+@pytest.mark.slow
 async def test_disk_guard_under_load_refuses_clearly_reads_go_on_writes_resume_live(broker_config):
     disk = Disk()
     # The test default transaction_check_max (15 checks, 0.2 s apart) is far shorter than the
@@ -319,6 +320,7 @@ def damage_tail(seg: Path, end: int, damage: str) -> None:
 
 
 @pytest.mark.parametrize("damage", ["flip-last-record", "garbage-after-end"])
+@pytest.mark.slow
 async def test_corrupted_segment_tail_is_truncated_and_broker_serves(broker_process, damage):
     proc = broker_process(flush_mode="sync")
     keys = [f"k{i}" for i in range(40)]
@@ -381,6 +383,7 @@ def small_disk(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+@pytest.mark.slow
 async def test_real_disk_full_refuses_clearly_keeps_everything_and_resumes(broker_process, small_disk):
     mnt, resize = small_disk
     # The ratio guard is off (1.0): the broker meets the full disk itself, when a commitlog or

@@ -71,6 +71,7 @@ def test_proxy_refuses_bad_probability():
         FaultProxy("127.0.0.1", 1, cut_probability=1.5)
 
 
+@pytest.mark.slow
 async def test_transactions_through_a_faulty_network_end_in_exactly_one_outcome(broker_config):
     port = free_port()
     config = broker_config.replace(listen_host="127.0.0.2", advertised_host="127.0.0.1",
@@ -126,6 +127,7 @@ class CommitByKey(TransactionListener):
         return LocalTransactionState.COMMIT_MESSAGE
 
 
+@pytest.mark.slow
 async def test_lost_half_answer_with_sdk_retry_commits_once(broker_config):
     port = free_port()
     config = broker_config.replace(listen_host="127.0.0.2", advertised_host="127.0.0.1",
@@ -218,6 +220,7 @@ async def _consume(addr: str, topic: str, group: str) -> list[str]:
     return got
 
 
+@pytest.mark.slow
 async def test_lost_end_transaction_is_resolved_by_check_back(broker_config):
     # The producer decided (COMMIT for one transaction, ROLLBACK for the other) and sent its
     # one-way END_TRANSACTION, but the connection dies with it: the broker never hears the
@@ -252,6 +255,7 @@ async def test_lost_end_transaction_is_resolved_by_check_back(broker_config):
         await broker.stop()
 
 
+@pytest.mark.slow
 async def test_lost_check_back_is_asked_again(broker_config):
     # The local transaction answers UNKNOW; the first CHECK_TRANSACTION_STATE is lost with its
     # connection (the producer never sees it).  The broker must ask again on the reopened

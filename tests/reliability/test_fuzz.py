@@ -78,5 +78,6 @@ def test_fuzz_cases_draw_per_case_and_cover_every_bad_topic() -> None:
 
 
 @pytest.mark.parametrize("prop", PROPERTIES, ids=lambda p: p.__name__)
+@pytest.mark.slow
 def test_codec_property_small_run(prop):
     run(prop, 150)

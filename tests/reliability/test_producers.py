@@ -51,6 +51,7 @@ def start_hanging_producer(namesrv: str, group: str, topic: str) -> subprocess.P
                             stdout=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 async def test_group_gone_then_back_resolves_half_without_burning_checks(broker_config):
     broker = Broker(broker_config.replace(transaction_check_max=3, flush_mode="sync"))
     await broker.start()
