@@ -75,6 +75,7 @@ def run_in_order(lines: list[str], cwd: Path, namesrv: str) -> list[tuple[str, s
     return results
 
 
+@pytest.mark.slow
 def test_readme_command_line_section_runs_as_written(broker_process, tmp_path):
     lines = commands("### Command line")
     assert len(lines) >= 8

@@ -1,8 +1,9 @@
-"""A ``txbroker serve`` subprocess on a fixed loopback port, so clients survive restarts.
+"""A ``txbroker serve`` subprocess: started, killed, stopped and restarted on its data dir.
 
 The chaos driver kills and restarts the broker many times; clients keep their name-server
-address, so the broker comes back on the same port (the name server is served on the broker
-port: one address for everything).
+address, so unless the settings name ports the broker gets a fixed free loopback port and
+comes back on it (the name server is then served on the broker port: one address for
+everything).  The tests use the same class with ephemeral ports (``broker_port=0``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class BrokerProcess:
+    """One broker subprocess; ``settings`` are BrokerConfig field names -> values."""
+
     def __init__(self, data_dir: Path, settings: dict[str, object], log_path: Path) -> None:
         self.data_dir = Path(data_dir)
         self.settings = dict(settings)
@@ -36,6 +39,7 @@ class BrokerProcess:
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self.broker_addr = ""
+        self.namesrv_addr = ""
 
     def argv(self) -> list[str]:
         args = [sys.executable, "-c", "from cli.main import main; main()", "serve",
@@ -49,23 +53,34 @@ class BrokerProcess:
         return args
 
     def start(self, timeout: float = 30.0) -> float:
-        """Start and wait for the ready line; returns the seconds it took (recovery time)."""
+        """Start and wait for the ready line; returns the seconds it took (recovery time).
+
+        Raises RuntimeError when the broker exits first (its first line says with which code,
+        the rest is what it wrote to stderr) and TimeoutError when it is not ready in time.
+        """
+        if self.alive():
+            raise RuntimeError("broker process already running; stop() or kill() it first")
         t0 = time.monotonic()
         deadline = t0 + timeout
-        while True:  # the old socket may linger briefly after a SIGKILL
+        while True:
+            log_start = self._log_size()
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(self.argv(), cwd=REPO_ROOT, stdout=subprocess.PIPE,
                                              stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
             line = self._ready_line(deadline)
             m = READY_RE.match(line or "")
             if m:
-                self.broker_addr = m.group(1)
+                self.broker_addr, self.namesrv_addr = m.group(1), m.group(2)
                 return time.monotonic() - t0
             self.kill()
-            if self.proc.returncode not in (None, -9) and "in use" not in self.log_tail(2000) \
-                    or time.monotonic() > deadline:
-                raise RuntimeError(f"broker did not start: {line!r}\n{self.log_tail()}")
-            time.sleep(0.2)
+            printed = self._log_from(log_start)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"broker not ready within {timeout}s\n{printed}")
+            if line is not None:
+                raise RuntimeError(f"unexpected first stdout line {line!r}\n{printed}")
+            if "address already in use" not in printed.lower():
+                raise RuntimeError(f"broker exited with {self.proc.returncode} before ready\n{printed}")
+            time.sleep(0.2)  # the old socket may linger briefly after a SIGKILL: start again
 
     def _ready_line(self, deadline: float) -> str | None:
         assert self.proc is not None and self.proc.stdout is not None
@@ -86,6 +101,7 @@ class BrokerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
+        """SIGKILL: a crash, no shutdown code runs."""
         if self.proc is None:
             return
         if self.alive():
@@ -95,6 +111,7 @@ class BrokerProcess:
             self.proc.stdout.close()
 
     def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM and wait: the graceful path.  Returns the exit code."""
         if self.proc is None:
             return None
         if self.alive():
@@ -103,12 +120,37 @@ class BrokerProcess:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
+                raise
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         return self.proc.returncode
 
-    def log_tail(self, n: int = 6000) -> str:
+    def restart(self, **settings: object) -> BrokerProcess:
+        """Stop gracefully if running, then start on the same data dir with ``settings`` changed."""
+        self.stop()
+        self.settings.update(settings)
+        self.start()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def log_tail(self, n: int = 8000) -> str:
+        """The last ``n`` characters the broker (all its runs) wrote to stderr."""
+        return self._log_from(0)[-n:]
+
+    def _log_size(self) -> int:
         try:
-            return self.log_path.read_text(errors="replace")[-n:]
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def _log_from(self, offset: int) -> str:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(offset)
+                return log.read().decode(errors="replace")[-8000:]
         except OSError:
             return ""

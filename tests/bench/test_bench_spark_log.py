@@ -8,11 +8,14 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 #: What Spark prints on a terminal left to it: the JVM's banner, log4j's profile notice and
 #: level hint, log4j lines (``26/11/23 15:02:19 WARN NativeCodeLoader: …``), progress bars.
 SPARK_CHATTER = re.compile(r"WARNING: Using incubator|log4j|setLogLevel|\b(WARN|INFO)\b|\[Stage \d")
 
 
+@pytest.mark.slow  # starts its own Spark JVM
 def test_generate_reports_wall_time_and_sends_spark_output_to_its_log(tmp_path):
     out = tmp_path / "trace"
     run = subprocess.run(

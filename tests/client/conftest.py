@@ -1,4 +1,4 @@
-"""Fixtures for SDK tests (helpers live in sdk_helpers.py)."""
+"""Fixtures for SDK tests (shared helpers live in tests/support)."""
 
 from __future__ import annotations
 

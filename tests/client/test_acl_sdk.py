@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 from click.testing import CliRunner
-from sdk_helpers import collect
+from support.consuming import collect
 
 from txbroker.broker import Broker
 from txbroker.client import Consumer, Message, Producer

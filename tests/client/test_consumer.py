@@ -6,7 +6,8 @@ import asyncio
 import time
 
 import pytest
-from sdk_helpers import collect, wait_until
+from support.consuming import collect
+from support.waiting import eventually
 
 from txbroker.client import Consumer, Message, Producer
 from txbroker.client.admin import AdminClient
@@ -48,13 +49,13 @@ async def test_two_members_split_queues_and_rebalance_when_one_leaves(broker, na
             qb = {q.queue_id for q in b.assignment()}
             return len(qa) == 2 and len(qb) == 2 and qa | qb == {0, 1, 2, 3}
 
-        await wait_until(split, what="queues split 2/2")
+        await eventually(split, msg="queues split 2/2")
         await _send(namesrv, "TGroup", [f"m{i}".encode() for i in range(8)])
         got_a, got_b = await asyncio.gather(collect(a, 4), collect(b, 4))
         assert {m.queue_id for m in got_a}.isdisjoint({m.queue_id for m in got_b})
         assert sorted(m.body for m in got_a + got_b) == sorted(f"m{i}".encode() for i in range(8))
         await b.shutdown()  # leaves: commits its offsets, unregisters; the broker notifies a
-        await wait_until(lambda: len(a.assignment()) == 4, what="a takes every queue")
+        await eventually(lambda: len(a.assignment()) == 4, msg="a takes every queue")
         await _send(namesrv, "TGroup", [f"n{i}".encode() for i in range(8)])
         got = await collect(a, 8)
         # b's offsets were committed at its shutdown, so nothing of the first round comes back
@@ -153,8 +154,8 @@ async def test_consumer_survives_dropped_connections(broker, namesrv) -> None:
         assert [m.body for m in await collect(consumer, 1)] == [b"before"]
         for conn in list(broker.server.connections):
             conn.close()  # the broker forgets every registration made on them
-        await wait_until(lambda: consumer.client_id in broker.registry.consumer_ids("CG_DROP"),
-                         what="consumer registered again")
+        await eventually(lambda: consumer.client_id in broker.registry.consumer_ids("CG_DROP"),
+                         msg="consumer registered again")
         await _send(namesrv, "TDrop", [b"after"])
         got = await collect(consumer, 1)
         assert [m.body for m in got] == [b"after"]
@@ -166,8 +167,8 @@ async def test_subscribe_while_running(broker, namesrv) -> None:
     async with consumer:
         await _send(namesrv, "TLateB", [b"b"])
         consumer.subscribe("TLateB")
-        await wait_until(lambda: any(q.topic == "TLateB" for q in consumer.assignment()),
-                         what="queues of the new topic assigned")
+        await eventually(lambda: any(q.topic == "TLateB" for q in consumer.assignment()),
+                         msg="queues of the new topic assigned")
         [msg] = await collect(consumer, 1)
         assert msg.topic == "TLateB" and msg.body == b"b"
 
@@ -183,7 +184,7 @@ async def test_offsets_committed_periodically(broker, namesrv) -> None:
         await collect(consumer, 4)
         assert await consumer.poll(0.05) is None  # acknowledges the fourth
         # persist_interval 0.2 s: committed while still running, not only at shutdown
-        await wait_until(lambda: committed() == 4, what="offsets committed while running")
+        await eventually(lambda: committed() == 4, msg="offsets committed while running")
 
 
 async def test_offset_beyond_the_queue_is_corrected(broker, namesrv, broker_client) -> None:
@@ -214,7 +215,7 @@ async def test_subscribing_to_a_missing_topic_raises_and_creates_nothing(broker,
     # nothing registered either: no member, no retry topic for the group, no connection left
     assert broker.registry.consumer_ids("CG_MISSING") == []
     assert broker.topics.get("%RETRY%CG_MISSING") is None
-    await wait_until(lambda: not broker.server.connections, what="connections closed")
+    await eventually(lambda: not broker.server.connections, msg="connections closed")
     # once the topic exists the same consumer starts
     await _create(namesrv, "NoSuchTopic")
     async with consumer:

@@ -7,7 +7,8 @@ import asyncio
 import orjson
 import pytest
 from click.testing import CliRunner
-from sdk_helpers import collect, wait_until
+from support.consuming import collect
+from support.waiting import eventually
 
 from cli.main import main
 from txbroker.client import (
@@ -58,7 +59,7 @@ async def test_discarded_half_resumed_by_operator(broker, namesrv) -> None:
         out = await _cli("txn", "resume", result.transaction_id, "--operator", "ops", "--namesrv", namesrv)
         assert out.exit_code == 0, out.output
         assert "now pending" in out.stdout
-        await wait_until(lambda: broker.tx.pending_count() == 0, what="resumed half committed by check")
+        await eventually(lambda: broker.tx.pending_count() == 0, msg="resumed half committed by check")
     consumer = Consumer("CG_DISC", namesrv, from_where="first", long_poll_timeout=2.0)
     consumer.subscribe("TDisc")
     async with consumer:

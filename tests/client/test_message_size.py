@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from sdk_helpers import collect
+from support.consuming import collect
 
 from txbroker.client import (
     Consumer,

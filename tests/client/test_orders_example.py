@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "orders" / "orders.py"
 TIMEOUT = 30
@@ -48,6 +50,7 @@ def _read_until(proc: subprocess.Popen, pred, timeout: float = TIMEOUT) -> list[
         sel.close()
 
 
+@pytest.mark.slow
 def test_orders_example(broker_process, tmp_path: Path) -> None:
     broker = broker_process()
     ns = broker.namesrv_addr

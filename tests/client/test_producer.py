@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from sdk_helpers import collect, wait_until
+from support.consuming import collect
+from support.waiting import eventually
 
 from txbroker.client import Consumer, Message, Producer, SendStatus
 from txbroker.client.admin import AdminClient
@@ -131,7 +132,7 @@ async def test_heartbeat_registers_the_group_before_any_send(broker, namesrv) ->
         assert "PG_HB" in broker.registry.producer_groups()  # start() heartbeated already
         for conn in list(broker.server.connections):
             conn.close()  # the broker forgets the group; the periodic heartbeat restores it
-        await wait_until(lambda: "PG_HB" in broker.registry.producer_groups(), what="producer registered")
+        await eventually(lambda: "PG_HB" in broker.registry.producer_groups(), msg="producer registered")
 
 
 async def test_periodic_heartbeat_restores_a_group_the_broker_forgot(broker, namesrv) -> None:
@@ -153,12 +154,12 @@ async def test_periodic_heartbeat_restores_a_group_the_broker_forgot(broker, nam
         connections = set(broker.server.connections)
         forget("PG_HB_FAST")
         forget("PG_HB_SLOW")
-        await wait_until(lambda: "PG_HB_FAST" in broker.registry.producer_groups(),
-                         timeout=5 * interval, what="fast producer heartbeated again")
+        await eventually(lambda: "PG_HB_FAST" in broker.registry.producer_groups(),
+                         timeout=5 * interval, msg="fast producer heartbeated again")
         for _ in range(3):  # a few more fast intervals, in case the fast one came back early
             forget("PG_HB_FAST")
-            await wait_until(lambda: "PG_HB_FAST" in broker.registry.producer_groups(),
-                             timeout=5 * interval, what="fast producer heartbeated again")
+            await eventually(lambda: "PG_HB_FAST" in broker.registry.producer_groups(),
+                             timeout=5 * interval, msg="fast producer heartbeated again")
         assert "PG_HB_SLOW" not in broker.registry.producer_groups()
         assert set(broker.server.connections) == connections  # nothing reconnected
 

@@ -9,7 +9,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from sdk_helpers import WAIT, collect, wait_until
+from support.consuming import collect
+from support.waiting import WAIT, eventually
 
 from txbroker.client import (
     Consumer,
@@ -92,7 +93,7 @@ async def test_commit_visible_rollback_never(broker, namesrv, listener_cls) -> N
         assert await consumer.poll(0.5) is None  # the rolled-back half never shows up
     finally:
         await consumer.shutdown()
-    await wait_until(lambda: broker.tx.pending_count() == 0, what="no pending halves")
+    await eventually(lambda: broker.tx.pending_count() == 0, msg="no pending halves")
 
 
 @pytest.mark.parametrize("listener_cls", [SyncListener, AsyncListener])
@@ -109,7 +110,7 @@ async def test_unknown_then_check_back_commits(broker, namesrv, listener_cls, ca
         # The broker asks (immunity 0.5 s, interval 0.2 s); the listener knows now.
         listener.decided[unknown.transaction_id] = COMMIT
         listener.decided[boom.transaction_id] = ROLLBACK
-        await wait_until(lambda: broker.tx.pending_count() == 0, what="checks resolved both")
+        await eventually(lambda: broker.tx.pending_count() == 0, msg="checks resolved both")
     assert unknown.transaction_id in listener.checked and boom.transaction_id in listener.checked
     # plain check methods run off the event loop (they may block on a database), async ones on it
     on_loop = threading.get_ident() in listener.check_threads
@@ -123,6 +124,7 @@ async def test_unknown_then_check_back_commits(broker, namesrv, listener_cls, ca
         await consumer.shutdown()
 
 
+@pytest.mark.slow
 async def test_check_backs_run_with_bounded_concurrency(broker, namesrv) -> None:
     running = peak = 0
     seen: set[str] = set()
@@ -145,7 +147,7 @@ async def test_check_backs_run_with_bounded_concurrency(broker, namesrv) -> None
     async with TransactionProducer("PG_SLOW", namesrv, listener=Slow(), check_concurrency=2) as producer:
         for i in range(6):
             await producer.send_message_in_transaction(Message("TSlow", f"s{i}".encode()))
-        await wait_until(lambda: broker.tx.pending_count() == 0, what="all six committed")
+        await eventually(lambda: broker.tx.pending_count() == 0, msg="all six committed")
     assert len(seen) == 6 and 1 <= peak <= 2
     consumer = await _consumer(namesrv, "CG_SLOW", "TSlow")
     try:
@@ -174,7 +176,7 @@ async def test_killed_producer_is_answered_for_by_its_group(broker, namesrv) -> 
     listener = SyncListener()
     listener.decided[tx_id] = COMMIT  # e.g. found in the database the dead producer wrote
     async with TransactionProducer("PG_KILL", namesrv, listener=listener):
-        await wait_until(lambda: broker.tx.pending_count() == 0, what="half resolved by the survivor")
+        await eventually(lambda: broker.tx.pending_count() == 0, msg="half resolved by the survivor")
     assert tx_id in listener.checked
     consumer = await _consumer(namesrv, "CG_KILL", "TKill")
     try:
@@ -200,5 +202,5 @@ async def test_check_back_reaches_a_producer_whose_connection_dropped(broker, na
         for conn in list(broker.server.connections):
             conn.close()  # the broker no longer knows a connection of PG_DROP
         listener.decided[result.transaction_id] = COMMIT
-        await wait_until(lambda: broker.tx.pending_count() == 0, what="half resolved by check-back")
+        await eventually(lambda: broker.tx.pending_count() == 0, msg="half resolved by check-back")
     assert result.transaction_id in listener.checked

@@ -10,8 +10,8 @@ import time
 
 import orjson
 import pytest
-from sdk_helpers import wait_until
-from test_cli import _cli, _ok
+from support.cli_runner import cli_ok, run_cli
+from support.waiting import eventually
 
 from txbroker.client import (
     LocalTransactionState,
@@ -48,13 +48,13 @@ class ByBody(TransactionListener):
 
 async def _produce(ns: tuple[str, str], decision: str, keys: str) -> str:
     """A transactional message through the CLI; returns its transaction id."""
-    out = _ok(await _cli("produce", "--topic", "THist", "--body", decision, "--keys", keys,
+    out = cli_ok(await run_cli("produce", "--topic", "THist", "--body", decision, "--keys", keys,
                          "--transactional", "--decision", decision, "--json", *ns))
     return orjson.loads(out)["transaction_id"]
 
 
 async def _show(ns: tuple[str, str], txn_id: str) -> dict:
-    return orjson.loads(_ok(await _cli("txn", "show", txn_id, "--json", *ns)))
+    return orjson.loads(cli_ok(await run_cli("txn", "show", txn_id, "--json", *ns)))
 
 
 def _refusal(result) -> str:
@@ -76,22 +76,22 @@ async def test_repeated_decision_is_idempotent_and_a_contradicting_one_refused(b
     a = await _produce(ns, "unknown", "ka")
     b = await _produce(ns, "unknown", "kb")
     t0 = int(time.time() * 1000)
-    assert f"commit {a}: done, now committed (operator alice)" in _ok(
-        await _cli("txn", "commit", a, "--operator", "alice", *ns))
-    assert "done, now rolled back" in _ok(await _cli("txn", "rollback", b, "--operator", "bob", *ns))
+    assert f"commit {a}: done, now committed (operator alice)" in cli_ok(
+        await run_cli("txn", "commit", a, "--operator", "alice", *ns))
+    assert "done, now rolled back" in cli_ok(await run_cli("txn", "rollback", b, "--operator", "bob", *ns))
     t1 = int(time.time() * 1000)
     ops = broker.store.max_offset(OP_HALF_TOPIC, 0)
 
     # the same decision again: success, nothing written
-    assert f"commit {a}: already committed, nothing changed" in _ok(
-        await _cli("txn", "commit", a, "--operator", "alice", *ns))
-    assert f"rollback {b}: already rolled back, nothing changed" in _ok(
-        await _cli("txn", "rollback", b, *ns))
+    assert f"commit {a}: already committed, nothing changed" in cli_ok(
+        await run_cli("txn", "commit", a, "--operator", "alice", *ns))
+    assert f"rollback {b}: already rolled back, nothing changed" in cli_ok(
+        await run_cli("txn", "rollback", b, *ns))
     # a contradicting one: refused, one line, exit 1
     for args, text in ((("rollback", a), f"transaction {a} is already committed; rollback refused"),
                        (("commit", b), f"transaction {b} is already rolled back; commit refused"),
                        (("resume", a), f"transaction {a} is already committed; resume refused")):
-        err = _refusal(await _cli("txn", *args, "--operator", "eve", *ns))
+        err = _refusal(await run_cli("txn", *args, "--operator", "eve", *ns))
         assert err == f"{args[0]} transaction {args[1]} at {broker.broker_addr}: TRANSACTION_FAILED (4): {text}", err
     async with AdminClient(namesrv) as admin:
         with pytest.raises(BrokerError) as refused:
@@ -107,16 +107,16 @@ async def test_repeated_decision_is_idempotent_and_a_contradicting_one_refused(b
     assert shown["prepared_at"] <= t0 <= shown["decided_at"] <= t1
     doc = await _show(ns, b)
     assert (doc["state"], doc["source"], doc["operator"]) == ("rolled_back", "operator", "bob")
-    out = _ok(await _cli("txn", "show", a, *ns))
+    out = cli_ok(await run_cli("txn", "show", a, *ns))
     assert _line(out, "transaction") == a and _line(out, "state") == "committed"
     assert _line(out, "decided by") == "operator alice" and _line(out, "topic").startswith("THist")
     assert "s after prepare" in _line(out, "decided at")
-    assert _line(_ok(await _cli("txn", "show", b, *ns)), "state") == "rolled back"
+    assert _line(cli_ok(await run_cli("txn", "show", b, *ns)), "state") == "rolled back"
 
 
 async def test_unknown_id_is_one_line_naming_the_broker(broker, namesrv) -> None:
     for args in (("show", "NOPE"), ("commit", "NOPE", "--operator", "x"), ("rollback", "NOPE")):
-        err = _refusal(await _cli("txn", *args, "--namesrv", namesrv))
+        err = _refusal(await run_cli("txn", *args, "--namesrv", namesrv))
         assert err == f"txn {args[0]} at {broker.broker_addr}: no transaction NOPE", err
     async with AdminClient(namesrv) as admin:
         with pytest.raises(TransactionNotFoundError):
@@ -131,7 +131,7 @@ async def test_show_after_producer_check_back_and_discard(broker, namesrv) -> No
         doc = await _show(ns, txn_id)
         assert (doc["state"], doc["source"], doc["operator"]) == (state, "producer", None)
         assert doc["prepared_at"] <= doc["decided_at"]
-    assert _line(_ok(await _cli("txn", "show", committed, *ns)), "decided by") == "producer (END_TRANSACTION)"
+    assert _line(cli_ok(await run_cli("txn", "show", committed, *ns)), "decided by") == "producer (END_TRANSACTION)"
 
     async with TransactionProducer("PG_HIST", namesrv, listener=ByBody()) as producer:
         checked = (await producer.send_message_in_transaction(Message("THist", b"check"))).transaction_id
@@ -148,18 +148,18 @@ async def test_show_after_producer_check_back_and_discard(broker, namesrv) -> No
             discarded = await admin.txn_show(hanging)
     assert (discarded["source"], discarded["operator"], discarded["checks"]) == ("check", None, 2)
     assert discarded["decided_at"] - discarded["prepared_at"] >= 500
-    out = _ok(await _cli("txn", "show", checked, *ns))
+    out = cli_ok(await run_cli("txn", "show", checked, *ns))
     assert _line(out, "decided by") == "producer's answer to a check-back"
-    out = _ok(await _cli("txn", "show", hanging, *ns))
+    out = cli_ok(await run_cli("txn", "show", hanging, *ns))
     assert (_line(out, "state"), _line(out, "decided by")) == (
         "discarded", "check service (no answer after 2 checks)")
     # an operator may still decide a half the check service gave up on; the history follows
-    _ok(await _cli("txn", "commit", hanging, "--operator", "ops", *ns))
+    cli_ok(await run_cli("txn", "commit", hanging, "--operator", "ops", *ns))
     doc = await _show(ns, hanging)
     assert (doc["state"], doc["source"], doc["operator"]) == ("committed", "operator", "ops")
     assert doc["decided_at"] >= discarded["decided_at"]
-    await wait_until(lambda: broker.tx.pending_count() == broker.tx.discarded_count() == 0,
-                     what="nothing left open")
+    await eventually(lambda: broker.tx.pending_count() == broker.tx.discarded_count() == 0,
+                     msg="nothing left open")
 
 
 async def test_history_survives_clean_restart_and_sigkill(broker_process) -> None:
@@ -167,7 +167,7 @@ async def test_history_survives_clean_restart_and_sigkill(broker_process) -> Non
     ns = ("--namesrv", proc.namesrv_addr)
     ids = [await _produce(ns, "commit", "k1"), await _produce(ns, "rollback", "k2"),
            await _produce(ns, "unknown", "k3")]
-    _ok(await _cli("txn", "commit", ids[2], "--operator", "alice", *ns))
+    cli_ok(await run_cli("txn", "commit", ids[2], "--operator", "alice", *ns))
     before = {i: {k: (await _show(ns, i)).get(k) for k in DECISION_FIELDS} for i in ids}
     assert [before[i]["source"] for i in ids] == ["producer", "producer", "operator"]
 
@@ -176,7 +176,7 @@ async def test_history_survives_clean_restart_and_sigkill(broker_process) -> Non
         ns = ("--namesrv", proc.namesrv_addr)
         after = {i: {k: (await _show(ns, i)).get(k) for k in DECISION_FIELDS} for i in ids}
         assert after == before
-        assert "already committed" in _ok(await _cli("txn", "commit", ids[2], "--operator", "bob", *ns))
-        err = _refusal(await _cli("txn", "commit", ids[1], "--operator", "bob", *ns))
+        assert "already committed" in cli_ok(await run_cli("txn", "commit", ids[2], "--operator", "bob", *ns))
+        err = _refusal(await run_cli("txn", "commit", ids[1], "--operator", "bob", *ns))
         assert "is already rolled back; commit refused" in err
-    assert "snapshot + tail" in proc.log_text() and "full replay" in proc.log_text()
+    assert "snapshot + tail" in proc.log_tail() and "full replay" in proc.log_tail()

@@ -16,7 +16,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "needs_cpp" in item.keywords:
             item.add_marker(skip)
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "needs_cpp: runs the real RocketMQ C++ client (extra 'compat')")

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 from compat_cpp import CppRun, run_cpp
+from support.waiting import eventually
 
 from txbroker.client import Consumer, Message, Producer
 from txbroker.client.admin import AdminClient
@@ -82,17 +83,12 @@ async def test_two_push_consumers_of_one_group_share_the_queues(broker, tmp_path
         await a.wait_started()
         await b.wait_started()
         # Both members must be registered before messages flow, so the split is settled.
-        for _ in range(100):
-            if len(broker.registry.consumer_ids("CID_COMPAT")) == 2:
-                break
-            await asyncio.sleep(0.1)
+        await eventually(lambda: len(broker.registry.consumer_ids("CID_COMPAT")) == 2, 10,
+                         "both members registered")
         await asyncio.sleep(2.0)
         bodies = [(f"s{i}", "TagA") for i in range(16)]
         await produce(broker, bodies)
-        for _ in range(100):
-            if len(a.of("msg")) + len(b.of("msg")) >= 16:
-                break
-            await asyncio.sleep(0.1)
+        await eventually(lambda: len(a.of("msg")) + len(b.of("msg")) >= 16, 10, "16 messages consumed")
     finally:
         stop.touch()
         await a.finish(20)
@@ -199,19 +195,13 @@ async def test_killed_cpp_consumer_queues_move_to_the_survivor(broker, tmp_path)
     try:
         await a.wait_started()
         await b.wait_started()
-        for _ in range(100):
-            if len(broker.registry.consumer_ids("CID_COMPAT")) == 2:
-                break
-            await asyncio.sleep(0.1)
-        assert len(broker.registry.consumer_ids("CID_COMPAT")) == 2
+        await eventually(lambda: len(broker.registry.consumer_ids("CID_COMPAT")) == 2, 10,
+                         "both members registered")
         await asyncio.sleep(1.0)  # both hold pulls on their queues now
         a.proc.kill()
         await a.finish(10)
-        for _ in range(100):
-            if len(broker.registry.consumer_ids("CID_COMPAT")) == 1:
-                break
-            await asyncio.sleep(0.1)
-        assert len(broker.registry.consumer_ids("CID_COMPAT")) == 1
+        await eventually(lambda: len(broker.registry.consumer_ids("CID_COMPAT")) == 1, 10,
+                         "the killed member unregistered")
         bodies = [(f"k{i}", "TagA") for i in range(8)]
         await produce(broker, bodies)
         await b.finish(30)

@@ -8,10 +8,9 @@ broker's check-back must therefore reach a producer of group G that can answer: 
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from compat_cpp import CppRun, run_cpp
+from support.waiting import eventually
 
 from txbroker.client import (
     LocalTransactionState,
@@ -55,14 +54,6 @@ def tx_spec(broker, body: str, **kw) -> dict:
             "props": {"TRAN_MSG": "true", "PGROUP": GROUP, "color": "green"}, **kw}
 
 
-async def wait_for(pred, timeout: float = 15.0) -> bool:
-    for _ in range(int(timeout / 0.05)):
-        if pred():
-            return True
-        await asyncio.sleep(0.05)
-    return pred()
-
-
 async def test_cpp_half_messages_commit_and_roll_back_via_sdk_check(broker, tmp_path):
     runs = [await run_cpp(tmp_path / name, **tx_spec(broker, name))
             for name in ("commit", "rollback")]
@@ -86,7 +77,7 @@ async def test_cpp_half_messages_commit_and_roll_back_via_sdk_check(broker, tmp_
 
     listener = DecideByBody()
     async with TransactionProducer(GROUP, namesrv=broker.namesrv_addr, listener=listener):
-        assert await wait_for(lambda: broker.tx.pending_count() == 0), listener.checked
+        await eventually(lambda: broker.tx.pending_count() == 0, 15.0, lambda: f"halves still pending; checked: {listener.checked}")
     after = await run_cpp(tmp_path / "pull2", record_props=["color"], **pull)
     after.assert_clean()
     assert [(m["body"], m["tags"], m["props"]["color"]) for m in after.of("msg")] == [
@@ -109,12 +100,12 @@ async def test_check_reaches_sdk_producer_while_cpp_producer_of_group_is_connect
     # up for 6 s, so the SDK producer is only reached if checks are not pinned to the sender.
     cpp = await CppRun(tx_spec(broker, "commit late", linger=6.0), tmp_path / "c").start()
     try:
-        assert await wait_for(lambda: broker.tx.pending_count() == 1)
+        await eventually(lambda: broker.tx.pending_count() == 1, 15.0, "the half pending")
         listener = DecideByBody()
         async with TransactionProducer(GROUP, namesrv=broker.namesrv_addr, listener=listener):
-            assert await wait_for(lambda: broker.tx.pending_count() == 0, timeout=20), (
+            await eventually(lambda: broker.tx.pending_count() == 0, 20.0, lambda: (
                 f"check never answered while the C++ producer was connected; "
-                f"listener saw {len(listener.checked)} checks")
+                f"listener saw {len(listener.checked)} checks"))
     finally:
         await cpp.finish(20)
     cpp.assert_clean()

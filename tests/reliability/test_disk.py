@@ -18,6 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from support.waiting import eventually
 
 from bench.chaos.driver import LedgerListener
 from bench.chaos.ledger import Ledger
@@ -168,13 +169,10 @@ class HoldingListener(LedgerListener):
         return super().execute_local_transaction(msg, arg)
 
 
-async def until(cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"not within {timeout:.1f}s: {what}"
-        await asyncio.sleep(0.02)
 
 
+
+@pytest.mark.slow
 async def test_disk_guard_under_load_refuses_clearly_reads_go_on_writes_resume_live(broker_config):
     disk = Disk()
     # The test default transaction_check_max (15 checks, 0.2 s apart) is far shorter than the
@@ -211,19 +209,19 @@ async def test_disk_guard_under_load_refuses_clearly_reads_go_on_writes_resume_l
         tasks.append(asyncio.create_task(tx_load(tx, ledger, load)))
         async with asyncio.timeout(90):
             # 1. Space: everything is stored.
-            await until(lambda: all(len(load.acked_keys(p)) >= 20 for p in ("p0-", "p1-", "t")), 15,
+            await eventually(lambda: all(len(load.acked_keys(p)) >= 20 for p in ("p0-", "p1-", "t")), 15,
                         "20 acknowledged sends per producer")
             assert not load.refused, load.refused[:3]
             # One transaction's half is stored now, its commit is sent once the disk is full.
             ledger.begin("t-held", "commit")
             tasks.append(asyncio.create_task(tx.send_message_in_transaction(
                 Message(LOAD_TOPIC, b"held", keys="t-held"), "t-held")))
-            await until(listener.holding.is_set, 5, "the held transaction's half stored")
+            await eventually(listener.holding.is_set, 5, "the held transaction's half stored")
 
             # 2. The disk fills up above disk_max_used_ratio: the broker notices by itself.
             filled_at = time.monotonic()
             disk.set_used(0.95)
-            await until(lambda: all(load.refused_after(filled_at, p) for p in ("p0-", "p1-", "t")),
+            await eventually(lambda: all(load.refused_after(filled_at, p) for p in ("p0-", "p1-", "t")),
                         DISK_PROBE_INTERVAL + 5, "sends and half sends refused")
             first_refusal = min(at for at, _k, _e in load.refused)
             assert first_refusal - filled_at < DISK_PROBE_INTERVAL + NOTICE_SLACK
@@ -239,14 +237,14 @@ async def test_disk_guard_under_load_refuses_clearly_reads_go_on_writes_resume_l
             stored_before = set(load.acked_keys("p"))
             # Reads go on: the running consumer gets everything stored before, and a consumer
             # group that joins now reads it all from the start.
-            await until(lambda: stored_before <= {k for _t, k in received}, 10,
+            await eventually(lambda: stored_before <= {k for _t, k in received}, 10,
                         "the running consumer received every plain send stored before")
             late = await consume_keys(namesrv, "disk_full_cg", LOAD_TOPIC, len(stored_before) + 10_000,
                                       timeout=1.0)
             assert stored_before <= set(late) and len(late) == len(set(late))
             assert set(late) <= stored_before | set(ledger.txns)
             # Two more probes, a probe interval apart, both still answering "full".
-            await until(lambda: disk.probes >= probes_when_full + 2, 2 * DISK_PROBE_INTERVAL + 5,
+            await eventually(lambda: disk.probes >= probes_when_full + 2, 2 * DISK_PROBE_INTERVAL + 5,
                         "the broker probing the disk again while it is full")
             await asyncio.sleep(0.1)
             assert len(load.acked) == acked_when_full, load.acked[acked_when_full:][:3]
@@ -259,20 +257,20 @@ async def test_disk_guard_under_load_refuses_clearly_reads_go_on_writes_resume_l
             # 3. Space returns: sends resume on the same broker, no restart.
             freed_at = time.monotonic()
             disk.set_used(0.5)
-            await until(lambda: all(load.acked_after(freed_at, p) for p in ("p0-", "p1-", "t")),
+            await eventually(lambda: all(load.acked_after(freed_at, p) for p in ("p0-", "p1-", "t")),
                         DISK_PROBE_INTERVAL + 5, "sends and half sends accepted again")
             first_ack = min(load.acked_after(freed_at, ""))
             assert first_ack - freed_at < DISK_PROBE_INTERVAL + NOTICE_SLACK
-            await until(lambda: all(len(load.acked_after(freed_at, p)) >= 20 for p in ("p0-", "p1-", "t")),
+            await eventually(lambda: all(len(load.acked_after(freed_at, p)) >= 20 for p in ("p0-", "p1-", "t")),
                         15, "20 acknowledged sends per producer after space returned")
             load.stop.set()
             await asyncio.gather(*tasks[1:])
 
             # 4. Settle: commits the full disk refused are applied through check-backs.
-            await until(lambda: broker.tx.pending_count() == 0, 20, "every half resolved")
+            await eventually(lambda: broker.tx.pending_count() == 0, 20, "every half resolved")
             committed = {k for k, t in ledger.txns.items() if t.truth == "commit"}
             want = set(load.acked_keys("p")) | committed
-            await until(lambda: want <= {k for _t, k in received}, 20, "every stored message consumed")
+            await eventually(lambda: want <= {k for _t, k in received}, 20, "every stored message consumed")
             await asyncio.sleep(1.0)  # a duplicate would arrive now
             consuming_done.set()
             await tasks[0]
@@ -322,6 +320,7 @@ def damage_tail(seg: Path, end: int, damage: str) -> None:
 
 
 @pytest.mark.parametrize("damage", ["flip-last-record", "garbage-after-end"])
+@pytest.mark.slow
 async def test_corrupted_segment_tail_is_truncated_and_broker_serves(broker_process, damage):
     proc = broker_process(flush_mode="sync")
     keys = [f"k{i}" for i in range(40)]
@@ -341,7 +340,7 @@ async def test_corrupted_segment_tail_is_truncated_and_broker_serves(broker_proc
     proc.start()
     got2 = await consume_keys(proc.namesrv_addr, "tail_cg2", "TailTopic", len(got) + len(more))
     assert set(more) <= set(got2) and set(got) <= set(got2)
-    assert "Traceback" not in proc.log_text()
+    assert "Traceback" not in proc.log_tail()
 
 
 async def test_async_flush_loses_nothing_acknowledged_before_a_process_kill(broker_process):
@@ -384,6 +383,7 @@ def small_disk(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+@pytest.mark.slow
 async def test_real_disk_full_refuses_clearly_keeps_everything_and_resumes(broker_process, small_disk):
     mnt, resize = small_disk
     # The ratio guard is off (1.0): the broker meets the full disk itself, when a commitlog or
@@ -411,7 +411,7 @@ async def test_real_disk_full_refuses_clearly_keeps_everything_and_resumes(broke
         fill(mnt / "filler")
         with pytest.raises(ClientError, match="No space left"):
             await producer.send(Message("FullNewTopic", b"n", keys="n0"))
-    assert proc.alive(), proc.log_text()
+    assert proc.alive(), proc.log_tail()
     # Reads go on from a full disk.
     assert sorted(await consume_keys(proc.namesrv_addr, "full_cg", "FullTopic", len(acked))) == sorted(acked)
 

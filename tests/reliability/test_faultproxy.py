@@ -10,6 +10,7 @@ import asyncio
 import random
 
 import pytest
+from support.waiting import eventually
 
 from bench.chaos.driver import LedgerListener
 from bench.chaos.faultproxy import FaultProxy
@@ -70,6 +71,7 @@ def test_proxy_refuses_bad_probability():
         FaultProxy("127.0.0.1", 1, cut_probability=1.5)
 
 
+@pytest.mark.slow
 async def test_transactions_through_a_faulty_network_end_in_exactly_one_outcome(broker_config):
     port = free_port()
     config = broker_config.replace(listen_host="127.0.0.2", advertised_host="127.0.0.1",
@@ -100,11 +102,7 @@ async def test_transactions_through_a_faulty_network_end_in_exactly_one_outcome(
         await asyncio.wait_for(asyncio.gather(*(load(i, p) for i, p in enumerate(producers))), 90)
         assert proxy.stats.cuts_to_server + proxy.stats.cuts_to_client > 0
         proxy.enabled = False  # the network heals; check-backs now resolve everything left
-        for _ in range(300):
-            if broker.tx.pending_count() == 0:
-                break
-            await asyncio.sleep(0.1)
-        assert broker.tx.pending_count() == 0
+        await eventually(lambda: broker.tx.pending_count() == 0, 30, "every half resolved")
 
         consumer = Consumer("proxy_cg", proxy.addr, from_where="first", long_poll_timeout=0.5)
         consumer.subscribe("ProxyTopic")
@@ -129,6 +127,7 @@ class CommitByKey(TransactionListener):
         return LocalTransactionState.COMMIT_MESSAGE
 
 
+@pytest.mark.slow
 async def test_lost_half_answer_with_sdk_retry_commits_once(broker_config):
     port = free_port()
     config = broker_config.replace(listen_host="127.0.0.2", advertised_host="127.0.0.1",
@@ -211,14 +210,6 @@ async def _proxied_broker(broker_config, cut_when):
     return broker, proxy
 
 
-async def _wait_resolved(broker, seconds: float = 10.0) -> None:
-    for _ in range(int(seconds / 0.1)):
-        if broker.tx.pending_count() == 0:
-            return
-        await asyncio.sleep(0.1)
-    assert broker.tx.pending_count() == 0
-
-
 async def _consume(addr: str, topic: str, group: str) -> list[str]:
     consumer = Consumer(group, addr, from_where="first", long_poll_timeout=0.5)
     consumer.subscribe(topic)
@@ -229,6 +220,7 @@ async def _consume(addr: str, topic: str, group: str) -> list[str]:
     return got
 
 
+@pytest.mark.slow
 async def test_lost_end_transaction_is_resolved_by_check_back(broker_config):
     # The producer decided (COMMIT for one transaction, ROLLBACK for the other) and sent its
     # one-way END_TRANSACTION, but the connection dies with it: the broker never hears the
@@ -254,12 +246,8 @@ async def test_lost_end_transaction_is_resolved_by_check_back(broker_config):
                 assert result.local_transaction_state == state
                 # END is one-way: wait until the proxy has cut it before the next half goes,
                 # so the cut loses only the END and not a coalesced half SEND as well.
-                for _ in range(100):
-                    if len(cuts) == n:
-                        break
-                    await asyncio.sleep(0.02)
-                assert len(cuts) == n, f"END_TRANSACTION of {key} was not cut"
-            await _wait_resolved(broker)
+                await eventually(lambda n=n: len(cuts) == n, 2, f"END_TRANSACTION of {key} was not cut")
+            await eventually(lambda: broker.tx.pending_count() == 0, 10.0, "every half resolved")
         assert sorted(set(listener.checked)) == ["END-C", "END-R"]  # resolved by check-back
         assert await _consume(proxy.addr, "LostEndTopic", "lostend_cg") == ["END-C"]
     finally:
@@ -267,6 +255,7 @@ async def test_lost_end_transaction_is_resolved_by_check_back(broker_config):
         await broker.stop()
 
 
+@pytest.mark.slow
 async def test_lost_check_back_is_asked_again(broker_config):
     # The local transaction answers UNKNOW; the first CHECK_TRANSACTION_STATE is lost with its
     # connection (the producer never sees it).  The broker must ask again on the reopened
@@ -286,7 +275,7 @@ async def test_lost_check_back_is_asked_again(broker_config):
         async with TransactionProducer("lostcheck_pg", proxy.addr, listener=listener) as p:
             result = await p.send_message_in_transaction(Message("LostCheckTopic", b"chk", keys="CHK"))
             assert result.local_transaction_state == LocalTransactionState.UNKNOW
-            await _wait_resolved(broker)
+            await eventually(lambda: broker.tx.pending_count() == 0, 10.0, "every half resolved")
             assert cuts, "the first check-back must have been cut"
             assert listener.checked == ["CHK"]  # the lost check never reached the listener
         assert await _consume(proxy.addr, "LostCheckTopic", "lostcheck_cg") == ["CHK"]

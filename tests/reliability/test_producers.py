@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.waiting import eventually
 
 from txbroker.broker import Broker
 from txbroker.client import (
@@ -50,6 +51,7 @@ def start_hanging_producer(namesrv: str, group: str, topic: str) -> subprocess.P
                             stdout=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 async def test_group_gone_then_back_resolves_half_without_burning_checks(broker_config):
     broker = Broker(broker_config.replace(transaction_check_max=3, flush_mode="sync"))
     await broker.start()
@@ -62,8 +64,13 @@ async def test_group_gone_then_back_resolves_half_without_burning_checks(broker_
             child.kill()
             child.wait(10)
             child.stdout.close()
-        # Long enough for many check passes (interval 0.2 s, immunity 0.5 s, max 3 checks).
-        await asyncio.sleep(2.5)
+        await eventually(lambda: "gone_pg" not in broker.registry.producer_groups(), 5.0,
+                         "the killed producer's connection dropped")
+        # The half must outlive its immunity (transaction_timeout) before a pass would check it:
+        # that wait is the situation under test, not synchronisation.
+        await asyncio.sleep(broker_config.transaction_timeout)
+        for _ in range(2 * 3):  # twice transaction_check_max passes, run now
+            await broker.tx.check_now()
         async with AdminClient(broker.namesrv_addr) as admin:
             row = await admin.txn_show(tx_id)
             assert broker.tx.pending_count() == 1, row
@@ -72,10 +79,7 @@ async def test_group_gone_then_back_resolves_half_without_burning_checks(broker_
 
         listener = Commit()
         async with TransactionProducer("gone_pg", broker.namesrv_addr, listener=listener):
-            for _ in range(100):
-                if broker.tx.pending_count() == 0:
-                    break
-                await asyncio.sleep(0.1)
+            await eventually(lambda: broker.tx.pending_count() == 0, 10, "the half resolved")
         assert broker.tx.pending_count() == 0
         assert listener.checked.count("MID") >= 1
         consumer = Consumer("gone_cg", broker.namesrv_addr, from_where="first", long_poll_timeout=0.5)
@@ -120,11 +124,7 @@ async def test_skewed_producer_clock_gives_neither_early_nor_late_checks(broker_
         born = int((time.time() + skew_seconds) * 1000)
         resp = await client.invoke(half_send("SkewTopic", "skew_pg", uniq, born), 5)
         assert resp.code == ResponseCode.SUCCESS, resp.remark
-        for _ in range(150):
-            if uniq in checks:
-                break
-            await asyncio.sleep(0.1)
-        assert uniq in checks, "no check-back within 15 s: the producer's clock delayed it"
+        await eventually(lambda: uniq in checks, 15.0, "no check-back: the producer's clock delayed it")
         assert checks[uniq] - sent_at >= immunity * 0.9, "checked before the immunity time"
     finally:
         await client.close()

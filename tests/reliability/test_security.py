@@ -7,6 +7,7 @@ import asyncio
 import struct
 
 import pytest
+from support.waiting import eventually
 
 from bench.chaos.fuzz import SYSTEM_TOPICS, Case, pull_ext, request, run_case, send_ext
 from txbroker.broker import Broker
@@ -94,7 +95,7 @@ async def test_connection_limit(broker_config):
         assert await asyncio.wait_for(r.read(), 5) == b""  # over the limit: closed at once
         w.close()
         conns[0][1].close()
-        await asyncio.sleep(0.2)
+        await eventually(lambda: len(broker.server.connections) < 3, msg="the closed connection's slot freed")
         code, _ = await answer(broker.broker_addr, probe)  # a slot is free again
         assert code is not None
     finally:

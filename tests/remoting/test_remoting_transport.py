@@ -7,6 +7,7 @@ import socket
 import struct
 
 import pytest
+from support.waiting import eventually
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.client import RemotingClient
@@ -95,14 +96,6 @@ async def fx():
 
 def req(code, ext=None, body=b"", **kw) -> RemotingCommand:
     return RemotingCommand.request(code, ext, body, **kw)
-
-
-async def eventually(pred, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 async def raw_connect(addr: str):
@@ -343,7 +336,7 @@ async def test_reconnect_backs_off_when_server_is_gone() -> None:
 async def test_close_fails_pending_calls(fx) -> None:
     c = await fx.client()
     pending = asyncio.create_task(c.invoke(req(SLEEP, {"s": "5"}), T))
-    await asyncio.sleep(0.05)
+    await eventually(lambda: any(conn.inflight == 1 for conn in fx.server.connections))  # being handled
     await c.close()
     with pytest.raises(ConnectionError):
         await pending
@@ -542,7 +535,7 @@ async def test_pending_server_request_fails_when_client_goes(fx) -> None:
     await c.invoke(req(ECHO), T)
     conn = next(iter(fx.server.connections))
     pending = asyncio.create_task(conn.request(req(39), T))
-    await asyncio.sleep(0.05)
+    await eventually(lambda: conn._pending)  # sent, its answer awaited
     await c.close()
     with pytest.raises(ConnectionError, match="closed before the answer"):
         await pending

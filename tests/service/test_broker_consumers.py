@@ -15,6 +15,8 @@ from broker_wire import (
     request,
     send,
 )
+from support.clock import ManualClock
+from support.waiting import eventually
 
 from txbroker.broker import Broker
 from txbroker.remoting.client import RemotingClient
@@ -75,10 +77,10 @@ async def test_membership_changes_notify_members(broker) -> None:
         assert resp.code == ResponseCode.SUCCESS
         lst = await a.invoke(request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "CG"}), TIMEOUT)
         assert orjson.loads(lst.body) == {"consumerIdList": ["cA", "cB"]}
-        await _until(lambda: notified.count("CG") >= 2)
+        await eventually(lambda: notified.count("CG") >= 2, 5.0)
         before = len(notified)
         await b.close()  # disconnect = leave
-        await _until(lambda: len(notified) > before)
+        await eventually(lambda: len(notified) > before, 5.0)
         lst = await a.invoke(request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "CG"}), TIMEOUT)
         assert orjson.loads(lst.body) == {"consumerIdList": ["cA"]}
         assert broker.topics.get("%RETRY%CG") is not None
@@ -92,13 +94,6 @@ async def test_membership_changes_notify_members(broker) -> None:
     finally:
         await a.close()
         await b.close()
-
-
-async def _until(cond, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 async def test_offsets_query_update_and_persist(broker_config) -> None:
@@ -133,16 +128,8 @@ async def test_offsets_query_update_and_persist(broker_config) -> None:
         await b2.stop()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def __call__(self) -> float:
-        return time.time() + self.offset
-
-
 async def test_send_back_goes_to_retry_then_dlq(broker_config) -> None:
-    clock = Clock()
+    clock = ManualClock(follows_real_time=True)
     b = Broker(broker_config.replace(max_reconsume_times=2), clock=clock)
     await b.start()
     c = await _connect(b.broker_addr)
@@ -154,8 +141,8 @@ async def test_send_back_goes_to_retry_then_dlq(broker_config) -> None:
             "offset": str(offset), "group": "WG", "delayLevel": "0"}), TIMEOUT)
         assert resp.code == ResponseCode.SUCCESS, resp.remark
         assert b.store.max_offset("%RETRY%WG", 0) == 0  # delayed: level 3 = 10 s
-        clock.offset += 11
-        await _until(lambda: b.store.max_offset("%RETRY%WG", 0) == 1)
+        clock.advance(11)
+        await eventually(lambda: b.store.max_offset("%RETRY%WG", 0) == 1, 5.0)
         _, retry = await pull(c, "WG", "%RETRY%WG", 0, 0)
         assert retry[0].body == b"payload" and retry[0].reconsume_times == 1
         assert retry[0].properties["RETRY_TOPIC"] == "Work"
@@ -163,8 +150,8 @@ async def test_send_back_goes_to_retry_then_dlq(broker_config) -> None:
         resp = await c.invoke(request(RequestCode.CONSUMER_SEND_MSG_BACK, {
             "offset": str(retry[0].physical_offset), "group": "WG", "delayLevel": "0"}), TIMEOUT)
         assert resp.code == ResponseCode.SUCCESS
-        clock.offset += 31
-        await _until(lambda: b.store.max_offset("%RETRY%WG", 0) == 2)
+        clock.advance(31)
+        await eventually(lambda: b.store.max_offset("%RETRY%WG", 0) == 2, 5.0)
         _, retry2 = await pull(c, "WG", "%RETRY%WG", 0, 1)
         assert retry2[0].reconsume_times == 2
         # third failure: reconsume 2 >= max 2 → dead-letter queue, no delay
@@ -255,7 +242,7 @@ async def test_metrics_endpoint_serves_prometheus_text(broker_config) -> None:
             "consumerGroup": "CG_M", "topic": "MetricT", "queueId": "0", "queueOffset": "0",
             "maxMsgNums": "32", "sysFlag": "2", "commitOffset": "0", "suspendTimeoutMillis": "3000",
             "subscription": "*", "subVersion": "0"}), TIMEOUT))
-        await asyncio.sleep(0.2)
+        await eventually(lambda: b.holds.held() == 1, msg="the pull held")
         reader, writer = await asyncio.open_connection("127.0.0.1", b.metrics_port)
         writer.write(b"GET /metrics HTTP/1.0\r\n\r\n")
         body = (await asyncio.wait_for(reader.read(), TIMEOUT)).partition(b"\r\n\r\n")[2]

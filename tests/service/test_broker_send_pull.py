@@ -16,6 +16,7 @@ from broker_wire import (
     send,
     send_cmd,
 )
+from support.waiting import eventually
 
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.store.record import decode_offset_msg_id, encode_batch
@@ -80,7 +81,7 @@ async def test_long_poll_answers_on_arrival(broker, broker_client) -> None:
     await create_topic(c, "Poll")
     held = asyncio.create_task(pull(c, "G", "Poll", 0, 0, suspend_ms=20_000,
                                     sys_flag=PULL_SUSPEND | PULL_SUBSCRIPTION, timeout=30))
-    await asyncio.sleep(0.3)
+    await eventually(lambda: broker.holds.held() == 1, msg="the pull held")
     assert not held.done()
     resp = await send(c, "Poll", b"arrived")
     assert resp.code == ResponseCode.SUCCESS
@@ -106,7 +107,7 @@ async def test_eight_held_pulls_do_not_block_other_requests(broker, broker_clien
     held = [asyncio.create_task(pull(c, "G", topic, q, 0, suspend_ms=15_000, timeout=30,
                                      sys_flag=PULL_SUSPEND | PULL_SUBSCRIPTION))
             for q in range(8)]
-    await asyncio.sleep(0.2)
+    await eventually(lambda: broker.holds.held() == 8, msg="eight pulls held")
     for _ in range(5):
         resp = await c.invoke(request(RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": "0"}), 3)
         assert resp.code == ResponseCode.SUCCESS and resp.ext_fields["offset"] == "0"
@@ -218,7 +219,7 @@ async def test_shutdown_answers_held_pulls(broker_config) -> None:
         await create_topic(client, "Held")
         held = asyncio.create_task(pull(client, "G", "Held", 0, 0, suspend_ms=60_000, timeout=60,
                                         sys_flag=PULL_SUSPEND | PULL_SUBSCRIPTION))
-        await asyncio.sleep(0.2)
+        await eventually(lambda: b.holds.held() == 1, msg="the pull held")
         await asyncio.wait_for(b.stop(), 20)  # would take the whole 30 s grace if not woken
         resp, msgs = await asyncio.wait_for(held, 5)
         assert resp.code == ResponseCode.PULL_NOT_FOUND and msgs == []

@@ -40,7 +40,7 @@ async def test_ready_line_traffic_and_graceful_stop(broker_process) -> None:
         await client.close()
     assert proc.stop() == 0
     assert CheckpointFile(proc.data_dir).was_clean()
-    log = proc.log_text()
+    log = proc.log_tail()
     # One start-up block, not a line per setting; a fresh directory is not an unclean stop.
     assert "  store            new data directory\n" in log
     assert f"  data dir         {proc.data_dir}\n" in log
@@ -60,7 +60,7 @@ async def test_ready_line_traffic_and_graceful_stop(broker_process) -> None:
     finally:
         await client.close()
     assert proc.stop() == 0
-    assert "  store            clean restart: commitlog ends at offset " in proc.log_text()
+    assert "  store            clean restart: commitlog ends at offset " in proc.log_tail()
 
 
 async def test_sigkill_then_restart_keeps_acknowledged_sync_messages(broker_process) -> None:
@@ -83,7 +83,7 @@ async def test_sigkill_then_restart_keeps_acknowledged_sync_messages(broker_proc
     finally:
         await client.close()
     assert re.search(r"  store            recovered after a crash: \d+ records, \d+ bytes checked, "
-                     r"0 cut in [\d.]+ s", proc.log_text())
+                     r"0 cut in [\d.]+ s", proc.log_tail())
 
 
 def test_invalid_config_exits_2_with_one_clear_line(tmp_path) -> None:

@@ -8,9 +8,9 @@ that producer never sent a heartbeat.
 from __future__ import annotations
 
 import asyncio
-import time
 
 from broker_wire import TIMEOUT, pull, request, send
+from support.waiting import eventually
 
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.store.record import decode_offset_msg_id, decode_record, encode_batch
@@ -34,13 +34,6 @@ def _end(resp, uniq: str, decision: int, *, from_check: bool = False):
     })
 
 
-async def _until(cond, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
-
-
 async def test_commit_visible_rollback_never(broker, broker_client) -> None:
     c = broker_client
     committed = await _half(c, "TxT", b"commit-me", "U-COMMIT")
@@ -52,8 +45,8 @@ async def test_commit_visible_rollback_never(broker, broker_client) -> None:
     assert broker.tx.pending_count() == 2
     await c.invoke_oneway(_end(committed, "U-COMMIT", COMMIT))
     await c.invoke_oneway(_end(rolled, "U-ROLL", ROLLBACK))
-    await _until(lambda: broker.tx.pending_count() == 0)
-    await _until(lambda: broker.store.max_offset("TxT", 0) == 1)
+    await eventually(lambda: broker.tx.pending_count() == 0, 5.0)
+    await eventually(lambda: broker.store.max_offset("TxT", 0) == 1, 5.0)
     _, msgs = await pull(c, "TG", "TxT", 0, 0)
     assert [m.body for m in msgs] == [b"commit-me"]
     assert "TRAN_MSG" not in msgs[0].properties
@@ -83,7 +76,7 @@ async def test_unknown_is_checked_back_on_the_sending_connection(broker, broker_
     await c.invoke_oneway(_end(half, "U-CHECK", UNKNOWN))
     # transaction_timeout 0.5 s, check interval 0.2 s
     await asyncio.wait_for(answered.wait(), 10)
-    await _until(lambda: broker.store.max_offset("TxCheck", 0) == 1)
+    await eventually(lambda: broker.store.max_offset("TxCheck", 0) == 1, 5.0)
     _, msgs = await pull(c, "TG", "TxCheck", 0, 0)
     assert [m.body for m in msgs] == [b"checked"]
     assert checks[0].ext_fields["transactionId"] == "U-CHECK"
@@ -103,7 +96,7 @@ async def test_send_back_cannot_leak_a_half_message(broker, broker_client) -> No
     c = broker_client
     half = await _half(c, "TxLeak", b"secret", "U-LEAK")
     await c.invoke_oneway(_end(half, "U-LEAK", ROLLBACK))
-    await _until(lambda: broker.tx.pending_count() == 0)
+    await eventually(lambda: broker.tx.pending_count() == 0, 5.0)
     resp = await c.invoke(request(RequestCode.CONSUMER_SEND_MSG_BACK, {
         "offset": str(decode_offset_msg_id(half.ext_fields["msgId"])[2]), "group": "LG",
         "delayLevel": "-1"}), TIMEOUT)

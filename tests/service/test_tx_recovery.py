@@ -12,10 +12,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_tx_service import (
+from support.clock import ManualClock
+from support.txnode import (
     COMMIT,
     ROLLBACK,
-    Clock,
     Producer,
     end,
     op_records,
@@ -23,8 +23,8 @@ from test_tx_service import (
     prepare,
     tx_config,
     visible,
-    wait_for,
 )
+from support.waiting import eventually
 
 from txbroker.service.transaction.state import ConflictError, HalfState, Outcome
 from txbroker.store.record import CHECK_MAX_TIME_TOPIC, OP_HALF_TOPIC, Message
@@ -36,7 +36,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CHILD = textwrap.dedent("""
     import asyncio, json, os, signal, sys, time
     sys.path.insert(0, sys.argv[2])
-    from test_tx_service import Clock, open_node, prepare, tx_config, COMMIT, end
+    from support.clock import ManualClock
+    from support.txnode import open_node, prepare, tx_config, COMMIT, end
     from txbroker.service.transaction.bridge import TransactionalMessageBridge
 
     class CrashAfterFinalMessage(TransactionalMessageBridge):
@@ -46,7 +47,7 @@ CHILD = textwrap.dedent("""
             return result
 
     async def main():
-        node = await open_node(tx_config(sys.argv[1]), Clock(), bridge=CrashAfterFinalMessage)
+        node = await open_node(tx_config(sys.argv[1]), ManualClock(), bridge=CrashAfterFinalMessage)
         result = await prepare(node, body=b"exactly-once")
         print(json.dumps({"phys": result.physical_offset, "qo": result.queue_offset}), flush=True)
         await end(node, result, COMMIT)
@@ -61,7 +62,7 @@ def test_crash_between_final_message_and_op_record(tmp_path) -> None:
 
     async def history():
         # earlier transactions, then a clean stop: the child starts from the snapshot
-        node = await open_node(tx_config(data), Clock())
+        node = await open_node(tx_config(data), ManualClock())
         try:
             await end(node, await prepare(node, uniq="H1", body=b"h1"), COMMIT)
             await end(node, await prepare(node, uniq="H2", body=b"h2"), ROLLBACK)
@@ -71,7 +72,7 @@ def test_crash_between_final_message_and_op_record(tmp_path) -> None:
 
     pending = asyncio.run(history())
     assert (data / "txstate.snapshot").exists()
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(data), str(Path(__file__).parent)],
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(data), str(Path(__file__).parents[1])],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(
                               filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
@@ -81,7 +82,7 @@ def test_crash_between_final_message_and_op_record(tmp_path) -> None:
     half = json.loads(lines[0])
 
     async def after_restart() -> None:
-        node = await open_node(tx_config(data), Clock())
+        node = await open_node(tx_config(data), ManualClock())
         try:
             assert not node.tx.recovered_from_snapshot  # the child consumed it: full replay
             # the final message survived the kill, the op record was never written...
@@ -114,7 +115,7 @@ def test_crash_between_final_message_and_op_record(tmp_path) -> None:
 @pytest.mark.parametrize("snapshot", [True, False], ids=["snapshot", "full-replay"])
 async def test_restart_rebuilds_pending_resolved_counts_and_discards(tmp_path, snapshot) -> None:
     data = tmp_path / "data"
-    clock = Clock()
+    clock = ManualClock()
     node = await open_node(tx_config(data), clock)
     producer = await Producer(node).start()
     try:
@@ -183,7 +184,7 @@ async def test_restart_rebuilds_pending_resolved_counts_and_discards(tmp_path, s
             assert report.sent == 2 and report.discarded == 0
             await producer.wait_checks(2)
             assert sorted(c.ext_fields["msgId"] for c in producer.checks) == ["P", "S"]
-            await wait_for(lambda: tx.pending_count() == 0)
+            await eventually(lambda: tx.pending_count() == 0)
         finally:
             await producer.close()
         assert sorted(m.body for m in visible(node)) == [b"c", b"p", b"s"]
@@ -194,7 +195,7 @@ async def test_restart_rebuilds_pending_resolved_counts_and_discards(tmp_path, s
 @pytest.mark.parametrize("content", ["garbage", "ahead"])
 async def test_unusable_snapshot_falls_back_to_replay(tmp_path, content) -> None:
     data = tmp_path / "data"
-    node = await open_node(tx_config(data), Clock())
+    node = await open_node(tx_config(data), ManualClock())
     try:
         committed = await prepare(node, uniq="C")
         await end(node, committed, COMMIT)
@@ -206,14 +207,14 @@ async def test_unusable_snapshot_falls_back_to_replay(tmp_path, content) -> None
         snap.write_bytes(b"TXBSNAP1\x00\x00\x00\x05{oops")
     else:  # a snapshot of a store that has more than this one (e.g. a lost tail)
         other = tmp_path / "other"
-        big = await open_node(tx_config(other), Clock())
+        big = await open_node(tx_config(other), ManualClock())
         try:
             for i in range(3):
                 await end(big, await prepare(big, uniq=f"B{i}"), ROLLBACK)
         finally:
             await big.close()
         snap.write_bytes((other / "txstate.snapshot").read_bytes())
-    node = await open_node(tx_config(data), Clock())
+    node = await open_node(tx_config(data), ManualClock())
     try:
         assert not node.tx.recovered_from_snapshot and not snap.exists()
         assert node.tx.state_of(committed.physical_offset) is HalfState.COMMITTED
@@ -224,7 +225,7 @@ async def test_unusable_snapshot_falls_back_to_replay(tmp_path, content) -> None
 
 async def test_junk_op_records_do_not_disturb_recovery(tmp_path) -> None:
     data = tmp_path / "data"
-    node = await open_node(tx_config(data), Clock())
+    node = await open_node(tx_config(data), ManualClock())
     try:
         committed = await prepare(node, uniq="C")
         await end(node, committed, COMMIT)
@@ -237,7 +238,7 @@ async def test_junk_op_records_do_not_disturb_recovery(tmp_path) -> None:
     finally:
         await node.close()
     (data / "txstate.snapshot").unlink()
-    node = await open_node(tx_config(data), Clock())
+    node = await open_node(tx_config(data), ManualClock())
     try:
         assert not node.tx.recovered_from_snapshot
         assert node.tx.state_of(committed.physical_offset) is HalfState.COMMITTED

@@ -1,47 +1,41 @@
-"""TransactionalMessageService on a real MessageStore (temp dir) and real TCP connections.
-
-The clock is injected (one :class:`Clock` shared by the store and the service), so immunity
-and check timing are driven by advancing it, never by sleeping.  The periodic check service
-is given a long interval; passes run through ``check_now()``.
-
-The "producer" is a real :class:`RemotingClient` connected to a real :class:`RemotingServer`
-on 127.0.0.1 port 0 that serves the transaction handlers; the server-side Connection a half
-is prepared with is the one that client opened (learned from its HEART_BEAT).
-"""
+"""TransactionalMessageService on a real MessageStore (temp dir) and real TCP connections
+(support.txnode: a manual clock, check passes through ``check_now()``, never sleeping)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import orjson
 import pytest
+from support.clock import ManualClock
+from support.txnode import (
+    COMMIT,
+    GROUP,
+    ROLLBACK,
+    TIMEOUT,
+    UNKNOWN,
+    Producer,
+    end,
+    end_cmd,
+    half_msg,
+    op_records,
+    open_node,
+    prepare,
+    tx_config,
+    visible,
+)
+from support.waiting import eventually
 
-from txbroker.config import BrokerConfig
-from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codec import RemotingCommand, encode
 from txbroker.remoting.codes import RequestCode, ResponseCode
-from txbroker.remoting.server import RemotingServer
-from txbroker.service.clients import ClientRegistry
-from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.processors.transaction import transaction_handlers
-from txbroker.service.transaction.bridge import TransactionalMessageBridge
 from txbroker.service.transaction.messages import final_message
-from txbroker.service.transaction.service import TransactionalMessageService
-from txbroker.service.transaction.state import (
-    ConflictError,
-    HalfState,
-    Outcome,
-    TransactionError,
-)
-from txbroker.store.message_store import MessageStore
+from txbroker.service.transaction.state import ConflictError, HalfState, Outcome, TransactionError
 from txbroker.store.record import (
     BORNHOST_V6_FLAG,
     CHECK_MAX_TIME_TOPIC,
-    OP_HALF_TOPIC,
     STOREHOST_V6_FLAG,
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_MASK,
@@ -51,170 +45,10 @@ from txbroker.store.record import (
     encode_record,
 )
 
-COMMIT, ROLLBACK, UNKNOWN = 8, 12, 0
-GROUP = "PG_TX"
-TIMEOUT = 5.0
-
-
-class Clock:
-    """A settable clock (seconds); the store and the service read the same one."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def tx_config(data_dir: Path, **overrides) -> BrokerConfig:
-    settings = {"data_dir": str(data_dir), "broker_port": 0, "namesrv_port": -1, "metrics_port": -1,
-                    "segment_size": 1024 * 1024, "max_message_size": 64 * 1024,
-                    "consume_queue_entries": 1024, "flush_interval": 0.05,
-                    "transaction_check_interval": 3600.0, "transaction_timeout": 6.0,
-                    "transaction_check_max": 3, "check_concurrency": 4}
-    settings.update(overrides)
-    return BrokerConfig(**settings)
-
-
-@dataclass
-class Node:
-    """A store + transactional service + TCP server serving the transaction handlers."""
-
-    config: BrokerConfig
-    clock: Clock
-    store: MessageStore
-    tx: TransactionalMessageService
-    registry: ClientRegistry
-    metrics: BrokerMetrics
-    server: RemotingServer
-    port: int
-    conns: list = field(default_factory=list)
-
-    async def close(self) -> None:
-        await self.server.close(1.0)
-        await self.tx.close()
-        await self.store.close()
-
-
-async def open_node(config: BrokerConfig, clock: Clock, *,
-                    bridge: type[TransactionalMessageBridge] = TransactionalMessageBridge,
-                    **store_kw) -> Node:
-    """``bridge``: the service's store access; crash tests pass a subclass that injects faults."""
-    store = MessageStore(config, clock=clock, store_host=("127.0.0.1", 10911), **store_kw)
-    store.open()
-    await store.start()
-    registry = ClientRegistry(clock=clock)
-    metrics = BrokerMetrics()
-    tx = TransactionalMessageService(config, store, registry, metrics, clock=clock,
-                                     bridge=bridge(store, clock=clock))
-    tx.recover()
-    await tx.start()
-    server = RemotingServer(config)
-    node = Node(config, clock, store, tx, registry, metrics, server, 0)
-    for code, handler in transaction_handlers(tx).items():
-        server.register(int(code), handler)
-
-    async def heartbeat(conn, cmd: RemotingCommand) -> RemotingCommand:
-        # the producer announces its group; the registry learns the connection
-        registry.note_producer(cmd.ext_fields["group"], conn)
-        node.conns.append(conn)
-        return cmd.response(ResponseCode.SUCCESS)
-
-    server.register(int(RequestCode.HEART_BEAT), heartbeat)
-    node.port = await server.start("127.0.0.1", 0)
-    return node
-
-
-class Producer:
-    """A real client; records the CHECK_TRANSACTION_STATE requests it receives and may answer."""
-
-    def __init__(self, node: Node, answer: int | None = None) -> None:
-        self.node = node
-        self.client = RemotingClient(f"127.0.0.1:{node.port}")
-        self.answer = answer
-        self.checks: list[RemotingCommand] = []
-        self.client.register(RequestCode.CHECK_TRANSACTION_STATE, self._on_check)
-
-    async def start(self, group: str = GROUP):
-        await self.client.connect()
-        before = len(self.node.conns)
-        resp = await self.client.invoke(
-            RemotingCommand.request(RequestCode.HEART_BEAT, {"group": group}), TIMEOUT)
-        assert resp.code == ResponseCode.SUCCESS
-        assert len(self.node.conns) == before + 1
-        self.conn = self.node.conns[-1]
-        return self
-
-    async def _on_check(self, cmd: RemotingCommand) -> None:
-        self.checks.append(cmd)
-        if self.answer is not None:
-            ext = cmd.ext_fields
-            await self.client.invoke_oneway(end_cmd(int(ext["commitLogOffset"]),
-                                                    int(ext["tranStateTableOffset"]),
-                                                    self.answer, from_check=True))
-
-    async def wait_checks(self, n: int) -> None:
-        deadline = time.monotonic() + TIMEOUT
-        while len(self.checks) < n:
-            assert time.monotonic() < deadline, f"{len(self.checks)} checks received, wanted {n}"
-            await asyncio.sleep(0.01)
-
-    async def close(self) -> None:
-        await self.client.close()
-
-
-def end_cmd(phys: int, qo: int, decision: int, *, group: str = GROUP, from_check: bool = False,
-            oneway: bool = False) -> RemotingCommand:
-    return RemotingCommand.request(RequestCode.END_TRANSACTION, {
-        "producerGroup": group, "tranStateTableOffset": str(qo), "commitLogOffset": str(phys),
-        "commitOrRollback": str(decision), "fromTransactionCheck": "1" if from_check else "0",
-        "msgId": "M", "transactionId": "M"}, oneway=oneway)
-
-
-def half_msg(body: bytes = b"payload", *, topic: str = "TxT", queue_id: int = 1, uniq: str = "U1",
-             born: int | None = None, **props: str) -> Message:
-    p = {"TRAN_MSG": "true", "PGROUP": GROUP, "UNIQ_KEY": uniq, "TAGS": "TagA", "KEYS": "K1"}
-    p.update(props)
-    return Message(topic=topic, queue_id=queue_id, body=body, properties=p, sys_flag=4,
-                   born_timestamp=int(time.time() * 1000) if born is None else born,
-                   born_host=("127.0.0.1", 5555))
-
-
-async def prepare(node: Node, conn=None, **kw):
-    result = await node.tx.prepare(half_msg(**kw), conn)
-    assert result.status.name == "OK"
-    return result
-
-
-async def end(node: Node, result, decision: int, **kw):
-    return await node.tx.end_transaction(commit_log_offset=result.physical_offset,
-                                         tran_state_table_offset=result.queue_offset,
-                                         producer_group=kw.pop("group", GROUP),
-                                         commit_or_rollback=decision, **kw)
-
-
-def visible(node: Node, topic: str = "TxT", queue_id: int = 1):
-    res = node.store.get(topic, queue_id, 0, 100)
-    return res.messages() if res.status.name == "FOUND" else []
-
-
-def op_records(node: Node):
-    return visible(node, OP_HALF_TOPIC, 0)
-
-
-async def wait_for(cond, timeout: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
-
 
 @pytest.fixture
 async def node(tmp_path):
-    n = await open_node(tx_config(tmp_path / "data"), Clock())
+    n = await open_node(tx_config(tmp_path / "data"), ManualClock())
     try:
         yield n
     finally:
@@ -355,7 +189,7 @@ async def test_conflicting_decisions_refused(node) -> None:
 
 async def test_racing_commits_produce_one_message(tmp_path) -> None:
     # sync flush: every put awaits its group commit, so the racing decisions really interleave
-    node = await open_node(tx_config(tmp_path / "data", flush_mode="sync"), Clock())
+    node = await open_node(tx_config(tmp_path / "data", flush_mode="sync"), ManualClock())
     try:
         results = [await prepare(node, uniq=f"R{i}") for i in range(5)]
         outcomes = await asyncio.gather(*(end(node, r, COMMIT, from_check=check)
@@ -449,7 +283,7 @@ async def test_unknown_then_check_back_decides(node, answer) -> None:
         body = decode_record(check.body, check_crc=True)
         assert (body.topic, body.queue_id, body.body) == ("TxT", 1, b"checked")
         assert body.properties["PGROUP"] == GROUP
-        await wait_for(lambda: node.tx.pending_count() == 0)
+        await eventually(lambda: node.tx.pending_count() == 0)
         expected = [b"checked"] if answer == COMMIT else []
         assert [m.body for m in visible(node)] == expected
         kind = "commit" if answer == COMMIT else "rollback"
@@ -489,7 +323,7 @@ async def test_checks_to_a_producer_that_stops_reading_wait_and_are_not_counted(
     # it sent, and send the rest at later passes once the producer reads again.
     cfg = tx_config(tmp_path / "data", segment_size=64 * 1024 * 1024, max_message_size=512 * 1024,
                     transaction_check_max=100)
-    node = await open_node(cfg, Clock())
+    node = await open_node(cfg, ManualClock())
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.setblocking(False)
@@ -498,7 +332,7 @@ async def test_checks_to_a_producer_that_stops_reading_wait_and_are_not_counted(
         await loop.sock_connect(sock, ("127.0.0.1", node.port))
         await loop.sock_sendall(sock, encode(RemotingCommand.request(RequestCode.HEART_BEAT,
                                                                      {"group": GROUP})))
-        await wait_for(lambda: len(node.conns) == 1)
+        await eventually(lambda: len(node.conns) == 1)
         conn = node.conns[0]
         for i in range(40):
             await prepare(node, conn, body=bytes([i]) * (256 * 1024), uniq=f"S{i}")
@@ -533,7 +367,7 @@ async def test_no_checks_while_the_store_refuses_writes(tmp_path) -> None:
     # With the disk guard refusing writes a commit answer cannot be applied: checks would
     # only burn counts until the half is discarded although its producer committed.
     usage = {"used": 50}
-    node = await open_node(tx_config(tmp_path / "data", disk_max_used_ratio=0.9), Clock(),
+    node = await open_node(tx_config(tmp_path / "data", disk_max_used_ratio=0.9), ManualClock(),
                            disk_usage=lambda _p: (100, usage["used"], 100 - usage["used"]))
     producer = await Producer(node, answer=COMMIT).start()
     try:
@@ -548,7 +382,7 @@ async def test_no_checks_while_the_store_refuses_writes(tmp_path) -> None:
         usage["used"] = 50
         node.store.recheck_disk()
         assert (await node.tx.check_now()).sent == 1
-        await wait_for(lambda: node.tx.pending_count() == 0)
+        await eventually(lambda: node.tx.pending_count() == 0)
         assert [m.body for m in visible(node)] == [b"payload"]
     finally:
         await producer.close()
@@ -565,7 +399,7 @@ async def test_check_goes_to_the_sending_connection_first(node) -> None:
         await sender.wait_checks(1)
         assert other.checks == []
         await sender.close()
-        await wait_for(lambda: sender.conn.closed)
+        await eventually(lambda: sender.conn.closed)
         node.clock.advance(10)
         assert (await node.tx.check_now()).sent == 1
         await other.wait_checks(1)
@@ -635,7 +469,7 @@ async def test_check_max_discard_then_operator_resume(node) -> None:
         producer.answer = COMMIT
         node.clock.advance(10)
         assert (await node.tx.check_now()).sent == 1
-        await wait_for(lambda: node.tx.state_of(phys) is HalfState.COMMITTED)
+        await eventually(lambda: node.tx.state_of(phys) is HalfState.COMMITTED)
         assert [m.body for m in visible(node)] == [b"hanging"]
         snap = node.metrics.snapshot()
         assert snap["tx_discards_total"] == "1" and snap["tx_resumes_total"] == "1"
@@ -707,12 +541,12 @@ async def test_pass_cost_follows_pending_not_history(node, monkeypatch) -> None:
 
 async def test_periodic_check_service_runs_on_its_interval(tmp_path) -> None:
     cfg = tx_config(tmp_path / "data", transaction_check_interval=0.05, transaction_timeout=0.0)
-    node = await open_node(cfg, Clock())
+    node = await open_node(cfg, ManualClock())
     producer = await Producer(node, answer=ROLLBACK).start()
     try:
         result = await prepare(node, conn=producer.conn)
         await producer.wait_checks(1)  # no check_now(): the service's own task sent it
-        await wait_for(lambda: node.tx.state_of(result.physical_offset) is HalfState.ROLLED_BACK)
+        await eventually(lambda: node.tx.state_of(result.physical_offset) is HalfState.ROLLED_BACK)
         assert int(node.metrics.snapshot()["tx_check_passes_total"]) >= 1
     finally:
         await producer.close()
@@ -721,7 +555,7 @@ async def test_periodic_check_service_runs_on_its_interval(tmp_path) -> None:
 
 async def test_many_check_counts_are_split_to_fit_the_message_limit(tmp_path) -> None:
     cfg = tx_config(tmp_path / "data", max_message_size=1024, check_concurrency=16)
-    node = await open_node(cfg, Clock())
+    node = await open_node(cfg, ManualClock())
     producer = await Producer(node).start()
     try:
         n = 300  # ~300 x 4-7 bytes of counts: more than half the 1 KiB limit
@@ -735,14 +569,14 @@ async def test_many_check_counts_are_split_to_fit_the_message_limit(tmp_path) ->
     finally:
         await producer.close()
         await node.close()
-    node = await open_node(cfg, Clock())
+    node = await open_node(cfg, ManualClock())
     try:
         assert node.tx.recovered_from_snapshot
         assert {e.checks for e in node.tx.pending_entries()} == {1}
     finally:
         await node.close()
     (cfg.data_path / "txstate.snapshot").unlink()
-    node = await open_node(cfg, Clock())
+    node = await open_node(cfg, ManualClock())
     try:
         assert not node.tx.recovered_from_snapshot
         assert {e.checks for e in node.tx.pending_entries()} == {1}  # from the c records
@@ -753,7 +587,7 @@ async def test_many_check_counts_are_split_to_fit_the_message_limit(tmp_path) ->
 
 async def test_store_refusing_writes_loses_no_decision(tmp_path) -> None:
     usage = {"used": 10}
-    node = await open_node(tx_config(tmp_path / "data"), Clock(),
+    node = await open_node(tx_config(tmp_path / "data"), ManualClock(),
                            disk_usage=lambda path: (100, usage["used"], 100 - usage["used"]))
     try:
         a = await prepare(node, uniq="A", body=b"a")
@@ -778,7 +612,7 @@ async def test_store_refusing_writes_loses_no_decision(tmp_path) -> None:
 
 
 async def test_half_reaching_retention_age_is_discarded_not_lost(tmp_path) -> None:
-    node = await open_node(tx_config(tmp_path / "data", file_reserved_time=100.0), Clock())
+    node = await open_node(tx_config(tmp_path / "data", file_reserved_time=100.0), ManualClock())
     producer = await Producer(node).start()
     try:
         result = await prepare(node, conn=producer.conn, body=b"old")
@@ -795,7 +629,7 @@ async def test_half_reaching_retention_age_is_discarded_not_lost(tmp_path) -> No
 
 async def test_half_whose_segment_was_deleted_leaves_the_index(tmp_path) -> None:
     # e.g. the broker was down past retention: the halves' segment is gone
-    node = await open_node(tx_config(tmp_path / "data", file_reserved_time=100.0), Clock())
+    node = await open_node(tx_config(tmp_path / "data", file_reserved_time=100.0), ManualClock())
     producer = await Producer(node).start()
     try:
         checked = await prepare(node, conn=producer.conn, uniq="A", body=b"gone")
@@ -819,7 +653,7 @@ async def test_half_whose_segment_was_deleted_leaves_the_index(tmp_path) -> None
 
 
 async def test_decision_beyond_the_history_bound_is_shown_by_offset_msg_id_only(tmp_path) -> None:
-    node = await open_node(tx_config(tmp_path / "data", transaction_history_size=1), Clock())
+    node = await open_node(tx_config(tmp_path / "data", transaction_history_size=1), ManualClock())
     try:
         old, new = await prepare(node, uniq="OLD"), await prepare(node, uniq="NEW")
         await end(node, old, COMMIT)

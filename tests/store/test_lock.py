@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_message_store import cfg, opened
+from support.store import opened
+from support.store import store_config as cfg
 
 from txbroker.store.lock import LOCK_FILE, DataDirInUseError, DataDirLock
 from txbroker.store.message_store import MessageStore

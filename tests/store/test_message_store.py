@@ -11,6 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support.store import SEG, opened
+from support.store import store_config as cfg
+from support.waiting import eventually
 
 from txbroker.config import BrokerConfig
 from txbroker.store.commitlog import END_MARKER_SIZE
@@ -26,22 +29,6 @@ from txbroker.store.record import (
     tag_hash,
 )
 from txbroker.store.segment import MappedSegment
-
-SEG = 64 * 1024
-
-
-def cfg(tmp_path: Path, **kw) -> BrokerConfig:
-    base = {"data_dir": str(tmp_path / "data"), "segment_size": SEG, "max_message_size": 8192,
-            "consume_queue_entries": 64, "flush_interval": 0.05}
-    base.update(kw)
-    return BrokerConfig(**base)
-
-
-async def opened(config: BrokerConfig, **kw) -> MessageStore:
-    store = MessageStore(config, **kw)
-    store.open()
-    await store.start()
-    return store
 
 
 def body_for(size_on_disk: int, topic: str = "T") -> bytes:
@@ -485,14 +472,10 @@ def test_damaged_offset_file_is_a_clear_error(tmp_path, content):
 
 
 async def test_offsets_persist_across_restart_and_periodically(tmp_path):
-    import asyncio
     store = await opened(cfg(tmp_path, offset_persist_interval=0.05))
     store.offsets.set("g", "T", 2, 17)
     path = Path(store.root) / "consumerOffset.json"
-    for _ in range(100):
-        if path.exists():
-            break
-        await asyncio.sleep(0.02)
+    await eventually(path.exists, 2, "offsets persisted")
     assert ConsumerOffsetStore(path).get("g", "T", 2) == 17  # persisted before any close
     store.offsets.set("g", "T", 2, 18)
     await store.close()

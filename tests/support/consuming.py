@@ -1,21 +1,10 @@
-"""Helpers for SDK tests: bounded waiting and collecting messages from a consumer."""
+"""Collecting messages from an SDK consumer, bounded like every other wait in the tests."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable
 
-#: Every wait in these tests is bounded by this (seconds); typical waits are far shorter.
-WAIT = 15.0
-
-
-async def wait_until(cond: Callable[[], object], timeout: float = WAIT, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        await asyncio.sleep(0.02)
+from support.waiting import WAIT
 
 
 async def collect(consumer, count: int, timeout: float = WAIT) -> list:
