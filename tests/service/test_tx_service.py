@@ -32,7 +32,12 @@ from txbroker.remoting.codec import RemotingCommand, encode
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.service.processors.transaction import transaction_handlers
 from txbroker.service.transaction.messages import final_message
-from txbroker.service.transaction.state import ConflictError, HalfState, Outcome, TransactionError
+from txbroker.service.transaction.state import (
+    ConflictError,
+    HalfState,
+    Outcome,
+    TransactionError,
+)
 from txbroker.store.record import (
     BORNHOST_V6_FLAG,
     CHECK_MAX_TIME_TOPIC,
