@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -131,9 +132,16 @@ def overwrite(path: Path, pos: int, data: bytes) -> None:
         fh.write(data)
 
 
-def _crash_copy(store: MessageStore) -> None:
+async def _crash_copy(store: MessageStore) -> None:
     """Leave the files as a killed process would: no clean marker removal, no final flush;
-    only the data directory's lock goes, as the kernel drops a dead process's ``flock``."""
+    only the data directory's lock goes, as the kernel drops a dead process's ``flock``.
+
+    The store's background work stops first, as it would with the process: a checkpoint write
+    still running in a worker thread could otherwise land after the next open read the old one
+    (a killed process's last write either happened before the restart or never)."""
+    for task in store._tasks:
+        task.cancel()
+    await asyncio.gather(*store._tasks, return_exceptions=True)
     for cq in store.queues_.values():
         cq.close()
     store.commitlog.close()
@@ -144,7 +152,7 @@ async def test_torn_tail_at_random_byte_is_truncated(tmp_path):
     rng = random.Random(7)
     store = await opened(cfg(tmp_path))
     results = [await store.put(Message("T", 0, os.urandom(rng.randint(10, 500)))) for _ in range(100)]
-    _crash_copy(store)
+    await _crash_copy(store)
     last = results[-1]
     seg_path = Path(store.root) / "commitlog" / f"{(last.physical_offset // SEG) * SEG:020d}"
     cut_at = last.physical_offset % SEG + rng.randint(1, last.size - 1)
@@ -165,7 +173,7 @@ async def test_torn_tail_at_random_byte_is_truncated(tmp_path):
 async def test_flipped_body_byte_truncates_from_that_record(tmp_path):
     store = await opened(cfg(tmp_path))
     results = [await store.put(Message("T", 1, b"%05d" % i * 20)) for i in range(50)]
-    _crash_copy(store)
+    await _crash_copy(store)
     victim = results[30]
     seg_path = Path(store.root) / "commitlog" / f"{(victim.physical_offset // SEG) * SEG:020d}"
     pos = victim.physical_offset % SEG + 90
@@ -183,7 +191,7 @@ async def test_consume_queue_rebuilt_when_missing(tmp_path):
     store = await opened(cfg(tmp_path))
     for i in range(40):
         await store.put(Message("T", i % 2, b"r%d" % i, properties={"TAGS": "X"}))
-    _crash_copy(store)
+    await _crash_copy(store)
     import shutil
     shutil.rmtree(Path(store.root) / "consumequeue" / "T" / "1")
     (Path(store.root) / "checkpoint").unlink(missing_ok=True)
@@ -443,7 +451,7 @@ async def test_damage_outside_the_body_is_caught_by_recovery(tmp_path, where):
     that a later read or scan would choke on is kept."""
     store = await opened(cfg(tmp_path))
     results = [await store.put(Message("Topic", 0, b"%04d" % i, properties={"TAGS": "A"})) for i in range(20)]
-    _crash_copy(store)
+    await _crash_copy(store)
     victim = results[12]
     seg_path = Path(store.root) / "commitlog" / f"{(victim.physical_offset // SEG) * SEG:020d}"
     rel = victim.physical_offset % SEG
@@ -538,7 +546,7 @@ def test_recovery_property_any_damage_point(tmp_path):
         results = [await store.put(Message("T", i % 2, os.urandom(rng.randint(0, 900)),
                                            properties={"KEYS": str(i)})) for i in range(rng.randint(5, 150))]
         end = store.max_physical_offset
-        _crash_copy(store)
+        await _crash_copy(store)
         spot = rng.randrange(end)
         seg_path = Path(store.root) / "commitlog" / f"{(spot // SEG) * SEG:020d}"
         raw = seg_path.read_bytes()
@@ -576,7 +584,7 @@ async def test_crash_recovery_reads_only_what_was_written(tmp_path):
     big = 256 * 1024 * 1024
     store = await opened(cfg(tmp_path, segment_size=big))
     r = await store.put(Message("T", 0, b"one record"))
-    _crash_copy(store)
+    await _crash_copy(store)
     again = MessageStore(cfg(tmp_path, segment_size=big))
     report = again.open()
     assert not report.clean and report.end_offset == r.physical_offset + r.size
