@@ -122,7 +122,9 @@ async def test_namesrv_dialects(tmp_path) -> None:
     doc = orjson.loads((await ns.get_route(None, new)).body)
     assert doc["brokerDatas"][0]["brokerAddrs"] == {"0": "127.0.0.1:10911"}
     missing = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Nope"})
-    assert (await ns.get_route(None, missing)).code == ResponseCode.TOPIC_NOT_EXIST
+    with pytest.raises(Refusal) as refused:
+        await ns.get_route(None, missing)
+    assert refused.value.code == ResponseCode.TOPIC_NOT_EXIST
 
 
 def test_send_header_v2_keys_and_refusals() -> None:
