@@ -13,6 +13,7 @@ from txbroker.config import BrokerConfig
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codec import FrameDecoder, RemotingCommand, encode
 from txbroker.remoting.codes import FLAG_ONEWAY, ResponseCode, SerializeType
+from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import HeaderError
 from txbroker.remoting.server import Connection, RemotingServer, new_event_loop
 
@@ -466,9 +467,9 @@ async def test_handlers_that_wait_in_many_ways() -> None:
     """The inline first step hands over to a task correctly, whatever the handler awaits."""
     f = Fixture()
 
-    class Refusal(Exception):  # the service layer's own refusals carry code and remark
-        code = ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
-        remark = "no such group"
+    class GroupRefusal(Refusal):  # the service layer's own refusals derive from Refusal
+        def __init__(self) -> None:
+            super().__init__(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, "no such group")
 
     async def winding(conn, cmd):
         await asyncio.sleep(0)                       # bare yield
@@ -484,7 +485,7 @@ async def test_handlers_that_wait_in_many_ways() -> None:
         if mode == "header":
             raise HeaderError(ResponseCode.MESSAGE_ILLEGAL, "late refusal")
         if mode == "service":
-            raise Refusal()
+            raise GroupRefusal()
         if mode == "bug":
             raise KeyError("late bug")
         return cmd.response(ext={"v": value})

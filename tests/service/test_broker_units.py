@@ -10,11 +10,11 @@ import pytest
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import HeaderError, SendMessageRequestHeader
 from txbroker.service.clients import ClientRegistry, ConsumerEntry, parse_tag_expression
 from txbroker.service.namesrv import NameServer
 from txbroker.service.processors.consumer import LockManager
-from txbroker.service.processors.errors import Refusal, error_response
 from txbroker.service.schedule import parse_levels
 from txbroker.service.topics import (
     TopicConfig,
@@ -122,7 +122,9 @@ async def test_namesrv_dialects(tmp_path) -> None:
     doc = orjson.loads((await ns.get_route(None, new)).body)
     assert doc["brokerDatas"][0]["brokerAddrs"] == {"0": "127.0.0.1:10911"}
     missing = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Nope"})
-    assert (await ns.get_route(None, missing)).code == ResponseCode.TOPIC_NOT_EXIST
+    with pytest.raises(Refusal) as refused:
+        await ns.get_route(None, missing)
+    assert refused.value.code == ResponseCode.TOPIC_NOT_EXIST
 
 
 def test_send_header_v2_keys_and_refusals() -> None:
@@ -140,7 +142,7 @@ def test_send_header_v2_keys_and_refusals() -> None:
     with pytest.raises(HeaderError, match=r"missing header field 'f' \(sysFlag\)"):
         SendMessageRequestHeader.from_command(RequestCode.SEND_BATCH_MESSAGE, missing)
     cmd = RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, ext)
-    resp = error_response(cmd, Refusal(ResponseCode.NO_PERMISSION, "topic[T] is not writable"))
+    resp = Refusal(ResponseCode.NO_PERMISSION, "topic[T] is not writable").answer(cmd)
     assert resp.code == ResponseCode.NO_PERMISSION and resp.remark == "topic[T] is not writable"
 
 

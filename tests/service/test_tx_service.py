@@ -255,10 +255,12 @@ async def test_end_transaction_over_tcp(node) -> None:
         del missing.ext_fields["producerGroup"]
         resp = await c.invoke(missing, TIMEOUT)
         assert resp.code == ResponseCode.SYSTEM_ERROR and "producerGroup" in resp.remark
-        # Java style one-way: a refusal is not answered
+        # Java style one-way: the handler raises its refusal like any other, and the transport
+        # leaves a one-way refusal unanswered (tests/remoting/test_remoting_refusal.py)
         handler = transaction_handlers(node.tx)[RequestCode.END_TRANSACTION]
-        assert await handler(producer.conn, end_cmd(result.physical_offset, result.queue_offset,
-                                                     ROLLBACK, oneway=True)) is None
+        with pytest.raises(ConflictError):
+            await handler(producer.conn, end_cmd(result.physical_offset, result.queue_offset,
+                                                 ROLLBACK, oneway=True))
         assert len(visible(node)) == 1
     finally:
         await producer.close()

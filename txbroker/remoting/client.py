@@ -36,7 +36,7 @@ from txbroker.remoting.codec import (
     encode,
 )
 from txbroker.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode
-from txbroker.remoting.headers import HeaderError
+from txbroker.remoting.errors import Refusal
 from txbroker.remoting.signing import SessionCredentials
 
 log = logging.getLogger("txbroker.remoting.client")
@@ -156,10 +156,8 @@ class _ClientProtocol(asyncio.Protocol):
                 return
             if not isinstance(exc, Exception):
                 raise exc
-            if isinstance(exc, HeaderError):
-                result = cmd.response(exc.code, exc.remark)
-            elif isinstance(getattr(exc, "code", None), int) and isinstance(getattr(exc, "remark", None), str):
-                result = cmd.response(exc.code, exc.remark)  # type: ignore[attr-defined]
+            if isinstance(exc, Refusal):
+                result = exc.answer(cmd)
             else:
                 log.error("%s: handler for server request %d failed", self.client.addr, cmd.code,
                           exc_info=exc)

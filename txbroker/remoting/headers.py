@@ -32,6 +32,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Self, TypeVar
 
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.errors import Refusal
 
 INT32 = (-(1 << 31), (1 << 31) - 1)
 INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -58,17 +59,12 @@ TXN_DECISIONS = ("commit", "rollback", "resume")
 TXN_LIST_STATES = ("pending", "discarded", "all")
 
 
-class HeaderError(Exception):
+class HeaderError(Refusal):
     """A header or body the broker refuses: answer with ``code`` and ``remark``.
 
-    This is the peer's mistake, not ours: the server turns it into an error response and keeps
-    the connection.
+    This is the peer's mistake, not ours: a :class:`Refusal`, so the server turns it into an
+    error response and keeps the connection.
     """
-
-    def __init__(self, code: int = ResponseCode.SYSTEM_ERROR, remark: str = "") -> None:
-        super().__init__(remark)
-        self.code = int(code)
-        self.remark = remark
 
 
 # --- field declarations ------------------------------------------------------------------------

@@ -9,7 +9,7 @@ RocketMQ client needs from it (docs/protocol.md §8):
   order they finish, matched by the request's opaque.
 * **One-way requests** (flag bit 1) are never answered.  The C++ client never sets the bit, so
   its "one-way" requests are answered and it ignores the answers harmlessly.
-* **Errors stay local.**  An unknown code, a refused header (:class:`HeaderError`) or a
+* **Errors stay local.**  An unknown code, a refusal (:class:`Refusal`, e.g. a bad header) or a
   handler bug becomes an error response and the connection stays up; only bytes that are not
   a frame (:class:`ProtocolError`) close the connection, and only that one.
 * **One gate before every handler.**  ``before_request`` (the broker's ACL, when enabled)
@@ -45,12 +45,12 @@ from txbroker.remoting.codec import (
     encode,
 )
 from txbroker.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode
-from txbroker.remoting.headers import HeaderError
+from txbroker.remoting.errors import Refusal
 
 log = logging.getLogger("txbroker.remoting.server")
 
 Handler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
-#: Runs before every request's handler; raising a refusal (``code``/``remark``) stops it.
+#: Runs before every request's handler; raising a :class:`Refusal` stops it.
 BeforeRequest = Callable[["Connection", RemotingCommand], None]
 DisconnectCallback = Callable[["Connection"], Any]
 
@@ -113,7 +113,7 @@ class Connection(asyncio.Protocol):
         # server-to-client requests
         self._opaques = itertools.count(_SERVER_OPAQUE_START)
         self._pending: dict[int, asyncio.Future] = {}
-        #: Counters: requests started, handlers that raised (not HeaderError).
+        #: Counters: requests started, handlers that raised (not a Refusal).
         self.requests = 0
         self.handler_errors = 0
 
@@ -237,7 +237,7 @@ class Connection(asyncio.Protocol):
         server = self.server
         if server._before_request is not None:
             # Access control runs before any handler, unknown codes included (RocketMQ's
-            # RPC hook); its refusal is answered like a HeaderError (one-way: not at all).
+            # RPC hook); its Refusal is answered like a handler's (one-way: not at all).
             try:
                 server._before_request(self, cmd)
             except Exception as exc:  # noqa: BLE001 - becomes the error answer
@@ -283,8 +283,9 @@ class Connection(asyncio.Protocol):
             if result is not None and response is None:
                 log.error("handler for code %d returned %r, not a RemotingCommand", cmd.code, result)
                 response = cmd.response(ResponseCode.SYSTEM_ERROR, "handler returned no command")
-        elif isinstance(exc, HeaderError) or _is_refusal(exc):
-            response = cmd.response(exc.code, exc.remark)  # type: ignore[attr-defined]
+        elif isinstance(exc, Refusal):
+            log.debug("request %d on connection %d refused: %s", cmd.code, self.id, exc.remark)
+            response = exc.answer(cmd)
         elif isinstance(exc, asyncio.CancelledError):
             response = None  # shutting down: the connection is about to close
         elif isinstance(exc, Exception):
@@ -415,15 +416,6 @@ class Connection(asyncio.Protocol):
 
     def __repr__(self) -> str:
         return f"<Connection {self.id} {self.peer}{' closed' if self._closed else ''}>"
-
-
-def _is_refusal(exc: BaseException) -> bool:
-    """An exception that carries its own answer, like HeaderError: int ``code``, str ``remark``.
-
-    The service layer has refusals of its own (unknown topic, bad field); whichever of them
-    escapes a handler is answered as intended instead of as SYSTEM_ERROR.
-    """
-    return isinstance(getattr(exc, "code", None), int) and isinstance(getattr(exc, "remark", None), str)
 
 
 async def _await(fut: Awaitable[Any]) -> Any:

@@ -50,6 +50,7 @@ from txbroker.config import ConfigError
 from txbroker.remoting.bodies import HeartbeatData
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import HeaderError
 from txbroker.remoting.signing import ACCESS_KEY, SIGNATURE, signature
 from txbroker.store.record import RETRY_GROUP_TOPIC_PREFIX
@@ -352,13 +353,12 @@ def _account(entry: Any, where: str) -> Account:
 # --- validation ------------------------------------------------------------------------------------
 
 
-class AclDenied(Exception):
-    """A refused request: the answer's ``code`` and ``remark`` (answered like a HeaderError)."""
+class AclDenied(Refusal):
+    """A request the ACL refuses: SYSTEM_ERROR with remark ``AclException: <message>``, as
+    RocketMQ answers an AclException."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.code = int(ResponseCode.SYSTEM_ERROR)
-        self.remark = f"AclException: {message}"
+        super().__init__(ResponseCode.SYSTEM_ERROR, f"AclException: {message}")
 
 
 def _group(resources: dict[str, Perm], group: str | None) -> None:

@@ -39,6 +39,7 @@ from txbroker.remoting.bodies import (
 )
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import GetRouteInfoRequestHeader
 from txbroker.service.topics import PERM_READ_WRITE, TopicManager
 from txbroker.store.record import DEFAULT_TOPIC
@@ -81,12 +82,12 @@ class NameServer:
             broker_datas=[self._broker_data()])
 
     async def get_route(self, conn, cmd: RemotingCommand) -> RemotingCommand:
-        # A bad header raises HeaderError, which the server answers with its code and remark.
+        # A bad header (HeaderError) or an unknown topic is a Refusal: the server answers it.
         h = GetRouteInfoRequestHeader.from_ext(cmd.ext_fields)
         data = self.route_data(h.topic)
         if data is None:
-            return cmd.response(ResponseCode.TOPIC_NOT_EXIST,
-                                f"No topic route info in name server for the topic: {h.topic}")
+            raise Refusal(ResponseCode.TOPIC_NOT_EXIST,
+                          f"No topic route info in name server for the topic: {h.topic}")
         standard = wants_standard_json(cmd.version, h.accept_standard_json_only)
         return cmd.response(ResponseCode.SUCCESS, body=data.encode(standard_json=standard))
 

@@ -24,7 +24,7 @@ import orjson
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codes import ResponseCode
-from txbroker.remoting.headers import HeaderError
+from txbroker.remoting.errors import Refusal
 from txbroker.store.record import (
     CHECK_MAX_TIME_TOPIC,
     DEFAULT_TOPIC,
@@ -50,7 +50,7 @@ PERM_READ_WRITE = PERM_READ | PERM_WRITE
 _SYSTEM_QUEUES = {HALF_TOPIC: 1, OP_HALF_TOPIC: 1, CHECK_MAX_TIME_TOPIC: 1, SCHEDULE_TOPIC: 18}
 
 
-class TopicError(HeaderError):
+class TopicError(Refusal):
     """A topic request the broker refuses; ``code`` is the RocketMQ response code to send."""
 
 

@@ -18,13 +18,13 @@ from txbroker.config import BrokerConfig
 from txbroker.remoting.bodies import KVTable
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import (
     CreateTopicRequestHeader,
     DeleteTopicRequestHeader,
     ViewMessageByIdRequestHeader,
 )
 from txbroker.service.clients import ClientRegistry
-from txbroker.service.processors.consumer import _guarded
 from txbroker.service.topics import TopicConfig, TopicManager, validate_topic_name
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class AdminProcessor:
         self.started = clock()
 
     def handlers(self) -> dict[int, object]:
-        table = {
+        return {
             RequestCode.UPDATE_AND_CREATE_TOPIC: self.create_topic,
             RequestCode.DELETE_TOPIC_IN_BROKER: self.delete_topic,
             RequestCode.GET_ALL_TOPIC_CONFIG: self.all_topic_config,
@@ -53,7 +53,6 @@ class AdminProcessor:
             RequestCode.VIEW_MESSAGE_BY_ID: self.view_message,
             RequestCode.BROKER_STATUS: self.status,
         }
-        return {code: _guarded(fn) for code, fn in table.items()}
 
     async def create_topic(self, conn, cmd: RemotingCommand) -> RemotingCommand:
         h = CreateTopicRequestHeader.from_ext(cmd.ext_fields)
@@ -70,7 +69,7 @@ class AdminProcessor:
         existed = await self.topics.delete(topic)
         queues = self.store.delete_topic(topic)
         if not existed and not queues:
-            return cmd.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] does not exist")
+            raise Refusal(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] does not exist")
         log.warning("topic %s deleted by %s (%d queues)", topic, getattr(conn, "peer", "?"), queues)
         return cmd.response(ResponseCode.SUCCESS)
 
@@ -84,7 +83,7 @@ class AdminProcessor:
         offset = ViewMessageByIdRequestHeader.from_ext(cmd.ext_fields).offset
         raw = self.store.read_raw(offset)
         if raw is None:
-            return cmd.response(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
+            raise Refusal(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
         return cmd.response(ResponseCode.SUCCESS, body=raw)
 
     def runtime_table(self) -> dict[str, str]:

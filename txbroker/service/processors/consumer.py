@@ -30,12 +30,12 @@ from txbroker.remoting.bodies import (
 )
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import (
     ConsumerSendMsgBackRequestHeader,
     GetConsumerListByGroupRequestHeader,
     GetMaxOffsetRequestHeader,
     GetMinOffsetRequestHeader,
-    HeaderError,
     OffsetResponseHeader,
     QueryConsumerOffsetRequestHeader,
     SearchOffsetRequestHeader,
@@ -48,8 +48,7 @@ from txbroker.service.clients import (
     Subscription,
     parse_tag_expression,
 )
-from txbroker.service.processors.errors import error_response
-from txbroker.service.processors.send import VERSION_HONOUR_MAX_RECONSUME, put_ok
+from txbroker.service.processors.send import VERSION_HONOUR_MAX_RECONSUME
 from txbroker.service.schedule import ScheduleService
 from txbroker.service.topics import (
     TopicManager,
@@ -115,7 +114,7 @@ class ConsumerProcessor:
         self.locks = LockManager(clock)
 
     def handlers(self) -> dict[int, object]:
-        table = {
+        return {
             RequestCode.HEART_BEAT: self.heartbeat,
             RequestCode.UNREGISTER_CLIENT: self.unregister,
             RequestCode.GET_CONSUMER_LIST_BY_GROUP: self.consumer_list,
@@ -128,7 +127,6 @@ class ConsumerProcessor:
             RequestCode.LOCK_BATCH_MQ: self.lock_batch,
             RequestCode.UNLOCK_BATCH_MQ: self.unlock_batch,
         }
-        return {code: _guarded(fn) for code, fn in table.items()}
 
     # --- membership ----------------------------------------------------------------------
     async def heartbeat(self, conn, cmd: RemotingCommand) -> RemotingCommand:
@@ -168,7 +166,7 @@ class ConsumerProcessor:
         group = GetConsumerListByGroupRequestHeader.from_ext(cmd.ext_fields).consumer_group
         ids = self.registry.consumer_ids(group)
         if not ids:
-            return cmd.response(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
+            raise Refusal(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
         return cmd.response(ResponseCode.SUCCESS, body=ConsumerListBody(ids).encode())
 
     # --- offsets -------------------------------------------------------------------------
@@ -183,8 +181,8 @@ class ConsumerProcessor:
             if self.store.min_offset(h.topic, h.queue_id) <= 0:
                 offset = 0
             else:
-                return cmd.response(ResponseCode.QUERY_NOT_FOUND,
-                                    "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
+                raise Refusal(ResponseCode.QUERY_NOT_FOUND,
+                              "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first")
         return self._offset(cmd, offset)
 
     async def update_offset(self, conn, cmd: RemotingCommand) -> RemotingCommand | None:
@@ -193,8 +191,8 @@ class ConsumerProcessor:
         if self.topics.get(h.topic) is None:
             # Offsets of a topic that does not exist (a typo, or deleted meanwhile) would
             # bring a deleted topic's group back in the status (RocketMQ 5 refuses too).
-            return None if cmd.is_oneway else cmd.response(
-                ResponseCode.TOPIC_NOT_EXIST, f"topic[{h.topic}] not exist, apply first please!")
+            raise Refusal(ResponseCode.TOPIC_NOT_EXIST,
+                          f"topic[{h.topic}] not exist, apply first please!")
         self.store.offsets.set(group, h.topic, h.queue_id, h.commit_offset)
         return None if cmd.is_oneway else cmd.response(ResponseCode.SUCCESS)
 
@@ -221,12 +219,12 @@ class ConsumerProcessor:
             max_times = self.config.max_reconsume_times
         old = self.store.read(offset)
         if old is None:
-            return cmd.response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}")
+            raise Refusal(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}")
         if is_system_topic(old.topic):
             # A half, op or discarded message must never reach a consumer through a retry
             # topic: that would make a rolled-back transaction visible.
-            return cmd.response(ResponseCode.NO_PERMISSION,
-                                f"message at offset {offset} is in system topic {old.topic}")
+            raise Refusal(ResponseCode.NO_PERMISSION,
+                          f"message at offset {offset} is in system topic {old.topic}")
         props = dict(old.properties)
         props.setdefault(PROPERTY_RETRY_TOPIC, old.topic)
         props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, h.origin_msg_id or old.uniq_key or old.msg_id)
@@ -245,8 +243,8 @@ class ConsumerProcessor:
         if level:
             msg = self.schedule.wrap(msg, level)
         result = await self.store.put(msg)
-        if not put_ok(result):
-            return cmd.response(ResponseCode.SYSTEM_ERROR, f"send back failed: {result.status.name}")
+        if not result.ok:
+            raise Refusal(ResponseCode.SYSTEM_ERROR, f"send back failed: {result.status.name}")
         log.info("message %d of group %s sent back to %s (level %d, reconsume %d)",
                  offset, group, topic, level, reconsume + 1)
         return cmd.response(ResponseCode.SUCCESS)
@@ -267,15 +265,3 @@ class ConsumerProcessor:
         group, client_id, mqs = self._lock_body(cmd)
         self.locks.unlock(group, client_id, mqs)
         return None if cmd.is_oneway else cmd.response(ResponseCode.SUCCESS)
-
-
-def _guarded(fn):
-    """Turn refusals (header, body and topic errors) into error responses for one handler."""
-    async def handler(conn, cmd: RemotingCommand):
-        try:
-            return await fn(conn, cmd)
-        except HeaderError as exc:
-            log.info("request %d refused: %s", cmd.code, exc)
-            return None if cmd.is_oneway else error_response(cmd, exc)
-    handler.__name__ = getattr(fn, "__name__", "handler")
-    return handler

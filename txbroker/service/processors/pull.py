@@ -23,13 +23,13 @@ from collections.abc import Callable
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import (
-    HeaderError,
     PullMessageRequestHeader,
     PullMessageResponseHeader,
 )
 from txbroker.service.clients import ClientRegistry, parse_tag_expression
-from txbroker.service.processors.errors import Refusal, error_response
+from txbroker.service.processors.statuses import GET_ANSWERS
 from txbroker.service.topics import (
     PERM_READ,
     TopicManager,
@@ -111,12 +111,7 @@ class PullProcessor:
         return {RequestCode.PULL_MESSAGE: self.handle}
 
     async def handle(self, conn, cmd: RemotingCommand) -> RemotingCommand:
-        try:
-            return await self._pull(cmd)
-        except HeaderError as exc:
-            return error_response(cmd, exc)
-
-    async def _pull(self, cmd: RemotingCommand) -> RemotingCommand:
+        """Answer with messages, or hold the pull; a refused pull raises :class:`Refusal`."""
         h = PullMessageRequestHeader.from_ext(cmd.ext_fields)
         group = validate_group_name(h.consumer_group, "consumer group")
         topic = h.topic
@@ -173,19 +168,8 @@ class PullProcessor:
 
     def _once(self, cmd, topic, queue_id, offset, max_nums, tag_filter) -> RemotingCommand:
         res = self.store.get(topic, queue_id, offset, max_nums, tag_filter=tag_filter)
-        status = res.status.name
-        body = b""
-        next_offset = res.next_offset
-        if status == "FOUND":
-            code = ResponseCode.SUCCESS
-            body = b"".join(res.raw)
-        elif status in ("NO_MESSAGE_IN_QUEUE", "OFFSET_OVERFLOW_ONE", "NO_MATCHED_LOGIC_QUEUE"):
-            code = ResponseCode.PULL_NOT_FOUND
-        elif status in ("OFFSET_TOO_SMALL", "OFFSET_OVERFLOW_BADLY"):
-            code = ResponseCode.PULL_OFFSET_MOVED
-        else:  # NO_MATCHED_MESSAGE, OFFSET_FOUND_NULL: try again from next_offset
-            code = ResponseCode.PULL_RETRY_IMMEDIATELY
-        header = PullMessageResponseHeader(next_begin_offset=next_offset,
+        code, remark = GET_ANSWERS[res.status]
+        body = b"".join(res.raw) if code == ResponseCode.SUCCESS else b""
+        header = PullMessageResponseHeader(next_begin_offset=res.next_offset,
                                            min_offset=res.min_offset, max_offset=res.max_offset)
-        return cmd.response(code, None if code == ResponseCode.SUCCESS else status,
-                            ext=header.to_ext(), body=body)
+        return cmd.response(code, remark, ext=header.to_ext(), body=body)

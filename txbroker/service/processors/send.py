@@ -16,13 +16,13 @@ import logging
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import (
-    HeaderError,
     SendMessageRequestHeader,
     SendMessageResponseHeader,
 )
 from txbroker.service.clients import ClientRegistry
-from txbroker.service.processors.errors import Refusal, error_response
+from txbroker.service.processors.statuses import PUT_ANSWERS
 from txbroker.service.schedule import ScheduleService
 from txbroker.service.topics import (
     PERM_WRITE,
@@ -31,7 +31,6 @@ from txbroker.service.topics import (
     validate_group_name,
     validate_topic_name,
 )
-from txbroker.service.transaction.state import TransactionError
 from txbroker.store.record import (
     BORNHOST_V6_FLAG,
     DLQ_GROUP_TOPIC_PREFIX,
@@ -95,15 +94,16 @@ class SendProcessor:
             RequestCode.SEND_BATCH_MESSAGE: self.handle,
         }
 
-    async def handle(self, conn, cmd: RemotingCommand) -> RemotingCommand | None:
+    async def handle(self, conn, cmd: RemotingCommand) -> RemotingCommand:
+        """Store the message; a refusal (header, topic, transaction, store) is raised for the
+        transport to answer, after logging it: producers retry refused sends elsewhere."""
         try:
-            resp = await self._send(conn, cmd)
-        except RecordError as exc:
-            resp = cmd.response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
-        except (HeaderError, TransactionError) as exc:  # header, Refusal, TopicError, tx refusals
-            resp = error_response(cmd, exc)
-            log.info("send refused from %s: %s", getattr(conn, "peer", "?"), resp.remark)
-        return None if cmd.is_oneway else resp
+            return await self._send(conn, cmd)
+        except RecordError as exc:  # an undecodable batch body
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
+        except Refusal as exc:
+            log.info("send refused from %s: %s", getattr(conn, "peer", "?"), exc.remark)
+            raise
 
     async def _send(self, conn, cmd: RemotingCommand) -> RemotingCommand:
         h = SendMessageRequestHeader.from_command(cmd.code, cmd.ext_fields)
@@ -236,7 +236,7 @@ class SendProcessor:
                                 born_timestamp=born_ts, born_host=born_host,
                                 reconsume_times=reconsume))
         results = await self.store.put_batch(msgs)
-        bad = next((r for r in results if r.status.name not in ("OK", "FLUSH_DISK_TIMEOUT")), None)
+        bad = next((r for r in results if not r.ok), None)
         if bad is not None:
             return self._response(cmd, bad, queue_id=queue_id)
         # The batch's answer names every stored message, in order.
@@ -245,22 +245,9 @@ class SendProcessor:
 
     def _response(self, cmd: RemotingCommand, result, *, queue_id: int,
                   msg_id: str | None = None) -> RemotingCommand:
-        status = result.status.name
-        if status == "OK":
-            code, remark = ResponseCode.SUCCESS, None
-        elif status == "FLUSH_DISK_TIMEOUT":
-            code, remark = ResponseCode.FLUSH_DISK_TIMEOUT, "flush to disk timed out"
-        elif status in ("MESSAGE_ILLEGAL", "PROPERTIES_SIZE_EXCEEDED"):
-            return cmd.response(ResponseCode.MESSAGE_ILLEGAL,
-                                result.reason or f"message refused by the store: {status}")
-        else:
-            return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE,
-                                result.reason or f"store not available: {status}")
+        code, remark = PUT_ANSWERS[result.status]
+        if not result.ok:
+            raise Refusal(code, result.reason or remark or "")
         header = SendMessageResponseHeader(msg_id=msg_id or result.msg_id, queue_id=queue_id,
                                            queue_offset=result.queue_offset, trace_on=True)
         return cmd.response(code, remark, ext=header.to_ext())
-
-
-def put_ok(result) -> bool:
-    """A put the client counts as stored (FLUSH_DISK_TIMEOUT is still a success in RocketMQ)."""
-    return result.status.name in ("OK", "FLUSH_DISK_TIMEOUT")

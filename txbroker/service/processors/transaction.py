@@ -1,11 +1,12 @@
 """Request handlers for transactions: END_TRANSACTION, RESUME_CHECK_HALF_MESSAGE and the
 txbroker admin requests TXN_LIST / TXN_SHOW / TXN_DECIDE.
 
-Handlers decode typed headers (``remoting.headers``), call the service, and turn its refusals
-(:class:`~txbroker.service.transaction.state.TransactionError`, header errors) into error responses that
-carry RocketMQ's code and a remark; nothing else escapes.  TXN_SHOW and TXN_DECIDE answer an
-id the broker does not know with QUERY_NOT_FOUND and a contradicting decision with
-TRANSACTION_FAILED; a decided id is answered from the decision history.
+Handlers decode typed headers (``remoting.headers``) and call the service; its refusals
+(:class:`~txbroker.service.transaction.state.TransactionError`, header errors: all
+:class:`~txbroker.remoting.errors.Refusal`) propagate to the transport, which answers them with
+RocketMQ's code and a remark.  TXN_SHOW and TXN_DECIDE answer an id the broker does not know
+with QUERY_NOT_FOUND and a contradicting decision with TRANSACTION_FAILED; a decided id is
+answered from the decision history.
 
 END_TRANSACTION is one-way from Java clients (flag 2: never answered, even on error — the
 error is logged and counted), but the C++ client sends it with flag 0 (docs/protocol.md §8.1)
@@ -22,31 +23,26 @@ import orjson
 
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import (
     EndTransactionRequestHeader,
-    HeaderError,
     ResumeCheckHalfMessageRequestHeader,
     TxnDecideRequestHeader,
     TxnListRequestHeader,
     TxnShowRequestHeader,
 )
 from txbroker.service.transaction.service import TransactionalMessageService
-from txbroker.service.transaction.state import TransactionError, UnknownTransactionError
+from txbroker.service.transaction.state import UnknownTransactionError
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Any, RemotingCommand], Awaitable[RemotingCommand | None]]
 
 
-def _refusal(cmd: RemotingCommand, exc: HeaderError | TransactionError) -> RemotingCommand:
-    return cmd.response(exc.code, exc.remark)
-
-
 def transaction_handlers(tx: TransactionalMessageService) -> dict[int, Handler]:
     """Request code → handler, for ``RemotingServer.register``."""
 
-    async def end_transaction(conn: Any, cmd: RemotingCommand) -> RemotingCommand | None:
-        peer = getattr(conn, "peer", "?")
+    async def end_transaction(conn: Any, cmd: RemotingCommand) -> RemotingCommand:
         try:
             h = EndTransactionRequestHeader.from_ext(cmd.ext_fields)
             await tx.end_transaction(
@@ -54,50 +50,37 @@ def transaction_handlers(tx: TransactionalMessageService) -> dict[int, Handler]:
                 tran_state_table_offset=h.tran_state_table_offset,
                 producer_group=h.producer_group, commit_or_rollback=h.commit_or_rollback,
                 from_check=h.from_transaction_check)
-            resp = cmd.response(ResponseCode.SUCCESS)
-        except (HeaderError, TransactionError) as exc:
-            log.info("END_TRANSACTION from %s refused: %s (ext %s)", peer, exc.remark,
-                     {k: v for k, v in cmd.ext_fields.items() if k != "Signature"})
-            resp = _refusal(cmd, exc)
-        return None if cmd.is_oneway else resp
+        except Refusal as exc:  # logged: a Java producer's END_TRANSACTION is never answered
+            log.info("END_TRANSACTION from %s refused: %s (ext %s)", getattr(conn, "peer", "?"),
+                     exc.remark, {k: v for k, v in cmd.ext_fields.items() if k != "Signature"})
+            raise
+        return cmd.response(ResponseCode.SUCCESS)
 
-    async def resume_check(conn: Any, cmd: RemotingCommand) -> RemotingCommand | None:
+    async def resume_check(conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        h = ResumeCheckHalfMessageRequestHeader.from_ext(cmd.ext_fields)
         try:
-            h = ResumeCheckHalfMessageRequestHeader.from_ext(cmd.ext_fields)
             await tx.operator_decide(h.msg_id, "resume", operator="RESUME_CHECK_HALF_MESSAGE",
                                      peer=getattr(conn, "peer", ""))
-            resp = cmd.response(ResponseCode.SUCCESS)
         except UnknownTransactionError as exc:  # RocketMQ answers a message it cannot find so
-            resp = cmd.response(ResponseCode.SYSTEM_ERROR, exc.remark)
-        except (HeaderError, TransactionError) as exc:
-            resp = _refusal(cmd, exc)
-        return None if cmd.is_oneway else resp
+            raise Refusal(ResponseCode.SYSTEM_ERROR, exc.remark) from None
+        return cmd.response(ResponseCode.SUCCESS)
 
     async def txn_list(conn: Any, cmd: RemotingCommand) -> RemotingCommand:
-        try:
-            h = TxnListRequestHeader.from_ext(cmd.ext_fields)
-        except HeaderError as exc:
-            return _refusal(cmd, exc)
+        h = TxnListRequestHeader.from_ext(cmd.ext_fields)
         rows = tx.list_halves(h.state, topic=h.topic, group=h.producer_group, limit=h.limit)
         return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(rows))
 
     async def txn_show(conn: Any, cmd: RemotingCommand) -> RemotingCommand:
-        try:
-            h = TxnShowRequestHeader.from_ext(cmd.ext_fields)
-        except HeaderError as exc:
-            return _refusal(cmd, exc)
+        h = TxnShowRequestHeader.from_ext(cmd.ext_fields)
         doc = tx.show(h.id)
         if doc is None:
-            return _refusal(cmd, UnknownTransactionError(h.id))
+            raise UnknownTransactionError(h.id)
         return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(doc))
 
     async def txn_decide(conn: Any, cmd: RemotingCommand) -> RemotingCommand:
-        try:
-            h = TxnDecideRequestHeader.from_ext(cmd.ext_fields)
-            doc = await tx.operator_decide(h.id, h.decision, operator=h.operator,
-                                           peer=getattr(conn, "peer", ""), reason=h.reason)
-        except (HeaderError, TransactionError) as exc:
-            return _refusal(cmd, exc)
+        h = TxnDecideRequestHeader.from_ext(cmd.ext_fields)
+        doc = await tx.operator_decide(h.id, h.decision, operator=h.operator,
+                                       peer=getattr(conn, "peer", ""), reason=h.reason)
         return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(doc))
 
     return {

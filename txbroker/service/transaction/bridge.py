@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from txbroker.store.message_store import PutResult, PutStatus
+from txbroker.store.message_store import PutResult
 from txbroker.store.record import (
     HALF_TOPIC,
     OP_HALF_TOPIC,
@@ -36,15 +36,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: RocketMQ counts a flush time-out as stored.
-_PUT_OK = (PutStatus.OK, PutStatus.FLUSH_DISK_TIMEOUT)
 #: Messages and bytes per store.get while recovering.
 _RECOVERY_BATCH = 4096
 _RECOVERY_BYTES = 64 * 1024 * 1024
 
-
-def put_ok(result: PutResult) -> bool:
-    """The record is stored (a flush time-out included, as RocketMQ counts it)."""
-    return result.status in _PUT_OK
 
 
 class TransactionalMessageBridge:

@@ -53,7 +53,7 @@ from txbroker.config import BrokerConfig
 from txbroker.remoting.codes import ResponseCode
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.transaction import recovery
-from txbroker.service.transaction.bridge import TransactionalMessageBridge, put_ok
+from txbroker.service.transaction.bridge import TransactionalMessageBridge
 from txbroker.service.transaction.check import CheckPassReport, CheckService
 from txbroker.service.transaction.history import Decided, TxHistory
 from txbroker.service.transaction.index import (
@@ -174,7 +174,7 @@ class TransactionalMessageService:
                 extra.update(decision_properties(known))
             result = await self.bridge.put_op(OP_TAG_DONE, str(qo), extra,
                                               born_ms=known.decided_at if known is not None else None)
-            if put_ok(result):
+            if result.ok:
                 log.warning("rewrote the missing op record of committed half %d (queue offset %d)",
                             phys, qo)
             else:
@@ -293,7 +293,7 @@ class TransactionalMessageService:
                              store_timestamp=retried.store_ts)
         half = half_message(msg)
         result = await self.bridge.put_half(half)
-        if not put_ok(result):
+        if not result.ok:
             return result
         entry = HalfEntry(
             phys=result.physical_offset, queue_offset=result.queue_offset,
@@ -439,7 +439,7 @@ class TransactionalMessageService:
                 raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                        "Find prepared transaction message failed")
             result = await self.bridge.put_final(final_message(half, phys, entry.store_ts))
-            if not put_ok(result):
+            if not result.ok:
                 raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                        f"commit failed, the store refused the message: "
                                        f"{result.status.name} {result.reason}".strip())
@@ -447,14 +447,14 @@ class TransactionalMessageService:
             self._settle(entry, decided)
             op = await self.bridge.put_op(OP_TAG_DONE, str(entry.queue_offset), extra,
                                           born_ms=decided.decided_at)
-            if not put_ok(op):
+            if not op.ok:
                 self._missing_ops.append((phys, entry.queue_offset))
                 log.error("op record of committed half %d not written (%s); it is rewritten at "
                           "the next start", phys, op.status.name)
         else:
             op = await self.bridge.put_op(OP_TAG_DONE, str(entry.queue_offset), extra,
                                           born_ms=decided.decided_at)
-            if not put_ok(op):
+            if not op.ok:
                 raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                        f"rollback failed, the store refused the op record: "
                                        f"{op.status.name} {op.reason}".strip())
@@ -487,7 +487,7 @@ class TransactionalMessageService:
                 return False
             result = await self.bridge.put_discard(discard_copy(half, entry.checks,
                                                                 entry.queue_offset))
-            if not put_ok(result):
+            if not result.ok:
                 log.error("discard of half %d failed: %s", entry.phys, result.status.name)
                 return False
             self._pending.pop(entry.phys, None)
@@ -512,7 +512,7 @@ class TransactionalMessageService:
         entry = self._discarded[phys]
         result = await self.bridge.put_op(OP_TAG_RESUME, f"{entry.queue_offset},",
                                           {PROPERTY_OPERATOR: operator})
-        if not put_ok(result):
+        if not result.ok:
             raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                    f"resume failed, the store refused the record: {result.status.name}")
         del self._discarded[phys]
@@ -528,7 +528,7 @@ class TransactionalMessageService:
         limit = max(256, self.config.max_message_size // 2)
         for body in counts_bodies(((e.queue_offset, e.checks) for e in entries), limit):
             result = await self.bridge.put_op(OP_TAG_CHECKS, body, {})
-            if not put_ok(result):
+            if not result.ok:
                 log.error("check counts of %d halves not persisted: %s", body.count(","),
                           result.status.name)
 

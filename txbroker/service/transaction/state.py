@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 
 from txbroker.remoting.codes import ResponseCode
-from txbroker.remoting.headers import HeaderError
+from txbroker.remoting.errors import Refusal
 
 
 class HalfState(enum.Enum):
@@ -94,12 +94,9 @@ def decide(state: HalfState, decision: Decision, *, operator: bool = False) -> t
     return Outcome.CONFLICT, state
 
 
-class TransactionError(HeaderError):
-    """A transactional request the broker refuses: answered with ``code`` and ``remark``.
-
-    A :class:`HeaderError` (the contract's refusal type), so every processor turns it into an
-    error response the same way.
-    """
+class TransactionError(Refusal):
+    """A transactional request the broker refuses: a :class:`Refusal`, so the transport answers
+    it with ``code`` and ``remark`` like every other refusal."""
 
 
 class ConflictError(TransactionError):
