@@ -142,8 +142,8 @@ async def test_poll_and_lifecycle_errors(broker, namesrv) -> None:
     for bad in ({"from_where": "middle"}, {"pull_batch_size": 0}, {"long_poll_timeout": 0}):
         with pytest.raises(ValueError):
             Consumer("G", namesrv, **bad)
-    with pytest.raises(ValueError):
-        consumer.subscribe("TLife", "A || ")
+    with pytest.raises(ValueError):  # no tag at all; "A || " is {A}, as in RocketMQ
+        consumer.subscribe("TLife", "||")
 
 
 async def test_consumer_survives_dropped_connections(broker, namesrv) -> None:

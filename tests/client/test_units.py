@@ -15,7 +15,6 @@ from txbroker.client.message import (
     Message,
     MessageExt,
     UniqKeyGenerator,
-    parse_tag_expression,
     wire_body,
 )
 from txbroker.client.rebalance import MessageQueue, OffsetTracker, allocate_average
@@ -96,17 +95,24 @@ def test_offset_tracker_commits_smallest_unacked() -> None:
     assert t.committable() == 16 and t.next_pull == 16
 
 
-def test_tag_expressions() -> None:
-    assert parse_tag_expression("*") is None
-    assert parse_tag_expression(" ") is None
-    assert parse_tag_expression("A || B") == frozenset({"A", "B"})
-    assert parse_tag_expression("A||B||A") == frozenset({"A", "B"})
-    assert parse_tag_expression("TagA") == frozenset({"TagA"})
-    assert parse_tag_expression("A || *") is None
-    with pytest.raises(ValueError):
-        parse_tag_expression("A || ")
+def test_subscribe_reads_expressions_as_rocketmq() -> None:
+    """The SDK's subscriptions go through remoting.filter (tests/remoting/test_filter.py has
+    the table); the SDK adds only its refusals: no part at all, a non-string, a tag the
+    properties string cannot carry."""
+    c = Consumer("CG")
+    c.subscribe("T", "A || B ||")
+    assert c._subs["T"].selected.tags == {"A", "B"}
+    wire = c._consumer_data().subscription_data_set[0]
+    assert wire.sub_string == "A || B ||" and wire.tags_set == ["A", "B"]
+    assert wire.code_set == [rec.tag_hash("A"), rec.tag_hash("B")]
+    c.subscribe("T", "")
+    assert c._subs["T"].selected.matches_all
+    with pytest.raises(ValueError, match="has no tag"):
+        c.subscribe("T", "||")
+    with pytest.raises(ValueError, match="reserved control character"):
+        c.subscribe("T", "A\x02B")
     with pytest.raises(TypeError):
-        parse_tag_expression(5)  # type: ignore[arg-type]
+        c.subscribe("T", 5)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("kwargs,error", [

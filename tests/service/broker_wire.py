@@ -1,4 +1,10 @@
-"""Request builders for the broker tests: RocketMQ frames exactly as clients send them."""
+"""Request builders for the broker tests: RocketMQ frames exactly as clients send them.
+
+Headers and the Java-style heartbeat are built with the SDK's own protocol model
+(``remoting.headers`` / ``remoting.bodies``), so field names and the V2 short keys exist once;
+the C++-style heartbeat stays hand-written because its point is to differ from what the
+model writes.
+"""
 
 from __future__ import annotations
 
@@ -6,29 +12,37 @@ import time
 
 import orjson
 
+from txbroker.remoting.bodies import (
+    ConsumeFromWhere,
+    ConsumerData,
+    HeartbeatData,
+    SubscriptionData,
+)
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode
+from txbroker.remoting.headers import (
+    PULL_FLAG_COMMIT_OFFSET,
+    PULL_FLAG_SUBSCRIPTION,
+    PULL_FLAG_SUSPEND,
+    SEND_V1_KEYS,
+    PullMessageRequestHeader,
+    SendMessageRequestHeader,
+)
 from txbroker.store.record import decode_records, properties_to_string
 
-V2_KEYS = {"producerGroup": "a", "topic": "b", "defaultTopic": "c", "defaultTopicQueueNums": "d",
-           "queueId": "e", "sysFlag": "f", "bornTimestamp": "g", "flag": "h", "properties": "i",
-           "reconsumeTimes": "j", "unitMode": "k", "maxReconsumeTimes": "l", "batch": "m"}
-
-PULL_COMMIT = 0x1
-PULL_SUSPEND = 0x2
-PULL_SUBSCRIPTION = 0x4
+PULL_COMMIT = PULL_FLAG_COMMIT_OFFSET
+PULL_SUSPEND = PULL_FLAG_SUSPEND
+PULL_SUBSCRIPTION = PULL_FLAG_SUBSCRIPTION
 TIMEOUT = 10.0
 
 
 def send_ext(topic: str, *, group: str = "PG_TEST", queue_id: int = 0, sys_flag: int = 0,
              props: dict[str, str] | None = None, batch: bool = False) -> dict[str, str]:
-    return {
-        "producerGroup": group, "topic": topic, "defaultTopic": "TBW102",
-        "defaultTopicQueueNums": "4", "queueId": str(queue_id), "sysFlag": str(sys_flag),
-        "bornTimestamp": str(int(time.time() * 1000)), "flag": "0",
-        "properties": properties_to_string(props or {}), "reconsumeTimes": "0",
-        "unitMode": "false", "batch": "true" if batch else "false",
-    }
+    """SEND_MESSAGE's long-name header; tests may edit it before sending."""
+    return SendMessageRequestHeader(
+        producer_group=group, topic=topic, default_topic_queue_nums=4, queue_id=queue_id,
+        sys_flag=sys_flag, born_timestamp=int(time.time() * 1000), flag=0,
+        properties=properties_to_string(props or {}), batch=batch).to_ext()
 
 
 def send_cmd(topic: str, body: bytes, *, code: int = RequestCode.SEND_MESSAGE, tags: str | None = None,
@@ -39,7 +53,7 @@ def send_cmd(topic: str, body: bytes, *, code: int = RequestCode.SEND_MESSAGE, t
     p.setdefault("WAIT", "true")
     ext = send_ext(topic, props=p, **kw)
     if code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE):
-        ext = {V2_KEYS[k]: v for k, v in ext.items()}
+        ext = {SEND_V1_KEYS[k]: v for k, v in ext.items()}
     return RemotingCommand.request(code, ext, body)
 
 
@@ -50,12 +64,11 @@ async def send(client, topic: str, body: bytes, **kw) -> RemotingCommand:
 def pull_cmd(group: str, topic: str, queue_id: int, offset: int, *, max_nums: int = 32,
              sys_flag: int = PULL_SUBSCRIPTION, subscription: str = "*", suspend_ms: int = 0,
              commit_offset: int = -1) -> RemotingCommand:
-    return RemotingCommand.request(RequestCode.PULL_MESSAGE, {
-        "consumerGroup": group, "topic": topic, "queueId": str(queue_id),
-        "queueOffset": str(offset), "maxMsgNums": str(max_nums), "sysFlag": str(sys_flag),
-        "commitOffset": str(commit_offset), "suspendTimeoutMillis": str(suspend_ms),
-        "subscription": subscription, "subVersion": "0", "expressionType": "TAG",
-    })
+    return RemotingCommand.request(RequestCode.PULL_MESSAGE, PullMessageRequestHeader(
+        consumer_group=group, topic=topic, queue_id=queue_id, queue_offset=offset,
+        max_msg_nums=max_nums, sys_flag=sys_flag, commit_offset=commit_offset,
+        suspend_timeout_millis=suspend_ms, subscription=subscription, sub_version=0,
+        expression_type="TAG").to_ext())
 
 
 async def pull(client, group: str, topic: str, queue_id: int, offset: int, *,
@@ -81,10 +94,7 @@ def heartbeat_body(client_id: str, group: str, topic: str, *, cpp: bool = False)
         cd = {"consumeFromWhere": 0, "consumeType": 1, "groupName": group, "messageModel": 1,
               "subscriptionDataSet": [{"subString": "TagA || TagB", "subVersion": "1795348495561",
                                        "codeSet": [0, 0], "tagsSet": ["TagA", "TagB"], "topic": topic}]}
-    else:
-        cd = {"groupName": group, "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
-              "consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET", "unitMode": False,
-              "subscriptionDataSet": [{"topic": topic, "subString": "*", "tagsSet": [],
-                                       "codeSet": [], "subVersion": 1, "expressionType": "TAG",
-                                       "classFilterMode": False}]}
-    return orjson.dumps({"clientID": client_id, "consumerDataSet": [cd], "producerDataSet": []})
+        return orjson.dumps({"clientID": client_id, "consumerDataSet": [cd], "producerDataSet": []})
+    return HeartbeatData(client_id, consumer_data_set=[ConsumerData(
+        group, consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        subscription_data_set=[SubscriptionData(topic, sub_version=1)])]).encode()

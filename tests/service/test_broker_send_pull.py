@@ -48,6 +48,27 @@ async def test_send_then_pull_with_tag_filter(broker, broker_client) -> None:
     assert resp.code == ResponseCode.PULL_NOT_FOUND and msgs == []
 
 
+@pytest.mark.parametrize("expression,bodies", [
+    ("A || *", [b"a", b"star"]),  # "*" among tags is the tag "*" (FilterAPI), not "all"
+    (" ", []),                    # blanks name no tag: nothing matches
+    ("", [b"a", b"b", b"star", b"none"]),
+])
+async def test_pull_reads_tag_expressions_as_rocketmq(broker, broker_client, expression, bodies) -> None:
+    c = broker_client
+    for body, tag in ((b"a", "A"), (b"b", "B"), (b"star", "*"), (b"none", None)):
+        assert (await send(c, "TagRules", body, tags=tag)).code == ResponseCode.SUCCESS
+    resp, msgs = await pull(c, "G_TAGS", "TagRules", 0, 0, subscription=expression)
+    # Nothing matched among stored messages: RocketMQ's NO_MATCHED_MESSAGE answer.
+    assert resp.code == (ResponseCode.SUCCESS if bodies else ResponseCode.PULL_RETRY_IMMEDIATELY)
+    assert [m.body for m in msgs] == bodies
+
+
+async def test_pull_with_unsplittable_expression_refused(broker, broker_client) -> None:
+    assert (await send(broker_client, "TagSplit", b"x", tags="A")).code == ResponseCode.SUCCESS
+    resp, _ = await pull(broker_client, "G_TAGS", "TagSplit", 0, 0, subscription="||")
+    assert resp.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED and "'||'" in resp.remark
+
+
 async def test_v2_and_batches(broker, broker_client) -> None:
     c = broker_client
     resp = await send(c, "V2Topic", b"short-keys", code=RequestCode.SEND_MESSAGE_V2, queue_id=2)

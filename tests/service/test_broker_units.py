@@ -12,7 +12,7 @@ from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import HeaderError, SendMessageRequestHeader
-from txbroker.service.clients import ClientRegistry, ConsumerEntry, parse_tag_expression
+from txbroker.service.clients import ClientRegistry, ConsumerEntry
 from txbroker.service.namesrv import NameServer
 from txbroker.service.processors.consumer import LockManager
 from txbroker.service.schedule import parse_levels
@@ -68,13 +68,6 @@ async def test_topics_persist_and_protect(tmp_path) -> None:
     with pytest.raises(TopicError) as err:
         await no_auto.get_or_create("Unknown")
     assert err.value.code == ResponseCode.TOPIC_NOT_EXIST
-
-
-def test_tag_expressions() -> None:
-    assert parse_tag_expression("*") == frozenset()
-    assert parse_tag_expression(None) == frozenset()
-    assert parse_tag_expression("TagA || TagB") == {"TagA", "TagB"}
-    assert parse_tag_expression(" a||b ||  ") == {"a", "b"}
 
 
 def test_registry_producers_most_recent_first() -> None:

@@ -27,9 +27,26 @@ from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
 from txbroker.client.message import validate_topic
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.headers import (
+    DEFAULT_TOPIC,
+    PERM_READ,
+    PERM_WRITE,
+    TXN_DECISIONS,
+    TXN_LIST_STATES,
+    CreateTopicRequestHeader,
+    DeleteTopicRequestHeader,
+    GetMaxOffsetRequestHeader,
+    GetMinOffsetRequestHeader,
+    Header,
+    HeaderError,
+    OffsetResponseHeader,
+    TxnDecideRequestHeader,
+    TxnListRequestHeader,
+    TxnShowRequestHeader,
+)
 
-PERM_READ_WRITE = 6
-DECISIONS = ("commit", "rollback", "resume")
+PERM_READ_WRITE = PERM_READ | PERM_WRITE
+DECISIONS = TXN_DECISIONS
 
 
 class AdminClient:
@@ -61,8 +78,9 @@ class AdminClient:
         """Broker name -> address."""
         return dict(sorted(self._instance.broker_addrs.items()))
 
-    async def _call(self, addr: str, code: int, what: str, ext: dict[str, str] | None = None) -> RemotingCommand:
-        resp = await self._instance.invoke(addr, RemotingCommand.request(code, ext or {}))
+    async def _call(self, addr: str, code: int, what: str, header: Header | None = None) -> RemotingCommand:
+        ext = header.to_ext() if header is not None else {}
+        resp = await self._instance.invoke(addr, RemotingCommand.request(code, ext))
         if resp.code != ResponseCode.SUCCESS:
             raise BrokerError(what, resp.code, resp.remark, addr)
         return resp
@@ -125,10 +143,9 @@ class AdminClient:
         return await self._topic_configs(topic)
 
     async def _put_topic(self, addr: str, topic: str, read: int, write: int, perm: int) -> None:
-        ext = {"topic": topic, "defaultTopic": "TBW102", "readQueueNums": str(read),
-               "writeQueueNums": str(write), "perm": str(perm),
-               "topicFilterType": "SINGLE_TAG", "topicSysFlag": "0", "order": "false"}
-        await self._call(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, f"create topic {topic}", ext)
+        header = CreateTopicRequestHeader(topic=topic, default_topic=DEFAULT_TOPIC,
+                                          read_queue_nums=read, write_queue_nums=write, perm=perm)
+        await self._call(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, f"create topic {topic}", header)
 
     async def _topic_configs(self, topic: str) -> dict[str, dict]:
         """Broker address -> ``topic``'s TopicConfig, for the brokers that have it."""
@@ -144,20 +161,26 @@ class AdminClient:
         """Queue id -> messages retained, for the queues of ``queue_ids`` that hold any."""
         held = {}
         for q in queue_ids:
-            ext = {"topic": topic, "queueId": str(q)}
-            low, high = [int((await self._call(addr, code, f"offsets of {topic} queue {q}", ext))
-                             .ext_fields.get("offset", "0"))
-                         for code in (RequestCode.GET_MIN_OFFSET, RequestCode.GET_MAX_OFFSET)]
+            what = f"offsets of {topic} queue {q}"
+            low, high = [await self._offset(addr, code, what, header) for code, header in (
+                (RequestCode.GET_MIN_OFFSET, GetMinOffsetRequestHeader(topic=topic, queue_id=q)),
+                (RequestCode.GET_MAX_OFFSET, GetMaxOffsetRequestHeader(topic=topic, queue_id=q)))]
             if high > low:
                 held[q] = high - low
         return held
+
+    async def _offset(self, addr: str, code: int, what: str, header: Header) -> int:
+        try:
+            return OffsetResponseHeader.from_ext((await self._call(addr, code, what, header)).ext_fields).offset
+        except HeaderError as exc:
+            raise ClientError(f"{what}: {exc.remark}") from None
 
     async def delete_topic(self, topic: str) -> None:
         """Delete ``topic`` on every broker: its config, queues and consumer offsets."""
         validate_topic(topic)
         for addr in self.brokers.values():
             await self._call(addr, RequestCode.DELETE_TOPIC_IN_BROKER, f"delete topic {topic}",
-                             {"topic": topic})
+                             DeleteTopicRequestHeader(topic=topic))
 
     async def list_topics(self) -> dict[str, dict]:
         """Topic name -> RocketMQ TopicConfig (queues, perm), merged over brokers."""
@@ -182,12 +205,12 @@ class AdminClient:
     async def txn_list(self, state: str = "pending") -> list[dict]:
         """Half messages of every broker (``pending``, ``discarded`` or ``all``), oldest first,
         each row with ``broker`` added."""
-        if state not in ("pending", "discarded", "all"):
+        if state not in TXN_LIST_STATES:
             raise ValueError("state must be pending, discarded or all")
         rows: list[dict] = []
         for name, addr in self.brokers.items():
             doc = self._json(await self._call(addr, RequestCode.TXN_LIST, "list transactions",
-                                              {"state": state}), "list transactions")
+                                              TxnListRequestHeader(state=state)), "list transactions")
             for row in _rows(doc):
                 rows.append({"broker": name, **row})
         return rows
@@ -199,7 +222,7 @@ class AdminClient:
         Raises :class:`TransactionNotFoundError` if no broker knows the id."""
         if not txn_id or not isinstance(txn_id, str):
             raise ValueError("a transaction id is required")
-        return await self._txn_request(RequestCode.TXN_SHOW, {"id": txn_id}, txn_id,
+        return await self._txn_request(RequestCode.TXN_SHOW, TxnShowRequestHeader(id=txn_id), txn_id,
                                        f"show transaction {txn_id}")
 
     async def txn_decide(self, txn_id: str, decision: str, operator: str) -> dict:
@@ -215,16 +238,16 @@ class AdminClient:
             raise ValueError("an operator name is required")
         if not txn_id or not isinstance(txn_id, str):
             raise ValueError("a transaction id is required")
-        return await self._txn_request(RequestCode.TXN_DECIDE, {
-            "id": txn_id, "decision": decision, "operator": operator}, txn_id,
+        return await self._txn_request(RequestCode.TXN_DECIDE, TxnDecideRequestHeader(
+            id=txn_id, decision=decision, operator=operator), txn_id,
             f"{decision} transaction {txn_id}")
 
-    async def _txn_request(self, code: int, ext: dict[str, str], txn_id: str, what: str) -> dict:
+    async def _txn_request(self, code: int, header: Header, txn_id: str, what: str) -> dict:
         """Ask the brokers in turn; the first that knows ``txn_id`` answers."""
         missing: list[str] = []
         errors: list[BrokerError] = []
         for name, addr in self.brokers.items():
-            resp = await self._instance.invoke(addr, RemotingCommand.request(code, ext))
+            resp = await self._instance.invoke(addr, RemotingCommand.request(code, header.to_ext()))
             if resp.code == ResponseCode.SUCCESS:
                 doc = self._json(resp, what)
                 return {"broker": name, **(doc if isinstance(doc, dict) else {"value": doc})}

@@ -46,36 +46,59 @@ from txbroker.client.errors import (
     TopicNotFoundError,
 )
 from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
-from txbroker.client.message import MessageExt, parse_tag_expression, validate_topic
+from txbroker.client.message import MessageExt, check_text, validate_topic
 from txbroker.client.producer import validate_group
 from txbroker.client.rebalance import MessageQueue, OffsetTracker, allocate_average
+from txbroker.remoting.bodies import (
+    BodyError,
+    ConsumeFromWhere,
+    ConsumerData,
+    ConsumerListBody,
+    SubscriptionData,
+)
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.filter import (
+    SubscriptionParseError,
+    TagExpression,
+    parse_tag_expression,
+)
+from txbroker.remoting.headers import (
+    PULL_FLAG_COMMIT_OFFSET,
+    PULL_FLAG_SUBSCRIPTION,
+    PULL_FLAG_SUSPEND,
+    GetConsumerListByGroupRequestHeader,
+    GetMaxOffsetRequestHeader,
+    GetMinOffsetRequestHeader,
+    Header,
+    HeaderError,
+    NotifyConsumerIdsChangedRequestHeader,
+    OffsetResponseHeader,
+    PullMessageRequestHeader,
+    PullMessageResponseHeader,
+    QueryConsumerOffsetRequestHeader,
+    SearchOffsetRequestHeader,
+    UpdateConsumerOffsetRequestHeader,
+)
 from txbroker.store import record as rec
 
 log = logging.getLogger(__name__)
 
-PULL_FLAG_COMMIT_OFFSET = 0x1
-PULL_FLAG_SUSPEND = 0x2
-PULL_FLAG_SUBSCRIPTION = 0x4
-_FROM_WHERE_NAMES = {"last": "CONSUME_FROM_LAST_OFFSET", "first": "CONSUME_FROM_FIRST_OFFSET"}
+_FROM_WHERE = {"last": ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
+               "first": ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET}
 
 
 @dataclass
 class _Subscription:
     topic: str
-    expression: str
-    tags: frozenset[str] | None
+    selected: TagExpression
     version: int
 
-    def to_wire(self) -> dict:
-        tags = sorted(self.tags or ())
-        return {"classFilterMode": False, "topic": self.topic, "subString": self.expression,
-                "tagsSet": tags, "codeSet": [rec.tag_hash(t) for t in tags],
-                "subVersion": self.version, "expressionType": "TAG"}
-
-    def matches(self, tag: str | None) -> bool:
-        return self.tags is None or (tag is not None and tag in self.tags)
+    def to_wire(self) -> SubscriptionData:
+        tags = sorted(self.selected.tags)
+        return SubscriptionData(topic=self.topic, sub_string=self.selected.sub_string,
+                                tags_set=tags, code_set=[rec.tag_hash(t) for t in tags],
+                                sub_version=self.version)
 
 
 @dataclass
@@ -88,7 +111,7 @@ class _OwnedQueue:
 
 def _from_where(value: object) -> str | int:
     """Normalise ``from_where`` to "last", "first" or a timestamp in ms."""
-    if isinstance(value, str) and value in _FROM_WHERE_NAMES:
+    if isinstance(value, str) and value in _FROM_WHERE:
         return value
     if isinstance(value, datetime):
         return int(value.timestamp() * 1000)
@@ -153,26 +176,28 @@ class Consumer:
 
     # --- subscription --------------------------------------------------------------------
     def subscribe(self, topic: str, expression: str = "*") -> None:
-        """Consume ``topic`` filtered by ``expression`` (``"*"`` or ``"A || B"``)."""
+        """Consume ``topic`` filtered by ``expression`` (``"*"`` or ``"A || B"``), read as
+        RocketMQ's FilterAPI reads it (``remoting.filter``); ValueError if it has no part."""
         validate_topic(topic)
-        tags = parse_tag_expression(expression)
-        self._subs[topic] = _Subscription(topic, expression.strip() or "*", tags,
-                                          int(time.time() * 1000))
+        try:
+            selected = parse_tag_expression(expression)
+        except SubscriptionParseError as exc:
+            raise ValueError(exc.remark) from None
+        for tag in selected.tags:
+            check_text("tag", tag)
+        self._subs[topic] = _Subscription(topic, selected, int(time.time() * 1000))
         if self._state == "running":
             asyncio.get_running_loop().create_task(self._instance.heartbeat_all())
             assert self._rebalance_needed is not None
             self._rebalance_needed.set()
 
-    def _consumer_data(self) -> dict:
+    def _consumer_data(self) -> ConsumerData:
         where = self.from_where
-        return {
-            "groupName": self.group, "consumeType": "CONSUME_PASSIVELY",
-            "messageModel": "CLUSTERING",
-            "consumeFromWhere": _FROM_WHERE_NAMES.get(where, "CONSUME_FROM_TIMESTAMP")
-            if isinstance(where, str) else "CONSUME_FROM_TIMESTAMP",
-            "subscriptionDataSet": [s.to_wire() for _, s in sorted(self._subs.items())],
-            "unitMode": False,
-        }
+        return ConsumerData(
+            group_name=self.group,
+            consume_from_where=_FROM_WHERE[where] if isinstance(where, str)
+            else ConsumeFromWhere.CONSUME_FROM_TIMESTAMP,
+            subscription_data_set=[s.to_wire() for _, s in sorted(self._subs.items())])
 
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -294,7 +319,11 @@ class Consumer:
 
     # --- rebalance -----------------------------------------------------------------------
     def _on_ids_changed(self, addr: str, cmd: RemotingCommand) -> None:
-        if cmd.ext_fields.get("consumerGroup", self.group) == self.group and self._rebalance_needed:
+        try:
+            group = NotifyConsumerIdsChangedRequestHeader.from_ext(cmd.ext_fields).consumer_group
+        except HeaderError:
+            group = self.group  # a notice that names no group: rebalance anyway
+        if group == self.group and self._rebalance_needed:
             log.info("consumer %s: group membership changed (notified by %s)", self.client_id, addr)
             self._rebalance_needed.set()
 
@@ -313,15 +342,15 @@ class Consumer:
                 log.warning("consumer %s: rebalance failed: %s", self.client_id, exc)
 
     async def _members(self, addr: str) -> list[str]:
-        cmd = RemotingCommand.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": self.group})
+        cmd = RemotingCommand.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP,
+                                      GetConsumerListByGroupRequestHeader(consumer_group=self.group).to_ext())
         resp = await self._instance.invoke(addr, cmd)
         if resp.code != ResponseCode.SUCCESS:
             return []  # "no consumer for this group": our heartbeat has not landed yet
         try:
-            ids = orjson.loads(resp.body).get("consumerIdList") or []
-        except (orjson.JSONDecodeError, AttributeError):
-            raise ClientError(f"consumer list from {addr} is not valid JSON") from None
-        return [str(i) for i in ids]
+            return ConsumerListBody.decode(resp.body).consumer_id_list
+        except BodyError as exc:
+            raise ClientError(f"consumer list from {addr}: {exc.remark}") from None
 
     async def rebalance(self) -> None:
         """Recompute this member's queues now and start/stop pulling accordingly."""
@@ -381,30 +410,38 @@ class Consumer:
         owned.task = asyncio.get_running_loop().create_task(
             self._pull_loop(owned), name=f"txbroker-pull-{mq}")
 
-    async def _offset_request(self, code: int, addr: str, ext: dict[str, str]) -> RemotingCommand:
-        resp = await self._instance.invoke(addr, RemotingCommand.request(code, ext))
-        if resp.code not in (ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND):
+    async def _offset_request(self, code: int, addr: str, header: Header) -> int | None:
+        """The ``offset`` a broker answers, None for QUERY_NOT_FOUND."""
+        resp = await self._instance.invoke(addr, RemotingCommand.request(code, header.to_ext()))
+        if resp.code == ResponseCode.QUERY_NOT_FOUND:
+            return None
+        if resp.code != ResponseCode.SUCCESS:
             raise BrokerError(f"offset request {code}", resp.code, resp.remark, addr)
-        return resp
+        try:
+            return OffsetResponseHeader.from_ext(resp.ext_fields).offset
+        except HeaderError as exc:
+            raise ClientError(f"offset request {code} to {addr}: {exc.remark}") from None
 
     async def _start_offset(self, mq: MessageQueue, addr: str, status_cache: dict) -> int:
-        q = {"topic": mq.topic, "queueId": str(mq.queue_id)}
-        resp = await self._offset_request(RequestCode.QUERY_CONSUMER_OFFSET, addr,
-                                          {"consumerGroup": self.group, **q})
-        if resp.code == ResponseCode.SUCCESS:
-            offset = int(resp.ext_fields.get("offset", "0"))
-            # A RocketMQ broker also answers 0 for a group that never committed (while the
-            # queue still starts at 0); only then does ``from_where`` apply.
-            if offset > 0 or self.from_where == "first" or await self._committed(addr, mq, status_cache):
-                return offset
+        topic, queue_id = mq.topic, mq.queue_id
+        offset = await self._offset_request(RequestCode.QUERY_CONSUMER_OFFSET, addr,
+                                            QueryConsumerOffsetRequestHeader(
+                                                consumer_group=self.group, topic=topic,
+                                                queue_id=queue_id))
+        # A RocketMQ broker also answers 0 for a group that never committed (while the
+        # queue still starts at 0); only then does ``from_where`` apply.
+        if offset is not None and (offset > 0 or self.from_where == "first"
+                                   or await self._committed(addr, mq, status_cache)):
+            return offset
+        header: Header
         if self.from_where == "first":
-            code, ext = RequestCode.GET_MIN_OFFSET, q
+            code, header = RequestCode.GET_MIN_OFFSET, GetMinOffsetRequestHeader(topic=topic, queue_id=queue_id)
         elif self.from_where == "last":
-            code, ext = RequestCode.GET_MAX_OFFSET, q
+            code, header = RequestCode.GET_MAX_OFFSET, GetMaxOffsetRequestHeader(topic=topic, queue_id=queue_id)
         else:
-            code, ext = RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, {**q, "timestamp": str(self.from_where)}
-        resp = await self._offset_request(code, addr, ext)
-        return max(int(resp.ext_fields.get("offset", "0")), 0)
+            code, header = RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, SearchOffsetRequestHeader(
+                topic=topic, queue_id=queue_id, timestamp=int(self.from_where))
+        return await self._offset_request(code, addr, header) or 0
 
     async def _committed(self, addr: str, mq: MessageQueue, cache: dict) -> bool:
         """Whether the group really committed an offset for ``mq`` (txbroker's status
@@ -433,14 +470,13 @@ class Consumer:
             sys_flag = PULL_FLAG_SUSPEND | PULL_FLAG_SUBSCRIPTION
             if commit > tracker.committed >= -1 and commit > 0:
                 sys_flag |= PULL_FLAG_COMMIT_OFFSET
-            cmd = RemotingCommand.request(RequestCode.PULL_MESSAGE, {
-                "consumerGroup": self.group, "topic": mq.topic, "queueId": str(mq.queue_id),
-                "queueOffset": str(tracker.next_pull), "maxMsgNums": str(self.pull_batch_size),
-                "sysFlag": str(sys_flag), "commitOffset": str(commit if sys_flag & 1 else -1),
-                "suspendTimeoutMillis": str(int(self.long_poll_timeout * 1000)),
-                "subscription": sub.expression, "subVersion": str(sub.version),
-                "expressionType": "TAG",
-            })
+            cmd = RemotingCommand.request(RequestCode.PULL_MESSAGE, PullMessageRequestHeader(
+                consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id,
+                queue_offset=tracker.next_pull, max_msg_nums=self.pull_batch_size,
+                sys_flag=sys_flag, commit_offset=commit if sys_flag & PULL_FLAG_COMMIT_OFFSET else -1,
+                suspend_timeout_millis=int(self.long_poll_timeout * 1000),
+                subscription=sub.selected.sub_string, sub_version=sub.version,
+                expression_type="TAG").to_ext())
             try:
                 resp = await self._instance.invoke(owned.addr, cmd,
                                                    self.long_poll_timeout + self.request_timeout)
@@ -459,8 +495,8 @@ class Consumer:
     async def _handle_pull(self, owned: _OwnedQueue, sub: _Subscription, resp: RemotingCommand) -> bool:
         mq, tracker = owned.mq, owned.tracker
         try:
-            next_begin = int(resp.ext_fields.get("nextBeginOffset", tracker.next_pull))
-        except ValueError:
+            next_begin = PullMessageResponseHeader.from_ext(resp.ext_fields).next_begin_offset
+        except HeaderError:  # an error answer carries no offsets
             next_begin = tracker.next_pull
         if resp.code == ResponseCode.SUCCESS:
             try:
@@ -470,7 +506,8 @@ class Consumer:
                 log.error("consumer %s: undecodable pull body from %s for %s: %s",
                           self.client_id, owned.addr, mq, exc)
                 return False
-            wanted = [m for m in msgs if sub.matches(m.tags) and m.queue_offset >= tracker.next_pull]
+            wanted = [m for m in msgs
+                      if sub.selected.matches(m.tags) and m.queue_offset >= tracker.next_pull]
             tracker.pulled([m.queue_offset for m in wanted], next_begin)
             for m in wanted:
                 await self._buffer.put((tracker, m))  # back-pressure: waits while full
@@ -492,9 +529,9 @@ class Consumer:
         offset = owned.tracker.committable()
         if offset == owned.tracker.committed:
             return
-        cmd = RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, {
-            "consumerGroup": self.group, "topic": owned.mq.topic,
-            "queueId": str(owned.mq.queue_id), "commitOffset": str(offset)}, oneway=oneway)
+        cmd = RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, UpdateConsumerOffsetRequestHeader(
+            consumer_group=self.group, topic=owned.mq.topic, queue_id=owned.mq.queue_id,
+            commit_offset=offset).to_ext(), oneway=oneway)
         if oneway:
             await self._instance.invoke_oneway(owned.addr, cmd)
         else:

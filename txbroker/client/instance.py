@@ -33,8 +33,6 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import orjson
-
 from txbroker.client.errors import (
     BrokerError,
     ClientError,
@@ -42,21 +40,31 @@ from txbroker.client.errors import (
     TopicNotFoundError,
 )
 from txbroker.client.rebalance import MessageQueue
+from txbroker.remoting.bodies import (
+    BodyError,
+    ClusterInfo,
+    ConsumerData,
+    HeartbeatData,
+    ProducerData,
+    TopicRouteData,
+)
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.headers import (
+    PERM_READ,
+    PERM_WRITE,
+    GetRouteInfoRequestHeader,
+    UnregisterClientRequestHeader,
+)
 from txbroker.remoting.signing import SessionCredentials, credentials
 from txbroker.store.record import DEFAULT_TOPIC
 
 log = logging.getLogger(__name__)
 
 DEFAULT_NAMESRV = "127.0.0.1:9876"
-MASTER_ID = "0"
-PERM_WRITE = 0x2
-PERM_READ = 0x4
 #: First wait before reopening a dropped broker connection (doubles up to the heartbeat interval).
 REJOIN_DELAY_MIN = 0.1
-_NUMERIC_KEY = re.compile(rb'([{,]\s*)(-?\d+)(\s*:)')
 
 #: A handler for a broker-initiated request: (broker address, command).
 ServerRequestHandler = Callable[[str, RemotingCommand], Awaitable[None] | None]
@@ -80,20 +88,6 @@ def parse_addresses(namesrv: str) -> list[str]:
     return out
 
 
-def _json(body: bytes, what: str) -> dict:
-    """Parse a JSON body, tolerating fastjson's unquoted numeric map keys (docs/protocol.md §4.9)."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        try:
-            doc = orjson.loads(_NUMERIC_KEY.sub(rb'\1"\2"\3', body))
-        except orjson.JSONDecodeError as exc:
-            raise ClientError(f"{what}: body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ClientError(f"{what}: body is not a JSON object")
-    return doc
-
-
 @dataclass
 class TopicRoute:
     """A topic's queues and the master address of each broker holding them."""
@@ -104,19 +98,18 @@ class TopicRoute:
 
     @classmethod
     def parse(cls, topic: str, body: bytes) -> TopicRoute:
-        doc = _json(body, f"route of {topic}")
+        """Read a GET_ROUTEINFO_BY_TOPIC body (standard JSON or fastjson's unquoted keys)."""
+        try:
+            data = TopicRouteData.decode(body)
+        except BodyError as exc:
+            raise ClientError(f"route of {topic}: {exc.remark}") from None
         route = cls(topic)
-        for bd in doc.get("brokerDatas") or []:
-            addrs = bd.get("brokerAddrs") or {}
-            master = addrs.get(MASTER_ID) or addrs.get(0)
-            if bd.get("brokerName") and master:
-                route.brokers[str(bd["brokerName"])] = str(master)
-        for qd in doc.get("queueDatas") or []:
-            try:
-                route.queues.append((str(qd["brokerName"]), int(qd.get("readQueueNums", 0)),
-                                     int(qd.get("writeQueueNums", 0)), int(qd.get("perm", 6))))
-            except (KeyError, TypeError, ValueError):
-                raise ClientError(f"route of {topic}: malformed queue data {qd!r}") from None
+        for bd in data.broker_datas:
+            master = bd.master_addr()
+            if master:
+                route.brokers[bd.broker_name] = master
+        route.queues = [(qd.broker_name, qd.read_queue_nums, qd.write_queue_nums, qd.perm)
+                        for qd in data.queue_datas]
         return route
 
     def write_queues(self) -> list[MessageQueue]:
@@ -149,8 +142,8 @@ class ClientInstance:
         #: RocketMQ's ``ip@instanceName``; one per Producer/Consumer object.
         self.client_id = f"{self.ip}@{self._instance_name}"
         self.producer_groups: set[str] = set()
-        #: consumer group -> callable returning its ConsumerData dict for heartbeats.
-        self.consumer_data: dict[str, Callable[[], dict]] = {}
+        #: consumer group -> callable returning its ConsumerData for heartbeats.
+        self.consumer_data: dict[str, Callable[[], ConsumerData]] = {}
         self._handlers: dict[int, ServerRequestHandler] = {}
         self._ns: RemotingClient | None = None
         self._ns_index = 0
@@ -200,12 +193,14 @@ class ClientInstance:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        groups = [("producerGroup", g) for g in sorted(self.producer_groups)]
-        groups += [("consumerGroup", g) for g in sorted(self.consumer_data)]
+        headers = [UnregisterClientRequestHeader(client_id=self.client_id, producer_group=g)
+                   for g in sorted(self.producer_groups)]
+        headers += [UnregisterClientRequestHeader(client_id=self.client_id, consumer_group=g)
+                    for g in sorted(self.consumer_data)]
         for addr in list(self._conns):
-            for key, group in groups:
-                cmd = RemotingCommand.request(RequestCode.UNREGISTER_CLIENT,
-                                              {"clientID": self.client_id, key: group})
+            for header in headers:
+                group = header.producer_group or header.consumer_group
+                cmd = RemotingCommand.request(RequestCode.UNREGISTER_CLIENT, header.to_ext())
                 try:
                     await self._conns[addr].invoke(cmd, self.request_timeout)
                 except (ClientError, OSError, TimeoutError) as exc:  # shutdown goes on: the broker expires us anyway
@@ -281,20 +276,22 @@ class ClientInstance:
         resp = await self.namesrv_invoke(RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO))
         if resp.code != ResponseCode.SUCCESS:
             raise BrokerError("cluster info", resp.code, resp.remark, self.namesrv_addr)
-        doc = _json(resp.body, "cluster info")
-        for name, bd in (doc.get("brokerAddrTable") or {}).items():
-            addrs = (bd or {}).get("brokerAddrs") or {}
-            master = addrs.get(MASTER_ID) or addrs.get(0)
+        try:
+            info = ClusterInfo.decode(resp.body)
+        except BodyError as exc:
+            raise ClientError(f"cluster info: {exc.remark}") from None
+        for name, bd in info.broker_addr_table.items():
+            master = bd.master_addr()
             if master:
-                self.broker_addrs[str(name)] = str(master)
+                self.broker_addrs[name] = master
         return dict(self.broker_addrs)
 
     async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         cached = self.routes.get(topic)
         if cached is not None and not refresh:
             return cached
-        cmd = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC,
-                                      {"topic": topic, "acceptStandardJsonOnly": "true"})
+        cmd = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, GetRouteInfoRequestHeader(
+            topic=topic, accept_standard_json_only=True).to_ext())
         try:
             resp = await self.namesrv_invoke(cmd)
         except (OSError, TimeoutError, RouteError) as exc:
@@ -470,11 +467,11 @@ class ClientInstance:
 
     # --- heartbeats ----------------------------------------------------------------------
     def heartbeat_body(self) -> bytes:
-        return orjson.dumps({
-            "clientID": self.client_id,
-            "producerDataSet": [{"groupName": g} for g in sorted(self.producer_groups)],
-            "consumerDataSet": [fn() for _, fn in sorted(self.consumer_data.items())],
-        })
+        return HeartbeatData(
+            self.client_id,
+            [ProducerData(g) for g in sorted(self.producer_groups)],
+            [fn() for _, fn in sorted(self.consumer_data.items())],
+        ).encode()
 
     async def _heartbeat(self, addr: str, conn: RemotingClient) -> None:
         cmd = RemotingCommand.request(RequestCode.HEART_BEAT, body=self.heartbeat_body())

@@ -74,7 +74,8 @@ def validate_topic(name: object, what: str = "topic", limit: int = MAX_TOPIC_LEN
     return name
 
 
-def _check_text(what: str, value: object) -> str:
+def check_text(what: str, value: object) -> str:
+    """``value`` as a string that fits in the properties string (no \\x01 or \\x02)."""
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a string, got {type(value).__name__}")
     if rec.NAME_VALUE_SEPARATOR in value or rec.PROPERTY_SEPARATOR in value:
@@ -109,16 +110,16 @@ class Message:
         if len(self.body) == 0:
             raise ValueError("body is empty")
         if self.tags is not None:
-            _check_text("tags", self.tags)
+            check_text("tags", self.tags)
             if not self.tags or "||" in self.tags:
                 raise ValueError(f"tags {self.tags!r} must be non-empty and may not contain '||'")
         for key in self.key_list():
-            _check_text("key", key)
+            check_text("key", key)
             if not key or " " in key:
                 raise ValueError(f"key {key!r} must be non-empty and contain no spaces")
         for k, v in (self.properties or {}).items():
-            _check_text("property name", k)
-            _check_text(f"property {k!r} value", v)
+            check_text("property name", k)
+            check_text(f"property {k!r} value", v)
             if not k or not v:
                 raise ValueError(f"property {k!r}: names and values must be non-empty")
             if k in RESERVED_PROPERTIES:
@@ -295,21 +296,3 @@ class UniqKeyGenerator:
         count = next(self._counter) & 0xFFFF
         return (self._prefix + struct.pack(">IH", elapsed, count)).hex().upper()
 
-
-def parse_tag_expression(expression: str | None) -> frozenset[str] | None:
-    """``"A || B"`` → {"A", "B"}; ``"*"`` (or empty) → None, meaning every message matches."""
-    if expression is None:
-        return None
-    if not isinstance(expression, str):
-        raise TypeError("a subscription expression must be a string")
-    text = expression.strip()
-    if not text or text == "*":
-        return None
-    tags = [t.strip() for t in text.split("||")]
-    if any(not t for t in tags):
-        raise ValueError(f"subscription expression {expression!r} has an empty tag")
-    for t in tags:
-        _check_text("tag", t)
-    if "*" in tags:
-        return None
-    return frozenset(tags)

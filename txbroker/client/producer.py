@@ -37,6 +37,11 @@ from txbroker.client.message import (
 from txbroker.client.rebalance import MessageQueue
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.headers import (
+    HeaderError,
+    SendMessageRequestHeader,
+    SendMessageResponseHeader,
+)
 from txbroker.store import record as rec
 
 log = logging.getLogger(__name__)
@@ -189,13 +194,13 @@ class Producer:
     def _request(self, mq: MessageQueue, body: bytes, props: dict[str, str], sys_flag: int,
                  *, batch: bool, oneway: bool = False) -> RemotingCommand:
         code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
-        ext = {
-            "a": self.group, "b": mq.topic, "c": DEFAULT_TOPIC, "d": str(DEFAULT_TOPIC_QUEUE_NUMS),
-            "e": str(mq.queue_id), "f": str(sys_flag), "g": str(int(time.time() * 1000)),
-            "h": "0", "i": rec.properties_to_string(props), "j": "0", "k": "false",
-            "m": "true" if batch else "false",
-        }
-        return RemotingCommand.request(code, ext, body, oneway=oneway)
+        header = SendMessageRequestHeader(
+            producer_group=self.group, topic=mq.topic, default_topic=DEFAULT_TOPIC,
+            default_topic_queue_nums=DEFAULT_TOPIC_QUEUE_NUMS, queue_id=mq.queue_id,
+            sys_flag=sys_flag, born_timestamp=int(time.time() * 1000), flag=0,
+            properties=rec.properties_to_string(props), reconsume_times=0, unit_mode=False,
+            batch=batch)
+        return RemotingCommand.request(code, header.to_ext_v2(), body, oneway=oneway)
 
     async def _send(self, topic: str, body: bytes, props: dict[str, str], sys_flag: int,
                     msg_id: str, *, batch: bool = False) -> SendResult:
@@ -248,12 +253,10 @@ class Producer:
     @staticmethod
     def _result(topic: str, mq: MessageQueue, resp: RemotingCommand, status: SendStatus,
                 msg_id: str) -> SendResult:
-        ext = resp.ext_fields
         try:
-            queue_id = int(ext.get("queueId", mq.queue_id))
-            queue_offset = int(ext.get("queueOffset", -1))
-        except ValueError:
-            raise ClientError(f"send to {topic!r}: malformed response header {ext!r}") from None
-        return SendResult(send_status=status, msg_id=msg_id, offset_msg_id=ext.get("msgId", ""),
-                          queue_id=queue_id, queue_offset=queue_offset, topic=topic,
+            header = SendMessageResponseHeader.from_ext(resp.ext_fields)
+        except HeaderError as exc:
+            raise ClientError(f"send to {topic!r}: malformed response header: {exc.remark}") from None
+        return SendResult(send_status=status, msg_id=msg_id, offset_msg_id=header.msg_id,
+                          queue_id=header.queue_id, queue_offset=header.queue_offset, topic=topic,
                           broker_name=mq.broker_name)

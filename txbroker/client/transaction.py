@@ -33,6 +33,11 @@ from txbroker.client.message import (
 from txbroker.client.producer import Producer
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode
+from txbroker.remoting.headers import (
+    CheckTransactionStateRequestHeader,
+    EndTransactionRequestHeader,
+    HeaderError,
+)
 from txbroker.store import record as rec
 
 log = logging.getLogger(__name__)
@@ -158,12 +163,11 @@ class TransactionProducer(Producer):
         except ValueError as exc:
             raise ClientError(f"cannot end transaction {uniq}: bad offsetMsgId "
                               f"{offset_msg_id!r}: {exc}") from None
-        cmd = RemotingCommand.request(RequestCode.END_TRANSACTION, {
-            "producerGroup": self.group, "tranStateTableOffset": str(queue_offset),
-            "commitLogOffset": str(commit_log_offset), "commitOrRollback": str(state.value),
-            "fromTransactionCheck": "true" if from_check else "false",
-            "msgId": uniq, "transactionId": uniq,
-        }, oneway=True)
+        cmd = RemotingCommand.request(RequestCode.END_TRANSACTION, EndTransactionRequestHeader(
+            producer_group=self.group, tran_state_table_offset=queue_offset,
+            commit_log_offset=commit_log_offset, commit_or_rollback=state.value,
+            from_transaction_check=from_check, msg_id=uniq, transaction_id=uniq,
+        ).to_ext(), oneway=True)
         if remark:
             cmd.remark = remark[:512]
         await self._instance.invoke_oneway(addr or self._instance.broker_addr(broker_name), cmd)
@@ -171,22 +175,22 @@ class TransactionProducer(Producer):
     # --- check-backs ---------------------------------------------------------------------------
     def _on_check(self, addr: str, cmd: RemotingCommand) -> None:
         """Read path: decode and hand off; never await the listener here."""
-        ext = cmd.ext_fields
         try:
+            header = CheckTransactionStateRequestHeader.from_ext(cmd.ext_fields)
             stored = rec.decode_record(cmd.body)
             msg = MessageExt.from_stored(stored)
-            queue_offset = int(ext["tranStateTableOffset"])
-        except (rec.RecordError, KeyError, ValueError) as exc:
+        except (rec.RecordError, HeaderError) as exc:
             log.warning("producer %s: malformed check-back from %s ignored: %s", self.group, addr, exc)
             return
         group = msg.properties.get(rec.PROPERTY_PRODUCER_GROUP)
         if group != self.group:
             log.warning("producer %s: check-back for group %r ignored", self.group, group)
             return
-        tx_id = ext.get("transactionId") or ext.get("msgId") or msg.msg_id
+        tx_id = header.transaction_id or header.msg_id or msg.msg_id
         msg.transaction_id = tx_id
-        msg.msg_id = ext.get("msgId") or msg.msg_id
-        offset_msg_id = ext.get("offsetMsgId") or msg.offset_msg_id
+        msg.msg_id = header.msg_id or msg.msg_id
+        offset_msg_id = header.offset_msg_id or msg.offset_msg_id
+        queue_offset = header.tran_state_table_offset
         if tx_id in self._checks:
             log.debug("producer %s: check of %s already running", self.group, tx_id)
             return

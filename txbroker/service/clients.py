@@ -20,6 +20,7 @@ from typing import Any
 
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode
+from txbroker.remoting.filter import SUB_ALL
 
 log = logging.getLogger(__name__)
 
@@ -29,28 +30,18 @@ CLIENT_EXPIRY = 120.0
 
 @dataclass
 class Subscription:
-    """One topic subscription of a consumer group: the expression and its parsed tags."""
+    """One topic subscription of a consumer group: the expression and its parsed tags
+    (``remoting.filter.parse_tag_expression``)."""
 
     topic: str
-    expression: str = "*"
+    expression: str = SUB_ALL
     tags: frozenset[str] = frozenset()
     version: int = 0
     expression_type: str = "TAG"
 
     @property
     def matches_all(self) -> bool:
-        return not self.tags
-
-
-def parse_tag_expression(expression: str | None) -> frozenset[str]:
-    """``"A || B"`` → {"A", "B"}; ``"*"`` or empty → empty set (meaning every tag)."""
-    if expression is None:
-        return frozenset()
-    text = expression.strip()
-    if not text or text == "*":
-        return frozenset()
-    tags = frozenset(t.strip() for t in text.split("||") if t.strip())
-    return frozenset() if "*" in tags else tags
+        return self.expression == SUB_ALL
 
 
 @dataclass

@@ -31,6 +31,7 @@ from txbroker.remoting.bodies import (
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.errors import Refusal
+from txbroker.remoting.filter import parse_tag_expression
 from txbroker.remoting.headers import (
     ConsumerSendMsgBackRequestHeader,
     GetConsumerListByGroupRequestHeader,
@@ -42,12 +43,7 @@ from txbroker.remoting.headers import (
     UnregisterClientRequestHeader,
     UpdateConsumerOffsetRequestHeader,
 )
-from txbroker.service.clients import (
-    ClientRegistry,
-    ConsumerEntry,
-    Subscription,
-    parse_tag_expression,
-)
+from txbroker.service.clients import ClientRegistry, ConsumerEntry, Subscription
 from txbroker.service.processors.send import VERSION_HONOUR_MAX_RECONSUME
 from txbroker.service.schedule import ScheduleService
 from txbroker.service.topics import (
@@ -138,9 +134,9 @@ class ConsumerProcessor:
             group = validate_group_name(cd.group_name, "consumer group")
             subs: dict[str, Subscription] = {}
             for sd in cd.subscription_data_set:
-                expr = sd.sub_string or "*"
+                selected = parse_tag_expression(sd.sub_string)
                 subs[sd.topic] = Subscription(
-                    topic=sd.topic, expression=expr, tags=parse_tag_expression(expr),
+                    topic=sd.topic, expression=selected.sub_string, tags=selected.tags,
                     version=sd.sub_version, expression_type=sd.expression_type)
             # RocketMQ creates the group's retry topic when the group first heartbeats.  On a
             # full disk that fails; the heartbeat must not (consumers keep reading), and the

@@ -24,11 +24,12 @@ from txbroker.config import BrokerConfig
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.errors import Refusal
+from txbroker.remoting.filter import parse_tag_expression
 from txbroker.remoting.headers import (
     PullMessageRequestHeader,
     PullMessageResponseHeader,
 )
-from txbroker.service.clients import ClientRegistry, parse_tag_expression
+from txbroker.service.clients import ClientRegistry
 from txbroker.service.processors.statuses import GET_ANSWERS
 from txbroker.service.topics import (
     PERM_READ,
@@ -137,11 +138,13 @@ class PullProcessor:
                           f"queueId[{queue_id}] is illegal, topic {topic} has "
                           f"{tc.read_queue_nums} read queues")
         if h.has_subscription:
-            tags = parse_tag_expression(h.subscription)
+            selected = parse_tag_expression(h.subscription)
+            matches_all, tags = selected.matches_all, selected.tags
         else:
             sub = self.registry.subscription(group, topic)
-            tags = sub.tags if sub is not None else frozenset()
-        tag_filter = {tag_hash(t) for t in tags} if tags else None
+            matches_all, tags = (True, frozenset()) if sub is None else (sub.matches_all, sub.tags)
+        # Not SUB_ALL: only the listed tags' hashes, so an expression of blanks selects nothing.
+        tag_filter = None if matches_all else {tag_hash(t) for t in tags}
         if h.commit_offset_enabled and h.commit_offset >= 0:
             self.store.offsets.set(group, topic, queue_id, h.commit_offset)
         max_nums = min(h.max_msg_nums, MAX_PULL_BATCH)
