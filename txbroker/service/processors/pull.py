@@ -174,11 +174,9 @@ class PullProcessor:
     def _once(self, cmd, topic, queue_id, offset, max_nums, tag_filter) -> RemotingCommand:
         res = self.store.get(topic, queue_id, offset, max_nums, tag_filter=tag_filter)
         status = res.status.name
-        body = b""
         next_offset = res.next_offset
         if status == "FOUND":
             code = ResponseCode.SUCCESS
-            body = b"".join(res.raw)
         elif status in ("NO_MESSAGE_IN_QUEUE", "OFFSET_OVERFLOW_ONE", "NO_MATCHED_LOGIC_QUEUE"):
             code = ResponseCode.PULL_NOT_FOUND
         elif status in ("OFFSET_TOO_SMALL", "OFFSET_OVERFLOW_BADLY"):
@@ -187,5 +185,8 @@ class PullProcessor:
             code = ResponseCode.PULL_RETRY_IMMEDIATELY
         header = PullMessageResponseHeader(next_begin_offset=next_offset,
                                            min_offset=res.min_offset, max_offset=res.max_offset)
-        return cmd.response(code, None if code == ResponseCode.SUCCESS else status,
-                            ext=header.to_ext(), body=body)
+        resp = cmd.response(code, None if code == ResponseCode.SUCCESS else status,
+                            ext=header.to_ext())
+        if res.raw:
+            resp.body_parts = res.raw  # the stored records go to the socket as they are
+        return resp
