@@ -23,11 +23,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from txbroker.remoting.codec import DEFAULT_MAX_FRAME_SIZE, RemotingCommand
-from txbroker.remoting.codes import ResponseCode
-from txbroker.remoting.connection import RemotingConnection
+from txbroker.remoting.connection import Handler, RemotingConnection
 from txbroker.remoting.signing import SessionCredentials
 
 log = logging.getLogger("txbroker.remoting.client")
@@ -59,20 +57,13 @@ class _ClientProtocol(RemotingConnection):
     OPAQUE_LAST = 0x3FFFFFFF
 
     def __init__(self, client: RemotingClient) -> None:
-        super().__init__(asyncio.get_running_loop(), client.max_frame_size, client.addr)
+        super().__init__(asyncio.get_running_loop(), client.max_frame_size, client.addr,
+                         client._handlers)
         self.client = client
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
         self.client._lost(self)
-
-    def _handle(self, cmd: RemotingCommand) -> Any:
-        handler = self.client._handlers.get(cmd.code)
-        if handler is None:
-            log.debug("%s: no handler for server request code %d", self.peer, cmd.code)
-            return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                                f" request type {cmd.code} not supported")
-        return handler(cmd)
 
     def _prepare(self, cmd: RemotingCommand) -> None:
         if self.client.credentials is not None:
@@ -96,7 +87,7 @@ class RemotingClient:
         self.max_frame_size = max_frame_size
         self.reconnect = reconnect
         self.connect_timeout = connect_timeout
-        self._handlers: dict[int, ClientHandler] = {}
+        self._handlers: dict[int, Handler] = {}
         self._proto: _ClientProtocol | None = None
         self._connecting: asyncio.Future | None = None
         self._closed = False
@@ -123,7 +114,7 @@ class RemotingClient:
 
     def register(self, code: int, handler: ClientHandler) -> None:
         """Handle requests the server sends with ``code``; the result is the answer."""
-        self._handlers[int(code)] = handler
+        self._handlers[int(code)] = lambda _conn, cmd: handler(cmd)
 
     # --- connecting ----------------------------------------------------------------------
     async def connect(self) -> None:

@@ -402,20 +402,6 @@ def _encode_binary_header(cmd: RemotingCommand) -> bytes:
 # --- encode -----------------------------------------------------------------------------------
 
 
-def _prefixed_header(cmd: RemotingCommand, body_len: int) -> bytes:
-    """The 8-byte prefix and the header of a frame whose body is ``body_len`` bytes."""
-    if cmd.serialize_type == _ROCKETMQ:
-        header = _encode_binary_header(cmd)
-        kind = _ROCKETMQ << 24
-    else:
-        header = _encode_json_header(cmd)
-        kind = 0
-    header_len = len(header)
-    if header_len > MAX_HEADER_SIZE:
-        raise ValueError(f"header of {header_len} bytes exceeds {MAX_HEADER_SIZE}")
-    return _PREFIX.pack(4 + header_len + body_len, kind | header_len) + header
-
-
 def encode(cmd: RemotingCommand) -> bytes:
     """Serialise a command as one frame in its own serialize type."""
     parts = encode_parts(cmd)
@@ -429,16 +415,25 @@ def encode_parts(cmd: RemotingCommand) -> list[bytes]:
     their own, so they reach the socket without being copied into the frame.  The bytes on
     the wire are those of :func:`encode`.
     """
+    if cmd.serialize_type == _ROCKETMQ:
+        header = _encode_binary_header(cmd)
+        kind = _ROCKETMQ << 24
+    else:
+        header = _encode_json_header(cmd)
+        kind = 0
+    header_len = len(header)
+    if header_len > MAX_HEADER_SIZE:
+        raise ValueError(f"header of {header_len} bytes exceeds {MAX_HEADER_SIZE}")
     parts = cmd.body_parts
     if parts:
-        return [_prefixed_header(cmd, sum(map(len, parts))), *parts]
+        head = _PREFIX.pack(4 + header_len + sum(map(len, parts)), kind | header_len) + header
+        return [head, *parts]
     body = cmd.body
     if body.__class__ is not bytes:
         body = bytes(body)  # a memoryview of a mapped file, a bytearray
-    head = _prefixed_header(cmd, len(body))
     if len(body) < SEPARATE_BODY_FROM:
-        return [head + body]
-    return [head, body]
+        return [_PREFIX.pack(4 + header_len + len(body), kind | header_len) + header + body]
+    return [_PREFIX.pack(4 + header_len + len(body), kind | header_len) + header, body]
 
 
 # --- incremental decoder ----------------------------------------------------------------------

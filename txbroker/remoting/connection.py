@@ -31,7 +31,7 @@ import asyncio
 import itertools
 import logging
 import socket
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from types import CoroutineType
 from typing import Any
 
@@ -46,6 +46,11 @@ from txbroker.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode
 from txbroker.remoting.headers import HeaderError
 
 log = logging.getLogger("txbroker.remoting.connection")
+
+#: A request handler: its answer, an awaitable of it, or None for no answer.
+Handler = Callable[[Any, RemotingCommand], Any]
+#: Runs before every request's handler; raising a refusal (``code``/``remark``) stops it.
+BeforeRequest = Callable[[Any, RemotingCommand], None]
 
 #: Frames are collected ("corked") and written once per read or loop turn, up to this many
 #: bytes; more is written at once so that write back-pressure can take effect.
@@ -86,18 +91,23 @@ async def finish_tasks(tasks: Iterable[asyncio.Task], grace: float) -> None:
 class RemotingConnection(asyncio.Protocol):
     """One remoting connection, either end.  Not thread-safe: event loop only.
 
-    Subclasses provide :meth:`_handle` (find and call the handler of a request) and may
-    extend :meth:`_on_request`, :meth:`_request_done`, :meth:`_prepare` and the protocol
-    callbacks.  Opaques of requests this end sends count from ``OPAQUE_FIRST`` and wrap
+    Requests go to ``handlers[code](connection, cmd)`` (else ``default_handler``, else
+    REQUEST_CODE_NOT_SUPPORTED), after ``before_request(connection, cmd)`` when given.
+    Subclasses may extend :meth:`_on_request`, :meth:`_request_done`, :meth:`_prepare` and
+    the protocol callbacks.  Opaques of requests this end sends count from ``OPAQUE_FIRST`` and wrap
     after ``OPAQUE_LAST``.
     """
 
     OPAQUE_FIRST = 0
     OPAQUE_LAST = 0x7FFFFFFF
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, max_frame_size: int,
-                 peer: str = "?") -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_frame_size: int, peer: str,
+                 handlers: dict[int, Handler], default_handler: Handler | None = None,
+                 before_request: BeforeRequest | None = None) -> None:
         self.peer = peer
+        self._handlers = handlers  # the owner's table, shared by all its connections
+        self._default_handler = default_handler
+        self._before_request = before_request
         self.transport: asyncio.Transport | None = None
         self._loop = loop
         self._decoder = FrameDecoder(max_frame_size)
@@ -221,14 +231,19 @@ class RemotingConnection(asyncio.Protocol):
         self._dispatch(cmd)
 
     # --- handling requests ---------------------------------------------------------------
-    def _handle(self, cmd: RemotingCommand) -> Any:
-        """Call the handler for ``cmd``: its result, an awaitable of it, or it raises."""
-        raise NotImplementedError
-
     def _dispatch(self, cmd: RemotingCommand) -> None:
         self.requests += 1
         try:
-            coro = self._handle(cmd)
+            if self._before_request is not None:
+                # Runs before any handler, unknown codes included (RocketMQ's RPC hook); its
+                # refusal is answered like a HeaderError (one-way: not at all).
+                self._before_request(self, cmd)
+            handler = self._handlers.get(cmd.code) or self._default_handler
+            if handler is None:
+                self._finish(cmd, cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                                               f" request type {cmd.code} not supported"), None)
+                return
+            coro = handler(self, cmd)
             if coro.__class__ is not CoroutineType:
                 if isinstance(coro, Awaitable):
                     coro = _await(coro)
@@ -293,8 +308,13 @@ class RemotingConnection(asyncio.Protocol):
         Large output is written at once instead: the transport then sees it and can signal
         back-pressure (pause_writing) before the next request of the same read is started.
         """
-        self._out += parts
-        self._out_bytes += sum(map(len, parts))
+        if len(parts) == 1:
+            frame = parts[0]
+            self._out.append(frame)
+            self._out_bytes += len(frame)
+        else:
+            self._out += parts
+            self._out_bytes += sum(map(len, parts))
         if self._out_bytes >= CORK_LIMIT:
             self._flush()
         elif not self._in_feed and not self._flush_scheduled:

@@ -37,7 +37,6 @@ from typing import Any
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codec import ProtocolError, RemotingCommand
-from txbroker.remoting.codes import ResponseCode
 from txbroker.remoting.connection import RemotingConnection
 
 log = logging.getLogger("txbroker.remoting.server")
@@ -80,7 +79,8 @@ class Connection(RemotingConnection):
     OPAQUE_FIRST = 1 << 30
 
     def __init__(self, server: RemotingServer, conn_id: int) -> None:
-        super().__init__(server._loop, server.config.max_frame_size)
+        super().__init__(server._loop, server.config.max_frame_size, "?", server._handlers,
+                         server._default_handler, server._before_request)
         self.server = server
         self.id = conn_id
         self.attributes: dict[str, Any] = {}
@@ -143,18 +143,6 @@ class Connection(RemotingConnection):
         else:
             self._inflight += 1
             self._dispatch(cmd)
-
-    def _handle(self, cmd: RemotingCommand) -> Any:
-        server = self.server
-        if server._before_request is not None:
-            # Access control runs before any handler, unknown codes included (RocketMQ's
-            # RPC hook); its refusal is answered like a HeaderError (one-way: not at all).
-            server._before_request(self, cmd)
-        handler = server._handlers.get(cmd.code) or server._default_handler
-        if handler is None:
-            return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                                f" request type {cmd.code} not supported")
-        return handler(self, cmd)
 
     def _request_done(self) -> None:
         self._inflight -= 1
