@@ -1,11 +1,10 @@
-"""Running request handlers cheaply, shared by the server and the client.
+"""Running request handlers cheaply: the rest of a coroutine whose first step ran inline.
 
 Most handlers finish without ever waiting (a lookup, an append to a buffer, a no-op), yet an
-``asyncio.Task`` per request costs more than the handler itself.  So the first step of a
-handler's coroutine runs inline; only a handler that actually waits gets a task, which then
-drives the rest of the same coroutine.  The client uses :func:`run_fast`; the server inlines
-the same first step in its dispatch (it is the hottest path there) and then hands over to
-:func:`continue_coroutine` too.
+``asyncio.Task`` per request costs more than the handler itself.  So the connection core
+(:mod:`txbroker.remoting.connection`) runs the first step of a handler's coroutine inline;
+only a handler that actually waits gets a task, which :func:`continue_coroutine` uses to
+drive the rest of the same coroutine.
 """
 
 from __future__ import annotations
@@ -13,26 +12,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
-
-
-def run_fast(coro: Coroutine[Any, Any, Any], on_done: Callable[[Any, BaseException | None], None],
-             loop: asyncio.AbstractEventLoop) -> asyncio.Task | None:
-    """Run ``coro``; call ``on_done(result, exc)`` when it ends.
-
-    The first step runs right here: a handler that never waits (a no-op, a lookup, an append
-    to a buffer) finishes without creating a task, which is most of the per-request cost on
-    a busy connection.  If it does wait, the rest runs in a task that is returned, so the
-    caller can track and cancel it.
-    """
-    try:
-        yielded = coro.send(None)
-    except StopIteration as stop:
-        on_done(stop.value, None)
-        return None
-    except BaseException as exc:  # noqa: BLE001 - handed to on_done, which decides
-        on_done(None, exc)
-        return None
-    return loop.create_task(continue_coroutine(coro, yielded, on_done))
 
 
 async def continue_coroutine(coro: Coroutine[Any, Any, Any], yielded: Any,

@@ -21,22 +21,11 @@ Used by the Python SDK, the CLI, benchmarks and tests.  Design points:
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
 
-from txbroker.remoting._flow import run_fast
-from txbroker.remoting.codec import (
-    DEFAULT_MAX_FRAME_SIZE,
-    FrameDecoder,
-    ProtocolError,
-    RemotingCommand,
-    encode,
-)
-from txbroker.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode
-from txbroker.remoting.errors import Refusal
+from txbroker.remoting.codec import DEFAULT_MAX_FRAME_SIZE, RemotingCommand
+from txbroker.remoting.connection import Handler, RemotingConnection
 from txbroker.remoting.signing import SessionCredentials
 
 log = logging.getLogger("txbroker.remoting.client")
@@ -47,8 +36,6 @@ ClientHandler = Callable[[RemotingCommand], Awaitable[RemotingCommand | None] | 
 RECONNECT_BACKOFF_MIN = 0.05
 RECONNECT_BACKOFF_MAX = 5.0
 DEFAULT_CONNECT_TIMEOUT = 3.0
-#: Frames are collected and written once per loop turn, up to this many bytes.
-CORK_LIMIT = 64 * 1024
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
@@ -59,151 +46,28 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-class _ClientProtocol(asyncio.Protocol):
-    """The wire side of one connection attempt; a new one is made per reconnect."""
+class _ClientProtocol(RemotingConnection):
+    """The connection core for one connection attempt; a new one is made per reconnect.
+
+    It adds what a client end does: sign outgoing requests, run the handlers registered for
+    the server's requests, tell the client when the connection is lost.
+    """
+
+    #: Stay below the server's own range, as Java's counter would wrap.
+    OPAQUE_LAST = 0x3FFFFFFF
 
     def __init__(self, client: RemotingClient) -> None:
+        super().__init__(asyncio.get_running_loop(), client.max_frame_size, client.addr,
+                         client._handlers)
         self.client = client
-        self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
-        self.decoder = FrameDecoder(client.max_frame_size)
-        self.pending: dict[int, asyncio.Future] = {}
-        self.lost = False
-        self.out: list[bytes] = []
-        self.out_bytes = 0
-        self.flush_scheduled = False
-        self.in_feed = False
-        self.write_paused = False
-        self.writable: asyncio.Future | None = None
-        self.tasks: set[asyncio.Task] = set()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self.lost = True
-        self.out.clear()
-        reason = f": {exc}" if exc else ""
-        error = ConnectionError(f"connection to {self.client.addr} closed{reason}")
-        for fut in self.pending.values():
-            if not fut.done():
-                fut.set_exception(error)
-        self.pending.clear()
-        if self.writable is not None and not self.writable.done():
-            self.writable.set_exception(error)
-            self.writable.exception()
+        super().connection_lost(exc)
         self.client._lost(self)
 
-    def data_received(self, data: bytes) -> None:
-        try:
-            commands = self.decoder.feed(data)
-        except ProtocolError as exc:
-            log.warning("closing connection to %s: protocol error: %s", self.client.addr, exc)
-            self.transport.abort()  # type: ignore[union-attr]
-            return
-        self.in_feed = True
-        try:
-            for cmd in commands:
-                if cmd.flag & FLAG_RESPONSE:
-                    fut = self.pending.pop(cmd.opaque, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(cmd)
-                    elif fut is None:
-                        log.debug("%s: dropping answer with unknown opaque %d",
-                                  self.client.addr, cmd.opaque)
-                else:
-                    self._serve(cmd)
-        finally:
-            self.in_feed = False
-            if self.out:
-                self.flush()
-
-    def _serve(self, cmd: RemotingCommand) -> None:
-        """A request from the server: run its handler, answer unless one-way."""
-        handler = self.client._handlers.get(cmd.code)
-        if handler is None:
-            log.debug("%s: no handler for server request code %d", self.client.addr, cmd.code)
-            self._answered(cmd, cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                                             f" request type {cmd.code} not supported"), None)
-            return
-        try:
-            result = handler(cmd)
-        except BaseException as exc:  # noqa: BLE001 - becomes an error answer
-            self._answered(cmd, None, exc)
-            return
-        if not asyncio.iscoroutine(result):
-            self._answered(cmd, result, None)
-            return
-        task = run_fast(result, lambda value, exc: self._answered(cmd, value, exc), self.loop)
-        if task is not None:
-            self.tasks.add(task)
-            task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        self.tasks.discard(task)
-        if not task.cancelled():
-            task.exception()
-
-    def _answered(self, cmd: RemotingCommand, result: Any, exc: BaseException | None) -> None:
-        if exc is not None:
-            if isinstance(exc, asyncio.CancelledError):
-                return
-            if not isinstance(exc, Exception):
-                raise exc
-            if isinstance(exc, Refusal):
-                result = exc.answer(cmd)
-            else:
-                log.error("%s: handler for server request %d failed", self.client.addr, cmd.code,
-                          exc_info=exc)
-                result = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}"[:512])
-        if cmd.flag & FLAG_ONEWAY or not isinstance(result, RemotingCommand) or self.lost:
-            return
-        result.opaque = cmd.opaque
-        result.flag |= FLAG_RESPONSE
-        result.serialize_type = cmd.serialize_type
-        self.write(encode(result))
-
-    # --- writing -----------------------------------------------------------------------
-    def write(self, frame: bytes) -> None:
-        """Queue a frame; frames written in one loop turn leave in one system call."""
-        self.out.append(frame)
-        self.out_bytes += len(frame)
-        if self.out_bytes >= CORK_LIMIT:
-            self.flush()
-        elif not self.in_feed and not self.flush_scheduled:
-            self.flush_scheduled = True
-            self.loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        self.flush_scheduled = False
-        self.out_bytes = 0
-        out = self.out
-        if not out or self.transport is None or self.transport.is_closing():
-            out.clear()
-            return
-        self.transport.write(out[0] if len(out) == 1 else b"".join(out))
-        out.clear()
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        if self.writable is not None and not self.writable.done():
-            self.writable.set_result(None)
-        self.writable = None
-
-    async def wait_writable(self) -> None:
-        if self.write_paused and not self.lost:
-            if self.writable is None:
-                self.writable = self.loop.create_future()
-            await asyncio.shield(self.writable)
+    def _prepare(self, cmd: RemotingCommand) -> None:
+        if self.client.credentials is not None:
+            self.client.credentials.sign(cmd)
 
 
 class RemotingClient:
@@ -223,10 +87,9 @@ class RemotingClient:
         self.max_frame_size = max_frame_size
         self.reconnect = reconnect
         self.connect_timeout = connect_timeout
-        self._handlers: dict[int, ClientHandler] = {}
+        self._handlers: dict[int, Handler] = {}
         self._proto: _ClientProtocol | None = None
         self._connecting: asyncio.Future | None = None
-        self._opaques = itertools.count(0)
         self._closed = False
         self._ever_connected = False
         self._backoff = 0.0
@@ -241,7 +104,7 @@ class RemotingClient:
 
     @property
     def connected(self) -> bool:
-        return self._proto is not None and not self._proto.lost
+        return self._proto is not None and not self._proto.closed
 
     @property
     def local_addr(self) -> tuple[str, int] | None:
@@ -251,7 +114,7 @@ class RemotingClient:
 
     def register(self, code: int, handler: ClientHandler) -> None:
         """Handle requests the server sends with ``code``; the result is the answer."""
-        self._handlers[int(code)] = handler
+        self._handlers[int(code)] = lambda _conn, cmd: handler(cmd)
 
     # --- connecting ----------------------------------------------------------------------
     async def connect(self) -> None:
@@ -260,7 +123,7 @@ class RemotingClient:
 
     async def _ensure(self) -> _ClientProtocol:
         proto = self._proto
-        if proto is not None and not proto.lost:
+        if proto is not None and not proto.closed:
             return proto
         if self._closed:
             raise ConnectionError(f"client for {self.addr} is closed")
@@ -318,68 +181,34 @@ class RemotingClient:
                     self.on_lost()
 
     async def close(self) -> None:
-        """Close for good; pending calls fail with ConnectionError."""
+        """Close for good; pending calls fail with ConnectionError.
+
+        Handlers still running for the server's requests are cancelled; what is buffered is
+        written; returns once the connection is gone.
+        """
         self._closed = True
         proto, self._proto = self._proto, None
-        if proto is None or proto.transport is None:
-            return
-        proto.flush()
-        proto.transport.close()
-        for task in list(proto.tasks):
-            task.cancel()
-        if not proto.lost:
-            proto.connection_lost(None)
+        if proto is not None and proto.transport is not None:
+            await proto.shutdown(grace=0.0)
 
     # --- calls ---------------------------------------------------------------------------
-    def _next_opaque(self) -> int:
-        opaque = next(self._opaques)
-        if opaque > 0x3FFFFFFF:  # stay below the server's own range, as Java's counter would wrap
-            self._opaques = itertools.count(0)
-            opaque = next(self._opaques)
-        return opaque
-
     async def invoke(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
         """Send a request and wait for its answer; TimeoutError fails this call only."""
         proto = self._proto
-        if proto is None or proto.lost:
+        if proto is None or proto.closed:
             proto = await self._ensure()
-        if proto.write_paused:
-            await proto.wait_writable()
-        opaque = self._next_opaque()
-        cmd.opaque = opaque
-        cmd.flag &= ~(FLAG_RESPONSE | FLAG_ONEWAY)
-        if self.credentials is not None:
-            self.credentials.sign(cmd)
-        frame = encode(cmd)
-        fut = proto.loop.create_future()
-        proto.pending[opaque] = fut
-        timer = proto.loop.call_later(timeout, _expire, fut, opaque, timeout, self.addr)
-        proto.write(frame)
-        try:
-            return await fut
-        finally:
-            timer.cancel()
-            proto.pending.pop(opaque, None)
+        return await proto.request(cmd, timeout)
 
     async def invoke_oneway(self, cmd: RemotingCommand) -> None:
         """Send a one-way request (flag bit 1): no answer is expected or awaited."""
         proto = self._proto
-        if proto is None or proto.lost:
+        if proto is None or proto.closed:
             proto = await self._ensure()
-        if proto.write_paused:
+        if not proto.writable:
             await proto.wait_writable()
-        cmd.opaque = self._next_opaque()
-        cmd.flag = (cmd.flag | FLAG_ONEWAY) & ~FLAG_RESPONSE
-        if self.credentials is not None:
-            self.credentials.sign(cmd)
-        proto.write(encode(cmd))
+        proto.send_oneway(cmd)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "connected" if self.connected else "idle"
         return f"<RemotingClient {self.addr} {state}>"
 
-
-def _expire(fut: asyncio.Future, opaque: int, timeout: float, addr: str) -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError(f"no answer from {addr} within {timeout:g} s "
-                                       f"(opaque {opaque})"))

@@ -47,6 +47,9 @@ MAX_HEADER_SIZE = 1024 * 1024
 PREFIX_SIZE = 8
 
 _PREFIX = struct.Struct(">ii")
+#: Bodies from this size on are written as a buffer of their own instead of being copied
+#: behind the header; below it one buffer costs the socket less than two.
+SEPARATE_BODY_FROM = 8 * 1024
 _LEN = struct.Struct(">i")
 _SHORT = struct.Struct(">h")
 _BIN_FIXED = struct.Struct(">hBhii")  # code, language, version, opaque, flag
@@ -87,6 +90,11 @@ class RemotingCommand:
     ext_fields: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
     serialize_type: int = SerializeType.JSON
+    #: An outgoing body given as buffers instead (``body`` is then empty): the frame carries
+    #: their concatenation, written to the socket as they are (see :func:`encode_parts`), so
+    #: a pulled batch of stored records is never joined into a new byte string.  Decoded
+    #: commands always have ``body`` and no parts.
+    body_parts: list[bytes] | None = None
 
     @property
     def is_response(self) -> bool:
@@ -396,6 +404,17 @@ def _encode_binary_header(cmd: RemotingCommand) -> bytes:
 
 def encode(cmd: RemotingCommand) -> bytes:
     """Serialise a command as one frame in its own serialize type."""
+    parts = encode_parts(cmd)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def encode_parts(cmd: RemotingCommand) -> list[bytes]:
+    """The frame of ``cmd`` as buffers to write in order (``transport.writelines``).
+
+    A small frame is one buffer; a large body and each of ``body_parts`` stay buffers of
+    their own, so they reach the socket without being copied into the frame.  The bytes on
+    the wire are those of :func:`encode`.
+    """
     if cmd.serialize_type == _ROCKETMQ:
         header = _encode_binary_header(cmd)
         kind = _ROCKETMQ << 24
@@ -405,10 +424,16 @@ def encode(cmd: RemotingCommand) -> bytes:
     header_len = len(header)
     if header_len > MAX_HEADER_SIZE:
         raise ValueError(f"header of {header_len} bytes exceeds {MAX_HEADER_SIZE}")
+    parts = cmd.body_parts
+    if parts:
+        head = _PREFIX.pack(4 + header_len + sum(map(len, parts)), kind | header_len) + header
+        return [head, *parts]
     body = cmd.body
     if body.__class__ is not bytes:
         body = bytes(body)  # a memoryview of a mapped file, a bytearray
-    return _PREFIX.pack(4 + header_len + len(body), kind | header_len) + header + body
+    if len(body) < SEPARATE_BODY_FROM:
+        return [_PREFIX.pack(4 + header_len + len(body), kind | header_len) + header + body]
+    return [_PREFIX.pack(4 + header_len + len(body), kind | header_len) + header, body]
 
 
 # --- incremental decoder ----------------------------------------------------------------------

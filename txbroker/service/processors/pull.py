@@ -172,7 +172,9 @@ class PullProcessor:
     def _once(self, cmd, topic, queue_id, offset, max_nums, tag_filter) -> RemotingCommand:
         res = self.store.get(topic, queue_id, offset, max_nums, tag_filter=tag_filter)
         code, remark = GET_ANSWERS[res.status]
-        body = b"".join(res.raw) if code == ResponseCode.SUCCESS else b""
         header = PullMessageResponseHeader(next_begin_offset=res.next_offset,
                                            min_offset=res.min_offset, max_offset=res.max_offset)
-        return cmd.response(code, remark, ext=header.to_ext(), body=body)
+        resp = cmd.response(code, remark, ext=header.to_ext())
+        if code == ResponseCode.SUCCESS and res.raw:
+            resp.body_parts = res.raw  # the stored records go to the socket as they are
+        return resp

@@ -1,0 +1,406 @@
+"""The connection core shared by the remoting server and client: one ``asyncio.Protocol`` base.
+
+Both ends of a remoting connection do the same work (docs/protocol.md §8): either side may send
+requests, answers come back in any order matched by opaque, one-way requests are never
+answered.  As asyncpg's ``BaseProtocol`` and RocketMQ's ``NettyRemotingAbstract`` do, this base
+holds that work once, and :class:`~txbroker.remoting.server.Connection` and the client's
+protocol add only who connects and what runs before a handler:
+
+* **Framing.**  ``data_received`` feeds a :class:`FrameDecoder`; a response completes the
+  pending future of its opaque, a request goes to :meth:`_on_request` (the server puts its
+  in-flight limit there).  Bytes that are not a frame close this connection only.
+* **Dispatch.**  The handler's first step runs inline and only a handler that waits gets a
+  task (see :mod:`txbroker.remoting._flow`); how a handler's outcome becomes the answer is
+  decided in :meth:`_finish`, which alone turns a :class:`Refusal` into its answer.
+* **Writes.**  Frames are corked and leave with one ``transport.writelines`` per flush (at the
+  end of a read, once per loop turn, or at :data:`CORK_LIMIT`).  Frames are lists of buffers
+  (:func:`encode_parts`), so a pulled batch reaches the socket without being joined.
+* **Back-pressure.**  ``pause_writing``/``resume_writing`` drive :meth:`wait_writable`; the
+  server also stops reading meanwhile.
+* **Calls to the peer.**  :meth:`request` keeps ``opaque -> future`` with a time-out per call;
+  a lost connection fails them all.
+* **Orderly shutdown.**  :meth:`shutdown` stops reading, waits for the running handlers (their
+  tasks, not a polling loop) up to a grace period, cancels the rest, closes after writing what
+  is buffered and waits for the transport to report the connection gone, aborting it at a
+  deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Iterable
+from types import CoroutineType
+from typing import Any
+
+from txbroker.remoting._flow import continue_coroutine
+from txbroker.remoting.codec import (
+    FrameDecoder,
+    ProtocolError,
+    RemotingCommand,
+    encode_parts,
+)
+from txbroker.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode
+from txbroker.remoting.errors import Refusal
+
+log = logging.getLogger("txbroker.remoting.connection")
+
+#: A request handler: its answer, an awaitable of it, or None for no answer.
+Handler = Callable[[Any, RemotingCommand], Any]
+#: Runs before every request's handler; raising a refusal (``code``/``remark``) stops it.
+BeforeRequest = Callable[[Any, RemotingCommand], None]
+
+#: Frames are collected ("corked") and written once per read or loop turn, up to this many
+#: bytes; more is written at once so that write back-pressure can take effect.
+CORK_LIMIT = 64 * 1024
+#: How long :meth:`RemotingConnection.shutdown` waits for cancelled handlers and for the
+#: transport to report a closed connection before it aborts.
+CLOSE_DEADLINE = 1.0
+
+
+async def finish_tasks(tasks: Iterable[asyncio.Task], grace: float) -> None:
+    """Let ``tasks`` end within ``grace`` seconds; cancel those still running then."""
+    tasks = list(tasks)
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=max(grace, 0.0))
+    if pending:
+        log.warning("%d request(s) still running after %.1f s of grace; cancelling",
+                    len(pending), grace)
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=CLOSE_DEADLINE)
+
+
+class RemotingConnection(asyncio.Protocol):
+    """One remoting connection, either end.  Not thread-safe: event loop only.
+
+    Requests go to ``handlers[code](connection, cmd)`` (else ``default_handler``, else
+    REQUEST_CODE_NOT_SUPPORTED), after ``before_request(connection, cmd)`` when given.
+    Subclasses may extend :meth:`_on_request`, :meth:`_request_done`, :meth:`_prepare` and
+    the protocol callbacks.  Opaques of requests this end sends count from ``OPAQUE_FIRST`` and wrap
+    after ``OPAQUE_LAST``.
+    """
+
+    OPAQUE_FIRST = 0
+    OPAQUE_LAST = 0x7FFFFFFF
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_frame_size: int, peer: str,
+                 handlers: dict[int, Handler], default_handler: Handler | None = None,
+                 before_request: BeforeRequest | None = None) -> None:
+        self.peer = peer
+        self._handlers = handlers  # the owner's table, shared by all its connections
+        self._default_handler = default_handler
+        self._before_request = before_request
+        self.transport: asyncio.Transport | None = None
+        self._loop = loop
+        self._decoder = FrameDecoder(max_frame_size)
+        self._closed = False
+        #: Done when the transport reported the connection lost.
+        self._gone: asyncio.Future[None] = loop.create_future()
+        self._tasks: set[asyncio.Task] = set()
+        self._reading_paused = False
+        # writes: buffers corked until the end of the current callback / loop turn
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._flush_scheduled = False
+        self._in_feed = False
+        self._write_paused = False
+        self._writable: asyncio.Future | None = None
+        # requests this end sent, waiting for their answers
+        self._opaques = itertools.count(self.OPAQUE_FIRST)
+        self._pending: dict[int, asyncio.Future] = {}
+        #: Counters: requests started, handlers that raised (not a refusal).
+        self.requests = 0
+        self.handler_errors = 0
+
+    # --- state -------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def writable(self) -> bool:
+        """False while the peer is not reading what was sent (the transport is above its
+        high-water mark) or the connection is closed."""
+        return not self._write_paused and not self._closed
+
+    # --- lifecycle ---------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        """Fail what waits on this connection; handlers still running find it closed when
+        they answer, and their answers are dropped."""
+        self._closed = True
+        self._out.clear()
+        reason = f": {exc}" if exc else ""
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError(
+                    f"connection to {self.peer} closed before the answer arrived{reason}"))
+        self._pending.clear()
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_exception(ConnectionError(f"connection to {self.peer} closed{reason}"))
+            self._writable.exception()
+        if not self._gone.done():
+            self._gone.set_result(None)
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too
+
+    def close(self) -> None:
+        """Close after writing what is buffered."""
+        if self.transport is not None and not self.transport.is_closing():
+            self._flush()
+            self.transport.close()
+        self._closed = True
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+        self._closed = True
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop reading, let running handlers answer within ``grace`` seconds (cancelling
+        those still running then), close after writing what is buffered, and return once the
+        transport reports the connection gone (aborting it after :data:`CLOSE_DEADLINE`)."""
+        self._pause_reading()  # for good: a shutdown never resumes it
+        await finish_tasks(self._tasks, grace)
+        self.close()
+        if self.transport is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._gone), CLOSE_DEADLINE)
+        except TimeoutError:
+            self.abort()
+
+    # --- reading -----------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        if self._closed:
+            return
+        try:
+            commands = self._decoder.feed(data)
+        except ProtocolError as exc:
+            self._protocol_error(exc)
+            self.abort()
+            return
+        self._in_feed = True
+        try:
+            for cmd in commands:
+                if cmd.flag & FLAG_RESPONSE:
+                    fut = self._pending.pop(cmd.opaque, None)
+                    if fut is None:
+                        log.debug("%s: dropping answer with unknown opaque %d", self.peer, cmd.opaque)
+                    elif not fut.done():
+                        fut.set_result(cmd)
+                else:
+                    self._on_request(cmd)
+        finally:
+            self._in_feed = False
+            if self._out:
+                self._flush()
+
+    def _protocol_error(self, exc: ProtocolError) -> None:
+        log.warning("closing connection to %s: protocol error: %s", self.peer, exc)
+
+    def _on_request(self, cmd: RemotingCommand) -> None:
+        """A request arrived; the server overrides this to apply its in-flight limit."""
+        self._dispatch(cmd)
+
+    # --- handling requests ---------------------------------------------------------------
+    def _dispatch(self, cmd: RemotingCommand) -> None:
+        self.requests += 1
+        try:
+            if self._before_request is not None:
+                # Runs before any handler, unknown codes included (RocketMQ's RPC hook); its
+                # refusal is answered like a HeaderError (one-way: not at all).
+                self._before_request(self, cmd)
+            handler = self._handlers.get(cmd.code) or self._default_handler
+            if handler is None:
+                self._finish(cmd, cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                                               f" request type {cmd.code} not supported"), None)
+                return
+            coro = handler(self, cmd)
+            if coro.__class__ is not CoroutineType:
+                if isinstance(coro, Awaitable):
+                    coro = _await(coro)
+                else:  # a plain function's result
+                    self._finish(cmd, coro, None)
+                    return
+            # First step inline (see _flow): most handlers finish without waiting.
+            yielded = coro.send(None)
+        except StopIteration as stop:
+            self._finish(cmd, stop.value, None)
+            return
+        except BaseException as exc:  # noqa: BLE001 - becomes the error answer
+            self._finish(cmd, None, exc)
+            return
+        task = self._loop.create_task(
+            continue_coroutine(coro, yielded, lambda value, exc: self._finish(cmd, value, exc)))
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # already reported through _finish; mark retrieved
+
+    def _finish(self, cmd: RemotingCommand, result: Any, exc: BaseException | None) -> None:
+        """A handler ended: answer (unless one-way or nothing to say), then :meth:`_request_done`."""
+        response: RemotingCommand | None
+        if exc is None:
+            response = result if isinstance(result, RemotingCommand) else None
+            if result is not None and response is None:
+                log.error("handler for code %d returned %r, not a RemotingCommand", cmd.code, result)
+                response = cmd.response(ResponseCode.SYSTEM_ERROR, "handler returned no command")
+        elif isinstance(exc, Refusal):  # the one place a refusal becomes its answer
+            log.debug("code %d from %s refused: %s", cmd.code, self.peer, exc.remark)
+            response = exc.answer(cmd)
+        elif isinstance(exc, asyncio.CancelledError):
+            response = None  # shutting down: the connection is about to close
+        elif isinstance(exc, Exception):
+            self.handler_errors += 1
+            log.error("handler for code %d from %s failed", cmd.code, self.peer, exc_info=exc)
+            response = cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}"[:512])
+        else:
+            raise exc  # KeyboardInterrupt / SystemExit
+        if response is not None and not cmd.flag & FLAG_ONEWAY and not self._closed:
+            response.opaque = cmd.opaque
+            response.flag |= FLAG_RESPONSE
+            response.serialize_type = cmd.serialize_type
+            try:
+                parts = encode_parts(response)
+            except Exception:
+                log.exception("encoding the response to code %d failed", cmd.code)
+                parts = encode_parts(cmd.response(ResponseCode.SYSTEM_ERROR, "response not encodable"))
+            self._write(parts)
+        self._request_done()
+
+    def _request_done(self) -> None:
+        """A request was answered (or not); the server admits its backlog here."""
+
+    # --- writing -----------------------------------------------------------------------
+    def _write(self, parts: list[bytes]) -> None:
+        """Queue a frame's buffers; what is written in one loop turn leaves in one call.
+
+        Large output is written at once instead: the transport then sees it and can signal
+        back-pressure (pause_writing) before the next request of the same read is started.
+        """
+        if len(parts) == 1:
+            frame = parts[0]
+            self._out.append(frame)
+            self._out_bytes += len(frame)
+        else:
+            self._out += parts
+            self._out_bytes += sum(map(len, parts))
+        if self._out_bytes >= CORK_LIMIT:
+            self._flush()
+        elif not self._in_feed and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self._out_bytes = 0
+        out = self._out
+        if not out:
+            return
+        self._out = []
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines(out)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        self._writable = None
+        if not self._closed and self._out and not self._flush_scheduled and not self._in_feed:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    async def wait_writable(self) -> None:
+        """Wait while the peer is not reading (the transport is above its high-water mark).
+
+        A handler about to produce a large answer (a pull) or a caller about to send can
+        wait here first.
+        """
+        if self._closed:
+            raise ConnectionError(f"connection to {self.peer} is closed")
+        if not self._write_paused:
+            return
+        if self._writable is None:
+            self._writable = self._loop.create_future()
+        await asyncio.shield(self._writable)
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and not self._closed and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    # --- requests to the peer --------------------------------------------------------------
+    def _next_opaque(self) -> int:
+        opaque = next(self._opaques)
+        if opaque > self.OPAQUE_LAST:
+            self._opaques = itertools.count(self.OPAQUE_FIRST)
+            opaque = next(self._opaques)
+        return opaque
+
+    def _prepare(self, cmd: RemotingCommand) -> None:
+        """Last change to an outgoing request before it is encoded (the client signs here)."""
+
+    async def request(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
+        """Send a request and wait for its answer; TimeoutError fails this call only."""
+        if self._closed:
+            raise ConnectionError(f"connection to {self.peer} is closed")
+        if self._write_paused:
+            await self.wait_writable()
+        opaque = self._next_opaque()
+        cmd.opaque = opaque
+        cmd.flag &= ~(FLAG_RESPONSE | FLAG_ONEWAY)
+        self._prepare(cmd)
+        parts = encode_parts(cmd)
+        fut = self._loop.create_future()
+        self._pending[opaque] = fut
+        timer = self._loop.call_later(timeout, _expire, fut, opaque, timeout, self.peer)
+        self._write(parts)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
+            self._pending.pop(opaque, None)
+
+    def send_oneway(self, cmd: RemotingCommand) -> None:
+        """Send a one-way request (flag bit 1); nothing comes back.
+
+        Raises ConnectionError when the connection is gone.  Never waits: a caller that may
+        send many looks at :attr:`writable` first.
+        """
+        if self._closed:
+            raise ConnectionError(f"connection to {self.peer} is closed")
+        cmd.opaque = self._next_opaque()
+        cmd.flag = (cmd.flag | FLAG_ONEWAY) & ~FLAG_RESPONSE
+        self._prepare(cmd)
+        self._write(encode_parts(cmd))
+
+
+def _expire(fut: asyncio.Future, opaque: int, timeout: float, peer: str) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError(f"no answer from {peer} within {timeout:g} s "
+                                       f"(opaque {opaque})"))
+
+
+async def _await(fut: Awaitable[Any]) -> Any:
+    return await fut
