@@ -1,4 +1,4 @@
-"""End-to-end transactional throughput: ``python -m bench.broker``.
+"""End-to-end transactional throughput: ``python -m txbroker.bench.broker``.
 
 For each row a fresh ``txbroker serve`` runs in its own process (ephemeral ports, temp data dir)
 and this process is the load generator, speaking the wire protocol through RemotingClient:
@@ -8,7 +8,7 @@ counts when the consumer has *seen* its committed message, so the figure is end 
 Each row runs a bounded time (``--seconds``) and then waits (bounded) for the consumer to catch
 up; throughput = messages seen / time from first send to last message seen.
 
-Usage: ``python -m bench.broker [--seconds 3] [--producers 1,64] [--flush async,sync]``
+Usage: ``python -m txbroker.bench.broker [--seconds 3] [--producers 1,64] [--flush async,sync]``
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class BrokerProc:
         self.addr = ""
 
     def __enter__(self) -> Self:
-        cmd = [sys.executable, "-c", "from cli.main import main; main()", "serve",
+        cmd = [sys.executable, "-c", "from txbroker.cli.main import main; main()", "serve",
                "--broker-port", "0", "--namesrv-port", "-1", "--data-dir", self.data_dir,
                "--flush-mode", self.flush, "--default-queue-nums", str(QUEUES),
                "--segment-size", str(256 * 1024 * 1024), "--log-level", "WARNING",

@@ -1,6 +1,6 @@
 """Remoting round trips on loopback, against the raw ceiling of a minimal asyncio echo.
 
-    python -m bench.remoting [--seconds 3] [--body 256]
+    python -m txbroker.bench.remoting [--seconds 3] [--body 256]
 
 The server runs in a separate process (this machine has 2 cores: one serves, one loads), on
 uvloop.  Three servers are measured in one run, each in its own process:
@@ -156,7 +156,7 @@ async def client_load(port: int, body: bytes, conns: int, depth: int, seconds: f
 
 class _ServerProcess:
     def __init__(self, kind: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.remoting", "--serve", kind],
+        self.proc = subprocess.Popen([sys.executable, "-m", "txbroker.bench.remoting", "--serve", kind],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         if not line.startswith("PORT "):

@@ -1,4 +1,4 @@
-"""Store benchmark: ``python -m bench.store`` prints put/get/flush/recovery rates and, in the
+"""Store benchmark: ``python -m txbroker.bench.store`` prints put/get/flush/recovery rates and, in the
 same run, the raw ceiling of assigning the same bytes into an mmap slice; then how long a
 restart after SIGKILL takes against a 1 GiB segment, by bytes written since the last checkpoint
 (``--restart-only`` for just those rows).

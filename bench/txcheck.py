@@ -1,4 +1,4 @@
-"""Check-pass cost and transaction-state recovery: ``python -m bench.txcheck``.
+"""Check-pass cost and transaction-state recovery: ``python -m txbroker.bench.txcheck``.
 
 Builds a real store (temp dir) holding ``--resolved`` decided transactions (half + op record;
 every tenth one committed, so it also has its final message) and ``--pending`` undecided
@@ -17,7 +17,7 @@ each the median of ``--repeat`` passes; then the store and service are reopened 
 crash leads to).  Target: a pass over 1,000,000 resolved and
 1,000 pending halves in <= 100 ms.
 
-Usage: ``python -m bench.txcheck [--resolved 1000000] [--pending 1000] [--repeat 5]``
+Usage: ``python -m txbroker.bench.txcheck [--resolved 1000000] [--pending 1000] [--repeat 5]``
 """
 
 from __future__ import annotations

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import click
 
-from bench.trace.spec import (
+from txbroker.bench.trace.spec import (
     DEFAULT_MIX,
     BrokerSettings,
     SpecError,
     TraceMeta,
     parse_mix,
 )
-from cli.common import CommandError
+from txbroker.cli.common import CommandError
 
 
 def _spark_options(log_default: str):
@@ -60,7 +60,7 @@ def _errors(fn):
 
 def _spark(master: str, verbose: bool, log_file: Path):
     """Start (or join) the SparkSession; return it and the seconds that took."""
-    from bench.trace.spark import session
+    from txbroker.bench.trace.spark import session
 
     if not verbose:
         click.echo(f"Spark log: {log_file} (--verbose shows it here)", err=True)
@@ -123,7 +123,7 @@ def bench() -> None:
 @_errors
 def generate_cmd(transactions, out, master, verbose, spark_log, **opts) -> None:
     """Write a trace (Parquet, deterministic for --seed)."""
-    from bench.trace.generate import generate, validate
+    from txbroker.bench.trace.generate import generate, validate
 
     t0 = time.perf_counter()
     meta = _meta(transactions, **opts)
@@ -151,7 +151,7 @@ def generate_cmd(transactions, out, master, verbose, spark_log, **opts) -> None:
 def replay_cmd(trace_dir, namesrv, out, concurrency, tasks, check_concurrency, rate,
                master, verbose, spark_log) -> None:
     """Replay a trace against a running broker; results are Parquet."""
-    from bench.trace.replay import replay
+    from txbroker.bench.trace.replay import replay
 
     t0 = time.perf_counter()
     spark, startup = _spark(master, verbose, Path(spark_log or _beside(out)))
@@ -170,7 +170,7 @@ def replay_cmd(trace_dir, namesrv, out, concurrency, tasks, check_concurrency, r
 @_errors
 def verify_cmd(trace_dir, results, grace_ms, master, verbose, spark_log) -> None:
     """Join expectations with deliveries; exit 1 on any violation."""
-    from bench.trace.verify import verify
+    from txbroker.bench.trace.verify import verify
 
     t0 = time.perf_counter()
     spark, startup = _spark(master, verbose, Path(spark_log or Path(results) / "verify.spark.log"))
@@ -190,7 +190,7 @@ def verify_cmd(trace_dir, results, grace_ms, master, verbose, spark_log) -> None
 @_errors
 def report_cmd(results, out) -> None:
     """Markdown + PNG plots from a verified results directory."""
-    from bench.trace.report import report
+    from txbroker.bench.trace.report import report
 
     for path in report(results, out):
         click.echo(str(path))
@@ -215,8 +215,8 @@ def run_cmd(transactions, namesrv, work_dir, concurrency, tasks, check_concurren
     """generate + replay + verify + report; exit 1 on any violation."""
     from rich.console import Console
 
-    from bench.trace.generate import validate
-    from bench.trace.run import run_all, summary_table
+    from txbroker.bench.trace.generate import validate
+    from txbroker.bench.trace.run import run_all, summary_table
 
     t0 = time.perf_counter()
     meta = _meta(transactions, **opts)

@@ -13,7 +13,7 @@ import base64
 import click
 import orjson
 
-from cli.common import credentials_options, namesrv_option, run
+from txbroker.cli.common import credentials_options, namesrv_option, run
 from txbroker.client import Consumer, MessageExt
 
 #: Idle seconds after which a ``--max`` run stops short of its count.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from cli.common import OneLineErrors
 from txbroker import __version__
+from txbroker.cli.common import OneLineErrors
 
 
 @click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
@@ -14,15 +14,15 @@ def main() -> None:
     """txbroker: a transactional message broker speaking the RocketMQ 4.x protocol."""
 
 
-from cli import serve as _serve
+from txbroker.cli import serve as _serve
 
 main.add_command(_serve.serve)
 
-from cli import consume as _consume
-from cli import produce as _produce
-from cli import status as _status
-from cli import topic as _topic
-from cli import txn as _txn
+from txbroker.cli import consume as _consume
+from txbroker.cli import produce as _produce
+from txbroker.cli import status as _status
+from txbroker.cli import topic as _topic
+from txbroker.cli import txn as _txn
 
 main.add_command(_produce.produce)
 main.add_command(_consume.consume)
@@ -30,6 +30,6 @@ main.add_command(_txn.txn)
 main.add_command(_status.status)
 main.add_command(_topic.topic)
 
-from cli import bench as _bench
+from txbroker.cli import bench as _bench
 
 main.add_command(_bench.bench)

@@ -28,7 +28,13 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from cli.common import CommandError, credentials_options, explain, namesrv_option, run
+from txbroker.cli.common import (
+    CommandError,
+    credentials_options,
+    explain,
+    namesrv_option,
+    run,
+)
 from txbroker.client import (
     LocalTransactionState,
     Message,

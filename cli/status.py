@@ -7,7 +7,12 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from cli.common import credentials_options, is_system_topic, namesrv_option, run
+from txbroker.cli.common import (
+    credentials_options,
+    is_system_topic,
+    namesrv_option,
+    run,
+)
 from txbroker.client.admin import AdminClient
 
 #: Metrics worth a glance; the full table is in --json.

@@ -7,7 +7,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from cli.common import (
+from txbroker.cli.common import (
     CommandError,
     credentials_options,
     is_system_topic,

@@ -19,7 +19,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from cli.common import credentials_options, namesrv_option, run
+from txbroker.cli.common import credentials_options, namesrv_option, run
 from txbroker.client.admin import AdminClient
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos.process import BrokerProcess
+from txbroker.bench.chaos.process import BrokerProcess
 from txbroker.config import BrokerConfig
 
 #: Settings every test broker shares (small and fast); a test overrides what it needs.

@@ -1,4 +1,4 @@
-"""``python -m bench.chaos [--kills 20 --seed 1 --flush sync]``: run the chaos driver, print the
+"""``python -m txbroker.bench.chaos [--kills 20 --seed 1 --flush sync]``: run the chaos driver, print the
 report table, exit 1 when an invariant was violated."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import logging
 import sys
 import time
 
-from bench.chaos.driver import ChaosConfig, run_chaos
+from txbroker.bench.chaos.driver import ChaosConfig, run_chaos
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m txbroker.bench.chaos", description=__doc__)
     ap.add_argument("--kills", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--producers", type=int, default=4)

@@ -1,6 +1,6 @@
 """Codec properties checked with hypothesis; the CI tests run them small, this module large.
 
-``python -m bench.chaos.codecfuzz --examples 20000`` runs every property with that many
+``python -m txbroker.bench.chaos.codecfuzz --examples 20000`` runs every property with that many
 examples and prints one line per property (exit 1 on a falsifying example).
 """
 
@@ -80,7 +80,7 @@ def run(prop, examples: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.chaos.codecfuzz", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m txbroker.bench.chaos.codecfuzz", description=__doc__)
     ap.add_argument("--examples", type=int, default=20000)
     args = ap.parse_args(argv)
     failed = 0

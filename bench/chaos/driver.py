@@ -21,8 +21,8 @@ from pathlib import Path
 
 import orjson
 
-from bench.chaos.ledger import KINDS, Ledger, Report
-from bench.chaos.process import BrokerProcess
+from txbroker.bench.chaos.ledger import KINDS, Ledger, Report
+from txbroker.bench.chaos.process import BrokerProcess
 from txbroker.client import (
     Consumer,
     LocalTransactionState,

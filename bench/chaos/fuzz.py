@@ -277,8 +277,8 @@ async def _main(rounds: int, seed: int) -> int:
     import tempfile
     from pathlib import Path
 
-    from bench.chaos.driver import broker_settings
-    from bench.chaos.process import BrokerProcess
+    from txbroker.bench.chaos.driver import broker_settings
+    from txbroker.bench.chaos.process import BrokerProcess
 
     with tempfile.TemporaryDirectory(prefix="txbroker-fuzz-") as tmp:
         proc = BrokerProcess(Path(tmp) / "data", broker_settings("async"), Path(tmp) / "broker.log")
@@ -307,7 +307,7 @@ if __name__ == "__main__":
     import argparse
     import sys
 
-    ap = argparse.ArgumentParser(prog="python -m bench.chaos.fuzz", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m txbroker.bench.chaos.fuzz", description=__doc__)
     ap.add_argument("--rounds", type=int, default=5000)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()

@@ -42,7 +42,7 @@ class BrokerProcess:
         self.namesrv_addr = ""
 
     def argv(self) -> list[str]:
-        args = [sys.executable, "-c", "from cli.main import main; main()", "serve",
+        args = [sys.executable, "-c", "from txbroker.cli.main import main; main()", "serve",
                 "--data-dir", str(self.data_dir)]
         for key, value in self.settings.items():
             opt = "--" + key.replace("_", "-")

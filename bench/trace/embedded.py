@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Self
 
-from bench.trace.spec import BrokerSettings
+from txbroker.bench.trace.spec import BrokerSettings
 
 _READY = re.compile(r"txbroker ready broker=(\S+) namesrv=(\S+)")
 
@@ -30,7 +30,7 @@ class EmbeddedBroker:
 
     def argv(self) -> list[str]:
         s = self.settings
-        return [sys.executable, "-c", "from cli.main import main; main()", "serve",
+        return [sys.executable, "-c", "from txbroker.cli.main import main; main()", "serve",
                 "--listen-host", "127.0.0.1", "--broker-port", "0", "--namesrv-port", "0",
                 "--metrics-port", "-1", "--data-dir", str(self.data_dir / "data"),
                 "--segment-size", str(64 * 1024 * 1024),

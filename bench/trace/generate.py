@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from bench.trace.spec import (
+from txbroker.bench.trace.spec import (
     KINDS,
     MAX_UNKNOWN_BEFORE_DECISION,
     BrokerSettings,
@@ -129,7 +129,7 @@ def default_meta(transactions: int, seed: int = 1, topics: int = 4, producers: i
                  rate: float = 2000.0, mix: dict[str, float] | None = None,
                  body_bytes: str = "uniform:64:512", local_tx_ms: str = "uniform:0:20",
                  broker: BrokerSettings | None = None) -> TraceMeta:
-    from bench.trace.spec import DEFAULT_MIX, parse_mix
+    from txbroker.bench.trace.spec import DEFAULT_MIX, parse_mix
 
     return TraceMeta(transactions=transactions, seed=seed, topics=topics, producers=producers,
                      rate=rate, mix=mix or parse_mix(DEFAULT_MIX), body_bytes=body_bytes,

@@ -28,7 +28,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.trace.spec import PROP_RUN, PROP_TX, SpecError, TraceMeta, producer_group
+from txbroker.bench.trace.spec import (
+    PROP_RUN,
+    PROP_TX,
+    SpecError,
+    TraceMeta,
+    producer_group,
+)
 
 RESULTS_META = "_txbroker_results.json"
 

@@ -1,6 +1,6 @@
 """``bench report``: Markdown plus four PNG plots from a verified results directory.
 
-The figures come from ``verify.json``; the plots (:mod:`bench.trace.plots`) from the raw event
+The figures come from ``verify.json``; the plots (:mod:`txbroker.bench.trace.plots`) from the raw event
 times in the results Parquet: throughput over time, the latency distribution, latency over
 time and check-backs (by kind and over time).  No Spark: pyarrow and numpy suffice.
 """
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.trace import plots
-from bench.trace.plots import Events
-from bench.trace.spec import SpecError
-from bench.trace.verify import CHECK_KINDS, VERIFY_FILE, VIOLATIONS
+from txbroker.bench.trace import plots
+from txbroker.bench.trace.plots import Events
+from txbroker.bench.trace.spec import SpecError
+from txbroker.bench.trace.verify import CHECK_KINDS, VERIFY_FILE, VIOLATIONS
 
 FILES = ("report.md", "throughput.png", "latency_cdf.png", "latency_over_time.png",
          "checks.png")

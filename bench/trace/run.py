@@ -7,12 +7,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from bench.trace import generate as gen
-from bench.trace.embedded import EmbeddedBroker
-from bench.trace.replay import replay
-from bench.trace.report import report, summary_rows
-from bench.trace.spec import TraceMeta
-from bench.trace.verify import verify
+from txbroker.bench.trace import generate as gen
+from txbroker.bench.trace.embedded import EmbeddedBroker
+from txbroker.bench.trace.replay import replay
+from txbroker.bench.trace.report import report, summary_rows
+from txbroker.bench.trace.spec import TraceMeta
+from txbroker.bench.trace.verify import verify
 
 
 def run_all(spark, meta: TraceMeta, work: Path, namesrv: str | None, *, tasks: int | None,

@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.trace.replay import RESULTS_META
-from bench.trace.spec import SpecError, TraceMeta
+from txbroker.bench.trace.replay import RESULTS_META
+from txbroker.bench.trace.spec import SpecError, TraceMeta
 
 VERIFY_FILE = "verify.json"
 VIOLATIONS = ("committed_not_delivered", "aborted_but_delivered", "delivered_twice",

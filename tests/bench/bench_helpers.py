@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.trace.spec import BrokerSettings
+from txbroker.bench.trace.spec import BrokerSettings
 
 #: Settings the end-to-end trace assumes and its embedded broker runs with: a 2 s immunity
 #: leaves a wide margin over the 20 ms local transactions on a noisy machine.

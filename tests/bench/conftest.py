@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 from bench_helpers import E2E_BROKER, E2E_TRANSACTIONS
 
-from bench.trace.generate import default_meta
+from txbroker.bench.trace.generate import default_meta
 
 
 @pytest.fixture(scope="session")
 def spark():
-    from bench.trace.spark import session
+    from txbroker.bench.trace.spark import session
 
     s = session("local[2]", app="txbroker-bench-tests", shuffle_partitions=2)
     yield s
@@ -22,7 +22,7 @@ def spark():
 @pytest.fixture(scope="session")
 def e2e_run(spark, tmp_path_factory):
     """generate → replay (real broker) → verify → report; returns (work dir, summary, timings)."""
-    from bench.trace.run import run_all
+    from txbroker.bench.trace.run import run_all
 
     work = tmp_path_factory.mktemp("bench-e2e")
     meta = default_meta(E2E_TRANSACTIONS, seed=7, topics=2, producers=4, rate=2000.0,

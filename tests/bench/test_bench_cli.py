@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 from bench_helpers import E2E_BROKER
 from click.testing import CliRunner
 
-from bench.trace.report import FILES
-from bench.trace.verify import VERIFY_FILE
-from cli.main import main
+from txbroker.bench.trace.report import FILES
+from txbroker.bench.trace.verify import VERIFY_FILE
+from txbroker.cli.main import main
 
 #: The smallest trace that still has every kind of row (and so every kind of check).
 TRANSACTIONS = 300

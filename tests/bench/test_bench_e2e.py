@@ -8,15 +8,15 @@ import numpy as np
 import pyarrow.parquet as pq
 from bench_helpers import E2E_BROKER, E2E_TRANSACTIONS
 
-from bench.trace.plots import (
+from txbroker.bench.trace.plots import (
     MAX_BUCKETS,
     MIN_BUCKETS,
     bucket_count,
     bucket_seconds,
     fmt_seconds,
 )
-from bench.trace.report import FILES, load_events
-from bench.trace.verify import VERIFY_FILE
+from txbroker.bench.trace.report import FILES, load_events
+from txbroker.bench.trace.verify import VERIFY_FILE
 
 
 def test_end_to_end_has_no_violations_and_the_scripted_checks(e2e_run):

@@ -7,8 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from bench.trace.generate import build, default_meta, generate
-from bench.trace.spec import (
+from txbroker.bench.trace.generate import build, default_meta, generate
+from txbroker.bench.trace.spec import (
     KINDS,
     TRACE_COLUMNS,
     BrokerSettings,
@@ -17,7 +17,7 @@ from bench.trace.spec import (
     TraceMeta,
     parse_mix,
 )
-from cli.main import main
+from txbroker.cli.main import main
 
 
 def _rows(spark, meta, partitions):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.trace.plots import (
+from txbroker.bench.trace.plots import (
     BUCKET_STEPS,
     MAX_BUCKETS,
     MIN_BUCKETS,

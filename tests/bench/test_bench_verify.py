@@ -7,8 +7,8 @@ import shutil
 from bench_helpers import read_rows, write_rows
 from click.testing import CliRunner
 
-from bench.trace.verify import VIOLATIONS, verify
-from cli.main import main
+from txbroker.bench.trace.verify import VIOLATIONS, verify
+from txbroker.cli.main import main
 
 
 def _copy(work, dest):

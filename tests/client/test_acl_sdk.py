@@ -254,7 +254,7 @@ async def test_invalid_acl_file_stops_the_start(broker_config, tmp_path) -> None
 
 
 def test_serve_reports_an_invalid_acl_file_in_one_line(tmp_path) -> None:
-    from cli.main import main
+    from txbroker.cli.main import main
 
     path = tmp_path / "plain_acl.yml"
     path.write_text("accounts: [{accessKey: tiny, secretKey: long-enough}]\n")
@@ -265,7 +265,7 @@ def test_serve_reports_an_invalid_acl_file_in_one_line(tmp_path) -> None:
 
 
 async def test_cli_commands_sign_with_access_key_options_or_environment(acl_broker) -> None:
-    from cli.main import main
+    from txbroker.cli.main import main
 
     async def cli(*args: str, env: dict[str, str] | None = None):
         return await asyncio.to_thread(CliRunner().invoke, main,

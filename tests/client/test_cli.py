@@ -10,7 +10,7 @@ import orjson
 from support.cli_runner import cli_ok, cli_one_line_error, run_cli
 from support.waiting import eventually
 
-from cli.status import KEY_METRICS
+from txbroker.cli.status import KEY_METRICS
 from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
 
@@ -186,7 +186,7 @@ async def test_consume_stops_cleanly_on_sigterm(broker, namesrv) -> None:
 
     cli_ok(await run_cli("produce", "--topic", "TTerm", "--body", "first", "--namesrv", namesrv))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "from cli.main import main; main()", "consume", "--topic", "TTerm",
+        sys.executable, "-c", "from txbroker.cli.main import main; main()", "consume", "--topic", "TTerm",
         "--group", "CG_TERM", "--from-beginning", "--namesrv", namesrv,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:

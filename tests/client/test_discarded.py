@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from support.consuming import collect
 from support.waiting import eventually
 
-from cli.main import main
+from txbroker.cli.main import main
 from txbroker.client import (
     Consumer,
     LocalTransactionState,

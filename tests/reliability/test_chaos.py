@@ -1,13 +1,13 @@
 """Short chaos runs: the broker subprocess SIGKILLed under transactional load, then verified.
 
-The full run (>= 20 kills) is ``python -m bench.chaos --kills 20`` (docs/reliability.md).
+The full run (>= 20 kills) is ``python -m txbroker.bench.chaos --kills 20`` (docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from bench.chaos.driver import ChaosConfig, run_chaos
+from txbroker.bench.chaos.driver import ChaosConfig, run_chaos
 
 
 @pytest.mark.chaos

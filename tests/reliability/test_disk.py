@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from support.waiting import eventually
 
-from bench.chaos.driver import LedgerListener
-from bench.chaos.ledger import Ledger
+from txbroker.bench.chaos.driver import LedgerListener
+from txbroker.bench.chaos.ledger import Ledger
 from txbroker.broker import Broker
 from txbroker.client import Consumer, Message, Producer, TransactionProducer
 from txbroker.client.errors import ClientError

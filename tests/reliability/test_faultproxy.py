@@ -12,10 +12,10 @@ import random
 import pytest
 from support.waiting import eventually
 
-from bench.chaos.driver import LedgerListener
-from bench.chaos.faultproxy import FaultProxy
-from bench.chaos.ledger import KINDS, Ledger
-from bench.chaos.process import free_port
+from txbroker.bench.chaos.driver import LedgerListener
+from txbroker.bench.chaos.faultproxy import FaultProxy
+from txbroker.bench.chaos.ledger import KINDS, Ledger
+from txbroker.bench.chaos.process import free_port
 from txbroker.broker import Broker
 from txbroker.client import (
     Consumer,

@@ -8,8 +8,8 @@ from collections import Counter
 
 import pytest
 
-from bench.chaos.codecfuzz import PROPERTIES, run
-from bench.chaos.fuzz import BAD_TOPICS, cases, coverage_cases, fuzz_broker
+from txbroker.bench.chaos.codecfuzz import PROPERTIES, run
+from txbroker.bench.chaos.fuzz import BAD_TOPICS, cases, coverage_cases, fuzz_broker
 from txbroker.client import Consumer, Message, Producer
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.chaos.ledger import Ledger
+from txbroker.bench.chaos.ledger import Ledger
 
 
 def clean() -> Ledger:

@@ -9,7 +9,14 @@ import struct
 import pytest
 from support.waiting import eventually
 
-from bench.chaos.fuzz import SYSTEM_TOPICS, Case, pull_ext, request, run_case, send_ext
+from txbroker.bench.chaos.fuzz import (
+    SYSTEM_TOPICS,
+    Case,
+    pull_ext,
+    request,
+    run_case,
+    send_ext,
+)
 from txbroker.broker import Broker
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codes import RequestCode, ResponseCode

@@ -10,7 +10,7 @@ import asyncio
 
 from click.testing import CliRunner, Result
 
-from cli.main import main
+from txbroker.cli.main import main
 
 
 async def run_cli(*args: str, env: dict[str, str] | None = None, input: bytes | None = None) -> Result:

@@ -5,7 +5,7 @@ Appends are slice assignments into the mapping (on this machine ~4x faster than 
 
 Durability comes from ``os.fdatasync`` on the file descriptor, not ``mmap.flush`` (msync).
 On Linux a shared mapping dirties the same page-cache pages the descriptor sees, so fdatasync
-writes them back.  Both were measured (``python -m bench.store``, rows "durable 4 KiB append
+writes them back.  Both were measured (``python -m txbroker.bench.store``, rows "durable 4 KiB append
 via ..." and the 64-writer group-commit rows): per call the two are within the machine's noise
 of each other (msync of a page range ~500-2,700/s, fdatasync ~400-900/s single-threaded), and
 group commit with 64 writers reaches the same rate with either (16-19k msgs/s).  What decides
