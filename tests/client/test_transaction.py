@@ -159,9 +159,9 @@ async def test_check_backs_run_with_bounded_concurrency(broker, namesrv) -> None
 
 
 async def test_killed_producer_is_answered_for_by_its_group(broker, namesrv) -> None:
-    script = Path(__file__).with_name("killed_producer.py")
+    script = Path(__file__).parents[1] / "support" / "hanging_producer.py"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(script), namesrv, "PG_KILL", "TKill",
+        sys.executable, str(script), namesrv, "PG_KILL", "TKill", "orphaned half", "ORPHAN",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), WAIT)

@@ -31,7 +31,7 @@ from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.store import record as rec
 
-HERE = Path(__file__).parent
+HANGING_PRODUCER = Path(__file__).parents[1] / "support" / "hanging_producer.py"
 
 
 class Commit(TransactionListener):
@@ -47,8 +47,8 @@ class Commit(TransactionListener):
 
 
 def start_hanging_producer(namesrv: str, group: str, topic: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(HERE / "hanging_producer.py"), namesrv, group, topic],
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, str(HANGING_PRODUCER), namesrv, group, topic,
+                             "mid-transaction", "MID"], stdout=subprocess.PIPE, text=True)
 
 
 @pytest.mark.slow

@@ -1,5 +1,8 @@
 """A transactional producer that stores its half, prints the transaction id, then hangs in its
-local transaction until it is SIGKILLed: no END_TRANSACTION will ever come from it."""
+local transaction until it is SIGKILLed: no END_TRANSACTION will ever come from it.
+
+Run: python tests/support/hanging_producer.py NAMESRV GROUP TOPIC BODY KEYS
+"""
 
 from __future__ import annotations
 
@@ -24,10 +27,10 @@ class Hang(TransactionListener):
         return LocalTransactionState.UNKNOW
 
 
-async def main(namesrv: str, group: str, topic: str) -> None:
+async def main(namesrv: str, group: str, topic: str, body: str, keys: str) -> None:
     async with TransactionProducer(group, namesrv, listener=Hang()) as producer:
-        await producer.send_message_in_transaction(Message(topic, b"mid-transaction", keys="MID"))
+        await producer.send_message_in_transaction(Message(topic, body.encode(), keys=keys))
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    asyncio.run(main(*sys.argv[1:6]))
