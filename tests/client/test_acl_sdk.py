@@ -18,7 +18,7 @@ from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codec import FrameDecoder, RemotingCommand, encode
 from txbroker.remoting.codes import FLAG_ONEWAY, RequestCode, ResponseCode
 from txbroker.remoting.signing import SessionCredentials
-from txbroker.service.acl import AclConfigError
+from txbroker.service.acl_rules import AclConfigError
 
 ACL = """\
 accounts:

@@ -13,12 +13,12 @@ from txbroker.config import ConfigError, load_config
 from txbroker.remoting.codec import FrameDecoder
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.signing import SessionCredentials, signature, signed_content
-from txbroker.service.acl import (
+from txbroker.service.acl import validate
+from txbroker.service.acl_rules import (
     AclConfigError,
     AddressPattern,
     load_acl_file,
     parse_acl,
-    validate,
 )
 from txbroker.store.record import encode_batch
 
