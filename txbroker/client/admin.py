@@ -25,8 +25,8 @@ from txbroker.client.errors import (
 )
 from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
 from txbroker.client.message import validate_topic
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
     DEFAULT_TOPIC,
     PERM_READ,

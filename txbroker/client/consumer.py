@@ -56,8 +56,8 @@ from txbroker.remoting.bodies import (
     ConsumerListBody,
     SubscriptionData,
 )
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.filter import (
     SubscriptionParseError,
     TagExpression,

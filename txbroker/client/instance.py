@@ -49,8 +49,8 @@ from txbroker.remoting.bodies import (
     TopicRouteData,
 )
 from txbroker.remoting.client import RemotingClient
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
     PERM_READ,
     PERM_WRITE,

@@ -35,8 +35,8 @@ from txbroker.client.message import (
     wire_body,
 )
 from txbroker.client.rebalance import MessageQueue
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
     HeaderError,
     SendMessageRequestHeader,

@@ -31,8 +31,8 @@ from txbroker.client.message import (
     wire_body,
 )
 from txbroker.client.producer import Producer
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
     CheckTransactionStateRequestHeader,
     EndTransactionRequestHeader,
