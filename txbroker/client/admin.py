@@ -60,7 +60,7 @@ class AdminClient:
 
     async def start(self) -> None:
         await self._instance.start()
-        if not self._instance.broker_addrs:
+        if not self._instance.namesrv.broker_addrs:
             raise ClientError("the name server knows no broker")
 
     async def shutdown(self) -> None:
@@ -76,7 +76,7 @@ class AdminClient:
     @property
     def brokers(self) -> dict[str, str]:
         """Broker name -> address."""
-        return dict(sorted(self._instance.broker_addrs.items()))
+        return dict(sorted(self._instance.namesrv.broker_addrs.items()))
 
     async def _call(self, addr: str, code: int, what: str, header: Header | None = None) -> RemotingCommand:
         ext = header.to_ext() if header is not None else {}

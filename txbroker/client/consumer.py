@@ -213,7 +213,7 @@ class Consumer:
             # Routes first: a subscription to a topic that does not exist fails here, before
             # the heartbeat registers the group (which would create its retry topic).
             for topic in self._subs:
-                await self._instance.route(topic)
+                await self._instance.namesrv.route(topic)
             await self._instance.start()
             await self._instance.heartbeat_all()
             await self.rebalance()
@@ -359,7 +359,7 @@ class Consumer:
             status_cache: dict = {}
             for topic, _sub in list(self._subs.items()):
                 try:
-                    route = await self._instance.route(topic, refresh=True)
+                    route = await self._instance.namesrv.route(topic, refresh=True)
                 except TopicNotFoundError as exc:
                     # Deleted meanwhile, or subscribed while running: keep what is owned and
                     # look again at the next rebalance, as RocketMQ's consumers do.
@@ -369,7 +369,7 @@ class Consumer:
                 queues = route.read_queues()
                 members: set[str] = set()
                 for name in sorted({q.broker_name for q in queues}):
-                    members.update(await self._members(self._instance.broker_addr(name)))
+                    members.update(await self._members(self._instance.namesrv.broker_addr(name)))
                 if not members and queues:
                     # No member list (our heartbeat has not landed, or the broker restarted):
                     # keep the current queues rather than dropping everything (RocketMQ too).
@@ -403,7 +403,7 @@ class Consumer:
                         self.client_id, mq, exc)
 
     async def _acquire(self, mq: MessageQueue, status_cache: dict) -> None:
-        addr = self._instance.broker_addr(mq.broker_name)
+        addr = self._instance.namesrv.broker_addr(mq.broker_name)
         offset = await self._start_offset(mq, addr, status_cache)
         owned = _OwnedQueue(mq, addr, OffsetTracker(offset))
         self._owned[mq] = owned

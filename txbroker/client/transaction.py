@@ -170,7 +170,7 @@ class TransactionProducer(Producer):
         ).to_ext(), oneway=True)
         if remark:
             cmd.remark = remark[:512]
-        await self._instance.invoke_oneway(addr or self._instance.broker_addr(broker_name), cmd)
+        await self._instance.invoke_oneway(addr or self._instance.namesrv.broker_addr(broker_name), cmd)
 
     # --- check-backs ---------------------------------------------------------------------------
     def _on_check(self, addr: str, cmd: RemotingCommand) -> None:
