@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Self
 
 from txbroker.remoting.client import RemotingClient
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.store.record import MESSAGE_MAGIC
 
 TOPIC = "BenchTx"

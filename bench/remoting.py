@@ -29,7 +29,8 @@ import time
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.client import RemotingClient
-from txbroker.remoting.codec import RemotingCommand, encode
+from txbroker.remoting.codec import encode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.server import RemotingServer, new_event_loop
 
 CODE = 10

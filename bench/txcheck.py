@@ -31,8 +31,8 @@ from pathlib import Path
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.client import RemotingClient
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.server import RemotingServer
 from txbroker.service.clients import ClientRegistry
 from txbroker.service.metrics import BrokerMetrics

@@ -29,7 +29,8 @@ from typing import Self
 
 from txbroker.config import BrokerConfig, format_bytes, format_seconds
 from txbroker.remoting.server import RemotingServer
-from txbroker.service.acl import AclGuard, load_acl_file
+from txbroker.service.acl import AclGuard
+from txbroker.service.acl_rules import load_acl_file
 from txbroker.service.clients import ClientRegistry
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.namesrv import NameServer

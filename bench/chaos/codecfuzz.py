@@ -13,13 +13,8 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from txbroker.remoting.codec import (
-    FrameDecoder,
-    ProtocolError,
-    RemotingCommand,
-    decode_frame,
-    encode,
-)
+from txbroker.remoting.codec import FrameDecoder, decode_frame, encode
+from txbroker.remoting.command import ProtocolError, RemotingCommand
 
 ext_values = st.dictionaries(st.text(min_size=1, max_size=12), st.text(max_size=40), max_size=6)
 

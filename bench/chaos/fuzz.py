@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from txbroker.remoting.codec import FrameDecoder, ProtocolError, RemotingCommand, encode
+from txbroker.remoting.codec import FrameDecoder, encode
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import ProtocolError, RemotingCommand
 
 SYSTEM_TOPICS = ("RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
                  "TRANS_CHECK_MAX_TIME_TOPIC", "SCHEDULE_TOPIC_XXXX")

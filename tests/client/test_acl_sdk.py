@@ -15,10 +15,11 @@ from txbroker.client import Consumer, Message, Producer
 from txbroker.client.admin import AdminClient
 from txbroker.client.errors import BrokerError, SendError
 from txbroker.remoting.client import RemotingClient
-from txbroker.remoting.codec import FrameDecoder, RemotingCommand, encode
+from txbroker.remoting.codec import FrameDecoder, encode
 from txbroker.remoting.codes import FLAG_ONEWAY, RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.signing import SessionCredentials
-from txbroker.service.acl import AclConfigError
+from txbroker.service.acl_rules import AclConfigError
 
 ACL = """\
 accounts:

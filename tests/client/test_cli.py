@@ -11,8 +11,8 @@ from support.cli_runner import cli_ok, cli_one_line_error, run_cli
 from support.waiting import eventually
 
 from txbroker.cli.status import KEY_METRICS
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 
 
 async def test_topic_produce_consume(broker, namesrv, tmp_path) -> None:

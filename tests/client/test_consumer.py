@@ -188,8 +188,8 @@ async def test_offsets_committed_periodically(broker, namesrv) -> None:
 
 
 async def test_offset_beyond_the_queue_is_corrected(broker, namesrv, broker_client) -> None:
-    from txbroker.remoting.codec import RemotingCommand
     from txbroker.remoting.codes import RequestCode, ResponseCode
+    from txbroker.remoting.command import RemotingCommand
 
     async with AdminClient(namesrv) as admin:
         await admin.create_topic("TMoved", 1)

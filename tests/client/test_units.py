@@ -10,13 +10,13 @@ from datetime import UTC, datetime
 import pytest
 
 from txbroker.client import Consumer, Producer, TransactionListener, TransactionProducer
-from txbroker.client.instance import TopicRoute, parse_addresses
 from txbroker.client.message import (
     Message,
     MessageExt,
     UniqKeyGenerator,
     wire_body,
 )
+from txbroker.client.namesrv import TopicRoute, parse_addresses
 from txbroker.client.rebalance import MessageQueue, OffsetTracker, allocate_average
 from txbroker.store import record as rec
 

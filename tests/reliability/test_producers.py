@@ -27,8 +27,8 @@ from txbroker.client import (
 )
 from txbroker.client.admin import AdminClient
 from txbroker.remoting.client import RemotingClient
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.store import record as rec
 
 HANGING_PRODUCER = Path(__file__).parents[1] / "support" / "hanging_producer.py"

@@ -134,7 +134,8 @@ async def test_inflight_limit_stops_reading_until_a_slot_frees(broker_config):
         assert (await answer(broker.broker_addr, request(RequestCode.SEND_MESSAGE, send_ext("HoldTopic"),
                                                          b"x")))[0] == ResponseCode.SUCCESS
         r, w = await asyncio.open_connection(host, port)
-        from txbroker.remoting.codec import FrameDecoder, RemotingCommand, encode
+        from txbroker.remoting.codec import FrameDecoder, encode
+        from txbroker.remoting.command import RemotingCommand
         held = pull_ext("HoldTopic", queueOffset="1", suspendTimeoutMillis="1500", sysFlag="2")
         for opaque in (1, 2):  # two long polls on an empty position: both held
             w.write(encode(RemotingCommand.request(RequestCode.PULL_MESSAGE, held, opaque=opaque)))

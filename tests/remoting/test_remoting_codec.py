@@ -14,8 +14,6 @@ from hypothesis import strategies as st
 from txbroker.remoting.codec import (
     MAX_HEADER_SIZE,
     FrameDecoder,
-    ProtocolError,
-    RemotingCommand,
     decode_frame,
     encode,
     frame_length,
@@ -26,6 +24,7 @@ from txbroker.remoting.codes import (
     RequestCode,
     SerializeType,
 )
+from txbroker.remoting.command import ProtocolError, RemotingCommand
 from txbroker.remoting.headers import PullMessageRequestHeader, SendMessageRequestHeader
 
 VECTORS = Path(__file__).resolve().parent.parent / "vectors"

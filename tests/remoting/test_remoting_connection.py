@@ -15,8 +15,9 @@ import pytest
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.client import RemotingClient
-from txbroker.remoting.codec import FrameDecoder, RemotingCommand, encode, encode_parts
+from txbroker.remoting.codec import FrameDecoder, encode, encode_parts
 from txbroker.remoting.codes import ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.server import Connection, RemotingServer
 
 T = 5.0

@@ -12,8 +12,9 @@ import asyncio
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.client import RemotingClient
-from txbroker.remoting.codec import FrameDecoder, RemotingCommand, encode
+from txbroker.remoting.codec import FrameDecoder, encode
 from txbroker.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.server import RemotingServer
 

@@ -11,8 +11,9 @@ from support.waiting import eventually
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.client import RemotingClient
-from txbroker.remoting.codec import FrameDecoder, RemotingCommand, encode
+from txbroker.remoting.codec import FrameDecoder, encode
 from txbroker.remoting.codes import FLAG_ONEWAY, ResponseCode, SerializeType
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import HeaderError
 from txbroker.remoting.server import Connection, RemotingServer, new_event_loop

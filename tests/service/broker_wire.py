@@ -18,8 +18,8 @@ from txbroker.remoting.bodies import (
     HeartbeatData,
     SubscriptionData,
 )
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
     PULL_FLAG_COMMIT_OFFSET,
     PULL_FLAG_SUBSCRIPTION,

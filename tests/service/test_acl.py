@@ -13,12 +13,12 @@ from txbroker.config import ConfigError, load_config
 from txbroker.remoting.codec import FrameDecoder
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.signing import SessionCredentials, signature, signed_content
-from txbroker.service.acl import (
+from txbroker.service.acl import validate
+from txbroker.service.acl_rules import (
     AclConfigError,
     AddressPattern,
     load_acl_file,
     parse_acl,
-    validate,
 )
 from txbroker.store.record import encode_batch
 
@@ -70,7 +70,7 @@ def test_content_is_values_in_java_key_order_without_signature_then_body() -> No
 
 
 def test_credentials_sign_after_the_other_fields() -> None:
-    from txbroker.remoting.codec import RemotingCommand
+    from txbroker.remoting.command import RemotingCommand
 
     cmd = RemotingCommand.request(RequestCode.SEND_MESSAGE, {"topic": "T"}, body=b"x")
     SessionCredentials("writer-key", "writer-secret").sign(cmd)

@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from txbroker.config import BrokerConfig
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import HeaderError, SendMessageRequestHeader
 from txbroker.service.clients import ClientRegistry, ConsumerEntry

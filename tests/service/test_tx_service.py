@@ -28,8 +28,9 @@ from support.txnode import (
 )
 from support.waiting import eventually
 
-from txbroker.remoting.codec import RemotingCommand, encode
+from txbroker.remoting.codec import encode
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.service.processors.transaction import transaction_handlers
 from txbroker.service.transaction.messages import final_message
 from txbroker.service.transaction.state import (

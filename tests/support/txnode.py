@@ -17,8 +17,8 @@ from support.clock import ManualClock
 from support.waiting import eventually
 from txbroker.config import BrokerConfig
 from txbroker.remoting.client import RemotingClient
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.server import RemotingServer
 from txbroker.service.clients import ClientRegistry
 from txbroker.service.metrics import BrokerMetrics

@@ -25,8 +25,8 @@ from txbroker.client.errors import (
 )
 from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
 from txbroker.client.message import validate_topic
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
     DEFAULT_TOPIC,
     PERM_READ,
@@ -60,7 +60,7 @@ class AdminClient:
 
     async def start(self) -> None:
         await self._instance.start()
-        if not self._instance.broker_addrs:
+        if not self._instance.namesrv.broker_addrs:
             raise ClientError("the name server knows no broker")
 
     async def shutdown(self) -> None:
@@ -76,7 +76,7 @@ class AdminClient:
     @property
     def brokers(self) -> dict[str, str]:
         """Broker name -> address."""
-        return dict(sorted(self._instance.broker_addrs.items()))
+        return dict(sorted(self._instance.namesrv.broker_addrs.items()))
 
     async def _call(self, addr: str, code: int, what: str, header: Header | None = None) -> RemotingCommand:
         ext = header.to_ext() if header is not None else {}

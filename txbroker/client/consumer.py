@@ -6,15 +6,16 @@ Mirrors RocketMQ's push consumer, delivered through an async iterator instead of
   the group's members (GET_CONSUMER_LIST_BY_GROUP) and takes its share of the topic's queues
   with the average strategy.  It re-balances when the broker announces a membership change
   (NOTIFY_CONSUMER_IDS_CHANGED) and every ``rebalance_interval`` in case a notice was lost.
-* **Pulling.**  One PULL_MESSAGE is outstanding per owned queue, with the suspend flag: the
-  broker holds it until a message arrives or ``long_poll_timeout`` passes, so an idle consumer
-  costs one request per queue per long-poll period, and a new message is delivered at once.
-  Pulled messages wait in a bounded buffer; a full buffer stops the pullers (back-pressure).
-* **Offsets.**  A message is done when the caller asks for the next one (or, at a normal
-  shutdown, when the consumer stops).  Each queue commits the smallest offset not yet done, so
-  a crash re-delivers what was in flight and never skips it (at-least-once).  Offsets are
-  committed every ``persist_interval``, on every pull (the commit-offset flag), when a queue is
-  given away, and at shutdown.
+* **Pulling** (``pull.py``).  One PULL_MESSAGE is outstanding per owned queue, with the suspend
+  flag: the broker holds it until a message arrives or ``long_poll_timeout`` passes, so an
+  idle consumer costs one request per queue per long-poll period, and a new message is
+  delivered at once.  Pulled messages wait in a bounded buffer; a full buffer stops the pullers
+  (back-pressure).
+* **Offsets** (``offsets.py``).  A message is done when the caller asks for the next one (or, at
+  a normal shutdown, when the consumer stops).  Each queue commits the smallest offset not yet
+  done, so a crash re-delivers what was in flight and never skips it (at-least-once).  Offsets
+  are committed every ``persist_interval``, on every pull (the commit-offset flag), when a
+  queue is given away, and at shutdown.
 * **Topics must exist.**  ``start()`` raises :class:`TopicNotFoundError` (naming the topic and
   the name server) for a subscribed topic the name server does not know; consuming never
   creates a topic.  A topic subscribed later, or deleted while consumed, is looked up again at
@@ -33,92 +34,35 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Self
 
-import orjson
-
 from txbroker.client.errors import (
-    BrokerError,
     ClientError,
     ClientStateError,
     TopicNotFoundError,
 )
 from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
 from txbroker.client.message import MessageExt, check_text, validate_topic
+from txbroker.client.offsets import FROM_WHERE, GroupOffsets, normalise_from_where
 from txbroker.client.producer import validate_group
+from txbroker.client.pull import OwnedQueue, Puller, Subscription
 from txbroker.client.rebalance import MessageQueue, OffsetTracker, allocate_average
 from txbroker.remoting.bodies import (
     BodyError,
     ConsumeFromWhere,
     ConsumerData,
     ConsumerListBody,
-    SubscriptionData,
 )
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
-from txbroker.remoting.filter import (
-    SubscriptionParseError,
-    TagExpression,
-    parse_tag_expression,
-)
+from txbroker.remoting.command import RemotingCommand
+from txbroker.remoting.filter import SubscriptionParseError, parse_tag_expression
 from txbroker.remoting.headers import (
-    PULL_FLAG_COMMIT_OFFSET,
-    PULL_FLAG_SUBSCRIPTION,
-    PULL_FLAG_SUSPEND,
     GetConsumerListByGroupRequestHeader,
-    GetMaxOffsetRequestHeader,
-    GetMinOffsetRequestHeader,
-    Header,
     HeaderError,
     NotifyConsumerIdsChangedRequestHeader,
-    OffsetResponseHeader,
-    PullMessageRequestHeader,
-    PullMessageResponseHeader,
-    QueryConsumerOffsetRequestHeader,
-    SearchOffsetRequestHeader,
-    UpdateConsumerOffsetRequestHeader,
 )
-from txbroker.store import record as rec
 
 log = logging.getLogger(__name__)
-
-_FROM_WHERE = {"last": ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
-               "first": ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET}
-
-
-@dataclass
-class _Subscription:
-    topic: str
-    selected: TagExpression
-    version: int
-
-    def to_wire(self) -> SubscriptionData:
-        tags = sorted(self.selected.tags)
-        return SubscriptionData(topic=self.topic, sub_string=self.selected.sub_string,
-                                tags_set=tags, code_set=[rec.tag_hash(t) for t in tags],
-                                sub_version=self.version)
-
-
-@dataclass
-class _OwnedQueue:
-    mq: MessageQueue
-    addr: str
-    tracker: OffsetTracker
-    task: asyncio.Task | None = None
-
-
-def _from_where(value: object) -> str | int:
-    """Normalise ``from_where`` to "last", "first" or a timestamp in ms."""
-    if isinstance(value, str) and value in _FROM_WHERE:
-        return value
-    if isinstance(value, datetime):
-        return int(value.timestamp() * 1000)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-        return int(value * 1000)
-    raise ValueError(f"from_where must be 'last', 'first', a datetime or Unix seconds, got {value!r}")
-
 
 class Consumer:
     """``consumer.subscribe("T"); async with consumer: async for msg in consumer: ...``
@@ -135,7 +79,7 @@ class Consumer:
                  instance_name: str | None = None, access_key: str | None = None,
                  secret_key: str | None = None) -> None:
         self.group = validate_group(group, "consumer group")
-        self.from_where = _from_where(from_where)
+        self.from_where = normalise_from_where(from_where)
         if not 1 <= pull_batch_size <= 1024:
             raise ValueError("pull_batch_size must be in [1, 1024]")
         for name, v in (("long_poll_timeout", long_poll_timeout), ("rebalance_interval", rebalance_interval),
@@ -156,8 +100,10 @@ class Consumer:
                                         access_key=access_key, secret_key=secret_key)
         self._instance.consumer_data[self.group] = self._consumer_data
         self._instance.on_request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_ids_changed)
-        self._subs: dict[str, _Subscription] = {}
-        self._owned: dict[MessageQueue, _OwnedQueue] = {}
+        self._offsets = GroupOffsets(self._instance, self.group, self.from_where)
+        self._puller: Puller | None = None
+        self._subs: dict[str, Subscription] = {}
+        self._owned: dict[MessageQueue, OwnedQueue] = {}
         self._buffer: asyncio.Queue | None = None
         self._buffer_size = buffer_size
         self._delivered: list[tuple[OffsetTracker, int]] = []
@@ -185,7 +131,7 @@ class Consumer:
             raise ValueError(exc.remark) from None
         for tag in selected.tags:
             check_text("tag", tag)
-        self._subs[topic] = _Subscription(topic, selected, int(time.time() * 1000))
+        self._subs[topic] = Subscription(topic, selected, int(time.time() * 1000))
         if self._state == "running":
             asyncio.get_running_loop().create_task(self._instance.heartbeat_all())
             assert self._rebalance_needed is not None
@@ -195,7 +141,7 @@ class Consumer:
         where = self.from_where
         return ConsumerData(
             group_name=self.group,
-            consume_from_where=_FROM_WHERE[where] if isinstance(where, str)
+            consume_from_where=FROM_WHERE[where] if isinstance(where, str)
             else ConsumeFromWhere.CONSUME_FROM_TIMESTAMP,
             subscription_data_set=[s.to_wire() for _, s in sorted(self._subs.items())])
 
@@ -207,13 +153,18 @@ class Consumer:
             raise ClientStateError(f"consumer {self.group}: subscribe() to a topic before start()")
         self._state = "starting"
         self._buffer = asyncio.Queue(self._buffer_size)
+        self._puller = Puller(self._instance, self.group, self._buffer,
+                              batch_size=self.pull_batch_size,
+                              long_poll_timeout=self.long_poll_timeout,
+                              request_timeout=self.request_timeout,
+                              error_backoff=self.pull_error_backoff)
         self._rebalance_needed = asyncio.Event()
         self._rebalance_lock = asyncio.Lock()
         try:
             # Routes first: a subscription to a topic that does not exist fails here, before
             # the heartbeat registers the group (which would create its retry topic).
             for topic in self._subs:
-                await self._instance.route(topic)
+                await self._instance.namesrv.route(topic)
             await self._instance.start()
             await self._instance.heartbeat_all()
             await self.rebalance()
@@ -359,7 +310,7 @@ class Consumer:
             status_cache: dict = {}
             for topic, _sub in list(self._subs.items()):
                 try:
-                    route = await self._instance.route(topic, refresh=True)
+                    route = await self._instance.namesrv.route(topic, refresh=True)
                 except TopicNotFoundError as exc:
                     # Deleted meanwhile, or subscribed while running: keep what is owned and
                     # look again at the next rebalance, as RocketMQ's consumers do.
@@ -369,7 +320,7 @@ class Consumer:
                 queues = route.read_queues()
                 members: set[str] = set()
                 for name in sorted({q.broker_name for q in queues}):
-                    members.update(await self._members(self._instance.broker_addr(name)))
+                    members.update(await self._members(self._instance.namesrv.broker_addr(name)))
                 if not members and queues:
                     # No member list (our heartbeat has not landed, or the broker restarted):
                     # keep the current queues rather than dropping everything (RocketMQ too).
@@ -403,142 +354,17 @@ class Consumer:
                         self.client_id, mq, exc)
 
     async def _acquire(self, mq: MessageQueue, status_cache: dict) -> None:
-        addr = self._instance.broker_addr(mq.broker_name)
-        offset = await self._start_offset(mq, addr, status_cache)
-        owned = _OwnedQueue(mq, addr, OffsetTracker(offset))
+        addr = self._instance.namesrv.broker_addr(mq.broker_name)
+        offset = await self._offsets.start_offset(mq, addr, status_cache)
+        owned = OwnedQueue(mq, addr, OffsetTracker(offset))
         self._owned[mq] = owned
+        assert self._puller is not None
         owned.task = asyncio.get_running_loop().create_task(
-            self._pull_loop(owned), name=f"txbroker-pull-{mq}")
-
-    async def _offset_request(self, code: int, addr: str, header: Header) -> int | None:
-        """The ``offset`` a broker answers, None for QUERY_NOT_FOUND."""
-        resp = await self._instance.invoke(addr, RemotingCommand.request(code, header.to_ext()))
-        if resp.code == ResponseCode.QUERY_NOT_FOUND:
-            return None
-        if resp.code != ResponseCode.SUCCESS:
-            raise BrokerError(f"offset request {code}", resp.code, resp.remark, addr)
-        try:
-            return OffsetResponseHeader.from_ext(resp.ext_fields).offset
-        except HeaderError as exc:
-            raise ClientError(f"offset request {code} to {addr}: {exc.remark}") from None
-
-    async def _start_offset(self, mq: MessageQueue, addr: str, status_cache: dict) -> int:
-        topic, queue_id = mq.topic, mq.queue_id
-        offset = await self._offset_request(RequestCode.QUERY_CONSUMER_OFFSET, addr,
-                                            QueryConsumerOffsetRequestHeader(
-                                                consumer_group=self.group, topic=topic,
-                                                queue_id=queue_id))
-        # A RocketMQ broker also answers 0 for a group that never committed (while the
-        # queue still starts at 0); only then does ``from_where`` apply.
-        if offset is not None and (offset > 0 or self.from_where == "first"
-                                   or await self._committed(addr, mq, status_cache)):
-            return offset
-        header: Header
-        if self.from_where == "first":
-            code, header = RequestCode.GET_MIN_OFFSET, GetMinOffsetRequestHeader(topic=topic, queue_id=queue_id)
-        elif self.from_where == "last":
-            code, header = RequestCode.GET_MAX_OFFSET, GetMaxOffsetRequestHeader(topic=topic, queue_id=queue_id)
-        else:
-            code, header = RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, SearchOffsetRequestHeader(
-                topic=topic, queue_id=queue_id, timestamp=int(self.from_where))
-        return await self._offset_request(code, addr, header) or 0
-
-    async def _committed(self, addr: str, mq: MessageQueue, cache: dict) -> bool:
-        """Whether the group really committed an offset for ``mq`` (txbroker's status
-        document tells; a broker without it is taken at its word, as RocketMQ clients do)."""
-        if addr not in cache:
-            cache[addr] = None
-            try:
-                resp = await self._instance.invoke(addr, RemotingCommand.request(RequestCode.BROKER_STATUS))
-                if resp.code == ResponseCode.SUCCESS:
-                    cache[addr] = orjson.loads(resp.body)
-            except (orjson.JSONDecodeError, ClientError, OSError, TimeoutError) as exc:
-                log.debug("status from %s unavailable: %s", addr, exc)
-        doc = cache[addr]
-        if not isinstance(doc, dict):
-            return True
-        offsets = ((doc.get("consumerGroups") or {}).get(self.group) or {}).get("offsets") or {}
-        return str(mq.queue_id) in (offsets.get(mq.topic) or {})
-
-    # --- pulling -------------------------------------------------------------------------
-    async def _pull_loop(self, owned: _OwnedQueue) -> None:
-        mq, tracker = owned.mq, owned.tracker
-        sub = self._subs[mq.topic]
-        assert self._buffer is not None
-        while not tracker.dropped:
-            commit = tracker.committable()
-            sys_flag = PULL_FLAG_SUSPEND | PULL_FLAG_SUBSCRIPTION
-            if commit > tracker.committed >= -1 and commit > 0:
-                sys_flag |= PULL_FLAG_COMMIT_OFFSET
-            cmd = RemotingCommand.request(RequestCode.PULL_MESSAGE, PullMessageRequestHeader(
-                consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id,
-                queue_offset=tracker.next_pull, max_msg_nums=self.pull_batch_size,
-                sys_flag=sys_flag, commit_offset=commit if sys_flag & PULL_FLAG_COMMIT_OFFSET else -1,
-                suspend_timeout_millis=int(self.long_poll_timeout * 1000),
-                subscription=sub.selected.sub_string, sub_version=sub.version,
-                expression_type="TAG").to_ext())
-            try:
-                resp = await self._instance.invoke(owned.addr, cmd,
-                                                   self.long_poll_timeout + self.request_timeout)
-            except asyncio.CancelledError:
-                raise
-            except (OSError, ConnectionError, TimeoutError, ClientError) as exc:
-                log.warning("consumer %s: pull %s failed: %s", self.client_id, mq,
-                            exc or type(exc).__name__)
-                await asyncio.sleep(self.pull_error_backoff)
-                continue
-            if sys_flag & PULL_FLAG_COMMIT_OFFSET:
-                tracker.committed = max(tracker.committed, commit)
-            if not await self._handle_pull(owned, sub, resp):
-                await asyncio.sleep(self.pull_error_backoff)
-
-    async def _handle_pull(self, owned: _OwnedQueue, sub: _Subscription, resp: RemotingCommand) -> bool:
-        mq, tracker = owned.mq, owned.tracker
-        try:
-            next_begin = PullMessageResponseHeader.from_ext(resp.ext_fields).next_begin_offset
-        except HeaderError:  # an error answer carries no offsets
-            next_begin = tracker.next_pull
-        if resp.code == ResponseCode.SUCCESS:
-            try:
-                stored = rec.decode_records(resp.body)
-                msgs = [MessageExt.from_stored(s, mq.broker_name) for s in stored]
-            except rec.RecordError as exc:
-                log.error("consumer %s: undecodable pull body from %s for %s: %s",
-                          self.client_id, owned.addr, mq, exc)
-                return False
-            wanted = [m for m in msgs
-                      if sub.selected.matches(m.tags) and m.queue_offset >= tracker.next_pull]
-            tracker.pulled([m.queue_offset for m in wanted], next_begin)
-            for m in wanted:
-                await self._buffer.put((tracker, m))  # back-pressure: waits while full
-            return True
-        if resp.code in (ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY):
-            tracker.moved(next_begin)
-            return True
-        if resp.code == ResponseCode.PULL_OFFSET_MOVED:
-            log.warning("consumer %s: offset %d of %s is no longer valid; moving to %d",
-                        self.client_id, tracker.next_pull, mq, next_begin)
-            tracker.reset(next_begin)
-            return True
-        log.warning("consumer %s: pull %s refused: %d %s", self.client_id, mq, resp.code,
-                    resp.remark or "")
-        return False
+            self._puller.run(owned, self._subs[mq.topic]), name=f"txbroker-pull-{mq}")
 
     # --- offsets -------------------------------------------------------------------------
-    async def _commit(self, owned: _OwnedQueue, *, oneway: bool) -> None:
-        offset = owned.tracker.committable()
-        if offset == owned.tracker.committed:
-            return
-        cmd = RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, UpdateConsumerOffsetRequestHeader(
-            consumer_group=self.group, topic=owned.mq.topic, queue_id=owned.mq.queue_id,
-            commit_offset=offset).to_ext(), oneway=oneway)
-        if oneway:
-            await self._instance.invoke_oneway(owned.addr, cmd)
-        else:
-            resp = await self._instance.invoke(owned.addr, cmd)
-            if resp.code != ResponseCode.SUCCESS:
-                raise BrokerError(f"commit offset of {owned.mq}", resp.code, resp.remark, owned.addr)
-        owned.tracker.committed = offset
+    async def _commit(self, owned: OwnedQueue, *, oneway: bool) -> None:
+        await self._offsets.commit(owned.mq, owned.addr, owned.tracker, oneway=oneway)
 
     async def _commit_all(self, *, oneway: bool) -> None:
         for owned in list(self._owned.values()):

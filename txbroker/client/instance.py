@@ -12,8 +12,8 @@ timing fixed where the C++ client gets it wrong (docs/protocol.md §8.7):
 * a dropped broker connection is reopened and heartbeated at once, with back-off, not at the
   next heartbeat: a restarted broker knows no connection of a producer group until then, so a
   RocketMQ client leaves its check-backs unanswerable for up to 30 s after a broker restart;
-* routes are cached and refreshed every ``route_refresh_interval`` (30 s) and on demand after a
-  failure;
+* routes are cached (``namesrv.py``) and refreshed every ``route_refresh_interval`` (30 s)
+  and on demand after a failure;
 * broker-initiated requests (CHECK_TRANSACTION_STATE, NOTIFY_CONSUMER_IDS_CHANGED) are handed to
   the owning producer or consumer, which must not block the connection's read path.
 
@@ -28,37 +28,17 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
-from txbroker.client.errors import (
-    BrokerError,
-    ClientError,
-    RouteError,
-    TopicNotFoundError,
-)
-from txbroker.client.rebalance import MessageQueue
-from txbroker.remoting.bodies import (
-    BodyError,
-    ClusterInfo,
-    ConsumerData,
-    HeartbeatData,
-    ProducerData,
-    TopicRouteData,
-)
+from txbroker.client.errors import BrokerError, ClientError
+from txbroker.client.namesrv import NameServerClient
+from txbroker.remoting.bodies import ConsumerData, HeartbeatData, ProducerData
 from txbroker.remoting.client import RemotingClient
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
-from txbroker.remoting.headers import (
-    PERM_READ,
-    PERM_WRITE,
-    GetRouteInfoRequestHeader,
-    UnregisterClientRequestHeader,
-)
+from txbroker.remoting.command import RemotingCommand
+from txbroker.remoting.headers import UnregisterClientRequestHeader
 from txbroker.remoting.signing import SessionCredentials, credentials
-from txbroker.store.record import DEFAULT_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -70,57 +50,6 @@ REJOIN_DELAY_MIN = 0.1
 ServerRequestHandler = Callable[[str, RemotingCommand], Awaitable[None] | None]
 
 
-def parse_addresses(namesrv: str) -> list[str]:
-    """``"h1:p1;h2:p2"`` (RocketMQ's separator; commas accepted too) → validated list."""
-    if not isinstance(namesrv, str) or not namesrv.strip():
-        raise ValueError("namesrv must be 'host:port' (several separated by ';')")
-    out = []
-    for part in re.split(r"[;,]", namesrv):
-        part = part.strip()
-        if not part:
-            continue
-        host, sep, port = part.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"bad name-server address {part!r}: expected host:port")
-        out.append(part)
-    if not out:
-        raise ValueError("namesrv must be 'host:port' (several separated by ';')")
-    return out
-
-
-@dataclass
-class TopicRoute:
-    """A topic's queues and the master address of each broker holding them."""
-
-    topic: str
-    brokers: dict[str, str] = field(default_factory=dict)  # broker name -> master address
-    queues: list[tuple[str, int, int, int]] = field(default_factory=list)  # name, read, write, perm
-
-    @classmethod
-    def parse(cls, topic: str, body: bytes) -> TopicRoute:
-        """Read a GET_ROUTEINFO_BY_TOPIC body (standard JSON or fastjson's unquoted keys)."""
-        try:
-            data = TopicRouteData.decode(body)
-        except BodyError as exc:
-            raise ClientError(f"route of {topic}: {exc.remark}") from None
-        route = cls(topic)
-        for bd in data.broker_datas:
-            master = bd.master_addr()
-            if master:
-                route.brokers[bd.broker_name] = master
-        route.queues = [(qd.broker_name, qd.read_queue_nums, qd.write_queue_nums, qd.perm)
-                        for qd in data.queue_datas]
-        return route
-
-    def write_queues(self) -> list[MessageQueue]:
-        return sorted(MessageQueue(self.topic, name, q) for name, _r, w, perm in self.queues
-                      if perm & PERM_WRITE and name in self.brokers for q in range(w))
-
-    def read_queues(self) -> list[MessageQueue]:
-        return sorted(MessageQueue(self.topic, name, q) for name, r, _w, perm in self.queues
-                      if perm & PERM_READ and name in self.brokers for q in range(r))
-
-
 class ClientInstance:
     """Connections, routes and heartbeats for one client id.  Event-loop only."""
 
@@ -128,11 +57,13 @@ class ClientInstance:
                  heartbeat_interval: float = 30.0, route_refresh_interval: float = 30.0,
                  instance_name: str | None = None, access_key: str | None = None,
                  secret_key: str | None = None) -> None:
-        self.namesrv_addrs = parse_addresses(namesrv)
         #: Signs every request to name servers and brokers (brokers with ACL require it).
         self.credentials: SessionCredentials | None = credentials(access_key, secret_key)
         if request_timeout <= 0 or heartbeat_interval <= 0 or route_refresh_interval <= 0:
             raise ValueError("timeouts and intervals must be positive")
+        #: Routes and broker addresses (``namesrv.route(topic)``, ``namesrv.broker_addr(name)``).
+        self.namesrv = NameServerClient(namesrv, request_timeout=request_timeout,
+                                        credentials=self.credentials)
         self.request_timeout = request_timeout
         self.heartbeat_interval = heartbeat_interval
         self.route_refresh_interval = route_refresh_interval
@@ -145,15 +76,11 @@ class ClientInstance:
         #: consumer group -> callable returning its ConsumerData for heartbeats.
         self.consumer_data: dict[str, Callable[[], ConsumerData]] = {}
         self._handlers: dict[int, ServerRequestHandler] = {}
-        self._ns: RemotingClient | None = None
-        self._ns_index = 0
         self._conns: dict[str, RemotingClient] = {}
         #: RemotingClient.reconnects last seen per address: a silent reconnect means the
         #: broker forgot our heartbeat (and with it where to send check-backs).
         self._reconnects: dict[str, int] = {}
         self._connecting: dict[str, asyncio.Future] = {}
-        self.routes: dict[str, TopicRoute] = {}
-        self.broker_addrs: dict[str, str] = {}
         self._tasks: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()
         #: Addresses whose dropped connection is being reopened (one task each).
@@ -169,18 +96,18 @@ class ClientInstance:
     async def start(self) -> None:
         if self._started:
             return
-        ns = await self._namesrv()
+        ns = await self.namesrv.connect()
         local = ns.local_addr
         if local and isinstance(local[0], str) and local[0].count(".") == 3:
             self.ip = local[0]
             self.client_id = f"{self.ip}@{self._instance_name}"
-        await self.refresh_cluster()
+        await self.namesrv.refresh_cluster()
         await self.heartbeat_all()
         self._started = True
         self._tasks = [
             asyncio.create_task(self._every(self.heartbeat_interval, self.heartbeat_all),
                                 name=f"txbroker-heartbeat-{self.client_id}"),
-            asyncio.create_task(self._every(self.route_refresh_interval, self._refresh_routes),
+            asyncio.create_task(self._every(self.route_refresh_interval, self.namesrv.refresh_routes),
                                 name=f"txbroker-routes-{self.client_id}"),
         ]
 
@@ -219,11 +146,11 @@ class ClientInstance:
         await self._close_connections()
 
     async def _close_connections(self) -> None:
-        for conn in [*self._conns.values(), *([self._ns] if self._ns else [])]:
+        for conn in self._conns.values():
             with contextlib.suppress(Exception):
                 await conn.close()
         self._conns.clear()
-        self._ns = None
+        await self.namesrv.close()
 
     async def _every(self, interval: float, fn: Callable[[], Awaitable[None]]) -> None:
         while True:
@@ -235,119 +162,7 @@ class ClientInstance:
             except (ClientError, OSError, TimeoutError) as exc:
                 log.warning("%s: periodic %s failed: %s", self.client_id, fn.__name__, exc)
 
-    # --- name server ---------------------------------------------------------------------
-    async def _namesrv(self) -> RemotingClient:
-        if self._ns is not None and not getattr(self._ns, "closed", False):
-            return self._ns
-        errors = []
-        last: BaseException | None = None
-        for i in range(len(self.namesrv_addrs)):
-            addr = self.namesrv_addrs[(self._ns_index + i) % len(self.namesrv_addrs)]
-            client = RemotingClient(addr, connect_timeout=self.request_timeout,
-                                    credentials=self.credentials)
-            try:
-                await client.connect()
-            except (OSError, TimeoutError) as exc:
-                errors.append(f"{addr}: {exc or type(exc).__name__}")
-                last = exc
-                with contextlib.suppress(Exception):
-                    await client.close()
-                continue
-            self._ns_index = (self._ns_index + i) % len(self.namesrv_addrs)
-            self._ns = client
-            return client
-        # Chained, so a caller can tell a refused connection (nothing listening) from a time-out.
-        raise RouteError("cannot connect to the name server (" + "; ".join(errors) + ")") from last
-
-    async def namesrv_invoke(self, cmd: RemotingCommand, timeout: float | None = None) -> RemotingCommand:
-        ns = await self._namesrv()
-        try:
-            return await ns.invoke(cmd, timeout or self.request_timeout)
-        except (OSError, ConnectionError, TimeoutError):
-            # Next call reconnects, possibly to the next configured name server.
-            self._ns = None
-            self._ns_index += 1
-            with contextlib.suppress(Exception):
-                await ns.close()
-            raise
-
-    async def refresh_cluster(self) -> dict[str, str]:
-        """Learn every broker (name -> master address) from the name server."""
-        resp = await self.namesrv_invoke(RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO))
-        if resp.code != ResponseCode.SUCCESS:
-            raise BrokerError("cluster info", resp.code, resp.remark, self.namesrv_addr)
-        try:
-            info = ClusterInfo.decode(resp.body)
-        except BodyError as exc:
-            raise ClientError(f"cluster info: {exc.remark}") from None
-        for name, bd in info.broker_addr_table.items():
-            master = bd.master_addr()
-            if master:
-                self.broker_addrs[name] = master
-        return dict(self.broker_addrs)
-
-    async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
-        cached = self.routes.get(topic)
-        if cached is not None and not refresh:
-            return cached
-        cmd = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, GetRouteInfoRequestHeader(
-            topic=topic, accept_standard_json_only=True).to_ext())
-        try:
-            resp = await self.namesrv_invoke(cmd)
-        except (OSError, TimeoutError, RouteError) as exc:
-            if cached is not None:
-                return cached  # a stale route beats none while the name server is away
-            if isinstance(exc, RouteError):
-                raise
-            raise RouteError(f"no route for topic {topic!r}: name server unreachable: "
-                             f"{exc or type(exc).__name__}") from exc
-        if resp.code != ResponseCode.SUCCESS:
-            self.routes.pop(topic, None)
-            if resp.code == ResponseCode.TOPIC_NOT_EXIST:
-                raise TopicNotFoundError(topic, self.namesrv_addr)
-            raise RouteError(f"no route for topic {topic!r}: name server answered "
-                             f"{resp.code}: {resp.remark or ''}".rstrip(": "))
-        route = TopicRoute.parse(topic, resp.body)
-        self.routes[topic] = route
-        self.broker_addrs.update(route.brokers)
-        return route
-
-    async def publish_route(self, topic: str, queue_nums: int, *, refresh: bool = False) -> TopicRoute:
-        """The route a producer sends ``topic`` on.
-
-        A topic that does not exist yet gets the queues of the template topic TBW102, capped
-        at ``queue_nums``, as RocketMQ's producers do: the name server answers that route only
-        while the broker auto-creates topics, and the broker creates the topic on the first
-        send.  Such a route is not cached, so the topic's own route is used once it exists.
-        """
-        try:
-            return await self.route(topic, refresh=refresh)
-        except TopicNotFoundError as missing:
-            try:
-                template = await self.route(DEFAULT_TOPIC, refresh=refresh)
-            except TopicNotFoundError:
-                raise missing from None  # no auto-creation: the topic must be created first
-        return TopicRoute(topic, dict(template.brokers),
-                          [(name, min(r, queue_nums), min(w, queue_nums), perm)
-                           for name, r, w, perm in template.queues])
-
-    @property
-    def namesrv_addr(self) -> str:
-        """The name server in use (or tried next), for error messages."""
-        return self.namesrv_addrs[self._ns_index % len(self.namesrv_addrs)]
-
-    async def _refresh_routes(self) -> None:
-        for topic in list(self.routes):
-            with contextlib.suppress(ClientError):
-                await self.route(topic, refresh=True)
-
     # --- brokers -------------------------------------------------------------------------
-    def broker_addr(self, broker_name: str) -> str:
-        addr = self.broker_addrs.get(broker_name)
-        if addr is None:
-            raise RouteError(f"broker {broker_name!r} is not known to the name server")
-        return addr
-
     async def connection(self, addr: str) -> RemotingClient:
         """The connection to ``addr``, opened (and heartbeated) on first use."""
         conn = self._conns.get(addr)
@@ -444,7 +259,7 @@ class ClientInstance:
         heartbeat interval; ends once connected, or when the broker is no longer routed."""
         delay = REJOIN_DELAY_MIN
         try:
-            while not self._closed and addr in self.broker_addrs.values():
+            while not self._closed and addr in self.namesrv.broker_addrs.values():
                 await asyncio.sleep(delay)
                 conn = self._conns.get(addr)
                 try:
@@ -484,7 +299,7 @@ class ClientInstance:
         if not (self.producer_groups or self.consumer_data):
             return
         errors = []
-        for addr in sorted(set(self.broker_addrs.values())):
+        for addr in sorted(set(self.namesrv.broker_addrs.values())):
             try:
                 conn = self._conns.get(addr)
                 if conn is None or getattr(conn, "closed", False):

@@ -35,8 +35,8 @@ from txbroker.client.message import (
     wire_body,
 )
 from txbroker.client.rebalance import MessageQueue
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
     HeaderError,
     SendMessageRequestHeader,
@@ -154,7 +154,7 @@ class Producer:
         queues = await self._queues(msg.topic)
         mq = queues[next(self._rr) % len(queues)]
         cmd = self._request(mq, body, msg.wire_properties(uniq), sys_flag, batch=False, oneway=True)
-        await self._instance.invoke_oneway(self._instance.broker_addr(mq.broker_name), cmd)
+        await self._instance.invoke_oneway(self._instance.namesrv.broker_addr(mq.broker_name), cmd)
 
     async def send_batch(self, msgs: list[Message]) -> SendResult:
         """Send messages of one topic as one request, stored contiguously in one queue.
@@ -185,7 +185,7 @@ class Producer:
 
     # --- internals ---------------------------------------------------------------------------
     async def _queues(self, topic: str, refresh: bool = False) -> list[MessageQueue]:
-        route = await self._instance.publish_route(topic, DEFAULT_TOPIC_QUEUE_NUMS, refresh=refresh)
+        route = await self._instance.namesrv.publish_route(topic, DEFAULT_TOPIC_QUEUE_NUMS, refresh=refresh)
         queues = route.write_queues()
         if not queues:
             raise RouteError(f"topic {topic!r} has no writable queue")
@@ -218,7 +218,7 @@ class Producer:
             mq = self._pick(queues, start + attempt, failed_broker)
             addr = "?"
             try:
-                addr = self._instance.broker_addr(mq.broker_name)
+                addr = self._instance.namesrv.broker_addr(mq.broker_name)
                 cmd = self._request(mq, body, props, sys_flag, batch=batch)
                 resp = await self._instance.invoke(addr, cmd, self.send_timeout)
             except TimeoutError as exc:

@@ -31,8 +31,8 @@ from txbroker.client.message import (
     wire_body,
 )
 from txbroker.client.producer import Producer
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
     CheckTransactionStateRequestHeader,
     EndTransactionRequestHeader,
@@ -170,7 +170,7 @@ class TransactionProducer(Producer):
         ).to_ext(), oneway=True)
         if remark:
             cmd.remark = remark[:512]
-        await self._instance.invoke_oneway(addr or self._instance.broker_addr(broker_name), cmd)
+        await self._instance.invoke_oneway(addr or self._instance.namesrv.broker_addr(broker_name), cmd)
 
     # --- check-backs ---------------------------------------------------------------------------
     def _on_check(self, addr: str, cmd: RemotingCommand) -> None:

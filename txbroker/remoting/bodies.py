@@ -1,5 +1,10 @@
 """JSON request and response bodies: heartbeat, routes, consumer lists, queue locks, tables.
 
+One file past the usual size on purpose: it is a catalogue, one class per wire body, read by
+looking a body up, and every class reads its fields through the same lenient readers at the
+top (the two writers' forms, below); split by area, those readers would become a module of
+their own that every body module imports, for no gain in what one file explains.
+
 Two writers produce these bodies and they disagree (docs/protocol.md §4.9, §8.6):
 Java writes enums by name, every set, numbers as numbers; the C++ client writes enums as
 ordinals, leaves out empty sets and sends ``subVersion`` as a string.  Decoders here accept both.
@@ -24,7 +29,7 @@ from typing import Any
 import orjson
 
 from txbroker.remoting.codes import VERSION_STANDARD_JSON_ROUTE, ResponseCode
-from txbroker.remoting.headers import HeaderError
+from txbroker.remoting.header_codec import HeaderError
 
 #: BrokerData.brokerAddrs key of the master (MixAll.MASTER_ID).
 MASTER_ID = 0

@@ -8,7 +8,8 @@ txbroker bug (for example encoding a command whose code does not fit the binary 
 
 Frame (big-endian, docs/protocol.md §1): ``total length L (4) | serialize type (high byte) + header
 length H (low 24 bits) | header (H) | body (L - 4 - H)``.  Header type 0 is JSON with
-fastjson's field names, type 1 the binary ROCKETMQ layout (§1.1).
+fastjson's field names, type 1 the binary ROCKETMQ layout (§1.1, in ``binary.py``).  The
+command itself, :class:`RemotingCommand`, and :class:`ProtocolError` are ``command.py``'s.
 
 Real clients are loose in places and strict elsewhere (docs/protocol.md §8), so the decoder is
 lenient exactly where they are: ext field values may arrive as JSON numbers or booleans and are
@@ -21,18 +22,17 @@ crashes without the object and silently ignores numeric values.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from txbroker.remoting.codes import (
-    FLAG_ONEWAY,
-    FLAG_RESPONSE,
-    VERSION_4_9_8,
-    LanguageCode,
-    ResponseCode,
-    SerializeType,
+from txbroker.remoting.binary import decode_binary_header, encode_binary_header
+from txbroker.remoting.codes import FLAG_RESPONSE, SerializeType
+from txbroker.remoting.command import (
+    LANGUAGE_NAMES,
+    ProtocolError,
+    RemotingCommand,
+    string_fields,
 )
 
 #: The length prefix counts the 4-byte header-length field, so L >= 4.
@@ -51,73 +51,10 @@ _PREFIX = struct.Struct(">ii")
 #: behind the header; below it one buffer costs the socket less than two.
 SEPARATE_BODY_FROM = 8 * 1024
 _LEN = struct.Struct(">i")
-_SHORT = struct.Struct(">h")
-_BIN_FIXED = struct.Struct(">hBhii")  # code, language, version, opaque, flag
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
-_LANG_BY_NAME = {lang.name: int(lang) for lang in LanguageCode}
-_LANG_BY_CODE = {int(lang): lang.name for lang in LanguageCode}
 _JSON = SerializeType.JSON
 _ROCKETMQ = int(SerializeType.ROCKETMQ)
-
-
-class ProtocolError(Exception):
-    """The peer sent bytes that are not a valid frame; the connection cannot continue.
-
-    ``code`` is the response code a server would answer with if it still could; the message
-    says what exactly is wrong (it is logged when the connection is closed).
-    """
-
-    def __init__(self, message: str, code: int = ResponseCode.SYSTEM_ERROR) -> None:
-        super().__init__(message)
-        self.code = int(code)
-
-
-@dataclass(slots=True)
-class RemotingCommand:
-    """One request or response, independent of its serialization.
-
-    ``ext_fields`` holds strings only (the codec normalises what peers send); ``language`` is
-    the RocketMQ language name (``"JAVA"``, ``"CPP"``, ...).
-    """
-
-    code: int
-    opaque: int = 0
-    flag: int = 0
-    language: str = "PYTHON"
-    version: int = VERSION_4_9_8
-    remark: str | None = None
-    ext_fields: dict[str, str] = field(default_factory=dict)
-    body: bytes = b""
-    serialize_type: int = SerializeType.JSON
-    #: An outgoing body given as buffers instead (``body`` is then empty): the frame carries
-    #: their concatenation, written to the socket as they are (see :func:`encode_parts`), so
-    #: a pulled batch of stored records is never joined into a new byte string.  Decoded
-    #: commands always have ``body`` and no parts.
-    body_parts: list[bytes] | None = None
-
-    @property
-    def is_response(self) -> bool:
-        return bool(self.flag & FLAG_RESPONSE)
-
-    @property
-    def is_oneway(self) -> bool:
-        return bool(self.flag & FLAG_ONEWAY)
-
-    @classmethod
-    def request(cls, code: int, ext: dict[str, str] | None = None, body: bytes = b"",
-                *, oneway: bool = False, opaque: int = 0,
-                serialize_type: int = SerializeType.JSON) -> RemotingCommand:
-        """A request; the transport that sends it assigns the opaque."""
-        return cls(code=int(code), opaque=opaque, flag=FLAG_ONEWAY if oneway else 0,
-                   ext_fields=dict(ext) if ext else {}, body=body,
-                   serialize_type=serialize_type)
-
-    def response(self, code: int = ResponseCode.SUCCESS, remark: str | None = None,
-                 ext: dict[str, str] | None = None, body: bytes = b"") -> RemotingCommand:
-        """The answer to this request: same opaque and serialization, response bit set."""
-        return RemotingCommand(code, self.opaque, FLAG_RESPONSE, "PYTHON", VERSION_4_9_8, remark,
-                               dict(ext) if ext else {}, body, self.serialize_type)
 
 
 # --- framing ----------------------------------------------------------------------------------
@@ -183,7 +120,7 @@ def _decode_at(buf: bytes | bytearray, pos: int, n: int) -> RemotingCommand:
     start = pos + PREFIX_SIZE
     end = start + header_len
     if mark >> 24:
-        cmd = _decode_binary_header(memoryview(buf)[start:end])
+        cmd = decode_binary_header(memoryview(buf)[start:end])
     else:
         cmd = _decode_json_header(buf[start:end])
     if end < pos + n:
@@ -257,8 +194,8 @@ def _decode_json_header(raw: bytes | bytearray) -> RemotingCommand:
     language = get("language", "JAVA")
     if language.__class__ is not str:
         # Some writers emit the enum ordinal; accept it, reject anything else.
-        if language.__class__ is int and language in _LANG_BY_CODE:
-            language = _LANG_BY_CODE[language]
+        if language.__class__ is int and language in LANGUAGE_NAMES:
+            language = LANGUAGE_NAMES[language]
         else:
             raise ProtocolError(f"header field 'language' must be a language name, "
                                 f"got {_json_type(language)}")
@@ -297,7 +234,7 @@ def _encode_json_header(cmd: RemotingCommand) -> bytes:
     # with string values (it ignores numbers).
     ext = cmd.ext_fields
     if ext:
-        ext = _string_map(ext)
+        ext = string_fields(ext)
     elif not cmd.flag & FLAG_RESPONSE:
         ext = None
     if cmd.remark is None:
@@ -313,90 +250,6 @@ def _encode_json_header(cmd: RemotingCommand) -> bytes:
     if ext is not None:
         doc["extFields"] = ext
     return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
-
-
-def _string_map(ext: dict[str, Any]) -> dict[str, str]:
-    for value in ext.values():
-        if value.__class__ is not str:
-            break
-    else:
-        return ext
-    out: dict[str, str] = {}
-    for key, value in ext.items():
-        if value is None:
-            continue
-        if value.__class__ is bool:
-            out[key] = "true" if value else "false"
-        else:
-            out[key] = value if value.__class__ is str else str(value)
-    return out
-
-
-# --- binary (ROCKETMQ) header -----------------------------------------------------------------
-
-
-def _read_str(raw: memoryview, pos: int, n: int, end: int, what: str) -> str | None:
-    if n < 0:
-        raise ProtocolError(f"{what} length {n} is negative")
-    if pos + n > end:
-        raise ProtocolError(f"{what} length {n} runs past the end of the binary header")
-    if n == 0:
-        return None
-    try:
-        return str(raw[pos:pos + n], "utf-8")
-    except UnicodeDecodeError:
-        raise ProtocolError(f"{what} is not UTF-8") from None
-
-
-def _decode_binary_header(raw: memoryview) -> RemotingCommand:
-    n = len(raw)
-    if n < _BIN_FIXED.size + 8:
-        raise ProtocolError(f"binary header of {n} bytes is shorter than its "
-                            f"{_BIN_FIXED.size + 8}-byte minimum")
-    code, lang, version, opaque, flag = _BIN_FIXED.unpack_from(raw, 0)
-    pos = _BIN_FIXED.size
-    remark_len = _LEN.unpack_from(raw, pos)[0]
-    pos += 4
-    remark = _read_str(raw, pos, remark_len, n - 4, "remark")
-    pos += remark_len
-    ext_len = _LEN.unpack_from(raw, pos)[0]
-    pos += 4
-    if ext_len < 0 or pos + ext_len > n:
-        raise ProtocolError(f"extFields length {ext_len} runs past the end of the binary header")
-    end = pos + ext_len
-    if end != n:
-        raise ProtocolError(f"binary header has {n - end} trailing bytes after extFields")
-    ext: dict[str, str] = {}
-    while pos < end:
-        if pos + 2 > end:
-            raise ProtocolError("extFields entry truncated before its key length")
-        klen = _SHORT.unpack_from(raw, pos)[0]
-        pos += 2
-        key = _read_str(raw, pos, klen, end, "extFields key") or ""
-        pos += klen
-        if pos + 4 > end:
-            raise ProtocolError(f"extFields[{key!r}] truncated before its value length")
-        vlen = _LEN.unpack_from(raw, pos)[0]
-        pos += 4
-        ext[key] = _read_str(raw, pos, vlen, end, f"extFields[{key!r}] value") or ""
-        pos += vlen
-    return RemotingCommand(code, opaque, flag, _LANG_BY_CODE.get(lang, "OTHER"), version,
-                           remark, ext, b"", SerializeType.ROCKETMQ)
-
-
-def _encode_binary_header(cmd: RemotingCommand) -> bytes:
-    lang = _LANG_BY_NAME.get(cmd.language, LanguageCode.OTHER)
-    remark = (cmd.remark or "").encode()
-    parts = [_BIN_FIXED.pack(int(cmd.code), lang, cmd.version, cmd.opaque, cmd.flag),
-             _LEN.pack(len(remark)), remark, b""]
-    ext_parts: list[bytes] = []
-    for key, value in _string_map(cmd.ext_fields).items():
-        kb, vb = key.encode(), value.encode()
-        ext_parts += (_SHORT.pack(len(kb)), kb, _LEN.pack(len(vb)), vb)
-    ext = b"".join(ext_parts)
-    parts[3] = _LEN.pack(len(ext))
-    parts.append(ext)
-    return b"".join(parts)
 
 
 # --- encode -----------------------------------------------------------------------------------
@@ -416,7 +269,7 @@ def encode_parts(cmd: RemotingCommand) -> list[bytes]:
     the wire are those of :func:`encode`.
     """
     if cmd.serialize_type == _ROCKETMQ:
-        header = _encode_binary_header(cmd)
+        header = encode_binary_header(cmd)
         kind = _ROCKETMQ << 24
     else:
         header = _encode_json_header(cmd)

@@ -11,7 +11,7 @@ therefore raise refusals instead of building error responses themselves.
 
 from __future__ import annotations
 
-from txbroker.remoting.codec import RemotingCommand
+from txbroker.remoting.command import RemotingCommand
 
 
 class Refusal(Exception):

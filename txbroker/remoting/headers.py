@@ -1,41 +1,31 @@
-"""Typed request and response headers: extFields (string -> string) in, dataclasses out.
+"""The typed request and response headers of the RocketMQ 4.x codes txbroker speaks: one
+keyword-only dataclass per wire header, grouped by area (send, pull, offsets, consumers,
+transactions, routes, topics, txbroker's operator codes).
 
-RocketMQ flattens each "custom header" object into extFields by field name and converts the
-strings back by declared type (docs/protocol.md §2.5).  Here every header is a dataclass whose fields
-declare their wire name, type, whether they are required and their valid range; one generic
-``from_ext``/``to_ext`` pair does the conversion, so processors receive typed, validated values
-and never parse strings themselves.  ``from_ext`` runs a per-class decoder compiled once from
-the field declarations (one converter per field), because SEND decodes a header per message.
+Each class only declares its fields (wire name, type, default, range, allowed values) with the
+``h_*`` declarations of ``header_codec.py``, which holds the conversion rules and the one
+generic ``from_ext``/``to_ext``; processors and the SDK both build and read headers through
+these classes, so every field name exists once.
 
-Field checks live here (presence, type, range, allowed values); checks against broker state
-(does the topic exist, is the queue id below the topic's queue count, permissions) stay in the
-processors.
-
-Conversions follow Java's rules with the leniency real clients need:
-
-* integers are int32 (``Integer``) or int64 (``Long``), range-checked;
-* booleans are ``true``/``false`` or ``1``/``0`` in any case, because the C++ client sends
-  ``"0"``/``"1"`` where Java's ``Boolean.parseBoolean`` would read ``"1"`` as false
-  (docs/protocol.md §8.2: a Java broker silently ignores C++ batches); any other text is an
-  ill-typed field and refused, like a non-numeric integer;
-* a required field that is missing, empty or ill-typed raises :class:`HeaderError` carrying the
-  response code to answer with and a remark that names the field.
-
-Response headers and broker-to-client requests are encoded with ``to_ext``, which writes
-strings only: the C++ client ignores values that are JSON numbers (docs/protocol.md §8.3).
+A catalogue, kept as one file on purpose: it is read by looking a header up, and one module
+per area would scatter the shared constants (the V2 short-key map, the transaction types) and
+give the reader several files to search for one name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, ClassVar, Self, TypeVar
+from collections.abc import Mapping
 
-from txbroker.remoting.codes import RequestCode, ResponseCode
-from txbroker.remoting.errors import Refusal
-
-INT32 = (-(1 << 31), (1 << 31) - 1)
-INT64 = (-(1 << 63), (1 << 63) - 1)
+from txbroker.remoting.codes import RequestCode
+from txbroker.remoting.header_codec import (
+    Header,
+    HeaderError,
+    h_bool,
+    h_int,
+    h_long,
+    h_str,
+    wire_header,
+)
 
 #: SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE short keys (SendMessageRequestHeaderV2, docs/protocol.md §4.1).
 SEND_V2_KEYS: dict[str, str] = {
@@ -59,215 +49,10 @@ TXN_DECISIONS = ("commit", "rollback", "resume")
 TXN_LIST_STATES = ("pending", "discarded", "all")
 
 
-class HeaderError(Refusal):
-    """A header or body the broker refuses: answer with ``code`` and ``remark``.
-
-    This is the peer's mistake, not ours: a :class:`Refusal`, so the server turns it into an
-    error response and keeps the connection.
-    """
-
-
-# --- field declarations ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Spec:
-    """How one dataclass field maps to one extFields entry."""
-
-    attr: str
-    wire: str
-    kind: str  # "str" | "int" | "long" | "bool"
-    required: bool
-    lo: int | None
-    hi: int | None
-    choices: tuple[str, ...] | None
-    allow_empty: bool
-
-
-def _field(wire: str, kind: str, default: Any, *, lo: int | None = None, hi: int | None = None,
-           choices: tuple[str, ...] | None = None, allow_empty: bool = False) -> Any:
-    meta = {"wire": wire, "kind": kind, "lo": lo, "hi": hi, "choices": choices,
-            "allow_empty": allow_empty}
-    if default is MISSING:
-        return field(metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def h_str(wire: str, default: Any = MISSING, *, choices: tuple[str, ...] | None = None,
-          allow_empty: bool = False) -> Any:
-    """A String field; required (and non-empty unless ``allow_empty``) without a default."""
-    return _field(wire, "str", default, choices=choices, allow_empty=allow_empty)
-
-
-def h_int(wire: str, default: Any = MISSING, *, lo: int | None = None, hi: int | None = None) -> Any:
-    """An Integer (int32) field."""
-    return _field(wire, "int", default, lo=lo, hi=hi)
-
-
-def h_long(wire: str, default: Any = MISSING, *, lo: int | None = None, hi: int | None = None) -> Any:
-    """A Long (int64) field."""
-    return _field(wire, "long", default, lo=lo, hi=hi)
-
-
-def h_bool(wire: str, default: Any = MISSING) -> Any:
-    """A boolean field: true/1 (any case) is true, anything else false."""
-    return _field(wire, "bool", default)
-
-
-_SPECS: dict[type, tuple[_Spec, ...]] = {}
-_BOUNDS = {"int": INT32, "long": INT64}
-
-#: Accepted boolean spellings (after strip/lower): Java writes true/false, the C++ client 1/0.
-_BOOLS = {"true": True, "false": False, "1": True, "0": False}
-
-H = TypeVar("H", bound="Header")
-
-#: One step of a compiled decoder: (attribute, wire key, fallback key or None, converter or
-#: None for a plain string, required, allow_empty, the field's name as remarks spell it).
-_Step = tuple[str, str, str | None, Callable[[str], Any] | None, bool, bool, str]
-
-
-class Header:
-    """Base of all typed headers; subclasses are keyword-only dataclasses using ``h_*`` fields."""
-
-    __slots__ = ()
-
-    #: Response code for a refused header of this kind.
-    ERROR_CODE: ClassVar[int] = ResponseCode.SYSTEM_ERROR
-
-    @classmethod
-    def _specs(cls) -> tuple[_Spec, ...]:
-        specs = _SPECS.get(cls)
-        if specs is None:
-            specs = tuple(
-                _Spec(f.name, f.metadata["wire"], f.metadata["kind"],
-                      f.default is MISSING and f.default_factory is MISSING,
-                      f.metadata["lo"], f.metadata["hi"], f.metadata["choices"],
-                      f.metadata["allow_empty"])
-                for f in fields(cls)  # type: ignore[arg-type]
-                if "wire" in f.metadata
-            )
-            _SPECS[cls] = specs
-        return specs
-
-    @classmethod
-    def _plan(cls, keys: Mapping[str, str] | None = None) -> tuple[_Step, ...]:
-        """The decoder for this class, compiled once (per key map) and cached.
-
-        ``keys`` renames wire keys (SEND_MESSAGE_V2's one-letter keys); the long name stays
-        readable as a fallback and remarks name both, e.g. ``'b' (topic)``.
-        """
-        cache_key = (cls, id(keys))
-        plan = _PLANS.get(cache_key)
-        if plan is None:
-            steps = []
-            for spec in cls._specs():
-                short = keys.get(spec.wire) if keys else None
-                wire, fallback = (short, spec.wire) if short else (spec.wire, None)
-                name = f"'{short}' ({spec.wire})" if short else f"'{spec.wire}'"
-                steps.append((spec.attr, wire, fallback, _converter(cls, spec, name),
-                              spec.required, spec.allow_empty, name))
-            plan = _PLANS[cache_key] = tuple(steps)
-        return plan
-
-    @classmethod
-    def from_ext(cls, ext: Mapping[str, str]) -> Self:
-        """Decode and validate; raises :class:`HeaderError` naming the offending field."""
-        return cls._decode(ext, cls._plan())
-
-    @classmethod
-    def _decode(cls, ext: Mapping[str, str], plan: tuple[_Step, ...]) -> Self:
-        values: dict[str, Any] = {}
-        get = ext.get
-        for attr, wire, fallback, convert, required, allow_empty, name in plan:
-            raw = get(wire)
-            if raw is None and fallback is not None:
-                raw = get(fallback)
-            if raw is None:
-                if required:
-                    raise HeaderError(cls.ERROR_CODE, f"missing header field {name}")
-                continue
-            if raw == "" and not allow_empty:
-                if required:
-                    raise HeaderError(cls.ERROR_CODE, f"header field {name} is empty")
-                continue  # an empty optional value means "not set", as Java's null
-            values[attr] = raw if convert is None else convert(raw)
-        return cls(**values)
-
-    def to_ext(self) -> dict[str, str]:
-        """extFields for the wire: strings only, absent (None) fields left out."""
-        out: dict[str, str] = {}
-        for spec in self._specs():
-            value = getattr(self, spec.attr)
-            if value is None:
-                continue
-            if spec.kind == "bool":
-                out[spec.wire] = "true" if value else "false"
-            else:
-                out[spec.wire] = value if isinstance(value, str) else str(int(value))
-        return out
-
-
-_PLANS: dict[tuple[type, int], tuple[_Step, ...]] = {}
-
-
-def _converter(cls: type[Header], spec: _Spec, name: str) -> Callable[[str], Any] | None:
-    """A function from the wire string to the field's value, raising HeaderError; None for a
-    plain string (no conversion, no check)."""
-    code = cls.ERROR_CODE
-    kind = spec.kind
-    if kind == "str":
-        choices = spec.choices
-        if choices is None:
-            return None
-
-        def to_choice(raw: str) -> str:
-            if raw not in choices:
-                raise HeaderError(code, f"header field {name} must be one of "
-                                        f"{', '.join(choices)}, got {raw!r}")
-            return raw
-        return to_choice
-    if kind == "bool":
-        def to_bool(raw: str) -> bool:
-            value = _BOOLS.get(raw)
-            if value is None:
-                value = _BOOLS.get(raw.strip().lower())
-                if value is None:
-                    raise HeaderError(code, f"header field {name} must be a boolean "
-                                            f"(true/false or 1/0), got {raw[:40]!r}")
-            return value
-        return to_bool
-    type_lo, type_hi = _BOUNDS[kind]
-    lo = type_lo if spec.lo is None else max(type_lo, spec.lo)
-    hi = type_hi if spec.hi is None else min(type_hi, spec.hi)
-    label = "an integer" if kind == "int" else "a long integer"
-    width = "an int32" if kind == "int" else "an int64"
-
-    def to_int(raw: str) -> int:
-        try:
-            if "_" in raw:  # Python's int() takes "1_000"; Java's parseLong does not
-                raise ValueError
-            value = int(raw)
-        except ValueError:
-            raise HeaderError(code, f"header field {name} must be {label}, "
-                                    f"got {raw[:40]!r}") from None
-        if lo <= value <= hi:
-            return value
-        if not type_lo <= value <= type_hi:
-            raise HeaderError(code, f"header field {name} = {value} is out of range for {width}")
-        if value < lo:
-            raise HeaderError(code, f"header field {name} = {value} must be >= {lo}")
-        raise HeaderError(code, f"header field {name} = {value} must be <= {hi}")
-    return to_int
-
-
-_header = dataclass(kw_only=True, slots=True)
-
-
 # --- send --------------------------------------------------------------------------------------
 
 
-@_header
+@wire_header
 class SendMessageRequestHeader(Header):
     """SEND_MESSAGE (long names) and, via :meth:`from_ext_v2`, SEND_MESSAGE_V2/SEND_BATCH_MESSAGE.
 
@@ -316,7 +101,7 @@ class SendMessageRequestHeader(Header):
         return header
 
 
-@_header
+@wire_header
 class SendMessageResponseHeader(Header):
     """Send result; ``msg_id`` is the offsetMsgId (a transaction's END uses it to find the half)."""
 
@@ -338,7 +123,7 @@ PULL_FLAG_CLASS_FILTER = 0x8
 PULL_FLAG_LITE_PULL = 0x10
 
 
-@_header
+@wire_header
 class PullMessageRequestHeader(Header):
     consumer_group: str = h_str("consumerGroup")
     topic: str = h_str("topic")
@@ -367,7 +152,7 @@ class PullMessageRequestHeader(Header):
         return bool(self.sys_flag & PULL_FLAG_SUBSCRIPTION)
 
 
-@_header
+@wire_header
 class PullMessageResponseHeader(Header):
     suggest_which_broker_id: int = h_long("suggestWhichBrokerId", 0)
     next_begin_offset: int = h_long("nextBeginOffset", lo=0)
@@ -375,14 +160,14 @@ class PullMessageResponseHeader(Header):
     max_offset: int = h_long("maxOffset", lo=0)
 
 
-@_header
+@wire_header
 class QueryConsumerOffsetRequestHeader(Header):
     consumer_group: str = h_str("consumerGroup")
     topic: str = h_str("topic")
     queue_id: int = h_int("queueId", lo=0)
 
 
-@_header
+@wire_header
 class UpdateConsumerOffsetRequestHeader(Header):
     consumer_group: str = h_str("consumerGroup")
     topic: str = h_str("topic")
@@ -390,26 +175,26 @@ class UpdateConsumerOffsetRequestHeader(Header):
     commit_offset: int = h_long("commitOffset", lo=0)
 
 
-@_header
+@wire_header
 class GetMaxOffsetRequestHeader(Header):
     topic: str = h_str("topic")
     queue_id: int = h_int("queueId", lo=0)
 
 
-@_header
+@wire_header
 class GetMinOffsetRequestHeader(Header):
     topic: str = h_str("topic")
     queue_id: int = h_int("queueId", lo=0)
 
 
-@_header
+@wire_header
 class SearchOffsetRequestHeader(Header):
     topic: str = h_str("topic")
     queue_id: int = h_int("queueId", lo=0)
     timestamp: int = h_long("timestamp", lo=0)
 
 
-@_header
+@wire_header
 class OffsetResponseHeader(Header):
     """The ``offset`` answer of GET_MAX/MIN_OFFSET, SEARCH_OFFSET and QUERY_CONSUMER_OFFSET."""
 
@@ -419,7 +204,7 @@ class OffsetResponseHeader(Header):
 QueryConsumerOffsetResponseHeader = OffsetResponseHeader
 
 
-@_header
+@wire_header
 class ViewMessageByIdRequestHeader(Header):
     #: Commitlog offset of the record.
     offset: int = h_long("offset", lo=0)
@@ -428,14 +213,14 @@ class ViewMessageByIdRequestHeader(Header):
 # --- clients -----------------------------------------------------------------------------------
 
 
-@_header
+@wire_header
 class UnregisterClientRequestHeader(Header):
     client_id: str = h_str("clientID")
     producer_group: str | None = h_str("producerGroup", None, allow_empty=True)
     consumer_group: str | None = h_str("consumerGroup", None, allow_empty=True)
 
 
-@_header
+@wire_header
 class ConsumerSendMsgBackRequestHeader(Header):
     #: The failed message's commitlog offset.
     offset: int = h_long("offset", lo=0)
@@ -448,12 +233,12 @@ class ConsumerSendMsgBackRequestHeader(Header):
     max_reconsume_times: int | None = h_int("maxReconsumeTimes", None, lo=0)
 
 
-@_header
+@wire_header
 class GetConsumerListByGroupRequestHeader(Header):
     consumer_group: str = h_str("consumerGroup")
 
 
-@_header
+@wire_header
 class NotifyConsumerIdsChangedRequestHeader(Header):
     consumer_group: str = h_str("consumerGroup")
 
@@ -461,7 +246,7 @@ class NotifyConsumerIdsChangedRequestHeader(Header):
 # --- transactions ------------------------------------------------------------------------------
 
 
-@_header
+@wire_header
 class EndTransactionRequestHeader(Header):
     producer_group: str = h_str("producerGroup")
     #: The half message's queue offset (the send response's queueOffset).
@@ -482,7 +267,7 @@ class EndTransactionRequestHeader(Header):
                               f"be 0 (unknown), 8 (commit) or 12 (rollback)")
 
 
-@_header
+@wire_header
 class CheckTransactionStateRequestHeader(Header):
     """Broker-to-producer check-back; the body is the half message record."""
 
@@ -494,7 +279,7 @@ class CheckTransactionStateRequestHeader(Header):
     bname: str | None = h_str("bname", None)
 
 
-@_header
+@wire_header
 class ResumeCheckHalfMessageRequestHeader(Header):
     msg_id: str = h_str("msgId")
 
@@ -502,7 +287,7 @@ class ResumeCheckHalfMessageRequestHeader(Header):
 # --- name server and admin ---------------------------------------------------------------------
 
 
-@_header
+@wire_header
 class GetRouteInfoRequestHeader(Header):
     topic: str = h_str("topic")
     accept_standard_json_only: bool = h_bool("acceptStandardJsonOnly", False)
@@ -515,7 +300,7 @@ PERM_WRITE = 0x2
 PERM_INHERIT = 0x1
 
 
-@_header
+@wire_header
 class CreateTopicRequestHeader(Header):
     """UPDATE_AND_CREATE_TOPIC."""
 
@@ -532,14 +317,14 @@ class CreateTopicRequestHeader(Header):
     order: bool = h_bool("order", False)
 
 
-@_header
+@wire_header
 class DeleteTopicRequestHeader(Header):
     """DELETE_TOPIC_IN_BROKER (215)."""
 
     topic: str = h_str("topic")
 
 
-@_header
+@wire_header
 class TxnListRequestHeader(Header):
     """TXN_LIST (txbroker admin): which half messages to list, at most ``limit`` of them."""
 
@@ -549,14 +334,14 @@ class TxnListRequestHeader(Header):
     producer_group: str | None = h_str("producerGroup", None)
 
 
-@_header
+@wire_header
 class TxnShowRequestHeader(Header):
     """TXN_SHOW (txbroker admin): one half message by UNIQ_KEY or offsetMsgId."""
 
     id: str = h_str("id")
 
 
-@_header
+@wire_header
 class TxnDecideRequestHeader(Header):
     """TXN_DECIDE (txbroker admin): an operator's commit/rollback/resume, recorded with who."""
 

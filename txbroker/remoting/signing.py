@@ -21,7 +21,7 @@ import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from txbroker.remoting.codec import RemotingCommand
+from txbroker.remoting.command import RemotingCommand
 
 ACCESS_KEY = "AccessKey"
 SIGNATURE = "Signature"

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.filter import SUB_ALL
 
 log = logging.getLogger(__name__)

@@ -37,8 +37,8 @@ from txbroker.remoting.bodies import (
     TopicRouteData,
     wants_standard_json,
 )
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import GetRouteInfoRequestHeader
 from txbroker.service.topics import PERM_READ_WRITE, TopicManager

@@ -16,8 +16,8 @@ import orjson
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.bodies import KVTable
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import (
     CreateTopicRequestHeader,

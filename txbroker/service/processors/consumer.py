@@ -28,8 +28,8 @@ from txbroker.remoting.bodies import (
     LockBatchResponseBody,
     MessageQueue,
 )
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.filter import parse_tag_expression
 from txbroker.remoting.headers import (

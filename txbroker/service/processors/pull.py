@@ -21,8 +21,8 @@ import threading
 from collections.abc import Callable
 
 from txbroker.config import BrokerConfig
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.filter import parse_tag_expression
 from txbroker.remoting.headers import (

@@ -14,8 +14,8 @@ import itertools
 import logging
 
 from txbroker.config import BrokerConfig
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import (
     SendMessageRequestHeader,

@@ -21,8 +21,8 @@ from typing import Any
 
 import orjson
 
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import (
     EndTransactionRequestHeader,

@@ -43,8 +43,8 @@ from operator import attrgetter
 from typing import Any, Protocol
 
 from txbroker.config import BrokerConfig
-from txbroker.remoting.codec import RemotingCommand
 from txbroker.remoting.codes import RequestCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.transaction.index import HalfEntry
 from txbroker.service.transaction.state import HalfState

@@ -1,0 +1,245 @@
+"""How typed headers convert: extFields (string -> string) in, dataclasses out (the header
+classes themselves are the catalogue in ``headers.py``).
+
+RocketMQ flattens each "custom header" object into extFields by field name and converts the
+strings back by declared type (docs/protocol.md §2.5).  Here every header is a dataclass whose fields
+declare their wire name, type, whether they are required and their valid range; one generic
+``from_ext``/``to_ext`` pair does the conversion, so processors receive typed, validated values
+and never parse strings themselves.  ``from_ext`` runs a per-class decoder compiled once from
+the field declarations (one converter per field), because SEND decodes a header per message.
+
+Field checks live here (presence, type, range, allowed values); checks against broker state
+(does the topic exist, is the queue id below the topic's queue count, permissions) stay in the
+processors.
+
+Conversions follow Java's rules with the leniency real clients need:
+
+* integers are int32 (``Integer``) or int64 (``Long``), range-checked;
+* booleans are ``true``/``false`` or ``1``/``0`` in any case, because the C++ client sends
+  ``"0"``/``"1"`` where Java's ``Boolean.parseBoolean`` would read ``"1"`` as false
+  (docs/protocol.md §8.2: a Java broker silently ignores C++ batches); any other text is an
+  ill-typed field and refused, like a non-numeric integer;
+* a required field that is missing, empty or ill-typed raises :class:`HeaderError` carrying the
+  response code to answer with and a remark that names the field.
+
+Response headers and broker-to-client requests are encoded with ``to_ext``, which writes
+strings only: the C++ client ignores values that are JSON numbers (docs/protocol.md §8.3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar, Self, TypeVar
+
+from txbroker.remoting.codes import ResponseCode
+from txbroker.remoting.errors import Refusal
+
+INT32 = (-(1 << 31), (1 << 31) - 1)
+INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class HeaderError(Refusal):
+    """A header or body the broker refuses: answer with ``code`` and ``remark``.
+
+    This is the peer's mistake, not ours: a :class:`Refusal`, so the server turns it into an
+    error response and keeps the connection.
+    """
+
+
+# --- field declarations ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """How one dataclass field maps to one extFields entry."""
+
+    attr: str
+    wire: str
+    kind: str  # "str" | "int" | "long" | "bool"
+    required: bool
+    lo: int | None
+    hi: int | None
+    choices: tuple[str, ...] | None
+    allow_empty: bool
+
+
+def _field(wire: str, kind: str, default: Any, *, lo: int | None = None, hi: int | None = None,
+           choices: tuple[str, ...] | None = None, allow_empty: bool = False) -> Any:
+    meta = {"wire": wire, "kind": kind, "lo": lo, "hi": hi, "choices": choices,
+            "allow_empty": allow_empty}
+    if default is MISSING:
+        return field(metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def h_str(wire: str, default: Any = MISSING, *, choices: tuple[str, ...] | None = None,
+          allow_empty: bool = False) -> Any:
+    """A String field; required (and non-empty unless ``allow_empty``) without a default."""
+    return _field(wire, "str", default, choices=choices, allow_empty=allow_empty)
+
+
+def h_int(wire: str, default: Any = MISSING, *, lo: int | None = None, hi: int | None = None) -> Any:
+    """An Integer (int32) field."""
+    return _field(wire, "int", default, lo=lo, hi=hi)
+
+
+def h_long(wire: str, default: Any = MISSING, *, lo: int | None = None, hi: int | None = None) -> Any:
+    """A Long (int64) field."""
+    return _field(wire, "long", default, lo=lo, hi=hi)
+
+
+def h_bool(wire: str, default: Any = MISSING) -> Any:
+    """A boolean field: true/1 (any case) is true, anything else false."""
+    return _field(wire, "bool", default)
+
+
+_SPECS: dict[type, tuple[_Spec, ...]] = {}
+_BOUNDS = {"int": INT32, "long": INT64}
+
+#: Accepted boolean spellings (after strip/lower): Java writes true/false, the C++ client 1/0.
+_BOOLS = {"true": True, "false": False, "1": True, "0": False}
+
+H = TypeVar("H", bound="Header")
+
+#: One step of a compiled decoder: (attribute, wire key, fallback key or None, converter or
+#: None for a plain string, required, allow_empty, the field's name as remarks spell it).
+_Step = tuple[str, str, str | None, Callable[[str], Any] | None, bool, bool, str]
+
+
+class Header:
+    """Base of all typed headers; subclasses are keyword-only dataclasses using ``h_*`` fields."""
+
+    __slots__ = ()
+
+    #: Response code for a refused header of this kind.
+    ERROR_CODE: ClassVar[int] = ResponseCode.SYSTEM_ERROR
+
+    @classmethod
+    def _specs(cls) -> tuple[_Spec, ...]:
+        specs = _SPECS.get(cls)
+        if specs is None:
+            specs = tuple(
+                _Spec(f.name, f.metadata["wire"], f.metadata["kind"],
+                      f.default is MISSING and f.default_factory is MISSING,
+                      f.metadata["lo"], f.metadata["hi"], f.metadata["choices"],
+                      f.metadata["allow_empty"])
+                for f in fields(cls)  # type: ignore[arg-type]
+                if "wire" in f.metadata
+            )
+            _SPECS[cls] = specs
+        return specs
+
+    @classmethod
+    def _plan(cls, keys: Mapping[str, str] | None = None) -> tuple[_Step, ...]:
+        """The decoder for this class, compiled once (per key map) and cached.
+
+        ``keys`` renames wire keys (SEND_MESSAGE_V2's one-letter keys); the long name stays
+        readable as a fallback and remarks name both, e.g. ``'b' (topic)``.
+        """
+        cache_key = (cls, id(keys))
+        plan = _PLANS.get(cache_key)
+        if plan is None:
+            steps = []
+            for spec in cls._specs():
+                short = keys.get(spec.wire) if keys else None
+                wire, fallback = (short, spec.wire) if short else (spec.wire, None)
+                name = f"'{short}' ({spec.wire})" if short else f"'{spec.wire}'"
+                steps.append((spec.attr, wire, fallback, _converter(cls, spec, name),
+                              spec.required, spec.allow_empty, name))
+            plan = _PLANS[cache_key] = tuple(steps)
+        return plan
+
+    @classmethod
+    def from_ext(cls, ext: Mapping[str, str]) -> Self:
+        """Decode and validate; raises :class:`HeaderError` naming the offending field."""
+        return cls._decode(ext, cls._plan())
+
+    @classmethod
+    def _decode(cls, ext: Mapping[str, str], plan: tuple[_Step, ...]) -> Self:
+        values: dict[str, Any] = {}
+        get = ext.get
+        for attr, wire, fallback, convert, required, allow_empty, name in plan:
+            raw = get(wire)
+            if raw is None and fallback is not None:
+                raw = get(fallback)
+            if raw is None:
+                if required:
+                    raise HeaderError(cls.ERROR_CODE, f"missing header field {name}")
+                continue
+            if raw == "" and not allow_empty:
+                if required:
+                    raise HeaderError(cls.ERROR_CODE, f"header field {name} is empty")
+                continue  # an empty optional value means "not set", as Java's null
+            values[attr] = raw if convert is None else convert(raw)
+        return cls(**values)
+
+    def to_ext(self) -> dict[str, str]:
+        """extFields for the wire: strings only, absent (None) fields left out."""
+        out: dict[str, str] = {}
+        for spec in self._specs():
+            value = getattr(self, spec.attr)
+            if value is None:
+                continue
+            if spec.kind == "bool":
+                out[spec.wire] = "true" if value else "false"
+            else:
+                out[spec.wire] = value if isinstance(value, str) else str(int(value))
+        return out
+
+
+_PLANS: dict[tuple[type, int], tuple[_Step, ...]] = {}
+
+
+def _converter(cls: type[Header], spec: _Spec, name: str) -> Callable[[str], Any] | None:
+    """A function from the wire string to the field's value, raising HeaderError; None for a
+    plain string (no conversion, no check)."""
+    code = cls.ERROR_CODE
+    kind = spec.kind
+    if kind == "str":
+        choices = spec.choices
+        if choices is None:
+            return None
+
+        def to_choice(raw: str) -> str:
+            if raw not in choices:
+                raise HeaderError(code, f"header field {name} must be one of "
+                                        f"{', '.join(choices)}, got {raw!r}")
+            return raw
+        return to_choice
+    if kind == "bool":
+        def to_bool(raw: str) -> bool:
+            value = _BOOLS.get(raw)
+            if value is None:
+                value = _BOOLS.get(raw.strip().lower())
+                if value is None:
+                    raise HeaderError(code, f"header field {name} must be a boolean "
+                                            f"(true/false or 1/0), got {raw[:40]!r}")
+            return value
+        return to_bool
+    type_lo, type_hi = _BOUNDS[kind]
+    lo = type_lo if spec.lo is None else max(type_lo, spec.lo)
+    hi = type_hi if spec.hi is None else min(type_hi, spec.hi)
+    label = "an integer" if kind == "int" else "a long integer"
+    width = "an int32" if kind == "int" else "an int64"
+
+    def to_int(raw: str) -> int:
+        try:
+            if "_" in raw:  # Python's int() takes "1_000"; Java's parseLong does not
+                raise ValueError
+            value = int(raw)
+        except ValueError:
+            raise HeaderError(code, f"header field {name} must be {label}, "
+                                    f"got {raw[:40]!r}") from None
+        if lo <= value <= hi:
+            return value
+        if not type_lo <= value <= type_hi:
+            raise HeaderError(code, f"header field {name} = {value} is out of range for {width}")
+        if value < lo:
+            raise HeaderError(code, f"header field {name} = {value} must be >= {lo}")
+        raise HeaderError(code, f"header field {name} = {value} must be <= {hi}")
+    return to_int
+
+
+#: The decorator every header class takes: a keyword-only, slotted dataclass.
+wire_header = dataclass(kw_only=True, slots=True)
