@@ -270,7 +270,7 @@ async def test_offsets_after_retention_deleted_the_head(broker, broker_client) -
     while len(broker.store.commitlog.segments) < 3 and n < 400:  # 1 MiB segments
         assert (await send(c, "Ret", body)).code == ResponseCode.SUCCESS
         n += 1
-    deleted = broker.store.delete_expired(time.time() + broker.config.file_reserved_time + 60)
+    deleted = await broker.store.delete_expired(time.time() + broker.config.file_reserved_time + 60)
     assert deleted >= 1
     low = broker.store.min_offset("Ret", 0)
     assert low > 0

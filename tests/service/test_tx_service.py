@@ -644,7 +644,7 @@ async def test_half_whose_segment_was_deleted_leaves_the_index(tmp_path) -> None
         aged = await prepare(node, uniq="B", body=b"gone too", PGROUP="PG_NOBODY")  # never checked
         for _ in range(20):  # > 1 MiB: the halves' segment is closed
             await node.store.put(Message(topic="Filler", queue_id=0, body=bytes(60_000)))
-        assert node.store.delete_expired(now=node.clock() + 10**6) >= 1
+        assert await node.store.delete_expired(now=node.clock() + 10**6) >= 1
         assert node.store.read(checked.physical_offset) is None
         node.clock.advance(10)
         report = await node.tx.check_now()

@@ -305,7 +305,7 @@ async def test_retention_deletes_old_segments_and_queue_entries(tmp_path):
     old = time.time() - 7200
     for seg in segs[:2]:
         os.utime(seg.path, (old, old))
-    assert store.delete_expired() == 2
+    assert await store.delete_expired() == 2
     assert store.min_physical_offset == segs[2].start
     lo = store.min_offset("T", 0)
     assert lo > 0
@@ -314,7 +314,7 @@ async def test_retention_deletes_old_segments_and_queue_entries(tmp_path):
     # The active segment is never deleted, however old.
     for seg in store.commitlog.segments:
         os.utime(seg.path, (old, old))
-    store.delete_expired()
+    await store.delete_expired()
     assert len(store.commitlog.segments) == 1
     lo, hi = store.min_offset("T", 0), store.max_offset("T", 0)
     await store.close()

@@ -67,7 +67,7 @@ class AdminProcessor:
         (they hold the transaction state: deleting one would lose or forge decisions)."""
         topic = validate_topic_name(DeleteTopicRequestHeader.from_ext(cmd.ext_fields).topic)
         existed = await self.topics.delete(topic)
-        queues = self.store.delete_topic(topic)
+        queues = await self.store.delete_topic(topic)
         if not existed and not queues:
             raise Refusal(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] does not exist")
         log.warning("topic %s deleted by %s (%d queues)", topic, getattr(conn, "peer", "?"), queues)

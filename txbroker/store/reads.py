@@ -1,0 +1,85 @@
+"""Reading through a consume queue: a batch of stored records for a pull, and the first
+queue offset at or after a time (RocketMQ's ``getMessage`` and ``getOffsetInQueueByTime``).
+
+Both run on the event loop: a read is a slice of a mapped segment, no system call.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from txbroker.store.commitlog import CommitLog
+from txbroker.store.consumequeue import ConsumeQueue
+from txbroker.store.results import GetResult, GetStatus
+
+#: Consume-queue entries a single get may look at when a tag filter skips most of them.
+MAX_SCAN_ENTRIES = 800
+DEFAULT_MAX_BYTES = 4 * 1024 * 1024
+_STORE_TS = struct.Struct(">q")
+_STORE_TS_POS = 56  # STORETIMESTAMP within a record (IPv4 hosts)
+
+
+def read_queue(commitlog: CommitLog | None, cq: ConsumeQueue | None, offset: int, max_count: int,
+               max_bytes: int, tag_filter: set[int] | None) -> GetResult:
+    """Up to ``max_count`` records (``max_bytes`` in all, at least one) from queue ``offset``
+    on whose tag hash is in ``tag_filter`` (None: all), exactly as stored."""
+    if cq is None:
+        return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+    lo, hi = cq.min_offset, cq.max_offset
+    if hi == 0:
+        return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, lo, hi)
+    if offset < lo:
+        return GetResult(GetStatus.OFFSET_TOO_SMALL, lo, lo, hi)
+    if offset == hi:
+        return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, offset, lo, hi)
+    if offset > hi:
+        return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
+    assert commitlog is not None  # a queue exists only once the store is open
+    raw: list[bytes] = []
+    total = 0
+    index = offset
+    scan_limit = offset + max(max_count, MAX_SCAN_ENTRIES)
+    missing = False
+    while index < hi and index < scan_limit and len(raw) < max_count:
+        entry = cq.get(index)
+        if entry is None:
+            break
+        phys, size, thash = entry
+        if tag_filter is not None and thash not in tag_filter:
+            index += 1
+            continue
+        if raw and total + size > max_bytes:
+            break
+        data = commitlog.read_at(phys, size)
+        if data is None:
+            missing = True
+            index += 1
+            continue
+        raw.append(data)
+        total += size
+        index += 1
+    if raw:
+        status = GetStatus.FOUND
+    elif missing:
+        status = GetStatus.OFFSET_FOUND_NULL
+    else:
+        status = GetStatus.NO_MATCHED_MESSAGE
+    return GetResult(status, index, lo, hi, raw)
+
+
+def offset_by_time(commitlog: CommitLog | None, cq: ConsumeQueue | None, timestamp_ms: int) -> int:
+    """First queue offset whose store timestamp is >= ``timestamp_ms`` (max offset if none)."""
+    if cq is None or cq.max_offset == cq.min_offset:
+        return cq.max_offset if cq else 0
+    assert commitlog is not None
+    lo, hi = cq.min_offset, cq.max_offset
+    while lo < hi:
+        mid = (lo + hi) // 2
+        entry = cq.get(mid)
+        data = commitlog.read_at(entry[0] + _STORE_TS_POS, 8) if entry else None
+        ts = _STORE_TS.unpack(data)[0] if data else -1
+        if ts < timestamp_ms:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,56 @@
+"""What a put or a get answers: the statuses (RocketMQ's ``PutMessageStatus`` and
+``GetMessageStatus``, the names the service maps to response codes) and the result records."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from txbroker.store.record import StoredMessage, decode_records
+
+
+class PutStatus(enum.Enum):
+    OK = "OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
+    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+
+
+@dataclass(slots=True)
+class PutResult:
+    status: PutStatus
+    physical_offset: int = -1
+    queue_offset: int = -1
+    msg_id: str = ""
+    store_timestamp: int = 0
+    size: int = 0
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """Stored (a flush time-out still stored it; it is flushed later)."""
+        return self.status in (PutStatus.OK, PutStatus.FLUSH_DISK_TIMEOUT)
+
+
+class GetStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+
+
+@dataclass
+class GetResult:
+    status: GetStatus
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    raw: list[bytes] = field(default_factory=list)
+
+    def messages(self) -> list[StoredMessage]:
+        return decode_records(b"".join(self.raw))
