@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from txbroker.bench.clock import ManualClock
 from txbroker.config import BrokerConfig
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
@@ -42,14 +43,6 @@ from txbroker.store.record import Message
 
 GROUP = "PG_BENCH"
 COMMIT, ROLLBACK = 8, 12
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _config(data_dir: str) -> BrokerConfig:
@@ -66,7 +59,7 @@ def _half(i: int, prefix: str) -> Message:
                    sys_flag=4, born_timestamp=int(time.time() * 1000))
 
 
-async def _open(cfg: BrokerConfig, clock: Clock) -> tuple[MessageStore, TransactionalMessageService, float, float]:
+async def _open(cfg: BrokerConfig, clock: ManualClock) -> tuple[MessageStore, TransactionalMessageService, float, float]:
     store = MessageStore(cfg, clock=clock, store_host=("127.0.0.1", 10911))
     t0 = time.perf_counter()
     store.open()
@@ -83,7 +76,7 @@ async def _open(cfg: BrokerConfig, clock: Clock) -> tuple[MessageStore, Transact
 
 async def run(resolved: int, pending: int, repeat: int, data_dir: str) -> list[tuple[str, str]]:
     cfg = _config(data_dir)
-    clock = Clock()
+    clock = ManualClock()
     store, tx, _, _ = await _open(cfg, clock)
     rows: list[tuple[str, str]] = []
 
@@ -131,7 +124,7 @@ async def run(resolved: int, pending: int, repeat: int, data_dir: str) -> list[t
         assert report.due == 0
         idle.append(report.elapsed)
     for n in range(1, repeat + 1):
-        clock.now += 10.0
+        clock.advance(10.0)
         report = await tx.check_now()
         assert report.sent == pending, report
         busy.append(report.elapsed)

@@ -3,7 +3,9 @@
 The chaos driver kills and restarts the broker many times; clients keep their name-server
 address, so unless the settings name ports the broker gets a fixed free loopback port and
 comes back on it (the name server is then served on the broker port: one address for
-everything).  The tests use the same class with ephemeral ports (``broker_port=0``).
+everything).  The tests and the bench's embedded broker use the same class with ephemeral
+ports (``broker_port=0``).  The ``txbroker`` package is installed, so the subprocess runs from
+the caller's working directory (relative paths mean the same to both).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import time
 from pathlib import Path
 
 READY_RE = re.compile(r"^txbroker ready broker=(\S+) namesrv=(\S+)$")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -65,8 +66,8 @@ class BrokerProcess:
         while True:
             log_start = self._log_size()
             with open(self.log_path, "ab") as log:
-                self.proc = subprocess.Popen(self.argv(), cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                                             stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                self.proc = subprocess.Popen(self.argv(), stdout=subprocess.PIPE, stderr=log,
+                                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
             line = self._ready_line(deadline)
             m = READY_RE.match(line or "")
             if m:

@@ -1,81 +1,58 @@
 """A throwaway ``txbroker serve`` subprocess on free loopback ports with a temp data dir, set up
-with the broker settings a trace was generated for (so its expectations hold)."""
+with the broker settings a trace was generated for (so its expectations hold).
+
+It is a :class:`~txbroker.bench.chaos.process.BrokerProcess` (the one class that runs a broker
+subprocess) used as a context manager: started on entry, stopped gracefully on exit.
+"""
 
 from __future__ import annotations
 
-import os
-import re
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Self
 
+from txbroker.bench.chaos.process import BrokerProcess
 from txbroker.bench.trace.spec import BrokerSettings
 
-_READY = re.compile(r"txbroker ready broker=(\S+) namesrv=(\S+)")
+
+def serve_settings(settings: BrokerSettings) -> dict[str, object]:
+    """``txbroker serve`` options for a trace's broker: ephemeral loopback ports, no metrics."""
+    return {"listen_host": "127.0.0.1", "broker_port": 0, "namesrv_port": 0, "metrics_port": -1,
+            "segment_size": 64 * 1024 * 1024,
+            "transaction_timeout": settings.transaction_timeout,
+            "transaction_check_interval": settings.transaction_check_interval,
+            "transaction_check_max": settings.transaction_check_max,
+            "log_level": "WARNING"}
 
 
-class EmbeddedBroker:
+class EmbeddedBroker(BrokerProcess):
+    """The broker under ``root`` (``data/`` and ``broker.log``); a temp dir removed on close
+    unless ``data_dir`` names one."""
+
     def __init__(self, settings: BrokerSettings, data_dir: str | None = None) -> None:
-        self.settings = settings
         self._tmp = None if data_dir else tempfile.mkdtemp(prefix="txbroker-bench-")
-        self.data_dir = Path(data_dir or self._tmp)
-        self.proc: subprocess.Popen | None = None
-        self.namesrv_addr = ""
-        self.broker_addr = ""
-
-    def argv(self) -> list[str]:
-        s = self.settings
-        return [sys.executable, "-c", "from txbroker.cli.main import main; main()", "serve",
-                "--listen-host", "127.0.0.1", "--broker-port", "0", "--namesrv-port", "0",
-                "--metrics-port", "-1", "--data-dir", str(self.data_dir / "data"),
-                "--segment-size", str(64 * 1024 * 1024),
-                "--transaction-timeout", str(s.transaction_timeout),
-                "--transaction-check-interval", str(s.transaction_check_interval),
-                "--transaction-check-max", str(s.transaction_check_max),
-                "--log-level", "WARNING"]
+        self.root = Path(data_dir or self._tmp)
+        super().__init__(self.root / "data", serve_settings(settings), self.root / "broker.log")
 
     def __enter__(self) -> Self:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.data_dir / "broker.log", "ab")
-        self.proc = subprocess.Popen(self.argv(), stdout=subprocess.PIPE, stderr=log,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        log.close()
-        deadline = time.monotonic() + 30
-        line = b""
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            m = _READY.search(line.decode(errors="replace"))
-            if m:
-                self.broker_addr, self.namesrv_addr = m.group(1), m.group(2)
-                return self
-        self.close()
-        raise RuntimeError(f"broker did not start: {line!r}\n{self.log_text()}")
-
-    def log_text(self) -> str:
+        self.root.mkdir(parents=True, exist_ok=True)
         try:
-            return (self.data_dir / "broker.log").read_text(errors="replace")[-4000:]
-        except OSError:
-            return ""
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
 
     def close(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if self.proc and self.proc.stdout:
-            self.proc.stdout.close()
-        if self._tmp:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+        try:
+            self.stop(15)
+        except subprocess.TimeoutExpired:
+            pass  # stop() killed it
+        finally:
+            if self._tmp:
+                shutil.rmtree(self._tmp, ignore_errors=True)
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -93,7 +93,9 @@ async def test_unacknowledged_message_is_redelivered_after_an_error(broker, name
 
 async def test_start_positions_last_first_timestamp(broker, namesrv) -> None:
     await _send(namesrv, "TPos", [b"old1", b"old2"])
-    await asyncio.sleep(0.05)  # store timestamps have ms resolution: keep "cut" clear of both
+    # Time passing is what this needs: store timestamps have ms resolution, so "cut" is kept
+    # clear of both sides.
+    await asyncio.sleep(0.05)
     cut = time.time()
     await asyncio.sleep(0.05)
     await _send(namesrv, "TPos", [b"mid"])
@@ -136,7 +138,8 @@ async def test_poll_and_lifecycle_errors(broker, namesrv) -> None:
     assert await consumer.poll(0.2) is None
     assert time.monotonic() - t0 < 5
     waiter = asyncio.create_task(consumer.poll())
-    await asyncio.sleep(0.05)
+    # the poll is waiting on the consumer's buffer (asyncio.Queue keeps its waiters in _getters)
+    await eventually(lambda: consumer._buffer._getters, 5, "poll() waiting")
     await consumer.shutdown()
     assert await asyncio.wait_for(waiter, 5) is None  # shutdown wakes a waiting poll
     for bad in ({"from_where": "middle"}, {"pull_batch_size": 0}, {"long_poll_timeout": 0}):

@@ -48,10 +48,13 @@ async def test_discarded_half_resumed_by_operator(broker, namesrv) -> None:
     async with TransactionProducer("PG_DISC", namesrv, listener=listener) as producer:
         result = await producer.send_message_in_transaction(Message("TDisc", b"late", keys="d1"))
         async with AdminClient(namesrv) as admin:
-            deadline = asyncio.get_running_loop().time() + 15
-            while not (rows := await admin.txn_list("discarded")):
-                assert asyncio.get_running_loop().time() < deadline, "half never discarded"
-                await asyncio.sleep(0.1)
+            rows = []
+
+            async def discarded() -> bool:
+                rows[:] = await admin.txn_list("discarded")
+                return bool(rows)
+
+            await eventually(discarded, 15, "the half discarded")
         assert rows[0]["id"] == result.transaction_id and rows[0]["state"] == "discarded"
         out = await _cli("txn", "list", "--state", "discarded", "--json", "--namesrv", namesrv)
         assert out.exit_code == 0 and orjson.loads(out.stdout)[0]["id"] == result.transaction_id

@@ -3,14 +3,13 @@ what that client produced."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from compat_cpp import CppRun, run_cpp
 from support.waiting import eventually
 
 from txbroker.client import Consumer, Message, Producer
 from txbroker.client.admin import AdminClient
+from txbroker.remoting.codes import RequestCode
 
 pytestmark = pytest.mark.needs_cpp
 
@@ -29,6 +28,50 @@ async def create_topic(broker, topic: str = TOPIC) -> None:
     """Consumers never create their topic (RocketMQ's neither): made before one starts."""
     async with AdminClient(broker.namesrv_addr) as admin:
         await admin.create_topic(topic, 4)
+
+
+class GroupWatch:
+    """What the broker received from one consumer group: which connection pulled which queue
+    of TOPIC, and the member ids each connection was answered when it asked for the group's
+    consumer list (a member's rebalance starts with that question)."""
+
+    def __init__(self, broker, group: str) -> None:
+        self.broker, self.group = broker, group
+        self.pulls: set[tuple[int, int]] = set()     # (connection id, queue id)
+        self.listed: dict[int, frozenset[str]] = {}  # connection id -> ids it was answered
+        handlers = broker.server._handlers  # shared by every connection, so wrapping is enough
+        pull, consumer_list = (handlers[int(RequestCode.PULL_MESSAGE)],
+                               handlers[int(RequestCode.GET_CONSUMER_LIST_BY_GROUP)])
+
+        async def watched_pull(conn, cmd):
+            ext = cmd.ext_fields
+            if ext.get("consumerGroup") == group and ext.get("topic") == TOPIC:
+                self.pulls.add((conn.id, int(ext["queueId"])))
+            return await pull(conn, cmd)
+
+        async def watched_list(conn, cmd):
+            resp = await consumer_list(conn, cmd)
+            if cmd.ext_fields.get("consumerGroup") == group:
+                self.listed[conn.id] = frozenset(broker.registry.consumer_ids(group))
+            return resp
+
+        broker.server.register(RequestCode.PULL_MESSAGE, watched_pull)
+        broker.server.register(RequestCode.GET_CONSUMER_LIST_BY_GROUP, watched_list)
+
+    def split_settled(self) -> bool:
+        """Both members rebalanced to the two-member split: each was answered a list naming
+        both, and every queue was pulled by the member that owns it under that split (the C++
+        client's average allocation: sorted ids, queues 0-1 to the first, 2-3 to the second)."""
+        members = self.broker.registry.consumer_groups().get(self.group, {})
+        if len(members) != 2:
+            return False
+        ids = sorted(members)
+        conns = [members[cid].conn.id for cid in ids]
+        return (all(self.listed.get(c) == frozenset(ids) for c in conns)
+                and all((conns[q // 2], q) in self.pulls for q in range(4)))
+
+    def describe(self) -> str:
+        return f"pulls {sorted(self.pulls)}, lists answered {self.listed}"
 
 
 def push_spec(broker, **kw) -> dict:
@@ -75,6 +118,7 @@ async def test_push_consumer_tag_expression_offsets_committed_and_resumed(broker
 
 async def test_two_push_consumers_of_one_group_share_the_queues(broker, tmp_path):
     await create_topic(broker)
+    watch = GroupWatch(broker, "CID_COMPAT")
     stop = tmp_path / "stop"
     spec = push_spec(broker, max_seconds=25, stop_file=str(stop))
     a = await CppRun(spec, tmp_path / "a").start()
@@ -82,10 +126,8 @@ async def test_two_push_consumers_of_one_group_share_the_queues(broker, tmp_path
     try:
         await a.wait_started()
         await b.wait_started()
-        # Both members must be registered before messages flow, so the split is settled.
-        await eventually(lambda: len(broker.registry.consumer_ids("CID_COMPAT")) == 2, 10,
-                         "both members registered")
-        await asyncio.sleep(2.0)
+        # Both members must have rebalanced before messages flow, so the split is settled.
+        await eventually(watch.split_settled, 20, lambda: f"the split settled: {watch.describe()}")
         bodies = [(f"s{i}", "TagA") for i in range(16)]
         await produce(broker, bodies)
         await eventually(lambda: len(a.of("msg")) + len(b.of("msg")) >= 16, 10, "16 messages consumed")
@@ -190,14 +232,14 @@ async def test_committed_offsets_survive_a_broker_restart(broker_process, tmp_pa
 async def test_killed_cpp_consumer_queues_move_to_the_survivor(broker, tmp_path):
     # A member that crashes (SIGKILL, held pulls on its connection) must not strand its queues.
     await create_topic(broker)
+    watch = GroupWatch(broker, "CID_COMPAT")
     a = await CppRun(push_spec(broker, max_seconds=25), tmp_path / "a").start()
     b = await CppRun(push_spec(broker, expect=8, max_seconds=25), tmp_path / "b").start()
     try:
         await a.wait_started()
         await b.wait_started()
-        await eventually(lambda: len(broker.registry.consumer_ids("CID_COMPAT")) == 2, 10,
-                         "both members registered")
-        await asyncio.sleep(1.0)  # both hold pulls on their queues now
+        # both hold pulls on their queues now
+        await eventually(watch.split_settled, 20, lambda: f"the split settled: {watch.describe()}")
         a.proc.kill()
         await a.finish(10)
         await eventually(lambda: len(broker.registry.consumer_ids("CID_COMPAT")) == 1, 10,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from rawwire import Wire
+from support.waiting import eventually
 
 VECTORS = [json.loads(line) for line in
            (Path(__file__).parent / "vectors" / "java_requests.jsonl").read_text().splitlines()]
@@ -195,10 +196,8 @@ async def test_java_transaction_half_then_oneway_end_transaction(broker, binary)
         await expect_only_probe_answer(w, probe, "END_TRANSACTION")
     finally:
         await w.close()
-    for _ in range(100):  # the one-way commit is processed concurrently with the probe
-        if stored(broker, "JavaVecTopic"):
-            break
-        await asyncio.sleep(0.05)
+    # the one-way commit is processed concurrently with the probe
+    await eventually(lambda: stored(broker, "JavaVecTopic"), 5, "the committed message stored")
     [m] = stored(broker, "JavaVecTopic")
     assert m.body == b"java half" and m.queue_id == 1
     assert m.properties["UNIQ_KEY"] == uniq and "TRAN_MSG" not in m.properties

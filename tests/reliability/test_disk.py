@@ -228,9 +228,9 @@ async def test_disk_guard_under_load_refuses_clearly_reads_go_on_writes_resume_l
             # A commit arriving now cannot be applied: the half stays pending, nothing visible
             # (check-backs answer "commit" again and are refused again until space returns).
             listener.release.set()
-            # Whatever was in flight when the probe answered has landed; from here nothing is
+            # Each load loop has one send in flight at a time and each has had one refused since
+            # the disk filled, so whatever was in flight before has landed: from here nothing is
             # accepted while the disk stays full, through at least two more probes.
-            await asyncio.sleep(0.3)
             acked_when_full = len(load.acked)
             refused_when_full = len(load.refused)
             probes_when_full = disk.probes
@@ -246,7 +246,9 @@ async def test_disk_guard_under_load_refuses_clearly_reads_go_on_writes_resume_l
             # Two more probes, a probe interval apart, both still answering "full".
             await eventually(lambda: disk.probes >= probes_when_full + 2, 2 * DISK_PROBE_INTERVAL + 5,
                         "the broker probing the disk again while it is full")
-            await asyncio.sleep(0.1)
+            probed_at = time.monotonic()
+            await eventually(lambda: all(load.refused_after(probed_at, p) for p in ("p0-", "p1-", "t")),
+                             5, "every load loop answered again after those probes")
             assert len(load.acked) == acked_when_full, load.acked[acked_when_full:][:3]
             assert all(load.refused_after(first_refusal + DISK_PROBE_INTERVAL, p)
                        for p in ("p0-", "p1-", "t")), "refusals stopped while the disk was full"
@@ -271,7 +273,7 @@ async def test_disk_guard_under_load_refuses_clearly_reads_go_on_writes_resume_l
             committed = {k for k, t in ledger.txns.items() if t.truth == "commit"}
             want = set(load.acked_keys("p")) | committed
             await eventually(lambda: want <= {k for _t, k in received}, 20, "every stored message consumed")
-            await asyncio.sleep(1.0)  # a duplicate would arrive now
+            await asyncio.sleep(1.0)  # the behaviour under test: no duplicate arrives in this window
             consuming_done.set()
             await tasks[0]
     finally:

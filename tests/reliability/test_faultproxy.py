@@ -148,10 +148,8 @@ async def test_lost_half_answer_with_sdk_retry_commits_once(broker_config):
         async with TransactionProducer("retry_pg", proxy.addr, listener=CommitByKey(), retries=2) as p:
             result = await p.send_message_in_transaction(Message("RetryTopic", b"once", keys="ONCE"))
             assert cuts and result.local_transaction_state == LocalTransactionState.COMMIT_MESSAGE
-            for _ in range(100):  # the orphan half, if any, is checked and resolved
-                if broker.tx.pending_count() == 0:
-                    break
-                await asyncio.sleep(0.1)
+            await eventually(lambda: broker.tx.pending_count() == 0, 10,
+                             "the orphan half, if any, checked and resolved")
         consumer = Consumer("retry_cg", proxy.addr, from_where="first", long_poll_timeout=0.5)
         consumer.subscribe("RetryTopic")
         got = []

@@ -12,6 +12,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from support.waiting import eventually
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.client import RemotingClient
@@ -84,16 +85,9 @@ async def srv():
         await s.server.close(1.0)
 
 
-async def until(pred, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + T
-    while not pred():
-        assert loop.time() < deadline, f"{what}: not within {T} s"
-        await asyncio.sleep(0.01)
-
-
 async def handler_running(srv: Server) -> Connection:
-    await until(lambda: srv.server.connections and srv.only_connection()._tasks, "handler started")
+    await eventually(lambda: srv.server.connections and srv.only_connection()._tasks, T,
+                     "handler started")
     return srv.only_connection()
 
 
@@ -101,7 +95,7 @@ async def connected(srv: Server) -> tuple[asyncio.StreamReader, asyncio.StreamWr
                                           Connection, CountingTransport]:
     host, port = srv.addr.split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    await until(lambda: srv.server.connections, "server sees the connection")
+    await eventually(lambda: srv.server.connections, T, "server sees the connection")
     conn = srv.only_connection()
     counting = CountingTransport(conn.transport)
     conn.transport = counting  # type: ignore[assignment]

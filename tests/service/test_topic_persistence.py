@@ -8,6 +8,7 @@ import os
 import threading
 
 import pytest
+from support.waiting import eventually
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codes import ResponseCode
@@ -40,11 +41,8 @@ async def test_topic_table_is_written_off_the_loop_and_shows_once_written(tmp_pa
     loop_thread = threading.get_ident()
     create = asyncio.create_task(tm.get_or_create("Orders"))
     twin = asyncio.create_task(tm.get_or_create("Orders"))  # a second send for the same new topic
-    for _ in range(500):  # the loop keeps running while the table is being written
-        if fsync.entered.is_set():
-            break
-        await asyncio.sleep(0.01)
-    assert fsync.entered.is_set(), "the topic table was never written"
+    # the loop keeps running while the table is being written
+    await eventually(fsync.entered.is_set, 5, "the topic table written")
     assert tm.get("Orders") is None  # not on disk yet: not visible
     fsync.release.set()
     tc = await create

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 from pathlib import Path
+
+from support.waiting import eventually
 
 from txbroker.config import BrokerConfig
 from txbroker.store.allocate import SPARE_NAME
@@ -34,11 +35,7 @@ class FallocateThreads:
 
 async def spare_ready(store: MessageStore) -> None:
     assert store.commitlog is not None
-    for _ in range(500):
-        if store.commitlog.allocator.ready:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("no spare segment was preallocated within 5 s")
+    await eventually(lambda: store.commitlog.allocator.ready, 5, "a spare segment preallocated")
 
 
 async def test_roll_over_puts_never_preallocate_on_the_loop_thread(tmp_path, monkeypatch):

@@ -1,26 +1,5 @@
-"""A manual clock for the store, the transaction service and the broker: tests move time
-forward with :meth:`ManualClock.advance` instead of sleeping through immunity or delay times."""
+"""The manual clock the tests share with the check-pass bench (``txbroker.bench.clock``)."""
 
-from __future__ import annotations
+from txbroker.bench.clock import ManualClock
 
-import time
-
-
-class ManualClock:
-    """Seconds since the epoch, moved forward only by :meth:`advance` unless ``follows_real_time``.
-
-    A frozen clock (the default) makes immunity and check timing exact.  A broker whose
-    background work also needs ordinary time to pass (flushes, scheduled deliveries) gets
-    ``follows_real_time=True``: real time plus everything advanced so far.
-    """
-
-    def __init__(self, *, follows_real_time: bool = False) -> None:
-        self.follows_real_time = follows_real_time
-        self.start = time.time()
-        self.offset = 0.0
-
-    def __call__(self) -> float:
-        return (time.time() if self.follows_real_time else self.start) + self.offset
-
-    def advance(self, seconds: float) -> None:
-        self.offset += seconds
+__all__ = ["ManualClock"]
