@@ -1,6 +1,7 @@
 """Remoting round trips on loopback, against the raw ceiling of a minimal asyncio echo.
 
     python -m txbroker.bench.remoting [--seconds 3] [--body 256]
+    python -m txbroker.bench.remoting --cpu [--round-trips 20000] [--reps 5]
 
 The server runs in a separate process (this machine has 2 cores: one serves, one loads), on
 uvloop.  Three servers are measured in one run, each in its own process:
@@ -15,6 +16,13 @@ counts whole answer frames (it measures the server, not the client), and **clien
 :class:`RemotingClient` with ``invoke`` (end to end, what the SDK sees).  Each cell runs for a
 bounded time after a short warm-up; passes are interleaved and the median is reported.  Shapes: 1 connection sequential, 1 connection with 64
 requests in flight, 64 connections with one in flight each.
+
+Round trips per second on this shared 2-core machine move with whatever else runs, so
+``--cpu`` measures cost instead of rate: :class:`RemotingServer` and :class:`RemotingClient` in
+this one process, a fixed number of round trips per shape, and the process CPU time they took
+(both ends together) divided by that number, in µs per round trip, median of ``--reps``
+interleaved passes.  Other processes slow it down only through shared caches, not by taking
+turns on the cores.
 """
 
 from __future__ import annotations
@@ -151,6 +159,74 @@ async def client_load(port: int, body: bytes, conns: int, depth: int, seconds: f
     return rate
 
 
+# --- CPU per round trip (one process) ----------------------------------------------------------
+
+
+async def cpu_per_round_trip(body: bytes, conns: int, depth: int, round_trips: int) -> float:
+    """Process CPU µs per round trip, client and server of one process both counted.
+
+    A warm-up of a tenth of the round trips runs first (connections made, caches warm);
+    ``conns * depth`` workers then share exactly ``round_trips`` invokes.
+    """
+    server = RemotingServer(BrokerConfig(max_connections=1024))
+
+    async def noop(conn, cmd):
+        return cmd.response(body=cmd.body)
+
+    server.register(CODE, noop)
+    port = await server.start("127.0.0.1", 0)
+    clients = [RemotingClient(f"127.0.0.1:{port}") for _ in range(conns)]
+    for c in clients:
+        await c.connect()
+    left = 0
+
+    async def worker(c: RemotingClient) -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await c.invoke(RemotingCommand.request(CODE, {"topic": "BenchTopic", "queueId": "0"}, body), 10.0)
+
+    async def run(n: int) -> None:
+        nonlocal left
+        left = n
+        await asyncio.gather(*(worker(c) for c in clients for _ in range(depth)))
+
+    try:
+        await run(max(round_trips // 10, conns * depth))
+        t0 = time.process_time()
+        await run(round_trips)
+        return (time.process_time() - t0) * 1e6 / round_trips
+    finally:
+        for c in clients:
+            await c.close()
+        await server.close(1.0)
+
+
+async def _run_cpu(body_size: int, round_trips: int, reps: int) -> list[tuple[str, list[float]]]:
+    body = os.urandom(body_size)
+    samples: dict[str, list[float]] = {label: [] for label, _, _ in SHAPES}
+    for _ in range(reps):
+        for label, conns, depth in SHAPES:
+            samples[label].append(await cpu_per_round_trip(body, conns, depth, round_trips))
+    return list(samples.items())
+
+
+def _print_cpu(rows: list[tuple[str, list[float]]], args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"CPU µs per round trip, RemotingServer + RemotingClient in one process, "
+                        f"{args.body}-byte bodies, uvloop ({args.round_trips:,} round trips per "
+                        f"cell, {args.reps} interleaved passes)")
+    table.add_column("shape")
+    table.add_column("median", justify="right")
+    table.add_column("min", justify="right")
+    table.add_column("max", justify="right")
+    for label, values in rows:
+        table.add_row(label, f"{statistics.median(values):.2f}", f"{min(values):.2f}", f"{max(values):.2f}")
+    Console(width=150).print(table)
+
+
 # --- driver ------------------------------------------------------------------------------------
 
 
@@ -207,11 +283,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="measured time per cell")
     parser.add_argument("--reps", type=int, default=3, help="interleaved passes (median)")
     parser.add_argument("--body", type=int, default=256, help="body bytes per request")
+    parser.add_argument("--cpu", action="store_true",
+                        help="CPU µs per round trip, client and server in this process")
+    parser.add_argument("--round-trips", type=int, default=20000,
+                        help="round trips per cell with --cpu")
     parser.add_argument("--serve", choices=["echo", "txbroker"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         with asyncio.Runner(loop_factory=new_event_loop) as runner:
             runner.run(_serve(args.serve))
+        return
+    if args.cpu:
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            _print_cpu(runner.run(_run_cpu(args.body, args.round_trips, max(1, args.reps))), args)
         return
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         rows = runner.run(_run(args.seconds, args.body, max(1, args.reps)))
