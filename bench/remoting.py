@@ -18,11 +18,13 @@ bounded time after a short warm-up; passes are interleaved and the median is rep
 requests in flight, 64 connections with one in flight each.
 
 Round trips per second on this shared 2-core machine move with whatever else runs, so
-``--cpu`` measures cost instead of rate: :class:`RemotingServer` and :class:`RemotingClient` in
-this one process, a fixed number of round trips per shape, and the process CPU time they took
-(both ends together) divided by that number, in µs per round trip, median of ``--reps``
-interleaved passes.  Other processes slow it down only through shared caches, not by taking
-turns on the cores.
+``--cpu`` measures cost instead of rate: a fixed number of :class:`RemotingClient` round trips
+per shape against the txbroker server process, and the CPU time each process spent on them
+(the server reports its own), in µs per round trip, median of ``--reps`` interleaved passes.
+Other processes slow it down only through shared caches, not by taking turns on the cores.
+The two ends stay in two processes, as in a deployment: in one process they would share the
+connection core's code with two classes, which costs the interpreter's attribute caches more
+than either end pays on its own.
 """
 
 from __future__ import annotations
@@ -83,7 +85,9 @@ async def _serve(kind: str) -> None:
         remoting.register(CODE, noop)
         port = await remoting.start("127.0.0.1", 0)
     print(f"PORT {port}", flush=True)
-    await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes our stdin
+    # Each line from the parent asks for this process's CPU seconds so far; EOF ends it.
+    while await loop.run_in_executor(None, sys.stdin.readline):
+        print(f"CPU {time.process_time()!r}", flush=True)
 
 
 # --- load generators ---------------------------------------------------------------------------
@@ -162,20 +166,14 @@ async def client_load(port: int, body: bytes, conns: int, depth: int, seconds: f
 # --- CPU per round trip (one process) ----------------------------------------------------------
 
 
-async def cpu_per_round_trip(body: bytes, conns: int, depth: int, round_trips: int) -> float:
-    """Process CPU µs per round trip, client and server of one process both counted.
+async def cpu_per_round_trip(server: _ServerProcess, body: bytes, conns: int, depth: int,
+                             round_trips: int) -> tuple[float, float]:
+    """CPU µs per round trip of this (client) process and of the server process.
 
     A warm-up of a tenth of the round trips runs first (connections made, caches warm);
     ``conns * depth`` workers then share exactly ``round_trips`` invokes.
     """
-    server = RemotingServer(BrokerConfig(max_connections=1024))
-
-    async def noop(conn, cmd):
-        return cmd.response(body=cmd.body)
-
-    server.register(CODE, noop)
-    port = await server.start("127.0.0.1", 0)
-    clients = [RemotingClient(f"127.0.0.1:{port}") for _ in range(conns)]
+    clients = [RemotingClient(f"127.0.0.1:{server.port}") for _ in range(conns)]
     for c in clients:
         await c.connect()
     left = 0
@@ -193,37 +191,47 @@ async def cpu_per_round_trip(body: bytes, conns: int, depth: int, round_trips: i
 
     try:
         await run(max(round_trips // 10, conns * depth))
-        t0 = time.process_time()
+        server0, client0 = server.cpu(), time.process_time()
         await run(round_trips)
-        return (time.process_time() - t0) * 1e6 / round_trips
+        client1, server1 = time.process_time(), server.cpu()
+        return (client1 - client0) * 1e6 / round_trips, (server1 - server0) * 1e6 / round_trips
     finally:
         for c in clients:
             await c.close()
-        await server.close(1.0)
 
 
-async def _run_cpu(body_size: int, round_trips: int, reps: int) -> list[tuple[str, list[float]]]:
+async def _run_cpu(body_size: int, round_trips: int,
+                   reps: int) -> list[tuple[str, list[float], list[float]]]:
+    """Per shape: client and server CPU µs per round trip of each pass."""
     body = os.urandom(body_size)
-    samples: dict[str, list[float]] = {label: [] for label, _, _ in SHAPES}
-    for _ in range(reps):
-        for label, conns, depth in SHAPES:
-            samples[label].append(await cpu_per_round_trip(body, conns, depth, round_trips))
-    return list(samples.items())
+    samples: dict[str, tuple[list[float], list[float]]] = {label: ([], []) for label, _, _ in SHAPES}
+    server = _ServerProcess("txbroker")
+    try:
+        for _ in range(reps):
+            for label, conns, depth in SHAPES:
+                client_us, server_us = await cpu_per_round_trip(server, body, conns, depth, round_trips)
+                samples[label][0].append(client_us)
+                samples[label][1].append(server_us)
+    finally:
+        server.stop()
+    return [(label, client, srv) for label, (client, srv) in samples.items()]
 
 
-def _print_cpu(rows: list[tuple[str, list[float]]], args: argparse.Namespace) -> None:
+def _print_cpu(rows: list[tuple[str, list[float], list[float]]], args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"CPU µs per round trip, RemotingServer + RemotingClient in one process, "
-                        f"{args.body}-byte bodies, uvloop ({args.round_trips:,} round trips per "
-                        f"cell, {args.reps} interleaved passes)")
+    table = Table(title=f"CPU µs per round trip, RemotingClient and RemotingServer processes, "
+                        f"{args.body}-byte bodies, uvloop (median of {args.reps} interleaved "
+                        f"passes, {args.round_trips:,} round trips each; min-max)")
     table.add_column("shape")
-    table.add_column("median", justify="right")
-    table.add_column("min", justify="right")
-    table.add_column("max", justify="right")
-    for label, values in rows:
-        table.add_row(label, f"{statistics.median(values):.2f}", f"{min(values):.2f}", f"{max(values):.2f}")
+    table.add_column("client process", justify="right")
+    table.add_column("server process", justify="right")
+    table.add_column("both", justify="right")
+    for label, client, server in rows:
+        both = [c + s for c, s in zip(client, server, strict=True)]
+        table.add_row(label, *(f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
+                               for v in (client, server, both)))
     Console(width=150).print(table)
 
 
@@ -232,13 +240,25 @@ def _print_cpu(rows: list[tuple[str, list[float]]], args: argparse.Namespace) ->
 
 class _ServerProcess:
     def __init__(self, kind: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "txbroker.bench.remoting", "--serve", kind],
+        # As this module was started (``-m`` when installed, else the file), so that the server
+        # runs the same txbroker as the load.
+        me = ["-m", __spec__.name] if __spec__ is not None else [os.path.abspath(__file__)]
+        self.proc = subprocess.Popen([sys.executable, *me, "--serve", kind],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         if not line.startswith("PORT "):
             self.stop()
             raise RuntimeError(f"{kind} server did not start: {line!r}")
         self.port = int(line.split()[1])
+
+    def cpu(self) -> float:
+        """The server process's CPU seconds so far (user + system)."""
+        self.proc.stdin.write("cpu\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line.startswith("CPU "):
+            raise RuntimeError(f"server did not report its CPU time: {line!r}")
+        return float(line.split()[1])
 
     def stop(self) -> None:
         if self.proc.stdin:
@@ -284,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=3, help="interleaved passes (median)")
     parser.add_argument("--body", type=int, default=256, help="body bytes per request")
     parser.add_argument("--cpu", action="store_true",
-                        help="CPU µs per round trip, client and server in this process")
+                        help="CPU µs per round trip of the client and of the server process")
     parser.add_argument("--round-trips", type=int, default=20000,
                         help="round trips per cell with --cpu")
     parser.add_argument("--serve", choices=["echo", "txbroker"], help=argparse.SUPPRESS)
