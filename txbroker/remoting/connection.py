@@ -103,12 +103,35 @@ class RemotingConnection(asyncio.Protocol):
     # Slots: the per-request path reads and writes these many times per request, and an
     # end's subclass adds attributes of its own; past about 30 attributes an instance dict
     # no longer shares its keys and every access costs more.  Subclasses keep a __dict__.
-    __slots__ = ("peer", "transport", "requests", "handler_errors",
-                 "_handlers", "_default_handler", "_before_request", "_prepare", "_loop",
-                 "_decoder", "_closed", "_gone", "_tasks", "_reading_paused", "_stopping",
-                 "_limited", "_max_inflight", "_inflight", "_backlog",
-                 "_out", "_out_bytes", "_flush_scheduled", "_in_feed", "_write_paused",
-                 "_writable", "_opaques", "_pending")
+    __slots__ = (
+        "_backlog",
+        "_before_request",
+        "_closed",
+        "_decoder",
+        "_default_handler",
+        "_flush_scheduled",
+        "_gone",
+        "_handlers",
+        "_in_feed",
+        "_inflight",
+        "_limited",
+        "_loop",
+        "_max_inflight",
+        "_opaques",
+        "_out",
+        "_out_bytes",
+        "_pending",
+        "_prepare",
+        "_reading_paused",
+        "_stopping",
+        "_tasks",
+        "_writable",
+        "_write_paused",
+        "handler_errors",
+        "peer",
+        "requests",
+        "transport",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop, max_frame_size: int, peer: str,
                  handlers: dict[int, Handler], default_handler: Handler | None = None,
