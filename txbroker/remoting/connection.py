@@ -20,10 +20,10 @@ protocol add only who connects and what runs before a handler:
   end with an in-flight limit (the server) also starts no request and stops reading meanwhile.
 * **Calls to the peer.**  :meth:`request` keeps ``opaque -> future`` with a time-out per call;
   a lost connection fails them all.
-* **Orderly shutdown.**  :meth:`shutdown` stops reading for good, waits for the running handlers (their
-  tasks, not a polling loop) up to a grace period, cancels the rest, closes after writing what
-  is buffered and waits for the transport to report the connection gone, aborting it at a
-  deadline.
+* **Orderly shutdown.**  :meth:`shutdown` stops reading for good, waits for the running
+  handlers (their tasks, not a polling loop) up to a grace period, cancels the rest, closes
+  after writing what is buffered and waits for the transport to report the connection gone,
+  aborting it at a deadline.
 
 The per-request path (``data_received`` → :meth:`_dispatch` → :meth:`_finish`, and
 :meth:`request`) is the hottest code of the broker and of the SDK: in-flight accounting and the
