@@ -18,8 +18,8 @@ protocol add only who connects and what runs before a handler:
   (:func:`encode_parts`), so a pulled batch reaches the socket without being joined.
 * **Back-pressure.**  ``pause_writing``/``resume_writing`` drive :meth:`wait_writable`; an
   end with an in-flight limit (the server) also starts no request and stops reading meanwhile.
-* **Calls to the peer.**  :meth:`request` keeps ``opaque -> future`` with a time-out per call;
-  a lost connection fails them all.
+* **Calls to the peer.**  :meth:`request` keeps ``opaque -> future`` with a time-out per call
+  (:class:`RequestTimeouts`: one loop timer for all of them); a lost connection fails them all.
 * **Orderly shutdown.**  :meth:`shutdown` stops reading for good, waits for the running
   handlers (their tasks, not a polling loop) up to a grace period, cancels the rest, closes
   after writing what is buffered and waits for the transport to report the connection gone,
@@ -53,6 +53,7 @@ from txbroker.remoting.codec import (
 )
 from txbroker.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode
 from txbroker.remoting.errors import Refusal
+from txbroker.remoting.timeouts import RequestTimeouts
 
 log = logging.getLogger("txbroker.remoting.connection")
 
@@ -125,6 +126,7 @@ class RemotingConnection(asyncio.Protocol):
         "_reading_paused",
         "_stopping",
         "_tasks",
+        "_timeouts",
         "_writable",
         "_write_paused",
         "handler_errors",
@@ -167,6 +169,7 @@ class RemotingConnection(asyncio.Protocol):
         # requests this end sent, waiting for their answers
         self._opaques = itertools.count(self.OPAQUE_FIRST)
         self._pending: dict[int, asyncio.Future] = {}
+        self._timeouts = RequestTimeouts(loop, peer)
         #: Counters: requests started, handlers that raised (not a refusal).
         self.requests = 0
         self.handler_errors = 0
@@ -190,6 +193,7 @@ class RemotingConnection(asyncio.Protocol):
     # --- lifecycle ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self._timeouts.peer = self.peer  # the server learns it only now
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
@@ -209,6 +213,7 @@ class RemotingConnection(asyncio.Protocol):
                 fut.set_exception(ConnectionError(
                     f"connection to {self.peer} closed before the answer arrived{reason}"))
         self._pending.clear()
+        self._timeouts.close()
         if self._writable is not None and not self._writable.done():
             self._writable.set_exception(ConnectionError(f"connection to {self.peer} closed{reason}"))
             self._writable.exception()
@@ -456,12 +461,11 @@ class RemotingConnection(asyncio.Protocol):
         parts = encode_parts(cmd)
         fut = self._loop.create_future()
         self._pending[opaque] = fut
-        timer = self._loop.call_later(timeout, _expire, fut, opaque, timeout, self.peer)
+        self._timeouts.add(fut, opaque, timeout)
         self._write(parts)
         try:
             return await fut
         finally:
-            timer.cancel()
             self._pending.pop(opaque, None)
 
     def send_oneway(self, cmd: RemotingCommand) -> None:
@@ -477,12 +481,6 @@ class RemotingConnection(asyncio.Protocol):
         if self._prepare is not None:
             self._prepare(cmd)
         self._write(encode_parts(cmd))
-
-
-def _expire(fut: asyncio.Future, opaque: int, timeout: float, peer: str) -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError(f"no answer from {peer} within {timeout:g} s "
-                                       f"(opaque {opaque})"))
 
 
 async def _await(fut: Awaitable[Any]) -> Any:
