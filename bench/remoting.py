@@ -1,7 +1,7 @@
 """Remoting round trips on loopback, against the raw ceiling of a minimal asyncio echo.
 
     python -m txbroker.bench.remoting [--seconds 3] [--body 256]
-    python -m txbroker.bench.remoting --cpu [--round-trips 20000] [--reps 5]
+    python -m txbroker.bench.remoting --cpu [--round-trips 20000] [--reps 3]
 
 The server runs in a separate process (this machine has 2 cores: one serves, one loads), on
 uvloop.  Three servers are measured in one run, each in its own process:
@@ -14,8 +14,9 @@ uvloop.  Three servers are measured in one run, each in its own process:
 Two load generators: **raw**, a minimal protocol that sends pre-encoded request frames and
 counts whole answer frames (it measures the server, not the client), and **client**, the real
 :class:`RemotingClient` with ``invoke`` (end to end, what the SDK sees).  Each cell runs for a
-bounded time after a short warm-up; passes are interleaved and the median is reported.  Shapes: 1 connection sequential, 1 connection with 64
-requests in flight, 64 connections with one in flight each.
+bounded time after a short warm-up; passes are interleaved and the median is reported.
+Shapes: 1 connection sequential, 1 connection with 64 requests in flight, 64 connections with
+one in flight each.
 
 Round trips per second on this shared 2-core machine move with whatever else runs, so
 ``--cpu`` measures cost instead of rate: a fixed number of :class:`RemotingClient` round trips
