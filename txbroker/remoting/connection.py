@@ -29,7 +29,9 @@ The per-request path (``data_received`` → :meth:`_dispatch` → :meth:`_finish
 :meth:`request`) is the hottest code of the broker and of the SDK: in-flight accounting and the
 signing step are written inline there, as settings of the end, rather than as methods each
 end overrides, since every extra call per request showed up as CPU per round trip
-(``python -m txbroker.bench.remoting --cpu``).
+(``python -m txbroker.bench.remoting --cpu``).  That is also why this is one file of more than
+450 lines: the read, dispatch, finish and write steps are one class's methods calling each
+other directly; time-outs, the one part off that path, live in :mod:`.timeouts`.
 """
 
 from __future__ import annotations
