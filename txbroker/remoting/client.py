@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from txbroker.remoting.codec import DEFAULT_MAX_FRAME_SIZE, RemotingCommand
 from txbroker.remoting.connection import Handler, RemotingConnection
@@ -49,25 +50,24 @@ def parse_addr(addr: str) -> tuple[str, int]:
 class _ClientProtocol(RemotingConnection):
     """The connection core for one connection attempt; a new one is made per reconnect.
 
-    It adds what a client end does: sign outgoing requests, run the handlers registered for
-    the server's requests, tell the client when the connection is lost.
+    It adds what a client end does: sign outgoing requests (the core's ``prepare`` step), run
+    the handlers registered for the server's requests with no in-flight limit, tell the client
+    when the connection is lost.
     """
 
     #: Stay below the server's own range, as Java's counter would wrap.
     OPAQUE_LAST = 0x3FFFFFFF
 
     def __init__(self, client: RemotingClient) -> None:
+        credentials = client.credentials
         super().__init__(asyncio.get_running_loop(), client.max_frame_size, client.addr,
-                         client._handlers)
+                         client._handlers,
+                         prepare=credentials.sign if credentials is not None else None)
         self.client = client
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
         self.client._lost(self)
-
-    def _prepare(self, cmd: RemotingCommand) -> None:
-        if self.client.credentials is not None:
-            self.client.credentials.sign(cmd)
 
 
 class RemotingClient:
@@ -192,11 +192,20 @@ class RemotingClient:
             await proto.shutdown(grace=0.0)
 
     # --- calls ---------------------------------------------------------------------------
-    async def invoke(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
-        """Send a request and wait for its answer; TimeoutError fails this call only."""
+    def invoke(self, cmd: RemotingCommand, timeout: float) -> Coroutine[Any, Any, RemotingCommand]:
+        """Send a request and wait for its answer; TimeoutError fails this call only.
+
+        Await the result, as of a coroutine function: it is the connection's own
+        :meth:`~RemotingConnection.request` when connected, so a call costs no coroutine of
+        its own on top (see the per-request path in :mod:`txbroker.remoting.connection`).
+        """
         proto = self._proto
-        if proto is None or proto.closed:
-            proto = await self._ensure()
+        if proto is None or proto._closed:  # the attribute: a property costs a call
+            return self._connect_and_invoke(cmd, timeout)
+        return proto.request(cmd, timeout)
+
+    async def _connect_and_invoke(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
+        proto = await self._ensure()
         return await proto.request(cmd, timeout)
 
     async def invoke_oneway(self, cmd: RemotingCommand) -> None:

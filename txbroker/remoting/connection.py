@@ -7,30 +7,41 @@ holds that work once, and :class:`~txbroker.remoting.server.Connection` and the 
 protocol add only who connects and what runs before a handler:
 
 * **Framing.**  ``data_received`` feeds a :class:`FrameDecoder`; a response completes the
-  pending future of its opaque, a request goes to :meth:`_on_request` (the server puts its
-  in-flight limit there).  Bytes that are not a frame close this connection only.
+  pending future of its opaque, a request is started or, at the end's in-flight limit, kept in
+  a backlog while reading pauses (so the bound is exact).  Bytes that are not a frame close
+  this connection only.
 * **Dispatch.**  The handler's first step runs inline and only a handler that waits gets a
   task (see :mod:`txbroker.remoting._flow`); how a handler's outcome becomes the answer is
   decided in :meth:`_finish`, which alone turns a :class:`Refusal` into its answer.
 * **Writes.**  Frames are corked and leave with one ``transport.writelines`` per flush (at the
   end of a read, once per loop turn, or at :data:`CORK_LIMIT`).  Frames are lists of buffers
   (:func:`encode_parts`), so a pulled batch reaches the socket without being joined.
-* **Back-pressure.**  ``pause_writing``/``resume_writing`` drive :meth:`wait_writable`; the
-  server also stops reading meanwhile.
-* **Calls to the peer.**  :meth:`request` keeps ``opaque -> future`` with a time-out per call;
-  a lost connection fails them all.
-* **Orderly shutdown.**  :meth:`shutdown` stops reading, waits for the running handlers (their
-  tasks, not a polling loop) up to a grace period, cancels the rest, closes after writing what
-  is buffered and waits for the transport to report the connection gone, aborting it at a
-  deadline.
+* **Back-pressure.**  ``pause_writing``/``resume_writing`` drive :meth:`wait_writable`; an
+  end with an in-flight limit (the server) also starts no request and stops reading meanwhile.
+* **Calls to the peer.**  :meth:`request` keeps ``opaque -> future`` with a time-out per call
+  (:class:`RequestTimeouts`: one loop timer for all of them); a lost connection fails them all.
+* **Orderly shutdown.**  :meth:`shutdown` stops reading for good, waits for the running
+  handlers (their tasks, not a polling loop) up to a grace period, cancels the rest, closes
+  after writing what is buffered and waits for the transport to report the connection gone,
+  aborting it at a deadline.
+
+The per-request path (``data_received`` → :meth:`_dispatch` → :meth:`_finish`, and
+:meth:`request`) is the hottest code of the broker and of the SDK: in-flight accounting and the
+signing step are written inline there, as settings of the end, rather than as methods each
+end overrides, since every extra call per request showed up as CPU per round trip
+(``python -m txbroker.bench.remoting --cpu``).  That is also why this is one file of more than
+450 lines: the read, dispatch, finish and write steps are one class's methods calling each
+other directly; time-outs, the one part off that path, live in :mod:`.timeouts`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import socket
+import sys
 from collections.abc import Awaitable, Callable, Iterable
 from types import CoroutineType
 from typing import Any
@@ -44,6 +55,7 @@ from txbroker.remoting.codec import (
 )
 from txbroker.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode
 from txbroker.remoting.errors import Refusal
+from txbroker.remoting.timeouts import RequestTimeouts
 
 log = logging.getLogger("txbroker.remoting.connection")
 
@@ -51,6 +63,8 @@ log = logging.getLogger("txbroker.remoting.connection")
 Handler = Callable[[Any, RemotingCommand], Any]
 #: Runs before every request's handler; raising a refusal (``code``/``remark``) stops it.
 BeforeRequest = Callable[[Any, RemotingCommand], None]
+#: The last change to an outgoing request before it is encoded (the client signs there).
+Prepare = Callable[[RemotingCommand], None]
 
 #: Frames are collected ("corked") and written once per read or loop turn, up to this many
 #: bytes; more is written at once so that write back-pressure can take effect.
@@ -78,22 +92,60 @@ class RemotingConnection(asyncio.Protocol):
     """One remoting connection, either end.  Not thread-safe: event loop only.
 
     Requests go to ``handlers[code](connection, cmd)`` (else ``default_handler``, else
-    REQUEST_CODE_NOT_SUPPORTED), after ``before_request(connection, cmd)`` when given.
-    Subclasses may extend :meth:`_on_request`, :meth:`_request_done`, :meth:`_prepare` and
-    the protocol callbacks.  Opaques of requests this end sends count from ``OPAQUE_FIRST`` and wrap
-    after ``OPAQUE_LAST``.
+    REQUEST_CODE_NOT_SUPPORTED), after ``before_request(connection, cmd)`` when given.  With
+    ``max_inflight`` at most that many run at once; requests read beyond it wait in a backlog
+    and reading pauses, as it does while the peer is not reading (the server's rules); without
+    it (the client) every request starts when read.  ``prepare(cmd)`` runs on every request
+    this end sends, just before encoding.  Subclasses extend the protocol callbacks.  Opaques of
+    requests this end sends count from ``OPAQUE_FIRST`` and wrap after ``OPAQUE_LAST``.
     """
 
     OPAQUE_FIRST = 0
     OPAQUE_LAST = 0x7FFFFFFF
 
+    # Slots: the per-request path reads and writes these many times per request, and an
+    # end's subclass adds attributes of its own; past about 30 attributes an instance dict
+    # no longer shares its keys and every access costs more.  Subclasses keep a __dict__.
+    __slots__ = (
+        "_backlog",
+        "_before_request",
+        "_closed",
+        "_decoder",
+        "_default_handler",
+        "_flush_scheduled",
+        "_gone",
+        "_handlers",
+        "_in_feed",
+        "_inflight",
+        "_limited",
+        "_loop",
+        "_max_inflight",
+        "_opaques",
+        "_out",
+        "_out_bytes",
+        "_pending",
+        "_prepare",
+        "_reading_paused",
+        "_stopping",
+        "_tasks",
+        "_timeouts",
+        "_writable",
+        "_write_paused",
+        "handler_errors",
+        "peer",
+        "requests",
+        "transport",
+    )
+
     def __init__(self, loop: asyncio.AbstractEventLoop, max_frame_size: int, peer: str,
                  handlers: dict[int, Handler], default_handler: Handler | None = None,
-                 before_request: BeforeRequest | None = None) -> None:
+                 before_request: BeforeRequest | None = None, *, max_inflight: int | None = None,
+                 prepare: Prepare | None = None) -> None:
         self.peer = peer
         self._handlers = handlers  # the owner's table, shared by all its connections
         self._default_handler = default_handler
         self._before_request = before_request
+        self._prepare = prepare
         self.transport: asyncio.Transport | None = None
         self._loop = loop
         self._decoder = FrameDecoder(max_frame_size)
@@ -102,6 +154,13 @@ class RemotingConnection(asyncio.Protocol):
         self._gone: asyncio.Future[None] = loop.create_future()
         self._tasks: set[asyncio.Task] = set()
         self._reading_paused = False
+        #: Set by :meth:`stop_reading`: reading never resumes.
+        self._stopping = False
+        # admission: requests running, and those read but waiting for a free slot
+        self._limited = max_inflight is not None
+        self._max_inflight = max_inflight if max_inflight is not None else sys.maxsize
+        self._inflight = 0
+        self._backlog: collections.deque[RemotingCommand] = collections.deque()
         # writes: buffers corked until the end of the current callback / loop turn
         self._out: list[bytes] = []
         self._out_bytes = 0
@@ -112,6 +171,7 @@ class RemotingConnection(asyncio.Protocol):
         # requests this end sent, waiting for their answers
         self._opaques = itertools.count(self.OPAQUE_FIRST)
         self._pending: dict[int, asyncio.Future] = {}
+        self._timeouts = RequestTimeouts(loop, peer)
         #: Counters: requests started, handlers that raised (not a refusal).
         self.requests = 0
         self.handler_errors = 0
@@ -127,9 +187,15 @@ class RemotingConnection(asyncio.Protocol):
         high-water mark) or the connection is closed."""
         return not self._write_paused and not self._closed
 
+    @property
+    def inflight(self) -> int:
+        """Requests being handled or waiting in the backlog."""
+        return self._inflight + len(self._backlog)
+
     # --- lifecycle ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self._timeouts.peer = self.peer  # the server learns it only now
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
@@ -142,12 +208,14 @@ class RemotingConnection(asyncio.Protocol):
         they answer, and their answers are dropped."""
         self._closed = True
         self._out.clear()
+        self._backlog.clear()
         reason = f": {exc}" if exc else ""
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(ConnectionError(
                     f"connection to {self.peer} closed before the answer arrived{reason}"))
         self._pending.clear()
+        self._timeouts.close()
         if self._writable is not None and not self._writable.done():
             self._writable.set_exception(ConnectionError(f"connection to {self.peer} closed{reason}"))
             self._writable.exception()
@@ -169,11 +237,18 @@ class RemotingConnection(asyncio.Protocol):
             self.transport.abort()
         self._closed = True
 
+    def stop_reading(self) -> None:
+        """Start no more requests, for good: requests read but not started are dropped and
+        reading pauses, never to resume (the first step of a shutdown)."""
+        self._stopping = True
+        self._backlog.clear()
+        self._pause_reading()
+
     async def shutdown(self, grace: float) -> None:
         """Stop reading, let running handlers answer within ``grace`` seconds (cancelling
         those still running then), close after writing what is buffered, and return once the
         transport reports the connection gone (aborting it after :data:`CLOSE_DEADLINE`)."""
-        self._pause_reading()  # for good: a shutdown never resumes it
+        self.stop_reading()
         await finish_tasks(self._tasks, grace)
         self.close()
         if self.transport is None:
@@ -202,8 +277,12 @@ class RemotingConnection(asyncio.Protocol):
                         log.debug("%s: dropping answer with unknown opaque %d", self.peer, cmd.opaque)
                     elif not fut.done():
                         fut.set_result(cmd)
+                elif self._inflight >= self._max_inflight or self._backlog or \
+                        (self._write_paused and self._limited):
+                    self._backlog.append(cmd)
+                    self._pause_reading()
                 else:
-                    self._on_request(cmd)
+                    self._dispatch(cmd)
         finally:
             self._in_feed = False
             if self._out:
@@ -212,12 +291,9 @@ class RemotingConnection(asyncio.Protocol):
     def _protocol_error(self, exc: ProtocolError) -> None:
         log.warning("closing connection to %s: protocol error: %s", self.peer, exc)
 
-    def _on_request(self, cmd: RemotingCommand) -> None:
-        """A request arrived; the server overrides this to apply its in-flight limit."""
-        self._dispatch(cmd)
-
     # --- handling requests ---------------------------------------------------------------
     def _dispatch(self, cmd: RemotingCommand) -> None:
+        self._inflight += 1
         self.requests += 1
         try:
             if self._before_request is not None:
@@ -255,7 +331,8 @@ class RemotingConnection(asyncio.Protocol):
             task.exception()  # already reported through _finish; mark retrieved
 
     def _finish(self, cmd: RemotingCommand, result: Any, exc: BaseException | None) -> None:
-        """A handler ended: answer (unless one-way or nothing to say), then :meth:`_request_done`."""
+        """A handler ended: answer (unless one-way or nothing to say), then admit the backlog."""
+        self._inflight -= 1
         response: RemotingCommand | None
         if exc is None:
             response = result if isinstance(result, RemotingCommand) else None
@@ -283,10 +360,18 @@ class RemotingConnection(asyncio.Protocol):
                 log.exception("encoding the response to code %d failed", cmd.code)
                 parts = encode_parts(cmd.response(ResponseCode.SYSTEM_ERROR, "response not encodable"))
             self._write(parts)
-        self._request_done()
+        if self._backlog:
+            self._admit()
 
-    def _request_done(self) -> None:
-        """A request was answered (or not); the server admits its backlog here."""
+    def _admit(self) -> None:
+        """Start backlogged requests while slots are free; resume reading once none wait."""
+        while self._backlog and self._inflight < self._max_inflight and not self._closed \
+                and not self._write_paused:
+            self._dispatch(self._backlog.popleft())
+        if not self._backlog and not self._write_paused and self._reading_paused \
+                and not self._closed and not self._stopping:
+            self._reading_paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
 
     # --- writing -----------------------------------------------------------------------
     def _write(self, parts: list[bytes]) -> None:
@@ -321,15 +406,21 @@ class RemotingConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._write_paused = True
+        if self._limited:
+            # The peer is not reading our answers: stop reading its requests too.  Handlers
+            # already running finish and queue their answers (bounded by the in-flight limit).
+            self._pause_reading()
 
     def resume_writing(self) -> None:
         self._write_paused = False
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
         self._writable = None
-        if not self._closed and self._out and not self._flush_scheduled and not self._in_feed:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        if not self._closed:
+            if self._out and not self._flush_scheduled and not self._in_feed:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
+            self._admit()
 
     async def wait_writable(self) -> None:
         """Wait while the peer is not reading (the transport is above its high-water mark).
@@ -358,9 +449,6 @@ class RemotingConnection(asyncio.Protocol):
             opaque = next(self._opaques)
         return opaque
 
-    def _prepare(self, cmd: RemotingCommand) -> None:
-        """Last change to an outgoing request before it is encoded (the client signs here)."""
-
     async def request(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
         """Send a request and wait for its answer; TimeoutError fails this call only."""
         if self._closed:
@@ -370,16 +458,16 @@ class RemotingConnection(asyncio.Protocol):
         opaque = self._next_opaque()
         cmd.opaque = opaque
         cmd.flag &= ~(FLAG_RESPONSE | FLAG_ONEWAY)
-        self._prepare(cmd)
+        if self._prepare is not None:
+            self._prepare(cmd)
         parts = encode_parts(cmd)
         fut = self._loop.create_future()
         self._pending[opaque] = fut
-        timer = self._loop.call_later(timeout, _expire, fut, opaque, timeout, self.peer)
+        self._timeouts.add(fut, opaque, timeout)
         self._write(parts)
         try:
             return await fut
         finally:
-            timer.cancel()
             self._pending.pop(opaque, None)
 
     def send_oneway(self, cmd: RemotingCommand) -> None:
@@ -392,14 +480,9 @@ class RemotingConnection(asyncio.Protocol):
             raise ConnectionError(f"connection to {self.peer} is closed")
         cmd.opaque = self._next_opaque()
         cmd.flag = (cmd.flag | FLAG_ONEWAY) & ~FLAG_RESPONSE
-        self._prepare(cmd)
+        if self._prepare is not None:
+            self._prepare(cmd)
         self._write(encode_parts(cmd))
-
-
-def _expire(fut: asyncio.Future, opaque: int, timeout: float, peer: str) -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError(f"no answer from {peer} within {timeout:g} s "
-                                       f"(opaque {opaque})"))
 
 
 async def _await(fut: Awaitable[Any]) -> Any:

@@ -28,7 +28,6 @@ The server can also call the client: :meth:`Connection.request` (matched by opaq
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
 import socket
@@ -80,19 +79,12 @@ class Connection(RemotingConnection):
 
     def __init__(self, server: RemotingServer, conn_id: int) -> None:
         super().__init__(server._loop, server.config.max_frame_size, "?", server._handlers,
-                         server._default_handler, server._before_request)
+                         server._default_handler, server._before_request,
+                         max_inflight=server.config.max_inflight_per_connection)
         self.server = server
         self.id = conn_id
         self.attributes: dict[str, Any] = {}
         self._accepted = False
-        self._inflight = 0
-        self._max_inflight = server.config.max_inflight_per_connection
-        self._backlog: collections.deque[RemotingCommand] = collections.deque()
-
-    @property
-    def inflight(self) -> int:
-        """Requests being handled or waiting in the backlog."""
-        return self._inflight + len(self._backlog)
 
     # --- lifecycle ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -115,7 +107,6 @@ class Connection(RemotingConnection):
     def connection_lost(self, exc: BaseException | None) -> None:
         was_open = not self._closed
         super().connection_lost(exc)
-        self._backlog.clear()
         if not self._accepted:
             return
         self.server.connections.discard(self)
@@ -127,49 +118,10 @@ class Connection(RemotingConnection):
             except Exception:
                 log.exception("disconnect callback %r failed for connection %d", callback, self.id)
 
-    async def shutdown(self, grace: float) -> None:
-        self._backlog.clear()  # read but not started: never started
-        await super().shutdown(grace)
-
     # --- requests ------------------------------------------------------------------------
     def _protocol_error(self, exc: ProtocolError) -> None:
         self.server.protocol_errors += 1
         log.warning("closing connection %d from %s: protocol error: %s", self.id, self.peer, exc)
-
-    def _on_request(self, cmd: RemotingCommand) -> None:
-        if self._inflight >= self._max_inflight or self._backlog or self._write_paused:
-            self._backlog.append(cmd)
-            self._pause_reading()
-        else:
-            self._inflight += 1
-            self._dispatch(cmd)
-
-    def _request_done(self) -> None:
-        self._inflight -= 1
-        if self._backlog:
-            self._admit()
-
-    def _admit(self) -> None:
-        while self._backlog and self._inflight < self._max_inflight and not self._closed \
-                and not self._write_paused:
-            self._inflight += 1
-            self._dispatch(self._backlog.popleft())
-        if not self._backlog and not self._write_paused and self._reading_paused \
-                and not self._closed and not self.server._closing:
-            self._reading_paused = False
-            self.transport.resume_reading()  # type: ignore[union-attr]
-
-    # --- back-pressure -------------------------------------------------------------------
-    def pause_writing(self) -> None:
-        # The peer is not reading our answers: stop reading its requests too.  Handlers
-        # already running finish and queue their answers (bounded by the in-flight limit).
-        super().pause_writing()
-        self._pause_reading()
-
-    def resume_writing(self) -> None:
-        super().resume_writing()
-        if not self._closed:
-            self._admit()
 
     def __repr__(self) -> str:
         return f"<Connection {self.id} {self.peer}{' closed' if self._closed else ''}>"
@@ -217,8 +169,8 @@ class RemotingServer:
     async def close(self, grace: float) -> None:
         """Stop accepting, let in-flight handlers finish within ``grace`` seconds, then close.
 
-        Every connection shuts down at once (:meth:`RemotingConnection.shutdown`): it stops
-        being read, so no new request starts; handlers still running at the deadline are
+        Every connection stops being read at once, so no new request starts, and then shuts
+        down (:meth:`RemotingConnection.shutdown`): handlers still running at the deadline are
         cancelled; answers already written are flushed before it closes.
         """
         if self._closing:
@@ -226,6 +178,8 @@ class RemotingServer:
         self._closing = True
         if self._server is not None:
             self._server.close()
+        for conn in self.connections:
+            conn.stop_reading()  # at once, not when its shutdown task first runs
         await asyncio.gather(*(conn.shutdown(grace) for conn in list(self.connections)))
         if self._server is not None:
             try:
