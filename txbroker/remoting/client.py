@@ -25,7 +25,8 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from txbroker.remoting.codec import DEFAULT_MAX_FRAME_SIZE, RemotingCommand
+from txbroker.remoting.codec import DEFAULT_MAX_FRAME_SIZE
+from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.connection import Handler, RemotingConnection
 from txbroker.remoting.signing import SessionCredentials
 

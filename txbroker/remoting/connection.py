@@ -47,13 +47,9 @@ from types import CoroutineType
 from typing import Any
 
 from txbroker.remoting._flow import continue_coroutine
-from txbroker.remoting.codec import (
-    FrameDecoder,
-    ProtocolError,
-    RemotingCommand,
-    encode_parts,
-)
+from txbroker.remoting.codec import FrameDecoder, encode_parts
 from txbroker.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode
+from txbroker.remoting.command import ProtocolError, RemotingCommand
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.timeouts import RequestTimeouts
 

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from txbroker.config import BrokerConfig
-from txbroker.remoting.codec import ProtocolError, RemotingCommand
+from txbroker.remoting.command import ProtocolError, RemotingCommand
 from txbroker.remoting.connection import RemotingConnection
 
 log = logging.getLogger("txbroker.remoting.server")
