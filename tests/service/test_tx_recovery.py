@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -244,5 +245,33 @@ async def test_junk_op_records_do_not_disturb_recovery(tmp_path) -> None:
         assert node.tx.state_of(committed.physical_offset) is HalfState.COMMITTED
         assert node.tx.state_of(pending.physical_offset) is HalfState.PENDING
         assert node.tx.entry(pending.physical_offset).checks == 0
+    finally:
+        await node.close()
+
+
+async def test_clean_close_writes_the_snapshot_off_the_event_loop(tmp_path, monkeypatch) -> None:
+    """The snapshot (tens of MB with a full decision history) is written, fsynced and renamed
+    in the executor: the loop thread never waits on that disk write."""
+    data = tmp_path / "data"
+    node = await open_node(tx_config(data), ManualClock())
+    done = await prepare(node, uniq="C", body=b"c")
+    await end(node, done, COMMIT)
+    await prepare(node, uniq="P", body=b"p")
+    loop_thread = threading.get_ident()
+    fsyncs: list[tuple[int, str]] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        fsyncs.append((threading.get_ident(), os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    await node.close()
+    snapshot_fsyncs = [thread for thread, name in fsyncs if name.endswith(".tmp")]
+    assert snapshot_fsyncs and loop_thread not in snapshot_fsyncs, fsyncs
+    node = await open_node(tx_config(data), ManualClock())
+    try:
+        assert node.tx.recovered_from_snapshot
+        assert node.tx.pending_count() == 1 and node.tx.show("C")["state"] == "committed"
     finally:
         await node.close()

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiofiles
+import aiofiles.os
 import orjson
 
 from txbroker.service.transaction.bridge import TransactionalMessageBridge
@@ -209,10 +211,15 @@ def recover(bridge: TransactionalMessageBridge, snapshot_path: Path, *, history_
     return out
 
 
-def write_snapshot(bridge: TransactionalMessageBridge, path: Path, resolved: ResolvedStates,
-                   open_entries: list[HalfEntry], missing_ops: list[tuple[int, int]],
-                   history: TxHistory) -> None:
-    """State as of the current queue ends, written atomically (tmp file, fsync, rename)."""
+async def write_snapshot(bridge: TransactionalMessageBridge, path: Path, resolved: ResolvedStates,
+                         open_entries: list[HalfEntry], missing_ops: list[tuple[int, int]],
+                         history: TxHistory) -> None:
+    """State as of the current queue ends, written atomically (tmp file, fsync, rename).
+
+    The state is taken on the event loop, where nothing can change it meanwhile; the file (tens
+    of MB with a full decision history) is written, fsynced and renamed through aiofiles, which
+    runs each call in the executor, so the loop keeps answering the connections still draining.
+    """
     base, data = resolved.export()
     meta = {
         "version": _SNAPSHOT_VERSION,
@@ -227,11 +234,11 @@ def write_snapshot(bridge: TransactionalMessageBridge, path: Path, resolved: Res
     }
     head = orjson.dumps(meta)
     tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(_SNAPSHOT_MAGIC + _SNAPSHOT_LEN.pack(len(head)) + head + data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    async with aiofiles.open(tmp, "wb") as fh:
+        await fh.write(_SNAPSHOT_MAGIC + _SNAPSHOT_LEN.pack(len(head)) + head + data)
+        await fh.flush()
+        await aiofiles.os.wrap(os.fsync)(fh.fileno())  # aiofiles has no fsync of its own
+    await aiofiles.os.replace(tmp, path)
 
 
 def take_snapshot(bridge: TransactionalMessageBridge, path: Path,

@@ -187,9 +187,9 @@ class TransactionalMessageService:
         """Stop checking and write the snapshot (call before the store closes)."""
         await self._checker.close()
         try:
-            recovery.write_snapshot(self.bridge, self.snapshot_path, self._resolved,
-                                    [*self._pending.values(), *self._discarded.values()],
-                                    self._missing_ops, self.history)
+            await recovery.write_snapshot(self.bridge, self.snapshot_path, self._resolved,
+                                          [*self._pending.values(), *self._discarded.values()],
+                                          self._missing_ops, self.history)
         except OSError as exc:
             log.error("transaction snapshot not written (the next start replays): %s", exc)
 
