@@ -15,7 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ARCHITECTURE = REPO / "docs" / "architecture.md"
-PROTOCOL = REPO / "docs" / "protocol.md"
+PROTOCOL = REPO / "docs/protocol.md"
 #: Folders whose comments and docstrings are checked.
 SOURCE_DIRS = ("txbroker", "cli", "bench", "tests", "examples")
 
@@ -135,11 +135,11 @@ def test_protocol_md_citations_name_existing_sections() -> None:
 def test_the_checks_see_what_they_check(tmp_path: Path) -> None:
     """The parsers above find a bare or outside citation, a relative row and a full-path row."""
     src = tmp_path / "m.py"
-    src.write_text('"""See measured.md and ../shared/style.md."""\n# docs/protocol.md §1\nx = "a.md"\n')
+    src.write_text('"""See notes.md and ../elsewhere/guide.md."""\n# docs/protocol.md §1\nx = "a.md"\n')
     cited = [n for _, t in comment_texts(src) for n in _MD_CITATION.findall(t)]
-    assert cited == ["docs/protocol.md", "measured.md", "../shared/style.md"]
-    assert not (REPO / "measured.md").is_file()
-    assert not (REPO / "../shared/style.md").resolve().is_relative_to(REPO)
+    assert cited == ["docs/protocol.md", "notes.md", "../elsewhere/guide.md"]
+    assert not (REPO / "notes.md").is_file()
+    assert not (REPO / "../elsewhere/guide.md").resolve().is_relative_to(REPO)
     doc = ("| `txbroker/config.py` | x |\n## Store (`txbroker/store/`)\n| `record.py` | y |\n"
            "## Service (`txbroker/service/`)\n| `processors/send.py` | z |\n")
     assert documented_modules(doc) == {"txbroker/config.py", "txbroker/store/record.py",
