@@ -1,14 +1,39 @@
-"""End-to-end transactional throughput: ``python -m txbroker.bench.broker``.
+"""End-to-end transactional throughput and its CPU cost: ``python -m txbroker.bench.broker``.
 
 For each row a fresh ``txbroker serve`` runs in its own process (ephemeral ports, temp data dir)
-and this process is the load generator, speaking the wire protocol through RemotingClient:
-P producers, each on its own connection, loop "half send → wait for the answer → one-way
-END_TRANSACTION commit"; one consumer long-polls every queue of the topic.  A transaction
-counts when the consumer has *seen* its committed message, so the figure is end to end.
-Each row runs a bounded time (``--seconds``) and then waits (bounded) for the consumer to catch
-up; throughput = messages seen / time from first send to last message seen.
+and this process is the load generator, in one of two ways:
 
-Usage: ``python -m txbroker.bench.broker [--seconds 3] [--producers 1,64] [--flush async,sync]``
+* **raw** — the wire protocol through RemotingClient: P producers loop "half send → wait for
+  the answer → one-way END_TRANSACTION commit"; one consumer long-polls every queue of the
+  topic and only checks the framing of what it pulls.  This measures the broker.
+* **sdk** — as a user runs it: P coroutines call ``send_message_in_transaction`` on a
+  TransactionProducer whose listener commits; one Consumer drains the topic with ``poll``.
+  This measures broker and SDK together.
+
+``each`` gives every producer coroutine its own connection (raw) or its own TransactionProducer
+instance (sdk); ``shared`` puts them all on one, as producers in one client process usually are.
+
+A transaction counts when the consumer has *seen* its committed message, so the figures are
+end to end.  Each row loads for a bounded time (``--seconds``) and count (``--max-tx``), then
+waits (bounded) for the consumer to catch up.  Per row it prints committed tx/s (messages seen
+/ time from first send to last message seen), p50/p99 of one transaction as the producer sees
+it (half send to END_TRANSACTION written), the broker process's CPU µs per committed
+transaction (from ``/proc/<pid>/stat``), this load process's CPU µs per committed transaction
+(``time.process_time``: producers and consumer together), both over the same window, and the
+ratio of each to a raw uvloop echo measured in the same pass (64 connections, one request in
+flight each, from ``bench/remoting.py``): "× echo rate" is tx/s over echo round trips/s,
+"× echo CPU" is broker CPU per transaction over echo server CPU per round trip.  Throughput
+here is close to 1 / (broker + client CPU per transaction), since neither side saturates its
+core; the CPU columns are the ones to move.
+
+``--repeat N`` runs every row N times, interleaved (fresh broker each time), and prints the
+median of each figure.  ``--profile DIR`` samples the broker of every run with py-spy
+(``pip install -e '.[bench]'``) into ``DIR/<row>-<pass>.txt`` (collapsed stacks: grep them, or
+open them in speedscope or flamegraph.pl); sampling pauses the broker, so figures of a profiled
+run are for finding the cost, not for quoting.
+
+Usage: ``python -m txbroker.bench.broker [--seconds 3] [--producers 1,64] [--flush async,sync]
+[--client raw,sdk] [--connections each,shared] [--repeat 3] [--profile DIR]``
 """
 
 from __future__ import annotations
@@ -17,15 +42,27 @@ import argparse
 import asyncio
 import os
 import re
+import shutil
 import signal
+import statistics
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Self
 
+from txbroker.bench.remoting import echo_ceiling
+from txbroker.client import (
+    Consumer,
+    LocalTransactionState,
+    Message,
+    MessageExt,
+    TransactionListener,
+    TransactionProducer,
+)
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
@@ -33,22 +70,41 @@ from txbroker.store.record import MESSAGE_MAGIC
 
 TOPIC = "BenchTx"
 GROUP = "PG_BENCH"
+CONSUMER_GROUP = "CG_BENCH"
 QUEUES = 4
 READY = re.compile(rb"txbroker ready broker=(\S+) namesrv=(\S+)")
 REPO = Path(__file__).resolve().parent.parent
 _SIZE_MAGIC = struct.Struct(">iI")
+_BODY = b"x" * 200
+#: Seconds the consumer may take to catch up after the load stops, and the echo's measured time.
+DRAIN_SECONDS = 15.0
+ECHO_SECONDS = 1.0
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, from ``/proc/<pid>/stat``.
+
+    Read from outside so that measuring the broker adds no request to its load; the kernel
+    counts in clock ticks (10 ms), well below the seconds a measured window costs.
+    """
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    rest = stat[stat.rindex(")") + 2:].split()  # comm may hold spaces; fields from 3 on follow
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class BrokerProc:
+    """A ``txbroker serve`` subprocess with its own name server (the SDK finds routes there)."""
+
     def __init__(self, flush: str, data_dir: str) -> None:
         self.flush = flush
         self.data_dir = data_dir
         self.proc: subprocess.Popen | None = None
         self.addr = ""
+        self.namesrv = ""
 
     def __enter__(self) -> Self:
         cmd = [sys.executable, "-c", "from txbroker.cli.main import main; main()", "serve",
-               "--broker-port", "0", "--namesrv-port", "-1", "--data-dir", self.data_dir,
+               "--broker-port", "0", "--namesrv-port", "0", "--data-dir", self.data_dir,
                "--flush-mode", self.flush, "--default-queue-nums", str(QUEUES),
                "--segment-size", str(256 * 1024 * 1024), "--log-level", "WARNING",
                "--transaction-check-interval", "60", "--transaction-timeout", "60"]
@@ -60,11 +116,15 @@ class BrokerProc:
             m = READY.search(line)
             if m:
                 self.addr = m.group(1).decode()
+                self.namesrv = m.group(2).decode()
                 return self
             if not line and self.proc.poll() is not None:
                 break
         self.__exit__()
         raise RuntimeError(f"broker did not start: {line!r}")
+
+    def cpu(self) -> float:
+        return proc_cpu_seconds(self.proc.pid)
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -76,7 +136,69 @@ class BrokerProc:
                 self.proc.wait()
 
 
-_BODY = b"x" * 200
+class Profiler:
+    """py-spy sampling one process into a collapsed-stack file until :meth:`stop`."""
+
+    def __init__(self, pid: int, out: Path) -> None:
+        exe = Path(sys.executable).with_name("py-spy")
+        spy = str(exe) if exe.exists() else shutil.which("py-spy")
+        if spy is None:
+            raise RuntimeError("--profile needs py-spy: pip install -e '.[bench]'")
+        self.out = out
+        self.proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "200",
+                                      "--format", "raw", "--output", str(out)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def stop(self) -> None:
+        """SIGINT makes py-spy write what it sampled; wait (bounded) for the file."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            _, err = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError("py-spy did not finish writing its profile") from None
+        if not self.out.exists():
+            raise RuntimeError(f"py-spy wrote no profile: {err.decode(errors='replace')[-500:]}")
+
+
+@dataclass
+class Tally:
+    """What the producers and the consumer of one row have done so far."""
+
+    max_tx: int
+    started: int = 0
+    sent: int = 0
+    seen: int = 0
+    last_seen: float = 0.0
+    pulls: int = 0
+    latencies: list[float] = field(default_factory=list)
+
+    def may_start(self, stop_at: float) -> bool:
+        """The bound on every load loop: time and count."""
+        if self.started >= self.max_tx or asyncio.get_running_loop().time() >= stop_at:
+            return False
+        self.started += 1
+        return True
+
+
+@dataclass
+class Result:
+    """One run of one row; every field is a figure the table prints (medians over runs)."""
+
+    sent: float
+    seen: float
+    seconds: float
+    tps: float
+    p50_ms: float
+    p99_ms: float
+    broker_us: float
+    client_us: float
+    echo_rate: float
+    echo_cpu: float
+
+
+# --- raw load: RemotingClient ------------------------------------------------------------------
 
 
 def _half(producer: int, seq: int, born: str) -> tuple[RemotingCommand, str]:
@@ -90,30 +212,11 @@ def _half(producer: int, seq: int, born: str) -> tuple[RemotingCommand, str]:
     }, _BODY), uniq
 
 
-async def _producer(client: RemotingClient, idx: int, stop_at: float, sent: list[int]) -> None:
-    loop = asyncio.get_running_loop()
-    seq = 0
-    while loop.time() < stop_at:
-        cmd, uniq = _half(idx, seq, str(int(time.time() * 1000)))
-        resp = await client.invoke(cmd, 10.0)
-        if resp.code != ResponseCode.SUCCESS:
-            raise RuntimeError(f"half send failed: {resp.code} {resp.remark}")
-        ext = resp.ext_fields
-        offset = int(ext["msgId"][16:], 16)  # offsetMsgId = ip(4) port(4) offset(8), hex
-        await client.invoke_oneway(RemotingCommand.request(RequestCode.END_TRANSACTION, {
-            "producerGroup": GROUP, "tranStateTableOffset": ext["queueOffset"],
-            "commitLogOffset": str(offset), "commitOrRollback": "8",
-            "fromTransactionCheck": "false", "msgId": uniq, "transactionId": uniq,
-        }, oneway=True))
-        seq += 1
-        sent[0] += 1
-
-
 def count_records(body: bytes) -> int:
     """Records in a PULL body, walked by their TOTALSIZE and checked by magic code.
 
-    The load generator must stay cheap (it shares this 2-core machine with the broker), so it
-    validates framing instead of decoding every field.
+    The raw load generator must stay cheap (it shares this 2-core machine with the broker), so
+    it validates framing instead of decoding every field.
     """
     n = pos = 0
     end = len(body)
@@ -128,118 +231,295 @@ def count_records(body: bytes) -> int:
     return n
 
 
-async def _consumer(addr: str, seen: list, done: asyncio.Event) -> None:
-    client = RemotingClient(addr)
-    await client.connect()
-    loop = asyncio.get_running_loop()
+class RawLoad:
+    """Producers on RemotingClient connections and one raw long-polling consumer."""
 
-    async def one_queue(qid: int) -> None:
-        offset = 0
-        while not done.is_set():
-            cmd = RemotingCommand.request(RequestCode.PULL_MESSAGE, {
-                "consumerGroup": "CG_BENCH", "topic": TOPIC, "queueId": str(qid),
-                "queueOffset": str(offset), "maxMsgNums": "512", "sysFlag": "6",
-                "commitOffset": "-1", "suspendTimeoutMillis": "1000", "subscription": "*",
-                "subVersion": "0"})
-            resp = await client.invoke(cmd, 5.0)
-            if resp.code == ResponseCode.SUCCESS:
-                seen[0] += count_records(resp.body)
-                seen[1] = loop.time()
-                seen[2] += 1
-            if resp.code in (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND,
-                             ResponseCode.PULL_RETRY_IMMEDIATELY, ResponseCode.PULL_OFFSET_MOVED):
-                offset = int(resp.ext_fields.get("nextBeginOffset", offset))
-            else:
-                await asyncio.sleep(0.05)
+    def __init__(self, broker: BrokerProc, producers: int, shared: bool, tally: Tally) -> None:
+        self.broker, self.tally = broker, tally
+        self.clients = [RemotingClient(broker.addr) for _ in range(1 if shared else producers)]
+        self.done = asyncio.Event()
+        self.consumer: asyncio.Task | None = None
 
-    try:
-        await asyncio.gather(*(one_queue(q) for q in range(QUEUES)))
-    finally:
-        await client.close()
+    async def start(self) -> None:
+        for client in self.clients:
+            await client.connect()
+        self.consumer = asyncio.create_task(self._consume())
 
+    async def produce(self, idx: int, stop_at: float) -> None:
+        client = self.clients[idx % len(self.clients)]
+        tally = self.tally
+        seq = 0
+        while tally.may_start(stop_at):
+            t0 = time.perf_counter()
+            cmd, uniq = _half(idx, seq, str(int(time.time() * 1000)))
+            resp = await client.invoke(cmd, 10.0)
+            if resp.code != ResponseCode.SUCCESS:
+                raise RuntimeError(f"half send failed: {resp.code} {resp.remark}")
+            ext = resp.ext_fields
+            offset = int(ext["msgId"][16:], 16)  # offsetMsgId = ip(4) port(4) offset(8), hex
+            await client.invoke_oneway(RemotingCommand.request(RequestCode.END_TRANSACTION, {
+                "producerGroup": GROUP, "tranStateTableOffset": ext["queueOffset"],
+                "commitLogOffset": str(offset), "commitOrRollback": "8",
+                "fromTransactionCheck": "false", "msgId": uniq, "transactionId": uniq,
+            }, oneway=True))
+            tally.latencies.append(time.perf_counter() - t0)
+            seq += 1
+            tally.sent += 1
 
-async def run_row(addr: str, producers: int, seconds: float, connections: int) -> dict:
-    loop = asyncio.get_running_loop()
-    # Create the topic first so the consumer's pulls find it.
-    warm = RemotingClient(addr)
-    await warm.connect()
-    await warm.invoke(RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
-        "topic": TOPIC, "readQueueNums": str(QUEUES), "writeQueueNums": str(QUEUES), "perm": "6"}), 10)
-    await warm.close()
-    seen = [0, 0.0, 0]  # messages, time of the last one, pull responses with messages
-    sent = [0]
-    done = asyncio.Event()
-    consumer = asyncio.create_task(_consumer(addr, seen, done))
-    start = loop.time()
-    stop_at = start + seconds
-    clients = [RemotingClient(addr) for _ in range(min(connections, producers))]
-    for client in clients:
+    async def _consume(self) -> None:
+        client = RemotingClient(self.broker.addr)
         await client.connect()
-    try:
-        await asyncio.gather(*(_producer(clients[i % len(clients)], i, stop_at, sent)
-                               for i in range(producers)))
-    finally:
-        for client in clients:
+        loop = asyncio.get_running_loop()
+        tally = self.tally
+
+        async def one_queue(qid: int) -> None:
+            offset = 0
+            while not self.done.is_set():
+                cmd = RemotingCommand.request(RequestCode.PULL_MESSAGE, {
+                    "consumerGroup": CONSUMER_GROUP, "topic": TOPIC, "queueId": str(qid),
+                    "queueOffset": str(offset), "maxMsgNums": "512", "sysFlag": "6",
+                    "commitOffset": "-1", "suspendTimeoutMillis": "1000", "subscription": "*",
+                    "subVersion": "0"})
+                resp = await client.invoke(cmd, 5.0)
+                if resp.code == ResponseCode.SUCCESS:
+                    tally.seen += count_records(resp.body)
+                    tally.last_seen = loop.time()
+                    tally.pulls += 1
+                if resp.code in (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND,
+                                 ResponseCode.PULL_RETRY_IMMEDIATELY, ResponseCode.PULL_OFFSET_MOVED):
+                    offset = int(resp.ext_fields.get("nextBeginOffset", offset))
+                else:
+                    await asyncio.sleep(0.05)
+
+        try:
+            await asyncio.gather(*(one_queue(q) for q in range(QUEUES)))
+        finally:
             await client.close()
-    deadline = loop.time() + 15
-    while seen[0] < sent[0] and loop.time() < deadline:
-        await asyncio.sleep(0.02)
-    done.set()
-    await asyncio.wait_for(consumer, 10)
-    elapsed = (seen[1] or loop.time()) - start
-    return {"sent": sent[0], "seen": seen[0], "seconds": elapsed, "pulls": seen[2],
-            "tps": seen[0] / elapsed if elapsed > 0 else 0.0}
+
+    async def close(self) -> None:
+        self.done.set()
+        try:
+            if self.consumer is not None:
+                await asyncio.wait_for(self.consumer, 10)
+        finally:
+            for client in self.clients:
+                await client.close()
 
 
-def main() -> None:
+# --- sdk load: TransactionProducer + Consumer --------------------------------------------------
+
+
+class _Commit(TransactionListener):
+    """Commits every transaction: the row measures the messaging, not a local database."""
+
+    def execute_local_transaction(self, msg: MessageExt, arg: object) -> LocalTransactionState:
+        return LocalTransactionState.COMMIT_MESSAGE
+
+    def check_local_transaction(self, msg: MessageExt) -> LocalTransactionState:
+        return LocalTransactionState.COMMIT_MESSAGE
+
+
+class SdkLoad:
+    """TransactionProducer instances (one per coroutine or one shared) and one Consumer."""
+
+    def __init__(self, broker: BrokerProc, producers: int, shared: bool, tally: Tally) -> None:
+        self.tally = tally
+        listener = _Commit()
+        self.producers = [TransactionProducer(GROUP, broker.namesrv, listener=listener)
+                          for _ in range(1 if shared else producers)]
+        # A short long-poll so that shutdown after the row does not wait out the default 15 s.
+        self.consumer = Consumer(CONSUMER_GROUP, broker.namesrv, from_where="first",
+                                 long_poll_timeout=1.0)
+        self.consumer.subscribe(TOPIC)
+        self.done = asyncio.Event()
+        self.draining: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        for producer in self.producers:
+            await producer.start()
+        self.draining = asyncio.create_task(self._drain())
+
+    async def produce(self, idx: int, stop_at: float) -> None:
+        producer = self.producers[idx % len(self.producers)]
+        tally = self.tally
+        while tally.may_start(stop_at):
+            t0 = time.perf_counter()
+            result = await producer.send_message_in_transaction(Message(TOPIC, _BODY, tags="bench"))
+            if result.local_transaction_state != LocalTransactionState.COMMIT_MESSAGE:
+                raise RuntimeError(f"transaction not committed: {result}")
+            tally.latencies.append(time.perf_counter() - t0)
+            tally.sent += 1
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        tally = self.tally
+        while not self.done.is_set():
+            if await self.consumer.poll(0.2) is not None:
+                tally.seen += 1
+                tally.last_seen = loop.time()
+
+    async def close(self) -> None:
+        self.done.set()
+        try:
+            if self.draining is not None:
+                await asyncio.wait_for(self.draining, 10)
+        finally:
+            for producer in self.producers:
+                await producer.shutdown()
+            await self.consumer.shutdown()
+
+
+# --- one row -----------------------------------------------------------------------------------
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+async def _create_topic(addr: str) -> None:
+    """Created up front, so that the consumer's first pulls and routes find it."""
+    admin = RemotingClient(addr)
+    await admin.connect()
+    try:
+        resp = await admin.invoke(RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
+            "topic": TOPIC, "readQueueNums": str(QUEUES), "writeQueueNums": str(QUEUES),
+            "perm": "6"}), 10)
+        if resp.code != ResponseCode.SUCCESS:
+            raise RuntimeError(f"topic not created: {resp.code} {resp.remark}")
+    finally:
+        await admin.close()
+
+
+async def run_row(broker: BrokerProc, client: str, producers: int, shared: bool, seconds: float,
+                  max_tx: int, echo: tuple[float, float]) -> Result:
+    """Load ``broker`` for one row and measure it; ``echo`` is (round trips/s, CPU µs per round
+    trip) of the raw echo of the same pass.  Connections, instances and the consumer are set
+    up before the measured window opens and closed after it ends."""
+    loop = asyncio.get_running_loop()
+    await _create_topic(broker.addr)
+    tally = Tally(max_tx)
+    load = (RawLoad if client == "raw" else SdkLoad)(broker, producers, shared, tally)
+    await load.start()
+    try:
+        broker0, client0 = broker.cpu(), time.process_time()
+        start = loop.time()
+        stop_at = start + seconds
+        await asyncio.gather(*(load.produce(i, stop_at) for i in range(producers)))
+        deadline = loop.time() + DRAIN_SECONDS
+        while tally.seen < tally.sent and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        client1, broker1 = time.process_time(), broker.cpu()
+    finally:
+        await load.close()
+    elapsed = (tally.last_seen or loop.time()) - start
+    committed = max(tally.seen, 1)
+    latencies = sorted(tally.latencies)
+    tps = tally.seen / elapsed if elapsed > 0 else 0.0
+    broker_us = (broker1 - broker0) * 1e6 / committed
+    return Result(sent=tally.sent, seen=tally.seen, seconds=elapsed, tps=tps,
+                  p50_ms=_percentile(latencies, 0.50) * 1e3, p99_ms=_percentile(latencies, 0.99) * 1e3,
+                  broker_us=broker_us, client_us=(client1 - client0) * 1e6 / committed,
+                  echo_rate=tps / echo[0], echo_cpu=broker_us / echo[1])
+
+
+# --- driver ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    flush: str
+    client: str
+    producers: int
+    sharing: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.flush}-{self.client}-{self.producers}-{self.sharing}"
+
+
+def rows_of(args: argparse.Namespace) -> list[Row]:
+    rows = []
+    sharings = args.connections.split(",")
+    for flush in args.flush.split(","):
+        for client in args.client.split(","):
+            for producers in (int(p) for p in args.producers.split(",")):
+                for sharing in sharings:
+                    if producers == 1 and sharing != sharings[0]:
+                        continue  # one producer: each and shared are the same
+                    rows.append(Row(flush, client, producers, sharing))
+    return rows
+
+
+def median_result(results: list[Result]) -> Result:
+    return Result(**{f.name: statistics.median(getattr(r, f.name) for r in results)
+                     for f in fields(Result)})
+
+
+HEADER = (f"{'flush':<6} {'client':<6} {'producers':>9} {'sharing':<7} {'committed':>10} "
+          f"{'tx/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'broker µs/tx':>12} {'client µs/tx':>12} "
+          f"{'× echo rate':>11} {'× echo CPU':>10}")
+
+
+def format_row(row: Row, r: Result) -> str:
+    return (f"{row.flush:<6} {row.client:<6} {row.producers:>9} {row.sharing:<7} {r.seen:>10,.0f} "
+            f"{r.tps:>8,.0f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} {r.broker_us:>12.1f} "
+            f"{r.client_us:>12.1f} {r.echo_rate:>11.3f} {r.echo_cpu:>10.1f}")
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--seconds", type=float, default=3.0, help="load time per row and pass")
+    ap.add_argument("--max-tx", type=int, default=200_000,
+                    help="transactions per row and pass at most (bounds a fast run)")
     ap.add_argument("--producers", default="1,64")
     ap.add_argument("--flush", default="async,sync")
+    ap.add_argument("--client", default="raw,sdk",
+                    help="raw: RemotingClient frames; sdk: TransactionProducer + Consumer")
     ap.add_argument("--connections", default="each,shared",
-                    help="each: one connection per producer; shared: all producers share one "
-                         "connection, as producers in one RocketMQ client process do")
-    ap.add_argument("--broker", default="",
-                    help="drive an already running broker at HOST:PORT (for profiling) instead")
-    args = ap.parse_args()
-    try:
-        import uvloop
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:
-        runner = asyncio.Runner()
-    rows = []
-    if args.broker:
-        with runner:
-            for producers in (int(p) for p in args.producers.split(",")):
-                for mode in args.connections.split(","):
-                    conns = producers if mode == "each" else 1
-                    r = runner.run(run_row(args.broker, producers, args.seconds, conns))
-                    rows.append(("given", producers, mode, r))
-        _print(rows)
-        return
-    with runner:
-        for flush in args.flush.split(","):
-            for producers in (int(p) for p in args.producers.split(",")):
-                for mode in args.connections.split(","):
-                    if producers == 1 and mode != args.connections.split(",")[0]:
-                        continue  # one producer: both modes are the same
-                    conns = producers if mode == "each" else 1
-                    with tempfile.TemporaryDirectory(prefix="txbroker-bench-") as d, \
-                            BrokerProc(flush, d) as b:
-                        r = runner.run(run_row(b.addr, producers, args.seconds, conns))
-                    rows.append((flush, producers, mode, r))
-                    print(f"  {flush:5} {producers:3} producers ({mode} connection): "
-                          f"{r['tps']:,.0f} tx/s", file=sys.stderr)
-    _print(rows)
+                    help="each: one connection (raw) or TransactionProducer (sdk) per producer "
+                         "coroutine; shared: one for all, as in one client process")
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved passes; medians printed")
+    ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                    help="sample the broker of every run with py-spy into DIR")
+    args = ap.parse_args(argv)
+    import uvloop
 
-
-def _print(rows: list) -> None:
-    print(f"{'flush':<6} {'producers':>9} {'connections':>11} {'committed tx':>13} {'seen':>8} {'seconds':>8} {'tx/s':>9} {'msgs/pull':>9}")
-    for flush, producers, mode, r in rows:
-        conns = producers if mode == "each" else 1
-        print(f"{flush:<6} {producers:>9} {conns:>11} {r['sent']:>13,} {r['seen']:>8,} {r['seconds']:>8.2f} "
-              f"{r['tps']:>9,.0f} {r['seen'] / max(r['pulls'], 1):>9.1f}")
-    if any(r["seen"] != r["sent"] for *_, r in rows):
+    rows = rows_of(args)
+    results: dict[Row, list[Result]] = {row: [] for row in rows}
+    echoes: list[tuple[float, float]] = []
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        for rep in range(max(1, args.repeat)):
+            echo = runner.run(echo_ceiling(64, 1, ECHO_SECONDS))
+            echoes.append(echo)
+            print(f"pass {rep + 1}: raw echo {echo[0]:,.0f} round trips/s, {echo[1]:.1f} µs CPU "
+                  "per round trip", file=sys.stderr)
+            for row in rows:
+                with tempfile.TemporaryDirectory(prefix="txbroker-bench-") as d, \
+                        BrokerProc(row.flush, d) as broker:
+                    spy = (Profiler(broker.proc.pid, args.profile / f"{row.label}-{rep + 1}.txt")
+                           if args.profile is not None else None)
+                    try:
+                        r = runner.run(run_row(broker, row.client, row.producers,
+                                               row.sharing == "shared", args.seconds,
+                                               args.max_tx, echo))
+                    finally:
+                        if spy is not None:
+                            spy.stop()
+                results[row].append(r)
+                print(f"  {format_row(row, r)}", file=sys.stderr)
+    print(f"raw echo, 64 connections (median of {len(echoes)}): "
+          f"{statistics.median(e[0] for e in echoes):,.0f} round trips/s, "
+          f"{statistics.median(e[1] for e in echoes):.1f} µs server CPU per round trip")
+    print(f"median of {len(echoes)} passes, {args.seconds:g} s of load per row and pass")
+    print(HEADER)
+    for row in rows:
+        print(format_row(row, median_result(results[row])))
+    if any(r.seen != r.sent for rs in results.values() for r in rs):
         print("WARNING: the consumer did not see every committed transaction", file=sys.stderr)
         sys.exit(1)
 

@@ -133,9 +133,14 @@ async def _measure(stats: dict, seconds: float) -> float:
     return (n1 - n0) / (t1 - t0)
 
 
-async def raw_load(port: int, frame: bytes, conns: int, depth: int, seconds: float) -> float:
+async def raw_load(port: int, frame: bytes, conns: int, depth: int, seconds: float,
+                   stats: dict | None = None) -> float:
+    """Round trips/s over ``seconds`` after the warm-up.  ``stats["n"]``, when the caller passes
+    ``stats``, counts every answer, warm-up included, to divide the server's CPU time by."""
     loop = asyncio.get_running_loop()
-    stats = {"n": 0, "run": True}
+    if stats is None:
+        stats = {}
+    stats.update(n=0, run=True)
     transports = []
     for _ in range(conns):
         t, _p = await loop.create_connection(lambda: _RawLoad(frame, depth, stats), "127.0.0.1", port)
@@ -144,6 +149,25 @@ async def raw_load(port: int, frame: bytes, conns: int, depth: int, seconds: flo
     for t in transports:
         t.close()
     return rate
+
+
+async def echo_ceiling(conns: int, depth: int, seconds: float, body_size: int = 256) -> tuple[float, float]:
+    """The raw echo's round trips/s and its CPU µs per round trip, in a fresh echo process.
+
+    For benchmarks that quote their figures against the ceiling measured in the same run
+    (``bench/broker.py``), since this shared machine's absolute rates move between runs.
+    """
+    frame = encode(RemotingCommand.request(CODE, {"topic": "BenchTopic", "queueId": "0"},
+                                           os.urandom(body_size)))
+    echo = _ServerProcess("echo")
+    try:
+        stats: dict = {}
+        cpu0 = echo.cpu()
+        rate = await raw_load(echo.port, frame, conns, depth, seconds, stats)
+        cpu_us = (echo.cpu() - cpu0) * 1e6 / max(stats["n"], 1)
+    finally:
+        echo.stop()
+    return rate, cpu_us
 
 
 async def client_load(port: int, body: bytes, conns: int, depth: int, seconds: float) -> float:
