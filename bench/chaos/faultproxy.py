@@ -72,11 +72,6 @@ class FaultProxy:
         if self._server is not None:
             await self._server.wait_closed()
 
-    def cut_all(self) -> None:
-        """Close every proxied connection now (a network partition healing at once)."""
-        for w in list(self._writers):
-            w.close()
-
     async def _accept(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
         self.stats.connections += 1
         try:

@@ -46,16 +46,6 @@ BeforeRequest = Callable[["Connection", RemotingCommand], None]
 DisconnectCallback = Callable[["Connection"], Any]
 
 
-def install_uvloop() -> bool:
-    """Make uvloop the event loop policy when it is installed; returns whether it is."""
-    try:
-        import uvloop
-    except ImportError:
-        return False
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    return True
-
-
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """A uvloop loop when available, else the default asyncio loop (for ``asyncio.Runner``)."""
     try:

@@ -76,13 +76,6 @@ class CommitLog:
         """One past the last byte written."""
         return self.segments[-1].end if self.segments else 0
 
-    @property
-    def flushed_offset(self) -> int:
-        for seg in reversed(self.segments):
-            if seg.flushed:
-                return seg.start + seg.flushed
-        return self.min_offset
-
     def set_end(self, end: int) -> int:
         """Recovery: everything at or past ``end`` is not data — zeroed, and segments that start
         past it deleted.  Returns how many bytes of data were cut."""

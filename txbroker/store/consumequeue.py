@@ -166,11 +166,6 @@ class ConsumeQueue:
         self._tail_first = self._tail.start // ENTRY_SIZE if self._tail else 0
         return dropped
 
-    def last_phys_end(self) -> int:
-        """Commitlog offset just past the last indexed record (0 when empty)."""
-        entry = self.get(self.max_offset - 1)
-        return entry[0] + entry[1] if entry else 0
-
     def delete_below(self, min_phys: int) -> list[MappedSegment]:
         """Retention: forget entries whose records lie before ``min_phys``.  Returns the files
         that no longer hold a live entry, already out of :attr:`files`; the caller destroys them

@@ -134,10 +134,6 @@ class Message:
     def uniq_key(self) -> str | None:
         return self.properties.get(PROPERTY_UNIQ_KEY)
 
-    @property
-    def transaction_value(self) -> int:
-        return self.sys_flag & TRANSACTION_MASK
-
 
 @dataclass
 class StoredMessage(Message):
@@ -263,13 +259,6 @@ def encode_record(
 
 def record_size(body_len: int, topic_len: int, properties_len: int) -> int:
     return _HEADER_SIZE + 4 + body_len + 1 + topic_len + 2 + properties_len
-
-
-def peek_size_magic(buf: bytes | memoryview, pos: int = 0) -> tuple[int, int]:
-    """TOTALSIZE and MAGIC at ``pos`` without decoding the rest (recovery walks with this)."""
-    if len(buf) - pos < 8:
-        raise RecordError("fewer than 8 bytes left for a record header")
-    return _I32.unpack_from(buf, pos)[0], _U32.unpack_from(buf, pos + 4)[0]
 
 
 def decode_record(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = False) -> StoredMessage:
