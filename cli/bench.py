@@ -23,7 +23,7 @@ from txbroker.bench.trace.spec import (
     TraceMeta,
     parse_mix,
 )
-from txbroker.cli.common import CommandError
+from txbroker.cli.common import CommandError, command_name
 
 
 def _spark_options(log_default: str):
@@ -53,8 +53,7 @@ def _errors(fn):
         except OSError as exc:  # a work dir, trace or results path the machine refuses
             where = f": {exc.filename}" if exc.filename else ""
             why = f"{exc.strerror}{where}" if exc.strerror else str(exc)
-            ctx = click.get_current_context(silent=True)
-            raise CommandError(ctx.command_path.partition(" ")[2] if ctx else "bench", None, why) from None
+            raise CommandError(command_name(click.get_current_context(silent=True)), None, why) from None
     return wrapper
 
 

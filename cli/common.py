@@ -113,10 +113,10 @@ def _one_line(exc: click.ClickException) -> click.ClickException:
     if isinstance(exc, click.UsageError):
         return _UsageLine(exc.format_message(), exc.ctx)
     ctx = click.get_current_context(silent=True)
-    return CommandError(_command_name(ctx), None, exc.format_message())
+    return CommandError(command_name(ctx), None, exc.format_message())
 
 
-def _command_name(ctx: click.Context | None) -> str:
+def command_name(ctx: click.Context | None) -> str:
     """``topic list`` for ``txbroker topic list``: the command path without the program."""
     if ctx is None:
         return "txbroker"
@@ -166,7 +166,7 @@ def run(make: Callable[[], Awaitable[T]], what: str | None = None, address: str 
     """
     ctx = click.get_current_context(silent=True)
     if what is None:
-        what = _command_name(ctx)
+        what = command_name(ctx)
     if address is None and ctx is not None:
         address = ctx.params.get("namesrv")
     result: dict[str, object] = {}
