@@ -42,10 +42,9 @@ CHILD = textwrap.dedent("""
     from txbroker.service.transaction.bridge import TransactionalMessageBridge
 
     class CrashAfterFinalMessage(TransactionalMessageBridge):
-        async def put_final(self, final):
-            result = await super().put_final(final)
+        async def put_commit(self, final, op):
+            await self.store.put(final)
             os.kill(os.getpid(), signal.SIGKILL)
-            return result
 
     async def main():
         node = await open_node(tx_config(sys.argv[1]), ManualClock(), bridge=CrashAfterFinalMessage)

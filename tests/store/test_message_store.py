@@ -58,6 +58,19 @@ async def test_put_get_and_queue_offsets(tmp_path):
     await store.close()
 
 
+@pytest.mark.parametrize("mode", ["async", "sync"])
+async def test_put_chain_stops_at_the_first_refusal(tmp_path, mode):
+    """A commit's op record must never be stored without its final message before it."""
+    store = await opened(cfg(tmp_path, flush_mode=mode))
+    ok = await store.put_chain([Message("T", 0, b"first"), Message("T", 0, b"second")])
+    assert [r.status for r in ok] == [PutStatus.OK, PutStatus.OK]
+    assert ok[1].physical_offset == ok[0].physical_offset + ok[0].size
+    refused = await store.put_chain([Message("", 0, b"no topic"), Message("T", 0, b"orphan")])
+    assert [r.status for r in refused] == [PutStatus.MESSAGE_ILLEGAL]
+    assert [m.body for m in store.get("T", 0, 0, 10).messages()] == [b"first", b"second"]
+    await store.close()
+
+
 async def test_get_statuses(tmp_path):
     store = await opened(cfg(tmp_path))
     assert store.get("none", 0, 0, 1).status is GetStatus.NO_MATCHED_LOGIC_QUEUE

@@ -278,6 +278,20 @@ class MessageStore:
         await self._await_flush(results)
         return results
 
+    async def put_chain(self, msgs: list[Message]) -> list[PutResult]:
+        """Append in order while the store accepts, then wait for one flush covering them
+        (sync mode).  The results stop at the first refusal (which is the last result): a
+        record that must not exist without the one before it (a commit's op record after its
+        final message) is never written alone."""
+        results = []
+        for m in msgs:
+            result = self._appender.append(m)
+            results.append(result)
+            if result.status is not PutStatus.OK:
+                break
+        await self._await_flush(results)
+        return results
+
     def add_listener(self, fn: Callable[[str, int, int], None]) -> None:
         """``fn(topic, queue_id, new_max_offset)`` after each indexed append (long polling)."""
         self._appender.listeners.append(fn)

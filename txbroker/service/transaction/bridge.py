@@ -3,7 +3,7 @@ every put and read of halves, op records, discard copies and final messages goes
 :class:`TransactionalMessageBridge`.
 
 Keeping the I/O in one class gives tests one seam: a crash test passes in a subclass whose
-``put_final`` stops the process after the final message is stored, which is how a broker dies
+``put_commit`` stops the process after the final message is stored, which is how a broker dies
 between a commit's two writes.
 """
 
@@ -57,22 +57,29 @@ class TransactionalMessageBridge:
     async def put_half(self, half: Message) -> PutResult:
         return await self.store.put(half)
 
-    async def put_final(self, final: Message) -> PutResult:
-        """The committed message; its op record is written after it (see service.py)."""
-        return await self.store.put(final)
+    async def put_commit(self, final: Message, op: Message) -> tuple[PutResult, PutResult | None]:
+        """A commit's two records: the final message, then (only if it was stored) its op
+        record, appended together and covered by one flush wait.  The op is None when the
+        final was refused.  Recovery handles a crash between the two (see service.py)."""
+        results = await self.store.put_chain([final, op])
+        return results[0], results[1] if len(results) > 1 else None
 
     async def put_discard(self, copy: Message) -> PutResult:
         return await self.store.put(copy)
 
-    async def put_op(self, tag: str, body: str, extra: dict[str, str], *,
-                     born_ms: int | None = None) -> PutResult:
-        """Append an op record; a ``d`` record is born at its decision's time, which a
-        replay reads back as the decision time."""
+    def op_message(self, tag: str, body: str, extra: dict[str, str], *,
+                   born_ms: int | None = None) -> Message:
+        """An op record; a ``d`` record is born at its decision's time, which a replay reads
+        back as the decision time."""
         props = {PROPERTY_TAGS: tag, PROPERTY_UNIQ_KEY: f"{self._id_prefix}{next(self._ids):016X}",
                  **extra}
         born = int(self.clock() * 1000) if born_ms is None else born_ms
-        return await self.store.put(Message(topic=OP_HALF_TOPIC, queue_id=0, body=body.encode(),
-                                            properties=props, born_timestamp=born))
+        return Message(topic=OP_HALF_TOPIC, queue_id=0, body=body.encode(), properties=props,
+                       born_timestamp=born)
+
+    async def put_op(self, tag: str, body: str, extra: dict[str, str], *,
+                     born_ms: int | None = None) -> PutResult:
+        return await self.store.put(self.op_message(tag, body, extra, born_ms=born_ms))
 
     def write_refusal(self) -> str:
         """Why the store refuses writes now ("" if it accepts them)."""

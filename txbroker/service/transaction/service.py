@@ -39,12 +39,10 @@ log, the messages, the store I/O, recovery and the check service.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,6 +60,7 @@ from txbroker.service.transaction.index import (
     entry_from,
     immunity_ms,
 )
+from txbroker.service.transaction.locks import KeyedLock
 from txbroker.service.transaction.messages import (
     discard_copy,
     final_message,
@@ -132,8 +131,8 @@ class TransactionalMessageService:
         #: ``_RECENT_HALF_BYTES`` of bodies: only a cache, the store stays the truth.
         self._recent: OrderedDict[int, Message] = OrderedDict()
         self._recent_bytes = 0
-        #: Per-half locks while a decision is being written: [lock, users].
-        self._locks: dict[int, list] = {}
+        #: Per-half locks while a decision is being written.
+        self._locks = KeyedLock()
         #: Halves recovered as committed whose ``d`` record was missing; written by start().
         self._missing_ops: list[tuple[int, int]] = []
         self._checker = CheckService(self, config)
@@ -362,7 +361,7 @@ class TransactionalMessageService:
             self.metrics.unknown_ends.inc()
             return None
         decision = Decision.COMMIT if kind == "commit" else Decision.ROLLBACK
-        async with self._locked(commit_log_offset):
+        async with self._locks.hold(commit_log_offset):
             state = self._validate_end(commit_log_offset, tran_state_table_offset, producer_group)
             return await self._apply(commit_log_offset, state, decision,
                                      source="check" if from_check else "producer")
@@ -404,7 +403,7 @@ class TransactionalMessageService:
         log.warning("operator %r from %s decides %s on transaction %s (half %d) at %s%s",
                     operator, peer or "?", dec.value, txn_id, phys, when,
                     f": {reason}" if reason else "")
-        async with self._locked(phys):
+        async with self._locks.hold(phys):
             state = self.state_of(phys)
             if dec is Decision.RESUME:
                 outcome = await self._resume(phys, state, operator, txn_id)
@@ -438,15 +437,17 @@ class TransactionalMessageService:
             if half is None:
                 raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                        "Find prepared transaction message failed")
-            result = await self.bridge.put_final(final_message(half, phys, entry.store_ts))
+            result, op = await self.bridge.put_commit(
+                final_message(half, phys, entry.store_ts),
+                self.bridge.op_message(OP_TAG_DONE, str(entry.queue_offset), extra,
+                                       born_ms=decided.decided_at))
             if not result.ok:
                 raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                        f"commit failed, the store refused the message: "
                                        f"{result.status.name} {result.reason}".strip())
-            # The final message is durable: the half is committed whatever happens to the op.
+            # The final message is stored: the half is committed whatever happened to the op.
             self._settle(entry, decided)
-            op = await self.bridge.put_op(OP_TAG_DONE, str(entry.queue_offset), extra,
-                                          born_ms=decided.decided_at)
+            assert op is not None  # attempted whenever the final message was stored
             if not op.ok:
                 self._missing_ops.append((phys, entry.queue_offset))
                 log.error("op record of committed half %d not written (%s); it is rewritten at "
@@ -477,7 +478,7 @@ class TransactionalMessageService:
     # --- discard / resume / check counts (used by the check service) -----------------------
     async def discard(self, entry: HalfEntry) -> bool:
         """Move a half checked ``transaction_check_max`` times to TRANS_CHECK_MAX_TIME_TOPIC."""
-        async with self._locked(entry.phys):
+        async with self._locks.hold(entry.phys):
             outcome, target = decide(self.state_of(entry.phys), Decision.DISCARD)
             if outcome is not Outcome.APPLY:
                 return False
@@ -566,21 +567,6 @@ class TransactionalMessageService:
         return phys in self._locks
 
     # --- helpers ---------------------------------------------------------------------------
-    @asynccontextmanager
-    async def _locked(self, phys: int) -> AsyncIterator[None]:
-        """Serialise decisions per half; the lock lives only while someone holds or waits."""
-        slot = self._locks.get(phys)
-        if slot is None:
-            slot = self._locks[phys] = [asyncio.Lock(), 0]
-        slot[1] += 1
-        try:
-            async with slot[0]:
-                yield
-        finally:
-            slot[1] -= 1
-            if slot[1] == 0:
-                del self._locks[phys]
-
     def _default_immunity_ms(self) -> int:
         return int(self.config.transaction_timeout * 1000)
 
