@@ -1,5 +1,8 @@
 """Broker metrics: Prometheus counters, gauges and one histogram, per broker instance.
 
+The transaction counters and the histogram are loop metrics
+(:mod:`txbroker.service.loop_metrics`: a plain add, no lock); gauges are prometheus_client's.
+
 Each :class:`BrokerMetrics` owns its own ``CollectorRegistry`` (never prometheus_client's
 global one): tests and benchmarks run several brokers in one process, and a global registry
 would either refuse the second broker's metrics or mix the two.
@@ -14,13 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+from txbroker.service.loop_metrics import LoopCollector
 
 #: Half-to-decision latency buckets (seconds): from an immediate commit to hours of check-backs.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900,
@@ -32,46 +31,39 @@ class BrokerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r, ns = self.registry, NAMESPACE
-        # --- transactions -------------------------------------------------------------------
-        self.halves = Counter("tx_halves", "Half messages stored", namespace=ns, registry=r)
-        self.retried_halves = Counter("tx_retried_halves",
+        # --- transactions: updated on the event loop, several per transaction -------------
+        loop = LoopCollector()
+        counter, histogram = loop.counter, loop.histogram
+        self.halves = counter("tx_halves", "Half messages stored")
+        self.retried_halves = counter("tx_retried_halves",
                                       "Half sends answered with the pending half of the same "
-                                      "UNIQ_KEY (a retry whose first answer was lost)",
-                                      namespace=ns, registry=r)
-        self.commits = Counter("tx_commits", "Half messages committed (final message written)",
-                               ["source"], namespace=ns, registry=r)
-        self.rollbacks = Counter("tx_rollbacks", "Half messages rolled back", ["source"],
-                                 namespace=ns, registry=r)
-        self.unknown_ends = Counter("tx_unknown_ends", "END_TRANSACTION with state unknown",
-                                    namespace=ns, registry=r)
-        self.duplicate_ends = Counter("tx_duplicate_ends",
-                                      "Decisions repeating an applied one (nothing written)",
-                                      namespace=ns, registry=r)
-        self.conflicting_ends = Counter("tx_conflicting_ends",
-                                        "Decisions refused because they contradict the recorded one",
-                                        namespace=ns, registry=r)
-        self.invalid_ends = Counter("tx_invalid_ends",
-                                    "END_TRANSACTION refused: no such half, wrong group or offset",
-                                    namespace=ns, registry=r)
-        self.checks_sent = Counter("tx_checks_sent", "CHECK_TRANSACTION_STATE requests sent",
-                                   namespace=ns, registry=r)
-        self.check_answers = Counter("tx_check_answers", "Answers to check-backs by kind",
-                                     ["kind"], namespace=ns, registry=r)
-        self.no_producer = Counter("tx_no_producer",
-                                   "Due checks not sent: no live connection of the producer group",
-                                   namespace=ns, registry=r)
-        self.discards = Counter("tx_discards", "Halves moved to TRANS_CHECK_MAX_TIME_TOPIC",
-                                namespace=ns, registry=r)
-        self.resumes = Counter("tx_resumes", "Discarded halves resumed by an operator",
-                               namespace=ns, registry=r)
-        self.check_passes = Counter("tx_check_passes", "Check passes run", namespace=ns, registry=r)
+                                      "UNIQ_KEY (a retry whose first answer was lost)")
+        self.commits = counter("tx_commits", "Half messages committed (final message written)",
+                               ["source"])
+        self.rollbacks = counter("tx_rollbacks", "Half messages rolled back", ["source"])
+        self.unknown_ends = counter("tx_unknown_ends", "END_TRANSACTION with state unknown")
+        self.duplicate_ends = counter("tx_duplicate_ends",
+                                      "Decisions repeating an applied one (nothing written)")
+        self.conflicting_ends = counter("tx_conflicting_ends",
+                                        "Decisions refused because they contradict the recorded one")
+        self.invalid_ends = counter("tx_invalid_ends",
+                                    "END_TRANSACTION refused: no such half, wrong group or offset")
+        self.checks_sent = counter("tx_checks_sent", "CHECK_TRANSACTION_STATE requests sent")
+        self.check_answers = counter("tx_check_answers", "Answers to check-backs by kind",
+                                     ["kind"])
+        self.no_producer = counter("tx_no_producer",
+                                   "Due checks not sent: no live connection of the producer group")
+        self.discards = counter("tx_discards", "Halves moved to TRANS_CHECK_MAX_TIME_TOPIC")
+        self.resumes = counter("tx_resumes", "Discarded halves resumed by an operator")
+        self.check_passes = counter("tx_check_passes", "Check passes run")
+        self.decision_latency = histogram("tx_decision_latency_seconds",
+                                          "Time from half stored to commit or rollback",
+                                          LATENCY_BUCKETS)
+        r.register(loop)
         self.pending = Gauge("tx_pending", "Half messages waiting for a decision",
                              namespace=ns, registry=r)
         self.discarded = Gauge("tx_discarded", "Discarded half messages not yet resolved",
                                namespace=ns, registry=r)
-        self.decision_latency = Histogram("tx_decision_latency_seconds",
-                                          "Time from half stored to commit or rollback",
-                                          namespace=ns, registry=r, buckets=LATENCY_BUCKETS)
         # --- store and connections (set by the composition root) --------------------------
         self.connections = Gauge("connections", "Open client connections", namespace=ns, registry=r)
         self.in_flight = Gauge("requests_in_flight", "Requests being handled", namespace=ns,

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.codes import FLAG_ONEWAY, RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import (
@@ -42,7 +42,7 @@ Handler = Callable[[Any, RemotingCommand], Awaitable[RemotingCommand | None]]
 def transaction_handlers(tx: TransactionalMessageService) -> dict[int, Handler]:
     """Request code → handler, for ``RemotingServer.register``."""
 
-    async def end_transaction(conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+    async def end_transaction(conn: Any, cmd: RemotingCommand) -> RemotingCommand | None:
         try:
             h = EndTransactionRequestHeader.from_ext(cmd.ext_fields)
             await tx.end_transaction(
@@ -54,7 +54,8 @@ def transaction_handlers(tx: TransactionalMessageService) -> dict[int, Handler]:
             log.info("END_TRANSACTION from %s refused: %s (ext %s)", getattr(conn, "peer", "?"),
                      exc.remark, {k: v for k, v in cmd.ext_fields.items() if k != "Signature"})
             raise
-        return cmd.response(ResponseCode.SUCCESS)
+        # A one-way END (every producer's) gets no answer: build none.
+        return None if cmd.flag & FLAG_ONEWAY else cmd.response(ResponseCode.SUCCESS)
 
     async def resume_check(conn: Any, cmd: RemotingCommand) -> RemotingCommand:
         h = ResumeCheckHalfMessageRequestHeader.from_ext(cmd.ext_fields)
