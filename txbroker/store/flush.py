@@ -7,15 +7,26 @@ tagged with the offset its record ends at; one flusher task swaps the waiting li
 single flush in an executor (``os.fdatasync`` releases the GIL, the loop keeps serving) and
 resolves every future that flush covers.  Requests arriving during a flush form the next
 batch, so the batch size grows with the load and the flush rate stays at what the disk allows.
+
+Waiting is made as cheap as the loop allows, because every put in sync mode pays it: a waiter is
+one plain future, resolved with True (flushed) or False (not within its time-out).  Time-outs
+are not a timer per waiter (``asyncio.wait_for`` costs a timer, a waiter future and, with the
+``shield`` a shared batch would need, another future and callback per put): the service keeps
+one timer, armed at the earliest deadline of anyone waiting, and answers False to every waiter
+past its deadline when it fires, while the flush that is late goes on and covers the data later.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
+
+#: A waiter: the offset its data ends at, its deadline (loop time), the future it awaits.
+Waiter = tuple[int, float, "asyncio.Future[bool]"]
 
 
 class FlushService:
@@ -25,34 +36,69 @@ class FlushService:
         #: Blocking: make everything before the given offset durable; returns the flushed end.
         self._flush_to = flush_to
         self._write_end = write_end
-        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
-        self._inflight: list[tuple[int, asyncio.Future[None]]] = []
+        self._waiting: list[Waiter] = []
+        self._inflight: list[Waiter] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: The one time-out timer and the deadline it is armed for (inf: none armed).
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
         self.flushed = 0
         self.flushes = 0
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="txbroker-group-commit")
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run(), name="txbroker-group-commit")
 
     async def wait_flushed(self, end: int, timeout: float) -> bool:
-        """True once a flush covers ``end``; False when that takes longer than ``timeout``
-        (the data stays written and is flushed later: the put answers FLUSH_DISK_TIMEOUT)."""
+        """True once a flush covers ``end``; False when that takes longer than ``timeout``, when
+        the flush failed, or when the service closed first (the data stays written and is
+        flushed later: the put answers FLUSH_DISK_TIMEOUT).  Cancelling the caller cancels only
+        its own future, which the flusher then skips."""
         if end <= self.flushed:
             return True
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((end, fut))
+        loop = self._loop
+        assert loop is not None, "start() first"
+        fut: asyncio.Future[bool] = loop.create_future()
+        deadline = loop.time() + timeout
+        self._waiting.append((end, deadline, fut))
+        if deadline < self._timer_at:
+            self._arm(deadline)
         self._wake.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except TimeoutError:
-            return False
-        except asyncio.CancelledError:
-            if fut.cancelled():  # the service closed before any flush covered ``end``
-                return False
-            raise  # the caller itself was cancelled
-        return True
+        return await fut
 
+    # --- time-outs ----------------------------------------------------------------------------
+    def _arm(self, deadline: float) -> None:
+        assert self._loop is not None
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(deadline, self._expire)
+        self._timer_at = deadline
+
+    def _expire(self) -> None:
+        """The timer fired: answer False to every waiter past its deadline, drop the ones
+        already answered or cancelled, and re-arm for the earliest deadline left."""
+        assert self._loop is not None
+        self._timer, self._timer_at = None, math.inf
+        now = self._loop.time()
+        earliest = math.inf
+        for waiters in (self._inflight, self._waiting):
+            left: list[Waiter] = []
+            for waiter in waiters:
+                fut = waiter[2]
+                if fut.done():
+                    continue
+                if waiter[1] <= now:
+                    fut.set_result(False)
+                else:
+                    left.append(waiter)
+                    earliest = min(earliest, waiter[1])
+            waiters[:] = left  # in place: the flusher holds the same in-flight list
+        if earliest < math.inf:
+            self._arm(earliest)
+
+    # --- flushing -------------------------------------------------------------------------------
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -69,10 +115,8 @@ class FlushService:
                 self.flushes += 1
             except OSError as exc:
                 log.error("group commit flush failed: %s", exc)
-                batch, self._inflight = self._inflight, []
-                for _end, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
+                self._answer(self._inflight, False)
+                self._inflight = []
                 continue
             self._settle()
             if self._waiting:
@@ -81,13 +125,21 @@ class FlushService:
     def _settle(self) -> None:
         """Resolve every waiter the last flush covered; the rest wait for the next one."""
         batch, self._inflight = self._inflight, []
-        for end, fut in batch:
+        flushed = self.flushed
+        for waiter in batch:
+            fut = waiter[2]
             if fut.done():
                 continue
-            if end <= self.flushed:
-                fut.set_result(None)
+            if waiter[0] <= flushed:
+                fut.set_result(True)
             else:
-                self._waiting.append((end, fut))
+                self._waiting.append(waiter)
+
+    @staticmethod
+    def _answer(waiters: list[Waiter], value: bool) -> None:
+        for _end, _deadline, fut in waiters:
+            if not fut.done():
+                fut.set_result(value)
 
     async def close(self) -> None:
         """Stop the flusher, then flush once more so that no waiting put is left unanswered:
@@ -99,6 +151,9 @@ class FlushService:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer, self._timer_at = None, math.inf
         self._inflight.extend(self._waiting)
         self._waiting = []
         if self._inflight:
@@ -110,7 +165,5 @@ class FlushService:
             except OSError as exc:
                 log.error("final group commit flush failed: %s", exc)
             self._settle()
-        for _end, fut in self._waiting:
-            if not fut.done():
-                fut.cancel()
+        self._answer(self._waiting, False)
         self._waiting.clear()

@@ -257,12 +257,7 @@ class MessageStore:
         if not stored:
             return
         end = max(r.physical_offset + r.size for r in stored)
-        try:
-            ok = await self._flush.wait_flushed(end, self.config.sync_flush_timeout)
-        except OSError as exc:
-            log.error("flush failed: %s", exc)
-            ok = False
-        if not ok:
+        if not await self._flush.wait_flushed(end, self.config.sync_flush_timeout):
             for r in stored:
                 r.status = PutStatus.FLUSH_DISK_TIMEOUT
 
