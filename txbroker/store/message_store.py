@@ -251,25 +251,26 @@ class MessageStore:
         return cq
 
     async def _await_flush(self, results: list[PutResult]) -> None:
+        """Sync mode: wait for one group commit covering every stored result; the ones it
+        did not cover in ``sync_flush_timeout`` (or that a failed flush left) answer
+        FLUSH_DISK_TIMEOUT.  Only the commitlog is flushed here: the consume queues are
+        rebuilt from it by recovery, and are flushed on the checkpoint interval."""
         if self._flush is None:
             return
         stored = [r for r in results if r.status is PutStatus.OK]
         if not stored:
             return
         end = max(r.physical_offset + r.size for r in stored)
-        try:
-            ok = await self._flush.wait_flushed(end, self.config.sync_flush_timeout)
-        except OSError as exc:
-            log.error("flush failed: %s", exc)
-            ok = False
-        if not ok:
+        if not await self._flush.wait_flushed(end, self.config.sync_flush_timeout):
             for r in stored:
                 r.status = PutStatus.FLUSH_DISK_TIMEOUT
 
     async def put(self, msg: Message) -> PutResult:
         result = self._appender.append(msg)
-        if self._flush is not None:
-            await self._await_flush([result])
+        flush = self._flush
+        if flush is not None and result.status is PutStatus.OK and not await flush.wait_flushed(
+                result.physical_offset + result.size, self.config.sync_flush_timeout):
+            result.status = PutStatus.FLUSH_DISK_TIMEOUT
         return result
 
     async def put_batch(self, msgs: list[Message]) -> list[PutResult]:
