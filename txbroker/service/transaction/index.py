@@ -239,8 +239,9 @@ class PendingIndex:
     def add(self, *, phys: int, queue_offset: int, store_ts: int, immunity_ms: int, group: str,
             topic: str, queue_id: int, body_size: int, msg_id: str, uniq: str | None,
             conn: Any = None, checks: int = 0,
-            state: HalfState = HalfState.PENDING) -> HalfEntry:
-        """Index an undecided half (pending or discarded)."""
+            state: HalfState = HalfState.PENDING) -> None:
+        """Index an undecided half (pending or discarded); no view is made (the prepare path
+        pays for no more than the columns)."""
         prefix = msg_id[:-16] if msg_id.endswith(f"{phys:016X}") else msg_id
         kind_key = (group, topic, prefix)
         kind = self._kind_ids.get(kind_key)
@@ -254,7 +255,6 @@ class PendingIndex:
         values = (phys, queue_offset, store_ts, imm, kind, queue_id, body_size, checks, hi, lo)
         phys_col = self._phys
         if not phys_col or phys_col[-1] < phys:
-            slot = len(phys_col)
             for col, v in zip(self._columns(), values, strict=True):
                 col.append(v)
             self._state.append(code)
@@ -275,7 +275,6 @@ class PendingIndex:
             self._uniqs.add(n)
         self._immunities[imm] += 1
         self._live[code] += 1
-        return HalfEntry(self, slot)
 
     def remove(self, phys: int, final: HalfState | None) -> None:
         """Drop a half: decided (``final`` stays readable through existing views until the
@@ -430,11 +429,11 @@ class PendingIndex:
 
 
 def index_stored(ix: PendingIndex, m: StoredMessage, default_immunity_ms: int, *,
-                 checks: int = 0, state: HalfState = HalfState.PENDING) -> HalfEntry:
+                 checks: int = 0, state: HalfState = HalfState.PENDING) -> None:
     """Index a half read back from the store (recovery)."""
     props = m.properties
     qid = props.get(PROPERTY_REAL_QUEUE_ID, "0")
-    return ix.add(phys=m.physical_offset, queue_offset=m.queue_offset,
+    ix.add(phys=m.physical_offset, queue_offset=m.queue_offset,
                   store_ts=m.store_timestamp, immunity_ms=stored_immunity_ms(m, default_immunity_ms),
                   group=props.get(PROPERTY_PRODUCER_GROUP, ""),
                   topic=props.get(PROPERTY_REAL_TOPIC, ""),

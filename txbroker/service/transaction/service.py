@@ -297,13 +297,13 @@ class TransactionalMessageService:
         result = await self.bridge.put_half(half)
         if not result.ok:
             return result
-        entry = self._open.add(
+        self._open.add(
             phys=result.physical_offset, queue_offset=result.queue_offset,
             store_ts=result.store_timestamp,
             immunity_ms=immunity_ms(half.properties, self._default_immunity_ms()), group=group,
             uniq=half.properties.get(PROPERTY_UNIQ_KEY), topic=msg.topic, queue_id=msg.queue_id,
             body_size=len(msg.body), msg_id=result.msg_id, conn=conn)
-        self._remember(entry.phys, half)
+        self._remember(result.physical_offset, half)
         self.metrics.halves.inc()
         return result
 
