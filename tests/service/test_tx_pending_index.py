@@ -6,7 +6,7 @@ import tracemalloc
 
 import pytest
 
-from txbroker.service.transaction.index import PendingIndex
+from txbroker.service.transaction.pending import PendingIndex
 from txbroker.service.transaction.state import HalfState
 
 HOST = "7F00000100002A9F"  # offsetMsgId prefix: 127.0.0.1:10911

@@ -2,7 +2,7 @@
 
 Every ``transaction_check_interval`` one pass runs over the *pending index* (never the half
 queue), and only over its due part: the index keeps halves in store-time order and hands out
-those older than their immunity (:meth:`~.index.PendingIndex.due`), so a pass costs time in
+those older than their immunity (:meth:`~.pending.PendingIndex.due`), so a pass costs time in
 proportion to what is due, not to what is pending.  For each pending half:
 
 * younger than its immunity (``CHECK_IMMUNITY_TIME_IN_SECONDS`` or ``transaction_timeout``),
@@ -48,7 +48,7 @@ from txbroker.config import BrokerConfig
 from txbroker.remoting.codes import RequestCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.service.metrics import BrokerMetrics
-from txbroker.service.transaction.index import HalfEntry
+from txbroker.service.transaction.pending import HalfEntry
 from txbroker.service.transaction.state import HalfState
 from txbroker.store.record import (
     PROPERTY_REAL_QUEUE_ID,

@@ -38,11 +38,7 @@ import orjson
 
 from txbroker.service.transaction.bridge import TransactionalMessageBridge
 from txbroker.service.transaction.history import Decided, TxHistory
-from txbroker.service.transaction.index import (
-    PendingIndex,
-    ResolvedStates,
-    index_stored,
-)
+from txbroker.service.transaction.index import ResolvedStates
 from txbroker.service.transaction.oplog import (
     OP_TAG_CHECKS,
     OP_TAG_DONE,
@@ -54,6 +50,7 @@ from txbroker.service.transaction.oplog import (
     parse_counts,
     parse_offsets,
 )
+from txbroker.service.transaction.pending import PendingIndex, index_stored
 from txbroker.service.transaction.state import HalfState
 from txbroker.store.record import (
     CHECK_MAX_TIME_TOPIC,

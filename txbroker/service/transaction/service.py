@@ -8,7 +8,7 @@ in :mod:`.check` (TransactionalMessageCheckService).  What differs from RocketMQ
 broker remembers what happened to a half:
 
 * **An in-memory index.**  Pending and discarded halves are slots of a columnar
-  :class:`~.index.PendingIndex` (~150 bytes per half, looked up by commitlog offset or
+  :class:`~.pending.PendingIndex` (~150 bytes per half, looked up by commitlog offset or
   UNIQ_KEY, kept in store-time order so a check pass looks only at the due ones); decided halves cost one byte each in
   :class:`~.index.ResolvedStates` (indexed by half queue offset), so remembering millions of
   decisions stays cheap; who decided the most recent ones and when is kept, bounded, in
@@ -57,13 +57,7 @@ from txbroker.service.transaction import recovery
 from txbroker.service.transaction.bridge import TransactionalMessageBridge
 from txbroker.service.transaction.check import CheckPassReport, CheckService
 from txbroker.service.transaction.history import Decided, TxHistory
-from txbroker.service.transaction.index import (
-    HalfEntry,
-    PendingIndex,
-    ResolvedStates,
-    immunity_ms,
-    stored_row,
-)
+from txbroker.service.transaction.index import ResolvedStates, immunity_ms
 from txbroker.service.transaction.messages import (
     discard_copy,
     final_message,
@@ -79,6 +73,7 @@ from txbroker.service.transaction.oplog import (
     counts_bodies,
     decision_properties,
 )
+from txbroker.service.transaction.pending import HalfEntry, PendingIndex, stored_row
 from txbroker.service.transaction.state import (
     ConflictError,
     Decision,
