@@ -1,7 +1,9 @@
 """The check service: ask producers about half messages nobody decided.
 
 Every ``transaction_check_interval`` one pass runs over the *pending index* (never the half
-queue), so a pass costs time in proportion to what is pending.  For each pending half:
+queue), and only over its due part: the index keeps halves in store-time order and hands out
+those older than their immunity (:meth:`~.pending.PendingIndex.due`), so a pass costs time in
+proportion to what is due, not to what is pending.  For each pending half:
 
 * younger than its immunity (``CHECK_IMMUNITY_TIME_IN_SECONDS`` or ``transaction_timeout``),
   measured on the broker's store timestamp — never the producer's born timestamp, whose clock
@@ -46,7 +48,7 @@ from txbroker.config import BrokerConfig
 from txbroker.remoting.codes import RequestCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.service.metrics import BrokerMetrics
-from txbroker.service.transaction.index import HalfEntry
+from txbroker.service.transaction.pending import HalfEntry
 from txbroker.service.transaction.state import HalfState
 from txbroker.store.record import (
     PROPERTY_REAL_QUEUE_ID,
@@ -69,7 +71,8 @@ class CheckTarget(Protocol):
 
     def clock(self) -> float: ...
     def write_refusal(self) -> str: ...
-    def pending_entries(self) -> list[HalfEntry]: ...
+    def pending_count(self) -> int: ...
+    def due_entries(self, now_ms: int) -> list[HalfEntry]: ...
     def is_busy(self, phys: int) -> bool: ...
     def producer_connections(self, group: str) -> list[Any]: ...
     def read_half(self, phys: int) -> StoredMessage | None: ...
@@ -161,8 +164,7 @@ class CheckService:
         tx = self.tx
         started = time.perf_counter()
         now_ms = int(tx.clock() * 1000)
-        pending = tx.pending_entries()
-        report = CheckPassReport(pending=len(pending))
+        report = CheckPassReport(pending=tx.pending_count())
         refusal = tx.write_refusal()
         if refusal:
             # A commit answer could not be applied and a discard could not be stored, so a
@@ -171,8 +173,7 @@ class CheckService:
             report.skipped = refusal
             log.warning("check pass skipped: the store refuses writes (%s)", refusal)
             return report
-        due = [e for e in pending
-               if now_ms - e.store_ts >= e.immunity_ms and not tx.is_busy(e.phys)]
+        due = [e for e in tx.due_entries(now_ms) if not tx.is_busy(e.phys)]
         # Fewest checks first (stable: oldest first among equals), so halves deferred behind a
         # producer that stopped reading are not starved by the ones checked before them.
         due.sort(key=attrgetter("checks"))

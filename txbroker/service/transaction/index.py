@@ -1,59 +1,19 @@
-"""What the service keeps in memory about halves: :class:`HalfEntry` for each undecided one,
-:class:`ResolvedStates` (one byte per decided one).  Pure: no I/O."""
+"""What the service keeps in memory about decided halves: :class:`ResolvedStates` (one byte
+per decided one); and a half's immunity (:func:`immunity_ms`).  The undecided halves are in
+:mod:`.pending`.  Pure: no I/O."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 from txbroker.service.transaction.oplog import is_uint
 from txbroker.service.transaction.state import HalfState
-from txbroker.store.record import (
-    PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
-    PROPERTY_PRODUCER_GROUP,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
-    PROPERTY_UNIQ_KEY,
-    StoredMessage,
-)
+from txbroker.store.record import PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS, StoredMessage
 
 _ZERO_RUNS = re.compile(rb"\x00+")
 _STATE_CODES = {HalfState.COMMITTED: 1, HalfState.ROLLED_BACK: 2}
 _CODE_STATES = {code: state for state, code in _STATE_CODES.items()}
-
-
-@dataclass(slots=True, eq=False)
-class HalfEntry:
-    """What the broker keeps in memory about one unresolved half message."""
-
-    phys: int               # commitlog offset: the half's identity
-    queue_offset: int       # offset in the half queue (tranStateTableOffset)
-    store_ts: int           # ms, the broker's clock: immunity is measured on this
-    immunity_ms: int
-    group: str
-    uniq: str | None
-    topic: str              # the real topic
-    queue_id: int           # the real queue
-    keys: str | None
-    tags: str | None
-    body_size: int
-    msg_id: str             # offsetMsgId
-    state: HalfState = HalfState.PENDING
-    checks: int = 0
-    #: The connection that sent the half (asked first on a check); None after a restart.
-    conn: Any = None
-
-    def row(self, now_ms: int) -> dict[str, Any]:
-        """The TXN_LIST row."""
-        return {
-            "id": self.uniq or self.msg_id, "offset_msg_id": self.msg_id,
-            "commit_log_offset": self.phys, "queue_offset": self.queue_offset,
-            "topic": self.topic, "queue_id": self.queue_id, "keys": self.keys, "tags": self.tags,
-            "producer_group": self.group, "age_s": round(max(0, now_ms - self.store_ts) / 1000, 3),
-            "checks": self.checks, "state": self.state.value,
-        }
 
 
 def immunity_ms(props: dict[str, str], default_ms: int) -> int:
@@ -65,20 +25,12 @@ def immunity_ms(props: dict[str, str], default_ms: int) -> int:
     return default_ms
 
 
-def entry_from(m: StoredMessage, default_immunity_ms: int) -> HalfEntry:
-    """The index entry of a half read back from the store."""
-    props = m.properties
-    qid = props.get(PROPERTY_REAL_QUEUE_ID, "0")
+def stored_immunity_ms(m: StoredMessage, default_ms: int) -> int:
+    """:func:`immunity_ms` of a half read back from the store (a bad value means the default)."""
     try:
-        immunity = immunity_ms(props, default_immunity_ms)
+        return immunity_ms(m.properties, default_ms)
     except ValueError:
-        immunity = default_immunity_ms
-    return HalfEntry(
-        phys=m.physical_offset, queue_offset=m.queue_offset, store_ts=m.store_timestamp,
-        immunity_ms=immunity, group=props.get(PROPERTY_PRODUCER_GROUP, ""),
-        uniq=props.get(PROPERTY_UNIQ_KEY), topic=props.get(PROPERTY_REAL_TOPIC, ""),
-        queue_id=int(qid) if is_uint(qid) else 0, keys=m.keys, tags=m.tags,
-        body_size=len(m.body), msg_id=m.msg_id)
+        return default_ms
 
 
 class ResolvedStates:

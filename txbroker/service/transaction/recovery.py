@@ -38,7 +38,7 @@ import orjson
 
 from txbroker.service.transaction.bridge import TransactionalMessageBridge
 from txbroker.service.transaction.history import Decided, TxHistory
-from txbroker.service.transaction.index import HalfEntry, ResolvedStates, entry_from
+from txbroker.service.transaction.index import ResolvedStates
 from txbroker.service.transaction.oplog import (
     OP_TAG_CHECKS,
     OP_TAG_DONE,
@@ -50,6 +50,7 @@ from txbroker.service.transaction.oplog import (
     parse_counts,
     parse_offsets,
 )
+from txbroker.service.transaction.pending import PendingIndex, index_stored
 from txbroker.service.transaction.state import HalfState
 from txbroker.store.record import (
     CHECK_MAX_TIME_TOPIC,
@@ -79,8 +80,8 @@ class Recovered:
 
     resolved: ResolvedStates
     history: TxHistory
-    pending: dict[int, HalfEntry] = field(default_factory=dict)
-    discarded: dict[int, HalfEntry] = field(default_factory=dict)
+    #: The pending and discarded halves.
+    open: PendingIndex = field(default_factory=PendingIndex)
     #: (commitlog offset, half queue offset) of halves committed without their ``d`` record.
     missing_ops: list[tuple[int, int]] = field(default_factory=list)
     from_snapshot: bool = False
@@ -173,46 +174,45 @@ def recover(bridge: TransactionalMessageBridge, snapshot_path: Path, *, history_
                     decided.append((qo,))
     out.history.replay(decided)
     trim(bridge, resolved, out.history)
-    open_by_phys: dict[int, HalfEntry] = {}
+    index = out.open
     for start, end in resolved.undecided_runs(bridge.min_offset(HALF_TOPIC),
                                               bridge.max_offset(HALF_TOPIC)):
         for m in bridge.halves(start, end):
             records += 1
-            entry = entry_from(m, default_immunity_ms)
-            entry.checks = counts.get(entry.queue_offset, 0)
-            if entry.queue_offset in discarded:
-                entry.state = HalfState.DISCARDED
-            open_by_phys[entry.phys] = entry
-    if open_by_phys:
+            qo = m.queue_offset
+            index_stored(index, m, default_immunity_ms, checks=counts.get(qo, 0),
+                         state=HalfState.DISCARDED if qo in discarded else HalfState.PENDING)
+    oldest = index.oldest_phys()
+    if oldest is not None:
         # after a clean stop every earlier commit has its op record (or is listed in the
         # snapshot's missing ops): only commits made since can lack one
-        for m in bridge.scan(max(min(open_by_phys), commits_from)):
+        for m in bridge.scan(max(oldest, commits_from)):
             records += 1
             if (m.sys_flag & TRANSACTION_MASK) != TRANSACTION_COMMIT_TYPE:
                 continue
-            entry = open_by_phys.pop(m.prepared_transaction_offset, None)
+            entry = index.get(m.prepared_transaction_offset)
             if entry is not None:
+                index.remove(entry.phys, HalfState.COMMITTED)
                 resolved.set(entry.queue_offset, HalfState.COMMITTED)
                 out.missing_ops.append((entry.phys, entry.queue_offset))
                 # who committed died with the op record: say so, do not guess
                 out.history.record(Decided(entry.queue_offset, HalfState.COMMITTED, "unknown",
                                            None, m.store_timestamp, entry.uniq))
-    for entry in open_by_phys.values():
-        pool = out.pending if entry.state is HalfState.PENDING else out.discarded
-        pool[entry.phys] = entry
     # Nothing to recover (a new data directory) is not news at start-up.
     log.log(logging.INFO if records or snap is not None else logging.DEBUG,
             "transaction state recovered (%s) from %d records in %.3fs: %d pending, "
             "%d discarded, %d op records to rewrite",
             "snapshot + tail" if snap is not None else "full replay", records,
-            time.perf_counter() - started, len(out.pending), len(out.discarded),
+            time.perf_counter() - started, index.count(HalfState.PENDING),
+            index.count(HalfState.DISCARDED),
             len(out.missing_ops))
     out.from_snapshot = snap is not None
     return out
 
 
 async def write_snapshot(bridge: TransactionalMessageBridge, path: Path, resolved: ResolvedStates,
-                         open_entries: list[HalfEntry], missing_ops: list[tuple[int, int]],
+                         open_states: list[tuple[int, int, str]],
+                         missing_ops: list[tuple[int, int]],
                          history: TxHistory) -> None:
     """State as of the current queue ends, written atomically (tmp file, fsync, rename).
 
@@ -228,7 +228,7 @@ async def write_snapshot(bridge: TransactionalMessageBridge, path: Path, resolve
         "half_next": bridge.max_offset(HALF_TOPIC),
         "log_end": bridge.log_end,
         "resolved_base": base,
-        "open": [[e.queue_offset, e.checks, e.state.value] for e in open_entries],
+        "open": open_states,  # (half queue offset, checks, state) of each undecided half
         "missing_ops": missing_ops,
         "history": history.export(),
     }

@@ -7,13 +7,14 @@ store access in :mod:`.bridge` (TransactionalMessageBridge), the request handler
 in :mod:`.check` (TransactionalMessageCheckService).  What differs from RocketMQ is how the
 broker remembers what happened to a half:
 
-* **An in-memory index.**  ``_pending`` and ``_discarded`` map the half's commitlog offset to a
-  small :class:`~.index.HalfEntry`; decided halves cost one byte each in
+* **An in-memory index.**  Pending and discarded halves are slots of a columnar
+  :class:`~.pending.PendingIndex` (~150 bytes per half, looked up by commitlog offset or
+  UNIQ_KEY, kept in store-time order so a check pass looks only at the due ones); decided halves cost one byte each in
   :class:`~.index.ResolvedStates` (indexed by half queue offset), so remembering millions of
   decisions stays cheap; who decided the most recent ones and when is kept, bounded, in
-  :class:`~.history.TxHistory` (``txbroker txn show``).  A check pass walks ``_pending`` only,
-  so its cost follows what is pending, not the history of the half queue (RocketMQ walks the
-  half and op queues every round).
+  :class:`~.history.TxHistory` (``txbroker txn show``).  A check pass looks at the due
+  pending halves only, so its cost follows what is due, not what is pending nor the history of
+  the half queue (RocketMQ walks the half and op queues every round).
 * **Every decision goes through** :func:`.state.decide` under a per-half lock, so a retried
   commit, or a check answer racing the producer's own commit, writes nothing the second time,
   and a rollback after a commit is refused.
@@ -31,7 +32,7 @@ is recorded after the checks are sent; a crash in between loses at most one coun
 (the safe direction: a count is never burned without a check).
 
 Why this file is over 450 lines: every method left here reads or changes the pending and
-discarded maps, the decided-state bytes, the UNIQ_KEY index and the per-half locks together,
+discarded index, the decided-state bytes and the per-half locks together,
 under one invariant (a half is in exactly one of them, and only under its lock does it move).
 What does not touch that state is already out: the transition table, the index types, the op
 log, the messages, the store I/O, recovery and the check service.
@@ -54,12 +55,7 @@ from txbroker.service.transaction import recovery
 from txbroker.service.transaction.bridge import TransactionalMessageBridge
 from txbroker.service.transaction.check import CheckPassReport, CheckService
 from txbroker.service.transaction.history import Decided, TxHistory
-from txbroker.service.transaction.index import (
-    HalfEntry,
-    ResolvedStates,
-    entry_from,
-    immunity_ms,
-)
+from txbroker.service.transaction.index import ResolvedStates, immunity_ms
 from txbroker.service.transaction.locks import KeyedLock
 from txbroker.service.transaction.messages import (
     discard_copy,
@@ -76,6 +72,7 @@ from txbroker.service.transaction.oplog import (
     counts_bodies,
     decision_properties,
 )
+from txbroker.service.transaction.pending import HalfEntry, PendingIndex, stored_row
 from txbroker.service.transaction.state import (
     ConflictError,
     Decision,
@@ -120,13 +117,11 @@ class TransactionalMessageService:
         self.registry = registry
         self.metrics = metrics
         self.clock = clock
-        self._pending: dict[int, HalfEntry] = {}
-        self._discarded: dict[int, HalfEntry] = {}
+        #: Pending and discarded halves (by commitlog offset and UNIQ_KEY).
+        self._open = PendingIndex()
         self._resolved = ResolvedStates()
         #: Who decided the most recent halves and when (TXN_SHOW, decisions by id).
         self.history = TxHistory(config.transaction_history_size)
-        #: UNIQ_KEY -> commitlog offset, for unresolved halves (admin lookups).
-        self._by_uniq: dict[str, int] = {}
         #: commitlog offset -> the half as it was stored, newest last, bounded by
         #: ``_RECENT_HALF_BYTES`` of bodies: only a cache, the store stays the truth.
         self._recent: OrderedDict[int, Message] = OrderedDict()
@@ -154,11 +149,9 @@ class TransactionalMessageService:
         got = recovery.recover(self.bridge, self.snapshot_path,
                                history_size=self.config.transaction_history_size,
                                default_immunity_ms=self._default_immunity_ms())
-        self._pending, self._discarded = got.pending, got.discarded
+        self._open = got.open
         self._resolved, self.history = got.resolved, got.history
         self._missing_ops = got.missing_ops
-        self._by_uniq = {e.uniq: e.phys for e in (*got.pending.values(), *got.discarded.values())
-                         if e.uniq}
         self._recent.clear()
         self._recent_bytes = 0
         self.recovered_from_snapshot = got.from_snapshot
@@ -187,7 +180,7 @@ class TransactionalMessageService:
         await self._checker.close()
         try:
             await recovery.write_snapshot(self.bridge, self.snapshot_path, self._resolved,
-                                          [*self._pending.values(), *self._discarded.values()],
+                                          list(self._open.open_states()),
                                           self._missing_ops, self.history)
         except OSError as exc:
             log.error("transaction snapshot not written (the next start replays): %s", exc)
@@ -198,34 +191,39 @@ class TransactionalMessageService:
 
     # --- queries ---------------------------------------------------------------------------
     def pending_count(self) -> int:
-        return len(self._pending)
+        return self._open.count(HalfState.PENDING)
 
     def discarded_count(self) -> int:
-        return len(self._discarded)
+        return self._open.count(HalfState.DISCARDED)
 
     def state_of(self, phys: int) -> HalfState | None:
         """The state of the half at commitlog offset ``phys``; None if it is not a known half.
 
         A decided half is looked up by its queue offset, read back from the store.
         """
-        entry = self._pending.get(phys) or self._discarded.get(phys)
+        entry = self._open.get(phys)
         if entry is not None:
             return entry.state
         half = self.bridge.read_half(phys)
         return self._resolved.get(half.queue_offset) if half is not None else None
 
     def entry(self, phys: int) -> HalfEntry | None:
-        return self._pending.get(phys) or self._discarded.get(phys)
+        """The undecided (pending or discarded) half at ``phys``, None if there is none."""
+        return self._open.get(phys)
 
     def pending_entries(self) -> list[HalfEntry]:
-        return list(self._pending.values())
+        return self._open.entries(HalfState.PENDING)
+
+    def due_entries(self, now_ms: int) -> list[HalfEntry]:
+        """Pending halves older than their immunity, oldest first (a check pass)."""
+        return self._open.due(now_ms)
 
     def resolve_id(self, txn_id: str) -> int | None:
         """A UNIQ_KEY or an offsetMsgId → the half's commitlog offset (None if unknown).
 
         A UNIQ_KEY resolves while its half is undecided or in the decision history.
         """
-        phys = self._by_uniq.get(txn_id)
+        phys = self._open.find_uniq(txn_id)
         if phys is not None:
             return phys
         known = self.history.by_txn_id(txn_id)
@@ -242,13 +240,12 @@ class TransactionalMessageService:
     def list_halves(self, state: str = "pending", *, topic: str | None = None,
                     group: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
         """TXN_LIST rows, oldest first: ``pending``, ``discarded`` or ``all`` (both)."""
-        pools = {"pending": (self._pending,), "discarded": (self._discarded,),
-                 "all": (self._pending, self._discarded)}[state]
+        states = {"pending": (HalfState.PENDING,), "discarded": (HalfState.DISCARDED,),
+                  "all": (HalfState.PENDING, HalfState.DISCARDED)}[state]
         now_ms = self._now_ms()
-        entries = sorted((e for pool in pools for e in pool.values()
-                          if (topic is None or e.topic == topic) and (group is None or e.group == group)),
-                         key=lambda e: e.phys)
-        return [e.row(now_ms) for e in entries[:limit]]
+        # keys and tags are not kept in memory: each row reads its half back
+        return [e.row(now_ms, self.bridge.read_half(e.phys))
+                for e in self._open.select(states, topic=topic, group=group, limit=limit)]
 
     def show(self, txn_id: str) -> dict[str, Any] | None:
         """TXN_SHOW: the row plus body size, the stored properties and, once decided or
@@ -261,8 +258,8 @@ class TransactionalMessageService:
         half = self.bridge.read_half(phys)
         if half is None:
             return None
-        entry = self.entry(phys) or entry_from(half, self._default_immunity_ms())
-        row = entry.row(self._now_ms())
+        entry = self.entry(phys)
+        row = entry.row(self._now_ms(), half) if entry is not None else stored_row(half, self._now_ms())
         state = self.state_of(phys)
         row["state"] = state.value
         row["prepared_at"] = half.store_timestamp
@@ -294,17 +291,13 @@ class TransactionalMessageService:
         result = await self.bridge.put_half(half)
         if not result.ok:
             return result
-        entry = HalfEntry(
+        self._open.add(
             phys=result.physical_offset, queue_offset=result.queue_offset,
             store_ts=result.store_timestamp,
             immunity_ms=immunity_ms(half.properties, self._default_immunity_ms()), group=group,
             uniq=half.properties.get(PROPERTY_UNIQ_KEY), topic=msg.topic, queue_id=msg.queue_id,
-            keys=msg.keys, tags=msg.tags, body_size=len(msg.body), msg_id=result.msg_id,
-            conn=conn)
-        self._pending[entry.phys] = entry
-        if entry.uniq:
-            self._by_uniq[entry.uniq] = entry.phys
-        self._remember(entry.phys, half)
+            body_size=len(msg.body), msg_id=result.msg_id, conn=conn)
+        self._remember(result.physical_offset, half)
         self.metrics.halves.inc()
         return result
 
@@ -334,9 +327,9 @@ class TransactionalMessageService:
         """
         if not uniq:
             return None
-        phys = self._by_uniq.get(uniq)
-        entry = self._pending.get(phys) if phys is not None else None
-        if entry is None or entry.group != group or entry.topic != msg.topic \
+        phys = self._open.find_uniq(uniq)
+        entry = self._open.get(phys) if phys is not None else None
+        if entry is None or entry.state is not HalfState.PENDING or entry.group != group or entry.topic != msg.topic \
                 or entry.body_size != len(msg.body):
             return None
         return entry
@@ -463,13 +456,9 @@ class TransactionalMessageService:
         return Outcome.APPLY
 
     def _settle(self, entry: HalfEntry, decided: Decided) -> None:
-        self._pending.pop(entry.phys, None)
-        self._discarded.pop(entry.phys, None)
+        target = decided.state
+        self._open.remove(entry.phys, target)
         self._recall(entry.phys)
-        if entry.uniq:
-            self._by_uniq.pop(entry.uniq, None)
-        entry.state = target = decided.state
-        entry.conn = None
         self._resolved.set(entry.queue_offset, target)
         self.history.record(decided)
         self._decided[(target, decided.source)].inc()
@@ -491,10 +480,8 @@ class TransactionalMessageService:
             if not result.ok:
                 log.error("discard of half %d failed: %s", entry.phys, result.status.name)
                 return False
-            self._pending.pop(entry.phys, None)
+            self._open.set_state(entry.phys, target)
             self._recall(entry.phys)
-            entry.state = target
-            self._discarded[entry.phys] = entry
             # a replay reads the discard time from the copy's store timestamp: the same value
             self.history.record(Decided(entry.queue_offset, target, "check", None,
                                         result.store_timestamp, entry.uniq))
@@ -510,17 +497,16 @@ class TransactionalMessageService:
             raise ConflictError(state, Decision.RESUME, name)
         if outcome is Outcome.DUPLICATE:
             return outcome
-        entry = self._discarded[phys]
+        entry = self._open.get(phys)
+        assert entry is not None  # DISCARDED, so indexed
         result = await self.bridge.put_op(OP_TAG_RESUME, f"{entry.queue_offset},",
                                           {PROPERTY_OPERATOR: operator})
         if not result.ok:
             raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                    f"resume failed, the store refused the record: {result.status.name}")
-        del self._discarded[phys]
         self.history.drop(entry.queue_offset)
-        entry.state = target
+        self._open.set_state(phys, target)
         entry.checks = 0
-        self._pending[phys] = entry
         self.metrics.resumes.inc()
         return Outcome.APPLY
 
@@ -539,11 +525,8 @@ class TransactionalMessageService:
 
     def forget(self, entry: HalfEntry, reason: str) -> None:
         """Drop an undecided half from the index because its record is gone."""
-        self._pending.pop(entry.phys, None)
-        self._discarded.pop(entry.phys, None)
+        self._open.remove(entry.phys, None)
         self._recall(entry.phys)
-        if entry.uniq:
-            self._by_uniq.pop(entry.uniq, None)
         log.error("half %d (%s, group %s) dropped from the pending index: %s", entry.phys,
                   entry.uniq, entry.group, reason)
 
