@@ -77,11 +77,11 @@ class HalfEntry:
     __slots__ = (
         "_checks",
         "_ix",
+        "_prefix",
         "_slot",
         "body_size",
         "group",
         "immunity_ms",
-        "msg_id",
         "phys",
         "queue_id",
         "queue_offset",
@@ -99,9 +99,14 @@ class HalfEntry:
         self.group, self.topic, prefix = ix._kinds[ix._kind[slot]]
         self.queue_id = ix._qid[slot]
         self.body_size = ix._size[slot]
-        self.msg_id = f"{prefix}{self.phys:016X}"
+        self._prefix = prefix
         self.uniq = ix._uniq_at(slot, self.phys)
         self._checks = ix._checks[slot]
+
+    @property
+    def msg_id(self) -> str:
+        """The offsetMsgId: the store's host prefix and the commitlog offset (made when read)."""
+        return f"{self._prefix}{self.phys:016X}"
 
     def _at(self) -> int:
         """This half's slot now (slots move when the index compacts), -1 if it is gone."""
@@ -232,14 +237,22 @@ class PendingIndex:
         hi, lo = (0, 0) if n is None else (n >> 64, n & _U64)
         imm = min(max(immunity_ms, 0), _MAX_IMMUNITY_MS)
         code = _SLOT_CODES[state]
-        values = (phys, queue_offset, store_ts, imm, kind, queue_id, body_size, checks, hi, lo)
         phys_col = self._phys
-        if not phys_col or phys_col[-1] < phys:
-            for col, v in zip(self._columns(), values, strict=True):
-                col.append(v)
+        if not phys_col or phys_col[-1] < phys:  # the prepare path: one append per column
+            phys_col.append(phys)
+            self._qo.append(queue_offset)
+            self._ts.append(store_ts)
+            self._imm.append(imm)
+            self._kind.append(kind)
+            self._qid.append(queue_id)
+            self._size.append(body_size)
+            self._checks.append(checks)
+            self._hi.append(hi)
+            self._lo.append(lo)
             self._state.append(code)
             self._conn.append(conn)
         else:  # prepared concurrently and stored earlier, or resumed: still in log order
+            values = (phys, queue_offset, store_ts, imm, kind, queue_id, body_size, checks, hi, lo)
             slot = bisect_left(phys_col, phys)
             if slot < len(phys_col) and phys_col[slot] == phys:
                 raise ValueError(f"half {phys} is already indexed")
