@@ -37,7 +37,10 @@ def read_queue(commitlog: CommitLog | None, cq: ConsumeQueue | None, offset: int
     assert commitlog is not None  # a queue exists only once the store is open
     raw: list[bytes] = []
     append = raw.append
-    read_at = commitlog.read_at
+    # The segment of the last record read, and the absolute range of its written bytes: the
+    # records of one pull nearly always lie in one segment, so it is looked up once.
+    seg_read = None
+    seg_start = seg_end = 0
     total = 0
     index = offset
     scan_end = min(hi, offset + max(max_count, MAX_SCAN_ENTRIES))
@@ -55,12 +58,14 @@ def read_queue(commitlog: CommitLog | None, cq: ConsumeQueue | None, offset: int
                 continue
             if raw and total + size > max_bytes:
                 return GetResult(GetStatus.FOUND, index, lo, hi, raw)
-            data = read_at(phys, size)
             index += 1
-            if data is None:
-                missing = True
-                continue
-            append(data)
+            if size <= 0 or not seg_start <= phys <= seg_end - size:
+                seg = commitlog.segment_at(phys)
+                if seg is None or size <= 0 or phys + size > seg.start + seg.wrote:
+                    missing = True  # deleted by retention, or not (yet) written there
+                    continue
+                seg_read, seg_start, seg_end = seg.read, seg.start, seg.start + seg.wrote
+            append(seg_read(phys - seg_start, size))
             total += size
             if len(raw) >= max_count:
                 return GetResult(GetStatus.FOUND, index, lo, hi, raw)
