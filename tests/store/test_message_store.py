@@ -635,3 +635,18 @@ async def test_get_reads_across_consume_queue_files(tmp_path):
     capped = store.get("T", 0, 14, 20, max_bytes=3 * size)
     assert len(capped.raw) == 3 and capped.next_offset == 17
     await store.close()
+
+
+async def test_get_skips_entries_whose_record_is_gone(tmp_path):
+    """An entry pointing past the written commitlog (its segment gone) is skipped; a get
+    finding only such entries answers OFFSET_FOUND_NULL past them."""
+    store = await opened(cfg(tmp_path))
+    await store.put(Message("T", 0, b"kept"))
+    cq = store.queues_[("T", 0)]
+    cq.append(10 ** 9, 100, 0)
+    both = store.get("T", 0, 0, 5)
+    assert both.status is GetStatus.FOUND and both.next_offset == 2
+    assert [m.body for m in both.messages()] == [b"kept"]
+    gone = store.get("T", 0, 1, 5)
+    assert gone.status is GetStatus.OFFSET_FOUND_NULL and gone.next_offset == 2 and gone.raw == []
+    await store.close()
