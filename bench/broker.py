@@ -1,39 +1,51 @@
-"""End-to-end transactional throughput and its CPU cost: ``python -m txbroker.bench.broker``.
+"""End-to-end throughput of sends and deliveries and their CPU cost: ``python -m txbroker.bench.broker``.
 
 For each row a fresh ``txbroker serve`` runs in its own process (ephemeral ports, temp data dir)
-and this process is the load generator, in one of two ways:
+and this process is the load generator.  Three kinds of row (``--kind``):
 
-* **raw** — the wire protocol through RemotingClient: P producers loop "half send → wait for
-  the answer → one-way END_TRANSACTION commit"; one consumer long-polls every queue of the
-  topic and only checks the framing of what it pulls.  This measures the broker.
+* **tx** — committed transactions: P producers loop "half send → answer → END_TRANSACTION
+  commit"; one consumer drains the topic.
+* **plain** — plain sends: P producers loop "send → wait for the answer"; one consumer drains.
+* **delivery** — one consumer drains a backlog preloaded into the topic's 4 queues
+  (``--backlog`` messages of 256 B, default 1,000,000, stored beforehand by batched
+  SEND_BATCH_MESSAGE requests with the progress on stderr; bounded in time), ``--pull-batch``
+  messages per pull (32, the SDK's default).  Only the drain is measured (and profiled).
+
+and two ways of driving each:
+
+* **raw** — the wire protocol through RemotingClient: pre-built SEND_MESSAGE_V2 (and
+  END_TRANSACTION) frames; the consumer long-polls every queue and only checks the framing of
+  what it pulls.  This measures the broker.
 * **sdk** — as a user runs it: P coroutines call ``send_message_in_transaction`` on a
-  TransactionProducer whose listener commits; one Consumer drains the topic with ``poll``.
-  This measures broker and SDK together.
+  TransactionProducer whose listener commits (tx) or ``send`` on a Producer (plain); one
+  Consumer drains the topic with ``poll``.  This measures broker and SDK together.
 
-``each`` gives every producer coroutine its own connection (raw) or its own TransactionProducer
-instance (sdk); ``shared`` puts them all on one, as producers in one client process usually are.
+``each`` gives every producer coroutine its own connection (raw) or its own producer instance
+(sdk); ``shared`` puts them all on one, as producers in one client process usually are.
 
-A transaction counts when the consumer has *seen* its committed message, so the figures are
-end to end.  Each row loads for a bounded time (``--seconds``) and count (``--max-tx``), then
-waits (bounded) for the consumer to catch up.  Per row it prints committed tx/s (messages seen
-/ time from first send to last message seen), p50/p99 of one transaction as the producer sees
-it (half send to END_TRANSACTION written), the broker process's CPU µs per committed
-transaction (from ``/proc/<pid>/stat``), this load process's CPU µs per committed transaction
+A message counts when the consumer has *seen* it, so the figures are end to end.  Each send
+row loads for a bounded time (``--seconds``) and count (``--max-tx``), then waits (bounded)
+for the consumer to catch up.  Per row it prints messages seen, msgs/s (messages seen / time
+from the window's start to the last message seen), p50/p99 of one send as the producer sees it
+(for tx: half send to END_TRANSACTION written; none for delivery), the broker process's CPU µs
+per message (from ``/proc/<pid>/stat``), this load process's CPU µs per message
 (``time.process_time``: producers and consumer together), both over the same window, and the
 ratio of each to a raw uvloop echo measured in the same pass (64 connections, one request in
-flight each, from ``bench/remoting.py``): "× echo rate" is tx/s over echo round trips/s,
-"× echo CPU" is broker CPU per transaction over echo server CPU per round trip.  Throughput
-here is close to 1 / (broker + client CPU per transaction), since neither side saturates its
-core; the CPU columns are the ones to move.
+flight each, from ``bench/remoting.py``): "× echo rate" is msgs/s over echo round trips/s,
+"× echo CPU" is broker CPU per message over echo server CPU per round trip.  Throughput here
+is close to 1 / (broker + client CPU per message), since neither side saturates its core; the
+CPU columns are the ones to move.  The broker's CPU is counted in 10 ms clock ticks, so a
+delivery row needs a backlog that takes well over that to drain.
 
 ``--repeat N`` runs every row N times, interleaved (fresh broker each time), and prints the
-median of each figure.  ``--profile DIR`` samples the broker of every run with py-spy
-(``pip install -e '.[bench]'``) into ``DIR/<row>-<pass>.txt`` (collapsed stacks: grep them, or
-open them in speedscope or flamegraph.pl); sampling pauses the broker, so figures of a profiled
-run are for finding the cost, not for quoting.
+median of each figure.  ``--profile DIR`` samples the broker of every run's measured window
+with py-spy (``pip install -e '.[bench]'``) into ``DIR/<row>-<pass>.txt`` (collapsed stacks:
+grep them, or open them in speedscope or flamegraph.pl); sampling pauses the broker, so
+figures of a profiled run are for finding the cost, not for quoting.
 
-Usage: ``python -m txbroker.bench.broker [--seconds 3] [--producers 1,64] [--flush async,sync]
-[--client raw,sdk] [--connections each,shared] [--repeat 3] [--profile DIR]``
+Usage: ``python -m txbroker.bench.broker [--seconds 3] [--kind tx,plain,delivery]
+[--producers 1,64] [--flush async,sync] [--client raw,sdk] [--connections each,shared]
+[--backlog 1000000] [--pull-batch 32] [--repeat 3] [--profile DIR]``
 """
 
 from __future__ import annotations
@@ -50,6 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Self
@@ -60,13 +73,15 @@ from txbroker.client import (
     LocalTransactionState,
     Message,
     MessageExt,
+    Producer,
+    SendStatus,
     TransactionListener,
     TransactionProducer,
 )
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
-from txbroker.store.record import MESSAGE_MAGIC
+from txbroker.store.record import MESSAGE_MAGIC, encode_batch
 
 TOPIC = "BenchTx"
 GROUP = "PG_BENCH"
@@ -79,6 +94,13 @@ _BODY = b"x" * 200
 #: Seconds the consumer may take to catch up after the load stops, and the echo's measured time.
 DRAIN_SECONDS = 15.0
 ECHO_SECONDS = 1.0
+KINDS = ("tx", "plain", "delivery")
+#: The delivery row's backlog: body size, messages per preload request, requests in flight,
+#: and the bound on the preload's time.
+DELIVERY_BODY = 256
+PRELOAD_BATCH = 64
+PRELOAD_IN_FLIGHT = 8
+PRELOAD_SECONDS = 300.0
 
 
 def proc_cpu_seconds(pid: int) -> float:
@@ -162,6 +184,24 @@ class Profiler:
             raise RuntimeError(f"py-spy wrote no profile: {err.decode(errors='replace')[-500:]}")
 
 
+class ProfileWindow:
+    """A :class:`Profiler` of the broker over the measured window of one run, if ``out`` is
+    set: :meth:`open` when the window opens (after a delivery row's preload), :meth:`close`
+    after the run."""
+
+    def __init__(self, pid: int, out: Path | None) -> None:
+        self.pid, self.out = pid, out
+        self.spy: Profiler | None = None
+
+    def open(self) -> None:
+        if self.out is not None and self.spy is None:
+            self.spy = Profiler(self.pid, self.out)
+
+    def close(self) -> None:
+        if self.spy is not None:
+            self.spy.stop()
+
+
 @dataclass
 class Tally:
     """What the producers and the consumer of one row have done so far."""
@@ -201,14 +241,17 @@ class Result:
 # --- raw load: RemotingClient ------------------------------------------------------------------
 
 
-def _half(producer: int, seq: int, born: str) -> tuple[RemotingCommand, str]:
-    """A half message as a RocketMQ Java client sends it (SEND_MESSAGE_V2, sysFlag 4)."""
+def _send_request(producer: int, seq: int, born: str, tx: bool) -> tuple[RemotingCommand, str]:
+    """A message as a RocketMQ Java client sends it (SEND_MESSAGE_V2): a half (sysFlag 4) when
+    ``tx``, else a plain message (sysFlag 0)."""
     uniq = f"{os.getpid():08X}{producer:08X}{seq:016X}"
-    props = (f"TRAN_MSG\x01true\x02PGROUP\x01{GROUP}\x02UNIQ_KEY\x01{uniq}"
-             "\x02WAIT\x01true\x02TAGS\x01bench")
+    props = f"UNIQ_KEY\x01{uniq}\x02WAIT\x01true\x02TAGS\x01bench"
+    if tx:
+        props = f"TRAN_MSG\x01true\x02PGROUP\x01{GROUP}\x02" + props
     return RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, {
         "a": GROUP, "b": TOPIC, "c": "TBW102", "d": "4", "e": str(seq % QUEUES),
-        "f": "4", "g": born, "h": "0", "i": props, "j": "0", "k": "false", "m": "false",
+        "f": "4" if tx else "0", "g": born, "h": "0", "i": props, "j": "0", "k": "false",
+        "m": "false",
     }, _BODY), uniq
 
 
@@ -231,44 +274,21 @@ def count_records(body: bytes) -> int:
     return n
 
 
-class RawLoad:
-    """Producers on RemotingClient connections and one raw long-polling consumer."""
+class RawConsumer:
+    """One RemotingClient long-polling every queue of the topic from offset 0, counting what it
+    pulls into ``tally`` (framing checked, nothing decoded)."""
 
-    def __init__(self, broker: BrokerProc, producers: int, shared: bool, tally: Tally) -> None:
-        self.broker, self.tally = broker, tally
-        self.clients = [RemotingClient(broker.addr) for _ in range(1 if shared else producers)]
+    def __init__(self, addr: str, tally: Tally, batch: int) -> None:
+        self.addr, self.tally, self.batch = addr, tally, batch
         self.done = asyncio.Event()
-        self.consumer: asyncio.Task | None = None
+        self.task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        for client in self.clients:
-            await client.connect()
-        self.consumer = asyncio.create_task(self._consume())
-
-    async def produce(self, idx: int, stop_at: float) -> None:
-        client = self.clients[idx % len(self.clients)]
-        tally = self.tally
-        seq = 0
-        while tally.may_start(stop_at):
-            t0 = time.perf_counter()
-            cmd, uniq = _half(idx, seq, str(int(time.time() * 1000)))
-            resp = await client.invoke(cmd, 10.0)
-            if resp.code != ResponseCode.SUCCESS:
-                raise RuntimeError(f"half send failed: {resp.code} {resp.remark}")
-            ext = resp.ext_fields
-            offset = int(ext["msgId"][16:], 16)  # offsetMsgId = ip(4) port(4) offset(8), hex
-            await client.invoke_oneway(RemotingCommand.request(RequestCode.END_TRANSACTION, {
-                "producerGroup": GROUP, "tranStateTableOffset": ext["queueOffset"],
-                "commitLogOffset": str(offset), "commitOrRollback": "8",
-                "fromTransactionCheck": "false", "msgId": uniq, "transactionId": uniq,
-            }, oneway=True))
-            tally.latencies.append(time.perf_counter() - t0)
-            seq += 1
-            tally.sent += 1
-
-    async def _consume(self) -> None:
-        client = RemotingClient(self.broker.addr)
+        client = RemotingClient(self.addr)
         await client.connect()
+        self.task = asyncio.create_task(self._consume(client))
+
+    async def _consume(self, client: RemotingClient) -> None:
         loop = asyncio.get_running_loop()
         tally = self.tally
 
@@ -277,7 +297,7 @@ class RawLoad:
             while not self.done.is_set():
                 cmd = RemotingCommand.request(RequestCode.PULL_MESSAGE, {
                     "consumerGroup": CONSUMER_GROUP, "topic": TOPIC, "queueId": str(qid),
-                    "queueOffset": str(offset), "maxMsgNums": "512", "sysFlag": "6",
+                    "queueOffset": str(offset), "maxMsgNums": str(self.batch), "sysFlag": "6",
                     "commitOffset": "-1", "suspendTimeoutMillis": "1000", "subscription": "*",
                     "subVersion": "0"})
                 resp = await client.invoke(cmd, 5.0)
@@ -298,15 +318,89 @@ class RawLoad:
 
     async def close(self) -> None:
         self.done.set()
+        if self.task is not None:
+            await asyncio.wait_for(self.task, 10)
+
+
+class SdkConsumer:
+    """One Consumer draining the topic with ``poll``, as a user does, counting into ``tally``."""
+
+    def __init__(self, namesrv: str, tally: Tally, batch: int = 32) -> None:
+        self.tally = tally
+        # A short long-poll so that shutdown after the row does not wait out the default 15 s.
+        self.consumer = Consumer(CONSUMER_GROUP, namesrv, from_where="first",
+                                 long_poll_timeout=1.0, pull_batch_size=batch)
+        self.consumer.subscribe(TOPIC)
+        self.done = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        self.task = asyncio.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        tally = self.tally
+        consumer = self.consumer
+        while not self.done.is_set():
+            if await consumer.poll(0.2) is not None:
+                tally.seen += 1
+                tally.last_seen = loop.time()
+
+    async def close(self) -> None:
+        self.done.set()
         try:
-            if self.consumer is not None:
-                await asyncio.wait_for(self.consumer, 10)
+            if self.task is not None:
+                await asyncio.wait_for(self.task, 10)
+        finally:
+            await self.consumer.shutdown()
+
+
+class RawLoad:
+    """Producers on RemotingClient connections and one raw long-polling consumer."""
+
+    def __init__(self, broker: BrokerProc, producers: int, shared: bool, tally: Tally,
+                 tx: bool) -> None:
+        self.tally, self.tx = tally, tx
+        self.clients = [RemotingClient(broker.addr) for _ in range(1 if shared else producers)]
+        self.consumer = RawConsumer(broker.addr, tally, 512)
+
+    async def start(self) -> None:
+        for client in self.clients:
+            await client.connect()
+        await self.consumer.start()
+
+    async def produce(self, idx: int, stop_at: float) -> None:
+        client = self.clients[idx % len(self.clients)]
+        tally, tx = self.tally, self.tx
+        seq = 0
+        while tally.may_start(stop_at):
+            t0 = time.perf_counter()
+            cmd, uniq = _send_request(idx, seq, str(int(time.time() * 1000)), tx)
+            resp = await client.invoke(cmd, 10.0)
+            if resp.code != ResponseCode.SUCCESS:
+                raise RuntimeError(f"send failed: {resp.code} {resp.remark}")
+            if tx:
+                ext = resp.ext_fields
+                offset = int(ext["msgId"][16:], 16)  # offsetMsgId = ip(4) port(4) offset(8), hex
+                await client.invoke_oneway(RemotingCommand.request(RequestCode.END_TRANSACTION, {
+                    "producerGroup": GROUP, "tranStateTableOffset": ext["queueOffset"],
+                    "commitLogOffset": str(offset), "commitOrRollback": "8",
+                    "fromTransactionCheck": "false", "msgId": uniq, "transactionId": uniq,
+                }, oneway=True))
+            tally.latencies.append(time.perf_counter() - t0)
+            seq += 1
+            tally.sent += 1
+
+    async def close(self) -> None:
+        try:
+            await self.consumer.close()
         finally:
             for client in self.clients:
                 await client.close()
 
 
-# --- sdk load: TransactionProducer + Consumer --------------------------------------------------
+# --- sdk load: TransactionProducer or Producer, and a Consumer ----------------------------------
 
 
 class _Commit(TransactionListener):
@@ -320,54 +414,47 @@ class _Commit(TransactionListener):
 
 
 class SdkLoad:
-    """TransactionProducer instances (one per coroutine or one shared) and one Consumer."""
+    """Producer instances (TransactionProducer for ``tx``, else Producer; one per coroutine or
+    one shared) and one Consumer."""
 
-    def __init__(self, broker: BrokerProc, producers: int, shared: bool, tally: Tally) -> None:
-        self.tally = tally
+    def __init__(self, broker: BrokerProc, producers: int, shared: bool, tally: Tally,
+                 tx: bool) -> None:
+        self.tally, self.tx = tally, tx
         listener = _Commit()
-        self.producers = [TransactionProducer(GROUP, broker.namesrv, listener=listener)
-                          for _ in range(1 if shared else producers)]
-        # A short long-poll so that shutdown after the row does not wait out the default 15 s.
-        self.consumer = Consumer(CONSUMER_GROUP, broker.namesrv, from_where="first",
-                                 long_poll_timeout=1.0)
-        self.consumer.subscribe(TOPIC)
-        self.done = asyncio.Event()
-        self.draining: asyncio.Task | None = None
+        count = 1 if shared else producers
+        self.producers: list[Producer] = (
+            [TransactionProducer(GROUP, broker.namesrv, listener=listener) for _ in range(count)]
+            if tx else [Producer(GROUP, broker.namesrv) for _ in range(count)])
+        self.consumer = SdkConsumer(broker.namesrv, tally)
 
     async def start(self) -> None:
         await self.consumer.start()
         for producer in self.producers:
             await producer.start()
-        self.draining = asyncio.create_task(self._drain())
 
     async def produce(self, idx: int, stop_at: float) -> None:
         producer = self.producers[idx % len(self.producers)]
         tally = self.tally
         while tally.may_start(stop_at):
             t0 = time.perf_counter()
-            result = await producer.send_message_in_transaction(Message(TOPIC, _BODY, tags="bench"))
-            if result.local_transaction_state != LocalTransactionState.COMMIT_MESSAGE:
-                raise RuntimeError(f"transaction not committed: {result}")
+            msg = Message(TOPIC, _BODY, tags="bench")
+            if self.tx:
+                result = await producer.send_message_in_transaction(msg)
+                if result.local_transaction_state != LocalTransactionState.COMMIT_MESSAGE:
+                    raise RuntimeError(f"transaction not committed: {result}")
+            else:
+                result = await producer.send(msg)
+                if result.send_status != SendStatus.SEND_OK:
+                    raise RuntimeError(f"send not stored: {result}")
             tally.latencies.append(time.perf_counter() - t0)
             tally.sent += 1
 
-    async def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
-        tally = self.tally
-        while not self.done.is_set():
-            if await self.consumer.poll(0.2) is not None:
-                tally.seen += 1
-                tally.last_seen = loop.time()
-
     async def close(self) -> None:
-        self.done.set()
         try:
-            if self.draining is not None:
-                await asyncio.wait_for(self.draining, 10)
+            await self.consumer.close()
         finally:
             for producer in self.producers:
                 await producer.shutdown()
-            await self.consumer.shutdown()
 
 
 # --- one row -----------------------------------------------------------------------------------
@@ -393,15 +480,29 @@ async def _create_topic(addr: str) -> None:
         await admin.close()
 
 
-async def run_row(broker: BrokerProc, client: str, producers: int, shared: bool, seconds: float,
-                  max_tx: int, echo: tuple[float, float]) -> Result:
-    """Load ``broker`` for one row and measure it; ``echo`` is (round trips/s, CPU µs per round
-    trip) of the raw echo of the same pass.  Connections, instances and the consumer are set
-    up before the measured window opens and closed after it ends."""
+def _result(tally: Tally, elapsed: float, broker_s: float, client_s: float,
+            echo: tuple[float, float]) -> Result:
+    """The figures of one run: rates over ``elapsed``, CPU seconds spread over what was seen."""
+    count = max(tally.seen, 1)
+    latencies = sorted(tally.latencies)
+    rate = tally.seen / elapsed if elapsed > 0 else 0.0
+    broker_us = broker_s * 1e6 / count
+    return Result(sent=tally.sent, seen=tally.seen, seconds=elapsed, tps=rate,
+                  p50_ms=_percentile(latencies, 0.50) * 1e3, p99_ms=_percentile(latencies, 0.99) * 1e3,
+                  broker_us=broker_us, client_us=client_s * 1e6 / count,
+                  echo_rate=rate / echo[0], echo_cpu=broker_us / echo[1])
+
+
+async def run_row(broker: BrokerProc, kind: str, client: str, producers: int, shared: bool,
+                  seconds: float, max_tx: int, echo: tuple[float, float]) -> Result:
+    """Load ``broker`` with sends (``kind`` "tx": committed transactions, "plain": plain
+    sends) for one row and measure it; ``echo`` is (round trips/s, CPU µs per round trip) of
+    the raw echo of the same pass.  Connections, instances and the consumer are set up before
+    the measured window opens and closed after it ends."""
     loop = asyncio.get_running_loop()
     await _create_topic(broker.addr)
     tally = Tally(max_tx)
-    load = (RawLoad if client == "raw" else SdkLoad)(broker, producers, shared, tally)
+    load = (RawLoad if client == "raw" else SdkLoad)(broker, producers, shared, tally, kind == "tx")
     await load.start()
     try:
         broker0, client0 = broker.cpu(), time.process_time()
@@ -415,14 +516,87 @@ async def run_row(broker: BrokerProc, client: str, producers: int, shared: bool,
     finally:
         await load.close()
     elapsed = (tally.last_seen or loop.time()) - start
-    committed = max(tally.seen, 1)
-    latencies = sorted(tally.latencies)
-    tps = tally.seen / elapsed if elapsed > 0 else 0.0
-    broker_us = (broker1 - broker0) * 1e6 / committed
-    return Result(sent=tally.sent, seen=tally.seen, seconds=elapsed, tps=tps,
-                  p50_ms=_percentile(latencies, 0.50) * 1e3, p99_ms=_percentile(latencies, 0.99) * 1e3,
-                  broker_us=broker_us, client_us=(client1 - client0) * 1e6 / committed,
-                  echo_rate=tps / echo[0], echo_cpu=broker_us / echo[1])
+    return _result(tally, elapsed, broker1 - broker0, client1 - client0, echo)
+
+
+# --- consumer delivery: a preloaded backlog ----------------------------------------------------
+
+
+async def preload(addr: str, backlog: int, body_size: int = DELIVERY_BODY) -> int:
+    """Store ``backlog`` plain messages of ``body_size`` bytes in the topic's queues, as fast as
+    the broker takes them: SEND_BATCH_MESSAGE requests of PRELOAD_BATCH messages (each record
+    with its own UNIQ_KEY), PRELOAD_IN_FLIGHT at a time, each batch to the next queue, so a
+    queue holds runs of PRELOAD_BATCH contiguous records.  Progress goes to stderr; bounded by
+    PRELOAD_SECONDS, after which it returns how many were stored."""
+    loop = asyncio.get_running_loop()
+    body = b"b" * body_size
+    client = RemotingClient(addr)
+    await client.connect()
+    stored = batches = 0
+    deadline = loop.time() + PRELOAD_SECONDS
+    next_report = loop.time() + 1.0
+    pid = os.getpid()
+
+    async def sender() -> None:
+        nonlocal stored, batches, next_report
+        while loop.time() < deadline:
+            first = batches * PRELOAD_BATCH
+            if first >= backlog:
+                return
+            n = min(PRELOAD_BATCH, backlog - first)
+            qid = batches % QUEUES
+            batches += 1
+            payload = encode_batch((0, body, {"UNIQ_KEY": f"{pid:08X}{first + i:024X}"})
+                                   for i in range(n))
+            resp = await client.invoke(RemotingCommand.request(RequestCode.SEND_BATCH_MESSAGE, {
+                "a": GROUP, "b": TOPIC, "c": "TBW102", "d": "4", "e": str(qid), "f": "0",
+                "g": str(int(time.time() * 1000)), "h": "0", "i": "WAIT\x01true", "j": "0",
+                "k": "false", "m": "true"}, payload), 30.0)
+            if resp.code != ResponseCode.SUCCESS:
+                raise RuntimeError(f"preload batch failed: {resp.code} {resp.remark}")
+            stored += n
+            if loop.time() >= next_report:
+                next_report = loop.time() + 1.0
+                print(f"    preloading: {stored:,} / {backlog:,} messages", file=sys.stderr)
+
+    try:
+        await asyncio.gather(*(sender() for _ in range(PRELOAD_IN_FLIGHT)))
+    finally:
+        await client.close()
+    if stored < backlog:
+        print(f"    preload stopped at {stored:,} of {backlog:,} messages after "
+              f"{PRELOAD_SECONDS:g} s", file=sys.stderr)
+    return stored
+
+
+async def run_delivery(broker: BrokerProc, client: str, backlog: int, pull_batch: int,
+                       echo: tuple[float, float],
+                       window_opens: Callable[[], None] | None = None) -> Result:
+    """Preload ``backlog`` messages, then time one consumer (``client`` "sdk": a Consumer
+    polling message by message; "raw": RemotingClient pulls, framing checked) draining all of
+    it from the first offset, ``pull_batch`` messages per pull.  The window opens before the
+    consumer starts and closes when it has seen the last message (bounded wait);
+    ``window_opens`` is called then (a profiler starts there, leaving the preload out)."""
+    loop = asyncio.get_running_loop()
+    await _create_topic(broker.addr)
+    loaded = await preload(broker.addr, backlog)
+    if window_opens is not None:
+        window_opens()
+    tally = Tally(loaded, sent=loaded)
+    consumer = (RawConsumer(broker.addr, tally, pull_batch) if client == "raw"
+                else SdkConsumer(broker.namesrv, tally, pull_batch))
+    broker0, client0 = broker.cpu(), time.process_time()
+    start = loop.time()
+    try:
+        await consumer.start()
+        deadline = loop.time() + DRAIN_SECONDS + loaded / 10_000
+        while tally.seen < loaded and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        client1, broker1 = time.process_time(), broker.cpu()
+    finally:
+        await consumer.close()
+    elapsed = (tally.last_seen or loop.time()) - start
+    return _result(tally, elapsed, broker1 - broker0, client1 - client0, echo)
 
 
 # --- driver ------------------------------------------------------------------------------------
@@ -431,25 +605,34 @@ async def run_row(broker: BrokerProc, client: str, producers: int, shared: bool,
 @dataclass(frozen=True)
 class Row:
     flush: str
+    kind: str
     client: str
     producers: int
     sharing: str
 
     @property
     def label(self) -> str:
-        return f"{self.flush}-{self.client}-{self.producers}-{self.sharing}"
+        return f"{self.flush}-{self.kind}-{self.client}-{self.producers}-{self.sharing}"
 
 
 def rows_of(args: argparse.Namespace) -> list[Row]:
+    """Every combination asked for; a delivery row has one consumer and no producers, so it
+    is one row per flush mode and client."""
     rows = []
     sharings = args.connections.split(",")
-    for flush in args.flush.split(","):
-        for client in args.client.split(","):
-            for producers in (int(p) for p in args.producers.split(",")):
-                for sharing in sharings:
-                    if producers == 1 and sharing != sharings[0]:
-                        continue  # one producer: each and shared are the same
-                    rows.append(Row(flush, client, producers, sharing))
+    for kind in args.kind.split(","):
+        if kind not in KINDS:
+            raise SystemExit(f"error: --kind {kind!r}: not one of {', '.join(KINDS)}")
+        for flush in args.flush.split(","):
+            for client in args.client.split(","):
+                if kind == "delivery":
+                    rows.append(Row(flush, kind, client, 1, "-"))
+                    continue
+                for producers in (int(p) for p in args.producers.split(",")):
+                    for sharing in sharings:
+                        if producers == 1 and sharing != sharings[0]:
+                            continue  # one producer: each and shared are the same
+                        rows.append(Row(flush, kind, client, producers, sharing))
     return rows
 
 
@@ -458,29 +641,40 @@ def median_result(results: list[Result]) -> Result:
                      for f in fields(Result)})
 
 
-HEADER = (f"{'flush':<6} {'client':<6} {'producers':>9} {'sharing':<7} {'committed':>10} "
-          f"{'tx/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'broker µs/tx':>12} {'client µs/tx':>12} "
-          f"{'× echo rate':>11} {'× echo CPU':>10}")
+HEADER = (f"{'flush':<6} {'kind':<8} {'client':<6} {'producers':>9} {'sharing':<7} "
+          f"{'messages':>10} {'msgs/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'broker µs/msg':>13} "
+          f"{'client µs/msg':>13} {'× echo rate':>11} {'× echo CPU':>10}")
 
 
 def format_row(row: Row, r: Result) -> str:
-    return (f"{row.flush:<6} {row.client:<6} {row.producers:>9} {row.sharing:<7} {r.seen:>10,.0f} "
-            f"{r.tps:>8,.0f} {r.p50_ms:>7.2f} {r.p99_ms:>7.2f} {r.broker_us:>12.1f} "
-            f"{r.client_us:>12.1f} {r.echo_rate:>11.3f} {r.echo_cpu:>10.1f}")
+    """One table line; a delivery row has no send latency ("-")."""
+    p50, p99 = ((f"{r.p50_ms:>7.2f}", f"{r.p99_ms:>7.2f}") if row.kind != "delivery"
+                else (f"{'-':>7}", f"{'-':>7}"))
+    return (f"{row.flush:<6} {row.kind:<8} {row.client:<6} {row.producers:>9} {row.sharing:<7} "
+            f"{r.seen:>10,.0f} {r.tps:>8,.0f} {p50} {p99} {r.broker_us:>13.1f} "
+            f"{r.client_us:>13.1f} {r.echo_rate:>11.3f} {r.echo_cpu:>10.1f}")
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=3.0, help="load time per row and pass")
     ap.add_argument("--max-tx", type=int, default=200_000,
-                    help="transactions per row and pass at most (bounds a fast run)")
+                    help="sends per row and pass at most (bounds a fast run)")
+    ap.add_argument("--kind", default=",".join(KINDS),
+                    help="tx: committed transactions; plain: plain sends; delivery: one "
+                         "consumer draining a preloaded backlog")
     ap.add_argument("--producers", default="1,64")
     ap.add_argument("--flush", default="async,sync")
     ap.add_argument("--client", default="raw,sdk",
-                    help="raw: RemotingClient frames; sdk: TransactionProducer + Consumer")
+                    help="raw: RemotingClient frames; sdk: TransactionProducer or Producer + "
+                         "Consumer")
     ap.add_argument("--connections", default="each,shared",
-                    help="each: one connection (raw) or TransactionProducer (sdk) per producer "
+                    help="each: one connection (raw) or producer instance (sdk) per producer "
                          "coroutine; shared: one for all, as in one client process")
+    ap.add_argument("--backlog", type=int, default=1_000_000,
+                    help=f"messages ({DELIVERY_BODY} B) preloaded for a delivery row")
+    ap.add_argument("--pull-batch", type=int, default=32,
+                    help="messages per pull in a delivery row (32: the SDK's default)")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved passes; medians printed")
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="sample the broker of every run with py-spy into DIR")
@@ -501,26 +695,31 @@ def main(argv: list[str] | None = None) -> None:
             for row in rows:
                 with tempfile.TemporaryDirectory(prefix="txbroker-bench-") as d, \
                         BrokerProc(row.flush, d) as broker:
-                    spy = (Profiler(broker.proc.pid, args.profile / f"{row.label}-{rep + 1}.txt")
-                           if args.profile is not None else None)
+                    window = ProfileWindow(broker.proc.pid, None if args.profile is None
+                                           else args.profile / f"{row.label}-{rep + 1}.txt")
+                    if row.kind == "delivery":
+                        run = run_delivery(broker, row.client, args.backlog, args.pull_batch,
+                                           echo, window.open)
+                    else:
+                        window.open()
+                        run = run_row(broker, row.kind, row.client, row.producers,
+                                      row.sharing == "shared", args.seconds, args.max_tx, echo)
                     try:
-                        r = runner.run(run_row(broker, row.client, row.producers,
-                                               row.sharing == "shared", args.seconds,
-                                               args.max_tx, echo))
+                        r = runner.run(run)
                     finally:
-                        if spy is not None:
-                            spy.stop()
+                        window.close()
                 results[row].append(r)
                 print(f"  {format_row(row, r)}", file=sys.stderr)
     print(f"raw echo, 64 connections (median of {len(echoes)}): "
           f"{statistics.median(e[0] for e in echoes):,.0f} round trips/s, "
           f"{statistics.median(e[1] for e in echoes):.1f} µs server CPU per round trip")
-    print(f"median of {len(echoes)} passes, {args.seconds:g} s of load per row and pass")
+    print(f"median of {len(echoes)} passes, {args.seconds:g} s of load per send row and pass, "
+          f"a backlog of {args.backlog:,} per delivery row")
     print(HEADER)
     for row in rows:
         print(format_row(row, median_result(results[row])))
     if any(r.seen != r.sent for rs in results.values() for r in rs):
-        print("WARNING: the consumer did not see every committed transaction", file=sys.stderr)
+        print("WARNING: the consumer did not see every stored message", file=sys.stderr)
         sys.exit(1)
 
 

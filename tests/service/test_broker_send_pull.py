@@ -119,6 +119,7 @@ async def test_long_poll_times_out_with_not_found(broker, broker_client) -> None
     assert resp.code == ResponseCode.PULL_NOT_FOUND and msgs == []
     assert loop.time() - t0 >= 0.35
     assert resp.ext_fields["nextBeginOffset"] == "1"
+    assert broker.holds.held() == 0  # the timed-out hold is forgotten, not left to a put
 
 
 async def test_eight_held_pulls_do_not_block_other_requests(broker, broker_client) -> None:

@@ -154,3 +154,21 @@ def test_locks_expire_and_belong_to_holder() -> None:
 def test_delay_levels() -> None:
     levels = parse_levels("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h")
     assert levels[0] == 1 and levels[4] == 60 and levels[-1] == 7200 and len(levels) == 18
+
+
+def test_pull_parses_each_subscription_expression_once() -> None:
+    """A consumer repeats its expression with every pull: the tag filter is parsed once and
+    reused; a refused expression is refused every time and never cached."""
+    from txbroker.remoting.filter import SubscriptionParseError
+    from txbroker.service.processors.pull import PullHoldService, PullProcessor
+    from txbroker.store.record import tag_hash
+
+    proc = PullProcessor(BrokerConfig(), None, None, None, PullHoldService())
+    first = proc._tag_filter("TagA || TagB")
+    assert first == {tag_hash("TagA"), tag_hash("TagB")}
+    assert proc._tag_filter("TagA || TagB") is first
+    assert proc._tag_filter("*") is None and proc._tag_filter(" ") == frozenset()
+    for _ in range(2):
+        with pytest.raises(SubscriptionParseError):
+            proc._tag_filter("||")
+    assert "||" not in proc._filters

@@ -135,6 +135,11 @@ class CommitLog:
         return seg
 
     # --- reading ----------------------------------------------------------------------------
+    def segment_at(self, offset: int) -> MappedSegment | None:
+        """The segment holding ``offset``, None if none does (a pull reads many records of
+        one segment: it looks the segment up once and slices it)."""
+        return self._segment_for(offset)
+
     def _segment_for(self, offset: int) -> MappedSegment | None:
         if not self.segments or offset < self.segments[0].start:
             return None

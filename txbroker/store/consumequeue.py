@@ -149,6 +149,19 @@ class ConsumeQueue:
             return None
         return ENTRY.unpack(f.read((index % self.entries_per_file) * ENTRY_SIZE, ENTRY_SIZE))
 
+    def entries(self, index: int, count: int) -> list[tuple[int, int, int]]:
+        """Up to ``count`` consecutive entries from ``index``, read as one slice of one file
+        (fewer at the queue's end or the file's); empty outside the queue.  A pull walks
+        entries in order, so this replaces ``count`` calls of :meth:`get` by one."""
+        if index < self.min_offset or index >= self.max_offset or count <= 0:
+            return []
+        f = self._file_for(index, create=False)
+        if f is None:
+            return []
+        slot = index % self.entries_per_file
+        n = min(count, self.max_offset - index, self.entries_per_file - slot)
+        return list(ENTRY.iter_unpack(f.read(slot * ENTRY_SIZE, n * ENTRY_SIZE)))
+
     def truncate(self, new_max: int) -> int:
         """Drop entries at or past ``new_max`` (they point past the valid commitlog)."""
         dropped = 0

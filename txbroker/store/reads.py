@@ -36,28 +36,39 @@ def read_queue(commitlog: CommitLog | None, cq: ConsumeQueue | None, offset: int
         return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, hi, lo, hi)
     assert commitlog is not None  # a queue exists only once the store is open
     raw: list[bytes] = []
+    append = raw.append
+    # The segment of the last record read, and the absolute range of its written bytes: the
+    # records of one pull nearly always lie in one segment, so it is looked up once.
+    seg_read = None
+    seg_start = seg_end = 0
     total = 0
     index = offset
-    scan_limit = offset + max(max_count, MAX_SCAN_ENTRIES)
+    scan_end = min(hi, offset + max(max_count, MAX_SCAN_ENTRIES))
     missing = False
-    while index < hi and index < scan_limit and len(raw) < max_count:
-        entry = cq.get(index)
-        if entry is None:
+    while index < scan_end:
+        # Entries come a slice at a time; without a filter every one is taken, so only as
+        # many are read as may still fit.
+        want = scan_end - index if tag_filter is not None else max_count - len(raw)
+        batch = cq.entries(index, want)
+        if not batch:
             break
-        phys, size, thash = entry
-        if tag_filter is not None and thash not in tag_filter:
+        for phys, size, thash in batch:
+            if tag_filter is not None and thash not in tag_filter:
+                index += 1
+                continue
+            if raw and total + size > max_bytes:
+                return GetResult(GetStatus.FOUND, index, lo, hi, raw)
             index += 1
-            continue
-        if raw and total + size > max_bytes:
-            break
-        data = commitlog.read_at(phys, size)
-        if data is None:
-            missing = True
-            index += 1
-            continue
-        raw.append(data)
-        total += size
-        index += 1
+            if size <= 0 or not seg_start <= phys <= seg_end - size:
+                seg = commitlog.segment_at(phys)
+                if seg is None or size <= 0 or phys + size > seg.start + seg.wrote:
+                    missing = True  # deleted by retention, or not (yet) written there
+                    continue
+                seg_read, seg_start, seg_end = seg.read, seg.start, seg.start + seg.wrote
+            append(seg_read(phys - seg_start, size))
+            total += size
+            if len(raw) >= max_count:
+                return GetResult(GetStatus.FOUND, index, lo, hi, raw)
     if raw:
         status = GetStatus.FOUND
     elif missing:

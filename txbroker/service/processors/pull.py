@@ -25,10 +25,7 @@ from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.filter import parse_tag_expression
-from txbroker.remoting.headers import (
-    PullMessageRequestHeader,
-    PullMessageResponseHeader,
-)
+from txbroker.remoting.headers import PullMessageRequestHeader
 from txbroker.service.clients import ClientRegistry
 from txbroker.service.processors.statuses import GET_ANSWERS
 from txbroker.service.topics import (
@@ -44,6 +41,8 @@ log = logging.getLogger(__name__)
 #: Upper bound on messages per pull, whatever the client asks (RocketMQ caps at 32 by default
 #: in the client; a broker-side cap keeps one response bounded).
 MAX_PULL_BATCH = 1024
+#: Distinct subscription expressions whose parsed tag filter is kept (then the cache restarts).
+MAX_CACHED_FILTERS = 1024
 
 
 class PullHoldService:
@@ -107,6 +106,7 @@ class PullProcessor:
         self.topics = topics
         self.registry = registry
         self.holds = holds
+        self._filters: dict[str | None, frozenset[int] | None] = {}
 
     def handlers(self) -> dict[int, object]:
         return {RequestCode.PULL_MESSAGE: self.handle}
@@ -138,13 +138,12 @@ class PullProcessor:
                           f"queueId[{queue_id}] is illegal, topic {topic} has "
                           f"{tc.read_queue_nums} read queues")
         if h.has_subscription:
-            selected = parse_tag_expression(h.subscription)
-            matches_all, tags = selected.matches_all, selected.tags
+            tag_filter = self._tag_filter(h.subscription)
         else:
             sub = self.registry.subscription(group, topic)
-            matches_all, tags = (True, frozenset()) if sub is None else (sub.matches_all, sub.tags)
-        # Not SUB_ALL: only the listed tags' hashes, so an expression of blanks selects nothing.
-        tag_filter = None if matches_all else {tag_hash(t) for t in tags}
+            # Not SUB_ALL: only the listed tags' hashes, so a blank expression selects nothing.
+            tag_filter = (None if sub is None or sub.matches_all
+                          else {tag_hash(t) for t in sub.tags})
         if h.commit_offset_enabled and h.commit_offset >= 0:
             self.store.offsets.set(group, topic, queue_id, h.commit_offset)
         max_nums = min(h.max_msg_nums, MAX_PULL_BATCH)
@@ -154,15 +153,21 @@ class PullProcessor:
             return resp
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(suspend_ms / 1000.0, self.config.max_pull_suspend)
-        while not self.holds.closing:
+        holds = self.holds
+        while not holds.closing:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
-            fut = self.holds.wait(topic, queue_id)
+            # The held future itself carries the time-out (result False), one timer handle:
+            # asyncio.wait_for would add a future, a callback and a cancellation per hold.
+            fut = holds.wait(topic, queue_id)
+            timer = loop.call_later(remaining, _expire, fut)
             try:
-                await asyncio.wait_for(fut, remaining)
-            except TimeoutError:
-                self.holds.discard(topic, queue_id, fut)
+                woken = await fut
+            finally:
+                timer.cancel()
+            if not woken:
+                holds.discard(topic, queue_id, fut)
                 break
             resp = self._once(cmd, topic, queue_id, offset, max_nums, tag_filter)
             if resp.code != ResponseCode.PULL_NOT_FOUND:
@@ -172,9 +177,31 @@ class PullProcessor:
     def _once(self, cmd, topic, queue_id, offset, max_nums, tag_filter) -> RemotingCommand:
         res = self.store.get(topic, queue_id, offset, max_nums, tag_filter=tag_filter)
         code, remark = GET_ANSWERS[res.status]
-        header = PullMessageResponseHeader(next_begin_offset=res.next_offset,
-                                           min_offset=res.min_offset, max_offset=res.max_offset)
-        resp = cmd.response(code, remark, ext=header.to_ext())
+        # PullMessageResponseHeader's extFields, built directly: this runs once per pull.
+        resp = cmd.response(code, remark, ext={
+            "suggestWhichBrokerId": "0", "nextBeginOffset": str(res.next_offset),
+            "minOffset": str(res.min_offset), "maxOffset": str(res.max_offset)})
         if code == ResponseCode.SUCCESS and res.raw:
             resp.body_parts = res.raw  # the stored records go to the socket as they are
         return resp
+
+    def _tag_filter(self, expression: str | None) -> frozenset[int] | None:
+        """The tag hashes an expression selects (None: every tag), parsed once per distinct
+        expression: a consumer sends the same one with every pull."""
+        try:
+            return self._filters[expression]
+        except KeyError:
+            pass
+        selected = parse_tag_expression(expression)  # raises on a bad one: nothing cached
+        # Not SUB_ALL: only the listed tags' hashes, so an expression of blanks selects nothing.
+        hashes = None if selected.matches_all else frozenset(tag_hash(t) for t in selected.tags)
+        if len(self._filters) >= MAX_CACHED_FILTERS:
+            self._filters.clear()
+        self._filters[expression] = hashes
+        return hashes
+
+
+def _expire(fut: asyncio.Future) -> None:
+    """A held pull's time is up: wake it with False (unless the store woke it first)."""
+    if not fut.done():
+        fut.set_result(False)
