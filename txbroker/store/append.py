@@ -120,7 +120,7 @@ class Appender:
         try:
             if props:
                 try:
-                    props_bytes = "\x02".join([k + "\x01" + v for k, v in props.items()]).encode()
+                    props_bytes = "\x02".join(map("\x01".join, props.items())).encode()
                 except TypeError:  # a None value (skipped) or a non-str one (str() of it)
                     props_bytes = properties_to_string(props).encode()
             else:
