@@ -216,7 +216,9 @@ class ClientInstance:
             task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
     async def invoke(self, addr: str, cmd: RemotingCommand, timeout: float | None = None) -> RemotingCommand:
-        conn = await self.connection(addr)
+        conn = self._conns.get(addr)
+        if conn is None or conn.closed:  # an open connection needs no await to be found
+            conn = await self.connection(addr)
         try:
             return await conn.invoke(cmd, timeout or self.request_timeout)
         except (OSError, ConnectionError):
@@ -226,6 +228,11 @@ class ClientInstance:
             self._check_reconnected(addr, conn)
 
     async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
+        conn = self._conns.get(addr)
+        if conn is not None and conn.send_oneway_now(cmd):
+            # Connected and writable: sent at once (END_TRANSACTION takes this path).
+            self._check_reconnected(addr, conn)
+            return
         conn = await self.connection(addr)
         try:
             await conn.invoke_oneway(cmd)

@@ -34,6 +34,7 @@ from txbroker.client.message import (
     validate_topic,
     wire_body,
 )
+from txbroker.client.namesrv import TopicRoute
 from txbroker.client.rebalance import MessageQueue
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
@@ -97,6 +98,9 @@ class Producer:
         self._instance.producer_groups.add(self.group)
         self._ids = UniqKeyGenerator(self._instance.ip)
         self._rr = itertools.count()
+        #: topic -> (the name server's route object, its writable queues): a send reuses the
+        #: queue list while that route is the cached one; a refreshed route is a new object.
+        self._write_queues: dict[str, tuple[TopicRoute, list[MessageQueue]]] = {}
         self._state = "new"
 
     @property
@@ -184,11 +188,25 @@ class Producer:
                                 ",".join(uniqs), batch=True)
 
     # --- internals ---------------------------------------------------------------------------
+    def _cached_queues(self, topic: str) -> list[MessageQueue] | None:
+        """The writable queues of ``topic`` while its cached route is unchanged, else None."""
+        entry = self._write_queues.get(topic)
+        if entry is not None and self._instance.namesrv.routes.get(topic) is entry[0]:
+            return entry[1]
+        return None
+
     async def _queues(self, topic: str, refresh: bool = False) -> list[MessageQueue]:
-        route = await self._instance.namesrv.publish_route(topic, DEFAULT_TOPIC_QUEUE_NUMS, refresh=refresh)
+        if not refresh:
+            queues = self._cached_queues(topic)
+            if queues is not None:
+                return queues
+        namesrv = self._instance.namesrv
+        route = await namesrv.publish_route(topic, DEFAULT_TOPIC_QUEUE_NUMS, refresh=refresh)
         queues = route.write_queues()
         if not queues:
             raise RouteError(f"topic {topic!r} has no writable queue")
+        if namesrv.routes.get(topic) is route:  # not an auto-create template route
+            self._write_queues[topic] = (route, queues)
         return queues
 
     def _request(self, mq: MessageQueue, body: bytes, props: dict[str, str], sys_flag: int,
@@ -209,12 +227,15 @@ class Producer:
         failed_broker: str | None = None
         start = next(self._rr)
         for attempt in range(self.retries + 1):
-            try:
-                queues = await self._queues(topic, refresh=attempt > 0 and last is not None)
-            except (ClientError, OSError, TimeoutError) as exc:
-                attempts.append(f"attempt {attempt + 1}: {exc}")
-                last = exc
-                continue
+            # A first attempt on an unchanged route needs no coroutine to find its queues.
+            queues = self._cached_queues(topic) if attempt == 0 else None
+            if queues is None:
+                try:
+                    queues = await self._queues(topic, refresh=attempt > 0 and last is not None)
+                except (ClientError, OSError, TimeoutError) as exc:
+                    attempts.append(f"attempt {attempt + 1}: {exc}")
+                    last = exc
+                    continue
             mq = self._pick(queues, start + attempt, failed_broker)
             addr = "?"
             try:

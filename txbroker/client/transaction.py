@@ -74,6 +74,8 @@ async def _call(fn, *args, in_thread: bool = False) -> LocalTransactionState:
         result = await asyncio.to_thread(fn, *args)
     else:
         result = fn(*args)
+        if result.__class__ is LocalTransactionState:  # a plain method's answer: done
+            return result
     if inspect.isawaitable(result):
         result = await result
     if not isinstance(result, LocalTransactionState):
