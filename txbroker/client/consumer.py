@@ -34,7 +34,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Self
+from collections.abc import Coroutine
+from typing import Any, Self
 
 from txbroker.client.errors import (
     ClientError,
@@ -232,9 +233,13 @@ class Consumer:
             raise StopAsyncIteration
         return msg
 
-    async def poll(self, timeout: float | None = None) -> MessageExt | None:
-        """The next message, or None after ``timeout`` seconds (None = wait) or at shutdown."""
-        return await self._next(timeout)
+    def poll(self, timeout: float | None = None) -> Coroutine[Any, Any, MessageExt | None]:
+        """The next message, or None after ``timeout`` seconds (None = wait) or at shutdown.
+
+        Await the result, as of a coroutine function: it is :meth:`_next` itself, so a
+        delivered message costs no coroutine of its own on top.
+        """
+        return self._next(timeout)
 
     def _ack_delivered(self) -> None:
         for tracker, offset in self._delivered:
