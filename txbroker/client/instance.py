@@ -227,11 +227,17 @@ class ClientInstance:
         finally:
             self._check_reconnected(addr, conn)
 
-    async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
+    def send_oneway_now(self, addr: str, cmd: RemotingCommand) -> bool:
+        """Send a one-way request to ``addr`` if that needs no wait (connected, broker
+        reading): True when sent; False when the caller must await :meth:`invoke_oneway`."""
         conn = self._conns.get(addr)
-        if conn is not None and conn.send_oneway_now(cmd):
-            # Connected and writable: sent at once (END_TRANSACTION takes this path).
-            self._check_reconnected(addr, conn)
+        if conn is None or not conn.send_oneway_now(cmd):
+            return False
+        self._check_reconnected(addr, conn)
+        return True
+
+    async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
+        if self.send_oneway_now(addr, cmd):
             return
         conn = await self.connection(addr)
         try:
