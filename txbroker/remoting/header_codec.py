@@ -5,8 +5,9 @@ RocketMQ flattens each "custom header" object into extFields by field name and c
 strings back by declared type (docs/protocol.md §2.5).  Here every header is a dataclass whose fields
 declare their wire name, type, whether they are required and their valid range; one generic
 ``from_ext``/``to_ext`` pair does the conversion, so processors receive typed, validated values
-and never parse strings themselves.  ``from_ext`` runs a per-class decoder compiled once from
-the field declarations (one converter per field), because SEND decodes a header per message.
+and never parse strings themselves.  ``from_ext`` and ``to_ext`` run a decoder and an encoder
+generated once per class (and key map) from the field declarations, straight-line code with the
+wire keys as constants, because every request the broker reads and the SDK sends goes through one.
 
 Field checks live here (presence, type, range, allowed values); checks against broker state
 (does the topic exist, is the queue id below the topic's queue count, permissions) stay in the
