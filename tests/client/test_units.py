@@ -224,3 +224,23 @@ def test_group_name_errors_name_the_group(make, what: str) -> None:
     assert make("g" * 120) is not None
     with pytest.raises(ValueError, match=rf"^{what} 'g+'\.\.\. is longer than 120 characters"):
         make("g" * 121)
+
+
+def test_send_request_header_is_the_header_class_encoding() -> None:
+    """The per-(topic, flags) header template filled per send gives exactly the bytes, key
+    order included, that encoding the whole header class gives."""
+    from txbroker.remoting.headers import SendMessageRequestHeader
+
+    p = Producer("PG")
+    for topic, qid, flag, batch, props in (("T", 3, 4, False, {"a": "b", "UNIQ_KEY": "X"}),
+                                           ("T", 1, 4, False, {"c": "d"}),
+                                           ("U", 0, 0, True, {"WAIT": "true"})):
+        cmd = p._request(MessageQueue(topic, "broker-a", qid), b"body", props, flag, batch=batch)
+        born = int(cmd.ext_fields["g"])
+        expected = SendMessageRequestHeader(
+            producer_group="PG", topic=topic, default_topic="TBW102", default_topic_queue_nums=4,
+            queue_id=qid, sys_flag=flag, born_timestamp=born, flag=0,
+            properties=rec.properties_to_string(props), reconsume_times=0, unit_mode=False,
+            batch=batch).to_ext_v2()
+        assert list(cmd.ext_fields.items()) == list(expected.items())
+        assert cmd.code == (320 if batch else 310) and cmd.code.__class__ is int

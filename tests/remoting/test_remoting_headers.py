@@ -89,6 +89,8 @@ def test_ill_typed_booleans_are_refused(text: str) -> None:
     ({**SEND, "queueId": "x"}, "'queueId' must be an integer"),
     ({**SEND, "queueId": "1.5"}, "'queueId' must be an integer"),
     ({**SEND, "queueId": "1_0"}, "'queueId' must be an integer"),
+    ({**SEND, "queueId": "\u00b2"}, "'queueId' must be an integer"),  # a digit int() refuses
+    ({**SEND, "unitMode": "yes"}, "'unitMode' must be a boolean"),
     ({**SEND, "queueId": "4294967296"}, "'queueId' = 4294967296 is out of range"),
     ({**SEND, "bornTimestamp": "-5"}, "'bornTimestamp' = -5 must be >= 0"),
     ({**SEND, "sysFlag": "abc"}, "'sysFlag' must be an integer"),
@@ -180,6 +182,12 @@ def test_header_decoding_only_raises_header_error(ext) -> None:
             assert exc.remark
         else:
             assert cls.from_ext(h.to_ext()) == h
+    try:
+        h = SendMessageRequestHeader.from_ext_v2(ext)
+    except HeaderError as exc:
+        assert exc.remark
+    else:
+        assert SendMessageRequestHeader.from_ext_v2(h.to_ext_v2()) == h
 
 
 # --- bodies ------------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Self
+from collections.abc import Coroutine
+from typing import Any, Self
 
 from txbroker.client.errors import (
     ClientError,
@@ -232,9 +233,13 @@ class Consumer:
             raise StopAsyncIteration
         return msg
 
-    async def poll(self, timeout: float | None = None) -> MessageExt | None:
-        """The next message, or None after ``timeout`` seconds (None = wait) or at shutdown."""
-        return await self._next(timeout)
+    def poll(self, timeout: float | None = None) -> Coroutine[Any, Any, MessageExt | None]:
+        """The next message, or None after ``timeout`` seconds (None = wait) or at shutdown.
+
+        Await the result, as of a coroutine function: it is :meth:`_next` itself, so a
+        delivered message costs no coroutine of its own on top.
+        """
+        return self._next(timeout)
 
     def _ack_delivered(self) -> None:
         for tracker, offset in self._delivered:
@@ -247,20 +252,26 @@ class Consumer:
         self._ack_delivered()
         if self._state == "closed" and (self._buffer is None or self._buffer.empty()):
             return None
-        assert self._buffer is not None
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
+        buffer = self._buffer
+        assert buffer is not None
+        deadline = None
         while True:
-            remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
-            try:
-                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
-                # cancellation that races with the item arriving.
-                async with asyncio.timeout(remaining):
-                    item = await self._buffer.get()
-            except TimeoutError:
-                return None
+            if buffer.qsize():
+                item = buffer.get_nowait()  # a backlog is delivered without a timer or a wait
+            else:
+                loop = asyncio.get_running_loop()
+                if deadline is None and timeout is not None:
+                    deadline = loop.time() + timeout
+                remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
+                try:
+                    # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+                    # cancellation that races with the item arriving.
+                    async with asyncio.timeout(remaining):
+                        item = await buffer.get()
+                except TimeoutError:
+                    return None
             if item is None:
-                self._buffer.put_nowait(None)  # keep the shutdown marker for other waiters
+                buffer.put_nowait(None)  # keep the shutdown marker for other waiters
                 return None
             tracker, msg = item
             if tracker.dropped:

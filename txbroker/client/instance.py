@@ -216,7 +216,9 @@ class ClientInstance:
             task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
     async def invoke(self, addr: str, cmd: RemotingCommand, timeout: float | None = None) -> RemotingCommand:
-        conn = await self.connection(addr)
+        conn = self._conns.get(addr)
+        if conn is None or conn.closed:  # an open connection needs no await to be found
+            conn = await self.connection(addr)
         try:
             return await conn.invoke(cmd, timeout or self.request_timeout)
         except (OSError, ConnectionError):
@@ -225,7 +227,18 @@ class ClientInstance:
         finally:
             self._check_reconnected(addr, conn)
 
+    def send_oneway_now(self, addr: str, cmd: RemotingCommand) -> bool:
+        """Send a one-way request to ``addr`` if that needs no wait (connected, broker
+        reading): True when sent; False when the caller must await :meth:`invoke_oneway`."""
+        conn = self._conns.get(addr)
+        if conn is None or not conn.send_oneway_now(cmd):
+            return False
+        self._check_reconnected(addr, conn)
+        return True
+
     async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
+        if self.send_oneway_now(addr, cmd):
+            return
         conn = await self.connection(addr)
         try:
             await conn.invoke_oneway(cmd)

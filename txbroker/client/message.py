@@ -274,7 +274,8 @@ class UniqKeyGenerator:
         except OSError:
             ip_bytes = socket.inet_aton("127.0.0.1")
         pid = os.getpid() if pid is None else pid
-        self._prefix = ip_bytes + struct.pack(">H", pid & 0xFFFF) + secrets.token_bytes(4)
+        prefix = ip_bytes + struct.pack(">H", pid & 0xFFFF) + secrets.token_bytes(4)
+        self._prefix_hex = prefix.hex().upper()
         self._clock = clock
         self._counter = itertools.count(secrets.randbelow(0x10000))
         self._month_start_ms = 0
@@ -294,5 +295,5 @@ class UniqKeyGenerator:
             self._roll_month(now_ms)
         elapsed = (now_ms - self._month_start_ms) & 0xFFFFFFFF
         count = next(self._counter) & 0xFFFF
-        return (self._prefix + struct.pack(">IH", elapsed, count)).hex().upper()
+        return f"{self._prefix_hex}{elapsed:08X}{count:04X}"
 

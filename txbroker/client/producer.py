@@ -34,10 +34,12 @@ from txbroker.client.message import (
     validate_topic,
     wire_body,
 )
+from txbroker.client.namesrv import TopicRoute
 from txbroker.client.rebalance import MessageQueue
-from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.codes import FLAG_ONEWAY, RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
+    SEND_V1_KEYS,
     HeaderError,
     SendMessageRequestHeader,
     SendMessageResponseHeader,
@@ -54,6 +56,12 @@ DEFAULT_TOPIC_QUEUE_NUMS = 4
 RETRY_CODES = frozenset({ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY,
                          ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.TOPIC_NOT_EXIST})
 _STATUS_BY_CODE = {s.value: s for s in SendStatus}
+#: A send's header is its (topic, flags) template with these three fields filled in: encoding
+#: the whole header class per send cost more than the rest of building the request.
+_QUEUE_ID_KEY, _BORN_KEY, _PROPERTIES_KEY = (
+    SEND_V1_KEYS[k] for k in ("queueId", "bornTimestamp", "properties"))
+#: Templates kept per producer (a producer writing to many topics starts over past this).
+MAX_HEADER_TEMPLATES = 256
 
 
 def validate_group(group: object, what: str = "group") -> str:
@@ -97,6 +105,11 @@ class Producer:
         self._instance.producer_groups.add(self.group)
         self._ids = UniqKeyGenerator(self._instance.ip)
         self._rr = itertools.count()
+        #: topic -> (the name server's route object, its writable queues): a send reuses the
+        #: queue list while that route is the cached one; a refreshed route is a new object.
+        self._write_queues: dict[str, tuple[TopicRoute, list[MessageQueue]]] = {}
+        #: (topic, sys flag, batch) -> the send header encoded with every per-send field blank.
+        self._send_headers: dict[tuple[str, int, bool], dict[str, str]] = {}
         self._state = "new"
 
     @property
@@ -184,23 +197,45 @@ class Producer:
                                 ",".join(uniqs), batch=True)
 
     # --- internals ---------------------------------------------------------------------------
+    def _cached_queues(self, topic: str) -> list[MessageQueue] | None:
+        """The writable queues of ``topic`` while its cached route is unchanged, else None."""
+        entry = self._write_queues.get(topic)
+        if entry is not None and self._instance.namesrv.routes.get(topic) is entry[0]:
+            return entry[1]
+        return None
+
     async def _queues(self, topic: str, refresh: bool = False) -> list[MessageQueue]:
-        route = await self._instance.namesrv.publish_route(topic, DEFAULT_TOPIC_QUEUE_NUMS, refresh=refresh)
+        if not refresh:
+            queues = self._cached_queues(topic)
+            if queues is not None:
+                return queues
+        namesrv = self._instance.namesrv
+        route = await namesrv.publish_route(topic, DEFAULT_TOPIC_QUEUE_NUMS, refresh=refresh)
         queues = route.write_queues()
         if not queues:
             raise RouteError(f"topic {topic!r} has no writable queue")
+        if namesrv.routes.get(topic) is route:  # not an auto-create template route
+            self._write_queues[topic] = (route, queues)
         return queues
 
     def _request(self, mq: MessageQueue, body: bytes, props: dict[str, str], sys_flag: int,
                  *, batch: bool, oneway: bool = False) -> RemotingCommand:
-        code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
-        header = SendMessageRequestHeader(
-            producer_group=self.group, topic=mq.topic, default_topic=DEFAULT_TOPIC,
-            default_topic_queue_nums=DEFAULT_TOPIC_QUEUE_NUMS, queue_id=mq.queue_id,
-            sys_flag=sys_flag, born_timestamp=int(time.time() * 1000), flag=0,
-            properties=rec.properties_to_string(props), reconsume_times=0, unit_mode=False,
-            batch=batch)
-        return RemotingCommand.request(code, header.to_ext_v2(), body, oneway=oneway)
+        code = int(RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2)
+        key = (mq.topic, sys_flag, batch)
+        template = self._send_headers.get(key)
+        if template is None:
+            if len(self._send_headers) >= MAX_HEADER_TEMPLATES:
+                self._send_headers.clear()
+            template = self._send_headers[key] = SendMessageRequestHeader(
+                producer_group=self.group, topic=mq.topic, default_topic=DEFAULT_TOPIC,
+                default_topic_queue_nums=DEFAULT_TOPIC_QUEUE_NUMS, queue_id=0,
+                sys_flag=sys_flag, born_timestamp=0, flag=0, properties="", reconsume_times=0,
+                unit_mode=False, batch=batch).to_ext_v2()
+        ext = template.copy()  # the fields that differ per send overwrite theirs, in place
+        ext[_QUEUE_ID_KEY] = str(mq.queue_id)
+        ext[_BORN_KEY] = str(int(time.time() * 1000))
+        ext[_PROPERTIES_KEY] = rec.properties_to_string(props)
+        return RemotingCommand(code, flag=FLAG_ONEWAY if oneway else 0, ext_fields=ext, body=body)
 
     async def _send(self, topic: str, body: bytes, props: dict[str, str], sys_flag: int,
                     msg_id: str, *, batch: bool = False) -> SendResult:
@@ -209,12 +244,15 @@ class Producer:
         failed_broker: str | None = None
         start = next(self._rr)
         for attempt in range(self.retries + 1):
-            try:
-                queues = await self._queues(topic, refresh=attempt > 0 and last is not None)
-            except (ClientError, OSError, TimeoutError) as exc:
-                attempts.append(f"attempt {attempt + 1}: {exc}")
-                last = exc
-                continue
+            # A first attempt on an unchanged route needs no coroutine to find its queues.
+            queues = self._cached_queues(topic) if attempt == 0 else None
+            if queues is None:
+                try:
+                    queues = await self._queues(topic, refresh=attempt > 0 and last is not None)
+                except (ClientError, OSError, TimeoutError) as exc:
+                    attempts.append(f"attempt {attempt + 1}: {exc}")
+                    last = exc
+                    continue
             mq = self._pick(queues, start + attempt, failed_broker)
             addr = "?"
             try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from txbroker.client.errors import ClientError
 from txbroker.client.instance import ClientInstance
-from txbroker.client.message import MessageExt
+from txbroker.client.pulled import decode_pulled
 from txbroker.client.rebalance import MessageQueue, OffsetTracker
 from txbroker.remoting.bodies import SubscriptionData
 from txbroker.remoting.codes import RequestCode, ResponseCode
@@ -61,7 +61,7 @@ class OwnedQueue:
 
 
 class Puller:
-    """Pulls owned queues into ``buffer`` as ``(tracker, MessageExt)`` items."""
+    """Pulls owned queues into ``buffer`` as ``(tracker, PulledMessage)`` items."""
 
     def __init__(self, instance: ClientInstance, group: str, buffer: asyncio.Queue, *,
                  batch_size: int, long_poll_timeout: float, request_timeout: float,
@@ -114,17 +114,23 @@ class Puller:
             next_begin = tracker.next_pull
         if resp.code == ResponseCode.SUCCESS:
             try:
-                stored = rec.decode_records(resp.body)
-                msgs = [MessageExt.from_stored(s, mq.broker_name) for s in stored]
+                msgs = decode_pulled(resp.body, mq.broker_name)
             except rec.RecordError as exc:
                 log.error("consumer %s: undecodable pull body from %s for %s: %s",
                           client_id, owned.addr, mq, exc)
                 return False
-            wanted = [m for m in msgs
-                      if sub.selected.matches(m.tags) and m.queue_offset >= tracker.next_pull]
+            first, selected = tracker.next_pull, sub.selected
+            if selected.matches_all:  # "*": no tag to read, so no properties to decode
+                wanted = [m for m in msgs if m.queue_offset >= first]
+            else:
+                wanted = [m for m in msgs if m.queue_offset >= first and selected.matches(m.tags)]
             tracker.pulled([m.queue_offset for m in wanted], next_begin)
+            buffer = self.buffer
             for m in wanted:
-                await self.buffer.put((tracker, m))  # back-pressure: waits while full
+                if buffer.full():
+                    await buffer.put((tracker, m))  # back-pressure: waits while full
+                else:
+                    buffer.put_nowait((tracker, m))
             return True
         if resp.code in (ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY):
             tracker.moved(next_begin)

@@ -31,7 +31,7 @@ from txbroker.client.message import (
     wire_body,
 )
 from txbroker.client.producer import Producer
-from txbroker.remoting.codes import RequestCode
+from txbroker.remoting.codes import FLAG_ONEWAY, RequestCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
     CheckTransactionStateRequestHeader,
@@ -42,6 +42,7 @@ from txbroker.store import record as rec
 
 log = logging.getLogger(__name__)
 
+_END_TRANSACTION = int(RequestCode.END_TRANSACTION)
 #: Check-backs waiting for a slot, per check_concurrency slot, before new ones are dropped.
 BACKLOG_PER_SLOT = 16
 
@@ -74,6 +75,8 @@ async def _call(fn, *args, in_thread: bool = False) -> LocalTransactionState:
         result = await asyncio.to_thread(fn, *args)
     else:
         result = fn(*args)
+        if result.__class__ is LocalTransactionState:  # a plain method's answer: done
+            return result
     if inspect.isawaitable(result):
         result = await result
     if not isinstance(result, LocalTransactionState):
@@ -144,8 +147,11 @@ class TransactionProducer(Producer):
             log.exception("producer %s: local transaction of %s failed; state UNKNOW "
                           "(the broker will check back)", self.group, uniq)
         try:
-            await self._end(result.broker_name, result.offset_msg_id, result.queue_offset, uniq,
-                            state, from_check=False, remark=error)
+            end = self._end_command(result.offset_msg_id, result.queue_offset, uniq, state,
+                                    from_check=False, remark=error)
+            addr = self._instance.namesrv.broker_addr(result.broker_name)
+            if not self._instance.send_oneway_now(addr, end):  # sent at once when connected
+                await self._instance.invoke_oneway(addr, end)
         except (ClientError, OSError, TimeoutError) as exc:
             # The half is stored and the broker will check back: not the caller's error.
             log.warning("producer %s: END_TRANSACTION for %s not sent (%s); the broker will "
@@ -155,22 +161,31 @@ class TransactionProducer(Producer):
             queue_id=result.queue_id, queue_offset=result.queue_offset, topic=msg.topic,
             broker_name=result.broker_name, transaction_id=uniq, local_transaction_state=state)
 
-    async def _end(self, broker_name: str, offset_msg_id: str, queue_offset: int, uniq: str,
-                   state: LocalTransactionState, *, from_check: bool, remark: str | None = None,
-                   addr: str | None = None) -> None:
+    def _end_command(self, offset_msg_id: str, queue_offset: int, uniq: str,
+                     state: LocalTransactionState, *, from_check: bool,
+                     remark: str | None) -> RemotingCommand:
+        """The one-way END_TRANSACTION for the half ``offset_msg_id`` names."""
         try:
             commit_log_offset = rec.decode_offset_msg_id(offset_msg_id)[2]
         except ValueError as exc:
             raise ClientError(f"cannot end transaction {uniq}: bad offsetMsgId "
                               f"{offset_msg_id!r}: {exc}") from None
-        cmd = RemotingCommand.request(RequestCode.END_TRANSACTION, EndTransactionRequestHeader(
+        ext = EndTransactionRequestHeader(
             producer_group=self.group, tran_state_table_offset=queue_offset,
             commit_log_offset=commit_log_offset, commit_or_rollback=state.value,
-            from_transaction_check=from_check, msg_id=uniq, transaction_id=uniq,
-        ).to_ext(), oneway=True)
-        if remark:
-            cmd.remark = remark[:512]
-        await self._instance.invoke_oneway(addr or self._instance.namesrv.broker_addr(broker_name), cmd)
+            from_transaction_check=from_check, msg_id=uniq, transaction_id=uniq).to_ext()
+        return RemotingCommand(_END_TRANSACTION, flag=FLAG_ONEWAY,
+                               remark=remark[:512] if remark else None, ext_fields=ext)
+
+    async def _end(self, broker_name: str, offset_msg_id: str, queue_offset: int, uniq: str,
+                   state: LocalTransactionState, *, from_check: bool, remark: str | None = None,
+                   addr: str | None = None) -> None:
+        cmd = self._end_command(offset_msg_id, queue_offset, uniq, state, from_check=from_check,
+                                remark=remark)
+        addr = addr or self._instance.namesrv.broker_addr(broker_name)
+        # Connected and writable: sent at once, no coroutine (every commit takes this path).
+        if not self._instance.send_oneway_now(addr, cmd):
+            await self._instance.invoke_oneway(addr, cmd)
 
     # --- check-backs ---------------------------------------------------------------------------
     def _on_check(self, addr: str, cmd: RemotingCommand) -> None:

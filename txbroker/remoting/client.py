@@ -209,6 +209,15 @@ class RemotingClient:
         proto = await self._ensure()
         return await proto.request(cmd, timeout)
 
+    def send_oneway_now(self, cmd: RemotingCommand) -> bool:
+        """Send a one-way request if that needs no wait (connected, peer reading): True when
+        sent; False when the caller must use :meth:`invoke_oneway`, which connects or waits."""
+        proto = self._proto
+        if proto is None or proto._closed or proto._write_paused:
+            return False
+        proto.send_oneway(cmd)
+        return True
+
     async def invoke_oneway(self, cmd: RemotingCommand) -> None:
         """Send a one-way request (flag bit 1): no answer is expected or awaited."""
         proto = self._proto

@@ -5,8 +5,9 @@ RocketMQ flattens each "custom header" object into extFields by field name and c
 strings back by declared type (docs/protocol.md §2.5).  Here every header is a dataclass whose fields
 declare their wire name, type, whether they are required and their valid range; one generic
 ``from_ext``/``to_ext`` pair does the conversion, so processors receive typed, validated values
-and never parse strings themselves.  ``from_ext`` runs a per-class decoder compiled once from
-the field declarations (one converter per field), because SEND decodes a header per message.
+and never parse strings themselves.  ``from_ext`` and ``to_ext`` run a decoder and an encoder
+generated once per class (and key map) from the field declarations, straight-line code with the
+wire keys as constants, because every request the broker reads and the SDK sends goes through one.
 
 Field checks live here (presence, type, range, allowed values); checks against broker state
 (does the topic exist, is the queue id below the topic's queue count, permissions) stay in the
@@ -132,63 +133,136 @@ class Header:
 
     @classmethod
     def _plan(cls, keys: Mapping[str, str] | None = None) -> tuple[_Step, ...]:
-        """The decoder for this class, compiled once (per key map) and cached.
+        """The decoding steps of this class, one per field.
 
         ``keys`` renames wire keys (SEND_MESSAGE_V2's one-letter keys); the long name stays
         readable as a fallback and remarks name both, e.g. ``'b' (topic)``.
         """
-        cache_key = (cls, id(keys))
-        plan = _PLANS.get(cache_key)
-        if plan is None:
-            steps = []
-            for spec in cls._specs():
-                short = keys.get(spec.wire) if keys else None
-                wire, fallback = (short, spec.wire) if short else (spec.wire, None)
-                name = f"'{short}' ({spec.wire})" if short else f"'{spec.wire}'"
-                steps.append((spec.attr, wire, fallback, _converter(cls, spec, name),
-                              spec.required, spec.allow_empty, name))
-            plan = _PLANS[cache_key] = tuple(steps)
-        return plan
+        steps = []
+        for spec in cls._specs():
+            short = keys.get(spec.wire) if keys else None
+            wire, fallback = (short, spec.wire) if short else (spec.wire, None)
+            name = f"'{short}' ({spec.wire})" if short else f"'{spec.wire}'"
+            steps.append((spec.attr, wire, fallback, _converter(cls, spec, name),
+                          spec.required, spec.allow_empty, name))
+        return tuple(steps)
 
     @classmethod
     def from_ext(cls, ext: Mapping[str, str]) -> Self:
         """Decode and validate; raises :class:`HeaderError` naming the offending field."""
-        return cls._decode(ext, cls._plan())
+        decode = _DECODERS.get((cls, None))
+        if decode is None:
+            decode = _compile_decoder(cls, None)
+        return decode(ext)
 
     @classmethod
-    def _decode(cls, ext: Mapping[str, str], plan: tuple[_Step, ...]) -> Self:
-        values: dict[str, Any] = {}
-        get = ext.get
-        for attr, wire, fallback, convert, required, allow_empty, name in plan:
-            raw = get(wire)
-            if raw is None and fallback is not None:
-                raw = get(fallback)
-            if raw is None:
-                if required:
-                    raise HeaderError(cls.ERROR_CODE, f"missing header field {name}")
-                continue
-            if raw == "" and not allow_empty:
-                if required:
-                    raise HeaderError(cls.ERROR_CODE, f"header field {name} is empty")
-                continue  # an empty optional value means "not set", as Java's null
-            values[attr] = raw if convert is None else convert(raw)
-        return cls(**values)
+    def _decode_keyed(cls, ext: Mapping[str, str], keys: Mapping[str, str]) -> Self:
+        """:meth:`from_ext` for a header whose wire keys ``keys`` renames."""
+        decode = _DECODERS.get((cls, id(keys)))
+        if decode is None:
+            decode = _compile_decoder(cls, keys)
+        return decode(ext)
 
     def to_ext(self) -> dict[str, str]:
         """extFields for the wire: strings only, absent (None) fields left out."""
-        out: dict[str, str] = {}
-        for spec in self._specs():
-            value = getattr(self, spec.attr)
-            if value is None:
-                continue
-            if spec.kind == "bool":
-                out[spec.wire] = "true" if value else "false"
-            else:
-                out[spec.wire] = value if isinstance(value, str) else str(int(value))
-        return out
+        encode = _ENCODERS.get((self.__class__, None))
+        if encode is None:
+            encode = _compile_encoder(self.__class__, None)
+        return encode(self)
+
+    def _encode_keyed(self, keys: Mapping[str, str]) -> dict[str, str]:
+        """:meth:`to_ext` with the wire keys renamed by ``keys`` (long name -> short)."""
+        encode = _ENCODERS.get((self.__class__, id(keys)))
+        if encode is None:
+            encode = _compile_encoder(self.__class__, keys)
+        return encode(self)
 
 
-_PLANS: dict[tuple[type, int], tuple[_Step, ...]] = {}
+# --- compiled codecs ---------------------------------------------------------------------------
+# Every request the broker reads and every one the SDK sends goes through a header's decoder
+# or encoder, so each class gets both generated once from its field declarations (as
+# dataclasses generates __init__): straight-line code with the wire keys as constants, no loop
+# over field specs and no per-field branching on the kind at run time.
+
+#: (header class, id of its key map or None) -> compiled decoder / encoder.
+_DECODERS: dict[tuple[type, int | None], Callable[[Mapping[str, str]], Any]] = {}
+_ENCODERS: dict[tuple[type, int | None], Callable[[Any], dict[str, str]]] = {}
+
+
+def _absent(cls: type[Header], raw: str | None, name: str) -> None:
+    """A required field is missing or empty: the refusal that says which."""
+    if raw is None:
+        raise HeaderError(cls.ERROR_CODE, f"missing header field {name}")
+    raise HeaderError(cls.ERROR_CODE, f"header field {name} is empty")
+
+
+def _compile_decoder(cls: type[Header], keys: Mapping[str, str] | None) -> Callable[[Mapping[str, str]], Any]:
+    """``ext -> header``: each field read, checked and converted as :func:`_converter` says
+    (integers and booleans inline, the converter only to word a refusal); an absent or empty
+    optional field takes its declared default."""
+    env: dict[str, Any] = {"cls": cls, "_absent": _absent, "_BOOLS": _BOOLS}
+    defaults = {f.name: f.default for f in fields(cls)}  # type: ignore[arg-type]
+    lines = ["def decode(ext):", "    get = ext.get"]
+    args = []
+    for i, (attr, wire, fallback, convert, required, allow_empty, name) in enumerate(cls._plan(keys)):
+        spec = next(s for s in cls._specs() if s.attr == attr)
+        env[f"conv{i}"], env[f"name{i}"], env[f"d{i}"] = convert, name, defaults[attr]
+        var = f"v{i}"
+        args.append(f"{attr}={var}")
+        lines.append(f"    raw = get({wire!r})")
+        if fallback is not None:
+            lines.append(f"    if raw is None: raw = get({fallback!r})")
+        lines.append(f"    if {'raw is None' if allow_empty else 'raw is None or raw == empty'}:")
+        lines.append(f"        {'_absent(cls, raw, name' + str(i) + ')' if required else var + ' = d' + str(i)}")
+        if convert is None:
+            lines.append(f"    else: {var} = raw")
+        elif spec.kind in ("int", "long"):
+            lo, hi = _bounds(spec)
+            lines += ["    else:",
+                      f"        {var} = int(raw) if raw.isdecimal() else conv{i}(raw)",
+                      f"        if not {lo} <= {var} <= {hi}: conv{i}(raw)"]
+        elif spec.kind == "bool":
+            lines += ["    else:",
+                      f"        {var} = _BOOLS.get(raw)",
+                      f"        if {var} is None: {var} = conv{i}(raw)"]
+        else:
+            lines.append(f"    else: {var} = conv{i}(raw)")
+    lines.append(f"    return cls({', '.join(args)})")
+    env["empty"] = ""
+    exec("\n".join(lines), env)  # noqa: S102 - code built from the class's own declarations
+    decode = env["decode"]
+    _DECODERS[(cls, None if keys is None else id(keys))] = decode
+    return decode
+
+
+def _compile_encoder(cls: type[Header], keys: Mapping[str, str] | None) -> Callable[[Any], dict[str, str]]:
+    """``header -> extFields``: strings only (the C++ client ignores JSON numbers), booleans
+    as true/false, absent (None) fields left out; ``keys`` renames wire keys."""
+    lines = ["def encode(self):", "    out = {}"]
+    for spec in cls._specs():
+        wire = keys.get(spec.wire, spec.wire) if keys else spec.wire
+        lines.append(f"    v = self.{spec.attr}")
+        lines.append("    if v is not None:")
+        if spec.kind == "bool":
+            lines.append(f"        out[{wire!r}] = 'true' if v else 'false'")
+        else:
+            lines.append(f"        out[{wire!r}] = v if v.__class__ is str else "
+                         "str(v) if v.__class__ is int else v if isinstance(v, str) else str(int(v))")
+    lines.append("    return out")
+    env: dict[str, Any] = {}
+    exec("\n".join(lines), env)  # noqa: S102 - code built from the class's own declarations
+    encode = env["encode"]
+    _ENCODERS[(cls, None if keys is None else id(keys))] = encode
+    return encode
+
+
+
+
+def _bounds(spec: _Spec) -> tuple[int, int]:
+    """The valid range of an integer field: its declared range within its Java type's."""
+    type_lo, type_hi = _BOUNDS[spec.kind]
+    return (type_lo if spec.lo is None else max(type_lo, spec.lo),
+            type_hi if spec.hi is None else min(type_hi, spec.hi))
 
 
 def _converter(cls: type[Header], spec: _Spec, name: str) -> Callable[[str], Any] | None:
@@ -218,8 +292,7 @@ def _converter(cls: type[Header], spec: _Spec, name: str) -> Callable[[str], Any
             return value
         return to_bool
     type_lo, type_hi = _BOUNDS[kind]
-    lo = type_lo if spec.lo is None else max(type_lo, spec.lo)
-    hi = type_hi if spec.hi is None else min(type_hi, spec.hi)
+    lo, hi = _bounds(spec)
     label = "an integer" if kind == "int" else "a long integer"
     width = "an int32" if kind == "int" else "an int64"
 

@@ -85,10 +85,10 @@ class SendMessageRequestHeader(Header):
 
         Remarks name the key the client actually sent with its long meaning, ``'b' (topic)``.
         """
-        return cls._decode(ext, cls._plan(SEND_V1_KEYS))
+        return cls._decode_keyed(ext, SEND_V1_KEYS)
 
     def to_ext_v2(self) -> dict[str, str]:
-        return {SEND_V1_KEYS[k]: v for k, v in self.to_ext().items()}
+        return self._encode_keyed(SEND_V1_KEYS)
 
     @classmethod
     def from_command(cls, code: int, ext: Mapping[str, str]) -> SendMessageRequestHeader:

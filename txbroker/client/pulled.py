@@ -1,0 +1,139 @@
+"""Pulled records as messages, decoded a field when it is read.
+
+A PULL answer is a concatenation of stored records (the commitlog layout of
+``txbroker.store.record``).  Delivery needs only a record's queue offset, and tag filtering its
+TAGS; building every field of every record up front (two host strings, the offsetMsgId in hex,
+the properties map, a copy of the body) cost more than the rest of delivery.  So a
+:class:`PulledMessage` unpacks the fixed part of its record and checks every length at pull
+time, as :func:`~txbroker.store.record.decode_record` does (a malformed answer is refused
+before anything is delivered), and builds the properties, ids, hosts and body on first read.
+It is a :class:`MessageExt` in every other respect: the same fields, which may be assigned.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import zlib
+from functools import cached_property
+
+from txbroker.client.message import MessageExt
+from txbroker.store import record as rec
+
+#: The record's fixed part through BODYLEN, IPv4 hosts (the only ones the store writes).
+_HEAD = rec.RECORD_HEAD
+_HEAD_SIZE = _HEAD.size
+_PROPS_LEN = struct.Struct(">h")
+_V6 = rec.BORNHOST_V6_FLAG | rec.STOREHOST_V6_FLAG
+
+
+class PulledMessage(MessageExt):
+    """One record of a PULL answer; see the module docstring."""
+
+    def __init__(self, raw: bytes, body_at: int, body_len: int, props_text: str, topic: str,
+                 head: tuple, broker_name: str) -> None:
+        # Not the dataclass __init__: the cheap fields now, the rest as cached properties.
+        (_size, _magic, _crc, self.queue_id, self.flag, self.queue_offset,
+         self.commit_log_offset, self.sys_flag, self.born_timestamp, self._born_ip,
+         self._born_port, self.store_timestamp, self._store_ip, self._store_port,
+         self.reconsume_times, self.prepared_transaction_offset, _body_len) = head
+        self.topic = topic
+        self.broker_name = broker_name
+        self._raw = raw
+        self._body_at = body_at
+        self._body_len = body_len
+        self._props_text = props_text
+
+    @cached_property
+    def properties(self) -> dict[str, str]:  # type: ignore[override]
+        return rec.string_to_properties(self._props_text)
+
+    @cached_property
+    def tags(self) -> str | None:  # type: ignore[override]
+        return self.properties.get(rec.PROPERTY_TAGS)
+
+    @cached_property
+    def keys(self) -> str | None:  # type: ignore[override]
+        return self.properties.get(rec.PROPERTY_KEYS)
+
+    @cached_property
+    def offset_msg_id(self) -> str:  # type: ignore[override]
+        return (self._store_ip + struct.pack(">iq", self._store_port,
+                                             self.commit_log_offset)).hex().upper()
+
+    @cached_property
+    def msg_id(self) -> str:  # type: ignore[override]
+        return self.properties.get(rec.PROPERTY_UNIQ_KEY) or self.offset_msg_id
+
+    @cached_property
+    def transaction_id(self) -> str | None:  # type: ignore[override]
+        props = self.properties
+        return props.get(rec.PROPERTY_TRANSACTION_ID) or (
+            props.get(rec.PROPERTY_UNIQ_KEY) if self.prepared_transaction_offset
+            or props.get(rec.PROPERTY_TRANSACTION_PREPARED) else None)
+
+    @cached_property
+    def born_host(self) -> str:  # type: ignore[override]
+        return f"{socket.inet_ntoa(self._born_ip)}:{self._born_port}"
+
+    @cached_property
+    def store_host(self) -> str:  # type: ignore[override]
+        return f"{socket.inet_ntoa(self._store_ip)}:{self._store_port}"
+
+    @cached_property
+    def body(self) -> bytes:  # type: ignore[override]
+        # A compressed body was inflated at pull time (see decode_pulled), so this is a slice.
+        return self._raw[self._body_at:self._body_at + self._body_len]
+
+
+def decode_pulled(raw: bytes, broker_name: str) -> list[PulledMessage]:
+    """The records of a PULL answer body; :class:`~txbroker.store.record.RecordError` for
+    one that is not a whole, well-formed record (a compressed body that does not inflate
+    included)."""
+    out: list[PulledMessage] = []
+    pos, end = 0, len(raw)
+    unpack, min_size = _HEAD.unpack_from, rec.MIN_RECORD_SIZE
+    topics: dict[bytes, str] = {}
+    while pos < end:
+        avail = end - pos
+        if avail < min_size:
+            raise rec.RecordError(f"truncated record: {avail} bytes left, need at least {min_size}")
+        head = unpack(raw, pos)
+        size, magic, sys_flag, body_len = head[0], head[1], head[7], head[16]
+        if magic != rec.MESSAGE_MAGIC:
+            raise rec.RecordError(f"bad magic 0x{magic:08X} at {pos}")
+        if size < min_size or size > avail:
+            raise rec.RecordError(f"record size {size} out of bounds (available {avail})")
+        if sys_flag & _V6:
+            raise rec.RecordError("IPv6 host fields are not supported")
+        stop = pos + size
+        body_at = pos + _HEAD_SIZE
+        p = body_at + body_len
+        if body_len < 0 or p + 3 > stop:
+            raise rec.RecordError(f"body length {body_len} exceeds the record")
+        topic_len = raw[p]
+        p += 1
+        if p + topic_len + 2 > stop:
+            raise rec.RecordError(f"topic length {topic_len} exceeds the record")
+        topic_raw = raw[p:p + topic_len]
+        p += topic_len
+        props_len = _PROPS_LEN.unpack_from(raw, p)[0]
+        p += 2
+        if props_len < 0 or p + props_len != stop:
+            raise rec.RecordError(f"properties length {props_len} does not end the record")
+        try:
+            topic = topics.get(topic_raw)
+            if topic is None:
+                topic = topics[topic_raw] = topic_raw.decode()
+            props_text = raw[p:stop].decode()
+        except UnicodeDecodeError as exc:
+            raise rec.RecordError(f"record text is not UTF-8: {exc}") from None
+        msg = PulledMessage(raw, body_at, body_len, props_text, topic, head, broker_name)
+        if sys_flag & rec.COMPRESSED_FLAG:
+            try:
+                msg.body = zlib.decompress(raw[body_at:body_at + body_len])
+            except zlib.error as exc:
+                raise rec.RecordError(f"compressed body does not inflate: {exc}") from None
+        out.append(msg)
+        pos = stop
+    return out
