@@ -35,17 +35,16 @@ progress goes to stderr every 5 %.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import sys
-import tempfile
 import time
 import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
 
 from txbroker.bench.clock import ManualClock
+from txbroker.bench.rows import print_rows, run_in_data_dir
 from txbroker.config import BrokerConfig
 from txbroker.service.clients import ClientRegistry
 from txbroker.service.metrics import BrokerMetrics
@@ -204,24 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.halves < 1 or args.due < 0 or args.body < 1 or args.repeat < 1:
         ap.error("--halves >= 1, --due >= 0, --body >= 1 and --repeat >= 1")
-    try:
-        import uvloop
-        runner = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    if args.data_dir:
-        rows = runner(run(args.halves, args.due, args.body, args.repeat, args.max_seconds,
-                          args.data_dir))
-    else:
-        with tempfile.TemporaryDirectory(prefix="pending-") as tmp:
-            rows = runner(run(args.halves, args.due, args.body, args.repeat, args.max_seconds,
-                              str(Path(tmp) / "data")))
-    width = max(len(k) for k, _ in rows)
-    print(f"{'measure'.ljust(width)} | result")
-    print(f"{'-' * width}-|-{'-' * 24}")
-    for k, v in rows:
-        print(f"{k.ljust(width)} | {v}")
-
+    print_rows(run_in_data_dir(lambda d: run(args.halves, args.due, args.body, args.repeat, args.max_seconds, d), args.data_dir, "pending-"))
 
 if __name__ == "__main__":
     main()

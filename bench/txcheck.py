@@ -25,11 +25,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 from txbroker.bench.clock import ManualClock
+from txbroker.bench.rows import print_rows, run_in_data_dir
 from txbroker.config import BrokerConfig
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
@@ -170,22 +169,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.resolved < 0 or args.pending < 1 or args.repeat < 1:
         ap.error("--resolved >= 0, --pending >= 1 and --repeat >= 1")
-    try:
-        import uvloop
-        runner = uvloop.run
-    except ImportError:
-        runner = asyncio.run
-    if args.data_dir:
-        rows = runner(run(args.resolved, args.pending, args.repeat, args.data_dir))
-    else:
-        with tempfile.TemporaryDirectory(prefix="txcheck-") as tmp:
-            rows = runner(run(args.resolved, args.pending, args.repeat, str(Path(tmp) / "data")))
-    width = max(len(k) for k, _ in rows)
-    print(f"{'measure'.ljust(width)} | result")
-    print(f"{'-' * width}-|-{'-' * 24}")
-    for k, v in rows:
-        print(f"{k.ljust(width)} | {v}")
-
+    print_rows(run_in_data_dir(lambda d: run(args.resolved, args.pending, args.repeat, d), args.data_dir, "txcheck-"))
 
 if __name__ == "__main__":
     main()
