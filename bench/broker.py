@@ -211,7 +211,6 @@ class Tally:
     sent: int = 0
     seen: int = 0
     last_seen: float = 0.0
-    pulls: int = 0
     latencies: list[float] = field(default_factory=list)
 
     def may_start(self, stop_at: float) -> bool:
@@ -304,7 +303,6 @@ class RawConsumer:
                 if resp.code == ResponseCode.SUCCESS:
                     tally.seen += count_records(resp.body)
                     tally.last_seen = loop.time()
-                    tally.pulls += 1
                 if resp.code in (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND,
                                  ResponseCode.PULL_RETRY_IMMEDIATELY, ResponseCode.PULL_OFFSET_MOVED):
                     offset = int(resp.ext_fields.get("nextBeginOffset", offset))

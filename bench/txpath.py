@@ -47,7 +47,8 @@ _BODY = b"x" * 200
 
 
 class Collector:
-    """The transport under the measured connection: keeps what the broker writes."""
+    """The transport under the measured connection (the calls the connection core makes):
+    keeps what the broker writes."""
 
     def __init__(self) -> None:
         self.out: list[bytes] = []
@@ -58,17 +59,8 @@ class Collector:
     def writelines(self, parts: list[bytes]) -> None:
         self.out.extend(parts)
 
-    def write(self, data: bytes) -> None:
-        self.out.append(data)
-
     def is_closing(self) -> bool:
         return False
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
 
     def pause_reading(self) -> None:
         pass

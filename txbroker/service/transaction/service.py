@@ -9,8 +9,8 @@ broker remembers what happened to a half:
 
 * **An in-memory index.**  Pending and discarded halves are slots of a columnar
   :class:`~.pending.PendingIndex` (~150 bytes per half, looked up by commitlog offset or
-  UNIQ_KEY, kept in store-time order so a check pass looks only at the due ones); decided halves cost one byte each in
-  :class:`~.index.ResolvedStates` (indexed by half queue offset), so remembering millions of
+  UNIQ_KEY, kept in store-time order so a check pass looks only at the due ones); decided
+  halves cost one byte each in :class:`~.index.ResolvedStates` (indexed by half queue offset), so remembering millions of
   decisions stays cheap; who decided the most recent ones and when is kept, bounded, in
   :class:`~.history.TxHistory` (``txbroker txn show``).  A check pass looks at the due
   pending halves only, so its cost follows what is due, not what is pending nor the history of
