@@ -94,6 +94,30 @@ _OPTIONS: dict[str, _Opt] = {
     "max_reconsume_times": _Opt("COUNT", "redeliveries before a message goes to the group's "
                                          "dead-letter topic"),
     "shutdown_grace": _Opt("SECONDS", "at stop, how long in-flight requests may finish"),
+    "namesrv_addr": _Opt("ADDRS", "name servers to register with, 'h1:9876;h2:9876'; empty = the "
+                                  "embedded name server (one process is the whole installation)",
+                          "empty: embedded name server"),
+    "broker_id": _Opt("ID", "0 = master of --broker-name, 1 or more = a slave replicating it"),
+    "broker_role": _Opt("ROLE", "how a master acknowledges sends: after its own write "
+                                "(ASYNC_MASTER) or once --min-in-sync-replicas slaves have them "
+                                "(SYNC_MASTER)"),
+    "ha_port": _Opt("PORT", "replication listener, opened in a cluster (0 = ephemeral)",
+                    "-1: broker port + 1"),
+    "ha_master_addr": _Opt("HOST:PORT", "a slave's master HA address", "empty: learned from the "
+                                        "name servers or the controller"),
+    "min_in_sync_replicas": _Opt("COUNT", "SYNC_MASTER: slaves that must hold a send before it "
+                                          "is acknowledged"),
+    "slave_timeout": _Opt("SECONDS", "SYNC_MASTER: a send not replicated within this is answered "
+                                     "FLUSH_SLAVE_TIMEOUT (it is still stored)"),
+    "register_interval": _Opt("SECONDS", "how often the broker registers with every name server"),
+    "metadata_sync_interval": _Opt("SECONDS", "how often a slave copies topics and consumer "
+                                              "offsets from its master"),
+    "controller_addr": _Opt("ADDRS", "controllers that elect this group's master, 'h:p;h:p'; "
+                                     "empty = roles fixed by --broker-id", "empty: no controller"),
+    "controller_heartbeat_interval": _Opt("SECONDS", "controller mode: heartbeat period"),
+    "controller_lease": _Opt("SECONDS", "controller mode: a master that has not renewed its lease "
+                                        "within this stops accepting writes; the controller "
+                                        "promotes a slave after it"),
     "acl_file": _Opt("PATH", "RocketMQ plain_acl.yml; setting it turns access control on",
                      "unset: access control off"),
 }

@@ -25,6 +25,10 @@ from typing import Any, Literal
 ENV_PREFIX = "TXBROKER_"
 
 FlushMode = Literal["async", "sync"]
+#: How a master acknowledges a send (RocketMQ's brokerRole): after its own write, or once
+#: ``min_in_sync_replicas`` slaves hold the bytes.  A slave is ``broker_id`` >= 1 and keeps
+#: this setting for the day it is promoted.
+BrokerRole = Literal["ASYNC_MASTER", "SYNC_MASTER"]
 
 
 class ConfigError(ValueError):
@@ -95,6 +99,35 @@ class BrokerConfig:
     max_pull_suspend: float = 30.0
     max_reconsume_times: int = 16
 
+    # --- cluster (docs/cluster.md) -------------------------------------------------------------
+    #: Name servers this broker registers with (``h1:9876;h2:9876``, RocketMQ's list).  Empty =
+    #: the embedded name server: one process is a whole installation (the quick start).
+    namesrv_addr: str = ""
+    #: 0 = the master of ``broker_name``; >= 1 = a slave replicating that master's commitlog.
+    broker_id: int = 0
+    broker_role: BrokerRole = "ASYNC_MASTER"
+    #: The HA (replication) listener, opened in a cluster only; -1 = broker port + 1 (RocketMQ's
+    #: rule; ephemeral when the broker port is), 0 = ephemeral.
+    ha_port: int = -1
+    #: A slave's master HA address (host:port); empty = learned from the name servers (or the
+    #: controller in controller mode).
+    ha_master_addr: str = ""
+    #: SYNC_MASTER: slaves that must hold a send's bytes before it is acknowledged.
+    min_in_sync_replicas: int = 1
+    #: SYNC_MASTER: a send not replicated within this is answered FLUSH_SLAVE_TIMEOUT (stored).
+    slave_timeout: float = 3.0
+    #: How often the broker registers with every name server (RocketMQ: 30 s, clamped 10-60 s).
+    register_interval: float = 30.0
+    #: How often a slave copies topic configs and consumer offsets from its master.
+    metadata_sync_interval: float = 10.0
+    #: Controller(s) deciding which replica is master (``h:p;h:p``); empty = roles fixed by
+    #: ``broker_id`` (RocketMQ's classic master/slave, failover by hand).
+    controller_addr: str = ""
+    #: Controller mode: how often the broker heartbeats the controller; a master that has not
+    #: renewed its lease within ``controller_lease`` stops accepting writes (fencing).
+    controller_heartbeat_interval: float = 0.5
+    controller_lease: float = 3.0
+
     # --- shutdown ------------------------------------------------------------------------
     shutdown_grace: float = 5.0
 
@@ -125,7 +158,7 @@ def _validate(c: BrokerConfig) -> None:
 
     for name in ("broker_port",):
         need(0 <= getattr(c, name) <= 65535, name, "must be a port number 0..65535")
-    for name in ("namesrv_port", "metrics_port"):
+    for name in ("namesrv_port", "metrics_port", "ha_port"):
         need(-1 <= getattr(c, name) <= 65535, name, "must be -1 (off) or a port number 0..65535")
     need(c.flush_mode in ("async", "sync"), "flush_mode", "must be 'async' or 'sync'")
     need(c.segment_size >= 64 * 1024, "segment_size", "must be at least 64 KiB")
@@ -136,18 +169,51 @@ def _validate(c: BrokerConfig) -> None:
     need(0.0 < c.disk_max_used_ratio <= 1.0, "disk_max_used_ratio", "must be in (0, 1]")
     for name in ("flush_interval", "sync_flush_timeout", "offset_persist_interval",
                  "transaction_check_interval", "file_reserved_time", "max_pull_suspend",
-                 "shutdown_grace"):
+                 "shutdown_grace", "slave_timeout", "register_interval", "metadata_sync_interval",
+                 "controller_heartbeat_interval", "controller_lease"):
         need(getattr(c, name) > 0, name, "must be > 0")
     need(c.transaction_timeout >= 0, "transaction_timeout", "must be >= 0")
     for name in ("transaction_check_max", "check_concurrency", "default_queue_nums",
                  "max_connections", "max_inflight_per_connection"):
         need(getattr(c, name) >= 1, name, "must be >= 1")
+    need(c.broker_role in ("ASYNC_MASTER", "SYNC_MASTER"), "broker_role",
+         "must be ASYNC_MASTER or SYNC_MASTER (a slave is --broker-id 1 or more)")
+    need(c.broker_id >= 0, "broker_id", "must be >= 0 (0 = master, 1 or more = slave)")
+    need(c.min_in_sync_replicas >= 1, "min_in_sync_replicas", "must be >= 1")
+    need(c.controller_lease > c.controller_heartbeat_interval, "controller_lease",
+         "must be longer than controller_heartbeat_interval")
+    for name in ("namesrv_addr", "ha_master_addr", "controller_addr"):
+        need(_addresses_ok(getattr(c, name)), name,
+             "must be host:port, several separated by ';' (or empty)")
     need(c.max_reconsume_times >= 0, "max_reconsume_times", "must be >= 0")
     need(c.transaction_history_size >= 0, "transaction_history_size", "must be >= 0")
     need(bool(c.broker_name) and bool(c.cluster_name), "broker_name", "names must not be empty")
     need(bool(c.data_dir), "data_dir", "must not be empty")
     need(c.acl_file is None or bool(c.acl_file.strip()), "acl_file",
          "must be the path of a plain_acl.yml file (leave it unset to turn access control off)")
+
+
+def parse_address_list(text: str) -> list[str]:
+    """``"h1:p1;h2:p2"`` (RocketMQ's separator; commas and spaces accepted) -> the addresses;
+    ValueError names the first that is not ``host:port``."""
+    out = []
+    for part in text.replace(",", ";").split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"bad address {part!r}: expected host:port")
+        out.append(part)
+    return out
+
+
+def _addresses_ok(text: str) -> bool:
+    try:
+        parse_address_list(text)
+    except ValueError:
+        return False
+    return True
 
 
 def format_bytes(n: int) -> str:

@@ -18,7 +18,8 @@ def test_every_put_status_is_mapped() -> None:
         stored = PutResult(status).ok
         # A stored message is answered with the send result, anything else is a refusal
         # that must say why even when the store gave no reason.
-        assert (code in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT)) == stored, status
+        assert (code in (ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT,
+                         ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE)) == stored, status
         assert stored or remark, status
 
 

@@ -15,6 +15,10 @@ class PutStatus(enum.Enum):
     MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
     PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
     SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+    #: SYNC_MASTER: stored here, not replicated to enough slaves in time (RocketMQ counts it sent).
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    #: SYNC_MASTER: stored here, but too few slaves are connected to wait for.
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
 @dataclass(slots=True)
@@ -29,8 +33,11 @@ class PutResult:
 
     @property
     def ok(self) -> bool:
-        """Stored (a flush time-out still stored it; it is flushed later)."""
-        return self.status in (PutStatus.OK, PutStatus.FLUSH_DISK_TIMEOUT)
+        """Stored (a flush or replication time-out still stored it)."""
+        return self.status in _STORED
+
+_STORED = frozenset({PutStatus.OK, PutStatus.FLUSH_DISK_TIMEOUT, PutStatus.FLUSH_SLAVE_TIMEOUT,
+                     PutStatus.SLAVE_NOT_AVAILABLE})
 
 
 class GetStatus(enum.Enum):

@@ -12,12 +12,15 @@ from __future__ import annotations
 from txbroker.remoting.codes import ResponseCode
 from txbroker.store.message_store import GetStatus, PutStatus
 
-#: Put status -> (response code, remark when the store gave no reason).  OK and
-#: FLUSH_DISK_TIMEOUT are stored messages (the flush happens later, RocketMQ counts it a
+#: Put status -> (response code, remark when the store gave no reason).  OK, FLUSH_DISK_TIMEOUT,
+#: FLUSH_SLAVE_TIMEOUT and SLAVE_NOT_AVAILABLE are stored messages (the flush happens later, RocketMQ counts it a
 #: success): they are answered with the send result; the others are refusals.
 PUT_ANSWERS: dict[PutStatus, tuple[ResponseCode, str | None]] = {
     PutStatus.OK: (ResponseCode.SUCCESS, None),
     PutStatus.FLUSH_DISK_TIMEOUT: (ResponseCode.FLUSH_DISK_TIMEOUT, "flush to disk timed out"),
+    PutStatus.FLUSH_SLAVE_TIMEOUT: (ResponseCode.FLUSH_SLAVE_TIMEOUT,
+                                    "replication to the slave timed out"),
+    PutStatus.SLAVE_NOT_AVAILABLE: (ResponseCode.SLAVE_NOT_AVAILABLE, "no slave available"),
     PutStatus.MESSAGE_ILLEGAL: (ResponseCode.MESSAGE_ILLEGAL,
                                 "message refused by the store: MESSAGE_ILLEGAL"),
     PutStatus.PROPERTIES_SIZE_EXCEEDED: (ResponseCode.MESSAGE_ILLEGAL,
