@@ -147,17 +147,22 @@ class TopicManager:
             table.pop(name, None)
         else:
             table[name] = tc
+        try:
+            await self._write_off_loop(table)
+        except OSError as exc:
+            raise TopicStoreError(ResponseCode.SERVICE_NOT_AVAILABLE,
+                                  f"topic[{name}] not changed: cannot write the topic table: "
+                                  f"{exc.strerror or exc}") from exc
+        self._topics = table
+
+    async def _write_off_loop(self, table: dict[str, TopicConfig]) -> None:
+        """:meth:`_write` in the executor; a cancelled caller still waits for the write."""
         fut = asyncio.get_running_loop().run_in_executor(None, self._write, table)
         try:
             await asyncio.shield(fut)
         except asyncio.CancelledError:
             await asyncio.wait([fut])
             raise
-        except OSError as exc:
-            raise TopicStoreError(ResponseCode.SERVICE_NOT_AVAILABLE,
-                                  f"topic[{name}] not changed: cannot write the topic table: "
-                                  f"{exc.strerror or exc}") from exc
-        self._topics = table
 
     def _write(self, table: dict[str, TopicConfig]) -> None:
         """Blocking (the executor, or start-up): temp file, fsync, rename over the table."""
@@ -256,3 +261,14 @@ class TopicManager:
             if existed:
                 await self._commit(name, None)
         return existed
+
+    async def replace_all(self, configs: list[TopicConfig]) -> bool:
+        """Take another broker's table whole (a slave copying its master's, docs/cluster.md);
+        False when it holds nothing new.  Like every change, memory follows the file."""
+        table = {tc.name: tc for tc in configs}
+        async with self._changing:
+            if table == self._topics:
+                return False
+            await self._write_off_loop(table)
+            self._topics = table
+        return True

@@ -76,6 +76,9 @@ class Appender:
         #: topic -> its record field (length byte + UTF-8), validated once.
         self.topic_fields: dict[str, bytes] = {}
         self.listeners: list[Listener] = []
+        #: Why this store takes no writes now ('' = it does): a slave, or a master whose lease
+        #: ran out (docs/cluster.md).  Replicated bytes do not come through here.
+        self.fenced = ""
         self.puts = 0
         self.put_bytes = 0
         self.refusals = 0
@@ -89,8 +92,8 @@ class Appender:
         only thing a refused put may leave behind is a segment roll (a blank filler).
         """
         commitlog = self.commitlog
-        if commitlog is None:
-            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason="store is closed")
+        if commitlog is None or self.fenced:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=self.fenced or "store is closed")
         guard = self.guard
         if _monotonic() - guard.checked_at >= DISK_PROBE_INTERVAL:
             guard.probe()

@@ -293,6 +293,15 @@ class MessageStore:
         await self._await_flush(results)
         return results
 
+    def fence(self, reason: str) -> None:
+        """Refuse every put with SERVICE_NOT_AVAILABLE and ``reason`` ('' = accept again): a
+        slave's store, or a master that may no longer be one (docs/cluster.md, fencing)."""
+        self._appender.fenced = reason
+
+    @property
+    def fenced(self) -> str:
+        return self._appender.fenced
+
     def add_listener(self, fn: Callable[[str, int, int], None]) -> None:
         """``fn(topic, queue_id, new_max_offset)`` after each indexed append (long polling)."""
         self._appender.listeners.append(fn)

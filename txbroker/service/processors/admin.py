@@ -49,6 +49,7 @@ class AdminProcessor:
             RequestCode.UPDATE_AND_CREATE_TOPIC: self.create_topic,
             RequestCode.DELETE_TOPIC_IN_BROKER: self.delete_topic,
             RequestCode.GET_ALL_TOPIC_CONFIG: self.all_topic_config,
+            RequestCode.GET_ALL_CONSUMER_OFFSET: self.all_consumer_offsets,
             RequestCode.GET_BROKER_RUNTIME_INFO: self.runtime_info,
             RequestCode.VIEW_MESSAGE_BY_ID: self.view_message,
             RequestCode.BROKER_STATUS: self.status,
@@ -78,6 +79,15 @@ class AdminProcessor:
                "dataVersion": {"counter": len(self.topics.names()),
                                "timestamp": int(self.started * 1000)}}
         return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(doc))
+
+    async def all_consumer_offsets(self, conn, cmd: RemotingCommand) -> RemotingCommand:
+        """RocketMQ's ConsumerOffsetSerializeWrapper: ``{"offsetTable": {"topic@group":
+        {queueId: offset}}}``; a slave copies it (docs/cluster.md, metadata sync)."""
+        table: dict[str, dict[str, int]] = {}
+        for group, topics in self.store.offsets.groups().items():
+            for topic, queues in topics.items():
+                table[f"{topic}@{group}"] = {str(q): o for q, o in queues.items()}
+        return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps({"offsetTable": table}))
 
     async def view_message(self, conn, cmd: RemotingCommand) -> RemotingCommand:
         offset = ViewMessageByIdRequestHeader.from_ext(cmd.ext_fields).offset

@@ -90,6 +90,12 @@ class PullHoldService:
     def held(self) -> int:
         return sum(len(w) for w in self._waiters.values())
 
+    def recheck(self) -> None:
+        """Wake every held pull to look again (each is held again if it still finds nothing):
+        a SYNC_MASTER calls it when a slave's acknowledgement makes more messages visible."""
+        for key in list(self._waiters):
+            self._wake(key)
+
     def wake_all(self) -> None:
         """Shutdown: answer every held pull now (PULL_NOT_FOUND) instead of at its deadline."""
         self.closing = True

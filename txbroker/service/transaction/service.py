@@ -177,6 +177,11 @@ class TransactionalMessageService:
                           result.status.name)
         self._checker.start()
 
+    async def suspend(self) -> None:
+        """Stop checking, write no snapshot: this broker stopped being its group's master, and
+        what it knows may be cut by the new master's log (:meth:`recover` starts over)."""
+        await self._checker.close()
+
     async def close(self) -> None:
         """Stop checking and write the snapshot (call before the store closes)."""
         await self._checker.close()
