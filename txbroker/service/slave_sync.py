@@ -32,11 +32,12 @@ SYNC_TIMEOUT = 3.0
 
 
 def parse_topic_table(body: bytes) -> list[TopicConfig]:
-    """A GET_ALL_TOPIC_CONFIG body → topic configs (ValueError when it is not one)."""
+    """A GET_ALL_TOPIC_CONFIG body → topic configs (TypeError, ValueError or KeyError when
+    it is not one)."""
     doc = orjson.loads(body)
     table = doc.get("topicConfigTable")
     if not isinstance(table, dict):
-        raise ValueError("no topicConfigTable")
+        raise TypeError("no topicConfigTable")
     out = []
     for name, tc in table.items():
         out.append(TopicConfig(str(tc.get("topicName", name)), int(tc["readQueueNums"]),
@@ -50,7 +51,7 @@ def parse_offset_table(body: bytes) -> list[tuple[str, str, int, int]]:
     doc = orjson.loads(body)
     table = doc.get("offsetTable")
     if not isinstance(table, dict):
-        raise ValueError("no offsetTable")
+        raise TypeError("no offsetTable")
     rows = []
     for key, queues in table.items():
         topic, sep, group = str(key).rpartition("@")
