@@ -141,6 +141,8 @@ class TransactionalMessageService:
                               else metrics.rollbacks).labels(source=source)
             for state in (HalfState.COMMITTED, HalfState.ROLLED_BACK)
             for source in ("producer", "check", "operator")}
+        #: Recovered and started (a master's); False before start and after suspend().
+        self.active = False
         #: Whether the last recover() started from a clean-close snapshot.
         self.recovered_from_snapshot = False
 
@@ -176,15 +178,22 @@ class TransactionalMessageService:
                 log.error("could not rewrite the op record of committed half %d: %s", phys,
                           result.status.name)
         self._checker.start()
+        self.active = True
 
     async def suspend(self) -> None:
         """Stop checking, write no snapshot: this broker stopped being its group's master, and
         what it knows may be cut by the new master's log (:meth:`recover` starts over)."""
+        self.active = False
         await self._checker.close()
 
     async def close(self) -> None:
-        """Stop checking and write the snapshot (call before the store closes)."""
+        """Stop checking and write the snapshot (call before the store closes); a service
+        that is not active (a slave's, a demoted master's) writes none: it holds no state the
+        next start could trust."""
         await self._checker.close()
+        if not self.active:
+            return
+        self.active = False
         try:
             await recovery.write_snapshot(self.bridge, self.snapshot_path, self._resolved,
                                           list(self._open.open_states()),
