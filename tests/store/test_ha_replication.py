@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -189,8 +188,12 @@ async def test_flush_slave_timeout_when_the_slave_stops_acking(tmp_path):
     host, port = await ha.start()
     master.set_replication(lambda end: ha.wait_replicated(end, 0.2, 1))
     # A peer that handshakes and acks once, then reads nothing and acks nothing.
-    from txbroker.store.ha_codec import SlaveHandshake, encode_ack, encode_slave_handshake
-    reader, writer = await asyncio.open_connection(host, port)
+    from txbroker.store.ha_codec import (
+        SlaveHandshake,
+        encode_ack,
+        encode_slave_handshake,
+    )
+    _, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(encode_slave_handshake(SlaveHandshake(7)) + encode_ack(0))
         await eventually(lambda: ha.slaves() and ha.slaves()[0].connected)
@@ -296,14 +299,13 @@ async def test_slave_killed_recovers_and_resumes(tmp_path):
     tests_dir = str(Path(__file__).resolve().parent.parent)
     code = _KILLED_SLAVE.format(tests=tests_dir, root=str(tmp_path / "s"), port=ha.port,
                                 target=master.max_physical_offset // 2)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE)
     try:
-        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60)
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
         assert line.strip() == b"ready"
     finally:
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        proc.stdout.close()
+        await proc.wait()
     slave = await opened(cfg(tmp_path / "s"))
     follower = HASlave(slave, lambda: (ha.host, ha.port), heartbeat=0.05)
     follower.start()

@@ -137,7 +137,7 @@ class HAMaster:
         self._data.set()
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return PutStatus.FLUSH_SLAVE_TIMEOUT
         finally:
             with contextlib.suppress(ValueError):
@@ -192,8 +192,10 @@ class HAMaster:
                 self._ack(info, msg.max_offset)
         except (ProtocolError, ValueError) as exc:
             log.warning("HA slave at %s dropped: %s", address, exc)
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             log.info("HA slave at %s disconnected: %s", address, exc or type(exc).__name__)
+        except asyncio.CancelledError:
+            pass  # close(): asyncio's server callback must not see a cancelled handler task
         finally:
             if sender is not None:
                 sender.cancel()
@@ -201,7 +203,7 @@ class HAMaster:
                     await sender
                 except (asyncio.CancelledError, ConnectionError):
                     pass
-                except Exception as exc:
+                except (ValueError, OSError) as exc:
                     log.warning("HA slave at %s: sending stopped: %s", address, exc)
             if info is not None and self._infos.get(info.slave_id) is info:
                 info.connected = False

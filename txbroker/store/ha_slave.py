@@ -91,8 +91,7 @@ class HASlave:
                     delay = self.backoff
             except asyncio.CancelledError:
                 raise
-            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ProtocolError,
-                    ValueError) as exc:
+            except (TimeoutError, OSError, asyncio.IncompleteReadError, ProtocolError, ValueError) as exc:
                 log.info("HA connection to the master ended: %s", exc or type(exc).__name__)
             finally:
                 self.connected = False

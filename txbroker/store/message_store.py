@@ -44,9 +44,15 @@ from txbroker.store.record import (
     decode_offset_msg_id,
     decode_record,
 )
-from txbroker.store.recovery import RecoveryReport, drop_entries_past, is_new, load_queues, recover
-from txbroker.store.results import GetResult, GetStatus, PutResult, PutStatus
+from txbroker.store.recovery import (
+    RecoveryReport,
+    drop_entries_past,
+    is_new,
+    load_queues,
+    recover,
+)
 from txbroker.store.reput import reput
+from txbroker.store.results import GetResult, GetStatus, PutResult, PutStatus
 from txbroker.store.retention import (
     RETENTION_INTERVAL,
     destroy_files,
