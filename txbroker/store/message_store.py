@@ -9,6 +9,10 @@ is a memcpy into a mapped segment plus a 20-byte index entry, so it never blocks
 checkpoints, offset persistence, file deletion and the preallocation of the next commitlog
 segment go to an executor.  ``put`` is ``async`` solely so that sync-flush mode can await the group commit.
 
+It is one file past ~450 lines because it is the facade: each method is a few lines tying
+the modules above to the store's one lifecycle and state (the replication entry points included,
+whose work lives in :mod:`~txbroker.store.reput` and :mod:`~txbroker.store.commitlog`).
+
 The result types and the disk-guard names are imported here too (``__all__``): the service,
 the benchmarks and the tests take them from the store's facade.
 """
