@@ -124,6 +124,41 @@ class CommitLog:
             raise ValueError(f"write at {offset} but the log ends at {seg.end}")
         seg.append(data)
 
+    def append_replicated(self, offset: int, data: bytes | memoryview) -> None:
+        """A slave: place a master's raw bytes at ``offset``, which must be where this log ends
+        (or, for an empty log, the start of a segment: the master's segment starts are ours).
+        The bytes may end mid-record and may cross into the next segment, which is created at
+        the master's boundary."""
+        if self.segments and offset != self.max_offset:
+            raise ValueError(f"replicated bytes at {offset} but the log ends at {self.max_offset}")
+        if not self.segments and offset % self.segment_size:
+            raise ValueError(f"replication into an empty log must start at a segment start, not {offset}")
+        view = memoryview(data)
+        pos = 0
+        while pos < len(view):
+            seg = self.segments[-1] if self.segments else None
+            if seg is None or seg.wrote == seg.size:
+                seg = self._new_segment(offset if seg is None else seg.start + seg.size)
+            n = min(seg.size - seg.wrote, len(view) - pos)
+            seg.append(view[pos:pos + n])
+            pos += n
+
+    def boundary_at_or_before(self, offset: int) -> int:
+        """The end of the last whole record at or before ``offset`` (segment starts are record
+        boundaries, so this walks at most one segment's record headers)."""
+        seg = self._segment_for(offset) or (self.segments[-1] if self.segments else None)
+        if seg is None or offset < seg.start:
+            return offset
+        rel, limit = 0, min(offset - seg.start, seg.wrote)
+        while rel + END_MARKER_SIZE <= limit:
+            size, magic = _SIZE_MAGIC.unpack(seg.read(rel, 8))
+            if magic == BLANK_MAGIC:
+                return seg.start + seg.size if rel + size <= limit else seg.start + rel
+            if magic != MESSAGE_MAGIC or size < MIN_RECORD_SIZE or rel + size > limit:
+                break
+            rel += size
+        return seg.start + rel
+
     def _new_segment(self, start: int) -> MappedSegment:
         """The segment starting at ``start``: the preallocated spare renamed, when one is ready
         (opening it then reserves nothing), else a file allocated here, on the caller's thread."""

@@ -9,6 +9,10 @@ is a memcpy into a mapped segment plus a 20-byte index entry, so it never blocks
 checkpoints, offset persistence, file deletion and the preallocation of the next commitlog
 segment go to an executor.  ``put`` is ``async`` solely so that sync-flush mode can await the group commit.
 
+It is one file past ~450 lines because it is the facade: each method is a few lines tying
+the modules above to the store's one lifecycle and state (the replication entry points included,
+whose work lives in :mod:`~txbroker.store.reput` and :mod:`~txbroker.store.commitlog`).
+
 The result types and the disk-guard names are imported here too (``__all__``): the service,
 the benchmarks and the tests take them from the store's facade.
 """
@@ -20,7 +24,7 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 from txbroker.config import BrokerConfig
@@ -29,6 +33,8 @@ from txbroker.store.background import off_loop, periodic
 from txbroker.store.checkpoint import Checkpoint, CheckpointFile
 from txbroker.store.commitlog import CommitLog
 from txbroker.store.consumequeue import ConsumeQueue
+from txbroker.store.epochs import FILE_NAME as EPOCH_FILE_NAME
+from txbroker.store.epochs import EpochFile
 from txbroker.store.flush import FlushService
 from txbroker.store.guard import DISK_PROBE_INTERVAL, DiskGuard, DiskUsage
 from txbroker.store.lock import DataDirLock
@@ -42,7 +48,14 @@ from txbroker.store.record import (
     decode_offset_msg_id,
     decode_record,
 )
-from txbroker.store.recovery import RecoveryReport, is_new, load_queues, recover
+from txbroker.store.recovery import (
+    RecoveryReport,
+    drop_entries_past,
+    is_new,
+    load_queues,
+    recover,
+)
+from txbroker.store.reput import reput
 from txbroker.store.results import GetResult, GetStatus, PutResult, PutStatus
 from txbroker.store.retention import (
     RETENTION_INTERVAL,
@@ -57,6 +70,9 @@ __all__ = ["DISK_PROBE_INTERVAL", "DiskUsage", "GetResult", "GetStatus", "Messag
            "PutStatus", "RecoveryReport"]
 
 log = logging.getLogger(__name__)
+
+#: Awaited after the flush wait with the end offset of what a put stored (SYNC_MASTER).
+ReplicationWaiter = Callable[[int], Awaitable[PutStatus]]
 
 
 class MessageStore:
@@ -89,6 +105,19 @@ class MessageStore:
         self._appender = Appender(config, clock, self._guard, self.queues_, self._queue, store_host,
                                   self._id_prefix)
         self.gets = 0
+        #: SYNC_MASTER: awaited by every put after its flush wait (:meth:`set_replication`).
+        self._replication: ReplicationWaiter | None = None
+        #: Reads through a queue return nothing at or past this physical offset (None: no cap).
+        self.visible_limit: int | None = None
+        #: Master epochs and where each began writing (loaded by :meth:`open`).
+        self.epochs: EpochFile
+        #: Replicated bytes: where indexing resumes, and where the log ended after the last
+        #: replicated append (if it ends elsewhere now, a put or a cut moved it: a boundary).
+        self._reput_from = 0
+        self._replica_end = -1
+        self._topic_names: dict[bytes, str] = {}
+        #: Truncations so far: a checkpoint taken across one must not be saved.
+        self._cuts = 0
 
     # --- lifecycle ----------------------------------------------------------------------------
     def open(self) -> RecoveryReport:
@@ -99,7 +128,10 @@ class MessageStore:
             new = is_new(self.root, self._checkpoint)
             empty_trash(self.root)
             self.offsets = ConsumerOffsetStore(self.root / "consumerOffset.json")
+            self.epochs = EpochFile(self.root / EPOCH_FILE_NAME)
             report = self._recover()
+            # Epochs that began past the recovered end lost their bytes with the torn tail.
+            self.epochs.truncate_from(self.max_physical_offset + 1)
         except BaseException:
             self._lock.release()
             raise
@@ -186,8 +218,9 @@ class MessageStore:
     async def _checkpoint_once(self) -> None:
         """Flush log and queues, then record how far both are durable (recovery starts there)."""
         end = self.max_physical_offset
+        cuts = self._cuts
         await off_loop(self._flush_all)
-        if not self._closed:
+        if not self._closed and cuts == self._cuts:  # a cut meanwhile may have moved the end back
             await off_loop(self._checkpoint.save, Checkpoint(commitlog_safe=end, commitlog_end=0))
 
     async def _persist_offsets(self) -> None:
@@ -271,12 +304,16 @@ class MessageStore:
         if flush is not None and result.status is PutStatus.OK and not await flush.wait_flushed(
                 result.physical_offset + result.size, self.config.sync_flush_timeout):
             result.status = PutStatus.FLUSH_DISK_TIMEOUT
+        if self._replication is not None and result.ok:
+            await self._await_replicas([result])
         return result
 
     async def put_batch(self, msgs: list[Message]) -> list[PutResult]:
         """Append all, then wait for one flush covering them all (sync mode)."""
         results = [self._appender.append(m) for m in msgs]
         await self._await_flush(results)
+        if self._replication is not None:
+            await self._await_replicas(results)
         return results
 
     async def put_chain(self, msgs: list[Message]) -> list[PutResult]:
@@ -291,6 +328,8 @@ class MessageStore:
             if result.status is not PutStatus.OK:
                 break
         await self._await_flush(results)
+        if self._replication is not None:
+            await self._await_replicas(results)
         return results
 
     def fence(self, reason: str) -> None:
@@ -302,6 +341,86 @@ class MessageStore:
     def fenced(self) -> str:
         return self._appender.fenced
 
+    # --- replication --------------------------------------------------------------------------------
+    def set_replication(self, waiter: ReplicationWaiter | None) -> None:
+        """SYNC_MASTER: every put then awaits ``waiter(end offset)`` after its flush wait; a
+        non-OK answer replaces the put's status (RocketMQ lets the replica status win).  None
+        turns it off; the put path then costs what it did without replication."""
+        self._replication = waiter
+
+    async def _await_replicas(self, results: list[PutResult]) -> None:
+        assert self._replication is not None
+        stored = [r for r in results if r.ok]
+        if not stored:
+            return
+        status = await self._replication(max(r.physical_offset + r.size for r in stored))
+        if status is not PutStatus.OK:
+            for r in stored:
+                r.status = status
+
+    def append_replicated(self, offset: int, data: bytes | memoryview) -> int:
+        """A slave: append a master's raw commitlog bytes at ``offset`` (this log's end), then
+        index every record now complete into its consume queue at the queue offset the record
+        states, and tell the listeners.  The bytes may end mid-record; that record is indexed
+        once its rest arrives.  Returns the new max physical offset."""
+        commitlog = self.commitlog
+        if commitlog is None or self._closed:
+            raise RuntimeError("store is closed")
+        if not commitlog.segments:
+            self._reput_from = offset
+        elif self._replica_end != commitlog.max_offset:
+            # Puts or recovery left the end here: it is a record boundary.
+            self._reput_from = commitlog.max_offset
+        commitlog.append_replicated(offset, data)
+        self._replica_end = commitlog.max_offset
+        self._reput_from, touched = reput(commitlog, self.queues_, self._queue, self._reput_from,
+                                          self._topic_names)
+        if touched and self._appender.listeners:
+            for (topic, qid), new_max in touched.items():
+                for fn in self._appender.listeners:
+                    try:
+                        fn(topic, qid, new_max)
+                    except Exception:
+                        log.exception("store listener %r failed", fn)
+        return self._replica_end
+
+    def truncate(self, offset: int) -> int:
+        """Cut the commitlog at ``offset`` (a slave whose log diverged from its new master's),
+        with the queue entries and epochs past it; returns how many bytes were cut.  The
+        checkpoint is pulled back too, so a crash right after never trusts the cut bytes."""
+        cut = self._cut(max(offset, 0))
+        self.epochs.truncate_from(offset)
+        return cut
+
+    def _cut(self, offset: int) -> int:
+        commitlog = self.commitlog
+        assert commitlog is not None
+        cut = 0
+        if offset < commitlog.max_offset:
+            complete = self._reput_from if self._replica_end == commitlog.max_offset else commitlog.max_offset
+            self._cuts += 1
+            cut = commitlog.set_end(offset)
+            drop_entries_past(self.queues_, offset)
+            boundary = complete if complete <= offset else commitlog.boundary_at_or_before(offset)
+            self._reput_from, self._replica_end = boundary, commitlog.max_offset
+            cp = self._checkpoint.load()
+            if cp.commitlog_safe > boundary:
+                self._checkpoint.save(Checkpoint(commitlog_safe=boundary, commitlog_end=0))
+            log.warning("commitlog truncated at offset %d: %d bytes cut", offset, cut)
+        return cut
+
+    def cut_torn_tail(self) -> int:
+        """Promotion: cut the bytes past the last complete record (a replicated batch may end
+        mid-record) and return where the log now ends."""
+        commitlog = self.commitlog
+        assert commitlog is not None
+        if self._replica_end != commitlog.max_offset:
+            return commitlog.max_offset  # every byte was written whole by this store
+        end = commitlog.walk_valid(self._reput_from).end
+        self._cut(end)
+        self.epochs.truncate_from(end + 1)
+        return end
+
     def add_listener(self, fn: Callable[[str, int, int], None]) -> None:
         """``fn(topic, queue_id, new_max_offset)`` after each indexed append (long polling)."""
         self._appender.listeners.append(fn)
@@ -311,7 +430,7 @@ class MessageStore:
             max_bytes: int = DEFAULT_MAX_BYTES, tag_filter: set[int] | None = None) -> GetResult:
         self.gets += 1
         return read_queue(self.commitlog, self.queues_.get((topic, queue_id)), offset, max_count,
-                          max_bytes, tag_filter)
+                          max_bytes, tag_filter, self.visible_limit)
 
     def read(self, physical_offset: int) -> StoredMessage | None:
         raw = self.read_raw(physical_offset)

@@ -20,9 +20,12 @@ _STORE_TS_POS = 56  # STORETIMESTAMP within a record (IPv4 hosts)
 
 
 def read_queue(commitlog: CommitLog | None, cq: ConsumeQueue | None, offset: int, max_count: int,
-               max_bytes: int, tag_filter: set[int] | None) -> GetResult:
+               max_bytes: int, tag_filter: set[int] | None, visible_limit: int | None = None) -> GetResult:
     """Up to ``max_count`` records (``max_bytes`` in all, at least one) from queue ``offset``
-    on whose tag hash is in ``tag_filter`` (None: all), exactly as stored."""
+    on whose tag hash is in ``tag_filter`` (None: all), exactly as stored.  A record that does
+    not end by ``visible_limit`` (None: no limit) ends the read as if the queue ended there:
+    a SYNC_MASTER sets it to what its slaves confirmed, so no consumer sees bytes a failover
+    could cut."""
     if cq is None:
         return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
     lo, hi = cq.min_offset, cq.max_offset
@@ -53,6 +56,10 @@ def read_queue(commitlog: CommitLog | None, cq: ConsumeQueue | None, offset: int
         if not batch:
             break
         for phys, size, thash in batch:
+            if visible_limit is not None and phys + size > visible_limit:
+                if raw:
+                    return GetResult(GetStatus.FOUND, index, lo, hi, raw)
+                return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, index, lo, hi)
             if tag_filter is not None and thash not in tag_filter:
                 index += 1
                 continue

@@ -100,9 +100,9 @@ def recover(commitlog: CommitLog, queues: Queues, checkpoint: CheckpointFile,
     return report
 
 
-def repair_queues(commitlog: CommitLog, queues: Queues, queue_for: Callable[[str, int], ConsumeQueue],
-                  start: int, end: int) -> tuple[int, int]:
-    """Consume queues after a crash: drop entries past the valid log, index what is missing."""
+def drop_entries_past(queues: Queues, end: int) -> int:
+    """Drop queue entries whose record does not lie wholly before ``end`` (the log was cut
+    there); returns how many."""
     dropped = 0
     for cq in queues.values():
         while cq.max_offset > cq.min_offset:
@@ -110,6 +110,13 @@ def repair_queues(commitlog: CommitLog, queues: Queues, queue_for: Callable[[str
             if last is not None and last[0] + last[1] <= end:
                 break
             dropped += cq.truncate(cq.max_offset - 1)
+    return dropped
+
+
+def repair_queues(commitlog: CommitLog, queues: Queues, queue_for: Callable[[str, int], ConsumeQueue],
+                  start: int, end: int) -> tuple[int, int]:
+    """Consume queues after a crash: drop entries past the valid log, index what is missing."""
+    dropped = drop_entries_past(queues, end)
     repaired = 0
     for msg in commitlog.scan(start):
         if msg.physical_offset >= end:

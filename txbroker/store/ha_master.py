@@ -1,0 +1,266 @@
+"""The master side of commitlog replication (RocketMQ 5.x AutoSwitch HA, docs/cluster.md
+"Replication (HA)").
+
+Each slave connects to the HA port and sends a handshake; the master answers with its epoch
+entries and max offset, the slave cuts what diverged and acks its offset, and from then on the
+master streams raw commitlog bytes from the slave's acked offset (first ack 0: from the
+master's min offset).  A batch is at most ~1 MiB, comes from one segment and never spans two
+epochs; an idle connection gets an empty header every ``heartbeat`` seconds.  Acks drive
+:meth:`HAMaster.wait_replicated`, the SYNC_MASTER wait.
+
+New bytes are noticed through a store listener (every indexed append calls it) and a short
+poll as a backstop for records no queue indexes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from txbroker.store.ha_codec import (
+    MasterHandshake,
+    ProtocolError,
+    SlaveAck,
+    SlaveHandshake,
+    SlaveStreamDecoder,
+    encode_master_handshake,
+    encode_transfer_header,
+)
+from txbroker.store.message_store import MessageStore
+from txbroker.store.results import PutStatus
+
+log = logging.getLogger(__name__)
+
+BATCH = 1024 * 1024
+#: A slave further behind than this is not worth waiting for (RocketMQ ``haMaxGapNotInSync``).
+MAX_GAP = 256 * 1024 * 1024
+
+
+@dataclass
+class SlaveInfo:
+    slave_id: int
+    address: str
+    ack_offset: int = 0
+    connected: bool = True
+    #: ``clock()`` when an ack last reached the master's max offset (0: never).
+    caught_up_at: float = 0.0
+
+
+class HAMaster:
+    """Serves slaves; one per master store."""
+
+    def __init__(self, store: MessageStore, *, host: str = "127.0.0.1", port: int = 0,
+                 sock: object | None = None, heartbeat: float = 5.0, idle_timeout: float = 20.0,
+                 poll: float = 0.05, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.host, self.port, self._sock = host, port, sock
+        self.heartbeat = heartbeat
+        self.idle_timeout = idle_timeout
+        self.poll = poll
+        self.clock = clock
+        self._server: asyncio.base_events.Server | None = None
+        self._infos: dict[int, SlaveInfo] = {}
+        self._conns: set[asyncio.Task[None]] = set()
+        self._waiters: list[tuple[int, int, asyncio.Future[PutStatus]]] = []
+        self._data = asyncio.Event()
+        self._listening = False
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> tuple[str, int]:
+        """Listen (on the socket given, else ``(host, port)``); returns the bound address."""
+        if self._sock is not None:
+            self._server = await asyncio.start_server(self._serve, sock=self._sock)
+        else:
+            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        if not self._listening:
+            self.store.add_listener(self._on_append)
+            self._listening = True
+        addr = self._server.sockets[0].getsockname()
+        self.host, self.port = addr[0], addr[1]
+        return self.host, self.port
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for t in list(self._conns):
+            t.cancel()
+        for t in list(self._conns):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+            self._server = None
+        for _, _, fut in self._waiters:
+            if not fut.done():
+                fut.set_result(PutStatus.FLUSH_SLAVE_TIMEOUT)
+        self._waiters.clear()
+
+    def _on_append(self, topic: str, queue_id: int, new_max: int) -> None:
+        if not self._data.is_set():
+            self._data.set()
+
+    # --- what others read ----------------------------------------------------------------------
+    def slaves(self) -> list[SlaveInfo]:
+        return sorted(self._infos.values(), key=lambda i: i.slave_id)
+
+    @property
+    def confirm_offset(self) -> int:
+        """What every connected slave holds (the master's max offset when none is connected)."""
+        acks = [i.ack_offset for i in self._infos.values() if i.connected]
+        end = self.store.max_physical_offset
+        return min([end, *acks])
+
+    def become(self, epoch: int) -> None:
+        """This store starts being master under ``epoch``: record where that epoch begins."""
+        if epoch <= self.store.epochs.last_epoch:
+            raise ValueError(f"epoch {epoch} is not newer than {self.store.epochs.last_epoch}")
+        self.store.epochs.append(epoch, self.store.max_physical_offset)
+        self._data.set()
+
+    async def wait_replicated(self, end_offset: int, timeout: float, needed: int) -> PutStatus:
+        """OK once ``needed`` slaves acked ``end_offset``; SLAVE_NOT_AVAILABLE at once when fewer
+        than ``needed`` connected slaves are within 256 MiB of it; FLUSH_SLAVE_TIMEOUT after
+        ``timeout`` seconds."""
+        near = [i for i in self._infos.values() if i.connected and end_offset - i.ack_offset < MAX_GAP]
+        if len(near) < needed:
+            return PutStatus.SLAVE_NOT_AVAILABLE
+        if sum(1 for i in near if i.ack_offset >= end_offset) >= needed:
+            return PutStatus.OK
+        fut: asyncio.Future[PutStatus] = asyncio.get_running_loop().create_future()
+        entry = (end_offset, needed, fut)
+        self._waiters.append(entry)
+        self._data.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            return PutStatus.FLUSH_SLAVE_TIMEOUT
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(entry)
+
+    def _wake_waiters(self) -> None:
+        acks = [i.ack_offset for i in self._infos.values() if i.connected]
+        for end, needed, fut in self._waiters:
+            if not fut.done() and sum(1 for a in acks if a >= end) >= needed:
+                fut.set_result(PutStatus.OK)
+
+    # --- one slave ---------------------------------------------------------------------------------
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        peer = writer.get_extra_info("peername")
+        address = f"{peer[0]}:{peer[1]}" if peer else "?"
+        info: SlaveInfo | None = None
+        sender: asyncio.Task[None] | None = None
+        decoder = SlaveStreamDecoder()
+        try:
+            hello = await self._read_one(reader, decoder)
+            if not isinstance(hello, SlaveHandshake):
+                raise ProtocolError(f"expected a handshake, got {hello!r}")
+            store = self.store
+            writer.write(encode_master_handshake(MasterHandshake(
+                store.max_physical_offset, store.epochs.last_epoch, list(store.epochs.entries))))
+            await writer.drain()
+            first = await self._read_one(reader, decoder)
+            if not isinstance(first, SlaveAck):
+                raise ProtocolError(f"expected an ack, got {first!r}")
+            start = first.max_offset or store.min_physical_offset
+            if hello.sync_from_last_file and not first.max_offset:
+                end = store.max_physical_offset
+                start = max(store.min_physical_offset, end - end % store.config.segment_size)
+            info = SlaveInfo(hello.slave_id, address, first.max_offset)
+            old = self._infos.get(hello.slave_id)
+            if old is not None and old.connected:
+                log.warning("HA slave %d connected again from %s: the older connection is replaced",
+                            hello.slave_id, address)
+            self._infos[hello.slave_id] = info
+            self._ack(info, first.max_offset)
+            log.info("HA slave %d at %s follows from offset %d", hello.slave_id, address, start)
+            sender = asyncio.create_task(self._send(writer, start, info))
+            # A sender that stops (its offset deleted by retention) ends the connection.
+            sender.add_done_callback(lambda _: writer.transport.abort())
+            while True:
+                msg = await asyncio.wait_for(self._read_one(reader, decoder), self.idle_timeout)
+                if not isinstance(msg, SlaveAck):
+                    raise ProtocolError(f"expected an ack, got {msg!r}")
+                self._ack(info, msg.max_offset)
+        except (ProtocolError, ValueError) as exc:
+            log.warning("HA slave at %s dropped: %s", address, exc)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+            log.info("HA slave at %s disconnected: %s", address, exc or type(exc).__name__)
+        except asyncio.CancelledError:
+            pass  # close(): asyncio's server callback must not see a cancelled handler task
+        finally:
+            if sender is not None:
+                sender.cancel()
+                try:
+                    await sender
+                except (asyncio.CancelledError, ConnectionError):
+                    pass
+                except (ValueError, OSError) as exc:
+                    log.warning("HA slave at %s: sending stopped: %s", address, exc)
+            if info is not None and self._infos.get(info.slave_id) is info:
+                info.connected = False
+            writer.close()
+            self._conns.discard(task)
+
+    async def _read_one(self, reader: asyncio.StreamReader, decoder: SlaveStreamDecoder
+                        ) -> SlaveHandshake | SlaveAck:
+        while True:
+            msg = decoder.next()
+            if msg is not None:
+                return msg
+            data = await reader.read(4096)
+            if not data:
+                raise asyncio.IncompleteReadError(b"", None)
+            decoder.feed(data)
+
+    def _ack(self, info: SlaveInfo, offset: int) -> None:
+        end = self.store.max_physical_offset
+        if offset > end:
+            raise ValueError(f"slave {info.slave_id} acked {offset}, past the master's end {end}")
+        info.ack_offset = offset
+        if offset >= end:
+            info.caught_up_at = self.clock()
+        if self._waiters:
+            self._wake_waiters()
+
+    async def _send(self, writer: asyncio.StreamWriter, offset: int, info: SlaveInfo) -> None:
+        """Stream from ``offset`` forever: batches while there are bytes, heartbeats when idle."""
+        store = self.store
+        last_write = 0.0
+        while True:
+            commitlog = store.commitlog
+            assert commitlog is not None
+            self._data.clear()
+            epoch, epoch_start, epoch_end = store.epochs.entry_at(offset)
+            n = 0
+            if offset < commitlog.max_offset:
+                seg = commitlog.segment_at(offset)
+                if seg is None:
+                    raise ValueError(f"offset {offset} is no longer held (min {commitlog.min_offset})")
+                stop = seg.start + seg.wrote
+                if epoch_end is not None:
+                    stop = min(stop, epoch_end)
+                n = min(stop - offset, BATCH)
+            now = time.monotonic()
+            if n > 0:
+                body = seg.read(offset - seg.start, n)
+                writer.write(encode_transfer_header(offset, n, epoch, epoch_start, self.confirm_offset))
+                writer.write(body)
+                offset += n
+                last_write = now
+                await writer.drain()
+                continue
+            if now - last_write >= self.heartbeat:
+                writer.write(encode_transfer_header(offset, 0, epoch, epoch_start, self.confirm_offset))
+                last_write = now
+                await writer.drain()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._data.wait(), min(self.poll, self.heartbeat))
