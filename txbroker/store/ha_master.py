@@ -68,6 +68,9 @@ class HAMaster:
         self._waiters: list[tuple[int, int, asyncio.Future[PutStatus]]] = []
         self._data = asyncio.Event()
         self._listening = False
+        #: Called after every acknowledgement and disconnection, i.e. whenever
+        #: :attr:`confirm_offset` may have moved (a SYNC_MASTER shows consumers up to it).
+        self.on_confirm: Callable[[], None] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> tuple[str, int]:
@@ -207,6 +210,8 @@ class HAMaster:
                     log.warning("HA slave at %s: sending stopped: %s", address, exc)
             if info is not None and self._infos.get(info.slave_id) is info:
                 info.connected = False
+                if self.on_confirm is not None:
+                    self.on_confirm()
             writer.close()
             self._conns.discard(task)
 
@@ -230,6 +235,8 @@ class HAMaster:
             info.caught_up_at = self.clock()
         if self._waiters:
             self._wake_waiters()
+        if self.on_confirm is not None:
+            self.on_confirm()
 
     async def _send(self, writer: asyncio.StreamWriter, offset: int, info: SlaveInfo) -> None:
         """Stream from ``offset`` forever: batches while there are bytes, heartbeats when idle."""
