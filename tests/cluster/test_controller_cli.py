@@ -3,6 +3,7 @@ stop on SIGTERM, one error line for a port in use."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import subprocess
@@ -17,11 +18,11 @@ CLI = [sys.executable, "-c", "from txbroker.cli.main import main; main()", "cont
 
 
 async def test_ready_line_answers_and_stops_cleanly(tmp_path) -> None:
-    proc = subprocess.Popen([*CLI, "--port", "0", "--data-dir", str(tmp_path / "ctl"),
-                             "--lease", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, "--port", "0", "--data-dir", str(tmp_path / "ctl"), "--lease", "0.5",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        line = proc.stdout.readline().strip()
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()
         assert line.startswith("txbroker controller ready addr=127.0.0.1:"), line
         client = RemotingClient(line.split("addr=", 1)[1])
         try:
@@ -33,13 +34,11 @@ async def test_ready_line_answers_and_stops_cleanly(tmp_path) -> None:
         assert resp.code == ResponseCode.CONTROLLER_INVALID_REPLICAS
         assert "broker-a" in resp.remark
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
     finally:
-        if proc.poll() is None:
+        if proc.returncode is None:
             proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+            await proc.wait()
 
 
 def test_port_in_use_is_one_error_line_naming_the_address(tmp_path) -> None:
@@ -48,7 +47,7 @@ def test_port_in_use_is_one_error_line_naming_the_address(tmp_path) -> None:
         taken.listen(1)
         port = taken.getsockname()[1]
         done = subprocess.run([*CLI, "--port", str(port), "--data-dir", str(tmp_path / "ctl")],
-                              capture_output=True, text=True, timeout=30)
+                              check=False, capture_output=True, text=True, timeout=30)
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
