@@ -1,0 +1,249 @@
+"""The controller's state machine (``txbroker.service.replicas``), mirroring RocketMQ's
+``ReplicasInfoManagerTest``: registration, the first election by request, elections when a
+master's lease runs out (epoch, then offset, then priority and id), all replicas down and one
+back, the in-sync set's fencing, and the persisted form.  Time is a manual clock."""
+
+from __future__ import annotations
+
+import pytest
+from support.clock import ManualClock
+
+from txbroker.remoting.codes import ResponseCode
+from txbroker.service.replicas import (
+    BrokerNotAlive,
+    ElectMasterFailed,
+    FencedMasterEpoch,
+    FencedSyncStateSetEpoch,
+    InvalidMaster,
+    InvalidReplicas,
+    MasterStillExist,
+    ReplicasInfo,
+)
+
+LEASE = 3.0
+NAME = "broker-a"
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def state(clock: ManualClock) -> ReplicasInfo:
+    return ReplicasInfo(lease=LEASE, clock=clock)
+
+
+def register(state: ReplicasInfo, *ids: int) -> None:
+    for i in ids:
+        state.register("DefaultCluster", NAME, i, f"127.0.0.1:{10911 + 10 * i}",
+                       f"127.0.0.1:{10912 + 10 * i}")
+
+
+def group_of_three(state: ReplicasInfo) -> None:
+    """0 is master (epoch 1), 1 and 2 in the in-sync set."""
+    register(state, 0, 1, 2)
+    state.elect(NAME, 0)
+    state.alter_sync_state_set(NAME, 0, 1, {0, 1, 2}, 1)
+
+
+def test_register_creates_the_group_without_a_master(state: ReplicasInfo) -> None:
+    register(state, 0, 1)
+    view = state.replica_info(NAME)
+    assert view.master_broker_id is None and view.master_epoch == 0
+    assert view.sync_state_set == frozenset() and view.sync_state_set_epoch == 0
+    assert state.replicas(NAME) == {0: ("127.0.0.1:10911", "127.0.0.1:10912"),
+                                    1: ("127.0.0.1:10921", "127.0.0.1:10922")}
+    with pytest.raises(InvalidReplicas) as err:
+        state.register("OtherCluster", NAME, 2, "h:1", "h:2")
+    assert err.value.code == ResponseCode.CONTROLLER_INVALID_REPLICAS
+
+
+def test_first_election_is_won_by_the_asking_broker(state: ReplicasInfo) -> None:
+    register(state, 0, 1)
+    view = state.elect(NAME, 0)
+    assert (view.master_broker_id, view.master_address, view.master_ha_address) == \
+        (0, "127.0.0.1:10911", "127.0.0.1:10912")
+    assert view.master_epoch == 1 and view.sync_state_set == {0} and view.sync_state_set_epoch == 1
+
+
+def test_no_scan_election_before_the_first_one(state: ReplicasInfo, clock: ManualClock) -> None:
+    """A slave alone never becomes master of a group nobody started as master."""
+    register(state, 1)
+    clock.advance(LEASE * 2)
+    assert state.scan() == []
+    assert state.replica_info(NAME).master_epoch == 0
+
+
+def test_elect_master_old_master_still_alive(state: ReplicasInfo, clock: ManualClock) -> None:
+    group_of_three(state)
+    for _ in range(5):
+        clock.advance(LEASE / 2)
+        for i in (0, 1, 2):
+            state.heartbeat(NAME, i, epoch=1)
+        assert state.scan() == []
+    with pytest.raises(MasterStillExist) as err:
+        state.elect(NAME, 1)
+    assert err.value.code == ResponseCode.CONTROLLER_MASTER_STILL_EXIST
+    assert err.value.view.master_broker_id == 0
+    assert state.replica_info(NAME).master_epoch == 1
+
+
+def expire_master(state: ReplicasInfo, clock: ManualClock, beats: dict[int, dict]) -> None:
+    """The master goes silent; the others heartbeat with ``beats[id]`` until its lease ends."""
+    clock.advance(LEASE / 2)
+    for i, values in beats.items():
+        state.heartbeat(NAME, i, **values)
+    clock.advance(LEASE / 2 + 0.01)
+    for i, values in beats.items():
+        state.heartbeat(NAME, i, **values)
+
+
+def test_elect_master_prefer_higher_epoch(state: ReplicasInfo, clock: ManualClock) -> None:
+    group_of_three(state)
+    expire_master(state, clock, {1: {"epoch": 1, "max_offset": 100},
+                                 2: {"epoch": 2, "max_offset": 50}})
+    [view] = state.scan()
+    assert view.master_broker_id == 2
+    assert view.master_epoch == 2 and view.sync_state_set == {2} and view.sync_state_set_epoch == 3
+
+
+def test_elect_master_prefer_higher_offset_when_epoch_equals(state: ReplicasInfo,
+                                                             clock: ManualClock) -> None:
+    group_of_three(state)
+    expire_master(state, clock, {1: {"epoch": 1, "max_offset": 100},
+                                 2: {"epoch": 1, "max_offset": 150}})
+    [view] = state.scan()
+    assert view.master_broker_id == 2
+
+
+@pytest.mark.parametrize(("priorities", "winner"), [({}, 1), ({2: 1}, 2), ({1: 5, 2: 5}, 1)])
+def test_elect_master_prefer_priority_then_lower_id(state: ReplicasInfo, clock: ManualClock,
+                                                    priorities: dict[int, int], winner: int) -> None:
+    """Same epoch and offset: the lower election priority wins, then the lower broker id."""
+    group_of_three(state)
+    expire_master(state, clock, {i: {"epoch": 1, "max_offset": 100,
+                                     "priority": priorities.get(i)} for i in (1, 2)})
+    assert state.scan()[0].master_broker_id == winner
+
+
+def test_a_slave_outside_the_sync_state_set_is_never_elected(state: ReplicasInfo,
+                                                             clock: ManualClock) -> None:
+    register(state, 0, 1)
+    state.elect(NAME, 0)  # set = {0}: slave 1 never caught up
+    expire_master(state, clock, {1: {"epoch": 1, "max_offset": 10**6}})
+    [view] = state.scan()
+    assert view.master_broker_id is None and view.master_epoch == 2
+    with pytest.raises(ElectMasterFailed):
+        state.elect(NAME, 1)
+    clock.advance(LEASE)
+    state.heartbeat(NAME, 1, epoch=2)
+    assert state.scan() == []  # cleared once: the epoch moves only when the master does
+    assert state.replica_info(NAME).master_epoch == 2
+
+
+def test_all_replicas_shutdown_and_restart(state: ReplicasInfo, clock: ManualClock) -> None:
+    group_of_three(state)
+    clock.advance(LEASE + 0.01)  # everybody silent
+    [view] = state.scan()
+    assert view.master_broker_id is None and view.master_epoch == 2
+    assert view.sync_state_set == {0, 1, 2}
+    # a replica that is not in the set comes back first: nothing happens
+    state.register("DefaultCluster", NAME, 3, "h:3", "h:4")
+    assert state.scan() == []
+    # a set member comes back: it is elected
+    with pytest.raises(FencedMasterEpoch) as err:
+        state.heartbeat(NAME, 1, epoch=1)
+    assert err.value.view.master_broker_id is None and err.value.view.master_epoch == 2
+    [view] = state.scan()
+    assert view.master_broker_id == 1 and view.master_epoch == 3 and view.sync_state_set == {1}
+
+
+def test_old_master_back_is_told_the_new_master_and_fenced(state: ReplicasInfo,
+                                                           clock: ManualClock) -> None:
+    group_of_three(state)
+    expire_master(state, clock, {1: {"epoch": 1}, 2: {"epoch": 1}})
+    assert state.scan()[0].master_broker_id == 1
+    view = state.register("DefaultCluster", NAME, 0, "127.0.0.1:10911", "127.0.0.1:10912")
+    assert view.master_broker_id == 1 and view.master_epoch == 2
+    with pytest.raises(FencedMasterEpoch) as err:
+        state.heartbeat(NAME, 0, epoch=1)
+    assert err.value.code == ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH
+    assert err.value.view.master_broker_id == 1
+    with pytest.raises(FencedMasterEpoch):
+        state.alter_sync_state_set(NAME, 0, 1, {0}, 1)
+    assert state.heartbeat(NAME, 0, epoch=2).master_broker_id == 1
+
+
+def test_alter_sync_state_set_fencing(state: ReplicasInfo, clock: ManualClock) -> None:
+    register(state, 0, 1, 2)
+    state.elect(NAME, 0)
+    assert state.alter_sync_state_set(NAME, 0, 1, {0, 1}, 1) == 2
+    with pytest.raises(FencedSyncStateSetEpoch) as err:
+        state.alter_sync_state_set(NAME, 0, 1, {0, 1, 2}, 1)  # built on the old set
+    assert err.value.code == ResponseCode.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH
+    with pytest.raises(FencedMasterEpoch):
+        state.alter_sync_state_set(NAME, 0, 0, {0, 1, 2}, 2)
+    with pytest.raises(InvalidMaster) as err:
+        state.alter_sync_state_set(NAME, 1, 1, {0, 1, 2}, 2)
+    assert err.value.code == ResponseCode.CONTROLLER_INVALID_MASTER
+    with pytest.raises(InvalidReplicas):
+        state.alter_sync_state_set(NAME, 0, 1, {1, 2}, 2)  # omits the master
+    with pytest.raises(InvalidReplicas):
+        state.alter_sync_state_set(NAME, 0, 1, {0, 7}, 2)  # not registered
+    clock.advance(LEASE / 2)
+    state.heartbeat(NAME, 0, epoch=1)
+    state.heartbeat(NAME, 1, epoch=1)
+    clock.advance(LEASE / 2 + 0.01)
+    with pytest.raises(BrokerNotAlive) as err:
+        state.alter_sync_state_set(NAME, 0, 1, {0, 1, 2}, 2)  # 2 is silent
+    assert err.value.code == ResponseCode.CONTROLLER_BROKER_NOT_ALIVE
+    view = state.replica_info(NAME)
+    assert view.sync_state_set == {0, 1} and view.sync_state_set_epoch == 2
+
+
+def test_requests_for_unknown_brokers_are_refused(state: ReplicasInfo) -> None:
+    for call in (lambda: state.replica_info("nope"), lambda: state.heartbeat(NAME, 0),
+                 lambda: state.elect(NAME, 0)):
+        with pytest.raises(InvalidReplicas):
+            call()
+    register(state, 0)
+    with pytest.raises(InvalidReplicas, match="id 5 is not registered"):
+        state.heartbeat(NAME, 5)
+
+
+def test_designated_election(state: ReplicasInfo) -> None:
+    group_of_three(state)
+    with pytest.raises(MasterStillExist):
+        state.elect(NAME, 0, designate=True)
+    view = state.elect(NAME, 2, designate=True)
+    assert view.master_broker_id == 2 and view.master_epoch == 2
+
+
+def test_a_longer_heartbeat_timeout_extends_that_broker_s_lease(state: ReplicasInfo,
+                                                               clock: ManualClock) -> None:
+    group_of_three(state)
+    state.heartbeat(NAME, 0, epoch=1, timeout=LEASE * 3)
+    clock.advance(LEASE * 2)
+    state.heartbeat(NAME, 1, epoch=1)
+    assert state.scan() == []
+    clock.advance(LEASE * 1.01)
+    state.heartbeat(NAME, 1, epoch=1)
+    assert state.scan()[0].master_broker_id == 1
+
+
+def test_serialize_round_trip(state: ReplicasInfo, clock: ManualClock) -> None:
+    group_of_three(state)
+    state.register("DefaultCluster", "broker-b", 0, "h:1", "")
+    doc = state.to_json()
+    loaded = ReplicasInfo.from_json(doc, lease=LEASE, clock=clock)
+    assert loaded.to_json() == doc
+    assert loaded.replica_info(NAME) == state.replica_info(NAME)
+    # every loaded replica has one lease of grace, no more
+    assert loaded.is_alive(NAME, 0)
+    clock.advance(LEASE + 0.01)
+    assert [v.master_broker_id for v in loaded.scan()] == [None]
+    with pytest.raises(ValueError, match="version"):
+        ReplicasInfo.from_json({"version": 99, "groups": []})
+    with pytest.raises(ValueError, match="malformed"):
+        ReplicasInfo.from_json({"version": 1, "groups": [{"brokerName": "x"}]})
