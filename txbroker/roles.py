@@ -40,7 +40,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from txbroker.service.controller_link import ControllerError, ControllerLink, MasterInfo, ReplicaState
+from txbroker.service.controller_link import (
+    ControllerError,
+    ControllerLink,
+    MasterInfo,
+    ReplicaState,
+)
 from txbroker.service.slave_sync import SlaveSync
 from txbroker.store.ha_master import HAMaster
 from txbroker.store.ha_slave import HASlave
@@ -55,6 +60,8 @@ log = logging.getLogger(__name__)
 
 #: How often a controller-mode master checks its lease (a fraction of the lease).
 LEASE_CHECKS_PER_LEASE = 8
+#: ASYNC_MASTER: a slave this close to the end (bytes) counts as in sync.
+IN_SYNC_GAP = 4 * 1024 * 1024
 #: Classic epoch: without a controller the master's epoch never changes.
 CLASSIC_EPOCH = 1
 
@@ -63,10 +70,15 @@ class Roles:
     """Master or slave, for one clustered :class:`~txbroker.broker.Broker`.  Event-loop only."""
 
     def __init__(self, broker: Broker, ha_sock: socket.socket,
+                 bind: Callable[[str, int], socket.socket],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.broker = broker
         self.config = broker.config
-        self._ha_sock = ha_sock
+        #: The HA listener bound at start (the port stays this broker's HA address); a
+        #: master serves it, a slave closes it, a promotion binds the same port again.
+        self._ha_sock: socket.socket | None = ha_sock
+        self._ha_host, self.ha_port = ha_sock.getsockname()[:2]
+        self._bind = bind
         self.clock = clock
         self.is_master = False
         self.epoch = 0
@@ -82,6 +94,13 @@ class Roles:
         self.link: ControllerLink | None = None
         self._lease_task: asyncio.Task | None = None
         self._switching = asyncio.Lock()
+        #: Stable ids of the replicas that hold everything this master acknowledged (itself
+        #: included), as last reported to the controller.
+        self.sync_state_set: set[int] = set()
+        self._sync_state_set_epoch = 0
+        self._recheck_soon = False
+        self._acknowledged_end = 0
+        self._altering = asyncio.Lock()
         #: (seconds the last promotion took, at monotonic time); tests and status read it.
         self.last_promotion: tuple[float, float] | None = None
 
@@ -91,7 +110,7 @@ class Roles:
 
     @property
     def ha_addr(self) -> str:
-        return f"{self.broker.host}:{self._ha_sock.getsockname()[1]}"
+        return f"{self.broker.host}:{self.ha_port}"
 
     def name_server_id(self) -> int:
         """The id to register with: 0 while master; a slave's own id, or — for the broker
@@ -107,8 +126,6 @@ class Roles:
     async def start(self) -> None:
         store = self.broker.store
         assert store is not None
-        self.ha_master = HAMaster(store, sock=self._ha_sock)
-        await self.ha_master.start()
         store.fence(f"broker {self.config.broker_name}/{self.config.broker_id} is starting")
         if not self.controller_mode:
             if self.config.broker_id == 0:
@@ -128,7 +145,7 @@ class Roles:
             # fenced slave with nothing to follow.
             log.warning("controller: %s; waiting for it", exc)
         self.link.start()
-        self._lease_task = asyncio.create_task(self._watch_lease(), name="txbroker-lease")
+        self._lease_task = asyncio.create_task(self._watch(), name="txbroker-master-watch")
 
     async def stop(self) -> None:
         if self._lease_task is not None:
@@ -138,11 +155,10 @@ class Roles:
         if self.link is not None:
             await self.link.close()
         await self._stop_following()
-        if self.ha_master is not None:
-            await self.ha_master.close()
-        store = self.broker.store
-        if store is not None:
-            store.set_replication(None)
+        await self._stop_serving()
+        if self._ha_sock is not None:
+            self._ha_sock.close()
+            self._ha_sock = None
 
     def _replica_state(self) -> ReplicaState:
         store = self.broker.store
@@ -172,14 +188,26 @@ class Roles:
             started = time.perf_counter()
             broker = self.broker
             store = broker.store
-            assert store is not None and self.ha_master is not None
+            assert store is not None
             await self._stop_following()
             store.cut_torn_tail()
-            self.ha_master.become(epoch)
+            if self.ha_master is None:
+                sock, self._ha_sock = self._ha_sock, None
+                self.ha_master = HAMaster(store, sock=sock or self._bind(self._ha_host, self.ha_port))
+                await self.ha_master.start()
+            if epoch > store.epochs.last_epoch:
+                self.ha_master.become(epoch)
+            elif epoch < store.epochs.last_epoch:
+                log.error("promoted under epoch %d, but this log already holds epoch %d",
+                          epoch, store.epochs.last_epoch)
             self.epoch = epoch
+            self.sync_state_set = {self.config.broker_id}
             if self.config.broker_role == "SYNC_MASTER":
+                self.ha_master.on_confirm = self._confirm_moved
                 store.set_replication(self._wait_replicated)
-            await broker.resume_master_services()
+                store.visible_limit = self.ha_master.confirm_offset
+            if not broker.tx_active():
+                await broker.resume_master_services()
             self.is_master = True
             store.fence("")
             self.last_promotion = (time.perf_counter() - started, self.clock())
@@ -192,26 +220,37 @@ class Roles:
         async with self._switching:
             broker = self.broker
             store = broker.store
-            assert store is not None and self.ha_master is not None
+            assert store is not None
             store.fence(f"broker {self.config.broker_name}/{self.config.broker_id} is a slave")
             was_master = self.is_master
             self.is_master = False
+            await self._stop_serving()
+            if self._ha_sock is not None:  # a slave serves no HA connection
+                self._ha_sock.close()
+                self._ha_sock = None
             if was_master:
                 await broker.suspend_master_services()
-                await self.ha_master.drop_slaves()
-                store.set_replication(None)
                 log.warning("broker %s/%d is no longer the master", self.config.broker_name,
                             self.config.broker_id)
             await self._stop_following()
             self.master_ha_addr = master_ha_addr or self.master_ha_addr
             self.master_addr = master_addr or self.master_addr
             self.ha_slave = HASlave(store, lambda: self.master_ha_addr or None,
-                                    broker_id=self.config.broker_id)
+                                    slave_id=self.config.broker_id)
             self.ha_slave.start()
             self.sync = SlaveSync(broker.topics, store.offsets, self.config.metadata_sync_interval,
                                   lambda: self.master_addr or None)
             self.sync.start()
             broker.registration_changed()
+
+    async def _stop_serving(self) -> None:
+        store = self.broker.store
+        if store is not None:
+            store.set_replication(None)
+            store.visible_limit = None
+        if self.ha_master is not None:
+            await self.ha_master.close()
+            self.ha_master = None
 
     async def _stop_following(self) -> None:
         if self.ha_slave is not None:
@@ -231,15 +270,82 @@ class Roles:
 
     # --- SYNC_MASTER and the lease -----------------------------------------------------------
     async def _wait_replicated(self, end_offset: int) -> PutStatus:
-        assert self.ha_master is not None
-        status = await self.ha_master.wait_replicated(end_offset, self.config.slave_timeout,
-                                                      self.config.min_in_sync_replicas)
-        self.broker.holds.recheck()
+        """SYNC_MASTER: wait for the slaves; a put answered without every in-sync replica
+        holding it first takes those replicas out of the in-sync set (controller mode), so
+        a failover never elects a replica that lacks an acknowledged message."""
+        ha = self.ha_master
+        if ha is None:
+            return PutStatus.SLAVE_NOT_AVAILABLE
+        status = await ha.wait_replicated(end_offset, self.config.slave_timeout,
+                                          self.config.min_in_sync_replicas)
+        if status is not PutStatus.OK and self.link is not None and len(self.sync_state_set) > 1:
+            await self._report_sync_state_set(self._holders(end_offset))
+        self._acknowledged_end = max(self._acknowledged_end, end_offset)
         return status
 
-    async def _watch_lease(self) -> None:
-        """A master whose lease ran out stops writing until the controller answers again."""
+    def _holders(self, end_offset: int) -> set[int]:
+        """This master and the connected slaves holding everything up to ``end_offset``."""
+        ha = self.ha_master
+        held = {self.config.broker_id}
+        if ha is not None:
+            held.update(s.slave_id for s in ha.slaves() if s.connected and s.ack_offset >= end_offset)
+        return held
+
+    def _in_sync_now(self) -> set[int]:
+        """Who may be elected should this master die now: SYNC_MASTER, the slaves holding
+        every acknowledged put; ASYNC_MASTER, those within ``IN_SYNC_GAP`` of the end."""
+        store = self.broker.store
+        assert store is not None
+        if self.config.broker_role == "SYNC_MASTER":
+            return self._holders(self._acknowledged_end)
+        return self._holders(max(0, store.max_physical_offset - IN_SYNC_GAP))
+
+    async def _report_sync_state_set(self, members: set[int]) -> None:
+        async with self._altering:
+            if members == self.sync_state_set or self.link is None or not self.is_master:
+                return
+            try:
+                self._sync_state_set_epoch = await self.link.alter_sync_state_set(
+                    members, self.epoch, self._sync_state_set_epoch)
+            except (ControllerError, OSError, TimeoutError) as exc:
+                log.warning("in-sync replicas %s not reported: %s", sorted(members), exc)
+                return
+            log.info("in-sync replicas of %s: %s", self.config.broker_name, sorted(members))
+            self.sync_state_set = members
+
+    def _confirm_moved(self) -> None:
+        """SYNC_MASTER: consumers see what the slaves hold; held pulls look again (once per
+        loop turn, however many acknowledgements arrived)."""
+        ha, store = self.ha_master, self.broker.store
+        if ha is None or store is None:
+            return
+        confirm = ha.confirm_offset
+        if store.visible_limit is not None and confirm > store.visible_limit and not self._recheck_soon:
+            self._recheck_soon = True
+            asyncio.get_running_loop().call_soon(self._recheck)
+        store.visible_limit = confirm
+
+    def _recheck(self) -> None:
+        self._recheck_soon = False
+        self.broker.holds.recheck()
+
+    def _may_write(self, margin: float) -> bool:
+        """A controller-mode master writes while its lease holds, or while every other
+        in-sync replica is connected and following it: none of those can have been promoted
+        (a promoted slave stops following first), and nobody outside the set can be, so a
+        controller outage does not stop a healthy group's writes."""
         assert self.link is not None
+        if self.link.lease_valid(margin):
+            return True
+        others = self.sync_state_set - {self.config.broker_id}
+        if not others or self.ha_master is None:
+            return False
+        following = {s.slave_id for s in self.ha_master.slaves() if s.connected}
+        return others <= following
+
+    async def _watch(self) -> None:
+        """Controller mode, while master: keep the in-sync set reported, and fence this
+        store when it may no longer write."""
         period = self.config.controller_lease / LEASE_CHECKS_PER_LEASE
         store = self.broker.store
         assert store is not None
@@ -249,9 +355,12 @@ class Roles:
             await asyncio.sleep(period)
             if not self.is_master:
                 continue
-            if self.link.lease_valid():
+            await self._report_sync_state_set(self._in_sync_now())
+            if self._may_write(2 * period):
                 if store.fenced == reason:
+                    log.warning("broker %s/%d: master lease renewed; writes accepted again",
+                                self.config.broker_name, self.config.broker_id)
                     store.fence("")
-            elif store.fenced != reason:
+            elif not store.fenced:
                 log.warning("%s; writes refused", reason)
                 store.fence(reason)

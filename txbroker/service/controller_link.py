@@ -26,12 +26,20 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import orjson
-
 from txbroker.config import BrokerConfig, parse_address_list
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
+from txbroker.remoting.controller_headers import (
+    AlterSyncStateSetRequestHeader,
+    BrokerHeartbeatRequestHeader,
+    ElectMasterRequestHeader,
+    MasterInfoHeader,
+    RegisterBrokerToControllerRequestHeader,
+    decode_sync_state_set,
+    encode_sync_state_set,
+)
+from txbroker.remoting.headers import HeaderError
 
 log = logging.getLogger(__name__)
 
@@ -60,23 +68,13 @@ class MasterInfo:
 
     @classmethod
     def from_command(cls, cmd: RemotingCommand) -> MasterInfo:
-        ext = cmd.ext_fields
         try:
-            raw_id = ext.get("masterBrokerId", "")
-            master_id = int(raw_id) if raw_id not in ("", "-1", "null") else None
-            epoch = int(ext.get("masterEpoch") or 0)
-            sss_epoch = int(ext.get("syncStateSetEpoch") or 0)
-        except ValueError as exc:
-            raise ControllerError(f"controller answer has a bad master field: {exc}") from None
-        members: frozenset[int] = frozenset()
-        if cmd.body:
-            try:
-                doc = orjson.loads(cmd.body)
-                members = frozenset(int(i) for i in doc.get("syncStateSet", ()))
-            except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError):
-                members = frozenset()
-        return cls(master_id, ext.get("masterAddress", "") or "",
-                   ext.get("masterHaAddress", "") or "", epoch, sss_epoch, members)
+            h = MasterInfoHeader.from_ext(cmd.ext_fields)
+            members, _ = decode_sync_state_set(cmd.body) if cmd.body else (frozenset(), 0)
+        except HeaderError as exc:
+            raise ControllerError(f"controller answer is malformed: {exc.remark}") from None
+        return cls(h.master_broker_id, h.master_address or "", h.master_ha_address or "",
+                   h.master_epoch, h.sync_state_set_epoch, members)
 
 
 @dataclass
@@ -131,27 +129,29 @@ class ControllerLink:
             await self._client.close()
             self._client = None
 
-    def lease_valid(self) -> bool:
-        """Whether a master may still accept writes (see the module docstring)."""
-        return self._clock() - self.renewed_at < self.config.controller_lease
+    def lease_valid(self, margin: float = 0.0) -> bool:
+        """Whether a master may still accept writes for at least ``margin`` seconds (see the
+        module docstring)."""
+        return self._clock() + margin - self.renewed_at < self.config.controller_lease
 
     # --- requests ----------------------------------------------------------------------------
-    def _ids(self) -> dict[str, str]:
-        cfg = self.config
-        return {"clusterName": cfg.cluster_name, "brokerName": cfg.broker_name,
-                "brokerId": str(cfg.broker_id)}
-
     async def register(self) -> MasterInfo:
         """CONTROLLER_REGISTER_BROKER: join the group; the answer names its master."""
-        ext = self._ids() | {"brokerAddress": self.broker_addr, "haServerAddr": self.ha_addr,
-                             "invokeTime": str(int(time.time() * 1000))}
+        cfg = self.config
+        ext = RegisterBrokerToControllerRequestHeader(
+            cluster_name=cfg.cluster_name, broker_name=cfg.broker_name, broker_id=cfg.broker_id,
+            broker_address=self.broker_addr, ha_server_addr=self.ha_addr,
+            invoke_time=int(time.time() * 1000)).to_ext()
         info = MasterInfo.from_command(await self._call(RequestCode.CONTROLLER_REGISTER_BROKER, ext))
         await self._learn(info)
         return info
 
     async def elect(self) -> MasterInfo:
         """CONTROLLER_ELECT_MASTER for this group (the first election: the asker wins)."""
-        ext = self._ids() | {"designateElect": "false", "invokeTime": str(int(time.time() * 1000))}
+        cfg = self.config
+        ext = ElectMasterRequestHeader(cluster_name=cfg.cluster_name, broker_name=cfg.broker_name,
+                                       broker_id=cfg.broker_id, designate_elect=False,
+                                       invoke_time=int(time.time() * 1000)).to_ext()
         resp = await self._call(RequestCode.CONTROLLER_ELECT_MASTER, ext,
                                 ok=(ResponseCode.SUCCESS, ResponseCode.CONTROLLER_MASTER_STILL_EXIST))
         info = MasterInfo.from_command(resp)
@@ -161,10 +161,10 @@ class ControllerLink:
     async def alter_sync_state_set(self, members: set[int], master_epoch: int,
                                    sync_state_set_epoch: int) -> int:
         """CONTROLLER_ALTER_SYNC_STATE_SET (the master only); returns the new set epoch."""
-        ext = {"brokerName": self.config.broker_name, "masterBrokerId": str(self.config.broker_id),
-               "masterEpoch": str(master_epoch), "invokeTime": str(int(time.time() * 1000))}
-        body = orjson.dumps({"syncStateSet": sorted(members),
-                             "syncStateSetEpoch": sync_state_set_epoch})
+        ext = AlterSyncStateSetRequestHeader(
+            broker_name=self.config.broker_name, master_broker_id=self.config.broker_id,
+            master_epoch=master_epoch, invoke_time=int(time.time() * 1000)).to_ext()
+        body = encode_sync_state_set(members, sync_state_set_epoch)
         resp = await self._call(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET, ext, body)
         try:
             return int(resp.ext_fields.get("newSyncStateSetEpoch") or 0)
@@ -175,12 +175,20 @@ class ControllerLink:
         """One BROKER_HEARTBEAT; renews the lease when answered."""
         sent = self._clock()
         st = self._state()
-        ext = self._ids() | {"brokerAddr": self.broker_addr, "epoch": str(st.epoch),
-                             "maxOffset": str(st.max_offset), "confirmOffset": str(st.confirm_offset),
-                             "heartbeatTimeoutMills": str(int(self.config.controller_lease * 1000)),
-                             "electionPriority": str(self.config.broker_id)}
-        resp = await self._call(RequestCode.BROKER_HEARTBEAT, ext,
-                                ok=(ResponseCode.SUCCESS, ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH))
+        cfg = self.config
+        ext = BrokerHeartbeatRequestHeader(
+            cluster_name=cfg.cluster_name, broker_addr=self.broker_addr,
+            broker_name=cfg.broker_name, broker_id=cfg.broker_id, epoch=st.epoch,
+            max_offset=st.max_offset, confirm_offset=st.confirm_offset,
+            heartbeat_timeout_mills=int(cfg.controller_lease * 1000)).to_ext()
+        try:
+            resp = await self._call(RequestCode.BROKER_HEARTBEAT, ext,
+                                    ok=(ResponseCode.SUCCESS, ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH))
+        except ControllerError as exc:
+            if exc.code != ResponseCode.CONTROLLER_INVALID_REPLICAS:
+                raise
+            # The controller does not know this broker (its state was reset): join again.
+            return await self.register()
         info = MasterInfo.from_command(resp)
         if resp.code == ResponseCode.SUCCESS:
             self.renewed_at = max(self.renewed_at, sent)
