@@ -9,6 +9,7 @@ import zlib
 
 import orjson
 import pytest
+from support.clock import ManualClock
 from support.cluster import route, start_namesrv
 
 from txbroker.remoting.bodies import (
@@ -23,6 +24,8 @@ from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
+    QueryDataVersionRequestHeader,
+    QueryDataVersionResponseHeader,
     RegisterBrokerRequestHeader,
     RegisterBrokerResponseHeader,
 )
@@ -114,6 +117,29 @@ async def test_old_broker_body_and_unknown_codes() -> None:
         broken = await client.invoke(_register_cmd(b"{not json"), 5.0)
         assert broken.code == ResponseCode.SYSTEM_ERROR
         assert (await client.invoke(_register_cmd(_body().encode()), 5.0)).code == ResponseCode.SUCCESS
+    finally:
+        await client.close()
+        await server.stop()
+
+
+async def test_query_data_version_says_changed_and_refreshes_liveness() -> None:
+    clock = ManualClock()
+    server = await start_namesrv(clock=clock)
+    client = RemotingClient(server.addr)
+    try:
+        assert (await client.invoke(_register_cmd(_body().encode()), 5.0)).code == ResponseCode.SUCCESS
+        ext = QueryDataVersionRequestHeader(broker_name="broker-a", broker_addr="127.0.0.1:10911",
+                                            cluster_name="DefaultCluster", broker_id=0).to_ext()
+        clock.advance(100)
+        same = await client.invoke(RemotingCommand.request(
+            RequestCode.QUERY_DATA_VERSION, ext, DataVersion(1700000000000, 7).encode()), 5.0)
+        assert same.code == ResponseCode.SUCCESS
+        assert QueryDataVersionResponseHeader.from_ext(same.ext_fields).changed is False
+        assert DataVersion.decode(same.body) == DataVersion(1700000000000, 7)
+        assert server.routes.live["127.0.0.1:10911"].last_update == clock()
+        newer = await client.invoke(RemotingCommand.request(
+            RequestCode.QUERY_DATA_VERSION, ext, DataVersion(1700000000000, 8).encode()), 5.0)
+        assert QueryDataVersionResponseHeader.from_ext(newer.ext_fields).changed is True
     finally:
         await client.close()
         await server.stop()
