@@ -18,6 +18,10 @@ from txbroker.cli import serve as _serve
 
 main.add_command(_serve.serve)
 
+from txbroker.cli import namesrv as _namesrv
+
+main.add_command(_namesrv.namesrv)
+
 from txbroker.cli import controller as _controller
 
 main.add_command(_controller.controller)

@@ -10,7 +10,8 @@ Start-up logs one block at INFO (addresses, data dir, what recovery did, key set
 setting is logged at DEBUG, and ``--print-config`` prints them as TOML and exits before binding
 or touching anything.  Once every port listens, exactly one line
 ``txbroker ready broker=HOST:PORT namesrv=HOST:PORT`` goes to stdout (tests and scripts wait
-for it); logs go to stderr.  A port clash or a data directory held by another broker is one
+for it; with ``--namesrv-addr`` the broker registers with those name servers instead of
+embedding one, and ``namesrv=`` shows that list); logs go to stderr.  A port clash or a data directory held by another broker is one
 ``error:`` line naming the address or the directory (and the holder's pid), exit 1.
 """
 

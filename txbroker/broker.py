@@ -9,7 +9,10 @@ from it) and with port 0 the port is only known once bound, and so that a port c
 trace on disk; the lock comes before any file so that a second broker pointed at a directory in
 use refuses having touched nothing.  The broker port also answers name-server requests, so one port is a
 complete installation; the separate name-server port (``namesrv_port``, -1 = off) exists for
-clients configured with RocketMQ's usual two addresses.
+clients configured with RocketMQ's usual two addresses.  In a cluster (``namesrv_addr`` set)
+there is no embedded name server at all: the broker registers with the configured name servers
+once its ports listen (:class:`~txbroker.service.registration.BrokerRegistrar`), again whenever
+a topic changes, and unregisters first thing at stop.
 
 Shutdown order (``stop``): stop accepting and answer held pulls, drain in-flight requests within
 ``shutdown_grace``, stop the transaction service (no check-back may start against a closing
@@ -27,7 +30,13 @@ import time
 from collections.abc import Callable
 from typing import Self
 
-from txbroker.config import BrokerConfig, format_bytes, format_seconds
+from txbroker.config import (
+    BrokerConfig,
+    format_bytes,
+    format_seconds,
+    parse_address_list,
+)
+from txbroker.remoting.bodies import DataVersion
 from txbroker.remoting.server import RemotingServer
 from txbroker.service.acl import AclGuard
 from txbroker.service.acl_rules import load_acl_file
@@ -39,10 +48,12 @@ from txbroker.service.processors.consumer import ConsumerProcessor
 from txbroker.service.processors.pull import PullHoldService, PullProcessor
 from txbroker.service.processors.send import SendProcessor
 from txbroker.service.processors.transaction import transaction_handlers
+from txbroker.service.registration import BrokerRegistrar
 from txbroker.service.schedule import ScheduleService
-from txbroker.service.topics import TopicManager
+from txbroker.service.topics import TopicConfig, TopicManager
 from txbroker.service.transaction.service import TransactionalMessageService
 from txbroker.store.message_store import DiskUsage, MessageStore, RecoveryReport
+from txbroker.store.record import DEFAULT_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +81,7 @@ class ListenError(OSError):
         self.errno = errno
 
 
-def _bind(host: str, port: int, what: str) -> socket.socket:
+def bind_listener(host: str, port: int, what: str) -> socket.socket:
     """A listening socket on ``host:port``; ``what`` ("broker port", ...) names it in errors."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -114,6 +125,8 @@ class Broker:
         self.schedule: ScheduleService | None = None
         self.server: RemotingServer | None = None
         self.namesrv_server: RemotingServer | None = None
+        #: Registers with ``config.namesrv_addr`` (None without name servers: embedded mode).
+        self.registrar: BrokerRegistrar | None = None
         self._metrics_server: asyncio.AbstractServer | None = None
         self._housekeeping: asyncio.Task | None = None
         self._started = False
@@ -124,7 +137,10 @@ class Broker:
 
     @property
     def namesrv_addr(self) -> str:
-        """The name-server address; the broker port itself when the separate port is off."""
+        """The name-server address; the broker port itself when the separate port is off; in
+        a cluster the configured name servers (``h1:p1;h2:p2``)."""
+        if self.config.namesrv_addr:
+            return ";".join(parse_address_list(self.config.namesrv_addr))
         return f"{self.host}:{self.namesrv_port if self.namesrv_port > 0 else self.broker_port}"
 
     async def start(self) -> None:
@@ -163,14 +179,14 @@ class Broker:
         one that failed); records the bound ports (port 0 = ephemeral)."""
         cfg = self.config
         wanted = [(cfg.listen_host, cfg.broker_port, "broker port")]
-        if cfg.namesrv_port >= 0:
+        if cfg.namesrv_port >= 0 and not cfg.namesrv_addr:
             wanted.append((cfg.listen_host, cfg.namesrv_port, "name-server port"))
         if cfg.metrics_port >= 0:
             wanted.append((METRICS_HOST, cfg.metrics_port, "metrics port"))
         bound: dict[str, socket.socket] = {}
         try:
             for host, port, what in wanted:
-                bound[what] = _bind(host, port, what)
+                bound[what] = bind_listener(host, port, what)
         except OSError:
             for s in bound.values():
                 s.close()
@@ -190,7 +206,9 @@ class Broker:
         listen = f"{cfg.listen_host}:{self.broker_port}"
         if listen != self.broker_addr:
             listen += f" (advertised as {self.broker_addr})"
-        if self.namesrv_port > 0:
+        if cfg.namesrv_addr:
+            namesrv = f"registers with {self.namesrv_addr} (no embedded name server)"
+        elif self.namesrv_port > 0:
             namesrv = f"{cfg.listen_host}:{self.namesrv_port} (the broker port answers too)"
         else:
             namesrv = "the broker port (separate name-server port off)"
@@ -244,7 +262,8 @@ class Broker:
 
         handlers: dict[int, Callable] = {}
         namesrv = NameServer(cfg, self.topics, lambda: self.broker_addr)
-        handlers.update(namesrv.handlers())
+        if not cfg.namesrv_addr:
+            handlers.update(namesrv.handlers())
         handlers.update(SendProcessor(cfg, self.store, self.topics, self.registry, self.tx,
                                       self.schedule, self.metrics).handlers())
         handlers.update(PullProcessor(cfg, self.store, self.topics, self.registry,
@@ -269,6 +288,21 @@ class Broker:
         if metrics_sock is not None:
             self._metrics_server = await asyncio.start_server(self._serve_metrics, sock=metrics_sock)
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txbroker-housekeeping")
+        if cfg.namesrv_addr:
+            ha_port = cfg.ha_port if cfg.ha_port > 0 else self.broker_port + 1
+            self.registrar = BrokerRegistrar(cfg, broker_addr=self.broker_addr,
+                                             ha_addr=f"{self.host}:{ha_port}",
+                                             identity=lambda: cfg.broker_id,
+                                             topic_table=self._registered_topics)
+            self.topics.add_listener(self.registrar.trigger)
+            await self.registrar.start()
+
+    def _registered_topics(self) -> tuple[DataVersion, dict[str, TopicConfig]]:
+        """What the name servers route: every topic, the template topic only while topics
+        are auto-created (a client learns from its route that it may send to a new topic)."""
+        table = {tc.name: tc for tc in self.topics.all()
+                 if tc.name != DEFAULT_TOPIC or self.config.auto_create_topic}
+        return self.topics.data_version, table
 
     def _runtime(self) -> dict[str, str]:
         conns = len(self.server.connections) if self.server is not None else 0
@@ -315,6 +349,8 @@ class Broker:
             return
         self._started = False
         grace = self.config.shutdown_grace
+        if self.registrar is not None:  # first: clients stop being routed here
+            await self.registrar.stop()
         if self._housekeeping is not None:
             self._housekeeping.cancel()
         if self._metrics_server is not None:

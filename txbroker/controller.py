@@ -33,7 +33,7 @@ from typing import Any, Self
 
 import orjson
 
-from txbroker.broker import _bind
+from txbroker.broker import bind_listener
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
@@ -122,7 +122,7 @@ class ControllerProcess:
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.config
-        sock = _bind(cfg.listen_host, cfg.port, "controller port")
+        sock = bind_listener(cfg.listen_host, cfg.port, "controller port")
         try:
             self._lock.acquire()
             try:

@@ -22,6 +22,8 @@ answers it with the error code and a remark saying what is wrong.
 from __future__ import annotations
 
 import re
+import struct
+import zlib
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -494,3 +496,201 @@ class KVTable:
         if not isinstance(table, dict):
             raise BodyError(ResponseCode.SYSTEM_ERROR, "kv table: 'table' must be an object")
         return cls({str(k): v if isinstance(v, str) else _dumps(v) for k, v in table.items()})
+
+
+# --- broker registration (docs/cluster.md, "Name servers and membership") ----------------------
+
+#: The first client version whose REGISTER_BROKER carries a RegisterBrokerBody (V3_0_11); older
+#: requests carry a bare TopicConfigSerializeWrapper.
+VERSION_REGISTER_BODY = 37
+
+
+def body_crc32(body: bytes) -> int:
+    """RocketMQ's ``UtilAll.crc32``: CRC32 masked to 31 bits (``bodyCrc32``; 0 = not checked)."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+@dataclass(slots=True)
+class DataVersion:
+    """A topic table's version: equal only when both timestamp and counter are."""
+
+    timestamp: int = 0
+    counter: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"counter": self.counter, "timestamp": self.timestamp}
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.to_json())
+
+    @classmethod
+    def from_json(cls, doc: Any) -> DataVersion:
+        what = "dataVersion"
+        if not isinstance(doc, dict):
+            raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what} must be a JSON object")
+        return cls(_int(doc, "timestamp", what), _int(doc, "counter", what))
+
+    @classmethod
+    def decode(cls, body: bytes) -> DataVersion:
+        return cls.from_json(_load(body, "data version"))
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfigData:
+    """RocketMQ's ``TopicConfig`` as registrations carry it.  Field names match the broker's
+    own ``TopicConfig`` so either can be encoded."""
+
+    name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int = 6
+    topic_sys_flag: int = 0
+    order: bool = False
+
+    @classmethod
+    def of(cls, tc: Any) -> TopicConfigData:
+        """From anything with the same attributes (the broker's TopicConfig)."""
+        return cls(tc.name, tc.read_queue_nums, tc.write_queue_nums, tc.perm,
+                   getattr(tc, "topic_sys_flag", 0), getattr(tc, "order", False))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"order": self.order, "perm": self.perm, "readQueueNums": self.read_queue_nums,
+                "topicFilterType": "SINGLE_TAG", "topicName": self.name,
+                "topicSysFlag": self.topic_sys_flag, "writeQueueNums": self.write_queue_nums}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> TopicConfigData:
+        what = "topicConfig"
+        return cls(_str(doc, "topicName", what, required=True), _int(doc, "readQueueNums", what),
+                   _int(doc, "writeQueueNums", what), _int(doc, "perm", what, 6),
+                   _int(doc, "topicSysFlag", what), _bool(doc, "order"))
+
+    def to_text(self) -> str:
+        """``TopicConfig.encode()``: the compressed form, five space-separated fields (the
+        system flag and the order flag are not carried)."""
+        return f"{self.name} {self.read_queue_nums} {self.write_queue_nums} {self.perm} SINGLE_TAG"
+
+    @classmethod
+    def from_text(cls, text: str) -> TopicConfigData:
+        parts = text.split(" ")
+        if len(parts) < 5 or not all(p.lstrip("-").isdigit() for p in parts[1:4]):
+            raise BodyError(ResponseCode.SYSTEM_ERROR,
+                            f"register body: topic config {text[:80]!r} is not "
+                            "'name readQueueNums writeQueueNums perm filterType'")
+        return cls(parts[0], int(parts[1]), int(parts[2]), int(parts[3]))
+
+
+@dataclass(slots=True)
+class TopicConfigSerializeWrapper:
+    """A broker's topic table with its version (a REGISTER_BROKER body from old brokers)."""
+
+    data_version: DataVersion = field(default_factory=DataVersion)
+    topic_config_table: dict[str, TopicConfigData] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dataVersion": self.data_version.to_json(),
+                "topicConfigTable": {name: tc.to_json()
+                                     for name, tc in sorted(self.topic_config_table.items())}}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> TopicConfigSerializeWrapper:
+        what = "topicConfigSerializeWrapper"
+        if not isinstance(doc, dict):
+            raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what} must be a JSON object")
+        table = doc.get("topicConfigTable") or {}
+        if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+            raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what}: 'topicConfigTable' must map "
+                                                       "topic names to objects")
+        version = doc.get("dataVersion")
+        return cls(DataVersion.from_json(version) if version is not None else DataVersion(),
+                   {str(name): TopicConfigData.from_json(tc) for name, tc in table.items()})
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.to_json())
+
+    @classmethod
+    def decode(cls, body: bytes) -> TopicConfigSerializeWrapper:
+        return cls.from_json(_load(body, "topic config wrapper"))
+
+
+@dataclass(slots=True)
+class RegisterBrokerBody:
+    """REGISTER_BROKER's body: JSON, or (``compressed=true``) one zlib stream of big-endian
+    int32-length-prefixed items: the DataVersion JSON, the topic count then each topic's
+    :meth:`TopicConfigData.to_text`, the filter-server list JSON."""
+
+    topic_config_wrapper: TopicConfigSerializeWrapper = field(
+        default_factory=TopicConfigSerializeWrapper)
+    filter_server_list: list[str] = field(default_factory=list)
+
+    def encode(self, *, compressed: bool = False) -> bytes:
+        if not compressed:
+            return orjson.dumps({"filterServerList": self.filter_server_list,
+                                 "topicConfigSerializeWrapper": self.topic_config_wrapper.to_json()})
+        wrapper = self.topic_config_wrapper
+        items = [wrapper.data_version.encode()]
+        topics = [tc.to_text().encode() for _, tc in sorted(wrapper.topic_config_table.items())]
+        out = bytearray(_item(items[0]))
+        out += struct.pack(">i", len(topics))
+        for text in topics:
+            out += _item(text)
+        out += _item(orjson.dumps(self.filter_server_list))
+        return zlib.compress(bytes(out), 9)
+
+    @classmethod
+    def decode(cls, body: bytes, *, compressed: bool = False) -> RegisterBrokerBody:
+        if not compressed:
+            doc = _load(body, "register body")
+            filters = _list(doc, "filterServerList", "register body")
+            return cls(TopicConfigSerializeWrapper.from_json(
+                doc.get("topicConfigSerializeWrapper") or {}), [str(f) for f in filters])
+        try:
+            raw = zlib.decompress(body)
+        except zlib.error as exc:
+            raise BodyError(ResponseCode.SYSTEM_ERROR,
+                            f"register body: compressed body is not a zlib stream: {exc}") from None
+        reader = _Items(raw)
+        version = DataVersion.decode(reader.item())
+        table: dict[str, TopicConfigData] = {}
+        for _ in range(reader.count()):
+            tc = TopicConfigData.from_text(reader.item().decode("utf-8", "replace"))
+            table[tc.name] = tc
+        filters = orjson.loads(reader.item()) if reader.more() else []
+        if not isinstance(filters, list):
+            raise BodyError(ResponseCode.SYSTEM_ERROR, "register body: filter list must be an array")
+        return cls(TopicConfigSerializeWrapper(version, table), [str(f) for f in filters])
+
+
+def _item(data: bytes) -> bytes:
+    return struct.pack(">i", len(data)) + data
+
+
+class _Items:
+    """Reads the compressed register body's length-prefixed items; a short stream is a
+    :class:`BodyError` naming where it ended."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self.pos = 0
+
+    def more(self) -> bool:
+        return self.pos < len(self.raw)
+
+    def count(self) -> int:
+        if self.pos + 4 > len(self.raw):
+            raise BodyError(ResponseCode.SYSTEM_ERROR,
+                            f"register body: truncated at byte {self.pos} (expected a count)")
+        (n,) = struct.unpack_from(">i", self.raw, self.pos)
+        self.pos += 4
+        if n < 0:
+            raise BodyError(ResponseCode.SYSTEM_ERROR, f"register body: negative length {n}")
+        return n
+
+    def item(self) -> bytes:
+        n = self.count()
+        if self.pos + n > len(self.raw):
+            raise BodyError(ResponseCode.SYSTEM_ERROR,
+                            f"register body: truncated at byte {self.pos} (item of {n} bytes)")
+        data = self.raw[self.pos:self.pos + n]
+        self.pos += n
+        return data

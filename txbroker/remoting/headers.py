@@ -349,3 +349,51 @@ class TxnDecideRequestHeader(Header):
     decision: str = h_str("decision", choices=TXN_DECISIONS)
     operator: str = h_str("operator")
     reason: str | None = h_str("reason", None, allow_empty=True)
+
+
+# --- broker registration (docs/cluster.md, "Name servers and membership") ----------------------
+
+
+@wire_header
+class RegisterBrokerRequestHeader(Header):
+    """REGISTER_BROKER: who the broker is; the body holds its topic table.  ``broker_id`` 0 is
+    the group's master.  ``body_crc32`` 0 = not checked."""
+
+    broker_name: str = h_str("brokerName")
+    broker_addr: str = h_str("brokerAddr")
+    cluster_name: str = h_str("clusterName")
+    ha_server_addr: str = h_str("haServerAddr")
+    broker_id: int = h_long("brokerId", lo=0)
+    compressed: bool = h_bool("compressed", False)
+    body_crc32: int = h_int("bodyCrc32", 0)
+
+
+@wire_header
+class RegisterBrokerResponseHeader(Header):
+    """Filled for a slave's registration only, once its group's master is registered."""
+
+    ha_server_addr: str | None = h_str("haServerAddr", None)
+    master_addr: str | None = h_str("masterAddr", None)
+
+
+@wire_header
+class UnRegisterBrokerRequestHeader(Header):
+    broker_name: str = h_str("brokerName")
+    broker_addr: str = h_str("brokerAddr")
+    cluster_name: str = h_str("clusterName")
+    broker_id: int = h_long("brokerId", lo=0)
+
+
+@wire_header
+class QueryDataVersionRequestHeader(Header):
+    """QUERY_DATA_VERSION: the body is the broker's DataVersion JSON."""
+
+    broker_name: str = h_str("brokerName")
+    broker_addr: str = h_str("brokerAddr")
+    cluster_name: str = h_str("clusterName")
+    broker_id: int = h_long("brokerId", lo=0)
+
+
+@wire_header
+class QueryDataVersionResponseHeader(Header):
+    changed: bool = h_bool("changed", False)

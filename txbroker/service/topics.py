@@ -17,12 +17,15 @@ import asyncio
 import logging
 import os
 import re
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import orjson
 
 from txbroker.config import BrokerConfig
+from txbroker.remoting.bodies import DataVersion
 from txbroker.remoting.codes import ResponseCode
 from txbroker.remoting.errors import Refusal
 from txbroker.store.record import (
@@ -121,6 +124,9 @@ class TopicManager:
         self.path = Path(config.data_dir) / "config" / "topics.json"
         self._topics: dict[str, TopicConfig] = {}
         self._changing = asyncio.Lock()
+        #: Bumped on every change: name servers apply a registered table only when it moved.
+        self.data_version = DataVersion(int(time.time() * 1000), 0)
+        self._listeners: list[Callable[[], None]] = []
         self._load()
         self._ensure_builtin()
 
@@ -154,6 +160,7 @@ class TopicManager:
                                   f"topic[{name}] not changed: cannot write the topic table: "
                                   f"{exc.strerror or exc}") from exc
         self._topics = table
+        self._changed()
 
     async def _write_off_loop(self, table: dict[str, TopicConfig]) -> None:
         """:meth:`_write` in the executor; a cancelled caller still waits for the write."""
@@ -163,6 +170,16 @@ class TopicManager:
         except asyncio.CancelledError:
             await asyncio.wait([fut])
             raise
+
+    def _changed(self) -> None:
+        """The table changed: a new data version, and the listeners are told."""
+        self.data_version = DataVersion(int(time.time() * 1000), self.data_version.counter + 1)
+        for listener in self._listeners:
+            listener()
+
+    def add_listener(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` after every change (the broker re-registers with its name servers)."""
+        self._listeners.append(fn)
 
     def _write(self, table: dict[str, TopicConfig]) -> None:
         """Blocking (the executor, or start-up): temp file, fsync, rename over the table."""
@@ -271,4 +288,5 @@ class TopicManager:
                 return False
             await self._write_off_loop(table)
             self._topics = table
+            self._changed()
         return True

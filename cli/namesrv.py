@@ -1,0 +1,62 @@
+"""``txbroker namesrv``: run a standalone name server in the foreground until SIGINT/SIGTERM.
+
+Brokers started with ``--namesrv-addr`` register with it (with every name server of their
+list); clients take the same list.  Once listening, exactly one line
+``txbroker namesrv ready addr=HOST:PORT`` goes to stdout (scripts and tests wait for it); logs
+go to stderr.  A port in use is one ``error:`` line naming the address, exit 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+import click
+
+
+@click.command("namesrv")
+@click.option("--listen-host", default="127.0.0.1", show_default=True, metavar="HOST",
+              help="interface to listen on (0.0.0.0 = every IPv4 interface)")
+@click.option("--port", default=9876, show_default=True, type=click.IntRange(0, 65535),
+              metavar="PORT", help="name-server port (0 = ephemeral)")
+@click.option("--broker-expiry", default=120.0, show_default=True,
+              type=click.FloatRange(0, min_open=True), metavar="SECONDS",
+              help="a broker that has not registered for this long is dropped, with its routes")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+              help="stderr log level")
+def namesrv(listen_host: str, port: int, broker_expiry: float, log_level: str) -> None:
+    """Run a name server: brokers register with it, clients ask it for routes."""
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvloop
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:
+        runner = asyncio.Runner()
+    with runner:
+        code = runner.run(_run(listen_host, port, broker_expiry))
+    sys.exit(code)
+
+
+async def _run(listen_host: str, port: int, broker_expiry: float) -> int:
+    from txbroker.broker import ListenError
+    from txbroker.namesrv import NameServerProcess
+
+    server = NameServerProcess(listen_host=listen_host, port=port, broker_expiry=broker_expiry)
+    try:
+        await server.start()
+    except ListenError as exc:  # names the address
+        click.echo(f"error: {exc}", err=True)
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    click.echo(f"txbroker namesrv ready addr={server.addr}")
+    sys.stdout.flush()
+    await stop.wait()
+    await server.stop()
+    return 0

@@ -1,0 +1,151 @@
+"""The name server's tables (RouteInfoManager), mirroring RocketMQ's RouteInfoManagerNewTest:
+registration of masters and slaves, role switches, unregistration, expiry, closed connections
+and the DataVersion check.  Pure: a manual clock, channels are plain objects."""
+
+from __future__ import annotations
+
+from support.clock import ManualClock
+
+from txbroker.remoting.bodies import (
+    DataVersion,
+    TopicConfigData,
+    TopicConfigSerializeWrapper,
+)
+from txbroker.service.routeinfo import RouteInfoManager
+
+CLUSTER = "DefaultCluster"
+NAME = "broker-a"
+MASTER = "127.0.0.1:10911"
+SLAVE = "127.0.0.1:10921"
+MASTER_HA = "127.0.0.1:10912"
+
+
+def _wrapper(*topics: str, counter: int = 1) -> TopicConfigSerializeWrapper:
+    return TopicConfigSerializeWrapper(DataVersion(1000, counter),
+                                       {t: TopicConfigData(t, 8, 8) for t in topics})
+
+
+def _manager(clock: ManualClock | None = None, expiry: float = 120.0) -> RouteInfoManager:
+    return RouteInfoManager(clock=clock or ManualClock(), expiry=expiry)
+
+
+def _register(m: RouteInfoManager, addr: str, broker_id: int, *topics: str, name: str = NAME,
+              channel: object = None, counter: int = 1, ha: str = "") -> object:
+    return m.register(CLUSTER, addr, name, broker_id, ha or addr, _wrapper(*topics, counter=counter),
+                      channel)
+
+
+def test_register_slave_broker_learns_its_master() -> None:
+    m = _manager()
+    assert _register(m, MASTER, 0, "T", ha=MASTER_HA).master_addr is None
+    result = _register(m, SLAVE, 1, "T")
+    assert (result.master_addr, result.ha_server_addr) == (MASTER, MASTER_HA)
+    assert m.cluster_info().broker_addr_table[NAME].broker_addrs == {0: MASTER, 1: SLAVE}
+
+
+def test_register_only_slave_broker_sets_no_route() -> None:
+    m = _manager()
+    result = _register(m, SLAVE, 1, "T")
+    assert result.master_addr is None
+    assert m.cluster_info().broker_addr_table[NAME].broker_addrs == {1: SLAVE}
+    assert m.pickup_route("T") is None  # slaves' topic tables are ignored
+    assert m.topic_list() == []
+
+
+def test_switch_broker_role_replaces_the_entry_under_the_old_id() -> None:
+    m = _manager()
+    _register(m, MASTER, 0, "T")
+    _register(m, SLAVE, 1, "T")
+    # The slave is promoted (same address, id 0); the old master comes back as id 1.
+    _register(m, SLAVE, 0, "T", counter=2)
+    _register(m, MASTER, 1, "T")
+    assert m.cluster_info().broker_addr_table[NAME].broker_addrs == {0: SLAVE, 1: MASTER}
+    assert m.pickup_route("T").broker_datas[0].broker_addrs == {0: SLAVE, 1: MASTER}
+
+
+def test_unregister_master_keeps_the_group_while_a_slave_remains() -> None:
+    m = _manager()
+    _register(m, MASTER, 0, "T")
+    _register(m, SLAVE, 1, "T")
+    m.unregister(CLUSTER, MASTER, NAME, 0)
+    route = m.pickup_route("T")
+    assert route is not None and route.broker_datas[0].broker_addrs == {1: SLAVE}
+    assert MASTER not in m.live
+    m.unregister(CLUSTER, SLAVE, NAME, 1)
+    assert m.pickup_route("T") is None
+    assert m.cluster_info().broker_addr_table == {} and m.cluster_info().cluster_addr_table == {}
+
+
+def test_unregister_of_a_former_address_keeps_its_successor() -> None:
+    m = _manager()
+    _register(m, MASTER, 0, "T")
+    _register(m, SLAVE, 0, "T", counter=2)  # another broker took id 0
+    m.unregister(CLUSTER, MASTER, NAME, 0)
+    assert m.cluster_info().broker_addr_table[NAME].broker_addrs == {0: SLAVE}
+
+
+def test_pickup_topic_route_data_with_slave_and_two_groups() -> None:
+    m = _manager()
+    _register(m, MASTER, 0, "T", "OnlyA")
+    _register(m, SLAVE, 1, "T")
+    _register(m, "127.0.0.1:20911", 0, "T", name="broker-b")
+    route = m.pickup_route("T")
+    assert [(b.broker_name, b.broker_addrs) for b in route.broker_datas] == [
+        (NAME, {0: MASTER, 1: SLAVE}), ("broker-b", {0: "127.0.0.1:20911"})]
+    assert [(q.broker_name, q.read_queue_nums, q.write_queue_nums, q.perm)
+            for q in route.queue_datas] == [(NAME, 8, 8, 6), ("broker-b", 8, 8, 6)]
+    assert [b.broker_name for b in m.pickup_route("OnlyA").broker_datas] == [NAME]
+    assert m.pickup_route("Missing") is None
+    assert m.topic_list() == ["OnlyA", "T"]
+    assert m.cluster_info().cluster_addr_table == {CLUSTER: ["broker-a", "broker-b"]}
+
+
+def test_scan_not_active_broker_drops_silent_brokers_only() -> None:
+    clock = ManualClock()
+    m = _manager(clock, expiry=120.0)
+    chan_a, chan_b = object(), object()
+    _register(m, MASTER, 0, "T", channel=chan_a)
+    clock.advance(60)
+    _register(m, "127.0.0.1:20911", 0, "T", name="broker-b", channel=chan_b)
+    clock.advance(60)
+    assert m.expire() == []  # exactly 120 s is not yet past
+    clock.advance(1)
+    assert m.expire() == [chan_a]
+    assert [b.broker_name for b in m.pickup_route("T").broker_datas] == ["broker-b"]
+    m.touch("127.0.0.1:20911")  # an unchanged QUERY_DATA_VERSION refreshes liveness
+    clock.advance(119)
+    assert m.expire() == []
+
+
+def test_on_channel_destroy_drops_the_broker_of_that_connection() -> None:
+    m = _manager()
+    chan_master, chan_slave = object(), object()
+    _register(m, MASTER, 0, "T", channel=chan_master)
+    _register(m, SLAVE, 1, "T", channel=chan_slave)
+    assert m.on_connection_closed(object()) is None
+    assert m.on_connection_closed(chan_master) == MASTER
+    assert m.pickup_route("T").broker_datas[0].broker_addrs == {1: SLAVE}
+    # A later registration over a new connection: the old one closing changes nothing.
+    chan_new = object()
+    _register(m, SLAVE, 1, "T", channel=chan_new)
+    assert m.on_connection_closed(chan_slave) is None
+    assert m.on_connection_closed(chan_new) == SLAVE
+    assert m.pickup_route("T") is None and m.topic_list() == []
+
+
+def test_is_broker_topic_config_changed_and_queue_data_applied_on_change_only() -> None:
+    m = _manager()
+    assert m.is_topic_config_changed(MASTER, DataVersion(1000, 1))  # unknown broker
+    _register(m, MASTER, 0, "T")
+    assert not m.is_topic_config_changed(MASTER, DataVersion(1000, 1))
+    assert m.is_topic_config_changed(MASTER, DataVersion(1000, 2))
+    assert m.is_topic_config_changed(MASTER, DataVersion(1001, 1))
+    # Same version, new table: not applied (the version says nothing changed).
+    m.register(CLUSTER, MASTER, NAME, 0, MASTER, TopicConfigSerializeWrapper(
+        DataVersion(1000, 1), {"New": TopicConfigData("New", 2, 2)}))
+    assert m.pickup_route("New") is None
+    # A new version is applied; topics missing from it are kept, as in RocketMQ.
+    m.register(CLUSTER, MASTER, NAME, 0, MASTER, TopicConfigSerializeWrapper(
+        DataVersion(1000, 2), {"New": TopicConfigData("New", 2, 2)}))
+    assert m.pickup_route("New").queue_datas[0].write_queue_nums == 2
+    assert m.pickup_route("T") is not None

@@ -1,0 +1,163 @@
+"""The broker's side of membership: register with every name server, keep registering, and
+unregister on a clean stop (docs/cluster.md, "Name servers and membership").
+
+As in RocketMQ, name servers do not talk to each other, so the broker registers with *each* of
+``config.namesrv_addr``: all in parallel at start (``start`` returns once every one answered,
+failed or timed out, so routes exist by the time the broker says it is ready), then every
+``config.register_interval``, and at once when :meth:`BrokerRegistrar.trigger` is called (a
+topic created or deleted, a role changed).  Every registration carries the whole topic table
+with its DataVersion; the name server applies the table only when the version changed.
+
+A name server that is down never holds the broker up: each call is bounded, failures are logged
+once per change of state (down, then back), and the next round retries.  One
+:class:`RemotingClient` per name server keeps its connection open between rounds because the
+name server drops a broker whose registration connection closes; the client reconnects when a
+name server comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from txbroker.config import BrokerConfig, parse_address_list
+from txbroker.remoting.bodies import (
+    DataVersion,
+    RegisterBrokerBody,
+    TopicConfigData,
+    TopicConfigSerializeWrapper,
+    body_crc32,
+)
+from txbroker.remoting.client import RemotingClient
+from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
+from txbroker.remoting.headers import (
+    RegisterBrokerRequestHeader,
+    RegisterBrokerResponseHeader,
+    UnRegisterBrokerRequestHeader,
+)
+
+log = logging.getLogger(__name__)
+
+#: RocketMQ's registerBrokerTimeoutMills: one registration round waits at most this per server.
+REGISTER_TIMEOUT = 6.0
+#: Unregistration at stop waits at most this (RocketMQ: 3 s), all name servers in parallel.
+UNREGISTER_TIMEOUT = 3.0
+
+TopicTable = Callable[[], tuple[DataVersion, Mapping[str, Any]]]
+
+
+class BrokerRegistrar:
+    """Registers one broker with every name server of ``config.namesrv_addr``.
+
+    ``identity()`` is the broker id to register under now (0 = master) and ``topic_table()``
+    the DataVersion and topics (anything with TopicConfig's attributes) to announce: callables,
+    so a broker that changes role or topics registers what it is at that moment.  ``on_master``
+    receives (masterAddr, haServerAddr) from the first name server that names the group's
+    master in answer to a slave's registration.
+    """
+
+    def __init__(self, config: BrokerConfig, *, broker_addr: str, ha_addr: str,
+                 identity: Callable[[], int], topic_table: TopicTable,
+                 on_master: Callable[[str, str], None] | None = None,
+                 compressed: bool = False) -> None:
+        self.config = config
+        self.broker_addr = broker_addr
+        self.ha_addr = ha_addr
+        self.identity = identity
+        self.topic_table = topic_table
+        self.on_master = on_master
+        self.compressed = compressed
+        self.namesrv_addrs = parse_address_list(config.namesrv_addr)
+        self._clients = {addr: RemotingClient(addr)
+                         for addr in self.namesrv_addrs}
+        #: name-server address -> whether the last registration there succeeded (None = not yet).
+        self.registered: dict[str, bool | None] = dict.fromkeys(self.namesrv_addrs)
+        #: Completed registration rounds (a round = one attempt at every name server).
+        self.rounds = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Register once with every name server (bounded), then keep registering."""
+        await self.register_all()
+        self._task = asyncio.create_task(self._loop(), name="txbroker-registration")
+
+    def trigger(self) -> None:
+        """Register again now (topic table or role changed)."""
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop registering and unregister from every name server, bounded in time."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        header = UnRegisterBrokerRequestHeader(
+            broker_name=self.config.broker_name, broker_addr=self.broker_addr,
+            cluster_name=self.config.cluster_name, broker_id=self.identity())
+        await asyncio.gather(*(self._unregister(c, header) for c in self._clients.values()))
+        await asyncio.gather(*(c.close() for c in self._clients.values()))
+
+    async def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.config.register_interval)
+            self._wake.clear()
+            try:
+                await self.register_all()
+            except Exception:
+                log.exception("registration round failed")
+
+    async def register_all(self) -> None:
+        """One round: the current table to every name server in parallel."""
+        version, table = self.topic_table()
+        body = RegisterBrokerBody(TopicConfigSerializeWrapper(
+            version, {name: TopicConfigData.of(tc) for name, tc in table.items()}))
+        data = body.encode(compressed=self.compressed)
+        header = RegisterBrokerRequestHeader(
+            broker_name=self.config.broker_name, broker_addr=self.broker_addr,
+            cluster_name=self.config.cluster_name, ha_server_addr=self.ha_addr,
+            broker_id=self.identity(), compressed=self.compressed, body_crc32=body_crc32(data))
+        ext = header.to_ext()
+        answers = await asyncio.gather(*(self._register(addr, ext, data)
+                                         for addr in self.namesrv_addrs))
+        self.rounds += 1
+        if self.on_master is not None:
+            for answer in answers:
+                if answer is not None and answer.master_addr:
+                    self.on_master(answer.master_addr, answer.ha_server_addr or "")
+                    break
+
+    async def _register(self, addr: str, ext: dict[str, str],
+                        body: bytes) -> RegisterBrokerResponseHeader | None:
+        cmd = RemotingCommand.request(RequestCode.REGISTER_BROKER, ext, body)
+        try:
+            resp = await asyncio.wait_for(self._clients[addr].invoke(cmd, REGISTER_TIMEOUT),
+                                          REGISTER_TIMEOUT)
+            if resp.code != ResponseCode.SUCCESS:
+                raise ConnectionError(f"answered code {resp.code}: {resp.remark}")
+            answer = RegisterBrokerResponseHeader.from_ext(resp.ext_fields)
+        except (OSError, TimeoutError, ConnectionError) as exc:
+            if self.registered[addr] is not False:
+                log.warning("cannot register with name server %s: %s (retrying every %g s)",
+                            addr, exc or type(exc).__name__, self.config.register_interval)
+            self.registered[addr] = False
+            return None
+        if self.registered[addr] is not True:
+            log.info("registered with name server %s as %s id %d", addr,
+                     self.config.broker_name, int(ext["brokerId"]))
+        self.registered[addr] = True
+        return answer
+
+    async def _unregister(self, client: RemotingClient, header: UnRegisterBrokerRequestHeader) -> None:
+        cmd = RemotingCommand.request(RequestCode.UNREGISTER_BROKER, header.to_ext())
+        try:
+            await asyncio.wait_for(client.invoke(cmd, UNREGISTER_TIMEOUT), UNREGISTER_TIMEOUT)
+        except (OSError, TimeoutError, ConnectionError) as exc:
+            log.warning("cannot unregister from name server %s: %s", client.addr,
+                        exc or type(exc).__name__)
