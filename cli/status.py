@@ -1,4 +1,8 @@
-"""``txbroker status``: topics with queue offsets, consumer groups, pending halves, metrics."""
+"""``txbroker status``: topics with queue offsets, consumer groups, pending halves, metrics.
+
+Every broker the name server lists is shown, masters and slaves (name, id and role, address),
+then, when there is more than one, the cluster's totals.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ KEY_METRICS = ("commitLogMaxOffset", "pendingHalfMessages", "connections", "held
 @namesrv_option
 @credentials_options
 def status(as_json: bool, system: bool, namesrv: str, credentials: dict[str, str]) -> None:
-    """Show each broker's topics, offsets, groups, pending halves and key metrics."""
+    """Show each broker's topics, offsets, groups, pending halves and key metrics, then the
+    cluster's totals."""
 
     async def main() -> dict:
         async with AdminClient(namesrv, **credentials) as admin:
@@ -37,7 +42,11 @@ def status(as_json: bool, system: bool, namesrv: str, credentials: dict[str, str
         click.echo(orjson.dumps(docs, option=orjson.OPT_INDENT_2).decode())
         return
     console = Console(width=160)
-    for name, doc in docs.items():
+    for doc in docs.values():
+        name = f"{doc.get('brokerName')} (id {doc.get('brokerId')}, {doc.get('role')})"
+        if "error" in doc:
+            console.print(f"[bold]broker {name}[/bold] at {doc.get('address')}  {doc['error']}")
+            continue
         info = doc.get("broker") or {}
         console.print(f"[bold]broker {name}[/bold] at {doc.get('address')}  "
                       f"cluster={info.get('cluster', '')} flush={info.get('flushMode', '')} "
@@ -71,3 +80,19 @@ def status(as_json: bool, system: bool, namesrv: str, credentials: dict[str, str
         metrics = doc.get("metrics") or {}
         console.print("metrics: " + "  ".join(f"{k}={metrics[k]}" for k in KEY_METRICS if k in metrics))
 
+    if len(docs) > 1:
+        console.print(totals_line(docs, system))
+
+
+def totals_line(docs: dict[str, dict], system: bool) -> str:
+    """The cluster's totals: brokers (reachable of listed), groups, pending halves (masters
+    only: a slave's halves are copies), messages in the shown topics (masters only)."""
+    masters = [d for d in docs.values() if d.get("role") == "master" and "error" not in d]
+    pending = sum(int(d.get("pendingHalfMessages", 0) or 0) for d in masters)
+    messages = sum(int(q.get("maxOffset", 0)) - int(q.get("minOffset", 0))
+                   for d in masters for topic, t in (d.get("topics") or {}).items()
+                   if system or not is_system_topic(topic) for q in t.get("queues") or [])
+    up = sum("error" not in d for d in docs.values())
+    groups = len({d.get("brokerName") for d in docs.values()})
+    return (f"total: {up} of {len(docs)} broker(s) reachable in {groups} group(s)  "
+            f"pending half messages: {pending}  messages: {messages}")

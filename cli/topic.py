@@ -35,20 +35,31 @@ def topic() -> None:
 @click.argument("name")
 @click.option("--queues", default=4, show_default=True, type=click.IntRange(1, 1024),
               help="Read and write queues.")
+@click.option("--cluster", default=None,
+              help="Create it on every master of this cluster (e.g. DefaultCluster), reporting "
+                   "per broker; a broker that has it already keeps it unchanged.")
 @namesrv_option
 @credentials_options
-def create(name: str, queues: int, namesrv: str, credentials: dict[str, str]) -> None:
+def create(name: str, queues: int, cluster: str | None, namesrv: str,
+           credentials: dict[str, str]) -> None:
     """Create topic NAME (an existing topic is refused: see 'txbroker topic update')."""
 
-    async def main() -> None:
+    async def main() -> tuple[dict[str, str], dict[str, str]]:
         async with AdminClient(namesrv, **credentials) as admin:
             try:
-                await admin.create_topic(name, queues)
+                return await admin.create_topic(name, queues, cluster=cluster), admin.brokers
             except TopicExistsError as exc:
                 raise CommandError("topic create", exc.addr, f"{exc.reason}; use 'txbroker topic update'") from None
 
-    run(main)
-    click.echo(f"topic {name} created with {queues} queue(s)")
+    outcome, addrs = run(main)
+    if cluster is None:
+        click.echo(f"topic {name} created with {queues} queue(s)")
+        return
+    for broker, result in outcome.items():
+        click.echo(f"broker {broker} at {addrs.get(broker, '?')}: "
+                   + (f"created with {queues} queue(s)" if result == "created" else "exists, unchanged"))
+    created = sum(r == "created" for r in outcome.values())
+    click.echo(f"topic {name} created on {created} of {len(outcome)} master(s) of cluster {cluster}")
 
 
 @topic.command()

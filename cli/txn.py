@@ -70,7 +70,7 @@ def txn() -> None:
 @namesrv_option
 @credentials_options
 def list_(state: str, as_json: bool, namesrv: str, credentials: dict[str, str]) -> None:
-    """List half messages waiting for a decision."""
+    """List half messages waiting for a decision, across every broker group."""
 
     async def main() -> list[dict]:
         async with AdminClient(namesrv, **credentials) as admin:
@@ -81,15 +81,24 @@ def list_(state: str, as_json: bool, namesrv: str, credentials: dict[str, str]) 
         click.echo(orjson.dumps(rows).decode())
         return
     now_ms = int(time.time() * 1000)
+    by_broker: dict[str, int] = {}
+    for row in rows:
+        by_broker[str(row.get("broker"))] = by_broker.get(str(row.get("broker")), 0) + 1
+    several = len(by_broker) > 1
     table = Table(title=f"{len(rows)} {state} half message(s)" if state != "all"
                   else f"{len(rows)} pending or discarded half message(s)")
-    for col in ("id", "topic", "keys", "producer group", "age", "checks", "state"):
+    for col in (("broker",) if several else ()) + (
+            "id", "topic", "keys", "producer group", "age", "checks", "state"):
         table.add_column(col, overflow="fold")
     for row in rows:
-        table.add_row(str(_pick(row, "id", "offset_msg_id")), str(_pick(row, "topic")),
+        table.add_row(*((str(row.get("broker")),) if several else ()),
+                      str(_pick(row, "id", "offset_msg_id")), str(_pick(row, "topic")),
                       str(_pick(row, "keys")), str(_pick(row, "producer_group")), _age(row, now_ms),
                       str(_pick(row, "checks", default=0)), str(_pick(row, "state")))
-    Console(width=160).print(table)
+    console = Console(width=160)
+    console.print(table)
+    if several:  # per broker group, then the total (the table title)
+        console.print("per broker: " + "  ".join(f"{b}={n}" for b, n in sorted(by_broker.items())))
 
 
 def _words(state: object) -> str:

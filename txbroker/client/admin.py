@@ -7,10 +7,16 @@ refused, and shrinking one whose dropped queues hold messages needs ``force``;
 the status document and the transaction requests (TXN_LIST/SHOW/DECIDE, BROKER_STATUS) are
 txbroker's own codes in the private 9001-9099 range.  Each request goes to every broker the
 name server knows (one, for a single-broker installation), so answers are per broker.
+
+In a cluster the broker list comes from the name server's GET_BROKER_CLUSTER_INFO: topic
+changes go to every group's master (or, with ``cluster``, the masters of that cluster), the
+status to every broker, masters and slaves, and the transaction list to each group's master,
+or its lowest slave while the group has no master (a slave holds the replicated halves).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Self
 
 import orjson
@@ -25,6 +31,7 @@ from txbroker.client.errors import (
 )
 from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
 from txbroker.client.message import validate_topic
+from txbroker.remoting.bodies import MASTER_ID
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
@@ -60,7 +67,7 @@ class AdminClient:
 
     async def start(self) -> None:
         await self._instance.start()
-        if not self._instance.namesrv.broker_addrs:
+        if not self._instance.namesrv.groups:
             raise ClientError("the name server knows no broker")
 
     async def shutdown(self) -> None:
@@ -75,8 +82,32 @@ class AdminClient:
 
     @property
     def brokers(self) -> dict[str, str]:
-        """Broker name -> address."""
+        """Broker name -> master address (groups without a master now are left out)."""
         return dict(sorted(self._instance.namesrv.broker_addrs.items()))
+
+    @property
+    def clusters(self) -> dict[str, list[str]]:
+        """Cluster name -> its broker names, as the name server lists them."""
+        return dict(sorted(self._instance.namesrv.clusters.items()))
+
+    def members(self) -> list[tuple[str, int, str]]:
+        """Every broker as (broker name, broker id, address): masters (id 0) and slaves."""
+        return sorted((name, broker_id, addr)
+                      for name, ids in self._instance.namesrv.groups.items()
+                      for broker_id, addr in ids.items())
+
+    def cluster_masters(self, cluster: str) -> dict[str, str]:
+        """Broker name -> master address of the groups in ``cluster``; LocatedError naming
+        the name server when it lists no such cluster, or none of its groups has a master."""
+        namesrv = self._instance.namesrv
+        names = namesrv.clusters.get(cluster)
+        if names is None:
+            known = ", ".join(sorted(namesrv.clusters)) or "none"
+            raise LocatedError(f"no cluster {cluster!r} (known: {known})", namesrv.addr)
+        masters = {name: addr for name, addr in self.brokers.items() if name in names}
+        if not masters:
+            raise LocatedError(f"cluster {cluster!r} has no master now", namesrv.addr)
+        return masters
 
     async def _call(self, addr: str, code: int, what: str, header: Header | None = None) -> RemotingCommand:
         ext = header.to_ext() if header is not None else {}
@@ -93,21 +124,34 @@ class AdminClient:
             raise ClientError(f"{what}: answer is not valid JSON: {exc}") from None
 
     # --- topics --------------------------------------------------------------------------
-    async def create_topic(self, topic: str, queues: int = 4) -> None:
-        """Create ``topic`` with ``queues`` read and write queues on every broker.
+    async def create_topic(self, topic: str, queues: int = 4, *,
+                           cluster: str | None = None) -> dict[str, str]:
+        """Create ``topic`` with ``queues`` read and write queues on every master (with
+        ``cluster``: every master of that cluster); returns broker name -> ``created`` or
+        ``exists`` (left as it is).
 
-        A topic that exists on any broker raises :class:`TopicExistsError` and nothing
-        changes: RocketMQ's UPDATE_AND_CREATE_TOPIC would silently redefine it (fewer queues
-        hide the messages of the dropped ones); :meth:`update_topic` changes a topic.
+        Without ``cluster`` a topic that exists on any broker raises
+        :class:`TopicExistsError` and nothing changes: RocketMQ's UPDATE_AND_CREATE_TOPIC
+        would silently redefine it (fewer queues hide the messages of the dropped ones);
+        :meth:`update_topic` changes a topic.  With ``cluster`` the groups that have the topic
+        keep it unchanged and the others get it (how a topic reaches a new group); only when
+        every one has it is that an error.
         """
         validate_topic(topic)
         _check_queues(queues)
-        current = await self._topic_configs(topic)
-        if current:
+        targets = self.brokers if cluster is None else self.cluster_masters(cluster)
+        current = await self._topic_configs(topic, targets.values())
+        if current and (cluster is None or len(current) == len(targets)):
             addr, cfg = next(iter(current.items()))
             raise TopicExistsError(topic, addr, _queue_count(cfg))
-        for addr in self.brokers.values():
+        outcome = {}
+        for name, addr in targets.items():
+            if addr in current:
+                outcome[name] = "exists"
+                continue
             await self._put_topic(addr, topic, queues, queues, PERM_READ_WRITE)
+            outcome[name] = "created"
+        return outcome
 
     async def update_topic(self, topic: str, queues: int | None = None, perm: int | None = None,
                            *, force: bool = False) -> dict[str, dict]:
@@ -147,10 +191,11 @@ class AdminClient:
                                           read_queue_nums=read, write_queue_nums=write, perm=perm)
         await self._call(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, f"create topic {topic}", header)
 
-    async def _topic_configs(self, topic: str) -> dict[str, dict]:
-        """Broker address -> ``topic``'s TopicConfig, for the brokers that have it."""
+    async def _topic_configs(self, topic: str, addrs: Iterable[str] | None = None) -> dict[str, dict]:
+        """Broker address -> ``topic``'s TopicConfig, for the brokers (of ``addrs``, default
+        every master) that have it."""
         out = {}
-        for addr in self.brokers.values():
+        for addr in self.brokers.values() if addrs is None else addrs:
             table = _config_table(self._json(
                 await self._call(addr, RequestCode.GET_ALL_TOPIC_CONFIG, "list topics"), "list topics"))
             if isinstance(table.get(topic), dict):
@@ -194,25 +239,43 @@ class AdminClient:
 
     # --- status --------------------------------------------------------------------------
     async def status(self) -> dict[str, dict]:
-        """Broker name -> its status document (topics, offsets, groups, halves, metrics)."""
+        """Broker -> its status document (topics, offsets, groups, halves, metrics) with
+        ``address``, ``brokerName``, ``brokerId`` and ``role`` added; a master is keyed by its
+        broker name, a slave by ``name/id``."""
         out = {}
-        for name, addr in self.brokers.items():
-            doc = self._json(await self._call(addr, RequestCode.BROKER_STATUS, "status"), "status")
-            out[name] = {"address": addr, **(doc if isinstance(doc, dict) else {})}
+        failures: list[BaseException] = []
+        for name, broker_id, addr in self.members():
+            key = name if broker_id == MASTER_ID else f"{name}/{broker_id}"
+            head = {"address": addr, "brokerName": name, "brokerId": broker_id,
+                    "role": "master" if broker_id == MASTER_ID else "slave"}
+            try:
+                doc = self._json(await self._call(addr, RequestCode.BROKER_STATUS, "status"), "status")
+            except (OSError, ConnectionError) as exc:  # one broker down: show the others
+                failures.append(exc)
+                out[key] = {**head, "error": f"unreachable: {exc or type(exc).__name__}"}
+                continue
+            out[key] = {**head, **(doc if isinstance(doc, dict) else {})}
+        if failures and len(failures) == len(out):
+            raise failures[0]
         return out
 
     # --- transactions --------------------------------------------------------------------
+    def _group_readers(self) -> dict[str, str]:
+        """Broker name -> the address holding its halves: the master, else the lowest slave."""
+        namesrv = self._instance.namesrv
+        return {name: namesrv.read_addr(name) for name in sorted(namesrv.groups)}
+
     async def txn_list(self, state: str = "pending") -> list[dict]:
-        """Half messages of every broker (``pending``, ``discarded`` or ``all``), oldest first,
-        each row with ``broker`` added."""
+        """Half messages of every broker group (``pending``, ``discarded`` or ``all``),
+        oldest first per group, each row with ``broker`` (name) and ``address`` added."""
         if state not in TXN_LIST_STATES:
             raise ValueError("state must be pending, discarded or all")
         rows: list[dict] = []
-        for name, addr in self.brokers.items():
+        for name, addr in self._group_readers().items():
             doc = self._json(await self._call(addr, RequestCode.TXN_LIST, "list transactions",
                                               TxnListRequestHeader(state=state)), "list transactions")
             for row in _rows(doc):
-                rows.append({"broker": name, **row})
+                rows.append({"broker": name, "address": addr, **row})
         return rows
 
     async def txn_show(self, txn_id: str) -> dict:

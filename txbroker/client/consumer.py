@@ -331,7 +331,13 @@ class Consumer:
                 queues = route.read_queues()
                 members: set[str] = set()
                 for name in sorted({q.broker_name for q in queues}):
-                    members.update(await self._members(self._instance.namesrv.broker_addr(name)))
+                    # Any group's master (else slave) knows the members; one unreachable
+                    # group must not stop the rebalance over the others.
+                    try:
+                        members.update(await self._members(self._instance.namesrv.read_addr(name)))
+                    except (ClientError, OSError, TimeoutError) as exc:
+                        log.warning("consumer %s: member list from %s unavailable: %s",
+                                    self.client_id, name, exc or type(exc).__name__)
                 if not members and queues:
                     # No member list (our heartbeat has not landed, or the broker restarted):
                     # keep the current queues rather than dropping everything (RocketMQ too).
@@ -365,9 +371,8 @@ class Consumer:
                         self.client_id, mq, exc)
 
     async def _acquire(self, mq: MessageQueue, status_cache: dict) -> None:
-        addr = self._instance.namesrv.broker_addr(mq.broker_name)
-        offset = await self._offsets.start_offset(mq, addr, status_cache)
-        owned = OwnedQueue(mq, addr, OffsetTracker(offset))
+        offset = await self._offsets.start_offset(mq, status_cache)
+        owned = OwnedQueue(mq, self._instance.namesrv.read_addr(mq.broker_name), OffsetTracker(offset))
         self._owned[mq] = owned
         assert self._puller is not None
         owned.task = asyncio.get_running_loop().create_task(
@@ -375,7 +380,7 @@ class Consumer:
 
     # --- offsets -------------------------------------------------------------------------
     async def _commit(self, owned: OwnedQueue, *, oneway: bool) -> None:
-        await self._offsets.commit(owned.mq, owned.addr, owned.tracker, oneway=oneway)
+        await self._offsets.commit(owned.mq, owned.tracker, oneway=oneway)
 
     async def _commit_all(self, *, oneway: bool) -> None:
         for owned in list(self._owned.values()):

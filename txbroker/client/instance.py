@@ -272,7 +272,7 @@ class ClientInstance:
         heartbeat interval; ends once connected, or when the broker is no longer routed."""
         delay = REJOIN_DELAY_MIN
         try:
-            while not self._closed and addr in self.namesrv.broker_addrs.values():
+            while not self._closed and addr in self.namesrv.all_addrs():
                 await asyncio.sleep(delay)
                 conn = self._conns.get(addr)
                 try:
@@ -307,12 +307,19 @@ class ClientInstance:
         if resp.code != ResponseCode.SUCCESS:
             raise BrokerError("heartbeat", resp.code, resp.remark, addr)
 
+    def heartbeat_addrs(self) -> set[str]:
+        """Masters only for a producer; every address, slaves too, once a consumer is here
+        (it may pull from a slave, which must know the group), as RocketMQ's clients do."""
+        if self.consumer_data:
+            return self.namesrv.all_addrs()
+        return set(self.namesrv.broker_addrs.values())
+
     async def heartbeat_all(self) -> None:
         """Heartbeat every known broker; one unreachable broker does not stop the others."""
         if not (self.producer_groups or self.consumer_data):
             return
         errors = []
-        for addr in sorted(set(self.namesrv.broker_addrs.values())):
+        for addr in sorted(self.heartbeat_addrs()):
             try:
                 conn = self._conns.get(addr)
                 if conn is None or getattr(conn, "closed", False):

@@ -7,6 +7,11 @@ that never committed while the queue still starts at 0, so a 0 is only believed 
 txbroker's status document shows the commit (a broker without it is taken at its word, as
 RocketMQ clients do).  Commits send the queue's committable offset (the smallest not yet
 done, ``rebalance.OffsetTracker``), so a crash re-delivers and never skips.
+
+Offsets belong to the broker group that owns the queue.  They are committed and queried on
+the group's master; when it cannot be reached (down, or no master listed) the next address
+of the group is tried, a slave, as RocketMQ's ``RemoteBrokerOffsetStore`` does, so a
+consumer keeps its place while a group fails over.
 """
 
 from __future__ import annotations
@@ -59,6 +64,20 @@ class GroupOffsets:
         self.group = group
         self.from_where = start
 
+    async def _on_group(self, broker_name: str, call):
+        """``await call(addr)`` on the group's offset addresses in turn (master first) until
+        one is reachable; the last connection error propagates."""
+        addrs = self._instance.namesrv.offset_addrs(broker_name)
+        for i, addr in enumerate(addrs):
+            try:
+                return await call(addr)
+            except (OSError, ConnectionError) as exc:
+                if i == len(addrs) - 1:
+                    raise
+                log.info("offsets of %s: %s unreachable (%s); trying %s", broker_name, addr,
+                         exc or type(exc).__name__, addrs[i + 1])
+        raise AssertionError("offset_addrs is never empty")
+
     async def _request(self, code: int, addr: str, header: Header) -> int | None:
         """The ``offset`` a broker answers, None for QUERY_NOT_FOUND."""
         resp = await self._instance.invoke(addr, RemotingCommand.request(code, header.to_ext()))
@@ -71,9 +90,13 @@ class GroupOffsets:
         except HeaderError as exc:
             raise ClientError(f"offset request {code} to {addr}: {exc.remark}") from None
 
-    async def start_offset(self, mq: MessageQueue, addr: str, status_cache: dict) -> int:
+    async def start_offset(self, mq: MessageQueue, status_cache: dict) -> int:
         """Where this member starts pulling ``mq`` (``status_cache``: one rebalance's
-        status documents by broker address)."""
+        status documents by broker address), asked of the group's master, else a slave."""
+        return await self._on_group(mq.broker_name,
+                                    lambda addr: self._start_offset(mq, addr, status_cache))
+
+    async def _start_offset(self, mq: MessageQueue, addr: str, status_cache: dict) -> int:
         topic, queue_id = mq.topic, mq.queue_id
         offset = await self._request(RequestCode.QUERY_CONSUMER_OFFSET, addr,
                                      QueryConsumerOffsetRequestHeader(
@@ -111,12 +134,16 @@ class GroupOffsets:
         offsets = ((doc.get("consumerGroups") or {}).get(self.group) or {}).get("offsets") or {}
         return str(mq.queue_id) in (offsets.get(mq.topic) or {})
 
-    async def commit(self, mq: MessageQueue, addr: str, tracker: OffsetTracker, *,
-                     oneway: bool) -> None:
-        """Commit ``tracker``'s committable offset of ``mq`` unless the broker has it already."""
+    async def commit(self, mq: MessageQueue, tracker: OffsetTracker, *, oneway: bool) -> None:
+        """Commit ``tracker``'s committable offset of ``mq`` unless the broker has it already,
+        to the group's master, else a slave."""
         offset = tracker.committable()
         if offset == tracker.committed:
             return
+        await self._on_group(mq.broker_name, lambda addr: self._commit(mq, addr, offset, oneway))
+        tracker.committed = offset
+
+    async def _commit(self, mq: MessageQueue, addr: str, offset: int, oneway: bool) -> None:
         cmd = RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, UpdateConsumerOffsetRequestHeader(
             consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id,
             commit_offset=offset).to_ext(), oneway=oneway)
@@ -126,4 +153,3 @@ class GroupOffsets:
             resp = await self._instance.invoke(addr, cmd)
             if resp.code != ResponseCode.SUCCESS:
                 raise BrokerError(f"commit offset of {mq}", resp.code, resp.remark, addr)
-        tracker.committed = offset

@@ -1,11 +1,17 @@
 """The producer: route lookup, queue choice, SEND_MESSAGE_V2 with retries on another queue.
 
 A send is one SEND_MESSAGE_V2 request (RocketMQ's default, short header keys) to the master of
-the chosen queue's broker.  A failed attempt (time-out, broken connection, or a broker error
-that another queue may not repeat) is retried on the next queue, preferring another broker,
-up to ``retries`` more times; the message keeps its UNIQ_KEY across attempts (as the Java
-client does), so a retry of a send whose answer was lost is recognisable downstream.  When
-every attempt fails, :class:`SendError` lists each attempt with the broker's code and remark.
+the chosen queue's broker group.  Queues of every group with a master are used in turn; the
+latency fault tolerance (``faults.py``) keeps a group that failed or answered slowly out of
+the rotation for a back-off.  A failed attempt (time-out, broken connection, or a broker error
+that another queue may not repeat) is retried on another group's queue when there is one, up
+to ``retries`` more times; the message keeps its UNIQ_KEY across attempts (as the Java client
+does), so a retry of a send whose answer was lost is recognisable downstream.  When every
+attempt fails, :class:`SendError` lists each attempt with the broker's code and remark.
+
+FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT and SLAVE_NOT_AVAILABLE answers are stored messages:
+they are returned as the result's ``send_status`` and never retried (a retry would store a
+duplicate), as RocketMQ's Java client does by default.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from typing import Self
 
 from txbroker.client.errors import (
@@ -23,6 +30,7 @@ from txbroker.client.errors import (
     SendError,
     code_name,
 )
+from txbroker.client.faults import FaultTracker
 from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
 from txbroker.client.message import (
     DEFAULT_COMPRESS_THRESHOLD,
@@ -82,13 +90,18 @@ class Producer:
 
     ``access_key``/``secret_key`` (RocketMQ's SessionCredentials) sign every request, for
     brokers that run access control; leave them unset otherwise.
+
+    ``send_latency_fault`` (on by default, unlike RocketMQ) avoids a broker group for a
+    back-off after it failed or answered slowly (``faults.py``); ``fault_clock`` is the
+    monotonic clock (seconds) those back-offs are measured on.
     """
 
     def __init__(self, group: str, namesrv: str = DEFAULT_NAMESRV, send_timeout: float = 3.0,
                  retries: int = 2, *, max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
                  compress_threshold: int = DEFAULT_COMPRESS_THRESHOLD, heartbeat_interval: float = 30.0,
                  instance_name: str | None = None, access_key: str | None = None,
-                 secret_key: str | None = None) -> None:
+                 secret_key: str | None = None, send_latency_fault: bool = True,
+                 fault_clock: Callable[[], float] = time.monotonic) -> None:
         self.group = validate_group(group, "producer group")
         if not isinstance(retries, int) or retries < 0:
             raise ValueError("retries must be a non-negative integer")
@@ -105,6 +118,8 @@ class Producer:
         self._instance.producer_groups.add(self.group)
         self._ids = UniqKeyGenerator(self._instance.ip)
         self._rr = itertools.count()
+        #: Broker groups avoided after failures or slow answers (RocketMQ's MQFaultStrategy).
+        self.faults = FaultTracker(enabled=send_latency_fault, clock=fault_clock)
         #: topic -> (the name server's route object, its writable queues): a send reuses the
         #: queue list while that route is the cached one; a refreshed route is a new object.
         self._write_queues: dict[str, tuple[TopicRoute, list[MessageQueue]]] = {}
@@ -165,7 +180,7 @@ class Producer:
         body, sys_flag = wire_body(msg.body, self.compress_threshold, self.max_message_size)
         uniq = self._ids.next()
         queues = await self._queues(msg.topic)
-        mq = queues[next(self._rr) % len(queues)]
+        mq = self.faults.select(queues, next(self._rr), None)
         cmd = self._request(mq, body, msg.wire_properties(uniq), sys_flag, batch=False, oneway=True)
         await self._instance.invoke_oneway(self._instance.namesrv.broker_addr(mq.broker_name), cmd)
 
@@ -253,8 +268,10 @@ class Producer:
                     attempts.append(f"attempt {attempt + 1}: {exc}")
                     last = exc
                     continue
-            mq = self._pick(queues, start + attempt, failed_broker)
+            mq = self.faults.select(queues, start + attempt, failed_broker)
             addr = "?"
+            began = time.monotonic()
+            reachable = True
             try:
                 addr = self._instance.namesrv.broker_addr(mq.broker_name)
                 cmd = self._request(mq, body, props, sys_flag, batch=batch)
@@ -265,28 +282,25 @@ class Producer:
                                 f"no answer within {self.send_timeout}s")
             except (OSError, ConnectionError, ClientError) as exc:
                 last = exc
+                reachable = not isinstance(exc, (OSError, ConnectionError))
                 attempts.append(f"attempt {attempt + 1} queue {mq.queue_id} on {addr}: "
                                 f"{type(exc).__name__}: {exc}")
             else:
                 status = _STATUS_BY_CODE.get(resp.code)
                 if status is not None:
+                    self.faults.update(mq.broker_name, (time.monotonic() - began) * 1000)
                     return self._result(topic, mq, resp, status, msg_id)
                 last = BrokerError("send", resp.code, resp.remark, addr)
                 attempts.append(f"attempt {attempt + 1} queue {mq.queue_id} on {addr}: "
                                 f"{code_name(resp.code)} ({resp.code}): {resp.remark or ''}".rstrip(": "))
                 if resp.code not in RETRY_CODES:
+                    self.faults.update(mq.broker_name, (time.monotonic() - began) * 1000)
                     break
+            self.faults.update(mq.broker_name, (time.monotonic() - began) * 1000,
+                               isolation=True, reachable=reachable)
             failed_broker = mq.broker_name
             log.info("producer %s: %s", self.group, attempts[-1])
         raise SendError(topic, attempts, last)
-
-    @staticmethod
-    def _pick(queues: list[MessageQueue], n: int, avoid: str | None) -> MessageQueue:
-        if avoid is not None:
-            others = [q for q in queues if q.broker_name != avoid]
-            if others:
-                return others[n % len(others)]
-        return queues[n % len(queues)]
 
     @staticmethod
     def _result(topic: str, mq: MessageQueue, resp: RemotingCommand, status: SendStatus,

@@ -4,8 +4,16 @@ The suspend flag makes the broker hold a pull until a message arrives or
 ``long_poll_timeout`` passes, so an idle queue costs one request per long-poll period and a
 new message is delivered at once.  What a pull brings is filtered by the tag string (the
 broker filters by tag hash, and hashes collide) and put in the consumer's bounded buffer; a
-full buffer stops the puller (back-pressure).  Each pull also carries the queue's committable
-offset (the commit-offset flag), so a busy queue commits without a separate request.
+full buffer stops the puller (back-pressure).  Each pull to a master also carries the queue's
+committable offset (the commit-offset flag), so a busy queue commits without a separate request.
+
+Where a queue is pulled from follows RocketMQ's ``PullAPIWrapper``: each queue keeps a "pull
+from" broker id, 0 (the master) at first and then whatever the last answer's
+``suggestWhichBrokerId`` says; the address is that id's if the group lists it, else the
+master's, else the lowest slave's (a group whose master is down is read from a slave).  A
+connection to an address that fails makes the puller refresh the route and pass that address
+over for ``AVOID_FAILED_FOR`` seconds, so a dead master the name server still lists does not
+stop the queue while a slave can serve it.
 """
 
 from __future__ import annotations
@@ -34,6 +42,9 @@ from txbroker.store import record as rec
 
 log = logging.getLogger(__name__)
 
+#: Seconds a pull address whose connection failed is passed over (when the group lists another).
+AVOID_FAILED_FOR = 10.0
+
 
 @dataclass
 class Subscription:
@@ -55,9 +66,12 @@ class OwnedQueue:
     """A queue this member owns: where it lives, its offsets and the task pulling it."""
 
     mq: MessageQueue
+    #: Address of the last pull (for messages).
     addr: str
     tracker: OffsetTracker
     task: asyncio.Task | None = None
+    #: Broker id to pull from next (the last ``suggestWhichBrokerId``; 0 = master).
+    broker_id: int = 0
 
 
 class Puller:
@@ -73,14 +87,43 @@ class Puller:
         self.long_poll_timeout = long_poll_timeout
         self.request_timeout = request_timeout
         self.error_backoff = error_backoff
+        #: Address -> loop time until which it is passed over (its connection failed).
+        self.avoid: dict[str, float] = {}
+
+    def pull_addr(self, owned: OwnedQueue) -> str:
+        """Where to pull ``owned`` now (see the module docstring)."""
+        if self.avoid:
+            now = asyncio.get_running_loop().time()
+            for addr in [a for a, until in self.avoid.items() if until <= now]:
+                del self.avoid[addr]
+        return self._instance.namesrv.read_addr(owned.mq.broker_name, owned.broker_id, self.avoid)
+
+    async def _connection_failed(self, owned: OwnedQueue, addr: str) -> None:
+        """Pass ``addr`` over for a while and look the route up again (a failover may have
+        named a new master, or dropped the old one)."""
+        self.avoid[addr] = asyncio.get_running_loop().time() + AVOID_FAILED_FOR
+        owned.broker_id = 0
+        try:
+            await self._instance.namesrv.route(owned.mq.topic, refresh=True)
+        except (ClientError, OSError, TimeoutError) as exc:
+            log.debug("consumer %s: route of %s not refreshed: %s", self._instance.client_id,
+                      owned.mq.topic, exc)
 
     async def run(self, owned: OwnedQueue, sub: Subscription) -> None:
         """Pull ``owned`` until its tracker is dropped (the queue was given away)."""
         mq, tracker = owned.mq, owned.tracker
+        namesrv = self._instance.namesrv
         while not tracker.dropped:
+            try:
+                addr = owned.addr = self.pull_addr(owned)
+            except ClientError as exc:  # the group left every route: wait for it to return
+                log.warning("consumer %s: pull %s: %s", self._instance.client_id, mq, exc)
+                await asyncio.sleep(self.error_backoff)
+                continue
             commit = tracker.committable()
             sys_flag = PULL_FLAG_SUSPEND | PULL_FLAG_SUBSCRIPTION
-            if commit > tracker.committed >= -1 and commit > 0:
+            # A slave never stores a pull's commit offset: only a master gets the flag.
+            if commit > tracker.committed >= -1 and commit > 0 and namesrv.is_master(mq.broker_name, addr):
                 sys_flag |= PULL_FLAG_COMMIT_OFFSET
             cmd = RemotingCommand.request(RequestCode.PULL_MESSAGE, PullMessageRequestHeader(
                 consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id,
@@ -90,13 +133,15 @@ class Puller:
                 subscription=sub.selected.sub_string, sub_version=sub.version,
                 expression_type="TAG").to_ext())
             try:
-                resp = await self._instance.invoke(owned.addr, cmd,
+                resp = await self._instance.invoke(addr, cmd,
                                                    self.long_poll_timeout + self.request_timeout)
             except asyncio.CancelledError:
                 raise
             except (OSError, ConnectionError, TimeoutError, ClientError) as exc:
-                log.warning("consumer %s: pull %s failed: %s", self._instance.client_id, mq,
-                            exc or type(exc).__name__)
+                log.warning("consumer %s: pull %s from %s failed: %s", self._instance.client_id,
+                            mq, addr, exc or type(exc).__name__)
+                if isinstance(exc, (OSError, ConnectionError)) and not isinstance(exc, TimeoutError):
+                    await self._connection_failed(owned, addr)
                 await asyncio.sleep(self.error_backoff)
                 continue
             if sys_flag & PULL_FLAG_COMMIT_OFFSET:
@@ -109,9 +154,12 @@ class Puller:
         mq, tracker = owned.mq, owned.tracker
         client_id = self._instance.client_id
         try:
-            next_begin = PullMessageResponseHeader.from_ext(resp.ext_fields).next_begin_offset
+            header = PullMessageResponseHeader.from_ext(resp.ext_fields)
         except HeaderError:  # an error answer carries no offsets
             next_begin = tracker.next_pull
+        else:
+            next_begin = header.next_begin_offset
+            owned.broker_id = header.suggest_which_broker_id  # where the broker says to pull next
         if resp.code == ResponseCode.SUCCESS:
             try:
                 msgs = decode_pulled(resp.body, mq.broker_name)

@@ -8,6 +8,12 @@ last step is one-way and this process may die, the broker later asks any live pr
 group with CHECK_TRANSACTION_STATE; :meth:`TransactionListener.check_local_transaction` answers
 from durable state and the reply is END_TRANSACTION with ``fromTransactionCheck=true``.
 
+Across several broker groups the half goes to whichever group the send picked, and END goes to
+that group's master as the route names it at END time.  A half stored with
+FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE *is* stored, so the local
+transaction runs and its outcome is sent as for SEND_OK (RocketMQ's Java client rolls such
+halves back, apache/rocketmq issue #3617).
+
 Check-backs arrive on a broker connection's read path.  They are handed to a task at once and
 run under a semaphore of ``check_concurrency``; a check for a transaction whose check is still
 running is dropped (the broker asks again), and so is anything beyond a bounded backlog, so a
@@ -21,7 +27,7 @@ import asyncio
 import inspect
 import logging
 
-from txbroker.client.errors import ClientError, ClientStateError
+from txbroker.client.errors import ClientError, ClientStateError, RouteError
 from txbroker.client.instance import DEFAULT_NAMESRV
 from txbroker.client.message import (
     LocalTransactionState,
@@ -149,7 +155,7 @@ class TransactionProducer(Producer):
         try:
             end = self._end_command(result.offset_msg_id, result.queue_offset, uniq, state,
                                     from_check=False, remark=error)
-            addr = self._instance.namesrv.broker_addr(result.broker_name)
+            addr = await self._end_addr(result.broker_name, msg.topic)
             if not self._instance.send_oneway_now(addr, end):  # sent at once when connected
                 await self._instance.invoke_oneway(addr, end)
         except (ClientError, OSError, TimeoutError) as exc:
@@ -160,6 +166,18 @@ class TransactionProducer(Producer):
             send_status=result.send_status, msg_id=uniq, offset_msg_id=result.offset_msg_id,
             queue_id=result.queue_id, queue_offset=result.queue_offset, topic=msg.topic,
             broker_name=result.broker_name, transaction_id=uniq, local_transaction_state=state)
+
+    async def _end_addr(self, broker_name: str, topic: str) -> str:
+        """The master of the group that stored the half, as the route names it *now* (after
+        a failover the group's new master holds the half at the same commitlog offset).
+        A group with no master listed gets one route refresh before giving up: then the
+        END is not sent, and that group's master checks the half back later."""
+        namesrv = self._instance.namesrv
+        try:
+            return namesrv.broker_addr(broker_name)
+        except RouteError:
+            await namesrv.route(topic, refresh=True)
+            return namesrv.broker_addr(broker_name)
 
     def _end_command(self, offset_msg_id: str, queue_offset: int, uniq: str,
                      state: LocalTransactionState, *, from_check: bool,
