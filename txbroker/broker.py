@@ -38,6 +38,7 @@ from txbroker.config import (
 )
 from txbroker.remoting.bodies import DataVersion
 from txbroker.remoting.server import RemotingServer
+from txbroker.roles import Roles
 from txbroker.service.acl import AclGuard
 from txbroker.service.acl_rules import load_acl_file
 from txbroker.service.clients import ClientRegistry
@@ -127,6 +128,9 @@ class Broker:
         self.namesrv_server: RemotingServer | None = None
         #: Registers with ``config.namesrv_addr`` (None without name servers: embedded mode).
         self.registrar: BrokerRegistrar | None = None
+        #: Master or slave in its group (None without name servers: always its own master).
+        self.roles: Roles | None = None
+        self._ha_sock: socket.socket | None = None
         self._metrics_server: asyncio.AbstractServer | None = None
         self._housekeeping: asyncio.Task | None = None
         self._started = False
@@ -153,7 +157,7 @@ class Broker:
             acl = (f"on: {len(rules.accounts)} account(s), {len(rules.global_white)} globally "
                    f"white-listed pattern(s) from {cfg.acl_file}")
         broker_sock, ns_sock, metrics_sock = self._bind_listeners()
-        socks = [s for s in (broker_sock, ns_sock, metrics_sock) if s is not None]
+        socks = [s for s in (broker_sock, ns_sock, metrics_sock, self._ha_sock) if s is not None]
         self.store = MessageStore(cfg, clock=self.clock, store_host=(self.host, self.broker_port),
                                   disk_usage=self.disk_usage)
         try:
@@ -192,6 +196,17 @@ class Broker:
                 s.close()
             raise
         broker_sock = bound["broker port"]
+        if cfg.namesrv_addr:
+            # The HA listener: RocketMQ's broker port + 1 unless given (ephemeral when the
+            # broker port is); bound now so that a clash stops the start like any other.
+            ha_port = cfg.ha_port if cfg.ha_port >= 0 else (
+                broker_sock.getsockname()[1] + 1 if cfg.broker_port else 0)
+            try:
+                self._ha_sock = bind_listener(cfg.listen_host, ha_port, "HA port")
+            except OSError:
+                for s in bound.values():
+                    s.close()
+                raise
         ns_sock = bound.get("name-server port")
         metrics_sock = bound.get("metrics port")
         self.broker_port = broker_sock.getsockname()[1]
@@ -255,10 +270,9 @@ class Broker:
         await self.store.start()
         self.tx = TransactionalMessageService(cfg, self.store, self.registry, self.metrics,
                                               clock=self.clock)
-        self.tx.recover()
-        await self.tx.start()
         self.schedule = ScheduleService(self.store, clock=self.clock)
-        await self.schedule.start()
+        if not cfg.namesrv_addr:  # in a cluster the role decides (roles.py)
+            await self.resume_master_services()
 
         handlers: dict[int, Callable] = {}
         namesrv = NameServer(cfg, self.topics, lambda: self.broker_addr)
@@ -289,13 +303,39 @@ class Broker:
             self._metrics_server = await asyncio.start_server(self._serve_metrics, sock=metrics_sock)
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txbroker-housekeeping")
         if cfg.namesrv_addr:
-            ha_port = cfg.ha_port if cfg.ha_port > 0 else self.broker_port + 1
+            assert self._ha_sock is not None
+            sock, self._ha_sock = self._ha_sock, None
+            self.roles = Roles(self, sock, bind=lambda h, p: bind_listener(h, p, "HA port"))
+            await self.roles.start()
+            roles = self.roles
             self.registrar = BrokerRegistrar(cfg, broker_addr=self.broker_addr,
-                                             ha_addr=f"{self.host}:{ha_port}",
-                                             identity=lambda: cfg.broker_id,
-                                             topic_table=self._registered_topics)
+                                             ha_addr=roles.ha_addr, identity=roles.name_server_id,
+                                             topic_table=self._registered_topics,
+                                             on_master=roles.learned_master)
             self.topics.add_listener(self.registrar.trigger)
             await self.registrar.start()
+
+    # --- what a role switches on and off (roles.py) -------------------------------------------
+    def tx_active(self) -> bool:
+        return self.tx is not None and self.tx.active
+
+    async def resume_master_services(self) -> None:
+        """Becoming the master: transaction state from the log, checks and delayed delivery."""
+        assert self.tx is not None and self.schedule is not None
+        self.tx.recover()
+        await self.tx.start()
+        await self.schedule.start()
+
+    async def suspend_master_services(self) -> None:
+        """No longer the master: no check-back, no delayed delivery, no state kept."""
+        assert self.tx is not None and self.schedule is not None
+        await self.tx.suspend()
+        await self.schedule.close()
+
+    def registration_changed(self) -> None:
+        """A role change: the name servers learn the new id at once."""
+        if self.registrar is not None:
+            self.registrar.trigger()
 
     def _registered_topics(self) -> tuple[DataVersion, dict[str, TopicConfig]]:
         """What the name servers route: every topic, the template topic only while topics
@@ -351,6 +391,10 @@ class Broker:
         grace = self.config.shutdown_grace
         if self.registrar is not None:  # first: clients stop being routed here
             await self.registrar.stop()
+        if self.roles is not None:
+            await self.roles.stop()
+        if self._ha_sock is not None:
+            self._ha_sock.close()
         if self._housekeeping is not None:
             self._housekeeping.cancel()
         if self._metrics_server is not None:

@@ -173,7 +173,8 @@ class Roles:
         self.master_id = info.master_id
         if info.master_id == self.config.broker_id:
             if not self.is_master or info.master_epoch > self.epoch:
-                await self._to_master(info.master_epoch)
+                self._sync_state_set_epoch = info.sync_state_set_epoch
+                await self._to_master(info.master_epoch, set(info.sync_state_set))
             return
         if info.master_id is None:
             if self.is_master:
@@ -183,7 +184,7 @@ class Roles:
             self.epoch = info.master_epoch
             await self._to_slave(info.master_ha_addr, info.master_addr)
 
-    async def _to_master(self, epoch: int) -> None:
+    async def _to_master(self, epoch: int, sync_state_set: set[int] | None = None) -> None:
         async with self._switching:
             started = time.perf_counter()
             broker = self.broker
@@ -201,7 +202,7 @@ class Roles:
                 log.error("promoted under epoch %d, but this log already holds epoch %d",
                           epoch, store.epochs.last_epoch)
             self.epoch = epoch
-            self.sync_state_set = {self.config.broker_id}
+            self.sync_state_set = sync_state_set or {self.config.broker_id}
             if self.config.broker_role == "SYNC_MASTER":
                 self.ha_master.on_confirm = self._confirm_moved
                 store.set_replication(self._wait_replicated)
@@ -261,12 +262,27 @@ class Roles:
             self.sync = None
 
     def learned_master(self, master_addr: str, ha_addr: str) -> None:
-        """Classic mode: the name servers' answer to a slave's registration names the master."""
-        if not self.controller_mode and not self.is_master:
-            if master_addr:
-                self.master_addr = master_addr
-            if ha_addr and not self.config.ha_master_addr:
-                self.master_ha_addr = ha_addr
+        """Classic mode: the name servers' answer to a slave's registration names the master;
+        a new HA address takes effect at once (the follower may be sleeping between tries)."""
+        if self.controller_mode or self.is_master:
+            return
+        if master_addr:
+            self.master_addr = master_addr
+        if ha_addr and not self.config.ha_master_addr and ha_addr != self.master_ha_addr:
+            self.master_ha_addr = ha_addr
+            if self.ha_slave is not None and not self.ha_slave.connected:
+                asyncio.get_running_loop().create_task(self._restart_follower())
+
+    async def _restart_follower(self) -> None:
+        async with self._switching:
+            if self.ha_slave is None or self.is_master:
+                return
+            store = self.broker.store
+            assert store is not None
+            await self.ha_slave.close()
+            self.ha_slave = HASlave(store, lambda: self.master_ha_addr or None,
+                                    slave_id=self.config.broker_id)
+            self.ha_slave.start()
 
     # --- SYNC_MASTER and the lease -----------------------------------------------------------
     async def _wait_replicated(self, end_offset: int) -> PutStatus:

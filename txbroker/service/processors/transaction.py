@@ -44,6 +44,9 @@ def transaction_handlers(tx: TransactionalMessageService) -> dict[int, Handler]:
 
     async def end_transaction(conn: Any, cmd: RemotingCommand) -> RemotingCommand | None:
         try:
+            if not tx.active:  # a slave (RocketMQ answers SLAVE_NOT_AVAILABLE too)
+                raise Refusal(ResponseCode.SLAVE_NOT_AVAILABLE,
+                              "this broker is not its group's master: END_TRANSACTION refused")
             h = EndTransactionRequestHeader.from_ext(cmd.ext_fields)
             await tx.end_transaction(
                 commit_log_offset=h.commit_log_offset,
