@@ -297,6 +297,7 @@ class Roles:
         if status is not PutStatus.OK and self.link is not None and len(self.sync_state_set) > 1:
             await self._report_sync_state_set(self._holders(end_offset))
         self._acknowledged_end = max(self._acknowledged_end, end_offset)
+        self._confirm_moved()  # with no slave to ack, the answer itself moves it
         return status
 
     def _holders(self, end_offset: int) -> set[int]:

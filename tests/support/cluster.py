@@ -8,7 +8,7 @@ Everything is real and on 127.0.0.1 port 0.  In-process (same event loop as the 
   — a started :class:`Broker` registered with ``namesrv_addr`` (``"h:p"`` or ``"h1:p1;h2:p2"``);
   ``base_config`` is usually the ``broker_config`` fixture (its small test settings).
 * ``async with InProcessCluster(base_config, tmp_path) as c:`` — owns what it starts:
-  ``await c.namesrv()``, ``await c.broker(broker_name, **changes)`` (registered with every name
+  ``await c.namesrv()``, ``await c.broker(broker_name, **changes)`` (``data_dir=`` reuses a directory; registered with every name
   server started so far unless ``namesrv_addr`` is given), all stopped at exit (brokers first, so they unregister).
 
 Subprocesses (to SIGKILL one):
@@ -83,7 +83,7 @@ class InProcessCluster:
         return server
 
     async def broker(self, broker_name: str = "broker-a", **changes: object) -> Broker:
-        data_dir = self.tmp_path / f"{broker_name}-{len(self.brokers)}"
+        data_dir = Path(str(changes.pop("data_dir", self.tmp_path / f"{broker_name}-{len(self.brokers)}")))
         namesrv_addr = str(changes.pop("namesrv_addr", self.namesrv_addr))
         broker = await start_broker(self.base, data_dir, namesrv_addr,
                                     broker_name=broker_name, **changes)

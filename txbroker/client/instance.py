@@ -271,22 +271,45 @@ class ClientInstance:
         """Reopen a dropped broker connection and heartbeat it, backing off up to the
         heartbeat interval; ends once connected, or when the broker is no longer routed."""
         delay = REJOIN_DELAY_MIN
+        group = next((name for name, ids in self.namesrv.groups.items() if addr in ids.values()), None)
         try:
-            while not self._closed and addr in self.namesrv.all_addrs():
+            while not self._closed:
                 await asyncio.sleep(delay)
-                conn = self._conns.get(addr)
-                try:
-                    if conn is None or conn.closed:
-                        await self.connection(addr)  # heartbeats on connect
-                    elif not conn.connected:
-                        await conn.connect()
-                        self._check_reconnected(addr, conn)
+                if addr in self.namesrv.all_addrs():
+                    conn = self._conns.get(addr)
+                    try:
+                        if conn is None or conn.closed:
+                            await self.connection(addr)  # heartbeats on connect
+                        elif not conn.connected:
+                            await conn.connect()
+                            self._check_reconnected(addr, conn)
+                        return
+                    except (OSError, ConnectionError, TimeoutError, ClientError) as exc:
+                        log.debug("%s: reconnecting to %s failed: %s", self.client_id, addr, exc)
+                # Gone, maybe for good: a slave promoted in its place must learn our groups
+                # before it checks back the halves the lost master left (docs/cluster.md).
+                await self._meet_new_brokers()
+                master = self.namesrv.broker_addrs.get(group) if group else None
+                if addr not in self.namesrv.all_addrs() and (group is None or (
+                        master is not None and master != addr and master in self._conns)):
                     return
-                except (OSError, ConnectionError, TimeoutError, ClientError) as exc:
-                    log.debug("%s: reconnecting to %s failed: %s", self.client_id, addr, exc)
-                    delay = min(delay * 2, self.heartbeat_interval)
+                delay = min(delay * 2, self.heartbeat_interval)
         finally:
             self._rejoining.discard(addr)
+
+    async def _meet_new_brokers(self) -> None:
+        """Ask the name server for the cluster again and heartbeat every broker this
+        instance has no connection to yet."""
+        try:
+            await self.namesrv.refresh_cluster()
+        except (OSError, TimeoutError, ClientError) as exc:
+            log.debug("%s: cluster refresh failed: %s", self.client_id, exc)
+            return
+        for addr in sorted(self.heartbeat_addrs() - set(self._conns)):
+            try:
+                await self.connection(addr)  # heartbeats on connect
+            except (OSError, ConnectionError, TimeoutError, ClientError) as exc:
+                log.debug("%s: cannot reach %s: %s", self.client_id, addr, exc)
 
     def _background_done(self, task: asyncio.Task) -> None:
         self._background.discard(task)
