@@ -37,8 +37,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from txbroker.service.controller_link import (
     ControllerError,
@@ -101,6 +101,7 @@ class Roles:
         self._recheck_soon = False
         self._acknowledged_end = 0
         self._altering = asyncio.Lock()
+        self._background: set[asyncio.Task] = set()
         #: (seconds the last promotion took, at monotonic time); tests and status read it.
         self.last_promotion: tuple[float, float] | None = None
 
@@ -137,9 +138,7 @@ class Roles:
                                    ha_addr=self.ha_addr, state=self._replica_state,
                                    on_master=self._apply)
         try:
-            info = await self.link.register()
-            if info.master_id is None and self.config.broker_id == 0 and info.master_epoch == 0:
-                await self.link.elect()
+            await self.link.register()  # _apply asks for the first election if it is ours
         except ControllerError as exc:
             # The heartbeat loop keeps asking; until a master is named this broker is a
             # fenced slave with nothing to follow.
@@ -177,12 +176,31 @@ class Roles:
                 await self._to_master(info.master_epoch, set(info.sync_state_set))
             return
         if info.master_id is None:
+            if info.master_epoch == 0 and self.config.broker_id == 0:
+                # Never elected: the broker started as id 0 asks (whenever the controller
+                # first answers it), not from inside this notification.
+                self._spawn(self._ask_election())
             if self.is_master:
                 await self._to_slave("", "")  # no master now: stop writing, wait
             return
         if self.is_master or info.master_ha_addr != self.master_ha_addr or info.master_epoch != self.epoch:
             self.epoch = info.master_epoch
             await self._to_slave(info.master_ha_addr, info.master_addr)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background, holding it until it ends."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _ask_election(self) -> None:
+        assert self.link is not None
+        try:
+            await self.link.elect()
+        except (ControllerError, OSError, TimeoutError) as exc:
+            log.warning("first election of %s not started: %s (the next heartbeat retries)",
+                        self.config.broker_name, exc)
+            self.link.master = None  # so the next answer is applied again
 
     async def _to_master(self, epoch: int, sync_state_set: set[int] | None = None) -> None:
         async with self._switching:
@@ -271,7 +289,7 @@ class Roles:
         if ha_addr and not self.config.ha_master_addr and ha_addr != self.master_ha_addr:
             self.master_ha_addr = ha_addr
             if self.ha_slave is not None and not self.ha_slave.connected:
-                asyncio.get_running_loop().create_task(self._restart_follower())
+                self._spawn(self._restart_follower())
 
     async def _restart_follower(self) -> None:
         async with self._switching:

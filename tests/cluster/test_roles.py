@@ -14,6 +14,7 @@ import pytest
 
 from support.cluster import InProcessCluster
 from support.consuming import collect
+from txbroker.bench.chaos.process import free_port
 from support.waiting import eventually
 from txbroker.client import (
     Consumer,
@@ -197,3 +198,20 @@ async def test_master_cut_off_from_controller_and_slave_stops_writing(
         await b.stop()
         # Neither the controller nor the slave: the lease runs out and writes stop.
         await eventually(lambda: "lease" in a.store.fenced, timeout=10)
+
+
+async def test_brokers_started_before_the_controller_still_elect_their_master(
+        broker_config: BrokerConfig, tmp_path: Path) -> None:
+    port = free_port()
+    config = ControllerConfig(listen_host="127.0.0.1", port=port,
+                              data_dir=str(tmp_path / "controller"), lease=1.0)
+    base = broker_config.replace(controller_addr=f"127.0.0.1:{port}", controller_lease=1.0,
+                                 controller_heartbeat_interval=0.2)
+    async with InProcessCluster(base, tmp_path) as c:
+        await c.namesrv()
+        a = await c.broker("broker-a")
+        b = await c.broker("broker-a", broker_id=1)
+        assert not a.roles.is_master and not b.roles.is_master  # nobody to ask yet
+        async with ControllerProcess(config):
+            await eventually(lambda: a.roles.is_master and b.roles.ha_slave is not None
+                             and b.roles.ha_slave.connected)
