@@ -4,16 +4,18 @@ Run only as a subprocess (``python cpp_driver.py '<json spec>'``): the ctypes li
 crash or hang, so the caller bounds every run with a timeout and kills it if needed.  Output
 is one JSON object per line on stdout, so the caller can assert on exactly what the real
 client saw: ``{"event": "sent", ...}`` per send result, ``{"event": "msg", ...}`` per
-consumed message, ``{"event": "error", ...}`` when the client raised, and
+consumed message, ``{"event": "error", ...}`` when the client raised (producer events carry
+``t``, the wall-clock time the call returned, comparable with the caller's), and
 ``{"event": "done"}`` after a clean shutdown.
 
 Spec keys: ``scenario`` (send_sync, send_oneway, send_batch, send_orderly, send_large,
 send_tx_props, push_consume, pull_consume), ``namesrv``, ``topic``, ``group``, and per
 scenario: ``count``, ``body``, ``keys``, ``tags``, ``props``, ``arg`` (send_orderly),
-``size`` (send_large), ``batch_size`` (send_batch), ``send_timeout_ms``, ``expression``, ``expect`` (messages to wait for), ``max_seconds``,
+``size`` (send_large), ``batch_size`` (send_batch), ``send_timeout_ms``, ``interval`` (seconds
+between producer sends, so a run spans a failover), ``expression``, ``expect`` (messages to wait for), ``max_seconds``,
 ``linger`` (seconds to stay up after ``expect`` was reached, so offsets get committed),
 ``record_props`` (property names to report per consumed message), ``stop_file`` (push_consume
-stops as soon as this file exists), ``orderly`` (push_consume: orderly listener, which locks
+and the producers stop as soon as this file exists), ``orderly`` (push_consume: orderly listener, which locks
 its queues with LOCK_BATCH_MQ), ``access_key``/``secret_key`` (producers: session credentials,
 so every request is signed).
 """
@@ -84,7 +86,7 @@ def record(m, props: list[str]) -> dict:
 
 def sent(kind: str, result) -> None:
     emit(event="sent", kind=kind, status=int(result.status), msg_id=result.msg_id,
-         offset=result.offset)
+         offset=result.offset, t=time.time())
 
 
 def run_producer(spec: dict) -> None:
@@ -97,7 +99,10 @@ def run_producer(spec: dict) -> None:
         s = spec["scenario"]
         count = spec.get("count", 1)
         body = spec.get("body", "compat body")
+        stop_file = spec.get("stop_file")
         for i in range(count):
+            if stop_file and os.path.exists(stop_file):
+                break
             b = f"{body} {i}" if count > 1 else body
             try:
                 if s in ("send_sync", "send_tx_props"):
@@ -116,7 +121,8 @@ def run_producer(spec: dict) -> None:
                 else:
                     raise SystemExit(f"unknown producer scenario {s}")
             except Exception as e:  # noqa: BLE001 - the caller asserts on what the client raised
-                emit(event="error", kind=s, error=f"{type(e).__name__}: {e}")
+                emit(event="error", kind=s, error=f"{type(e).__name__}: {e}", t=time.time())
+            time.sleep(spec.get("interval", 0.0))
         # A one-way send returns before the frame is written; give it time to leave.
         time.sleep(spec.get("linger", 0.5))
     finally:
@@ -151,8 +157,22 @@ def run_push(spec: dict) -> None:
     c.shutdown()
 
 
+class BrokerAwarePullConsumer(PullConsumer):
+    """The wheel's Python ``PullConsumer.pull`` keeps its next offsets keyed by topic and
+    queue id only, so with two broker groups queue 0 of the second group starts where queue 0
+    of the first ended and skips messages.  Keying by broker name too fixes that Python-side
+    bookkeeping; the native client's calls (fetch queues, pull) are unchanged."""
+
+    def __init__(self, group: str) -> None:
+        super().__init__(group)
+        self.offset_table = {}  # the wheel's table is a class attribute, shared by instances
+
+    def _get_mq_key(self, mq) -> str:
+        return f"{text(mq.topic)}@{text(mq.brokerName)}@{mq.queueId}"
+
+
 def run_pull(spec: dict) -> None:
-    c = PullConsumer(spec["group"])
+    c = BrokerAwarePullConsumer(spec["group"])
     c.set_namesrv_addr(spec["namesrv"])
     c.start()
     try:
