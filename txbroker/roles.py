@@ -38,7 +38,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from txbroker.service.controller_link import (
     ControllerError,
@@ -54,7 +54,27 @@ from txbroker.store.results import PutStatus
 if TYPE_CHECKING:
     import socket
 
-    from txbroker.broker import Broker
+    from txbroker.config import BrokerConfig
+    from txbroker.service.processors.pull import PullHoldService
+    from txbroker.service.topics import TopicManager
+    from txbroker.store.message_store import MessageStore
+
+
+class RoleHost(Protocol):
+    """What a role needs of its broker (:class:`~txbroker.broker.Broker` is one)."""
+
+    config: BrokerConfig
+    host: str
+    store: MessageStore | None
+    topics: TopicManager | None
+    holds: PullHoldService
+
+    @property
+    def broker_addr(self) -> str: ...
+    def tx_active(self) -> bool: ...
+    async def resume_master_services(self) -> None: ...
+    async def suspend_master_services(self) -> None: ...
+    def registration_changed(self) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +87,9 @@ CLASSIC_EPOCH = 1
 
 
 class Roles:
-    """Master or slave, for one clustered :class:`~txbroker.broker.Broker`.  Event-loop only."""
+    """Master or slave, for one clustered broker (a :class:`RoleHost`).  Event-loop only."""
 
-    def __init__(self, broker: Broker, ha_sock: socket.socket,
+    def __init__(self, broker: RoleHost, ha_sock: socket.socket,
                  bind: Callable[[str, int], socket.socket],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.broker = broker

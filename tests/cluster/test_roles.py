@@ -11,11 +11,11 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
 from support.cluster import InProcessCluster
 from support.consuming import collect
-from txbroker.bench.chaos.process import free_port
 from support.waiting import eventually
+
+from txbroker.bench.chaos.process import free_port
 from txbroker.client import (
     Consumer,
     LocalTransactionState,
