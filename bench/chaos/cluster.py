@@ -21,6 +21,7 @@ successful send before the kill to the first one after it); the Ledger gives the
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 import os
 import random
@@ -82,7 +83,8 @@ class KillRecord:
     #: SIGKILL -> the other broker routed as id 0 by the name server; None: never.
     promotion_s: float | None
     t_kill: float = 0.0
-    #: Last successful send before the kill -> first one after it (filled in at the end).
+    #: The longest gap between successful sends from the kill to the first send after the
+    #: promotion (filled in at the end).
     gap_s: float | None = None
     #: The killed broker restarted and back in the in-sync set (None: it did not rejoin).
     rejoin_s: float | None = None
@@ -386,8 +388,19 @@ async def _run(cfg: ClusterChaosConfig, procs: ClusterProcesses) -> ClusterRepor
     ok_times.sort()
     report.longest_gap_s = max((b - a for a, b in itertools.pairwise(ok_times)), default=0.0)
     for rec in kills:
-        before = [t for t in ok_times if t <= rec.t_kill]
-        after = [t for t in ok_times if t > rec.t_kill]
-        if before and after:
-            rec.gap_s = after[0] - before[-1]
+        rec.gap_s = _kill_gap(ok_times, rec)
     return report
+
+
+def _kill_gap(ok_times: list[float], rec: KillRecord) -> float | None:
+    """The longest gap between successive successful sends from the last one before the
+    kill to the first one after the promotion (a send the dying master answered can land
+    just after the SIGKILL was sent, so the gap is not simply the one around the kill)."""
+    if rec.promotion_s is None:
+        return None
+    promoted = rec.t_kill + rec.promotion_s
+    start = bisect.bisect_right(ok_times, rec.t_kill) - 1
+    end = bisect.bisect_right(ok_times, promoted)
+    if start < 0 or end >= len(ok_times):
+        return None
+    return max(b - a for a, b in itertools.pairwise(ok_times[start:end + 1]))

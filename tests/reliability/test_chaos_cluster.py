@@ -28,3 +28,14 @@ async def test_master_sigkilled_twice_under_transactional_load(tmp_path):
     assert report.ledger.pending_at_end == 0
     assert all(report.ledger.outcomes[k] > 0 for k in ("commit", "rollback", "unknown-commit",
                                                         "unknown-rollback"))
+
+
+def test_kill_gap_spans_kill_to_first_send_after_promotion():
+    # A send the dying master answered lands just after the kill (10.01): the gap that
+    # counts is the one up to the first send after the promotion at 12.0.
+    from txbroker.bench.chaos.cluster import KillRecord, _kill_gap
+
+    ok = [9.0, 9.9, 10.01, 12.3, 12.31, 13.0]
+    assert _kill_gap(ok, KillRecord(victim=0, promotion_s=2.0, t_kill=10.0)) == pytest.approx(2.29)
+    assert _kill_gap(ok, KillRecord(victim=0, promotion_s=None, t_kill=10.0)) is None
+    assert _kill_gap(ok, KillRecord(victim=0, promotion_s=5.0, t_kill=10.0)) is None  # no send after
