@@ -292,10 +292,14 @@ async def run_cluster_chaos(cfg: ClusterChaosConfig) -> ClusterReport:
     procs = ClusterProcesses(root, cfg)
     try:
         await asyncio.to_thread(procs.start)
-        if await _wait_healthy(procs.controller.addr, cfg.rejoin_timeout) is None:
+        info = await _wait_healthy(procs.controller.addr, cfg.rejoin_timeout)
+        if info is None:
             raise RuntimeError(f"the group never had a master with both brokers in sync; logs in {root}")
         async with AdminClient(procs.namesrv.addr) as admin:
             await admin.create_topic(cfg.topic, 4)
+        # The name server learns the topic at the master's next registration.
+        if not await _wait_routed(procs.namesrv.addr, cfg.topic, info.master_addr, cfg.rejoin_timeout):
+            raise RuntimeError(f"the name server never routed {cfg.topic}; logs in {root}")
         return await _run(cfg, procs)
     finally:
         await asyncio.to_thread(procs.stop)
