@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -90,8 +89,7 @@ class Roles:
     """Master or slave, for one clustered broker (a :class:`RoleHost`).  Event-loop only."""
 
     def __init__(self, broker: RoleHost, ha_sock: socket.socket,
-                 bind: Callable[[str, int], socket.socket],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 bind: Callable[[str, int], socket.socket]) -> None:
         self.broker = broker
         self.config = broker.config
         #: The HA listener bound at start (the port stays this broker's HA address); a
@@ -99,7 +97,6 @@ class Roles:
         self._ha_sock: socket.socket | None = ha_sock
         self._ha_host, self.ha_port = ha_sock.getsockname()[:2]
         self._bind = bind
-        self.clock = clock
         self.is_master = False
         self.epoch = 0
         #: The master's client address and HA address, as last learned (slaves).
@@ -122,8 +119,6 @@ class Roles:
         self._acknowledged_end = 0
         self._altering = asyncio.Lock()
         self._background: set[asyncio.Task] = set()
-        #: (seconds the last promotion took, at monotonic time); tests and status read it.
-        self.last_promotion: tuple[float, float] | None = None
 
     @property
     def controller_mode(self) -> bool:
@@ -175,9 +170,6 @@ class Roles:
             await self.link.close()
         await self._stop_following()
         await self._stop_serving()
-        if self._ha_sock is not None:
-            self._ha_sock.close()
-            self._ha_sock = None
 
     def _replica_state(self) -> ReplicaState:
         store = self.broker.store
@@ -224,7 +216,6 @@ class Roles:
 
     async def _to_master(self, epoch: int, sync_state_set: set[int] | None = None) -> None:
         async with self._switching:
-            started = time.perf_counter()
             broker = self.broker
             store = broker.store
             assert store is not None
@@ -249,7 +240,6 @@ class Roles:
                 await broker.resume_master_services()
             self.is_master = True
             store.fence("")
-            self.last_promotion = (time.perf_counter() - started, self.clock())
             log.warning("broker %s/%d is now the master (epoch %d, log ends at %d)",
                         self.config.broker_name, self.config.broker_id, epoch,
                         store.max_physical_offset)
@@ -264,9 +254,6 @@ class Roles:
             was_master = self.is_master
             self.is_master = False
             await self._stop_serving()
-            if self._ha_sock is not None:  # a slave serves no HA connection
-                self._ha_sock.close()
-                self._ha_sock = None
             if was_master:
                 await broker.suspend_master_services()
                 log.warning("broker %s/%d is no longer the master", self.config.broker_name,
@@ -283,6 +270,10 @@ class Roles:
             broker.registration_changed()
 
     async def _stop_serving(self) -> None:
+        """No HA service: a slave's, or a stopping broker's (the start-up socket too)."""
+        if self._ha_sock is not None:
+            self._ha_sock.close()
+            self._ha_sock = None
         store = self.broker.store
         if store is not None:
             store.set_replication(None)

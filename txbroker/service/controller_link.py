@@ -20,7 +20,6 @@ the first that answers and moves on when it fails.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -40,6 +39,7 @@ from txbroker.remoting.controller_headers import (
     encode_sync_state_set,
 )
 from txbroker.remoting.headers import HeaderError
+from txbroker.service.repeating import Repeating
 
 log = logging.getLogger(__name__)
 
@@ -106,25 +106,21 @@ class ControllerLink:
         self._clock = clock
         self._index = 0
         self._client: RemotingClient | None = None
-        self._task: asyncio.Task | None = None
+        self._heartbeats = Repeating(self.heartbeat, config.controller_heartbeat_interval,
+                                     what="controller heartbeat",
+                                     errors=(ControllerError, OSError, TimeoutError))
         self._applying = asyncio.Lock()
         #: The last master the controller named (None before the first answer).
         self.master: MasterInfo | None = None
         #: Sending time (``clock``) of the last heartbeat the controller answered.
         self.renewed_at = float("-inf")
-        self._failing = False
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._heartbeats(), name="txbroker-controller-heartbeat")
+        self._heartbeats.start()
 
     async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._heartbeats.close()
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -195,21 +191,6 @@ class ControllerLink:
         await self._learn(info)
         return info
 
-    async def _heartbeats(self) -> None:
-        while True:
-            try:
-                await self.heartbeat()
-                if self._failing:
-                    log.info("controller %s answers heartbeats again", self._addr())
-                self._failing = False
-            except (ControllerError, OSError, TimeoutError) as exc:
-                if not self._failing:
-                    log.warning("controller heartbeat failed: %s", exc)
-                self._failing = True
-            except Exception:
-                log.exception("controller heartbeat failed")
-            await asyncio.sleep(self.config.controller_heartbeat_interval)
-
     async def _learn(self, info: MasterInfo) -> None:
         """Hand a changed master (or epoch) to the broker, one change at a time."""
         async with self._applying:
@@ -230,7 +211,7 @@ class ControllerLink:
         except ControllerError as exc:
             log.warning("ignored a role-change notice: %s", exc)
             return None
-        asyncio.get_running_loop().create_task(self._learn(info))
+        await self._learn(info)  # client handlers run on tasks of their own
         return cmd.response(ResponseCode.SUCCESS) if not cmd.flag & 2 else None
 
     def _addr(self) -> str:

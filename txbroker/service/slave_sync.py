@@ -12,8 +12,6 @@ failover, never miss anything.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
@@ -22,6 +20,7 @@ import orjson
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
+from txbroker.service.repeating import Repeating
 from txbroker.service.topics import TopicConfig, TopicManager
 from txbroker.store.offsets import ConsumerOffsetStore
 
@@ -72,37 +71,17 @@ class SlaveSync:
         self.interval = interval
         self._master_addr = master_addr
         self._client: RemotingClient | None = None
-        self._task: asyncio.Task | None = None
-        #: Syncs completed (tests and ``txbroker status`` read it).
-        self.synced = 0
-        self._failing = False
+        self._rounds = Repeating(self.sync_once, interval, what="metadata sync from the master",
+                                 errors=(OSError, TimeoutError, ValueError, KeyError, TypeError))
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="txbroker-slave-sync")
+        self._rounds.start()
 
     async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._rounds.close()
         if self._client is not None:
             await self._client.close()
             self._client = None
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.sync_once()
-                if self._failing:
-                    log.info("metadata sync from the master works again")
-                self._failing = False
-            except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:
-                if not self._failing:
-                    log.warning("metadata sync from the master failed: %s", exc)
-                self._failing = True
-            await asyncio.sleep(self.interval)
 
     async def sync_once(self) -> bool:
         """One round; False when no master address is known yet."""
@@ -120,7 +99,6 @@ class SlaveSync:
             have = self.offsets.get(group, topic, qid)
             if have is None or offset > have:
                 self.offsets.set(group, topic, qid, offset)
-        self.synced += 1
         return True
 
     async def _ask(self, code: int, addr: str) -> bytes:
