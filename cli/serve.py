@@ -119,6 +119,18 @@ _OPTIONS: dict[str, _Opt] = {
     "controller_lease": _Opt("SECONDS", "controller mode: a master that has not renewed its lease "
                                         "within this stops accepting writes; the controller "
                                         "promotes a slave after it"),
+    "kafka_port": _Opt("PORT", "Kafka-protocol listener (Kafka clients, same topics and store; "
+                               "0 = ephemeral, -1 = off)"),
+    "kafka_transaction_max_timeout": _Opt("SECONDS", "longest transaction.timeout.ms a Kafka "
+                                                     "producer may ask for"),
+    "kafka_transaction_scan_interval": _Opt("SECONDS", "how often open Kafka transactions are "
+                                                       "checked for their timeout"),
+    "kafka_group_initial_rebalance_delay": _Opt("SECONDS", "a new Kafka consumer group waits this "
+                                                           "long for more members first"),
+    "kafka_group_min_session_timeout": _Opt("SECONDS", "shortest Kafka consumer session timeout "
+                                                       "accepted"),
+    "kafka_group_max_session_timeout": _Opt("SECONDS", "longest Kafka consumer session timeout "
+                                                       "accepted"),
     "acl_file": _Opt("PATH", "RocketMQ plain_acl.yml; setting it turns access control on",
                      "unset: access control off"),
 }

@@ -128,6 +128,21 @@ class BrokerConfig:
     controller_heartbeat_interval: float = 0.5
     controller_lease: float = 3.0
 
+    # --- Kafka listener (docs/kafka.md) ---------------------------------------------------------
+    #: Kafka-protocol listener on ``listen_host``; -1 = off (the default), 0 = ephemeral.
+    kafka_port: int = -1
+    #: Largest ``transaction.timeout.ms`` a Kafka producer may ask for (Kafka's
+    #: ``transaction.max.timeout.ms``, 15 min); longer is INVALID_TRANSACTION_TIMEOUT.
+    kafka_transaction_max_timeout: float = 900.0
+    #: How often open Kafka transactions are checked against their timeout (aborted past it).
+    kafka_transaction_scan_interval: float = 1.0
+    #: A new consumer group waits this long for more members before its first assignment
+    #: (Kafka's ``group.initial.rebalance.delay.ms``).
+    kafka_group_initial_rebalance_delay: float = 3.0
+    #: Bounds on a Kafka consumer's session timeout (``group.min/max.session.timeout.ms``).
+    kafka_group_min_session_timeout: float = 6.0
+    kafka_group_max_session_timeout: float = 1800.0
+
     # --- shutdown ------------------------------------------------------------------------
     shutdown_grace: float = 5.0
 
@@ -158,7 +173,7 @@ def _validate(c: BrokerConfig) -> None:
 
     for name in ("broker_port",):
         need(0 <= getattr(c, name) <= 65535, name, "must be a port number 0..65535")
-    for name in ("namesrv_port", "metrics_port", "ha_port"):
+    for name in ("namesrv_port", "metrics_port", "ha_port", "kafka_port"):
         need(-1 <= getattr(c, name) <= 65535, name, "must be -1 (off) or a port number 0..65535")
     need(c.flush_mode in ("async", "sync"), "flush_mode", "must be 'async' or 'sync'")
     need(c.segment_size >= 64 * 1024, "segment_size", "must be at least 64 KiB")
@@ -170,8 +185,14 @@ def _validate(c: BrokerConfig) -> None:
     for name in ("flush_interval", "sync_flush_timeout", "offset_persist_interval",
                  "transaction_check_interval", "file_reserved_time", "max_pull_suspend",
                  "shutdown_grace", "slave_timeout", "register_interval", "metadata_sync_interval",
-                 "controller_heartbeat_interval", "controller_lease"):
+                 "controller_heartbeat_interval", "controller_lease",
+                 "kafka_transaction_max_timeout", "kafka_transaction_scan_interval",
+                 "kafka_group_min_session_timeout"):
         need(getattr(c, name) > 0, name, "must be > 0")
+    need(c.kafka_group_initial_rebalance_delay >= 0, "kafka_group_initial_rebalance_delay",
+         "must be >= 0")
+    need(c.kafka_group_max_session_timeout >= c.kafka_group_min_session_timeout,
+         "kafka_group_max_session_timeout", "must be >= kafka_group_min_session_timeout")
     need(c.transaction_timeout >= 0, "transaction_timeout", "must be >= 0")
     for name in ("transaction_check_max", "check_concurrency", "default_queue_nums",
                  "max_connections", "max_inflight_per_connection"):

@@ -59,7 +59,30 @@ class BrokerMetrics:
         self.decision_latency = histogram("tx_decision_latency_seconds",
                                           "Time from half stored to commit or rollback",
                                           LATENCY_BUCKETS)
+        # --- Kafka listener (docs/kafka.md) ----------------------------------------------
+        self.kafka_requests = counter("kafka_requests", "Kafka requests handled by API", ["api"])
+        self.kafka_records_produced = counter("kafka_records_produced",
+                                              "Records stored from Kafka Produce requests "
+                                              "(transactional ones when committed)")
+        self.kafka_records_fetched = counter("kafka_records_fetched",
+                                             "Records returned by Kafka Fetch requests")
+        self.kafka_duplicate_batches = counter("kafka_duplicate_batches",
+                                               "Idempotent batches answered as duplicates "
+                                               "(not stored again)")
+        self.kafka_txn_started = counter("kafka_txn_started", "Kafka transactions begun")
+        self.kafka_txn_committed = counter("kafka_txn_committed", "Kafka transactions committed")
+        self.kafka_txn_aborted = counter("kafka_txn_aborted", "Kafka transactions aborted",
+                                         ["reason"])  # client, timeout, fenced, operator
+        self.kafka_producers_fenced = counter("kafka_producers_fenced",
+                                              "Kafka producer epochs fenced by a newer one")
+        self.kafka_txn_duration = histogram("kafka_txn_duration_seconds",
+                                            "Time from a Kafka transaction's start to its end",
+                                            LATENCY_BUCKETS)
         r.register(loop)
+        self.kafka_txn_open = Gauge("kafka_txn_open", "Kafka transactions open (ongoing)",
+                                    namespace=ns, registry=r)
+        self.kafka_groups = Gauge("kafka_groups", "Kafka consumer groups with members",
+                                  namespace=ns, registry=r)
         self.pending = Gauge("tx_pending", "Half messages waiting for a decision",
                              namespace=ns, registry=r)
         self.discarded = Gauge("tx_discarded", "Discarded half messages not yet resolved",
