@@ -4,7 +4,7 @@ A batch is a 61-byte header (base offset, length, leader epoch, magic, CRC-32C o
 from the attributes on, then producer id/epoch/base sequence and the record count) followed by
 the records, compressed as one blob when the attributes name a codec.  Each record is
 zig-zag-varint framed.  The broker decodes every produced record and encodes every fetched
-one, so the record loops below are written flat: locals, a one-byte fast path for varints,
+one, so the record loops below are written flat: locals, one- and two-byte fast paths for varints,
 no per-field calls."""
 
 from __future__ import annotations
@@ -126,6 +126,10 @@ def _decode_records(buf: bytes, count: int, base_timestamp: int) -> list[Record]
             if b < 0x80:
                 length = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif buf[pos + 1] < 0x80:
+                z = (b & 0x7F) | (buf[pos + 1] << 7)
+                length = (z >> 1) ^ -(z & 1)
+                pos += 2
             else:
                 length, pos = slow(buf, pos)
             end = pos + length
@@ -134,18 +138,30 @@ def _decode_records(buf: bytes, count: int, base_timestamp: int) -> list[Record]
             if b < 0x80:
                 ts_delta = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif buf[pos + 1] < 0x80:
+                z = (b & 0x7F) | (buf[pos + 1] << 7)
+                ts_delta = (z >> 1) ^ -(z & 1)
+                pos += 2
             else:
                 ts_delta, pos = slow(buf, pos)
             b = buf[pos]
             if b < 0x80:
                 offset_delta = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif buf[pos + 1] < 0x80:
+                z = (b & 0x7F) | (buf[pos + 1] << 7)
+                offset_delta = (z >> 1) ^ -(z & 1)
+                pos += 2
             else:
                 offset_delta, pos = slow(buf, pos)
             b = buf[pos]
             if b < 0x80:
                 n = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif buf[pos + 1] < 0x80:
+                z = (b & 0x7F) | (buf[pos + 1] << 7)
+                n = (z >> 1) ^ -(z & 1)
+                pos += 2
             else:
                 n, pos = slow(buf, pos)
             if n < 0:
@@ -157,6 +173,10 @@ def _decode_records(buf: bytes, count: int, base_timestamp: int) -> list[Record]
             if b < 0x80:
                 n = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif buf[pos + 1] < 0x80:
+                z = (b & 0x7F) | (buf[pos + 1] << 7)
+                n = (z >> 1) ^ -(z & 1)
+                pos += 2
             else:
                 n, pos = slow(buf, pos)
             if n < 0:
@@ -168,6 +188,10 @@ def _decode_records(buf: bytes, count: int, base_timestamp: int) -> list[Record]
             if b < 0x80:
                 n = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif buf[pos + 1] < 0x80:
+                z = (b & 0x7F) | (buf[pos + 1] << 7)
+                n = (z >> 1) ^ -(z & 1)
+                pos += 2
             else:
                 n, pos = slow(buf, pos)
             headers = []
