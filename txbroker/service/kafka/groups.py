@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections import Counter
@@ -33,6 +34,8 @@ PREPARING = "PreparingRebalance"
 COMPLETING = "CompletingRebalance"
 STABLE = "Stable"
 DEAD = "Dead"
+
+log = logging.getLogger(__name__)
 
 #: The longest the timer task sleeps without looking at its deadlines (a safety net only:
 #: every change that moves a deadline closer wakes it).
@@ -131,7 +134,10 @@ class GroupCoordinator:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
             self._wake.clear()
-            self.tick()
+            try:
+                self.tick()
+            except Exception:           # a bug in one pass must not stop every later deadline
+                log.exception("kafka group deadlines: tick failed")
 
     def next_deadline(self) -> float | None:
         """The earliest time :meth:`tick` has something to do."""
