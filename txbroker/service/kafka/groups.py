@@ -11,8 +11,7 @@ timeouts, the initial rebalance delay, pending member ids) is checked by :meth:`
 coordinator's task runs whenever the next deadline is due.  Unit tests call ``tick()`` after
 moving a manual clock, with no task and no sleeping.
 
-The group state lives in memory: a broker restart makes every consumer rejoin (its committed
-offsets are in the store's offset table, which survives)."""
+Group state is memory only: after a restart consumers rejoin (offsets are in the store)."""
 
 from __future__ import annotations
 
