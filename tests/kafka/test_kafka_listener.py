@@ -75,8 +75,10 @@ async def test_api_versions_v3_bad_software_name_is_invalid_request(kafka_broker
 async def test_api_versions_v4_gets_kafkas_v0_error_and_the_connection_stays(kafka_broker) -> None:
     wire = await Wire.open(kafka_broker.kafka_port)
     try:
-        wire.send(ApiKey.API_VERSIONS, 4, 7, {"client_software_name": "x",
-                                              "client_software_version": "1"})
+        # v4 has v3's layout: a v3 request with the version field rewritten.
+        v3 = encode_request(ApiKey.API_VERSIONS, 3, 7, "t", {"client_software_name": "x",
+                                                            "client_software_version": "1"})
+        wire.writer.write(v3[:6] + (4).to_bytes(2, "big") + v3[8:])
         size = await asyncio.wait_for(wire.reader.readexactly(4), WAIT)
         rest = await asyncio.wait_for(wire.reader.readexactly(16), WAIT)
         assert (size + rest).hex() == "00000010" "00000007" "0023" "00000001" "0012" "0000" "0003"
