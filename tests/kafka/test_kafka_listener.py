@@ -252,7 +252,8 @@ def test_kafka_port_clash_is_one_line_from_serve(tmp_path) -> None:
 async def test_serve_ready_line_names_the_kafka_port(tmp_path) -> None:
     cmd = [sys.executable, "-c", "from txbroker.cli.main import main; main()", "serve",
            "--data-dir", str(tmp_path / "d"), "--broker-port", "0", "--namesrv-port", "-1",
-           "--kafka-port", "0", "--segment-size", str(1 << 20)]
+           "--kafka-port", "0", "--segment-size", str(1 << 20),
+           "--max-message-size", str(64 << 10)]
     p = await asyncio.create_subprocess_exec(*cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE,
                                              stderr=subprocess.PIPE)
     try:
