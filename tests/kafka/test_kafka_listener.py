@@ -283,3 +283,20 @@ def _raw_request(key: int, version: int, corr: int, body: bytes = b"") -> bytes:
     payload = (key.to_bytes(2, "big", signed=True) + version.to_bytes(2, "big")
                + corr.to_bytes(4, "big") + len(client).to_bytes(2, "big") + client + body)
     return len(payload).to_bytes(4, "big") + payload
+
+
+async def test_connections_beyond_max_connections_are_closed(kafka_config) -> None:
+    from txbroker.broker import Broker
+
+    async with Broker(kafka_config.replace(max_connections=1)) as broker:
+        first = await Wire.open(broker.kafka_port)
+        second = None
+        try:
+            assert (await first.call(ApiKey.API_VERSIONS, 0, 1, {}))["error_code"] == 0
+            second = await Wire.open(broker.kafka_port)
+            assert await second.closed()
+            assert (await first.call(ApiKey.API_VERSIONS, 0, 2, {}))["error_code"] == 0
+        finally:
+            first.close()
+            if second is not None:
+                second.close()
