@@ -9,8 +9,8 @@ validation and one error format.  An invalid value prints one ``error:`` line an
 Start-up logs one block at INFO (addresses, data dir, what recovery did, key settings); every
 setting is logged at DEBUG, and ``--print-config`` prints them as TOML and exits before binding
 or touching anything.  Once every port listens, exactly one line
-``txbroker ready broker=HOST:PORT namesrv=HOST:PORT`` goes to stdout (tests and scripts wait
-for it; with ``--namesrv-addr`` the broker registers with those name servers instead of
+``txbroker ready broker=HOST:PORT namesrv=HOST:PORT`` (plus `` kafka=HOST:PORT`` when the Kafka
+listener is on) goes to stdout (tests and scripts wait for it; with ``--namesrv-addr`` the broker registers with those name servers instead of
 embedding one, and ``namesrv=`` shows that list); logs go to stderr.  A port clash or a data directory held by another broker is one
 ``error:`` line naming the address or the directory (and the holder's pid), exit 1.
 """
@@ -249,7 +249,10 @@ async def _run(config: BrokerConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    click.echo(f"txbroker ready broker={broker.broker_addr} namesrv={broker.namesrv_addr}")
+    ready = f"txbroker ready broker={broker.broker_addr} namesrv={broker.namesrv_addr}"
+    if broker.kafka_port >= 0:
+        ready += f" kafka={broker.host}:{broker.kafka_port}"
+    click.echo(ready)
     sys.stdout.flush()
     await stop.wait()
     log.info("shutting down (grace %.1fs)", config.shutdown_grace)

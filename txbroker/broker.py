@@ -14,9 +14,14 @@ there is no embedded name server at all: the broker registers with the configure
 once its ports listen (:class:`~txbroker.service.registration.BrokerRegistrar`), again whenever
 a topic changes, and unregisters first thing at stop.
 
-Shutdown order (``stop``): stop accepting and answer held pulls, drain in-flight requests within
-``shutdown_grace``, stop the transaction service (no check-back may start against a closing
-store), then close the store (final flush, offsets, clean-shutdown marker).
+The Kafka listener (``kafka_port``, -1 = off; docs/kafka.md) is bound with the other ports; its
+transaction coordinator replays its system topics right after the store opens, before any
+listener serves.
+
+Shutdown order (``stop``): stop accepting and answer held pulls and long-polling Kafka fetches,
+drain in-flight requests (both protocols) within ``shutdown_grace``, stop the transaction
+service (no check-back may start against a closing store) and the Kafka group and transaction
+coordinators, then close the store (final flush, offsets, clean-shutdown marker).
 """
 
 from __future__ import annotations
@@ -42,6 +47,13 @@ from txbroker.roles import Roles
 from txbroker.service.acl import AclGuard
 from txbroker.service.acl_rules import load_acl_file
 from txbroker.service.clients import ClientRegistry
+from txbroker.service.kafka.coordinator import TransactionCoordinator
+from txbroker.service.kafka.data import KafkaData
+from txbroker.service.kafka.group_api import group_handlers
+from txbroker.service.kafka.groups import GroupCoordinator
+from txbroker.service.kafka.listener import KafkaListener
+from txbroker.service.kafka.metadata import KafkaMetadata
+from txbroker.service.kafka.txn_api import txn_handlers
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.namesrv import NameServer
 from txbroker.service.processors.admin import AdminProcessor
@@ -114,6 +126,13 @@ class Broker:
         self.broker_port = 0
         self.namesrv_port = -1
         self.metrics_port = -1
+        #: The bound Kafka port (-1 when the Kafka listener is off).
+        self.kafka_port = -1
+        self.kafka: KafkaListener | None = None
+        self.kafka_data: KafkaData | None = None
+        self.groups: GroupCoordinator | None = None
+        self.kafka_txn: TransactionCoordinator | None = None
+        self._kafka_sock: socket.socket | None = None
         #: Built by :meth:`start` once the store holds the data directory's lock.
         self.topics: TopicManager | None = None
         self.registry = ClientRegistry(clock=clock)
@@ -157,7 +176,8 @@ class Broker:
             acl = (f"on: {len(rules.accounts)} account(s), {len(rules.global_white)} globally "
                    f"white-listed pattern(s) from {cfg.acl_file}")
         broker_sock, ns_sock, metrics_sock = self._bind_listeners()
-        socks = [s for s in (broker_sock, ns_sock, metrics_sock, self._ha_sock) if s is not None]
+        socks = [s for s in (broker_sock, ns_sock, metrics_sock, self._ha_sock, self._kafka_sock)
+                 if s is not None]
         self.store = MessageStore(cfg, clock=self.clock, store_host=(self.host, self.broker_port),
                                   disk_usage=self.disk_usage)
         try:
@@ -170,6 +190,12 @@ class Broker:
         self._started = True
         try:
             self.topics = TopicManager(cfg)
+            if self._kafka_sock is not None:
+                # Kafka transaction state is replayed from its system topics before any
+                # request can see it.
+                self.kafka_txn = TransactionCoordinator(cfg, self.store, self.topics,
+                                                        self.metrics, clock=self.clock)
+                self.kafka_txn.recover()
             await self._start_services(broker_sock, ns_sock, metrics_sock)
         except BaseException:
             for s in socks:
@@ -187,6 +213,8 @@ class Broker:
             wanted.append((cfg.listen_host, cfg.namesrv_port, "name-server port"))
         if cfg.metrics_port >= 0:
             wanted.append((METRICS_HOST, cfg.metrics_port, "metrics port"))
+        if cfg.kafka_port >= 0:
+            wanted.append((cfg.listen_host, cfg.kafka_port, "Kafka port"))
         bound: dict[str, socket.socket] = {}
         try:
             for host, port, what in wanted:
@@ -209,6 +237,8 @@ class Broker:
                 raise
         ns_sock = bound.get("name-server port")
         metrics_sock = bound.get("metrics port")
+        self._kafka_sock = bound.get("Kafka port")
+        self.kafka_port = self._kafka_sock.getsockname()[1] if self._kafka_sock is not None else -1
         self.broker_port = broker_sock.getsockname()[1]
         self.namesrv_port = ns_sock.getsockname()[1] if ns_sock is not None else -1
         self.metrics_port = metrics_sock.getsockname()[1] if metrics_sock is not None else -1
@@ -234,6 +264,9 @@ class Broker:
             flush = f"sync: acknowledged once on disk (flush timeout {format_seconds(cfg.sync_flush_timeout)})"
         else:
             flush = f"async: flushed every {format_seconds(cfg.flush_interval)}"
+        kafka = f"{cfg.listen_host}:{self.kafka_port}" if self.kafka_port >= 0 else "off"
+        if self.kafka_port >= 0 and cfg.listen_host != self.host:
+            kafka += f" (advertised as {self.host}:{self.kafka_port})"
         checks = (f"check every {format_seconds(cfg.transaction_check_interval)}, first check after "
                   f"{format_seconds(cfg.transaction_timeout)}, at most {cfg.transaction_check_max} checks")
         topics = (f"auto-create {'on' if cfg.auto_create_topic else 'off'}, "
@@ -248,6 +281,7 @@ class Broker:
             ("broker port", listen),
             ("name server", namesrv),
             ("metrics", metrics),
+            ("kafka", kafka),
             ("data dir", os.path.abspath(cfg.data_dir)),
             ("store", report.describe()),
             ("commitlog", f"{seg} segment files, preallocated in full: {first_use}"),
@@ -301,6 +335,8 @@ class Broker:
             await self.namesrv_server.start(cfg.listen_host, self.namesrv_port, sock=ns_sock)
         if metrics_sock is not None:
             self._metrics_server = await asyncio.start_server(self._serve_metrics, sock=metrics_sock)
+        if self._kafka_sock is not None:
+            await self._start_kafka()
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txbroker-housekeeping")
         if cfg.namesrv_addr:
             assert self._ha_sock is not None
@@ -314,6 +350,22 @@ class Broker:
                                              on_master=roles.learned_master)
             self.topics.add_listener(self.registrar.trigger)
             await self.registrar.start()
+
+    async def _start_kafka(self) -> None:
+        """The Kafka listener and its coordinators (docs/kafka.md)."""
+        cfg = self.config
+        assert self.kafka_txn is not None and self._kafka_sock is not None
+        self.groups = GroupCoordinator(cfg, self.metrics)
+        await self.groups.start()
+        await self.kafka_txn.start()
+        self.kafka_data = KafkaData(cfg, self.store, self.topics, self.metrics, self.kafka_txn)
+        handlers = KafkaMetadata(cfg, self.topics, host=self.host, port=self.kafka_port).handlers()
+        handlers.update(self.kafka_data.handlers())
+        handlers.update(group_handlers(self.groups, self.store, self.topics))
+        handlers.update(txn_handlers(self.kafka_txn))
+        self.kafka = KafkaListener(cfg, handlers, self.metrics)
+        sock, self._kafka_sock = self._kafka_sock, None
+        await self.kafka.start(sock)
 
     # --- what a role switches on and off (roles.py) -------------------------------------------
     def tx_active(self) -> bool:
@@ -400,12 +452,21 @@ class Broker:
         if self._metrics_server is not None:
             self._metrics_server.close()
         self.holds.wake_all()
-        servers = [s for s in (self.server, self.namesrv_server) if s is not None]
+        if self.kafka_data is not None:
+            self.kafka_data.close()
+        if self._kafka_sock is not None:  # bound, never served
+            self._kafka_sock.close()
+        servers = [s for s in (self.server, self.namesrv_server, self.kafka) if s is not None]
         await asyncio.gather(*(s.close(grace) for s in servers), return_exceptions=True)
         if self.schedule is not None:
             await self.schedule.close()
         if self.tx is not None:
             await self.tx.close()
+        # The Kafka coordinators write to the store: closed before it.
+        if self.groups is not None:
+            await self.groups.close()
+        if self.kafka_txn is not None:
+            await self.kafka_txn.close()
         if self.store is not None:
             await self.store.close()
         log.info("broker %s stopped", self.config.broker_name)

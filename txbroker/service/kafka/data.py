@@ -1,0 +1,329 @@
+"""Produce, Fetch and ListOffsets: Kafka's data path on txbroker's store.
+
+A partition is a queue and a partition offset the queue offset (docs/kafka.md, "Produce and
+fetch").  Produce decodes each partition's one RecordBatch, lets the transaction coordinator
+check it (idempotence, fencing, KIP-890) and stores its records with one ``put_batch``;
+transactional batches go to the coordinator, which appends them only at commit.  So every
+record a partition holds is committed: Fetch builds one plain RecordBatch per partition from
+the stored messages, read_committed and read_uncommitted alike, with the last stable offset
+equal to the high watermark.  Long polls wait on the store's append callbacks, never on a
+timer loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from txbroker.config import BrokerConfig
+from txbroker.remoting.kafka.apis import ApiKey
+from txbroker.remoting.kafka.errors import ErrorCode
+from txbroker.remoting.kafka.records import RecordsError, encode_batch, read_batches
+from txbroker.service.kafka.context import Handler, KafkaRequestContext
+from txbroker.service.kafka.mapping import message_to_record, record_to_message
+from txbroker.service.kafka.metadata import lookup_topic
+from txbroker.service.metrics import BrokerMetrics
+from txbroker.service.topics import TopicManager
+from txbroker.store.message_store import MessageStore
+from txbroker.store.record import RecordError, decode_records
+from txbroker.store.results import PutStatus
+
+if TYPE_CHECKING:
+    from txbroker.service.kafka.coordinator import TransactionCoordinator
+
+log = logging.getLogger("txbroker.kafka")
+
+#: Records read per partition per fetch at most (the byte limits usually stop it first).
+MAX_FETCH_RECORDS = 10000
+#: Kafka's compression codec id of zstd, allowed in Produce from v7 only.
+ZSTD = 4
+
+#: A refused put -> the Kafka error of the partition's answer.
+_PUT_ERRORS = {
+    PutStatus.SERVICE_NOT_AVAILABLE: ErrorCode.KAFKA_STORAGE_ERROR,
+    PutStatus.MESSAGE_ILLEGAL: ErrorCode.MESSAGE_TOO_LARGE,
+    PutStatus.PROPERTIES_SIZE_EXCEEDED: ErrorCode.INVALID_RECORD,
+    PutStatus.FLUSH_DISK_TIMEOUT: ErrorCode.REQUEST_TIMED_OUT,
+    PutStatus.FLUSH_SLAVE_TIMEOUT: ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    PutStatus.SLAVE_NOT_AVAILABLE: ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+}
+
+
+def _peer_host(peer: str) -> tuple[str, int]:
+    host, _, port = peer.rpartition(":")
+    try:
+        return host.strip("[]") or "127.0.0.1", int(port)
+    except ValueError:
+        return "127.0.0.1", 0
+
+
+class FetchWaiters:
+    """Long-polling fetches waiting for appends to their queues (store listener)."""
+
+    def __init__(self) -> None:
+        self._waiters: dict[tuple[str, int], set[asyncio.Future]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self.closing = False
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
+
+    def on_put(self, topic: str, queue_id: int, _max_offset: int) -> None:
+        """Store listener, called per append: a dict miss when nobody waits."""
+        key = (topic, queue_id)
+        if key not in self._waiters:
+            return
+        if threading.get_ident() != self._loop_thread and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake, key)
+        else:
+            self._wake(key)
+
+    def _wake(self, key: tuple[str, int]) -> None:
+        for fut in self._waiters.pop(key, ()):
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait(self, keys: list[tuple[str, int]], timeout: float) -> None:
+        """Until an append to one of ``keys``, ``timeout`` seconds or :meth:`wake_all`."""
+        if self.closing or timeout <= 0:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        for key in keys:
+            self._waiters.setdefault(key, set()).add(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            for key in keys:
+                waiting = self._waiters.get(key)
+                if waiting is not None:
+                    waiting.discard(fut)
+                    if not waiting:
+                        del self._waiters[key]
+
+    def wake_all(self) -> None:
+        """Shutdown: every waiting fetch answers now with what it has."""
+        self.closing = True
+        for key in list(self._waiters):
+            self._wake(key)
+
+
+class KafkaData:
+    """Handlers of Produce, Fetch and ListOffsets."""
+
+    def __init__(self, config: BrokerConfig, store: MessageStore, topics: TopicManager,
+                 metrics: BrokerMetrics, coordinator: TransactionCoordinator) -> None:
+        self.config = config
+        self.store = store
+        self.topics = topics
+        self.metrics = metrics
+        self.coordinator = coordinator
+        self.waiters = FetchWaiters()
+        self.waiters.bind(asyncio.get_running_loop())
+        store.add_listener(self.waiters.on_put)
+
+    def handlers(self) -> dict[int, Handler]:
+        return {ApiKey.PRODUCE: self.produce, ApiKey.FETCH: self.fetch,
+                ApiKey.LIST_OFFSETS: self.list_offsets}
+
+    def close(self) -> None:
+        """Answer every long-polling fetch now (the broker is stopping)."""
+        self.waiters.wake_all()
+
+    # --- Produce ----------------------------------------------------------------------------
+    async def produce(self, ctx: KafkaRequestContext, body: dict) -> dict | None:
+        acks = body.get("acks", 1)
+        txn_id = body.get("transactional_id")
+        born_host = _peer_host(ctx.peer)
+        responses = []
+        for td in body.get("topic_data") or ():
+            name = td["name"]
+            parts = []
+            for pd in td.get("partition_data") or ():
+                index = pd["index"]
+                if acks not in (0, 1, -1):
+                    error, base = ErrorCode.INVALID_REQUIRED_ACKS, -1
+                else:
+                    error, base = await self._produce_partition(
+                        ctx, txn_id, name, index, pd.get("records"), born_host, acks)
+                parts.append({"index": index, "error_code": error, "base_offset": base,
+                              "log_append_time_ms": -1,
+                              "log_start_offset": self.store.min_offset(name, index)
+                              if error == ErrorCode.NONE else -1})
+            responses.append({"name": name, "partition_responses": parts})
+        if acks == 0:
+            return None
+        return {"responses": responses, "throttle_time_ms": 0}
+
+    async def _produce_partition(self, ctx: KafkaRequestContext, txn_id: str | None, topic: str,
+                                 partition: int, data: bytes | None, born_host: tuple[str, int],
+                                 acks: int) -> tuple[ErrorCode, int]:
+        """(error, base offset) of one partition's batch."""
+        tc, error = await lookup_topic(self.topics, self.config, topic, auto_create=True)
+        if tc is None:
+            return error, -1
+        if not 0 <= partition < tc.write_queue_nums:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1
+        if not data:
+            return ErrorCode.INVALID_RECORD, -1
+        if len(data) > self.config.max_message_size:
+            return ErrorCode.MESSAGE_TOO_LARGE, -1
+        try:
+            batches = read_batches(data)
+            if len(batches) != 1:
+                return ErrorCode.INVALID_RECORD, -1
+            batch = batches[0]
+            if batch.magic != 2 or batch.is_control:
+                return ErrorCode.INVALID_RECORD, -1
+            if batch.compression == ZSTD and ctx.api_version < 7:
+                return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, -1
+            records = None if batch.is_transactional else batch.records()
+        except RecordsError as exc:
+            log.info("Produce to %s-%d from %s refused: %s", topic, partition, ctx.peer, exc)
+            return exc.error_code, -1
+        coordinator = self.coordinator
+        error, dup = coordinator.check_batch(txn_id, topic, partition, batch)
+        if error != ErrorCode.NONE:
+            return error, -1
+        if dup is not None:
+            return ErrorCode.NONE, dup
+        if records is None:
+            return await coordinator.append_transactional(txn_id, topic, partition, batch), -1
+        if not records:
+            return ErrorCode.INVALID_RECORD, -1
+        msgs = [record_to_message(topic, partition, r, born_host=born_host) for r in records]
+        results = await self.store.put_batch(msgs)
+        base = results[0].queue_offset
+        if all(r.ok for r in results):
+            # Stored, even if the flush or a slave is late: remembered for deduplication, so
+            # a retry after a time-out answer is not stored twice.
+            self.metrics.kafka_records_produced.inc(len(msgs))
+            if batch.producer_id >= 0:
+                coordinator.record_batch(topic, partition, batch, base)
+        bad = next((r for r in results if r.status is not PutStatus.OK), None)
+        if bad is not None and not (bad.ok and acks != -1):
+            if not bad.ok:
+                log.warning("Produce to %s-%d from %s refused by the store: %s %s", topic,
+                            partition, ctx.peer, bad.status.name, bad.reason)
+            return _PUT_ERRORS[bad.status], -1
+        return ErrorCode.NONE, base
+
+    # --- Fetch --------------------------------------------------------------------------------
+    async def fetch(self, ctx: KafkaRequestContext, body: dict) -> dict:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0, body.get("max_wait_ms", 0)) / 1000
+        min_bytes = body.get("min_bytes", 1)
+        committed = body.get("isolation_level", 0) == 1
+        wanted = [(t["topic"], p) for t in body.get("topics") or () for p in t["partitions"]]
+        while True:
+            responses, size, errors = await self._read(wanted, body.get("max_bytes", 0x7FFFFFFF),
+                                                       committed)
+            remaining = deadline - loop.time()
+            if size >= min_bytes or errors or remaining <= 0 or self.waiters.closing:
+                break
+            await self.waiters.wait([(t, p["partition"]) for t, p in wanted], remaining)
+        return {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": responses}
+
+    async def _read(self, wanted: list[tuple[str, dict]], max_bytes: int,
+                    committed: bool) -> tuple[list[dict], int, bool]:
+        """The answer to every partition, its record bytes in all, and whether any partition
+        had an error (which answers at once, as Kafka does)."""
+        by_topic: dict[str, list[dict]] = {}
+        total = 0
+        errors = False
+        store = self.store
+        for topic, p in wanted:
+            qid = p["partition"]
+            answer = {"partition_index": qid, "error_code": 0, "high_watermark": -1,
+                      "last_stable_offset": -1, "log_start_offset": -1,
+                      "aborted_transactions": [] if committed else None,
+                      "preferred_read_replica": -1, "records": None}
+            by_topic.setdefault(topic, []).append(answer)
+            tc, error = await lookup_topic(self.topics, self.config, topic, auto_create=False)
+            if tc is None or not 0 <= qid < tc.read_queue_nums:
+                answer["error_code"] = error if tc is None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                errors = True
+                continue
+            lo, hi = store.min_offset(topic, qid), store.max_offset(topic, qid)
+            answer.update(high_watermark=hi, last_stable_offset=hi, log_start_offset=lo)
+            offset = p["fetch_offset"]
+            if not lo <= offset <= hi:
+                answer["error_code"] = ErrorCode.OFFSET_OUT_OF_RANGE
+                errors = True
+                continue
+            if offset == hi:
+                continue
+            # KIP-74: the first partition with data gets at least one record, whatever the limits.
+            budget = min(p.get("partition_max_bytes", max_bytes), max_bytes - total)
+            if budget <= 0 and total > 0:
+                continue
+            data, count = self._batch(topic, qid, offset, max(budget, 1))
+            if data:
+                answer["records"] = data
+                total += len(data)
+                self.metrics.kafka_records_fetched.inc(count)
+        responses = [{"topic": t, "partitions": parts} for t, parts in by_topic.items()]
+        return responses, total, errors
+
+    def _batch(self, topic: str, qid: int, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """One uncompressed RecordBatch of the stored records from ``offset`` (at least one
+        when any), and how many records it holds."""
+        got = self.store.get(topic, qid, offset, MAX_FETCH_RECORDS, max_bytes)
+        if not got.raw:
+            return b"", 0
+        try:
+            msgs = decode_records(b"".join(got.raw))
+        except RecordError as exc:
+            log.error("fetch %s-%d at %d: unreadable record: %s", topic, qid, offset, exc)
+            return b"", 0
+        records = []
+        expected = offset
+        for m in msgs:
+            if m.queue_offset != expected:  # offsets of one batch must follow each other
+                break
+            records.append(message_to_record(m, expected - offset))
+            expected += 1
+        if not records:
+            return b"", 0
+        return encode_batch(offset, records), len(records)
+
+    # --- ListOffsets --------------------------------------------------------------------------
+    async def list_offsets(self, ctx: KafkaRequestContext, body: dict) -> dict:
+        out = []
+        for t in body.get("topics") or ():
+            name = t["name"]
+            tc, error = await lookup_topic(self.topics, self.config, name, auto_create=False)
+            parts = []
+            for p in t.get("partitions") or ():
+                qid = p["partition_index"]
+                answer = {"partition_index": qid, "error_code": 0, "timestamp": -1, "offset": -1}
+                parts.append(answer)
+                if tc is None or not 0 <= qid < tc.read_queue_nums:
+                    answer["error_code"] = error if tc is None else \
+                        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                answer["offset"], answer["timestamp"] = self._offset_for(name, qid, p["timestamp"])
+            out.append({"name": name, "partitions": parts})
+        return {"throttle_time_ms": 0, "topics": out}
+
+    def _offset_for(self, topic: str, qid: int, timestamp: int) -> tuple[int, int]:
+        """(offset, timestamp): -1 latest (= the LSO too), -2 earliest, else the first record
+        stored at or after ``timestamp`` ms (-1, -1 when there is none)."""
+        store = self.store
+        if timestamp == -1:
+            return store.max_offset(topic, qid), -1
+        if timestamp == -2:
+            return store.min_offset(topic, qid), -1
+        offset = store.offset_by_time(topic, qid, timestamp)
+        if offset >= store.max_offset(topic, qid):
+            return -1, -1
+        got = store.get(topic, qid, offset, 1)
+        if not got.raw:
+            return -1, -1
+        msg = decode_records(got.raw[0])[0]
+        return offset, msg.born_timestamp or msg.store_timestamp

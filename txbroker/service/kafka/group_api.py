@@ -1,0 +1,110 @@
+"""Kafka's group APIs: JoinGroup, SyncGroup, Heartbeat, LeaveGroup (over the
+:class:`GroupCoordinator`) and OffsetCommit, OffsetFetch (over the store's consumer-offset
+table, the one RocketMQ consumers use: a group's position is the same through either protocol).
+
+The offset table holds the next offset to consume per (group, topic, queue id) and nothing
+else: commit metadata strings and retention times are accepted and not kept (OffsetFetch
+answers metadata ""), as docs/kafka.md ("Consumer groups") says."""
+
+from __future__ import annotations
+
+from txbroker.remoting.kafka.apis import ApiKey
+from txbroker.remoting.kafka.errors import ErrorCode
+from txbroker.service.kafka.context import Handler, KafkaRequestContext
+from txbroker.service.kafka.groups import GroupCoordinator
+from txbroker.service.topics import TopicManager
+from txbroker.store.message_store import MessageStore
+
+#: Kafka's default ``offset.metadata.max.bytes``.
+MAX_METADATA_BYTES = 4096
+
+
+def group_handlers(groups: GroupCoordinator, store: MessageStore,
+                   topics: TopicManager) -> dict[int, Handler]:
+    """The handlers of the six group APIs, keyed by API key."""
+
+    async def join_group(ctx: KafkaRequestContext, body: dict) -> dict:
+        return await groups.join(
+            body["group_id"], body["member_id"], client_id=ctx.client_id,
+            api_version=ctx.api_version, session_timeout_ms=body["session_timeout_ms"],
+            rebalance_timeout_ms=body.get("rebalance_timeout_ms", -1),
+            protocol_type=body["protocol_type"],
+            protocols=[(p["name"], p["metadata"]) for p in body["protocols"]],
+            group_instance_id=body.get("group_instance_id"))
+
+    async def sync_group(ctx: KafkaRequestContext, body: dict) -> dict:
+        return await groups.sync(
+            body["group_id"], body["generation_id"], body["member_id"],
+            [(a["member_id"], a["assignment"]) for a in body.get("assignments") or ()])
+
+    async def heartbeat(ctx: KafkaRequestContext, body: dict) -> dict:
+        return {"error_code": groups.heartbeat(body["group_id"], body["generation_id"],
+                                               body["member_id"])}
+
+    async def leave_group(ctx: KafkaRequestContext, body: dict) -> dict:
+        return {"error_code": groups.leave(body["group_id"], body["member_id"])}
+
+    def partition_exists(topic: str, partition: int) -> bool:
+        tc = topics.get(topic)
+        return tc is not None and 0 <= partition < tc.read_queue_nums
+
+    async def offset_commit(ctx: KafkaRequestContext, body: dict) -> dict:
+        group_id = body["group_id"]
+        generation = body.get("generation_id_or_member_epoch", body.get("generation_id", -1))
+        if not group_id:
+            verdict = ErrorCode.INVALID_GROUP_ID
+        else:
+            verdict = groups.validate_commit(group_id, generation, body["member_id"])
+        out = []
+        for t in body.get("topics") or ():
+            parts = []
+            for p in t.get("partitions") or ():
+                err = verdict
+                if err == ErrorCode.NONE:
+                    err = _commit_one(store, partition_exists, group_id, t["name"], p)
+                parts.append({"partition_index": p["partition_index"], "error_code": err})
+            out.append({"name": t["name"], "partitions": parts})
+        return {"topics": out}
+
+    async def offset_fetch(ctx: KafkaRequestContext, body: dict) -> dict:
+        group_id = body["group_id"]
+        wanted = body.get("topics")
+        if not group_id:
+            err = ErrorCode.INVALID_GROUP_ID
+            return {"error_code": err, "topics": [
+                {"name": t["name"], "partitions": [
+                    {"partition_index": i, "committed_offset": -1, "metadata": "",
+                     "error_code": err} for i in t.get("partition_indexes") or ()]}
+                for t in wanted or ()]}
+        if wanted is None:      # v2+: every offset the group has
+            table = store.offsets.groups().get(group_id, {})
+            wanted = [{"name": name, "partition_indexes": sorted(queues)}
+                      for name, queues in sorted(table.items())]
+        out = []
+        for t in wanted:
+            parts = []
+            for i in t.get("partition_indexes") or ():
+                offset = store.offsets.get(group_id, t["name"], i)
+                parts.append({"partition_index": i,
+                              "committed_offset": -1 if offset is None else offset,
+                              "metadata": "", "error_code": ErrorCode.NONE})
+            out.append({"name": t["name"], "partitions": parts})
+        return {"error_code": ErrorCode.NONE, "topics": out}
+
+    return {ApiKey.JOIN_GROUP: join_group, ApiKey.SYNC_GROUP: sync_group,
+            ApiKey.HEARTBEAT: heartbeat, ApiKey.LEAVE_GROUP: leave_group,
+            ApiKey.OFFSET_COMMIT: offset_commit, ApiKey.OFFSET_FETCH: offset_fetch}
+
+
+def _commit_one(store: MessageStore, partition_exists, group_id: str, topic: str,
+                p: dict) -> ErrorCode:
+    """Store one partition's committed offset; the error code for it."""
+    if not partition_exists(topic, p["partition_index"]):
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    metadata = p.get("committed_metadata")
+    if metadata is not None and len(metadata.encode()) > MAX_METADATA_BYTES:
+        return ErrorCode.OFFSET_METADATA_TOO_LARGE
+    if p["committed_offset"] < 0:
+        return ErrorCode.INVALID_REQUEST      # the offset table holds positions >= 0 only
+    store.offsets.set(group_id, topic, p["partition_index"], p["committed_offset"])
+    return ErrorCode.NONE

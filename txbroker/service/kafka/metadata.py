@@ -1,0 +1,166 @@
+"""ApiVersions, Metadata, CreateTopics and FindCoordinator: the broker as Kafka sees it.
+
+txbroker is one Kafka node (id :data:`NODE_ID`) at the advertised host and the Kafka port; it
+leads every partition and coordinates every group and transactional id.  A Kafka topic is a
+txbroker topic with one partition per queue; the broker's own topics (system topics, retry and
+dead-letter topics, the template topic) are not shown.  Topic names must satisfy both Kafka's
+rule (``[a-zA-Z0-9._-]``, at most 249, not ``.``/``..``) and txbroker's (no ``.``, at most 127):
+docs/kafka.md, "Listener".
+"""
+
+from __future__ import annotations
+
+import re
+
+from txbroker.config import BrokerConfig
+from txbroker.remoting.kafka.apis import ADVERTISED, ApiKey
+from txbroker.remoting.kafka.errors import ErrorCode
+from txbroker.service.kafka.context import Handler, KafkaRequestContext
+from txbroker.service.topics import (
+    TopicConfig,
+    TopicError,
+    TopicManager,
+    is_protected_topic,
+    validate_topic_name,
+)
+from txbroker.store.record import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
+
+#: The node id of this broker in every Metadata and FindCoordinator answer.
+NODE_ID = 0
+#: Kafka's topic-name rule (clients check it too); ``.`` is refused by txbroker's own rule.
+_KAFKA_TOPIC_RE = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+#: ApiVersions v3: what a client software name and version must look like.
+_SOFTWARE_RE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?$")
+MAX_PARTITIONS = 1024
+
+
+def hidden_topic(name: str, config: BrokerConfig) -> bool:
+    """The broker's own topics: not listed, not produced to, not fetched by Kafka clients."""
+    return is_protected_topic(name, config) or name.startswith(
+        (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX))
+
+
+def topic_name_error(name: str | None) -> str | None:
+    """Why ``name`` cannot be a Kafka topic here, or None when it can."""
+    if not name or name in (".", "..") or not _KAFKA_TOPIC_RE.match(name):
+        return f"topic name {name!r} is not a legal Kafka topic name ([a-zA-Z0-9._-], 1..249)"
+    try:
+        validate_topic_name(name)
+    except TopicError as exc:
+        return exc.remark
+    return None
+
+
+async def lookup_topic(topics: TopicManager, config: BrokerConfig, name: str, *,
+                       auto_create: bool) -> tuple[TopicConfig | None, ErrorCode]:
+    """The topic a client names, created when allowed (``auto_create`` and the broker's
+    ``auto_create_topic``); an error code when it does not exist or cannot."""
+    tc = topics.get(name)
+    if tc is not None:
+        if hidden_topic(name, config):
+            return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        return tc, ErrorCode.NONE
+    if topic_name_error(name) is not None:
+        return None, ErrorCode.INVALID_TOPIC_EXCEPTION
+    if hidden_topic(name, config) or not (auto_create and config.auto_create_topic):
+        return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    try:
+        return await topics.get_or_create(name, auto_create=True), ErrorCode.NONE
+    except TopicError:
+        return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+class KafkaMetadata:
+    """Handlers of the cluster-shape APIs.  ``host``/``port`` are what clients connect to."""
+
+    def __init__(self, config: BrokerConfig, topics: TopicManager, *, host: str,
+                 port: int) -> None:
+        self.config = config
+        self.topics = topics
+        self.host = host
+        self.port = port
+
+    def handlers(self) -> dict[int, Handler]:
+        return {ApiKey.API_VERSIONS: self.api_versions, ApiKey.METADATA: self.metadata,
+                ApiKey.CREATE_TOPICS: self.create_topics,
+                ApiKey.FIND_COORDINATOR: self.find_coordinator}
+
+    async def api_versions(self, ctx: KafkaRequestContext, body: dict) -> dict:
+        keys = [{"api_key": int(k), "min_version": lo, "max_version": hi}
+                for k, (lo, hi) in sorted(ADVERTISED.items())]
+        error = ErrorCode.NONE
+        if ctx.api_version >= 3:
+            name = body.get("client_software_name") or ""
+            version = body.get("client_software_version") or ""
+            if not (_SOFTWARE_RE.match(name) and _SOFTWARE_RE.match(version)):
+                error = ErrorCode.INVALID_REQUEST
+        return {"error_code": error, "api_keys": keys, "throttle_time_ms": 0}
+
+    async def metadata(self, ctx: KafkaRequestContext, body: dict) -> dict:
+        requested = body.get("topics")
+        if requested is None or (ctx.api_version == 0 and not requested):
+            names = [tc.name for tc in self.topics.all() if not hidden_topic(tc.name, self.config)]
+        else:
+            names = [t["name"] for t in requested]
+        auto = body.get("allow_auto_topic_creation", True) if ctx.api_version >= 4 else True
+        out = []
+        for name in names:
+            tc, error = await lookup_topic(self.topics, self.config, name, auto_create=auto)
+            partitions = []
+            if tc is not None:
+                partitions = [{"error_code": 0, "partition_index": q, "leader_id": NODE_ID,
+                               "leader_epoch": 0, "replica_nodes": [NODE_ID],
+                               "isr_nodes": [NODE_ID], "offline_replicas": []}
+                              for q in range(tc.read_queue_nums)]
+            out.append({"error_code": error, "name": name, "is_internal": False,
+                        "partitions": partitions})
+        return {"throttle_time_ms": 0,
+                "brokers": [{"node_id": NODE_ID, "host": self.host, "port": self.port,
+                             "rack": None}],
+                "cluster_id": self.config.cluster_name, "controller_id": NODE_ID,
+                "topics": out}
+
+    async def create_topics(self, ctx: KafkaRequestContext, body: dict) -> dict:
+        results = []
+        validate_only = bool(body.get("validate_only"))
+        for t in body.get("topics") or []:
+            name = t["name"]
+            error, message = await self._create(t, validate_only)
+            results.append({"name": name, "error_code": error, "error_message": message})
+        return {"throttle_time_ms": 0, "topics": results}
+
+    async def _create(self, t: dict, validate_only: bool) -> tuple[ErrorCode, str | None]:
+        name = t["name"]
+        why = topic_name_error(name)
+        if why is not None:
+            return ErrorCode.INVALID_TOPIC_EXCEPTION, why
+        if self.topics.get(name) is not None:
+            return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+        if hidden_topic(name, self.config):
+            return ErrorCode.INVALID_TOPIC_EXCEPTION, f"{name!r} is reserved by the broker"
+        if t.get("assignments"):
+            return ErrorCode.INVALID_REQUEST, "manual partition assignments are not supported"
+        rf = t.get("replication_factor", -1)
+        if rf not in (-1, 1):
+            return (ErrorCode.INVALID_REPLICATION_FACTOR,
+                    f"replication factor {rf}: this broker is a single node (-1 or 1)")
+        n = t.get("num_partitions", -1)
+        if n == -1:
+            n = self.config.default_queue_nums
+        if not 1 <= n <= MAX_PARTITIONS:
+            return ErrorCode.INVALID_PARTITIONS, f"{n} partitions: must be 1..{MAX_PARTITIONS}"
+        if validate_only:
+            return ErrorCode.NONE, None
+        try:
+            await self.topics.create_or_update(TopicConfig(name, n, n))
+        except TopicError as exc:
+            return ErrorCode.INVALID_REQUEST, exc.remark
+        return ErrorCode.NONE, None
+
+    async def find_coordinator(self, ctx: KafkaRequestContext, body: dict) -> dict:
+        key_type = body.get("key_type", 0)
+        if key_type not in (0, 1):
+            return {"error_code": ErrorCode.INVALID_REQUEST, "error_message":
+                    f"key type {key_type}", "node_id": -1, "host": "", "port": -1}
+        return {"throttle_time_ms": 0, "error_code": 0, "error_message": None,
+                "node_id": NODE_ID, "host": self.host, "port": self.port}
