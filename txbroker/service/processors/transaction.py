@@ -24,7 +24,6 @@ which bumps the producer's epoch: the running producer is fenced, as a zombie wo
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -69,10 +68,6 @@ def kafka_txn_doc(view: TxnView, now_ms: int) -> dict:
             "age_ms": max(now_ms - since, 0), "hanging": view.hanging(now_ms)}
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 def transaction_handlers(tx: TransactionalMessageService,
                          kafka: TransactionCoordinator | None = None) -> dict[int, Handler]:
     """Request code → handler, for ``RemotingServer.register``; ``kafka`` is the Kafka
@@ -115,7 +110,7 @@ def transaction_handlers(tx: TransactionalMessageService,
         doc = tx.show(h.id)
         if doc is None and kafka is not None:
             view = kafka.describe(h.id)
-            doc = None if view is None else kafka_txn_doc(view, _now_ms())
+            doc = None if view is None else kafka_txn_doc(view, kafka.now_ms())
         if doc is None:
             raise UnknownTransactionError(h.id)
         return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(doc))
@@ -128,7 +123,7 @@ def transaction_handlers(tx: TransactionalMessageService,
 
     async def kafka_txn_list(conn: Any, cmd: RemotingCommand) -> RemotingCommand:
         h = KafkaTxnListRequestHeader.from_ext(cmd.ext_fields)
-        now_ms = _now_ms()
+        now_ms = 0 if kafka is None else kafka.now_ms()
         views = [] if kafka is None else kafka.transactions()
         rows = [kafka_txn_doc(v, now_ms) for v in sorted(views, key=lambda v: v.transactional_id)
                 if (not h.hanging or v.hanging(now_ms))
@@ -144,7 +139,7 @@ def transaction_handlers(tx: TransactionalMessageService,
         log.warning("Kafka transaction %s: operator %s (from %s) abort: %s", h.transactional_id,
                     h.operator, getattr(conn, "peer", "?"), outcome)
         view = kafka.describe(h.transactional_id)
-        doc = {} if view is None else kafka_txn_doc(view, _now_ms())
+        doc = {} if view is None else kafka_txn_doc(view, kafka.now_ms())
         return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps({**doc, "outcome": outcome}))
 
     return {
