@@ -360,3 +360,103 @@ async def test_started_coordinator_applies_its_deadlines_itself(broker_config, m
         assert got["error_code"] == ErrorCode.NONE and got["generation_id"] == 1
     finally:
         await coord.close()
+
+
+# --- the handlers over a real store (body dicts as the codec gives them) ---------------------
+@pytest.fixture
+async def api(broker_config, coord):
+    from txbroker.service.kafka.group_api import group_handlers
+    from txbroker.service.topics import TopicConfig, TopicManager
+    from txbroker.store.message_store import MessageStore
+
+    store = MessageStore(broker_config)
+    store.open()
+    topics = TopicManager(broker_config)
+    await topics.create_or_update(TopicConfig("T", 2, 2))
+    try:
+        yield group_handlers(coord, store, topics), store
+    finally:
+        await store.close()
+
+
+def ctx(api_key: int, version: int, client_id: str = "app"):
+    from txbroker.service.kafka.context import KafkaRequestContext
+
+    return KafkaRequestContext(api_key, version, 1, client_id, "127.0.0.1:1", 1)
+
+
+def commit_body(group: str, partitions: list[dict], *, generation: int = -1,
+                member: str = "", topic: str = "T") -> dict:
+    return {"group_id": group, "generation_id_or_member_epoch": generation,
+            "member_id": member, "retention_time_ms": -1,
+            "topics": [{"name": topic, "partitions": partitions}]}
+
+
+def errors(answer: dict) -> list[int]:
+    return [p["error_code"] for t in answer["topics"] for p in t["partitions"]]
+
+
+async def test_offset_commit_and_fetch_handlers(api):
+    handlers, store = api
+    commit, fetch = handlers[8], handlers[9]
+    got = await commit(ctx(8, 3), commit_body("g", [
+        {"partition_index": 0, "committed_offset": 7, "committed_metadata": "kept? no"},
+        {"partition_index": 1, "committed_offset": 2, "committed_metadata": "x" * 4097},
+        {"partition_index": 2, "committed_offset": 1, "committed_metadata": None},
+    ]))
+    assert errors(got) == [ErrorCode.NONE, ErrorCode.OFFSET_METADATA_TOO_LARGE,
+                           ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]
+    assert store.offsets.get("g", "T", 0) == 7 and store.offsets.get("g", "T", 1) is None
+    got = await commit(ctx(8, 3), commit_body("g", [
+        {"partition_index": 0, "committed_offset": 1, "committed_metadata": ""}], topic="nope"))
+    assert errors(got) == [ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]
+    got = await commit(ctx(8, 3), commit_body("g", [
+        {"partition_index": 1, "committed_offset": -1, "committed_metadata": ""}]))
+    assert errors(got) == [ErrorCode.INVALID_REQUEST]
+    got = await commit(ctx(8, 3), commit_body("", [
+        {"partition_index": 0, "committed_offset": 1, "committed_metadata": ""}]))
+    assert errors(got) == [ErrorCode.INVALID_GROUP_ID]
+    got = await commit(ctx(8, 3), commit_body("g", [
+        {"partition_index": 0, "committed_offset": 1, "committed_metadata": ""}], generation=4,
+        member="m"))
+    assert errors(got) == [ErrorCode.ILLEGAL_GENERATION]
+
+    got = await fetch(ctx(9, 3), {"group_id": "g", "topics": [
+        {"name": "T", "partition_indexes": [0, 1]}, {"name": "nope", "partition_indexes": [0]}]})
+    assert got["error_code"] == ErrorCode.NONE
+    assert [(t["name"], p["partition_index"], p["committed_offset"], p["metadata"])
+            for t in got["topics"] for p in t["partitions"]] == [
+        ("T", 0, 7, ""), ("T", 1, -1, ""), ("nope", 0, -1, "")]
+    every = await fetch(ctx(9, 3), {"group_id": "g", "topics": None})
+    assert every["topics"] == [{"name": "T", "partitions": [
+        {"partition_index": 0, "committed_offset": 7, "metadata": "", "error_code": 0}]}]
+    bad = await fetch(ctx(9, 3), {"group_id": "", "topics": None})
+    assert bad["error_code"] == ErrorCode.INVALID_GROUP_ID
+
+
+async def test_group_handlers_drive_the_coordinator(api, clock, coord):
+    handlers, _ = api
+    base = {"group_id": G, "session_timeout_ms": SESSION_MS, "rebalance_timeout_ms": REBALANCE_MS,
+            "group_instance_id": None, "protocol_type": "consumer",
+            "protocols": [{"name": "range", "metadata": b"meta"}]}
+    first = await handlers[11](ctx(11, 5, "svc"), {**base, "member_id": ""})
+    assert first["error_code"] == ErrorCode.MEMBER_ID_REQUIRED
+    assert first["member_id"].startswith("svc-")
+    mid = first["member_id"]
+    task = asyncio.ensure_future(handlers[11](ctx(11, 5, "svc"), {**base, "member_id": mid}))
+    await parked(task)
+    clock.now += DELAY
+    coord.tick()
+    joined = await answer(task)
+    assert joined["members"] == [{"member_id": mid, "group_instance_id": None,
+                                  "metadata": b"meta"}]
+    synced = await handlers[14](ctx(14, 3), {"group_id": G, "generation_id": 1, "member_id": mid,
+                                             "group_instance_id": None,
+                                             "assignments": [{"member_id": mid,
+                                                              "assignment": b"as"}]})
+    assert synced == {"error_code": ErrorCode.NONE, "assignment": b"as"}
+    beat = {"group_id": G, "generation_id": 1, "member_id": mid, "group_instance_id": None}
+    assert await handlers[12](ctx(12, 3), beat) == {"error_code": ErrorCode.NONE}
+    left = await handlers[13](ctx(13, 1), {"group_id": G, "member_id": mid})
+    assert left == {"error_code": ErrorCode.NONE}
+    assert await handlers[12](ctx(12, 3), beat) == {"error_code": ErrorCode.UNKNOWN_MEMBER_ID}

@@ -50,7 +50,7 @@ def group_handlers(groups: GroupCoordinator, store: MessageStore,
 
     async def offset_commit(ctx: KafkaRequestContext, body: dict) -> dict:
         group_id = body["group_id"]
-        generation = body.get("generation_id_or_member_epoch", body.get("generation_id", -1))
+        generation = body["generation_id_or_member_epoch"]
         if not group_id:
             verdict = ErrorCode.INVALID_GROUP_ID
         else:

@@ -11,13 +11,13 @@ timeouts, the initial rebalance delay, pending member ids) is checked by :meth:`
 coordinator's task runs whenever the next deadline is due.  Unit tests call ``tick()`` after
 moving a manual clock, with no task and no sleeping.
 
-The group state lives in memory: a broker restart makes every consumer rejoin (its committed
-offsets are in the store's offset table, which survives)."""
+Group state is memory only: after a restart consumers rejoin (offsets are in the store)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections import Counter
@@ -33,6 +33,8 @@ PREPARING = "PreparingRebalance"
 COMPLETING = "CompletingRebalance"
 STABLE = "Stable"
 DEAD = "Dead"
+
+log = logging.getLogger(__name__)
 
 #: The longest the timer task sleeps without looking at its deadlines (a safety net only:
 #: every change that moves a deadline closer wakes it).
@@ -131,7 +133,10 @@ class GroupCoordinator:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
             self._wake.clear()
-            self.tick()
+            try:
+                self.tick()
+            except Exception:           # a bug in one pass must not stop every later deadline
+                log.exception("kafka group deadlines: tick failed")
 
     def next_deadline(self) -> float | None:
         """The earliest time :meth:`tick` has something to do."""

@@ -72,7 +72,8 @@ def _surrogates(text: str) -> bool:
 
 
 def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode("ascii")
+    """Base64, never empty (RocketMQ drops empty property values): ``=`` stands for b""."""
+    return base64.b64encode(raw).decode("ascii") if raw else "="
 
 
 def record_to_message(topic: str, queue_id: int, record: Record, *,
@@ -139,6 +140,8 @@ def message_to_record(msg: StoredMessage, offset_delta: int) -> Record:
 
 
 def _unb64(text: str) -> bytes | None:
+    if text == "=":
+        return b""
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
