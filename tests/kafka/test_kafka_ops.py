@@ -16,6 +16,7 @@ from aiokafka.errors import KafkaError
 from support.cli_runner import cli_ok, cli_one_line_error, run_cli
 from support.waiting import eventually
 
+from txbroker.bench.chaos.process import free_port
 from txbroker.client.admin import AdminClient
 
 TOPIC = "ops-orders"
@@ -121,3 +122,19 @@ async def test_a_broker_without_the_kafka_listener_lists_no_kafka_transactions(b
     ns = ("--namesrv", broker.namesrv_addr)
     assert orjson.loads(cli_ok(await run_cli("txn", "list", "--hanging", "--json", *ns))) == []
     cli_one_line_error(await run_cli("txn", "abort", "some-app", *ns))
+
+
+@pytest.mark.slow
+def test_readme_kafka_clients_section_runs_as_written(broker_process, tmp_path):
+    """The README's "Kafka clients" commands, run as tests/test_readme.py runs its sections,
+    against a ``txbroker serve`` whose Kafka port stands in for 9092."""
+    from test_readme import commands, run_in_order, scratch_checkout
+
+    broker = broker_process(kafka_port=free_port())
+    lines = [line.replace("127.0.0.1:9092", broker.kafka_addr) for line in commands("## Kafka clients")]
+    assert lines[0].startswith(".venv/bin/python examples/kafka_quickstart.py --bootstrap ")
+    results = run_in_order(lines, scratch_checkout(tmp_path), broker.namesrv_addr)
+    assert "ok: 4 committed messages read, the aborted one never" in results[0][1]
+    assert "read_committed consumer got" in results[0][1] and "(aborted)" not in results[0][1]
+    assert "1 Kafka transaction(s)" in results[1][1]
+    assert "0 hanging Kafka transaction(s)" in results[2][1]
