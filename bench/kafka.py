@@ -11,7 +11,8 @@ and this process drives it, one row after the other:
   group, partitions assigned) draining everything the rows above stored, from offset 0;
 * **rocketmq tx** / **rocketmq plain** — the txbroker SDK's committed transactions and plain
   sends, measured by ``bench.broker``'s own row (``run_row``, SDK client, ``--rmq-producers``
-  coroutines on one shared producer) against the same broker process.
+  coroutines on one shared producer), each on a fresh ``bench.broker.BrokerProc`` (same flush
+  mode and segment size; its consumer group starts from nothing, as in ``bench.broker``).
 
 Each row is bounded by ``--seconds`` and ``--max-messages``.  Per row: messages, msgs/s, and
 the broker process's CPU µs per message (``/proc/<pid>/stat`` read before and after the row,
@@ -43,7 +44,7 @@ from typing import Self
 
 import orjson
 
-from txbroker.bench.broker import REPO, proc_cpu_seconds, run_row
+from txbroker.bench.broker import REPO, BrokerProc, proc_cpu_seconds, run_row
 from txbroker.client.admin import AdminClient
 
 TOPIC = "BenchKafka"
@@ -192,11 +193,12 @@ async def kafka_consume(broker: KafkaBroker, backlog: int, seconds: float) -> Ro
     return _result("kafka read_committed", seen, elapsed, cpu1 - cpu0)
 
 
-async def rocketmq(broker: KafkaBroker, kind: str, producers: int, seconds: float,
-                   max_messages: int) -> RowResult:
-    """``bench.broker``'s SDK row (``kind`` tx or plain, one shared producer), end to end:
-    a message counts when its consumer has seen it."""
-    r = await run_row(broker, kind, "sdk", producers, True, seconds, max_messages, NO_ECHO)
+async def rocketmq(kind: str, producers: int, seconds: float, max_messages: int) -> RowResult:
+    """``bench.broker``'s SDK row (``kind`` tx or plain, one shared producer) on a fresh broker
+    process, end to end: a message counts when its consumer has seen it."""
+    with tempfile.TemporaryDirectory(prefix="txbroker-bench-kafka-rmq-") as d, \
+            BrokerProc("async", d) as broker:
+        r = await run_row(broker, kind, "sdk", producers, True, seconds, max_messages, NO_ECHO)
     return RowResult(row=f"rocketmq {kind}", messages=int(r.seen), seconds=r.seconds,
                      msgs_per_s=r.tps, broker_us_per_msg=r.broker_us)
 
@@ -211,7 +213,7 @@ async def run_all(broker: KafkaBroker, seconds: float, max_messages: int, in_fli
         rows.append(await kafka_txn(broker, size, seconds, max_messages))
     rows.append(await kafka_consume(broker, sum(r.messages for r in rows), seconds))
     for kind in ("tx", "plain"):
-        rows.append(await rocketmq(broker, kind, rmq_producers, seconds, max_messages))
+        rows.append(await rocketmq(kind, rmq_producers, seconds, max_messages))
     return rows
 
 
