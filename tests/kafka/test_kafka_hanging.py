@@ -100,6 +100,6 @@ async def test_an_open_transaction_delays_nothing_and_is_aborted_at_its_timeout(
     # the timeout scan aborts it after its 2 s; its records never appear
     await eventually(lambda: coordinator.describe("hanging-tid").state in ("CompleteAbort", "Empty"),
                      msg=lambda: f"hanging-tid aborted (now {coordinator.describe('hanging-tid')})")
-    assert kafka_broker.metrics.kafka_txn_aborted.labels(reason="timeout")._value.get() >= 1
+    assert kafka_broker.metrics.kafka_txn_aborted.labels(reason="timeout").value >= 1
     committed, uncommitted = await _all_values(kafka_bootstrap)
     assert committed == uncommitted == ["committed-1", "plain-1"]
