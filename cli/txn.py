@@ -6,6 +6,12 @@ commands show such halves and let an operator decide; the broker logs every deci
 operator's name and the time, and keeps a bounded history of decisions, so ``show`` also
 answers for a decided transaction (who decided, when) and deciding it again is harmless: the
 same decision answers "already committed", a contradicting one is refused.
+
+Kafka transactions (the Kafka listener's coordinator) are listed beside the halves: ``list``
+shows the open ones (``--state all``: every transactional id the coordinator knows,
+``--hanging``: only those open past their ``transaction.timeout.ms``, like Kafka's
+``kafka-transactions.sh find-hanging``), ``show`` answers a transactional id, and ``abort``
+aborts one as an operator, which fences its producer.
 """
 
 from __future__ import annotations
@@ -63,23 +69,58 @@ def txn() -> None:
     """Pending transactions (half messages): list, show, commit, rollback, resume."""
 
 
+def _ms_age(ms: object) -> str:
+    return _age({"age_s": ms / 1000}, 0) if isinstance(ms, int) else ""
+
+
+def _kafka_table(rows: list[dict], title: str) -> Table:
+    """Kafka transactions, one row per transactional id."""
+    table = Table(title=title)
+    for col in ("transactional id", "producer id", "epoch", "state", "partitions", "age",
+                "timeout", "hanging"):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        parts = ", ".join(f"{t}-{p}" for t, p in row.get("partitions") or [])
+        table.add_row(str(row.get("transactional_id")), str(row.get("producer_id")),
+                      str(row.get("producer_epoch")), str(row.get("state")), parts,
+                      _ms_age(row.get("age_ms")), _ms_age(row.get("timeout_ms")),
+                      "yes" if row.get("hanging") else "")
+    return table
+
+
 @txn.command("list")
 @click.option("--state", type=click.Choice(["pending", "discarded", "all"]), default="pending",
-              show_default=True, help="Pending halves, halves the check service gave up on, or both.")
-@click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON array.")
+              show_default=True, help="Pending halves, halves the check service gave up on, or "
+              "both; Kafka transactions: the open ones, or with 'all' every transactional id.")
+@click.option("--hanging", is_flag=True,
+              help="Only Kafka transactions open past their transaction timeout (the halves "
+                   "are left out: a pending half is waiting for its check-back by design).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the rows as a JSON array (Kafka rows have \"kind\": \"kafka\").")
 @namesrv_option
 @credentials_options
-def list_(state: str, as_json: bool, namesrv: str, credentials: dict[str, str]) -> None:
-    """List half messages waiting for a decision, across every broker group."""
+def list_(state: str, hanging: bool, as_json: bool, namesrv: str,
+          credentials: dict[str, str]) -> None:
+    """List half messages waiting for a decision and open Kafka transactions, across every
+    broker group."""
 
-    async def main() -> list[dict]:
+    async def main() -> tuple[list[dict], list[dict]]:
         async with AdminClient(namesrv, **credentials) as admin:
-            return await admin.txn_list(state)
+            halves = [] if hanging else await admin.txn_list(state)
+            kafka = await admin.kafka_txn_list(open_only=state != "all", hanging=hanging)
+            return halves, kafka
 
-    rows = run(main)
+    rows, kafka_rows = run(main)
     if as_json:
-        click.echo(orjson.dumps(rows).decode())
+        click.echo(orjson.dumps(rows + kafka_rows).decode())
         return
+    console = Console(width=160)
+    if hanging:
+        console.print(_kafka_table(kafka_rows, f"{len(kafka_rows)} hanging Kafka transaction(s)"))
+        return
+    if kafka_rows:
+        console.print(_kafka_table(kafka_rows, f"{len(kafka_rows)} Kafka transaction(s)" if
+                                   state == "all" else f"{len(kafka_rows)} open Kafka transaction(s)"))
     now_ms = int(time.time() * 1000)
     by_broker: dict[str, int] = {}
     for row in rows:
@@ -95,7 +136,6 @@ def list_(state: str, as_json: bool, namesrv: str, credentials: dict[str, str]) 
                       str(_pick(row, "id", "offset_msg_id")), str(_pick(row, "topic")),
                       str(_pick(row, "keys")), str(_pick(row, "producer_group")), _age(row, now_ms),
                       str(_pick(row, "checks", default=0)), str(_pick(row, "state")))
-    console = Console(width=160)
     console.print(table)
     if several:  # per broker group, then the total (the table title)
         console.print("per broker: " + "  ".join(f"{b}={n}" for b, n in sorted(by_broker.items())))
@@ -148,6 +188,24 @@ def _show_lines(doc: dict) -> list[tuple[str, str]]:
     return lines
 
 
+def _kafka_show_lines(doc: dict) -> list[tuple[str, str]]:
+    """``txn show`` of a Kafka transactional id as label/value pairs."""
+    parts = ", ".join(f"{t}-{p}" for t, p in doc.get("partitions") or []) or "none"
+    hanging = " (hanging: open past its timeout)" if doc.get("hanging") else ""
+    return [("transactional id", str(doc.get("transactional_id"))),
+            ("kind", "Kafka transaction"),
+            ("state", f"{doc.get('state')}{hanging}"),
+            ("producer id", str(doc.get("producer_id"))),
+            ("producer epoch", str(doc.get("producer_epoch"))),
+            ("partitions", parts),
+            ("groups", ", ".join(doc.get("groups") or []) or "none"),
+            ("timeout", _ms_age(doc.get("timeout_ms"))),
+            ("started at", _when(doc.get("started_ms")) if doc.get("started_ms") else "none open"),
+            ("updated at", _when(doc.get("updated_ms"))),
+            ("age", _ms_age(doc.get("age_ms"))),
+            ("broker", str(doc.get("broker")))]
+
+
 @txn.command()
 @click.argument("txn_id")
 @click.option("--json", "as_json", is_flag=True,
@@ -156,7 +214,8 @@ def _show_lines(doc: dict) -> list[tuple[str, str]]:
 @credentials_options
 def show(txn_id: str, as_json: bool, namesrv: str, credentials: dict[str, str]) -> None:
     """Show one transaction (by transaction id or offsetMsgId): pending, discarded or decided,
-    and for a decided one who decided (producer, check-back or operator) and when."""
+    and for a decided one who decided (producer, check-back or operator) and when; or a Kafka
+    transactional id: its producer id, epoch, state, partitions and age."""
 
     async def main() -> dict:
         async with AdminClient(namesrv, **credentials) as admin:
@@ -166,7 +225,7 @@ def show(txn_id: str, as_json: bool, namesrv: str, credentials: dict[str, str]) 
     if as_json:
         click.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
         return
-    pairs = _show_lines(doc)
+    pairs = _kafka_show_lines(doc) if doc.get("kind") == "kafka" else _show_lines(doc)
     width = max(len(label) for label, _ in pairs)
     for label, value in pairs:
         click.echo(f"{label:<{width}}  {value}")
@@ -198,3 +257,28 @@ txn.add_command(_decision_command("commit", "Commit a pending half message: it b
 txn.add_command(_decision_command("rollback", "Roll back a pending half message: it is discarded."))
 txn.add_command(_decision_command(
     "resume", "Put a discarded half message back under check-back (after the producer is fixed)."))
+
+
+@txn.command()
+@click.argument("transactional_id")
+@click.option("--operator", default=_operator, show_default="the OS user",
+              help="Who aborts (recorded by the broker).")
+@namesrv_option
+@credentials_options
+def abort(transactional_id: str, operator: str, namesrv: str, credentials: dict[str, str]) -> None:
+    """Abort a Kafka transaction (by transactional id): none of its records or offsets become
+    visible, and its producer is fenced (its next request fails with PRODUCER_FENCED; the
+    application restarts it with InitProducerId)."""
+
+    async def main() -> dict:
+        async with AdminClient(namesrv, **credentials) as admin:
+            return await admin.kafka_txn_abort(transactional_id, operator)
+
+    doc = run(main)
+    if doc.get("outcome") == "aborted":
+        click.echo(f"abort {transactional_id}: done, producer {doc.get('producer_id')} fenced "
+                   f"(epoch now {doc.get('producer_epoch')}, state {doc.get('state')}, "
+                   f"operator {operator})")
+    else:
+        click.echo(f"abort {transactional_id}: no open transaction (state {doc.get('state')}), "
+                   "nothing changed")

@@ -4,7 +4,10 @@ The chaos driver kills and restarts the broker many times; clients keep their na
 address, so unless the settings name ports the broker gets a fixed free loopback port and
 comes back on it (the name server is then served on the broker port: one address for
 everything).  The tests and the bench's embedded broker use the same class with ephemeral
-ports (``broker_port=0``).  The ``txbroker`` package is installed, so the subprocess runs from
+ports (``broker_port=0``).  With ``kafka_port`` in the settings the ready line also names the
+Kafka listener (``kafka=H:P``, in :attr:`BrokerProcess.kafka_addr` / ``.kafka_port``); a port
+given there is pinned, so Kafka clients find a restarted broker at the same address (``0``
+lets each start pick one).  The ``txbroker`` package is installed, so the subprocess runs from
 the caller's working directory (relative paths mean the same to both).
 """
 
@@ -20,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-READY_RE = re.compile(r"^txbroker ready broker=(\S+) namesrv=(\S+)$")
+READY_RE = re.compile(r"^txbroker ready broker=(\S+) namesrv=(\S+)(?: kafka=(\S+))?$")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -41,6 +44,7 @@ class BrokerProcess:
         self.proc: subprocess.Popen | None = None
         self.broker_addr = ""
         self.namesrv_addr = ""
+        self.kafka_addr = ""  # "H:P" of the Kafka listener, "" when it is off
 
     def argv(self) -> list[str]:
         args = [sys.executable, "-c", "from txbroker.cli.main import main; main()", "serve",
@@ -72,6 +76,7 @@ class BrokerProcess:
             m = READY_RE.match(line or "")
             if m:
                 self.broker_addr, self.namesrv_addr = m.group(1), m.group(2)
+                self.kafka_addr = m.group(3) or ""
                 return time.monotonic() - t0
             self.kill()
             printed = self._log_from(log_start)
@@ -132,6 +137,11 @@ class BrokerProcess:
         self.settings.update(settings)
         self.start()
         return self
+
+    @property
+    def kafka_port(self) -> int:
+        """The Kafka listener's bound port, -1 when it is off."""
+        return int(self.kafka_addr.rsplit(":", 1)[1]) if self.kafka_addr else -1
 
     @property
     def pid(self) -> int:

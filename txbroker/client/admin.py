@@ -4,8 +4,8 @@ What the ``txbroker topic|status|txn`` commands use, and what an operator's scri
 Topic creation and change are RocketMQ's UPDATE_AND_CREATE_TOPIC (so RocketMQ tooling works
 the same), with two checks RocketMQ's request does not make: creating an existing topic is
 refused, and shrinking one whose dropped queues hold messages needs ``force``;
-the status document and the transaction requests (TXN_LIST/SHOW/DECIDE, BROKER_STATUS) are
-txbroker's own codes in the private 9001-9099 range.  Each request goes to every broker the
+the status document and the transaction requests (TXN_LIST/SHOW/DECIDE, BROKER_STATUS,
+KAFKA_TXN_LIST/ABORT for the Kafka listener's transactions) are txbroker's own codes in the private 9001-9099 range.  Each request goes to every broker the
 name server knows (one, for a single-broker installation), so answers are per broker.
 
 In a cluster the broker list comes from the name server's GET_BROKER_CLUSTER_INFO: topic
@@ -46,6 +46,8 @@ from txbroker.remoting.headers import (
     GetMinOffsetRequestHeader,
     Header,
     HeaderError,
+    KafkaTxnAbortRequestHeader,
+    KafkaTxnListRequestHeader,
     OffsetResponseHeader,
     TxnDecideRequestHeader,
     TxnListRequestHeader,
@@ -305,6 +307,39 @@ class AdminClient:
             id=txn_id, decision=decision, operator=operator), txn_id,
             f"{decision} transaction {txn_id}")
 
+    async def kafka_txn_list(self, *, open_only: bool = False, hanging: bool = False) -> list[dict]:
+        """Kafka transactions of every master (each row with ``broker`` and ``address``):
+        every transactional id its coordinator knows, only the open ones (``open_only``), or
+        only those open past their timeout (``hanging``, like kafka-transactions.sh
+        find-hanging).  A broker without the Kafka listener, or one older than these
+        requests, has none."""
+        rows: list[dict] = []
+        header = KafkaTxnListRequestHeader(open_only=open_only, hanging=hanging)
+        for name, addr in self.brokers.items():
+            resp = await self._instance.invoke(addr, RemotingCommand.request(
+                RequestCode.KAFKA_TXN_LIST, header.to_ext()))
+            if resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+                continue
+            if resp.code != ResponseCode.SUCCESS:
+                raise BrokerError("list Kafka transactions", resp.code, resp.remark, addr)
+            for row in _rows(self._json(resp, "list Kafka transactions")):
+                rows.append({"broker": name, "address": addr, **row})
+        return rows
+
+    async def kafka_txn_abort(self, transactional_id: str, operator: str) -> dict:
+        """Abort the open Kafka transaction of ``transactional_id`` as ``operator``: its
+        records never become visible and its producer is fenced (the epoch is bumped).  The
+        answer's ``outcome`` is ``aborted``, or ``not-open`` when it had nothing open (nothing
+        changed); an id no broker knows raises :class:`TransactionNotFoundError`."""
+        if not transactional_id or not isinstance(transactional_id, str):
+            raise ValueError("a transactional id is required")
+        if not operator:
+            raise ValueError("an operator name is required")
+        return await self._txn_request(
+            RequestCode.KAFKA_TXN_ABORT,
+            KafkaTxnAbortRequestHeader(transactional_id=transactional_id, operator=operator),
+            transactional_id, f"abort Kafka transaction {transactional_id}")
+
     async def _txn_request(self, code: int, header: Header, txn_id: str, what: str) -> dict:
         """Ask the brokers in turn; the first that knows ``txn_id`` answers."""
         missing: list[str] = []
@@ -314,7 +349,7 @@ class AdminClient:
             if resp.code == ResponseCode.SUCCESS:
                 doc = self._json(resp, what)
                 return {"broker": name, **(doc if isinstance(doc, dict) else {"value": doc})}
-            if resp.code == ResponseCode.QUERY_NOT_FOUND:
+            if resp.code in (ResponseCode.QUERY_NOT_FOUND, ResponseCode.REQUEST_CODE_NOT_SUPPORTED):
                 missing.append(addr)
             else:
                 errors.append(BrokerError(what, resp.code, resp.remark, addr))

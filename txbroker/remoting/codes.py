@@ -71,6 +71,11 @@ class RequestCode(IntEnum):
     TXN_DECIDE = 9003
     #: Topics, queue offsets, consumer groups, pending halves and key metrics as JSON.
     BROKER_STATUS = 9004
+    #: Kafka transactions the coordinator knows (or only the hanging ones); JSON body.
+    #: A Kafka transactional id is also answered by TXN_SHOW.
+    KAFKA_TXN_LIST = 9005
+    #: Operator abort of a Kafka transaction: the producer's epoch is fenced.
+    KAFKA_TXN_ABORT = 9006
 
 
 class ResponseCode(IntEnum):

@@ -351,6 +351,23 @@ class TxnDecideRequestHeader(Header):
     reason: str | None = h_str("reason", None, allow_empty=True)
 
 
+@wire_header
+class KafkaTxnListRequestHeader(Header):
+    """KAFKA_TXN_LIST (txbroker admin): every Kafka transactional id, only the open ones, or
+    only those open past their timeout (``hanging``)."""
+
+    open_only: bool = h_bool("openOnly", False)
+    hanging: bool = h_bool("hanging", False)
+
+
+@wire_header
+class KafkaTxnAbortRequestHeader(Header):
+    """KAFKA_TXN_ABORT (txbroker admin): an operator's abort of a Kafka transaction."""
+
+    transactional_id: str = h_str("transactionalId")
+    operator: str = h_str("operator")
+
+
 # --- broker registration (docs/cluster.md, "Name servers and membership") ----------------------
 
 

@@ -1,5 +1,6 @@
 """Request handlers for transactions: END_TRANSACTION, RESUME_CHECK_HALF_MESSAGE and the
-txbroker admin requests TXN_LIST / TXN_SHOW / TXN_DECIDE.
+txbroker admin requests TXN_LIST / TXN_SHOW / TXN_DECIDE and, when the Kafka listener is on,
+KAFKA_TXN_LIST / KAFKA_TXN_ABORT (Kafka transactions, through the transaction coordinator).
 
 Handlers decode typed headers (``remoting.headers``) and call the service; its refusals
 (:class:`~txbroker.service.transaction.state.TransactionError`, header errors: all
@@ -11,13 +12,20 @@ answered from the decision history.
 END_TRANSACTION is one-way from Java clients (flag 2: never answered, even on error — the
 error is logged and counted), but the C++ client sends it with flag 0 (docs/protocol.md §8.1)
 and then gets an answer, which it ignores harmlessly.
+
+Kafka transactions (docs/kafka.md, "Operating Kafka transactions"): KAFKA_TXN_LIST answers a
+JSON array of transactional ids (:func:`kafka_txn_doc`), empty on a broker without the Kafka
+listener, so one operator command can ask every broker; TXN_SHOW answers a Kafka transactional
+id when no half message has that id (a half's id is a 32-hex UNIQ_KEY or offsetMsgId, which a
+Kafka application rarely picks); KAFKA_TXN_ABORT aborts an open transaction as an operator,
+which bumps the producer's epoch: the running producer is fenced, as a zombie would be.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -26,6 +34,8 @@ from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import (
     EndTransactionRequestHeader,
+    KafkaTxnAbortRequestHeader,
+    KafkaTxnListRequestHeader,
     ResumeCheckHalfMessageRequestHeader,
     TxnDecideRequestHeader,
     TxnListRequestHeader,
@@ -34,13 +44,34 @@ from txbroker.remoting.headers import (
 from txbroker.service.transaction.service import TransactionalMessageService
 from txbroker.service.transaction.state import UnknownTransactionError
 
+if TYPE_CHECKING:
+    from txbroker.service.kafka.coordinator import TransactionCoordinator, TxnView
+
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Any, RemotingCommand], Awaitable[RemotingCommand | None]]
 
+#: Kafka transaction states in which a transaction is open (records or offsets not final).
+KAFKA_OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort"})
 
-def transaction_handlers(tx: TransactionalMessageService) -> dict[int, Handler]:
-    """Request code → handler, for ``RemotingServer.register``."""
+
+def kafka_txn_doc(view: TxnView, now_ms: int) -> dict:
+    """A Kafka transaction as the operator requests answer it: the view's fields, plus
+    ``kind`` "kafka", ``age_ms`` (since the transaction started, or since the id's last
+    change when none is open) and ``hanging`` (open past its timeout)."""
+    since = view.started_ms if view.started_ms is not None else view.updated_ms
+    return {"kind": "kafka", "transactional_id": view.transactional_id,
+            "producer_id": view.producer_id, "producer_epoch": view.producer_epoch,
+            "state": view.state, "partitions": [[t, p] for t, p in view.partitions],
+            "groups": list(view.groups), "timeout_ms": view.timeout_ms,
+            "started_ms": view.started_ms, "updated_ms": view.updated_ms,
+            "age_ms": max(now_ms - since, 0), "hanging": view.hanging(now_ms)}
+
+
+def transaction_handlers(tx: TransactionalMessageService,
+                         kafka: TransactionCoordinator | None = None) -> dict[int, Handler]:
+    """Request code → handler, for ``RemotingServer.register``; ``kafka`` is the Kafka
+    listener's transaction coordinator (None when the listener is off)."""
 
     async def end_transaction(conn: Any, cmd: RemotingCommand) -> RemotingCommand | None:
         try:
@@ -77,6 +108,9 @@ def transaction_handlers(tx: TransactionalMessageService) -> dict[int, Handler]:
     async def txn_show(conn: Any, cmd: RemotingCommand) -> RemotingCommand:
         h = TxnShowRequestHeader.from_ext(cmd.ext_fields)
         doc = tx.show(h.id)
+        if doc is None and kafka is not None:
+            view = kafka.describe(h.id)
+            doc = None if view is None else kafka_txn_doc(view, kafka.now_ms())
         if doc is None:
             raise UnknownTransactionError(h.id)
         return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(doc))
@@ -87,7 +121,30 @@ def transaction_handlers(tx: TransactionalMessageService) -> dict[int, Handler]:
                                        peer=getattr(conn, "peer", ""), reason=h.reason)
         return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(doc))
 
+    async def kafka_txn_list(conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        h = KafkaTxnListRequestHeader.from_ext(cmd.ext_fields)
+        now_ms = 0 if kafka is None else kafka.now_ms()
+        views = [] if kafka is None else kafka.transactions()
+        rows = [kafka_txn_doc(v, now_ms) for v in sorted(views, key=lambda v: v.transactional_id)
+                if (not h.hanging or v.hanging(now_ms))
+                and (not h.open_only or v.state in KAFKA_OPEN_STATES)]
+        return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(rows))
+
+    async def kafka_txn_abort(conn: Any, cmd: RemotingCommand) -> RemotingCommand:
+        h = KafkaTxnAbortRequestHeader.from_ext(cmd.ext_fields)
+        if kafka is None or kafka.describe(h.transactional_id) is None:
+            raise Refusal(ResponseCode.QUERY_NOT_FOUND,
+                          f"no Kafka transactional id {h.transactional_id}")
+        outcome = await kafka.abort(h.transactional_id, h.operator)
+        log.warning("Kafka transaction %s: operator %s (from %s) abort: %s", h.transactional_id,
+                    h.operator, getattr(conn, "peer", "?"), outcome)
+        view = kafka.describe(h.transactional_id)
+        doc = {} if view is None else kafka_txn_doc(view, kafka.now_ms())
+        return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps({**doc, "outcome": outcome}))
+
     return {
+        RequestCode.KAFKA_TXN_LIST: kafka_txn_list,
+        RequestCode.KAFKA_TXN_ABORT: kafka_txn_abort,
         RequestCode.END_TRANSACTION: end_transaction,
         RequestCode.RESUME_CHECK_HALF_MESSAGE: resume_check,
         RequestCode.TXN_LIST: txn_list,
