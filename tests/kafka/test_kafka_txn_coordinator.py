@@ -427,3 +427,36 @@ async def test_recovered_offsets_never_move_a_later_commit_back(env):
     await env.open()
     assert env.store.offsets.get("g", T, 0) == 9
     assert env.store.offsets.get("g", T, 1) == 5
+
+
+async def test_settled_state_is_written_again_before_retention_can_take_it(env):
+    """Retention deletes old segments, state records included: once half of
+    ``file_reserved_time`` old, a settled id's record and the producer-id block are written
+    again, so the records from then on alone rebuild every id and the producer-id floor."""
+    from txbroker.service.kafka.txn_log import read_queue, replay_state
+
+    c = env.coord
+    pid, epoch = await begin(c)
+    assert await produce(c, pid, epoch, 0, 0, [b"x"]) == (E.NONE, None)
+    assert await c.end_txn(TID, pid, epoch, True, 0) is E.NONE
+    end = env.store.max_offset(STATE_TOPIC, 0)
+    await c.scan()
+    assert env.store.max_offset(STATE_TOPIC, 0) == end  # nothing old yet: nothing written
+    env.clock.now += env.config.file_reserved_time / 2 + 1
+    await c.scan()
+    assert env.store.max_offset(STATE_TOPIC, 0) == end + 2  # the id and the producer-id block
+    await c.scan()
+    assert env.store.max_offset(STATE_TOPIC, 0) == end + 2  # fresh again: not rewritten
+
+    class FromRefresh:  # the state topic as retention would leave it: the old records gone
+        def __getattr__(self, name):
+            return getattr(env.store, name)
+
+        def min_offset(self, topic, queue_id):
+            return end if topic == STATE_TOPIC else env.store.min_offset(topic, queue_id)
+
+    assert [m.queue_offset for _, m in read_queue(FromRefresh(), STATE_TOPIC)] == [end, end + 1]
+    rep = replay_state(FromRefresh())
+    assert rep.latest[TID].doc["state"] == "CompleteCommit"
+    assert (rep.latest[TID].doc["pid"], rep.latest[TID].doc["epoch"]) == (pid, epoch)
+    assert rep.pid_upto > pid

@@ -122,6 +122,8 @@ class _Txn:
     applied: int = 0
     #: The decided commit's records, decoded once (None: decode from ``staged``).
     commit_msgs: list[Message] | None = None
+    #: Store time (ms) of this id's latest state record (see ``_refresh``).
+    written_ms: int = 0
 
     def doc(self, **changes) -> dict:
         d = {"tid": self.tid, "pid": self.pid, "epoch": self.epoch, "last_epoch": self.last_epoch,
@@ -172,6 +174,7 @@ class TransactionCoordinator:
         self._by_pid: dict[int, _Txn] = {}
         self._next_pid = 0
         self._pid_limit = 0
+        self._pid_written_ms = 0
         self._pid_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         #: Until start() has finished what recovery found, requests get LOAD_IN_PROGRESS.
@@ -186,9 +189,11 @@ class TransactionCoordinator:
         state, and how far each decided commit got; :meth:`start` finishes those."""
         rep = replay_state(self.store)
         self._next_pid = self._pid_limit = rep.pid_upto
+        self._pid_written_ms = rep.pid_written_ms
         for tid, rec in rep.latest.items():
             t = _Txn(tid, rec.doc["pid"], rec.doc["epoch"])
             t.load(rec.doc)
+            t.written_ms = rec.store_timestamp
             t.marker = rec.physical_offset if t.state == PREPARE_COMMIT else 0
             self._txns[tid] = t
             self._by_pid[t.pid] = t
@@ -290,15 +295,42 @@ class TransactionCoordinator:
             except CoordinatorUnavailable:
                 pass
         self.producers.expire(now)
+        await self._refresh(now)
+
+    async def _refresh(self, now: int) -> None:
+        """Write again the state records retention would otherwise take away.
+
+        Retention deletes commitlog segments last written ``file_reserved_time`` ago, state
+        records included; an id whose only record went with them would be forgotten, and the
+        producer-id floor could fall (a reused producer id).  So a settled id's latest record
+        (Empty or Complete*, its offsets left out: they were applied long ago) and the
+        producer-id block are written again once half that time old, and the newest copy is
+        always in a segment retention keeps.  Open transactions never live that long (their
+        timeout is at most ``kafka_transaction_max_timeout``)."""
+        limit = now - int(self.config.file_reserved_time * 1000 / 2)
+        if self._pid_limit and self._pid_written_ms < limit:
+            async with self._pid_lock:
+                result = await self.store.put(pid_block_message(self._pid_limit))
+                if result.ok:
+                    self._pid_written_ms = self.now_ms()
+        for t in list(self._txns.values()):
+            if t.busy or t.written_ms >= limit or t.state not in (EMPTY, COMPLETE_COMMIT,
+                                                                  COMPLETE_ABORT):
+                continue
+            result = await self.store.put(state_message(t.doc(offsets=[])))
+            if result.ok:
+                t.written_ms = self.now_ms()
 
     # --- producer ids ------------------------------------------------------------------------
     async def allocate_pid(self) -> int:
         async with self._pid_lock:
             if self._next_pid >= self._pid_limit:
                 upto = self._next_pid + PID_BLOCK
-                if not (await self.store.put(pid_block_message(upto))).ok:
+                result = await self.store.put(pid_block_message(upto))
+                if not result.ok:
                     raise CoordinatorUnavailable
                 self._pid_limit = upto
+                self._pid_written_ms = self.now_ms()
             pid = self._next_pid
             self._next_pid += 1
             return pid
@@ -312,6 +344,7 @@ class TransactionCoordinator:
         if doc["pid"] != t.pid:
             self._by_pid.pop(t.pid, None)
         t.load(doc)
+        t.written_ms = self.now_ms()
         self._by_pid[t.pid] = t
         if t.state == PREPARE_COMMIT:
             t.marker = result.physical_offset

@@ -83,6 +83,8 @@ class Replayed:
 
     latest: dict[str, StateRecord] = field(default_factory=dict)
     pid_upto: int = 0
+    #: Store time (ms) of the last producer-id block record (0: none).
+    pid_written_ms: int = 0
     #: (store time ms, offsets) of every CompleteCommit that carried offsets, in log order.
     committed_offsets: list[tuple[int, list[Offset]]] = field(default_factory=list)
 
@@ -93,6 +95,7 @@ def replay_state(store: MessageStore) -> Replayed:
         doc = orjson.loads(m.body)
         if "pid_block" in doc:
             out.pid_upto = max(out.pid_upto, doc["pid_block"])
+            out.pid_written_ms = m.store_timestamp
             continue
         out.pid_upto = max(out.pid_upto, doc["pid"] + 1)
         out.latest[doc["tid"]] = StateRecord(doc, m.physical_offset, m.store_timestamp)
