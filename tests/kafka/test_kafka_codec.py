@@ -403,3 +403,56 @@ def test_kafka_python_request_classes_read_what_we_write() -> None:
     theirs = ApiVersionsRequest[3].decode(body)
     assert theirs.client_software_name == "kafka-python"
     assert theirs.client_software_version == "3.0"
+
+
+# --- against kafka-python's message classes (generated from the same JSON, flexible ones too) --
+
+def _kafka_python_classes() -> dict[tuple[int, bool], type]:
+    import kafka.protocol as kp
+    from kafka.protocol.api_message import ApiMessage
+
+    for mod in pkgutil.walk_packages(kp.__path__, "kafka.protocol."):
+        if ".old" not in mod.name and "generate" not in mod.name:
+            importlib.import_module(mod.name)
+    out: dict[tuple[int, bool], type] = {}
+    todo = list(ApiMessage.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if isinstance(getattr(cls, "API_KEY", None), int) and cls.API_KEY in SERVED \
+                and cls.__module__.startswith("kafka.protocol.") and "_v" not in cls.__name__:
+            out[(cls.API_KEY, cls.__name__.endswith("Request"))] = cls
+    return out
+
+
+_TAGGED = {"supported_features", "finalized_features", "finalized_features_epoch", "zk_migration_ready"}
+
+
+def _renamed(value):
+    """kafka-python's dict with our names; bytes as text (its to_dict renders them so)."""
+    if isinstance(value, dict):
+        # kafka-python turns the authorized-operations bit fields into sets under its own
+        # names, and shows ApiVersions v3's absent tagged fields with their defaults
+        return {_ALIASES.get(k, k): _renamed(v) for k, v in value.items()
+                if not k.endswith("authorized_operations") and k not in _TAGGED}
+    if isinstance(value, list):
+        return [_renamed(v) for v in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("latin-1")
+    return value
+
+
+@pytest.mark.parametrize("kv", SERVED_VERSIONS, ids=_id)
+def test_kafka_python_reads_what_we_write(kv: tuple[ApiKey, int]) -> None:
+    classes = _kafka_python_classes()
+    key, version = kv
+    for is_request in (True, False):
+        body = _sample(fields(key, is_request), version)
+        if key == ApiKey.API_VERSIONS and not is_request:
+            body["error_code"] = 0  # kafka-python reads any ApiVersions error reply as v0
+        if is_request:
+            frame = encode_request(key, version, 5, "kp", body)
+        else:
+            frame = encode_response(key, version, 5, body)
+        theirs = classes[(key, is_request)].decode(frame, version=version, header=True, framed=True)
+        assert _renamed(theirs.to_dict()) == _renamed(body)

@@ -230,6 +230,8 @@ def varint_bytes(n: int) -> bytes:
     z = (n << 1) ^ (n >> 63)
     if z < 128:
         return _SMALL_UVARINT[z]
+    if z < 16384:
+        return bytes(((z & 0x7F) | 0x80, z >> 7))
     return _uvarint_bytes(z)
 
 
