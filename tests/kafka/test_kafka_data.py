@@ -246,6 +246,9 @@ async def test_raw_produce_fetch_and_its_errors(kafka_broker) -> None:
             assert batch.base_offset == 1 and batch.producer_id == -1
             assert not batch.is_transactional
             assert [r.value for r in batch.records()] == [b"b"]
+        # At the end: empty records, not null (kafka-python cannot read a null there).
+        answer = await wire.call(ApiKey.FETCH, 11, 8, _fetch(topic, 2))
+        assert answer["responses"][0]["partitions"][0]["records"] == b""
         answer = await wire.call(ApiKey.FETCH, 11, 7, _fetch(topic, 3))
         assert answer["responses"][0]["partitions"][0]["error_code"] == \
             ErrorCode.OFFSET_OUT_OF_RANGE

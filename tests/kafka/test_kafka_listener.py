@@ -75,8 +75,10 @@ async def test_api_versions_v3_bad_software_name_is_invalid_request(kafka_broker
 async def test_api_versions_v4_gets_kafkas_v0_error_and_the_connection_stays(kafka_broker) -> None:
     wire = await Wire.open(kafka_broker.kafka_port)
     try:
-        wire.send(ApiKey.API_VERSIONS, 4, 7, {"client_software_name": "x",
-                                              "client_software_version": "1"})
+        # v4 has v3's layout: a v3 request with the version field rewritten.
+        v3 = encode_request(ApiKey.API_VERSIONS, 3, 7, "t", {"client_software_name": "x",
+                                                            "client_software_version": "1"})
+        wire.writer.write(v3[:6] + (4).to_bytes(2, "big") + v3[8:])
         size = await asyncio.wait_for(wire.reader.readexactly(4), WAIT)
         rest = await asyncio.wait_for(wire.reader.readexactly(16), WAIT)
         assert (size + rest).hex() == "00000010" "00000007" "0023" "00000001" "0012" "0000" "0003"
@@ -250,7 +252,8 @@ def test_kafka_port_clash_is_one_line_from_serve(tmp_path) -> None:
 async def test_serve_ready_line_names_the_kafka_port(tmp_path) -> None:
     cmd = [sys.executable, "-c", "from txbroker.cli.main import main; main()", "serve",
            "--data-dir", str(tmp_path / "d"), "--broker-port", "0", "--namesrv-port", "-1",
-           "--kafka-port", "0", "--segment-size", str(1 << 20)]
+           "--kafka-port", "0", "--segment-size", str(1 << 20),
+           "--max-message-size", str(64 << 10)]
     p = await asyncio.create_subprocess_exec(*cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE,
                                              stderr=subprocess.PIPE)
     try:
@@ -280,3 +283,20 @@ def _raw_request(key: int, version: int, corr: int, body: bytes = b"") -> bytes:
     payload = (key.to_bytes(2, "big", signed=True) + version.to_bytes(2, "big")
                + corr.to_bytes(4, "big") + len(client).to_bytes(2, "big") + client + body)
     return len(payload).to_bytes(4, "big") + payload
+
+
+async def test_connections_beyond_max_connections_are_closed(kafka_config) -> None:
+    from txbroker.broker import Broker
+
+    async with Broker(kafka_config.replace(max_connections=1)) as broker:
+        first = await Wire.open(broker.kafka_port)
+        second = None
+        try:
+            assert (await first.call(ApiKey.API_VERSIONS, 0, 1, {}))["error_code"] == 0
+            second = await Wire.open(broker.kafka_port)
+            assert await second.closed()
+            assert (await first.call(ApiKey.API_VERSIONS, 0, 2, {}))["error_code"] == 0
+        finally:
+            first.close()
+            if second is not None:
+                second.close()

@@ -242,7 +242,7 @@ class KafkaData:
             answer = {"partition_index": qid, "error_code": 0, "high_watermark": -1,
                       "last_stable_offset": -1, "log_start_offset": -1,
                       "aborted_transactions": [] if committed else None,
-                      "preferred_read_replica": -1, "records": None}
+                      "preferred_read_replica": -1, "records": b""}
             by_topic.setdefault(topic, []).append(answer)
             tc, error = await lookup_topic(self.topics, self.config, topic, auto_create=False)
             if tc is None or not 0 <= qid < tc.read_queue_nums:
