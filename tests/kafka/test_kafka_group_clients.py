@@ -212,7 +212,6 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.slow
 async def test_crashed_member_expires_and_the_survivor_takes_over(kafka_broker,
                                                                   kafka_bootstrap):
     topic, group = "GroupCrash", "g-crash"
