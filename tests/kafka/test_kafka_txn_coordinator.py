@@ -181,7 +181,7 @@ async def test_offsets_committed_with_the_transaction(env):
 
 async def test_end_txn_errors(env):
     c = env.coord
-    err, pid, epoch = await c.init_producer_id(TID, 60000, -1, -1, 0)
+    _, pid, epoch = await c.init_producer_id(TID, 60000, -1, -1, 0)
     assert await c.end_txn(TID, pid, epoch, True, 0) is E.INVALID_TXN_STATE  # Empty
     assert await c.end_txn(TID, pid + 1, epoch, True, 0) is E.INVALID_PRODUCER_ID_MAPPING
     assert await c.end_txn("unknown", pid, epoch, True, 0) is E.INVALID_PRODUCER_ID_MAPPING
@@ -213,7 +213,7 @@ async def test_init_producer_id_errors_and_bumps(env):
 
 async def test_epoch_exhaustion_gives_a_new_producer_id(env):
     c = env.coord
-    err, pid, epoch = await c.init_producer_id(TID, 60000, -1, -1, 0)
+    err, pid, _ = await c.init_producer_id(TID, 60000, -1, -1, 0)
     c._txns[TID].epoch = 32766
     err, pid2, epoch2 = await c.init_producer_id(TID, 60000, -1, -1, 0)
     assert err is E.NONE and pid2 != pid and epoch2 == 0
@@ -308,7 +308,7 @@ async def test_sequence_wraps_after_int32_max(env):
 # --- timeouts and operators -----------------------------------------------------------------
 async def test_timeout_aborts_and_fences(env):
     c = env.coord
-    err, pid, epoch = await c.init_producer_id(TID, 10_000, -1, -1, 0)
+    _, pid, epoch = await c.init_producer_id(TID, 10_000, -1, -1, 0)
     await c.add_partitions(TID, pid, epoch, [(T, 0)], 0)
     await produce(c, pid, epoch, 0, 0, [b"slow"])
     env.clock.now += 9
@@ -326,7 +326,7 @@ async def test_timeout_aborts_and_fences(env):
 
 async def test_operator_abort_lists_and_describes(env):
     c = env.coord
-    pid, epoch = await begin(c)
+    _, epoch = await begin(c)
     views = c.transactions()
     assert [(v.transactional_id, v.state, v.partitions) for v in views] == [
         (TID, "Ongoing", [(T, 0), (T, 1)])]

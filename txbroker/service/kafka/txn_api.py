@@ -11,7 +11,10 @@ from collections.abc import Awaitable, Callable
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
-from txbroker.service.kafka.coordinator import CoordinatorUnavailable, TransactionCoordinator
+from txbroker.service.kafka.coordinator import (
+    CoordinatorUnavailable,
+    TransactionCoordinator,
+)
 
 STATES = ("Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort",
           "PrepareEpochFence", "Dead")
