@@ -18,7 +18,7 @@ import os
 import sys
 import uuid
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 
 async def produce(bootstrap: str, topic: str, run: str) -> set[str]:
@@ -48,13 +48,12 @@ async def produce(bootstrap: str, topic: str, run: str) -> set[str]:
 
 async def consume(bootstrap: str, topic: str, run: str, expected: set[str], timeout: float) -> bool:
     """Read the whole topic read_committed; True when exactly ``expected`` of this run came."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+    # no group: the consumer reads every partition of the topic from its first offset
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
                                 isolation_level="read_committed", auto_offset_reset="earliest")
     await consumer.start()
     seen: list[str] = []
     try:
-        partitions = await consumer.partitions_for_topic(topic) or set()
-        consumer.assign([TopicPartition(topic, p) for p in sorted(partitions)])
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while len(seen) < len(expected) and loop.time() < deadline:

@@ -321,7 +321,7 @@ class Broker:
         self.admin = AdminProcessor(cfg, self.store, self.topics, self.registry, self.tx,
                                     self.metrics, runtime=self._runtime, clock=self.clock)
         handlers.update(self.admin.handlers())
-        handlers.update(transaction_handlers(self.tx))
+        handlers.update(transaction_handlers(self.tx, kafka=self.kafka_txn))
 
         self.server = RemotingServer(cfg, before_request=self.acl)
         for code, handler in handlers.items():

@@ -9,6 +9,7 @@ read_uncommitted alike: nothing of an aborted attempt, nothing twice."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
 import pytest
@@ -52,12 +53,19 @@ async def test_pipeline_outputs_exactly_once_through_app_and_broker_crashes(brok
     log = tmp_path / "app.log"
 
     def app():
-        return start_app(bootstrap, "eos-in", "eos-out", "eos-app", "eos-tid", delay=0.01,
+        return start_app(bootstrap, "eos-in", "eos-out", "eos-app", "eos-tid", delay=0.05,
                          idle_exit=4.0, log=log)
 
     rng = random.Random(SEED)
     proc = app()
     kills = broker_kills = 0
+    done: set[str] = set()  # inputs whose transaction an app reported committed
+    mid_stream: list[str] = []  # the crashes that came while inputs were left
+
+    def reap(p) -> None:
+        for line in p.stdout.read().splitlines():
+            if line.startswith("committed "):
+                done.update(json.loads(line.split(" ", 1)[1]))
     try:
         for round_no in range(ROUNDS):
             await asyncio.sleep(rng.uniform(0.5, 2.0))
@@ -70,6 +78,9 @@ async def test_pipeline_outputs_exactly_once_through_app_and_broker_crashes(brok
                 proc.kill()
                 kills += 1
             proc.wait(10)
+            reap(proc)
+            if len(done) < INPUTS:  # what was committed up to the crash(es) of this round
+                mid_stream.append("broker" if round_no in BROKER_ROUNDS else "app")
             proc = app()
         # let the last instance run to its end: it exits 0 after 4 s without input
         for _ in range(5):
@@ -77,13 +88,18 @@ async def test_pipeline_outputs_exactly_once_through_app_and_broker_crashes(brok
             if code == 0:
                 break
             assert code is not None, "the pipeline app did not finish"
+            reap(proc)
             proc = app()  # it lost the broker (a restart): start it again
         assert proc.returncode == 0, log.read_text()[-3000:]
+        reap(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
     assert kills >= 1 and broker_kills == 1
+    # the crashes hit a running app (not one that had finished): the app and the broker
+    assert "app" in mid_stream and "broker" in mid_stream, (mid_stream, len(done))
+    assert done <= set(inputs)
     committed = await read_topic(bootstrap, "eos-out", "read_committed", PARTITIONS)
     uncommitted = await read_topic(bootstrap, "eos-out", "read_uncommitted", PARTITIONS)
     counts = per_input(committed)

@@ -18,6 +18,7 @@ from support.waiting import eventually
 
 from txbroker.bench.chaos.process import free_port
 from txbroker.client.admin import AdminClient
+from txbroker.client.errors import LocatedError
 
 TOPIC = "ops-orders"
 TID = "ops-app-1"
@@ -138,3 +139,28 @@ def test_readme_kafka_clients_section_runs_as_written(broker_process, tmp_path):
     assert "read_committed consumer got" in results[0][1] and "(aborted)" not in results[0][1]
     assert "1 Kafka transaction(s)" in results[1][1]
     assert "0 hanging Kafka transaction(s)" in results[2][1]
+
+
+async def test_operator_abort_needs_an_admin_account_under_acl(kafka_config, tmp_path):
+    """KAFKA_TXN_ABORT fences a producer: under ACL only an admin account may send it, as
+    TXN_DECIDE; listing is not refused."""
+    from txbroker.broker import Broker
+    from txbroker.client.errors import BrokerError
+
+    acl = tmp_path / "plain_acl.yml"
+    acl.write_text("accounts:\n  - accessKey: app-key\n    secretKey: app-secret\n"
+                   "    defaultTopicPerm: PUB|SUB\n"
+                   "  - accessKey: admin-key\n    secretKey: admin-secret\n    admin: true\n")
+    b = Broker(kafka_config.replace(acl_file=str(acl)))
+    await b.start()
+    try:
+        app = {"access_key": "app-key", "secret_key": "app-secret"}
+        async with AdminClient(b.namesrv_addr, **app) as admin:
+            assert await admin.kafka_txn_list() == []
+            with pytest.raises(BrokerError, match="Need admin permission for request code=9006"):
+                await admin.kafka_txn_abort("some-app", "mallory")
+        async with AdminClient(b.namesrv_addr, access_key="admin-key", secret_key="admin-secret") as admin:
+            with pytest.raises(LocatedError, match="no transaction some-app"):
+                await admin.kafka_txn_abort("some-app", "alice")
+    finally:
+        await b.stop()

@@ -58,7 +58,8 @@ async def read_topic(bootstrap: str, topic: str, isolation: str, partitions: int
         ends = await consumer.end_offsets(tps)
         values: list[str] = []
         for _ in range(10_000):  # bounded: each round reads at least one record or waits 0.5 s
-            if all(await consumer.position(tp) >= ends[tp] for tp in tps):
+            positions = [await consumer.position(tp) for tp in tps]
+            if all(pos >= ends[tp] for pos, tp in zip(positions, tps, strict=True)):
                 break
             for records in (await consumer.getmany(timeout_ms=500, max_records=5000)).values():
                 values += [r.value.decode() for r in records]
