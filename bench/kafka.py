@@ -5,8 +5,9 @@ and this process drives it, one row after the other:
 
 * **kafka plain** — one aiokafka producer (acks=all), sends pipelined (up to ``--in-flight``
   unanswered), 100-byte values over the topic's 4 partitions;
-* **kafka txn N** — one transactional aiokafka producer, transactions of N = 1, 10 and 100
-  messages (begin, N sends, commit), one after the other;
+* **kafka txn N** — ``--txn-producers`` transactional aiokafka producers at once (one
+  transactional id each), each committing transactions of N = 1, 10 and 100 messages (begin,
+  N sends, commit) one after the other;
 * **kafka read_committed** — one aiokafka consumer (``isolation_level=read_committed``, no
   group, partitions assigned) draining everything the rows above stored, from offset 0;
 * **rocketmq tx** / **rocketmq plain** — the txbroker SDK's committed transactions and plain
@@ -28,7 +29,7 @@ Then the three targets of docs/kafka.md, each met or not met:
 ``--json`` prints the rows and targets as one JSON document instead of the table.
 
 Usage: ``python -m txbroker.bench.kafka [--seconds 3] [--max-messages 300000]
-[--in-flight 1000] [--rmq-producers 64] [--json]``
+[--in-flight 1000] [--rmq-producers 64] [--txn-producers 4] [--json]``
 """
 
 from __future__ import annotations
@@ -153,27 +154,38 @@ async def kafka_plain(broker: KafkaBroker, seconds: float, max_messages: int,
     return _result("kafka plain", done, elapsed, cpu1 - cpu0, client1 - client0)
 
 
-async def kafka_txn(broker: KafkaBroker, per_txn: int, seconds: float,
-                    max_messages: int) -> RowResult:
-    """Committed transactions of ``per_txn`` messages, one after the other."""
+async def kafka_txn(broker: KafkaBroker, per_txn: int, seconds: float, max_messages: int,
+                    producers: int) -> RowResult:
+    """Committed transactions of ``per_txn`` messages: ``producers`` transactional producers
+    (one transactional id each) at once, each running its transactions one after the other.
+
+    One producer alone waits for AddPartitionsToTxn, its produce and EndTxn in turn at every
+    commit, so its rate measures round trips; several at once measure what the broker can
+    carry, the way plain sends are measured pipelined."""
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=broker.kafka,
-                                transactional_id=f"bench-txn-{per_txn}", linger_ms=5)
-    await producer.start()
-    try:
-        loop = asyncio.get_running_loop()
-        cpu0, client0, t0 = broker.cpu(), time.process_time(), loop.time()
-        stop_at, done = t0 + seconds, 0
-        while done + per_txn <= max_messages and loop.time() < stop_at:
+    clients = [AIOKafkaProducer(bootstrap_servers=broker.kafka, linger_ms=5,
+                                transactional_id=f"bench-txn-{per_txn}-{i}")
+               for i in range(producers)]
+    await asyncio.gather(*(c.start() for c in clients))
+    loop = asyncio.get_running_loop()
+    budget = max_messages // producers
+    done = [0] * producers
+
+    async def run(i: int, producer: AIOKafkaProducer, stop_at: float) -> None:
+        while done[i] + per_txn <= budget and loop.time() < stop_at:
             async with producer.transaction():
                 futures = [await producer.send(TOPIC, VALUE) for _ in range(per_txn)]
             await asyncio.gather(*futures)
-            done += per_txn
+            done[i] += per_txn
+
+    try:
+        cpu0, client0, t0 = broker.cpu(), time.process_time(), loop.time()
+        await asyncio.gather(*(run(i, c, t0 + seconds) for i, c in enumerate(clients)))
         elapsed, cpu1, client1 = loop.time() - t0, broker.cpu(), time.process_time()
     finally:
-        await producer.stop()
-    return _result(f"kafka txn {per_txn}", done, elapsed, cpu1 - cpu0, client1 - client0)
+        await asyncio.gather(*(c.stop() for c in clients))
+    return _result(f"kafka txn {per_txn}", sum(done), elapsed, cpu1 - cpu0, client1 - client0)
 
 
 async def kafka_consume(broker: KafkaBroker, backlog: int, seconds: float) -> RowResult:
@@ -209,13 +221,13 @@ async def rocketmq(kind: str, producers: int, seconds: float, max_messages: int)
 
 
 async def run_all(broker: KafkaBroker, seconds: float, max_messages: int, in_flight: int,
-                  rmq_producers: int) -> list[RowResult]:
+                  rmq_producers: int, txn_producers: int) -> list[RowResult]:
     """Every row, in the order the module docstring lists them."""
     async with AdminClient(broker.namesrv) as admin:
         await admin.create_topic(TOPIC, PARTITIONS)
     rows = [await kafka_plain(broker, seconds, max_messages, in_flight)]
     for size in TXN_SIZES:
-        rows.append(await kafka_txn(broker, size, seconds, max_messages))
+        rows.append(await kafka_txn(broker, size, seconds, max_messages, txn_producers))
     rows.append(await kafka_consume(broker, sum(r.messages for r in rows), seconds))
     for kind in ("tx", "plain"):
         rows.append(await rocketmq(kind, rmq_producers, seconds, max_messages))
@@ -267,6 +279,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="unanswered plain Kafka sends at most")
     ap.add_argument("--rmq-producers", type=int, default=64,
                     help="producer coroutines of the RocketMQ rows (on one SDK producer)")
+    ap.add_argument("--txn-producers", type=int, default=4,
+                    help="transactional Kafka producers at once in the transaction rows")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args(argv)
     import uvloop
@@ -274,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="txbroker-bench-kafka-") as d, KafkaBroker(d) as broker, \
             asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         rows = runner.run(run_all(broker, args.seconds, args.max_messages, args.in_flight,
-                                  args.rmq_producers))
+                                  args.rmq_producers, args.txn_producers))
     goals = targets(rows)
     doc = {"seconds": args.seconds, "rows": [asdict(r) for r in rows], "targets": goals}
     if args.json:
