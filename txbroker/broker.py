@@ -129,7 +129,6 @@ class Broker:
         #: The bound Kafka port (-1 when the Kafka listener is off).
         self.kafka_port = -1
         self.kafka: KafkaListener | None = None
-        self.kafka_data: KafkaData | None = None
         self.groups: GroupCoordinator | None = None
         self.kafka_txn: TransactionCoordinator | None = None
         self._kafka_sock: socket.socket | None = None
@@ -358,9 +357,10 @@ class Broker:
         self.groups = GroupCoordinator(cfg, self.metrics)
         await self.groups.start()
         await self.kafka_txn.start()
-        self.kafka_data = KafkaData(cfg, self.store, self.topics, self.metrics, self.kafka_txn)
+        kafka_data = KafkaData(cfg, self.store, self.topics, self.metrics, self.kafka_txn,
+                               self.holds)
         handlers = KafkaMetadata(cfg, self.topics, host=self.host, port=self.kafka_port).handlers()
-        handlers.update(self.kafka_data.handlers())
+        handlers.update(kafka_data.handlers())
         handlers.update(group_handlers(self.groups, self.store, self.topics))
         handlers.update(txn_handlers(self.kafka_txn))
         self.kafka = KafkaListener(cfg, handlers, self.metrics)
@@ -451,9 +451,7 @@ class Broker:
             self._housekeeping.cancel()
         if self._metrics_server is not None:
             self._metrics_server.close()
-        self.holds.wake_all()
-        if self.kafka_data is not None:
-            self.kafka_data.close()
+        self.holds.wake_all()  # held pulls and Kafka fetches answer now
         if self._kafka_sock is not None:  # bound, never served
             self._kafka_sock.close()
         servers = [s for s in (self.server, self.namesrv_server, self.kafka) if s is not None]

@@ -91,7 +91,7 @@ class BrokerMetrics:
         self.connections = Gauge("connections", "Open client connections", namespace=ns, registry=r)
         self.in_flight = Gauge("requests_in_flight", "Requests being handled", namespace=ns,
                                registry=r)
-        self.held_pulls = Gauge("held_pulls", "Long-poll pulls waiting for messages",
+        self.held_pulls = Gauge("held_pulls", "Long-poll pulls and Kafka fetches waiting for messages",
                                 namespace=ns, registry=r)
         self.store = Gauge("store", "Message store figures (puts, gets, bytes, ...)", ["stat"],
                            namespace=ns, registry=r)

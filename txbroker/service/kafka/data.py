@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from typing import TYPE_CHECKING
 
 from txbroker.config import BrokerConfig
@@ -25,6 +24,7 @@ from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.kafka.mapping import message_to_record, record_to_message
 from txbroker.service.kafka.metadata import lookup_topic
 from txbroker.service.metrics import BrokerMetrics
+from txbroker.service.processors.pull import PullHoldService
 from txbroker.service.topics import TopicManager
 from txbroker.store.message_store import MessageStore
 from txbroker.store.record import RecordError, decode_records
@@ -59,81 +59,36 @@ def _peer_host(peer: str) -> tuple[str, int]:
         return "127.0.0.1", 0
 
 
-class FetchWaiters:
-    """Long-polling fetches waiting for appends to their queues (store listener)."""
-
-    def __init__(self) -> None:
-        self._waiters: dict[tuple[str, int], set[asyncio.Future]] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
-        self.closing = False
-
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._loop_thread = threading.get_ident()
-
-    def on_put(self, topic: str, queue_id: int, _max_offset: int) -> None:
-        """Store listener, called per append: a dict miss when nobody waits."""
-        key = (topic, queue_id)
-        if key not in self._waiters:
-            return
-        if threading.get_ident() != self._loop_thread and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._wake, key)
-        else:
-            self._wake(key)
-
-    def _wake(self, key: tuple[str, int]) -> None:
-        for fut in self._waiters.pop(key, ()):
-            if not fut.done():
-                fut.set_result(None)
-
-    async def wait(self, keys: list[tuple[str, int]], timeout: float) -> None:
-        """Until an append to one of ``keys``, ``timeout`` seconds or :meth:`wake_all`."""
-        if self.closing or timeout <= 0:
-            return
-        fut = asyncio.get_running_loop().create_future()
-        for key in keys:
-            self._waiters.setdefault(key, set()).add(fut)
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            pass
-        finally:
-            for key in keys:
-                waiting = self._waiters.get(key)
-                if waiting is not None:
-                    waiting.discard(fut)
-                    if not waiting:
-                        del self._waiters[key]
-
-    def wake_all(self) -> None:
-        """Shutdown: every waiting fetch answers now with what it has."""
-        self.closing = True
-        for key in list(self._waiters):
-            self._wake(key)
-
-
 class KafkaData:
     """Handlers of Produce, Fetch and ListOffsets."""
 
     def __init__(self, config: BrokerConfig, store: MessageStore, topics: TopicManager,
-                 metrics: BrokerMetrics, coordinator: TransactionCoordinator) -> None:
+                 metrics: BrokerMetrics, coordinator: TransactionCoordinator,
+                 holds: PullHoldService) -> None:
         self.config = config
         self.store = store
         self.topics = topics
         self.metrics = metrics
         self.coordinator = coordinator
-        self.waiters = FetchWaiters()
-        self.waiters.bind(asyncio.get_running_loop())
-        store.add_listener(self.waiters.on_put)
+        #: The broker's one set of long polls woken by appends (RocketMQ pulls wait there
+        #: too): its shutdown answers held fetches at once, a SYNC_MASTER's recheck wakes them.
+        self.holds = holds
 
     def handlers(self) -> dict[int, Handler]:
         return {ApiKey.PRODUCE: self.produce, ApiKey.FETCH: self.fetch,
                 ApiKey.LIST_OFFSETS: self.list_offsets}
 
-    def close(self) -> None:
-        """Answer every long-polling fetch now (the broker is stopping)."""
-        self.waiters.wake_all()
+    async def _wait(self, keys: list[tuple[str, int]], timeout: float) -> None:
+        """Until an append to one of ``keys``, ``timeout`` seconds, or the broker stopping."""
+        if self.holds.closing or timeout <= 0:
+            return
+        held = [(topic, qid, self.holds.wait(topic, qid)) for topic, qid in keys]
+        try:
+            await asyncio.wait([f for _, _, f in held], timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for topic, qid, fut in held:
+                self.holds.discard(topic, qid, fut)
 
     # --- Produce ----------------------------------------------------------------------------
     async def produce(self, ctx: KafkaRequestContext, body: dict) -> dict | None:
@@ -224,9 +179,9 @@ class KafkaData:
             responses, size, errors = await self._read(wanted, body.get("max_bytes", 0x7FFFFFFF),
                                                        committed)
             remaining = deadline - loop.time()
-            if size >= min_bytes or errors or remaining <= 0 or self.waiters.closing:
+            if size >= min_bytes or errors or remaining <= 0 or self.holds.closing:
                 break
-            await self.waiters.wait([(t, p["partition"]) for t, p in wanted], remaining)
+            await self._wait([(t, p["partition"]) for t, p in wanted], remaining)
         return {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": responses}
 
     async def _read(self, wanted: list[tuple[str, dict]], max_bytes: int,
