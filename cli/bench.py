@@ -1,21 +1,30 @@
 """``txbroker bench``: the PySpark trace bench (generate, replay, verify, report, run).
 
 Every Spark command takes ``--master`` (default ``local[*]``; ``spark://HOST:PORT`` runs the
-same job on a cluster) and sends Spark's own output (JVM banner, log4j lines, progress bars) to a
-log file it names on stderr, unless ``--verbose``.  ``verify`` and ``run`` exit 1 when any
-violation is found; bad options exit 2 with one ``error:`` line.
+same job on a cluster, with ``--driver-host`` and ``--executor-python`` when the defaults do not
+fit) and sends Spark's own output (JVM banner, log4j lines, progress bars) to a log file it
+names on stderr, unless ``--verbose``.  Traces, results and reports are paths or URIs
+(``hdfs://``, ``s3a://``, ``file://``: anything Hadoop's FileSystem reads), written and read
+through Spark.  ``verify`` and ``run`` exit 1 when any violation is found; bad options exit 2
+with one ``error:`` line.
 """
 
 from __future__ import annotations
 
 import functools
+import ipaddress
+import re
 import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
+from txbroker.bench.trace.embedded import EmbeddedBrokerError
+from txbroker.bench.trace.fs import join, local_path
+from txbroker.bench.trace.spark import is_local, route_address
 from txbroker.bench.trace.spec import (
     DEFAULT_MIX,
     BrokerSettings,
@@ -24,6 +33,9 @@ from txbroker.bench.trace.spec import (
     parse_mix,
 )
 from txbroker.cli.common import CommandError, command_name
+
+#: A URI's scheme (two letters at least, so ``C:`` stays a path).
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
 
 
 def _spark_options(log_default: str):
@@ -36,6 +48,13 @@ def _spark_options(log_default: str):
                          help=f"file for Spark's output and log [default: {log_default}]"),
             click.option("--verbose", "-v", is_flag=True,
                          help="show Spark's output (log4j lines, progress bars) on the terminal"),
+            click.option("--driver-host", default=None,
+                         help="address executors reach this driver at [default: 127.0.0.1 for "
+                              "local[*], else this machine's address on the route to the master]"),
+            click.option("--executor-python", default=None,
+                         help="Python the executors run, a path or a name on each worker's PATH, "
+                              "same major.minor as this one [default: $PYSPARK_PYTHON, else "
+                              f"python{sys.version_info[0]}.{sys.version_info[1]}]"),
         ]):
             fn = opt(fn)
         return fn
@@ -50,6 +69,10 @@ def _errors(fn):
         except SpecError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
+        except EmbeddedBrokerError as exc:  # its first line says why, the rest is the log's end
+            click.echo(f"error: {command_name(click.get_current_context(silent=True))}: {exc}",
+                       err=True)
+            sys.exit(1)
         except OSError as exc:  # a work dir, trace or results path the machine refuses
             where = f": {exc.filename}" if exc.filename else ""
             why = f"{exc.strerror}{where}" if exc.strerror else str(exc)
@@ -57,25 +80,58 @@ def _errors(fn):
     return wrapper
 
 
-def _spark(master: str, verbose: bool, log_file: Path):
+def _driver_host(master: str, driver_host: str | None) -> str:
+    return driver_host or ("127.0.0.1" if is_local(master) else route_address(master))
+
+
+def _spark(master: str, verbose: bool, log_file: Path, driver_host: str | None,
+           executor_python: str | None):
     """Start (or join) the SparkSession; return it and the seconds that took."""
     from txbroker.bench.trace.spark import session
 
     if not verbose:
         click.echo(f"Spark log: {log_file} (--verbose shows it here)", err=True)
     t = time.perf_counter()
-    spark = session(master, log_file=None if verbose else log_file)
+    spark = session(master, log_file=None if verbose else log_file,
+                    driver_host=_driver_host(master, driver_host), executor_python=executor_python)
     return spark, time.perf_counter() - t
+
+
+def _shown(uri: str) -> str:
+    """A written file as the user reads it: a local path when it is one, else the URI."""
+    path = local_path(uri)
+    return str(path) if path is not None else uri
 
 
 def _wall(t0: float, startup: float) -> str:
     return f"{time.perf_counter() - t0:.1f} s wall, including {startup:.1f} s Spark start-up"
 
 
+def _local_dir(target: str) -> Path | None:
+    """The local directory a path or ``file:`` URI names; None on any other filesystem."""
+    return local_path(target) if _SCHEME.match(target) else Path(target)
+
+
+def _under(directory: str, *names: str) -> str:
+    """A file under a directory the user named, shown the way they named it."""
+    return _shown(join(directory, *names)) if _SCHEME.match(directory) else str(Path(directory, *names))
+
+
 def _beside(directory: str) -> Path:
-    """``DIR.spark.log`` next to a directory the command replaces (so not inside it)."""
-    d = Path(directory).absolute()  # "." has no name to add to
+    """``DIR.spark.log`` next to a local directory the command replaces (so not inside it);
+    for a directory on another filesystem, ``<temp dir>/txbroker-bench-NAME.spark.log``."""
+    local = _local_dir(directory)
+    if local is None:
+        name = directory.rstrip("/").rsplit("/", 1)[-1] or "out"
+        return Path(tempfile.gettempdir()) / f"txbroker-bench-{name}.spark.log"
+    d = local.absolute()  # "." has no name to add to
     return d.with_name(d.name + ".spark.log")
+
+
+def _inside(directory: str, name: str) -> Path:
+    """``DIR/NAME`` for a local directory; else ``<temp dir>/txbroker-bench-NAME``."""
+    local = _local_dir(directory)
+    return local / name if local is not None else Path(tempfile.gettempdir()) / f"txbroker-bench-{name}"
 
 
 def _trace_options(fn):
@@ -116,28 +172,31 @@ def bench() -> None:
 
 @bench.command("generate")
 @click.option("--transactions", "-n", type=int, required=True)
-@click.option("--out", type=click.Path(file_okay=False), required=True)
+@click.option("--out", required=True, help="directory (path or URI) the trace replaces")
 @_trace_options
 @_spark_options("OUT.spark.log")
 @_errors
-def generate_cmd(transactions, out, master, verbose, spark_log, **opts) -> None:
+def generate_cmd(transactions, out, master, verbose, spark_log, driver_host, executor_python,
+                 **opts) -> None:
     """Write a trace (Parquet, deterministic for --seed)."""
     from txbroker.bench.trace.generate import generate, validate
 
     t0 = time.perf_counter()
     meta = _meta(transactions, **opts)
     validate(meta)
-    spark, startup = _spark(master, verbose, Path(spark_log or _beside(out)))
+    spark, startup = _spark(master, verbose, Path(spark_log or _beside(out)), driver_host,
+                            executor_python)
     t = time.perf_counter()
-    generate(spark, meta, Path(out))
+    generate(spark, meta, out)
     click.echo(f"wrote {transactions:,} transactions to {out} in {time.perf_counter() - t:.1f} s "
                f"({_wall(t0, startup)})")
 
 
 @bench.command("replay")
-@click.option("--trace", "trace_dir", type=click.Path(file_okay=False, exists=True), required=True)
-@click.option("--namesrv", required=True, help="HOST:PORT of the broker's name server")
-@click.option("--out", type=click.Path(file_okay=False), required=True)
+@click.option("--trace", "trace_dir", required=True, help="trace directory (path or URI)")
+@click.option("--namesrv", required=True,
+              help="HOST:PORT of the name server (several separated by ';'); executors dial it too")
+@click.option("--out", required=True, help="directory (path or URI) the results replace")
 @click.option("--concurrency", type=int, default=64, show_default=True,
               help="transactions in flight per Spark task")
 @click.option("--tasks", type=int, default=None, help="Spark tasks [default: parallelism]")
@@ -148,12 +207,13 @@ def generate_cmd(transactions, out, master, verbose, spark_log, **opts) -> None:
 @_spark_options("OUT.spark.log")
 @_errors
 def replay_cmd(trace_dir, namesrv, out, concurrency, tasks, check_concurrency, rate,
-               master, verbose, spark_log) -> None:
+               master, verbose, spark_log, driver_host, executor_python) -> None:
     """Replay a trace against a running broker; results are Parquet."""
     from txbroker.bench.trace.replay import replay
 
     t0 = time.perf_counter()
-    spark, startup = _spark(master, verbose, Path(spark_log or _beside(out)))
+    spark, startup = _spark(master, verbose, Path(spark_log or _beside(out)), driver_host,
+                            executor_python)
     s = replay(spark, trace_dir, namesrv, out, tasks=tasks, concurrency=concurrency,
                rate=rate, check_concurrency=check_concurrency)
     click.echo(f"run {s['run_id']}: {s['deliveries']:,} deliveries recorded in {out} "
@@ -161,18 +221,20 @@ def replay_cmd(trace_dir, namesrv, out, concurrency, tasks, check_concurrency, r
 
 
 @bench.command("verify")
-@click.option("--trace", "trace_dir", type=click.Path(file_okay=False, exists=True), required=True)
-@click.option("--results", type=click.Path(file_okay=False, exists=True), required=True)
+@click.option("--trace", "trace_dir", required=True, help="trace directory (path or URI)")
+@click.option("--results", required=True, help="results directory (path or URI)")
 @click.option("--grace-ms", type=float, default=500.0, show_default=True,
               help="a check this soon after the decision is a race, not a violation")
 @_spark_options("RESULTS/verify.spark.log")
 @_errors
-def verify_cmd(trace_dir, results, grace_ms, master, verbose, spark_log) -> None:
+def verify_cmd(trace_dir, results, grace_ms, master, verbose, spark_log, driver_host,
+               executor_python) -> None:
     """Join expectations with deliveries; exit 1 on any violation."""
     from txbroker.bench.trace.verify import verify
 
     t0 = time.perf_counter()
-    spark, startup = _spark(master, verbose, Path(spark_log or Path(results) / "verify.spark.log"))
+    spark, startup = _spark(master, verbose, Path(spark_log or _inside(results, "verify.spark.log")),
+                            driver_host, executor_python)
     v = verify(spark, trace_dir, results, grace_ms=grace_ms)
     for name, n in v["violations"].items():
         click.echo(f"{name:<26} {n:>10,}" + (f"  e.g. {v['violation_samples'][name]}" if n else ""))
@@ -184,22 +246,46 @@ def verify_cmd(trace_dir, results, grace_ms, master, verbose, spark_log) -> None
 
 
 @bench.command("report")
-@click.option("--results", type=click.Path(file_okay=False, exists=True), required=True)
-@click.option("--out", type=click.Path(file_okay=False), required=True)
+@click.option("--results", required=True, help="verified results directory (path or URI)")
+@click.option("--out", required=True, help="directory (path or URI) for report.md and the plots")
+@_spark_options("OUT.spark.log")
 @_errors
-def report_cmd(results, out) -> None:
+def report_cmd(results, out, master, verbose, spark_log, driver_host, executor_python) -> None:
     """Markdown + PNG plots from a verified results directory."""
     from txbroker.bench.trace.report import report
 
-    for path in report(results, out):
-        click.echo(str(path))
+    spark, _ = _spark(master, verbose, Path(spark_log or _beside(out)), driver_host,
+                      executor_python)
+    for uri in report(spark, results, out):
+        click.echo(_shown(uri))
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _master_host(master: str) -> str:
+    return urlsplit(master.split(",", 1)[0]).hostname or ""
 
 
 @bench.command("run")
 @click.option("--transactions", "-n", type=int, default=10_000, show_default=True)
-@click.option("--namesrv", default=None, help="use this broker instead of an embedded one")
-@click.option("--work-dir", type=click.Path(file_okay=False), default=None,
-              help="where trace/, results/ and report/ go [default: a new temp dir]")
+@click.option("--namesrv", default=None,
+              help="use this broker or cluster (name server HOST:PORT, several separated by ';') "
+                   "instead of an embedded one")
+@click.option("--work-dir", default=None,
+              help="where trace/, results/ and report/ go: a path or a URI every executor "
+                   "reads (hdfs://, s3a://, file:// on a shared mount) [default: a new local "
+                   "temp dir, for local[*] or a master on this machine]")
+@click.option("--broker-host", default=None,
+              help="interface the embedded broker listens on (0.0.0.0: all) [default: "
+                   "127.0.0.1 for local[*], else the driver host]")
+@click.option("--advertise", default=None,
+              help="address the embedded broker announces to executors [default: --broker-host, "
+                   "or the driver host when that is 0.0.0.0]")
 @click.option("--concurrency", type=int, default=64, show_default=True)
 @click.option("--tasks", type=int, default=None)
 @click.option("--check-concurrency", type=int, default=1024, show_default=True,
@@ -209,8 +295,9 @@ def report_cmd(results, out) -> None:
 @_trace_options
 @_spark_options("WORK-DIR/spark.log")
 @_errors
-def run_cmd(transactions, namesrv, work_dir, concurrency, tasks, check_concurrency, replay_rate,
-            master, verbose, spark_log, **opts) -> None:
+def run_cmd(transactions, namesrv, work_dir, broker_host, advertise, concurrency, tasks,
+            check_concurrency, replay_rate, master, verbose, spark_log, driver_host,
+            executor_python, **opts) -> None:
     """generate + replay + verify + report; exit 1 on any violation."""
     from rich.console import Console
 
@@ -220,14 +307,31 @@ def run_cmd(transactions, namesrv, work_dir, concurrency, tasks, check_concurren
     t0 = time.perf_counter()
     meta = _meta(transactions, **opts)
     validate(meta)
-    work = Path(work_dir or tempfile.mkdtemp(prefix="txbroker-bench-run-"))
-    work.mkdir(parents=True, exist_ok=True)  # an unusable work dir fails before Spark starts
-    spark, startup = _spark(master, verbose, Path(spark_log or work / "spark.log"))
+    if namesrv and (broker_host or advertise):
+        raise SpecError("--broker-host and --advertise place the embedded broker; "
+                        "with --namesrv there is none")
+    local = is_local(master)
+    if work_dir is None and not (local or _loopback(_master_host(master))):
+        raise SpecError("--work-dir is required with a cluster master: a directory every "
+                        "executor reads (hdfs://..., s3a://..., or file:///... on a shared mount)")
+    driver = _driver_host(master, driver_host)
+    broker_host = broker_host or ("127.0.0.1" if local else driver)
+    advertise = advertise or (driver if broker_host in ("0.0.0.0", "::") else broker_host)
+    if not namesrv and not local and _loopback(advertise) and not _loopback(_master_host(master)):
+        click.echo(f"warning: the embedded broker is announced as {advertise}: executors on "
+                   "other machines cannot reach it (give --broker-host or --advertise)", err=True)
+    work = work_dir or tempfile.mkdtemp(prefix="txbroker-bench-run-")
+    local_work = _local_dir(work)
+    if local_work is not None:
+        local_work.mkdir(parents=True, exist_ok=True)  # an unusable work dir fails before Spark starts
+    spark, startup = _spark(master, verbose, Path(spark_log or _inside(work, "spark.log")),
+                            driver_host=driver, executor_python=executor_python)
     console = Console(stderr=True)
     summary, timings = run_all(spark, meta, work, namesrv, tasks=tasks,
                                concurrency=concurrency, rate=replay_rate,
-                               check_concurrency=check_concurrency, console=console)
+                               check_concurrency=check_concurrency, console=console,
+                               broker_host=broker_host, advertise=advertise)
     timings = {"Spark start-up": startup, **timings, "wall": time.perf_counter() - t0}
     Console().print(summary_table(summary, timings))
-    click.echo(f"report: {work / 'report' / 'report.md'}")
+    click.echo(f"report: {_under(work, 'report', 'report.md')}")
     sys.exit(1 if summary["violation_total"] else 0)

@@ -7,8 +7,8 @@ everything).  The tests and the bench's embedded broker use the same class with 
 ports (``broker_port=0``).  With ``kafka_port`` in the settings the ready line also names the
 Kafka listener (``kafka=H:P``, in :attr:`BrokerProcess.kafka_addr` / ``.kafka_port``); a port
 given there is pinned, so Kafka clients find a restarted broker at the same address (``0``
-lets each start pick one).  The ``txbroker`` package is installed, so the subprocess runs from
-the caller's working directory (relative paths mean the same to both).
+lets each start pick one).  The subprocess runs the installed ``txbroker`` package from the
+caller's working directory (relative paths mean the same to both).
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ class BrokerProcess:
         self.kafka_addr = ""  # "H:P" of the Kafka listener, "" when it is off
 
     def argv(self) -> list[str]:
-        args = [sys.executable, "-c", "from txbroker.cli.main import main; main()", "serve",
-                "--data-dir", str(self.data_dir)]
+        # -P: the current directory is not put on sys.path, so a ``txbroker``, ``cli`` or
+        # ``bench`` folder there cannot stand in for the installed package.
+        args = [sys.executable, "-P", "-m", "txbroker", "serve", "--data-dir", str(self.data_dir)]
         for key, value in self.settings.items():
             opt = "--" + key.replace("_", "-")
             if isinstance(value, bool):

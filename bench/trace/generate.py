@@ -8,12 +8,13 @@ running sum (which would need one ordered pass).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
+from txbroker.bench.trace.fs import WorkFS
 from txbroker.bench.trace.spec import (
     KINDS,
     MAX_UNKNOWN_BEFORE_DECISION,
+    META_FILE,
     BrokerSettings,
     Dist,
     SpecError,
@@ -112,16 +113,14 @@ def validate(meta: TraceMeta) -> None:
                         f"half the transaction timeout ({meta.broker.transaction_timeout:g} s)")
 
 
-def generate(spark, meta: TraceMeta, out: Path, partitions: int | None = None) -> int:
-    """Write the trace to ``out`` (replaced) and return its row count."""
+def generate(spark, meta: TraceMeta, out: str | Path, partitions: int | None = None) -> int:
+    """Write the trace to ``out`` (a path or URI; replaced) and return its row count."""
     validate(meta)
-    out = Path(out)
-    if out.exists():
-        if not (out / "_txbroker_trace.json").exists() and any(out.iterdir()):
-            raise SpecError(f"{out}: exists and is not a trace; refusing to overwrite it")
-        shutil.rmtree(out)
-    build(spark, meta, partitions).write.parquet(str(out))
-    meta.write(out)
+    fs = WorkFS(spark)
+    uri = fs.qualify(out)
+    fs.replace_dir(uri, META_FILE, "trace")
+    build(spark, meta, partitions).write.parquet(uri)
+    meta.write(fs, uri)
     return meta.transactions
 
 

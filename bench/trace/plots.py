@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -93,13 +94,13 @@ def _per_second(times: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return counts / (edges[1] - edges[0])
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, path: Path | BinaryIO) -> Path | BinaryIO:
     fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
+    fig.savefig(path, dpi=_DPI, format="png")
     return path
 
 
-def throughput(ev: Events, title: str, path: Path):
+def throughput(ev: Events, title: str, path: Path | BinaryIO):
     from matplotlib.figure import Figure
 
     step = bucket_seconds(ev.span)
@@ -123,7 +124,7 @@ def throughput(ev: Events, title: str, path: Path):
 _FRACTION_TICKS = (0.0001, 0.001, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
 
 
-def latency_cdf(ev: Events, title: str, path: Path):
+def latency_cdf(ev: Events, title: str, path: Path | BinaryIO):
     """Cumulative distribution on a log time axis and a logit fraction axis: the logit scale
     gives p50, p90, p99 and p99.9 equal room, so the tail is as legible as the median."""
     from matplotlib.figure import Figure
@@ -164,7 +165,7 @@ def latency_cdf(ev: Events, title: str, path: Path):
     return _save(fig, path)
 
 
-def latency_over_time(ev: Events, title: str, path: Path):
+def latency_over_time(ev: Events, title: str, path: Path | BinaryIO):
     """p50 and p99 of each latency per bucket of send time: a slowdown shows where it
     happened, which one distribution over the whole run hides."""
     from matplotlib.figure import Figure
@@ -213,7 +214,7 @@ CHECK_PHASES = {"undecided": ("undecided half (expected or duplicate)", "tab:gre
                 "decided": ("already decided (raced or unexpected)", "tab:red")}
 
 
-def checks(ev: Events, counts: dict[str, int], scripted: int, title: str, path: Path):
+def checks(ev: Events, counts: dict[str, int], scripted: int, title: str, path: Path | BinaryIO):
     """Left: check-backs by kind against the count the trace scripts.  Right: their arrivals
     over time by the producer's state, where the broker's check passes show as bursts."""
     from matplotlib.figure import Figure

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
 import threading
 import time
 import uuid
@@ -28,7 +26,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from txbroker.bench.trace.fs import WorkFS, join
 from txbroker.bench.trace.spec import (
+    META_FILE,
     PROP_RUN,
     PROP_TX,
     SpecError,
@@ -59,6 +59,8 @@ DELIVERY_COLUMNS = {
     "store_ms": "double: broker store time of the committed message",
     "recv_ms": "double: consumer received it",
 }
+_DELIVERY_SCHEMA = ("tx bigint, topic string, queue_id int, queue_offset bigint, msg_id string, "
+                    "transaction_id string, store_ms double, recv_ms double")
 _RESULT_SCHEMA = ("id bigint, task int, scheduled_ms double, start_ms double, half_ms double, "
                   "decided_ms double, return_ms double, first_state string, final_state string, "
                   "check_ms array<double>, check_phase array<string>, error string")
@@ -315,14 +317,11 @@ def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
         raise SpecError("--concurrency and --check-concurrency must be >= 1")
     if rate is not None and rate < 0:
         raise SpecError("--rate must be >= 0")
-    meta = TraceMeta.read(Path(trace_dir))
-    out = Path(out)
-    if out.exists():
-        if not (out / RESULTS_META).exists() and any(out.iterdir()):
-            raise SpecError(f"{out}: exists and is not a results directory; refusing to overwrite it")
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    trace = spark.read.parquet(str(trace_dir))
+    fs = WorkFS(spark)
+    trace_uri, out_uri = fs.qualify(trace_dir), fs.qualify(out)
+    meta = TraceMeta.read(fs, trace_uri)
+    fs.replace_dir(out_uri, RESULTS_META, "results directory")
+    trace = spark.read.parquet(trace_uri)
     expected = trace.filter("expected_outcome = 'commit'").count()
     run_id = uuid.uuid4().hex[:12]
     asyncio.run(_create_topics(namesrv, meta.topic_names()))
@@ -345,7 +344,7 @@ def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
     started = time.time()
     rdd = (trace.repartition(n_tasks, "producer").rdd
            .mapPartitionsWithIndex(_task_runner(params)))
-    spark.createDataFrame(rdd, _RESULT_SCHEMA).write.parquet(str(out / "transactions"))
+    spark.createDataFrame(rdd, _RESULT_SCHEMA).write.parquet(join(out_uri, "transactions"))
     replay_done = time.time()
     recorder.stop(expected, idle_s=2.0, max_wait_s=max(10.0, meta.broker.settle_seconds() * 2))
     stop_progress.set()
@@ -353,26 +352,15 @@ def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
         on_progress(len(recorder.rows), expected)
     if recorder.error:
         raise RuntimeError(f"delivery recorder failed: {recorder.error!r}") from recorder.error
-    _write_deliveries(out / "deliveries", recorder.rows)
-    summary = {"run_id": run_id, "namesrv": namesrv, "trace": str(Path(trace_dir).resolve()),
+    # Collected on the driver, written by Spark: verify reads it wherever its tasks run.
+    spark.createDataFrame(recorder.rows, _DELIVERY_SCHEMA).write.parquet(join(out_uri, "deliveries"))
+    summary = {"run_id": run_id, "namesrv": namesrv, "trace": trace_uri,
                "tasks": n_tasks, "concurrency": concurrency, "rate": rate,
                "check_concurrency": check_concurrency,
                "epoch_ms": params.epoch_ms, "started": started, "replay_done": replay_done,
                "finished": time.time(), "deliveries": len(recorder.rows),
                "foreign_deliveries": recorder.foreign, "trace_meta": json.loads(
-                   (Path(trace_dir) / "_txbroker_trace.json").read_text())}
-    (out / RESULTS_META).write_text(json.dumps(summary, indent=2) + "\n")
+                   fs.read_text(join(trace_uri, META_FILE)))}
+    fs.write_text(join(out_uri, RESULTS_META), json.dumps(summary, indent=2) + "\n")
     return summary
 
-
-def _write_deliveries(path: Path, rows: list[tuple]) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    names = list(DELIVERY_COLUMNS)
-    cols = list(zip(*rows)) if rows else [[] for _ in names]
-    types = [pa.int64(), pa.string(), pa.int32(), pa.int64(), pa.string(), pa.string(),
-             pa.float64(), pa.float64()]
-    table = pa.table({n: pa.array(list(c), type=t) for n, c, t in zip(names, cols, types)})
-    os.makedirs(path, exist_ok=True)
-    pq.write_table(table, str(path / "part-00000.parquet"))

@@ -2,17 +2,20 @@
 
 The figures come from ``verify.json``; the plots (:mod:`txbroker.bench.trace.plots`) from the raw event
 times in the results Parquet: throughput over time, the latency distribution, latency over
-time and check-backs (by kind and over time).  No Spark: pyarrow and numpy suffice.
+time and check-backs (by kind and over time).  Spark reads the results wherever they live;
+numpy and matplotlib draw on the driver.
 """
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import numpy as np
 
 from txbroker.bench.trace import plots
+from txbroker.bench.trace.fs import WorkFS, join
 from txbroker.bench.trace.plots import Events
 from txbroker.bench.trace.spec import SpecError
 from txbroker.bench.trace.verify import CHECK_KINDS, VERIFY_FILE, VIOLATIONS
@@ -44,32 +47,37 @@ def summary_rows(v: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def load_events(results_dir: Path) -> Events:
-    """The run's event times from the results Parquet, in seconds since its first send."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+def load_events(spark, results: str | Path) -> Events:
+    """The run's event times from the results Parquet, in seconds since its first send.
 
-    tx = pq.read_table(results_dir / "transactions",
-                       columns=["id", "start_ms", "half_ms", "decided_ms", "check_ms", "check_phase"])
-    dl = pq.read_table(results_dir / "deliveries", columns=["tx", "recv_ms"])
+    Read by Spark and brought to the driver as columns (Arrow when enabled), wherever the
+    results live."""
+    from pyspark.sql import functions as F
 
-    def col(table, name) -> np.ndarray:
-        return table.column(name).to_numpy().astype(float)
+    uri = WorkFS(spark).qualify(results)
+    txs = spark.read.parquet(join(uri, "transactions"))
+    tx = txs.select("id", "start_ms", "half_ms", "decided_ms").toPandas()
+    checks = (txs.select(F.explode(F.arrays_zip("check_ms", "check_phase")).alias("c"))
+              .select("c.check_ms", "c.check_phase").toPandas())
+    dl = spark.read.parquet(join(uri, "deliveries")).select("tx", "recv_ms").toPandas()
+
+    def col(frame, name) -> np.ndarray:
+        return frame[name].to_numpy(dtype=float, na_value=np.nan)
 
     start = col(tx, "start_ms")
     t0 = np.nanmin(start) if start.size and not np.all(np.isnan(start)) else 0.0
-    ids = tx.column("id").to_numpy()
+    ids = tx["id"].to_numpy()
     recv = col(dl, "recv_ms")
     # First delivery per transaction: sort by time, keep each id's first occurrence.
     order = np.argsort(recv, kind="stable")
-    delivered, first = np.unique(dl.column("tx").to_numpy()[order], return_index=True)
+    delivered, first = np.unique(dl["tx"].to_numpy()[order], return_index=True)
     first_recv = np.full(ids.size, np.nan)
     at = np.searchsorted(delivered, ids)
     hit = at < delivered.size
     hit[hit] = delivered[at[hit]] == ids[hit]
     first_recv[hit] = recv[order][first[at[hit]]]
-    check = pc.list_flatten(tx.column("check_ms")).to_numpy().astype(float)
-    phase = np.asarray(pc.list_flatten(tx.column("check_phase")).to_pylist(), dtype=object)
+    check = col(checks, "check_ms")
+    phase = checks["check_phase"].to_numpy(dtype=object)
 
     def since(ms: np.ndarray) -> np.ndarray:
         return (ms - t0) / 1000.0
@@ -79,34 +87,37 @@ def load_events(results_dir: Path) -> Events:
                   recv=since(recv), check=since(check), check_phase=phase)
 
 
-def report(results_dir: str | Path, out: str | Path) -> list[Path]:
-    results_dir, out = Path(results_dir), Path(out)
+def report(spark, results: str | Path, out: str | Path) -> list[str]:
+    """Write the report of a verified results directory to ``out`` (paths or URIs); return
+    the URIs of the files written."""
+    fs = WorkFS(spark)
+    results_uri, out_uri = fs.qualify(results), fs.qualify(out)
     try:
-        v = json.loads((results_dir / VERIFY_FILE).read_text())
+        v = json.loads(fs.read_text(join(results_uri, VERIFY_FILE)))
     except FileNotFoundError:
-        raise SpecError(f"{results_dir}: no {VERIFY_FILE}; run `txbroker bench verify` first") from None
-    out.mkdir(parents=True, exist_ok=True)
-    ev = load_events(results_dir)
+        raise SpecError(f"{results_uri}: no {VERIFY_FILE}; run `txbroker bench verify` first") from None
+    ev = load_events(spark, results_uri)
+    pngs: dict[str, io.BytesIO] = {name: io.BytesIO() for name in FILES[1:]}
     n = v["transactions"]
     lat = v["latency_ms"]
     e2e = lat["end_to_end_ms"]
     b = v["broker"]
     plots.throughput(ev, f"Throughput: {n:,} transactions, {v['throughput_tx_per_s']:,.0f} tx/s "
                          f"sent over {v['send_seconds']:,.1f} s; {v['deliveries']:,} delivered "
-                         f"within {ev.span:,.1f} s", out / "throughput.png")
+                         f"within {ev.span:,.1f} s", pngs["throughput.png"])
     plots.latency_cdf(ev, f"Latency distribution: {n:,} transactions; end to end p50 "
                           f"{_fmt(e2e.get('p50'))} ms, p99 {_fmt(e2e.get('p99'))} ms "
                           f"(check-backs answer after ≥ {b['transaction_timeout']:g} s)",
-                      out / "latency_cdf.png")
+                      pngs["latency_cdf.png"])
     plots.latency_over_time(ev, "Latency by send time: p50 (solid) and p99 (dashed) per bucket; "
                             "a gap is a bucket in which no transaction started",
-                            out / "latency_over_time.png")
+                            pngs["latency_over_time.png"])
     bad = v["checks"].get("unexpected", 0) + v["checks"].get("duplicate", 0)
     plots.checks(ev, {k: v["checks"].get(k, 0) for k in CHECK_KINDS}, v["expected_checks"],
                  f"Check-backs: {v['checks'].get('expected', 0):,} as scripted of "
                  f"{v['expected_checks']:,}, {bad:,} violating; broker checks every "
                  f"{b['transaction_check_interval']:g} s after {b['transaction_timeout']:g} s, "
-                 f"at most {b['transaction_check_max']} times", out / "checks.png")
+                 f"at most {b['transaction_check_max']} times", pngs["checks.png"])
 
     lines = [f"# txbroker bench report (run {v.get('run_id')})", "",
              "**PASS**: no violations." if v["violation_total"] == 0 else
@@ -134,5 +145,7 @@ def report(results_dir: str | Path, out: str | Path) -> list[Path]:
     lines += ["", settings, "", buckets, "",
               "![throughput](throughput.png)", "", "![latency distribution](latency_cdf.png)", "",
               "![latency over time](latency_over_time.png)", "", "![check-backs](checks.png)", ""]
-    (out / "report.md").write_text("\n".join(lines))
-    return [out / f for f in FILES]
+    for name, png in pngs.items():
+        fs.write_bytes(join(out_uri, name), png.getvalue())
+    fs.write_text(join(out_uri, "report.md"), "\n".join(lines))
+    return [join(out_uri, f) for f in FILES]

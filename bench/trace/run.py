@@ -1,6 +1,9 @@
 """``bench run``: generate → replay → verify → report in one go, against ``--namesrv`` or an
 embedded broker started with the trace's broker settings.  Progress on stderr, a summary table
-at the end; returns the verify summary (the caller turns violations into the exit code)."""
+at the end; returns the verify summary (the caller turns violations into the exit code).
+
+``work`` is a path or a URI (:mod:`txbroker.bench.trace.fs`): ``trace/``, ``results/`` and
+``report/`` are written there through Spark and Hadoop's FileSystem, never the driver's disk."""
 
 from __future__ import annotations
 
@@ -9,14 +12,18 @@ from pathlib import Path
 
 from txbroker.bench.trace import generate as gen
 from txbroker.bench.trace.embedded import EmbeddedBroker
+from txbroker.bench.trace.fs import WorkFS, join
 from txbroker.bench.trace.replay import replay
 from txbroker.bench.trace.report import report, summary_rows
 from txbroker.bench.trace.spec import TraceMeta
 from txbroker.bench.trace.verify import verify
 
 
-def run_all(spark, meta: TraceMeta, work: Path, namesrv: str | None, *, tasks: int | None,
-            concurrency: int, rate: float | None, check_concurrency: int = 1024, console=None) -> tuple[dict, dict[str, float]]:
+def run_all(spark, meta: TraceMeta, work: str | Path, namesrv: str | None, *, tasks: int | None,
+            concurrency: int, rate: float | None, check_concurrency: int = 1024, console=None,
+            broker_host: str = "127.0.0.1", advertise: str = "") -> tuple[dict, dict[str, float]]:
+    """Run every step; ``broker_host`` and ``advertise`` place the embedded broker (unused
+    with ``namesrv``)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -25,8 +32,8 @@ def run_all(spark, meta: TraceMeta, work: Path, namesrv: str | None, *, tasks: i
         TimeElapsedColumn,
     )
 
-    work = Path(work)
-    trace_dir, results_dir, report_dir = work / "trace", work / "results", work / "report"
+    work = WorkFS(spark).qualify(work)
+    trace_dir, results_dir, report_dir = (join(work, name) for name in ("trace", "results", "report"))
     timings: dict[str, float] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
@@ -46,7 +53,7 @@ def run_all(spark, meta: TraceMeta, work: Path, namesrv: str | None, *, tasks: i
             replay(spark, trace_dir, namesrv, results_dir, tasks=tasks, concurrency=concurrency,
                    rate=rate, check_concurrency=check_concurrency, on_progress=on_progress)
         else:
-            with EmbeddedBroker(meta.broker) as broker:
+            with EmbeddedBroker(meta.broker, host=broker_host, advertise=advertise) as broker:
                 replay(spark, trace_dir, broker.namesrv_addr, results_dir, tasks=tasks,
                        concurrency=concurrency, rate=rate, check_concurrency=check_concurrency, on_progress=on_progress)
         timings["replay"] = time.perf_counter() - t
@@ -59,7 +66,7 @@ def run_all(spark, meta: TraceMeta, work: Path, namesrv: str | None, *, tasks: i
 
         step = progress.add_task("report", total=1)
         t = time.perf_counter()
-        report(results_dir, report_dir)
+        report(spark, results_dir, report_dir)
         timings["report"] = time.perf_counter() - t
         progress.update(step, completed=1)
     return summary, timings

@@ -1,5 +1,16 @@
 """One place that builds the SparkSession, so every step runs unchanged on ``local[*]`` and on
-``spark://…``.  Workers must run the same interpreter as the driver (they import txbroker).
+``spark://…``.
+
+On a cluster the driver's address and the executors' Python are the two things a local run
+never needs to be told:
+
+* the driver is announced to the master and executors as ``driver_host``; left out, it is
+  the local address of the route to the master (:func:`route_address`), the interface the
+  cluster can reach, never ``localhost``;
+* executors run ``executor_python``, a path or a name each worker resolves on its own
+  ``PATH``: left out, ``$PYSPARK_PYTHON`` or ``pythonX.Y`` of the driver's version.  The job
+  ships txbroker itself (:mod:`txbroker.bench.trace.ship`), so that Python needs only the
+  third-party packages.
 
 Spark talks a lot on the terminal: the JVM's start-up banner, "Using Spark's default log4j
 profile", a WARN about the native hadoop library, progress bars.  A bench command's own output
@@ -11,9 +22,11 @@ configured by a properties file naming it, and the console progress bar is off.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 #: log4j2 configuration for a driver whose output goes to a file.  A File appender, not the
 #: console: for an interactive-looking app (pyspark's) Spark filters console appenders down to
@@ -37,39 +50,79 @@ logger.parquet2.level = error
 """
 
 
+def is_local(master: str) -> bool:
+    """``local``, ``local[N]``, ``local[*]``: the driver runs the tasks itself."""
+    return master == "local" or master.startswith("local[")
+
+
+def route_address(master: str) -> str:
+    """This machine's address on the route to ``master`` (``spark://HOST:PORT``; several
+    masters are ``spark://H1:P1,H2:P2``): the address the master and executors can reach the
+    driver at.  No packet is sent (a UDP socket is only connected)."""
+    first = master.split(",", 1)[0]
+    parts = urlsplit(first if "://" in first else f"spark://{first}")
+    host, port = parts.hostname or "127.0.0.1", parts.port or 7077
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(addr)
+            return probe.getsockname()[0]
+    except OSError as exc:
+        raise OSError(None, f"cannot find a route to the Spark master ({exc.strerror or exc})",
+                      master) from None
+
+
 def session(master: str = "local[*]", app: str = "txbroker-bench", shuffle_partitions: int = 8,
-            log_file: str | Path | None = None):
+            log_file: str | Path | None = None, driver_host: str | None = None,
+            executor_python: str | None = None):
     """The bench's SparkSession.
 
     ``log_file``: where the driver JVM's output and Spark's log go (truncated first); ``None``
     leaves them on the terminal at Spark's default level, progress bars included.  It applies
     only when this call starts the JVM: a session reusing a running one (``getOrCreate``)
-    keeps the JVM's output where it already goes.
+    keeps the JVM's output where it already goes, as it keeps its driver host and executor
+    Python.  ``driver_host`` and ``executor_python``: see the module docstring.
     """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    local = master.startswith("local")
-    if local:
-        # A local run talks to itself only: keep Spark's driver and block manager on loopback
-        # instead of the first interface's address.  A cluster driver must stay reachable.
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
+    local = is_local(master)
+    starting = SparkContext._gateway is None
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if local:
+        # A local run talks to itself only: keep Spark's driver and block manager on loopback
+        # instead of the first interface's address.  A cluster driver must stay reachable.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        driver_host = driver_host or "127.0.0.1"
+    else:
+        driver_host = driver_host or route_address(master)
+        if starting:
+            # PySpark hands this name to every executor, which runs it on its own machine.
+            os.environ["PYSPARK_PYTHON"] = (executor_python or os.environ.get("PYSPARK_PYTHON")
+                                            or "python{}.{}".format(*sys.version_info[:2]))
     settings = {"spark.master": master, "spark.app.name": app,
                 "spark.ui.enabled": "false",
                 "spark.sql.shuffle.partitions": str(shuffle_partitions),
                 "spark.sql.session.timeZone": "UTC",
-                "spark.driver.memory": "1g"}
+                # report brings result columns to the driver: as Arrow batches, not row by row
+                "spark.sql.execution.arrow.pyspark.enabled": "true",
+                "spark.driver.memory": "1g",
+                "spark.driver.host": driver_host}
     if local:
-        settings |= {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
-    if log_file is not None and SparkContext._gateway is None:
+        settings["spark.driver.bindAddress"] = driver_host
+    if log_file is not None and starting:
         settings["spark.ui.showConsoleProgress"] = "false"
         _start_logging_to(Path(log_file), SparkConf().setAll(settings.items()))
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    if not local and starting:
+        from txbroker.bench.trace.ship import ship
+
+        ship(spark)
+    return spark
 
 
 def _start_logging_to(log_file: Path, conf) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+
+from txbroker.bench.trace.fs import WorkFS, join
 
 META_FILE = "_txbroker_trace.json"
 KINDS = ("commit", "rollback", "unknown_commit", "unknown_rollback", "never")
@@ -140,18 +141,18 @@ class TraceMeta:
     broker: BrokerSettings = field(default_factory=BrokerSettings)
     version: int = 1
 
-    def write(self, out: Path) -> None:
-        (out / META_FILE).write_text(json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+    def write(self, fs: WorkFS, trace_uri: str) -> None:
+        fs.write_text(join(trace_uri, META_FILE), json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
 
     @classmethod
-    def read(cls, trace_dir: Path) -> TraceMeta:
-        path = Path(trace_dir) / META_FILE
+    def read(cls, fs: WorkFS, trace_uri: str) -> TraceMeta:
+        path = join(trace_uri, META_FILE)
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(fs.read_text(path))
             raw["broker"] = BrokerSettings(**raw["broker"])
             meta = cls(**raw)
         except FileNotFoundError:
-            raise SpecError(f"{trace_dir}: not a trace (no {META_FILE}); "
+            raise SpecError(f"{trace_uri}: not a trace (no {META_FILE}); "
                             "write one with `txbroker bench generate`") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise SpecError(f"{path}: invalid trace metadata: {exc}") from None

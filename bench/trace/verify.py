@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from txbroker.bench.trace.fs import WorkFS, join
 from txbroker.bench.trace.replay import RESULTS_META
 from txbroker.bench.trace.spec import SpecError, TraceMeta
 
@@ -36,15 +37,17 @@ CHECK_KINDS = ("expected", "early", "raced", "unexpected", "duplicate")
 _PCTS = (0.5, 0.9, 0.99, 0.999)
 
 
-def _load(spark, trace_dir: Path, results_dir: Path):
-    meta = TraceMeta.read(trace_dir)
-    if not (results_dir / RESULTS_META).exists():
-        raise SpecError(f"{results_dir}: not a results directory (no {RESULTS_META}); "
-                        "write one with `txbroker bench replay`")
-    trace = spark.read.parquet(str(trace_dir))
-    results = spark.read.parquet(str(results_dir / "transactions"))
-    deliveries = spark.read.parquet(str(results_dir / "deliveries"))
-    return meta, trace, results, deliveries
+def _load(spark, fs: WorkFS, trace_uri: str, results_uri: str):
+    meta = TraceMeta.read(fs, trace_uri)
+    try:
+        run_meta = json.loads(fs.read_text(join(results_uri, RESULTS_META)))
+    except FileNotFoundError:
+        raise SpecError(f"{results_uri}: not a results directory (no {RESULTS_META}); "
+                        "write one with `txbroker bench replay`") from None
+    trace = spark.read.parquet(trace_uri)
+    results = spark.read.parquet(join(results_uri, "transactions"))
+    deliveries = spark.read.parquet(join(results_uri, "deliveries"))
+    return meta, run_meta, trace, results, deliveries
 
 
 def verify(spark, trace_dir: str | Path, results_dir: str | Path, grace_ms: float = 500.0,
@@ -52,9 +55,9 @@ def verify(spark, trace_dir: str | Path, results_dir: str | Path, grace_ms: floa
     """Compute the verdict, write ``verify.json`` into the results directory and return it."""
     from pyspark.sql import functions as F
 
-    trace_dir, results_dir = Path(trace_dir), Path(results_dir)
-    meta, trace, results, deliveries = _load(spark, trace_dir, results_dir)
-    run_meta = json.loads((results_dir / RESULTS_META).read_text())
+    fs = WorkFS(spark)
+    results_uri = fs.qualify(results_dir)
+    meta, run_meta, trace, results, deliveries = _load(spark, fs, fs.qualify(trace_dir), results_uri)
 
     per_tx = deliveries.groupBy("tx").agg(F.count(F.lit(1)).alias("delivered"),
                                           F.min("recv_ms").alias("first_recv_ms"))
@@ -177,7 +180,7 @@ def verify(spark, trace_dir: str | Path, results_dir: str | Path, grace_ms: floa
     }
     checks.unpersist()
     j.unpersist()
-    (results_dir / VERIFY_FILE).write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    fs.write_text(join(results_uri, VERIFY_FILE), json.dumps(summary, indent=2, default=float) + "\n")
     return summary
 
 

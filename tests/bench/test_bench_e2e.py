@@ -51,7 +51,7 @@ def test_end_to_end_has_no_violations_and_the_scripted_checks(e2e_run):
     assert set(timings) == {"generate", "replay", "verify", "report"}
 
 
-def test_report_writes_markdown_and_plots(e2e_run):
+def test_report_writes_markdown_and_plots(spark, e2e_run):
     from matplotlib.image import imread
 
     work, summary, _ = e2e_run
@@ -73,7 +73,7 @@ def test_report_writes_markdown_and_plots(e2e_run):
         assert f"]({name})" in text, name
 
     # The plots bucket the raw event times; a run of a few seconds gets sub-second buckets.
-    ev = load_events(work / "results")
+    ev = load_events(spark, work / "results")
     step = bucket_seconds(ev.span)
     assert 1.0 < ev.span < 60.0 and step < 1.0
     assert MIN_BUCKETS <= bucket_count(ev.span, step) <= MAX_BUCKETS

@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
+from txbroker.bench.trace.fs import WorkFS
 from txbroker.bench.trace.generate import build, default_meta, generate
 from txbroker.bench.trace.spec import (
     KINDS,
@@ -42,7 +43,7 @@ def test_rows_follow_the_mix_and_the_broker_settings(spark, tmp_path):
     generate(spark, meta, tmp_path / "t")
     rows = pq.read_table(tmp_path / "t").to_pylist()
     assert set(rows[0]) == set(TRACE_COLUMNS)
-    assert TraceMeta.read(tmp_path / "t") == meta
+    assert TraceMeta.read(WorkFS(spark), (tmp_path / "t").as_uri()) == meta
     kinds = {k: 0 for k in KINDS}
     for r in rows:
         kinds[r["kind"]] += 1
@@ -107,6 +108,6 @@ def test_cli_refuses_bad_options_before_starting_spark(tmp_path):
 
 def test_generate_will_not_overwrite_a_foreign_directory(spark, tmp_path):
     (tmp_path / "precious.txt").write_text("keep me")
-    with pytest.raises(SpecError, match="not a trace"):
+    with pytest.raises(FileExistsError, match="not a trace.*refusing to overwrite it"):
         generate(spark, default_meta(10), tmp_path)
     assert (tmp_path / "precious.txt").read_text() == "keep me"
