@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-import re
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ from urllib.parse import urlsplit
 import click
 
 from txbroker.bench.trace.embedded import EmbeddedBrokerError
-from txbroker.bench.trace.fs import join, local_path
+from txbroker.bench.trace.fs import has_scheme, join, local_path
 from txbroker.bench.trace.spark import is_local, route_address
 from txbroker.bench.trace.spec import (
     DEFAULT_MIX,
@@ -33,9 +32,6 @@ from txbroker.bench.trace.spec import (
     parse_mix,
 )
 from txbroker.cli.common import CommandError, command_name
-
-#: A URI's scheme (two letters at least, so ``C:`` stays a path).
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
 
 
 def _spark_options(log_default: str):
@@ -109,12 +105,12 @@ def _wall(t0: float, startup: float) -> str:
 
 def _local_dir(target: str) -> Path | None:
     """The local directory a path or ``file:`` URI names; None on any other filesystem."""
-    return local_path(target) if _SCHEME.match(target) else Path(target)
+    return local_path(target) if has_scheme(target) else Path(target)
 
 
 def _under(directory: str, *names: str) -> str:
     """A file under a directory the user named, shown the way they named it."""
-    return _shown(join(directory, *names)) if _SCHEME.match(directory) else str(Path(directory, *names))
+    return _shown(join(directory, *names)) if has_scheme(directory) else str(Path(directory, *names))
 
 
 def _beside(directory: str) -> Path:

@@ -32,11 +32,19 @@ def test_precedence_options_over_env_over_toml(tmp_path):
         ({"disk_max_used_ratio": 1.5}, "disk_max_used_ratio"),
         ({"auto_create_topic": "maybe"}, "auto_create_topic"),
         ({"no_such_setting": 1}, "no_such_setting"),
+        ({"advertised_host": "not a host!"}, "advertised_host"),
+        ({"advertised_host": "0.0.0.0"}, "advertised_host"),
+        ({"advertised_host": "::1"}, "advertised_host"),
     ],
 )
 def test_invalid_values_are_rejected_with_the_field_name(options, fragment):
     with pytest.raises(ConfigError, match=fragment):
         load_config(options, environ={})
+
+
+def test_advertised_host_takes_names_and_ipv4():
+    for host in ("", "10.0.0.5", "broker-a.example.com", "localhost"):
+        assert load_config({"advertised_host": host}, environ={}).advertised_host == host
 
 
 def test_unknown_toml_key_is_an_error(tmp_path):

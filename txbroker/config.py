@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -206,6 +207,8 @@ def _validate(c: BrokerConfig) -> None:
     for name in ("namesrv_addr", "ha_master_addr", "controller_addr"):
         need(_addresses_ok(getattr(c, name)), name,
              "must be host:port, several separated by ';' (or empty)")
+    need(not c.advertised_host or _host_ok(c.advertised_host), "advertised_host",
+         "must be a host name or an IPv4 address (what clients dial; empty = the bound host)")
     need(c.max_reconsume_times >= 0, "max_reconsume_times", "must be >= 0")
     need(c.transaction_history_size >= 0, "transaction_history_size", "must be >= 0")
     need(bool(c.broker_name) and bool(c.cluster_name), "broker_name", "names must not be empty")
@@ -227,6 +230,17 @@ def parse_address_list(text: str) -> list[str]:
             raise ValueError(f"bad address {part!r}: expected host:port")
         out.append(part)
     return out
+
+
+#: A DNS host name (RFC 1123 labels) or a dotted IPv4 address.
+_HOST_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                      r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+
+
+def _host_ok(host: str) -> bool:
+    """A host RocketMQ clients can dial as ``host:port`` (they split at the last ``:``, so
+    an IPv6 literal, a wildcard or a name with spaces is refused here, not by every client)."""
+    return bool(_HOST_RE.match(host)) and host != "0.0.0.0"
 
 
 def _addresses_ok(text: str) -> bool:

@@ -8,14 +8,24 @@ FileSystem here, so nothing depends on the driver's local disk and ``hdfs://nn/x
 ``os`` or ``shutil``.
 
 A path without a scheme is qualified the way Hadoop qualifies it, against ``fs.defaultFS``
-and the working directory (``file:`` and the driver's current directory on a machine without
-Hadoop settings), and the qualified URI is what executors are handed: never a relative path,
+and its working directory (on a machine without Hadoop settings: ``file:`` and the current
+directory of this process, not the JVM's), and the qualified URI is what executors are handed: never a relative path,
 which each executor would resolve against its own working directory.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
+
+#: A URI's scheme (two letters at least, so ``C:`` stays a path).
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
+
+
+def has_scheme(target: str) -> bool:
+    """``hdfs://…``, ``file:/…``: a URI, not a path."""
+    return bool(_SCHEME.match(target))
 
 
 def join(uri: str, *names: str) -> str:
@@ -71,6 +81,10 @@ class WorkFS:
         text = str(path)
         if not text:
             raise OSError(None, "empty path", text)
+        if (not has_scheme(text) and not text.startswith("/")
+                and str(self._conf.get("fs.defaultFS") or "file:").startswith("file:")):
+            # The JVM's working directory is where it started; this process may have moved.
+            text = os.path.abspath(text)
         fs, p = self._resolve(text)
         return str(self._call(text, fs.makeQualified, p).toString())
 
