@@ -125,7 +125,7 @@ class BrokerProc:
         self.namesrv = ""
 
     def __enter__(self) -> Self:
-        cmd = [sys.executable, "-c", "from txbroker.cli.main import main; main()", "serve",
+        cmd = [sys.executable, "-P", "-m", "txbroker", "serve",
                "--broker-port", "0", "--namesrv-port", "0", "--data-dir", self.data_dir,
                "--flush-mode", self.flush, "--default-queue-nums", str(QUEUES),
                "--segment-size", str(256 * 1024 * 1024), "--log-level", "WARNING",

@@ -77,7 +77,7 @@ class KafkaBroker:
         self.addr = self.namesrv = self.kafka = ""
 
     def __enter__(self) -> Self:
-        cmd = [sys.executable, "-c", "from txbroker.cli.main import main; main()", "serve",
+        cmd = [sys.executable, "-P", "-m", "txbroker", "serve",
                "--broker-port", "0", "--namesrv-port", "0", "--kafka-port", "0",
                "--data-dir", self.data_dir, "--flush-mode", "async",
                "--default-queue-nums", str(PARTITIONS), "--segment-size", str(256 * 1024 * 1024),

@@ -144,7 +144,7 @@ class ServiceProcess:
     read from the ready line, stopped."""
 
     def __init__(self, args: list[str], ready: str, log_path: Path) -> None:
-        self.argv = [sys.executable, "-c", "from txbroker.cli.main import main; main()", *args]
+        self.argv = [sys.executable, "-P", "-m", "txbroker", *args]
         self.ready_re = re.compile(ready)
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None

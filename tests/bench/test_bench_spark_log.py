@@ -19,7 +19,7 @@ SPARK_CHATTER = re.compile(r"WARNING: Using incubator|log4j|setLogLevel|\b(WARN|
 def test_generate_reports_wall_time_and_sends_spark_output_to_its_log(tmp_path):
     out = tmp_path / "trace"
     run = subprocess.run(
-        [sys.executable, "-c", "from txbroker.cli.main import main; main()", "bench", "generate",
+        [sys.executable, "-P", "-m", "txbroker", "bench", "generate",
          "--transactions", "50", "--out", str(out), "--master", "local[1]"],
         capture_output=True, text=True, timeout=240, check=False)
     assert run.returncode == 0, (run.stdout, run.stderr)

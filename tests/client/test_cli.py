@@ -186,7 +186,7 @@ async def test_consume_stops_cleanly_on_sigterm(broker, namesrv) -> None:
 
     cli_ok(await run_cli("produce", "--topic", "TTerm", "--body", "first", "--namesrv", namesrv))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "from txbroker.cli.main import main; main()", "consume", "--topic", "TTerm",
+        sys.executable, "-P", "-m", "txbroker", "consume", "--topic", "TTerm",
         "--group", "CG_TERM", "--from-beginning", "--namesrv", namesrv,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:

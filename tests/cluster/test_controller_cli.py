@@ -14,7 +14,7 @@ from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.controller_headers import GetReplicaInfoRequestHeader
 
-CLI = [sys.executable, "-c", "from txbroker.cli.main import main; main()", "controller"]
+CLI = [sys.executable, "-P", "-m", "txbroker", "controller"]
 
 
 async def test_ready_line_answers_and_stops_cleanly(tmp_path) -> None:

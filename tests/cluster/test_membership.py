@@ -130,7 +130,7 @@ def test_namesrv_cli_refuses_a_port_in_use_with_one_line(tmp_path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        out = subprocess.run([sys.executable, "-c", "from txbroker.cli.main import main; main()",
+        out = subprocess.run([sys.executable, "-P", "-m", "txbroker",
                               "namesrv", "--port", str(port)], capture_output=True, text=True,
                              timeout=30, check=False)
     assert out.returncode == 1

@@ -237,7 +237,7 @@ def test_kafka_port_clash_is_one_line_from_serve(tmp_path) -> None:
         port = taken.getsockname()[1]
         data = tmp_path / "data"
         res = subprocess.run(
-            [sys.executable, "-c", "from txbroker.cli.main import main; main()", "serve",
+            [sys.executable, "-P", "-m", "txbroker", "serve",
              "--data-dir", str(data), "--broker-port", "0", "--namesrv-port", "-1",
              "--kafka-port", str(port)],
             cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
@@ -250,7 +250,7 @@ def test_kafka_port_clash_is_one_line_from_serve(tmp_path) -> None:
 
 
 async def test_serve_ready_line_names_the_kafka_port(tmp_path) -> None:
-    cmd = [sys.executable, "-c", "from txbroker.cli.main import main; main()", "serve",
+    cmd = [sys.executable, "-P", "-m", "txbroker", "serve",
            "--data-dir", str(tmp_path / "d"), "--broker-port", "0", "--namesrv-port", "-1",
            "--kafka-port", "0", "--segment-size", str(1 << 20),
            "--max-message-size", str(64 << 10)]

@@ -24,7 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _serve(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from txbroker.cli.main import main; main()", "serve", *args],
+    return subprocess.run([sys.executable, "-P", "-m", "txbroker", "serve", *args],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env=env,
                           check=False)
 
@@ -105,7 +105,7 @@ async def test_toml_and_environment_feed_the_config(tmp_path) -> None:
     toml = tmp_path / "broker.toml"
     toml.write_text('[broker]\nbroker_name = "from-toml"\ndefault_queue_nums = 2\n')
     env = {**os.environ, "TXBROKER_CLUSTER_NAME": "EnvCluster"}
-    cmd = [sys.executable, "-c", "from txbroker.cli.main import main; main()", "serve", "--config", str(toml),
+    cmd = [sys.executable, "-P", "-m", "txbroker", "serve", "--config", str(toml),
            "--broker-port", "0", "--namesrv-port", "-1", "--data-dir", str(tmp_path / "d")]
     p = await asyncio.create_subprocess_exec(*cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE,
                                              stderr=subprocess.PIPE, env=env)

@@ -110,7 +110,7 @@ class NamesrvSubprocess:
         self.addr = ""
 
     def start(self, timeout: float = 20.0) -> NamesrvSubprocess:
-        argv = [sys.executable, "-c", "from txbroker.cli.main import main; main()", "namesrv",
+        argv = [sys.executable, "-P", "-m", "txbroker", "namesrv",
                 "--port", "0", "--broker-expiry", str(self.broker_expiry)]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log,
