@@ -8,7 +8,8 @@ never needs to be told:
   the local address of the route to the master (:func:`route_address`), the interface the
   cluster can reach, never ``localhost``;
 * executors run ``executor_python``, a path or a name each worker resolves on its own
-  ``PATH``: left out, ``$PYSPARK_PYTHON`` or ``pythonX.Y`` of the driver's version.  The job
+  ``PATH``: left out, ``$PYSPARK_PYTHON``, else ``pythonX.Y`` of the driver's version (a
+  local run: this interpreter).  The job
   ships txbroker itself (:mod:`txbroker.bench.trace.ship`), so that Python needs only the
   third-party packages.
 
@@ -92,15 +93,16 @@ def session(master: str = "local[*]", app: str = "txbroker-bench", shuffle_parti
     if local:
         # A local run talks to itself only: keep Spark's driver and block manager on loopback
         # instead of the first interface's address.  A cluster driver must stay reachable.
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         driver_host = driver_host or "127.0.0.1"
     else:
         driver_host = driver_host or route_address(master)
-        if starting:
-            # PySpark hands this name to every executor, which runs it on its own machine.
-            os.environ["PYSPARK_PYTHON"] = (executor_python or os.environ.get("PYSPARK_PYTHON")
-                                            or "python{}.{}".format(*sys.version_info[:2]))
+    if starting:
+        # PySpark hands this name to every executor, which runs it on its own machine (a
+        # local run's executors are this machine: this very interpreter).
+        os.environ["PYSPARK_PYTHON"] = (
+            executor_python or os.environ.get("PYSPARK_PYTHON")
+            or (sys.executable if local else "python{}.{}".format(*sys.version_info[:2])))
     settings = {"spark.master": master, "spark.app.name": app,
                 "spark.ui.enabled": "false",
                 "spark.sql.shuffle.partitions": str(shuffle_partitions),
