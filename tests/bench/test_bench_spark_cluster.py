@@ -76,6 +76,8 @@ def test_bench_run_on_a_standalone_cluster_whose_worker_has_no_txbroker(tmp_path
     assert shipped, sorted(str(p) for p in _files(cluster.worker_dir))
     ran_python = "\n".join(p.read_text(errors="replace") for p in executor_logs)
     assert "PythonRunner" in ran_python, ran_python[-3000:]
+    calls = cluster.python_calls.read_text() if cluster.python_calls.exists() else ""
+    assert "pyspark.daemon" in calls, f"the worker's Python never ran a task: {calls!r}"
 
     # Nothing of the bench outside the work dir: no Parquet, no metadata, no report file.
     bench_files = [p for p in _files(tmp_path)
@@ -86,3 +88,4 @@ def test_bench_run_on_a_standalone_cluster_whose_worker_has_no_txbroker(tmp_path
     assert not any((driver / "cwd").iterdir())          # the driver's current directory
     assert not any((driver / "tmp").iterdir()), sorted((driver / "tmp").iterdir())
     assert not _files(cluster.worker_home)               # the worker's HOME
+    assert not _files(cluster.worker_tmp)                # and its temp dir

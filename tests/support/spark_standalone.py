@@ -7,12 +7,15 @@ driver's major.minor with txbroker's third-party packages, and nothing of txbrok
 is a fresh venv (``--without-pip``, from the same base interpreter) whose site-packages links
 every entry of the driver's site-packages except txbroker's own (its package, its dist-info and
 the editable-install hooks); :func:`worker_venv` checks that ``import txbroker`` fails in it, so
-whatever txbroker code an executor runs came with the job.
+whatever txbroker code an executor runs came with the job.  ``worker_python`` is a small script
+that notes each start in ``python_calls`` and then runs that venv's python: a job that ignored
+the Python it was told to use would leave the note empty.
 
 Use::
 
     with StandaloneSpark(tmp_path / "spark") as cluster:
-        cluster.master_url, cluster.worker_python, cluster.worker_dir, cluster.log_tail()
+        cluster.master_url, cluster.worker_python, cluster.python_calls, cluster.worker_dir,
+        cluster.worker_home, cluster.worker_tmp, cluster.log_tail()
 """
 
 from __future__ import annotations
@@ -84,7 +87,9 @@ class StandaloneSpark:
         self.master_url = f"spark://127.0.0.1:{self.port}"
         self.worker_dir = self.root / "worker" / "work"
         self.worker_home = self.root / "worker" / "home"
+        self.worker_tmp = self.root / "worker" / "tmp"
         self.worker_python: Path | None = None
+        self.python_calls = self.root / "worker" / "python-calls.log"
         self.master_log = self.root / "master.log"
         self.worker_log = self.root / "worker.log"
         self._procs: list[subprocess.Popen] = []
@@ -107,7 +112,11 @@ class StandaloneSpark:
     def __enter__(self) -> Self:
         self.root.mkdir(parents=True, exist_ok=True)
         try:
-            self.worker_python = worker_venv(self.root / "worker" / "venv")
+            venv_python = worker_venv(self.root / "worker" / "venv")
+            self.worker_python = venv_python.parent / "python-noted"
+            self.worker_python.write_text(f'#!/bin/sh\necho "$*" >> "{self.python_calls}"\n'
+                                          f'exec "{venv_python}" "$@"\n')
+            self.worker_python.chmod(0o755)
             spark_class = str(spark_home() / "bin" / "spark-class")
             master_home = self.root / "master" / "home"
             master_home.mkdir(parents=True)
@@ -118,12 +127,14 @@ class StandaloneSpark:
                         _clean_env(HOME=str(master_home),
                                    SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false"))
             self._wait_for(self.master_log, "I have been elected leader")
-            for d in (self.worker_dir, self.worker_home, self.root / "worker" / "local"):
+            for d in (self.worker_dir, self.worker_home, self.worker_tmp,
+                      self.root / "worker" / "local"):
                 d.mkdir(parents=True, exist_ok=True)
             worker_env = _clean_env(
-                HOME=str(self.worker_home), SPARK_WORKER_DIR=str(self.worker_dir),
+                HOME=str(self.worker_home), TMPDIR=str(self.worker_tmp),
+                SPARK_WORKER_DIR=str(self.worker_dir),
                 SPARK_LOCAL_DIRS=str(self.root / "worker" / "local"),
-                PATH=f"{self.worker_python.parent}:/usr/bin:/bin")
+                PATH=f"{venv_python.parent}:/usr/bin:/bin")
             self._spawn([spark_class, "org.apache.spark.deploy.worker.Worker", self.master_url,
                          "--host", "127.0.0.1", "--cores", "2", "--memory", "1g",
                          "--work-dir", str(self.worker_dir), "--webui-port", str(free_port())],
