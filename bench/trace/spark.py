@@ -60,9 +60,7 @@ def route_address(master: str) -> str:
     """This machine's address on the route to ``master`` (``spark://HOST:PORT``; several
     masters are ``spark://H1:P1,H2:P2``): the address the master and executors can reach the
     driver at.  No packet is sent (a UDP socket is only connected)."""
-    first = master.split(",", 1)[0]
-    parts = urlsplit(first if "://" in first else f"spark://{first}")
-    host, port = parts.hostname or "127.0.0.1", parts.port or 7077
+    host, port = _master_addresses(master)[0]
     try:
         family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
@@ -71,6 +69,32 @@ def route_address(master: str) -> str:
     except OSError as exc:
         raise OSError(None, f"cannot find a route to the Spark master ({exc.strerror or exc})",
                       master) from None
+
+
+def _master_addresses(master: str) -> list[tuple[str, int]]:
+    """``spark://H1:P1,H2:P2`` -> [(H1, P1), (H2, P2)] (7077 when a port is left out)."""
+    rest = master.split("://", 1)[-1]
+    out = []
+    for part in rest.split(","):
+        parts = urlsplit(f"spark://{part}")
+        out.append((parts.hostname or "127.0.0.1", parts.port or 7077))
+    return out
+
+
+def check_master(master: str, timeout: float = 5.0) -> None:
+    """Fail at once, with one line naming the address, when no standalone master of
+    ``master`` accepts a connection: Spark itself retries for a minute and then stops the
+    context with a stack trace."""
+    if not master.startswith("spark://"):
+        return
+    reasons = []
+    for host, port in _master_addresses(master):
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return
+        except OSError as exc:
+            reasons.append(f"{host}:{port}: {exc.strerror or exc}")
+    raise OSError(None, f"no Spark master answers ({'; '.join(reasons)})", master)
 
 
 def session(master: str = "local[*]", app: str = "txbroker-bench", shuffle_partitions: int = 8,
@@ -113,6 +137,8 @@ def session(master: str = "local[*]", app: str = "txbroker-bench", shuffle_parti
                 "spark.driver.host": driver_host}
     if local:
         settings["spark.driver.bindAddress"] = driver_host
+    elif starting:
+        check_master(master)
     if log_file is not None and starting:
         settings["spark.ui.showConsoleProgress"] = "false"
         _start_logging_to(Path(log_file), SparkConf().setAll(settings.items()))

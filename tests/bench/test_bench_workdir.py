@@ -4,6 +4,7 @@ embedded broker that starts from anywhere and says why when it does not."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import zipfile
@@ -11,11 +12,12 @@ import zipfile
 import pytest
 from click.testing import CliRunner
 
+from txbroker.bench.chaos.process import free_port
 from txbroker.bench.trace.embedded import EmbeddedBroker, EmbeddedBrokerError
 from txbroker.bench.trace.fs import WorkFS, join, local_path
 from txbroker.bench.trace.generate import default_meta
 from txbroker.bench.trace.ship import ROOTS, build_zip
-from txbroker.bench.trace.spark import is_local, route_address
+from txbroker.bench.trace.spark import check_master, is_local, route_address
 from txbroker.bench.trace.spec import BrokerSettings, TraceMeta
 from txbroker.cli.main import main
 
@@ -150,3 +152,25 @@ def test_cluster_runs_need_a_shared_work_dir_and_no_broker_options_with_namesrv(
                              "--broker-host", "0.0.0.0"])
     assert r.exit_code == 2
     assert "with --namesrv there is none" in r.stderr
+
+
+def test_a_master_nobody_answers_at_is_one_error_line_at_once(tmp_path):
+    """Spark itself would retry for a minute, then stop with a stack trace."""
+    port = free_port()
+    with pytest.raises(OSError) as err:
+        check_master(f"spark://127.0.0.1:{port}", timeout=2)
+    assert err.value.filename == f"spark://127.0.0.1:{port}"
+    assert f"127.0.0.1:{port}" in err.value.strerror
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        live = server.getsockname()[1]
+        check_master(f"spark://127.0.0.1:{port},127.0.0.1:{live}")  # one of several answers
+    # A command of its own (in this process a SparkSession may already run, and is reused).
+    result = subprocess.run([sys.executable, "-P", "-m", "txbroker", "bench", "run", "-n", "10",
+                             "--work-dir", str(tmp_path), "--master", f"spark://127.0.0.1:{port}"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines()[-1] == (f"error: bench run: no Spark master answers "
+                                              f"(127.0.0.1:{port}: Connection refused): "
+                                              f"spark://127.0.0.1:{port}")
