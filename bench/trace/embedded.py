@@ -45,7 +45,6 @@ class EmbeddedBroker(BrokerProcess):
                  host: str = "127.0.0.1", advertise: str = "") -> None:
         self._tmp = None if data_dir else tempfile.mkdtemp(prefix="txbroker-bench-")
         self.root = Path(data_dir or self._tmp)
-        self.host = host
         super().__init__(self.root / "data", serve_settings(settings, host, advertise),
                          self.root / "broker.log")
 
@@ -57,7 +56,7 @@ class EmbeddedBroker(BrokerProcess):
             tail = self.log_tail(4000).strip().splitlines()[-20:]
             last = tail[-1] if tail else str(exc).splitlines()[0]
             self.close()
-            where = self.host + (f" advertised as {self.settings['advertised_host']}"
+            where = str(self.settings["listen_host"]) + (f" advertised as {self.settings['advertised_host']}"
                                  if self.settings["advertised_host"] else "")
             raise EmbeddedBrokerError("\n".join(
                 [f"embedded broker ({where}) did not start: {last}", "broker log, last lines:",

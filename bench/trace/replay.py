@@ -23,12 +23,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from txbroker.bench.trace.fs import WorkFS, join
 from txbroker.bench.trace.spec import (
-    META_FILE,
     PROP_RUN,
     PROP_TX,
     SpecError,
@@ -359,8 +358,7 @@ def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
                "check_concurrency": check_concurrency,
                "epoch_ms": params.epoch_ms, "started": started, "replay_done": replay_done,
                "finished": time.time(), "deliveries": len(recorder.rows),
-               "foreign_deliveries": recorder.foreign, "trace_meta": json.loads(
-                   fs.read_text(join(trace_uri, META_FILE)))}
+               "foreign_deliveries": recorder.foreign, "trace_meta": asdict(meta)}
     fs.write_text(join(out_uri, RESULTS_META), json.dumps(summary, indent=2) + "\n")
     return summary
 
