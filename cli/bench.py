@@ -17,13 +17,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import click
 
 from txbroker.bench.trace.embedded import EmbeddedBrokerError
 from txbroker.bench.trace.fs import has_scheme, join, local_path
-from txbroker.bench.trace.spark import is_local, route_address
+from txbroker.bench.trace.spark import is_local, master_addresses, route_address
 from txbroker.bench.trace.spec import (
     DEFAULT_MIX,
     BrokerSettings,
@@ -264,7 +263,7 @@ def _loopback(host: str) -> bool:
 
 
 def _master_host(master: str) -> str:
-    return urlsplit(master.split(",", 1)[0]).hostname or ""
+    return master_addresses(master)[0][0]
 
 
 @bench.command("run")

@@ -104,11 +104,6 @@ class WorkFS:
         fs, p = self._resolve(uri)
         self._call(uri, fs.delete, p, True)
 
-    def mkdirs(self, uri: str) -> None:
-        fs, p = self._resolve(uri)
-        if not self._call(uri, fs.mkdirs, p):
-            raise OSError(None, "could not create the directory", uri)
-
     def replace_dir(self, uri: str, marker: str, what: str) -> None:
         """Make way for a new ``what`` at ``uri``: remove an old one (a directory holding
         ``marker``) or an empty directory; refuse anything else, which is not ours to delete."""

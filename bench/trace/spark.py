@@ -60,7 +60,7 @@ def route_address(master: str) -> str:
     """This machine's address on the route to ``master`` (``spark://HOST:PORT``; several
     masters are ``spark://H1:P1,H2:P2``): the address the master and executors can reach the
     driver at.  No packet is sent (a UDP socket is only connected)."""
-    host, port = _master_addresses(master)[0]
+    host, port = master_addresses(master)[0]
     try:
         family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
@@ -71,7 +71,7 @@ def route_address(master: str) -> str:
                       master) from None
 
 
-def _master_addresses(master: str) -> list[tuple[str, int]]:
+def master_addresses(master: str) -> list[tuple[str, int]]:
     """``spark://H1:P1,H2:P2`` -> [(H1, P1), (H2, P2)] (7077 when a port is left out)."""
     rest = master.split("://", 1)[-1]
     out = []
@@ -88,7 +88,7 @@ def check_master(master: str, timeout: float = 5.0) -> None:
     if not master.startswith("spark://"):
         return
     reasons = []
-    for host, port in _master_addresses(master):
+    for host, port in master_addresses(master):
         try:
             with socket.create_connection((host, port), timeout=timeout):
                 return

@@ -12,13 +12,12 @@ addresses passed explicitly; and nothing of the bench landed anywhere else.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from support.spark_standalone import StandaloneSpark
+from support.spark_standalone import StandaloneSpark, child_env
 
 TRANSACTIONS = 2000
 
@@ -36,9 +35,7 @@ def test_bench_run_on_a_standalone_cluster_whose_worker_has_no_txbroker(tmp_path
         d.mkdir(parents=True)
     work_uri = (shared / "work").as_uri()
     with StandaloneSpark(tmp_path / "spark") as cluster:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("PYSPARK_", "SPARK_")) and k != "VIRTUAL_ENV"}
-        env.update(HOME=str(driver / "home"), TMPDIR=str(driver / "tmp"))
+        env = child_env(HOME=str(driver / "home"), TMPDIR=str(driver / "tmp"))
         argv = [str(Path(sys.executable).parent / "txbroker"), "bench", "run",
                 "--master", cluster.master_url, "-n", str(TRANSACTIONS), "--producers", "2",
                 "--tasks", "2", "--work-dir", work_uri, "--broker-host", "127.0.0.1",

@@ -59,7 +59,7 @@ def test_work_fs_qualifies_reads_writes_and_refuses_foreign_dirs(spark, tmp_path
     fs.write_text(join(d, "_marker"), "")
     fs.replace_dir(d, "_marker", "trace")
     assert not fs.exists(d) and not (tmp_path / "w").exists()
-    fs.mkdirs(d)
+    (tmp_path / "w").mkdir()
     fs.replace_dir(d, "_marker", "trace")                    # empty: fine
     assert not fs.exists(d)
 

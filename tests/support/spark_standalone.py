@@ -70,11 +70,17 @@ def worker_venv(root: Path) -> Path:
     return python
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment without anything naming a Python or settings for Spark, or
+    a venv (the in-process Spark fixture sets some of them here), plus ``extra``."""
+    return {**{k: v for k, v in os.environ.items()
+               if not k.startswith(("PYSPARK_", "SPARK_"))
+               and k not in ("VIRTUAL_ENV", "PYTHONPATH")}, **extra}
+
+
 def _clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without anything naming a Python for Spark or a venv."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYSPARK_", "SPARK_")) and k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    return {**env, "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
+    """:func:`child_env` for a Spark daemon: loopback, small heap, this pyspark's Spark."""
+    return {**child_env(), "SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_DAEMON_MEMORY": "256m", **extra}
 
 
