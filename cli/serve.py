@@ -68,7 +68,8 @@ _OPTIONS: dict[str, _Opt] = {
     "data_dir": _Opt("PATH", "directory for the commitlog, consume queues, offsets and topics; "
                              "one broker per directory (it holds DIR/lock)"),
     "segment_size": _Opt("BYTES", "commitlog segment file size; each segment is preallocated on "
-                                  "disk in full when created (the first by the first message)"),
+                                  "disk in full when created (the first by the first message); "
+                                  "takes a unit too: 64MiB, 1GiB"),
     "consume_queue_entries": _Opt("COUNT", "entries per consume-queue file (20 bytes each)"),
     "flush_mode": _Opt("MODE", "async: flush every --flush-interval; sync: acknowledge a send "
                                "only once it is on disk (group commit)"),
@@ -227,6 +228,7 @@ def serve(config_file: str | None, log_level: str, print_config: bool, **options
 
 async def _run(config: BrokerConfig) -> int:
     from txbroker.broker import Broker, ListenError
+    from txbroker.store.commitlog import SegmentSizeError
     from txbroker.store.lock import DataDirInUseError
 
     broker = Broker(config)
@@ -237,6 +239,12 @@ async def _run(config: BrokerConfig) -> int:
         return 2
     except DataDirInUseError as exc:
         click.echo(f"error: {exc}; stop it or use another --data-dir", err=True)
+        return 1
+    except SegmentSizeError as exc:
+        click.echo(f"error: data dir {config.data_dir} holds {format_bytes(exc.found)} commitlog "
+                   f"segments, --segment-size is {format_bytes(exc.configured)}: a data dir keeps "
+                   f"the segment size it was created with; start with --segment-size "
+                   f"{exc.found} or use another --data-dir", err=True)
         return 1
     except ListenError as exc:  # names the address and the listener
         click.echo(f"error: {exc}", err=True)

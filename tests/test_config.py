@@ -60,3 +60,24 @@ def test_printed_config_reads_back_unchanged(tmp_path):
         path = tmp_path / "printed.toml"
         path.write_text(config_to_toml(c))
         assert load_config(None, {}, path) == c
+
+
+@pytest.mark.parametrize("raw, expected", [("67108864", 64 << 20), ("64MiB", 64 << 20),
+                                           ("64 MiB", 64 << 20), ("64m", 64 << 20),
+                                           ("1GiB", 1 << 30), ("8192KiB", 8 << 20)])
+def test_sizes_take_a_binary_unit(raw, expected) -> None:
+    assert load_config({"segment_size": raw}).segment_size == expected
+    assert load_config(environ={"TXBROKER_SEGMENT_SIZE": raw}).segment_size == expected
+    assert load_config({"max_message_size": "1k"}).max_message_size == 1024
+
+
+@pytest.mark.parametrize("raw", ["64MB", "64 MiBs", "-1MiB", "1.5GiB", "MiB"])
+def test_a_size_with_an_unknown_unit_names_the_setting_and_the_units(raw) -> None:
+    with pytest.raises(ConfigError, match=r"segment_size=.*must be a size in bytes, e\.g\. "
+                                          r"67108864 or 64MiB \(units KiB, MiB, GiB\)"):
+        load_config({"segment_size": raw})
+
+
+def test_a_unit_is_only_for_sizes() -> None:
+    with pytest.raises(ConfigError, match="must be an integer"):
+        load_config({"transaction_history_size": "1KiB"})

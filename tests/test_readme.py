@@ -93,7 +93,7 @@ def test_readme_command_line_section_runs_as_written(broker_process, tmp_path):
 @pytest.mark.slow
 def test_readme_example_section_runs_as_written(broker_process, tmp_path):
     text = section("## Example")
-    m = re.search(r"txbroker serve --transaction-check-interval (\d+)", text)
+    m = re.search(r"txbroker serve --segment-size \S+ --transaction-check-interval (\d+)", text)
     assert m, "the example section names the check interval its broker runs with"
     broker = broker_process(transaction_check_interval=int(m.group(1)))
     lines = commands("## Example")

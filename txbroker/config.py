@@ -266,8 +266,31 @@ def format_seconds(s: float) -> str:
     return f"{s:g} s"
 
 
+#: Settings that are sizes in bytes: they also take a binary unit (``64MiB``, ``1 GiB``).
+SIZE_FIELDS = frozenset({"max_frame_size", "segment_size", "max_message_size"})
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
+               "g": 1 << 30, "gib": 1 << 30}
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(name: str, raw: Any) -> int:
+    """A byte count written as a number or with a binary unit: ``67108864``, ``64MiB``,
+    ``64 MiB``, ``64M`` (K, M and G are powers of 1024, as RocketMQ's sizes are)."""
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    match = _SIZE_RE.match(str(raw))
+    unit = match and _SIZE_UNITS.get(match.group(2).lower())
+    if not match or unit is None:
+        raise ConfigError(f"{name}={raw!r}: must be a size in bytes, e.g. 67108864 or 64MiB "
+                          f"(units KiB, MiB, GiB)")
+    return int(match.group(1)) * unit
+
+
 def _coerce(name: str, kind: type, raw: Any) -> Any:
-    """Turn a string (environment, CLI) or TOML value into the field's type."""
+    """Turn a string (environment, CLI) or TOML value into the field's type.  ``name`` is the
+    field or its ``TXBROKER_*`` variable: either way a size field takes a unit."""
+    if kind is int and name.removeprefix(ENV_PREFIX).lower() in SIZE_FIELDS:
+        return parse_size(name, raw)
     if kind is bool:
         if isinstance(raw, bool):
             return raw

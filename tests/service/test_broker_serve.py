@@ -47,7 +47,8 @@ async def test_ready_line_traffic_and_graceful_stop(broker_process) -> None:
     assert "  flush            async: flushed every 0.05 s\n" in log
     assert ("  commitlog        1 MiB segment files, preallocated in full: 1 MiB of disk from start "
             "(the next segment is kept ready), 2 MiB from the first message on\n"
-            "                   (change with --segment-size / TXBROKER_SEGMENT_SIZE, in bytes)\n") in log
+            "                   (change with --segment-size / TXBROKER_SEGMENT_SIZE, e.g. 64MiB; sizing "
+            "for production: docs/reliability.md#disk-use)\n") in log
     assert "clean=False" not in log and "config flush_mode" not in log
     # A graceful stop leaves the clean-shutdown marker: the restart needs no recovery, and the
     # message is still there.
@@ -221,3 +222,34 @@ def test_help_shows_units_choices_and_real_defaults() -> None:
     assert entries["--transaction-check-interval"].startswith("--transaction-check-interval SECONDS ")
     assert entries["--transaction-check-interval"].endswith("[default: 60]")
     assert entries["--metrics-port"].endswith("[default: -1 (off)]")
+
+
+async def test_a_data_dir_keeps_its_segment_size(broker_process) -> None:
+    """A quick-start data dir (small segments) opened later with another --segment-size used to
+    grow its files in place, misplacing every later record.  Now the broker refuses in one line
+    naming both sizes, nothing in the directory changes, and the original size still opens."""
+    first = broker_process(segment_size="512KiB")  # the unit form, as the README writes it
+    client = RemotingClient(first.broker_addr)
+    await client.connect()
+    try:
+        assert (await send(client, "Sized", b"kept")).code == ResponseCode.SUCCESS
+    finally:
+        await client.close()
+    assert first.stop() == 0
+    segments = sorted((first.data_dir / "commitlog").glob("0" * 20))
+    assert [p.stat().st_size for p in segments] == [512 * 1024]
+    with pytest.raises(RuntimeError) as refused:
+        broker_process(data_dir=first.data_dir, segment_size=1024 * 1024)
+    assert str(refused.value).splitlines()[1:] == [
+        f"error: data dir {first.data_dir} holds 512 KiB commitlog segments, --segment-size is "
+        f"1 MiB: a data dir keeps the segment size it was created with; start with "
+        f"--segment-size 524288 or use another --data-dir"]
+    assert [p.stat().st_size for p in segments] == [512 * 1024]
+    again = broker_process(data_dir=first.data_dir, segment_size=524288)
+    client = RemotingClient(again.broker_addr)
+    await client.connect()
+    try:
+        _, msgs = await pull(client, "G", "Sized", 0, 0, timeout=TIMEOUT)
+        assert [m.body for m in msgs] == [b"kept"]
+    finally:
+        await client.close()

@@ -41,6 +41,21 @@ _V6_FLAGS = BORNHOST_V6_FLAG | STOREHOST_V6_FLAG
 END_MARKER_SIZE = 8
 
 
+class SegmentSizeError(ValueError):
+    """The commitlog's files were made with another segment size than the configured one.
+
+    Offsets map to files by division, so a data dir keeps the segment size it was created with:
+    opening 64 MiB files as 1 GiB ones would grow them in place and misplace every later
+    record.  The store refuses to open instead, and says which size the files have.
+    """
+
+    def __init__(self, directory: Path, found: int, configured: int) -> None:
+        super().__init__(f"commitlog {directory} holds segment files of {found} bytes, not the "
+                         f"configured segment_size {configured}; a data dir keeps the segment "
+                         f"size it was created with")
+        self.directory, self.found, self.configured = directory, found, configured
+
+
 @dataclass
 class WalkResult:
     """What a validating walk over the tail found."""
@@ -60,7 +75,14 @@ class CommitLog:
         #: Makes the next segment's file ahead of need, once the store starts.
         self.allocator = SegmentAllocator(self.dir, segment_size)
         self.segments: list[MappedSegment] = []
-        for path in sorted(p for p in self.dir.iterdir() if p.name.isdigit() and len(p.name) == 20):
+        paths = sorted(p for p in self.dir.iterdir() if p.name.isdigit() and len(p.name) == 20)
+        for path in paths:
+            # An empty file is a segment whose creation was cut before its allocation: it is
+            # allocated at the configured size like a new one.  Any other size must match.
+            found = path.stat().st_size
+            if found and found != segment_size:
+                raise SegmentSizeError(self.dir, found, segment_size)
+        for path in paths:
             self.segments.append(MappedSegment(path, int(path.name), segment_size, create=False))
         for seg in self.segments:
             # Until recovery says otherwise, closed segments are full; the last is refined.
