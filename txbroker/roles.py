@@ -21,7 +21,7 @@ HA                     serves slaves; SYNC_MASTER waits for them  follows the ma
 transactions           state recovered from the log; checks run   none (rebuilt at promotion)
 scheduled messages     delivered                                  not delivered
 metadata               served to slaves                           copied from the master
-name servers           registered as id 0                         registered as a slave id
+name servers           registered as id 0                         its own id (not 0), or none
 =====================  =========================================  ==================================
 
 Promotion runs in this order so that nothing is written before the log is final: stop
@@ -83,6 +83,9 @@ LEASE_CHECKS_PER_LEASE = 8
 IN_SYNC_GAP = 4 * 1024 * 1024
 #: Classic epoch: without a controller the master's epoch never changes.
 CLASSIC_EPOCH = 1
+#: Seconds a starting broker waits for the first election it asked for (the controller's
+#: request time-out) before it goes on as a fenced slave, registering once elected.
+FIRST_ELECTION_WAIT = 3.0
 
 
 class Roles:
@@ -128,15 +131,22 @@ class Roles:
     def ha_addr(self) -> str:
         return f"{self.broker.host}:{self.ha_port}"
 
-    def name_server_id(self) -> int:
-        """The id to register with: 0 while master; a slave's own id, or — for the broker
-        configured as 0 and now a slave — the id of the broker that replaced it, which as
-        master registers as 0 and so leaves its own id free."""
+    def name_server_id(self) -> int | None:
+        """The id to register with the name servers now, or None: do not register.
+
+        0 while master; a slave's own configured id (1 and up) whenever it is not master.  The
+        broker configured as 0 cannot register as 0 while it is not master: it borrows the
+        id of the broker that replaced it (which, as master, registers as 0 and so leaves its
+        own id free), and while no other master is known — before the first election, or with
+        the master cleared — it has no id of its own and does not register at all, since any
+        id it took could be another replica's."""
         if self.is_master:
             return 0
         if self.config.broker_id:
             return self.config.broker_id
-        return self.master_id if self.master_id else 1
+        if self.master_id is None or self.master_id == self.config.broker_id:
+            return None
+        return self.master_id
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -158,6 +168,10 @@ class Roles:
             # The heartbeat loop keeps asking; until a master is named this broker is a
             # fenced slave with nothing to follow.
             log.warning("controller: %s; waiting for it", exc)
+        if self._background:
+            # The first election asked for above: the broker registers with the name servers
+            # once it knows its role, so its first registration (at start) already has it.
+            await asyncio.wait(set(self._background), timeout=FIRST_ELECTION_WAIT)
         self.link.start()
         self._lease_task = asyncio.create_task(self._watch(), name="txbroker-master-watch")
 
@@ -180,7 +194,15 @@ class Roles:
 
     # --- role changes ------------------------------------------------------------------------
     async def _apply(self, info: MasterInfo) -> None:
-        """Controller mode: follow what the controller says."""
+        """Controller mode: follow what the controller says, and re-register at once when
+        the id to register under changed (a role switch re-registers by itself; a new or
+        cleared master changes the id the broker configured as 0 borrows)."""
+        registered_as = self.name_server_id()
+        await self._follow(info)
+        if self.name_server_id() != registered_as:
+            self.broker.registration_changed()
+
+    async def _follow(self, info: MasterInfo) -> None:
         self.master_id = info.master_id
         if info.master_id == self.config.broker_id:
             if not self.is_master or info.master_epoch > self.epoch:
