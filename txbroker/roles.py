@@ -39,6 +39,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
+from txbroker.remoting.bodies import broker_label
 from txbroker.service.controller_link import (
     ControllerError,
     ControllerLink,
@@ -148,11 +149,31 @@ class Roles:
             return None
         return self.master_id
 
+    @property
+    def name(self) -> str:
+        """How logs and ``txbroker status`` name this broker: ``<broker name>@<address>``,
+        the same whatever its role or name-server id (docs/cluster.md, "Naming brokers")."""
+        return broker_label(self.config.broker_name, self.broker.broker_addr)
+
+    def status(self) -> dict[str, Any]:
+        """This broker's part of the ``replication`` section of its status document: role,
+        master epoch, configured id, the master it follows and the group's in-sync set."""
+        if self.is_master:
+            in_sync = self.sync_state_set if self.controller_mode else self._in_sync_now()
+        else:
+            named = self.link.master if self.link is not None else None
+            in_sync = set(named.sync_state_set) if named is not None else set()
+        master = self.broker.broker_addr if self.is_master else self.master_addr
+        return {"role": "master" if self.is_master else "slave", "epoch": self.epoch,
+                "brokerId": self.config.broker_id,
+                "master": broker_label(self.config.broker_name, master) if master else "",
+                "inSyncReplicas": sorted(in_sync)}
+
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         store = self.broker.store
         assert store is not None
-        store.fence(f"broker {self.config.broker_name}/{self.config.broker_id} is starting")
+        store.fence(f"broker {self.name} is starting")
         if not self.controller_mode:
             if self.config.broker_id == 0:
                 await self._to_master(CLASSIC_EPOCH)
@@ -232,8 +253,8 @@ class Roles:
         try:
             await self.link.elect()
         except (ControllerError, OSError, TimeoutError) as exc:
-            log.warning("first election of %s not started: %s (the next heartbeat retries)",
-                        self.config.broker_name, exc)
+            log.warning("first election of group %s not started: %s (the next heartbeat "
+                        "retries)", self.config.broker_name, exc)
             self.link.master = None  # so the next answer is applied again
 
     async def _to_master(self, epoch: int, sync_state_set: set[int] | None = None) -> None:
@@ -245,7 +266,8 @@ class Roles:
             store.cut_torn_tail()
             if self.ha_master is None:
                 sock, self._ha_sock = self._ha_sock, None
-                self.ha_master = HAMaster(store, sock=sock or self._bind(self._ha_host, self.ha_port))
+                self.ha_master = HAMaster(store, sock=sock or self._bind(self._ha_host, self.ha_port),
+                                         group=self.config.broker_name)
                 await self.ha_master.start()
             if epoch > store.epochs.last_epoch:
                 self.ha_master.become(epoch)
@@ -262,8 +284,8 @@ class Roles:
                 await broker.resume_master_services()
             self.is_master = True
             store.fence("")
-            log.warning("broker %s/%d is now the master (epoch %d, log ends at %d)",
-                        self.config.broker_name, self.config.broker_id, epoch,
+            log.warning("broker %s (id %d) is now the master, epoch %d; its log ends at "
+                        "offset %d", self.name, self.config.broker_id, epoch,
                         store.max_physical_offset)
             broker.registration_changed()
 
@@ -272,24 +294,29 @@ class Roles:
             broker = self.broker
             store = broker.store
             assert store is not None
-            store.fence(f"broker {self.config.broker_name}/{self.config.broker_id} is a slave")
+            store.fence(f"broker {self.name} is a slave")
             was_master = self.is_master
             self.is_master = False
             await self._stop_serving()
             if was_master:
                 await broker.suspend_master_services()
-                log.warning("broker %s/%d is no longer the master", self.config.broker_name,
-                            self.config.broker_id)
+                log.warning("broker %s (id %d) is no longer the master (epoch %d)", self.name,
+                            self.config.broker_id, self.epoch)
             await self._stop_following()
             self.master_ha_addr = master_ha_addr or self.master_ha_addr
             self.master_addr = master_addr or self.master_addr
-            self.ha_slave = HASlave(store, lambda: self.master_ha_addr or None,
-                                    slave_id=self.config.broker_id)
+            self.ha_slave = self._follower(store)
             self.ha_slave.start()
             self.sync = SlaveSync(broker.topics, store.offsets, self.config.metadata_sync_interval,
                                   lambda: self.master_addr or None)
             self.sync.start()
             broker.registration_changed()
+
+    def _follower(self, store: MessageStore) -> HASlave:
+        """An HA follower of the master now named (its address is asked at every attempt)."""
+        return HASlave(store, lambda: self.master_ha_addr or None, slave_id=self.config.broker_id,
+                       master_name=lambda: broker_label(self.config.broker_name, self.master_addr)
+                       if self.master_addr else "the master")
 
     async def _stop_serving(self) -> None:
         """No HA service: a slave's, or a stopping broker's (the start-up socket too)."""
@@ -331,8 +358,7 @@ class Roles:
             store = self.broker.store
             assert store is not None
             await self.ha_slave.close()
-            self.ha_slave = HASlave(store, lambda: self.master_ha_addr or None,
-                                    slave_id=self.config.broker_id)
+            self.ha_slave = self._follower(store)
             self.ha_slave.start()
 
     # --- SYNC_MASTER and the lease -----------------------------------------------------------
@@ -376,9 +402,11 @@ class Roles:
                 self._sync_state_set_epoch = await self.link.alter_sync_state_set(
                     members, self.epoch, self._sync_state_set_epoch)
             except (ControllerError, OSError, TimeoutError) as exc:
-                log.warning("in-sync replicas %s not reported: %s", sorted(members), exc)
+                log.warning("in-sync replicas (ids %s) of group %s not reported: %s",
+                            sorted(members), self.config.broker_name, exc)
                 return
-            log.info("in-sync replicas of %s: %s", self.config.broker_name, sorted(members))
+            log.info("in-sync replicas of group %s, epoch %d: ids %s", self.config.broker_name,
+                     self.epoch, sorted(members))
             self.sync_state_set = members
 
     def _confirm_moved(self) -> None:
@@ -417,8 +445,8 @@ class Roles:
         period = self.config.controller_lease / LEASE_CHECKS_PER_LEASE
         store = self.broker.store
         assert store is not None
-        reason = (f"broker {self.config.broker_name}/{self.config.broker_id}: master lease "
-                  "expired (the controller has not answered)")
+        reason = (f"broker {self.name}: master lease expired (the controller has not "
+                  "answered)")
         while True:
             await asyncio.sleep(period)
             if not self.is_master:
@@ -426,8 +454,8 @@ class Roles:
             await self._report_sync_state_set(self._in_sync_now())
             if self._may_write(2 * period):
                 if store.fenced == reason:
-                    log.warning("broker %s/%d: master lease renewed; writes accepted again",
-                                self.config.broker_name, self.config.broker_id)
+                    log.warning("broker %s: master lease renewed; writes accepted again",
+                                self.name)
                     store.fence("")
             elif not store.fenced:
                 log.warning("%s; writes refused", reason)
