@@ -1,7 +1,9 @@
 """``txbroker status``: topics with queue offsets, consumer groups, pending halves, metrics.
 
-Every broker the name server lists is shown, masters and slaves (name, id and role, address),
-then, when there is more than one, the cluster's totals.
+Every broker the name server lists is shown, masters and slaves, each named as in the logs
+(``name@address``) with its role and master epoch; a group whose brokers report their roles
+gets a line with its master, epoch and in-sync replicas; then, when there is more than one
+broker, the cluster's totals.
 """
 
 from __future__ import annotations
@@ -42,13 +44,20 @@ def status(as_json: bool, system: bool, namesrv: str, credentials: dict[str, str
         click.echo(orjson.dumps(docs, option=orjson.OPT_INDENT_2).decode())
         return
     console = Console(width=160)
+    shown_groups: set[str] = set()
     for doc in docs.values():
-        name = f"{doc.get('brokerName')} (id {doc.get('brokerId')}, {doc.get('role')})"
+        group = doc.get("brokerName", "")
+        if group not in shown_groups:
+            shown_groups.add(group)
+            line = group_line(group, docs.values())
+            if line:
+                console.print(line, highlight=False)
+        name = broker_heading(doc)
         if "error" in doc:
-            console.print(f"[bold]broker {name}[/bold] at {doc.get('address')}  {doc['error']}")
+            console.print(f"[bold]broker {name}[/bold]  {doc['error']}")
             continue
         info = doc.get("broker") or {}
-        console.print(f"[bold]broker {name}[/bold] at {doc.get('address')}  "
+        console.print(f"[bold]broker {name}[/bold]  "
                       f"cluster={info.get('cluster', '')} flush={info.get('flushMode', '')} "
                       f"uptime={info.get('uptimeSeconds', '')}s  "
                       f"pending half messages: [bold]{doc.get('pendingHalfMessages', 0)}[/bold]")
@@ -82,6 +91,28 @@ def status(as_json: bool, system: bool, namesrv: str, credentials: dict[str, str
 
     if len(docs) > 1:
         console.print(totals_line(docs, system))
+
+
+def broker_heading(doc: dict) -> str:
+    """``name@address (role, epoch N)``; no epoch for a single broker (it has no group)."""
+    epoch = f", epoch {doc['epoch']}" if "epoch" in doc else ""
+    return f"{doc.get('label')} ({doc.get('role')}{epoch})"
+
+
+def group_line(group: str, docs) -> str:
+    """``group G: master M, epoch N, in sync: A, B`` from the group's master document (the
+    broker that says it is master); empty for a single broker or a group with no master."""
+    masters = [d for d in docs if d.get("brokerName") == group and d.get("role") == "master"
+               and isinstance(d.get("replication"), dict)]
+    if not masters:
+        members = [d for d in docs if d.get("brokerName") == group]
+        if any(isinstance(d.get("replication"), dict) for d in members):
+            return f"group {group}: no master now"
+        return ""
+    master = masters[0]
+    in_sync = ", ".join(master.get("inSyncReplicas") or []) or "none"
+    return (f"group {group}: master {master['label']}, epoch {master.get('epoch')}, "
+            f"in sync: {in_sync}")
 
 
 def totals_line(docs: dict[str, dict], system: bool) -> str:

@@ -319,7 +319,8 @@ class Broker:
         handlers.update(ConsumerProcessor(cfg, self.store, self.topics, self.registry,
                                           self.schedule, clock=self.clock).handlers())
         self.admin = AdminProcessor(cfg, self.store, self.topics, self.registry, self.tx,
-                                    self.metrics, runtime=self._runtime, clock=self.clock)
+                                    self.metrics, runtime=self._runtime,
+                                    replication=self._replication, clock=self.clock)
         handlers.update(self.admin.handlers())
         handlers.update(transaction_handlers(self.tx, kafka=self.kafka_txn))
 
@@ -396,6 +397,10 @@ class Broker:
         table = {tc.name: tc for tc in self.topics.all()
                  if tc.name != DEFAULT_TOPIC or self.config.auto_create_topic}
         return self.topics.data_version, table
+
+    def _replication(self) -> dict | None:
+        """The status document's ``replication`` section (roles.py); None for one broker."""
+        return self.roles.status() if self.roles is not None else None
 
     def _runtime(self) -> dict[str, str]:
         conns = len(self.server.connections) if self.server is not None else 0

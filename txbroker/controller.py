@@ -35,6 +35,7 @@ import orjson
 
 from txbroker.broker import bind_listener
 from txbroker.config import BrokerConfig
+from txbroker.remoting.bodies import broker_label
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.controller_headers import (
@@ -224,9 +225,19 @@ class ControllerProcess:
             now = (view.master_broker_id, view.master_epoch)
             if self._announced.get(name, (None, 0)) != now:
                 self._announced[name] = now
-                log.info("broker %s: master %s, epoch %d, sync state set %s", name,
-                         view.master_broker_id, view.master_epoch, sorted(view.sync_state_set))
+                master = "none" if view.master_broker_id is None else \
+                    self._label(name, view.master_broker_id)
+                log.info("group %s: master %s, epoch %d, in sync: %s", name, master,
+                         view.master_epoch,
+                         ", ".join(self._label(name, i) for i in sorted(view.sync_state_set)))
                 self._notify(view)
+
+    def _label(self, broker_name: str, broker_id: int) -> str:
+        """A replica as brokers and ``txbroker status`` name it (``name@address``), with the
+        configured id the controller keys it by."""
+        addr = self.state.replicas(broker_name).get(broker_id, ("", ""))[0]
+        return f"{broker_label(broker_name, addr)} (id {broker_id})" if addr else \
+            f"{broker_name} id {broker_id}"
 
     def _notify(self, view: GroupView) -> None:
         header = _master_header(NotifyBrokerRoleChangedRequestHeader, view)

@@ -21,7 +21,7 @@ HA                     serves slaves; SYNC_MASTER waits for them  follows the ma
 transactions           state recovered from the log; checks run   none (rebuilt at promotion)
 scheduled messages     delivered                                  not delivered
 metadata               served to slaves                           copied from the master
-name servers           registered as id 0                         registered as a slave id
+name servers           registered as id 0                         its own id (not 0), or none
 =====================  =========================================  ==================================
 
 Promotion runs in this order so that nothing is written before the log is final: stop
@@ -39,6 +39,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
+from txbroker.remoting.bodies import broker_label
 from txbroker.service.controller_link import (
     ControllerError,
     ControllerLink,
@@ -83,6 +84,9 @@ LEASE_CHECKS_PER_LEASE = 8
 IN_SYNC_GAP = 4 * 1024 * 1024
 #: Classic epoch: without a controller the master's epoch never changes.
 CLASSIC_EPOCH = 1
+#: Seconds a starting broker waits for the first election it asked for (the controller's
+#: request time-out) before it goes on as a fenced slave, registering once elected.
+FIRST_ELECTION_WAIT = 3.0
 
 
 class Roles:
@@ -128,21 +132,48 @@ class Roles:
     def ha_addr(self) -> str:
         return f"{self.broker.host}:{self.ha_port}"
 
-    def name_server_id(self) -> int:
-        """The id to register with: 0 while master; a slave's own id, or — for the broker
-        configured as 0 and now a slave — the id of the broker that replaced it, which as
-        master registers as 0 and so leaves its own id free."""
+    def name_server_id(self) -> int | None:
+        """The id to register with the name servers now, or None: do not register.
+
+        0 while master; a slave's own configured id (1 and up) whenever it is not master.  The
+        broker configured as 0 cannot register as 0 while it is not master: it borrows the
+        id of the broker that replaced it (which, as master, registers as 0 and so leaves its
+        own id free), and while no other master is known — before the first election, or with
+        the master cleared — it has no id of its own and does not register at all, since any
+        id it took could be another replica's."""
         if self.is_master:
             return 0
         if self.config.broker_id:
             return self.config.broker_id
-        return self.master_id if self.master_id else 1
+        if self.master_id is None or self.master_id == self.config.broker_id:
+            return None
+        return self.master_id
+
+    @property
+    def name(self) -> str:
+        """How logs and ``txbroker status`` name this broker: ``<broker name>@<address>``,
+        the same whatever its role or name-server id (docs/cluster.md, "Naming brokers")."""
+        return broker_label(self.config.broker_name, self.broker.broker_addr)
+
+    def status(self) -> dict[str, Any]:
+        """This broker's part of the ``replication`` section of its status document: role,
+        master epoch, configured id, the master it follows and the group's in-sync set."""
+        if self.is_master:
+            in_sync = self.sync_state_set if self.controller_mode else self._in_sync_now()
+        else:
+            named = self.link.master if self.link is not None else None
+            in_sync = set(named.sync_state_set) if named is not None else set()
+        master = self.broker.broker_addr if self.is_master else self.master_addr
+        return {"role": "master" if self.is_master else "slave", "epoch": self.epoch,
+                "brokerId": self.config.broker_id,
+                "master": broker_label(self.config.broker_name, master) if master else "",
+                "inSyncReplicas": sorted(in_sync)}
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         store = self.broker.store
         assert store is not None
-        store.fence(f"broker {self.config.broker_name}/{self.config.broker_id} is starting")
+        store.fence(f"broker {self.name} is starting")
         if not self.controller_mode:
             if self.config.broker_id == 0:
                 await self._to_master(CLASSIC_EPOCH)
@@ -158,6 +189,10 @@ class Roles:
             # The heartbeat loop keeps asking; until a master is named this broker is a
             # fenced slave with nothing to follow.
             log.warning("controller: %s; waiting for it", exc)
+        if self._background:
+            # The first election asked for above: the broker registers with the name servers
+            # once it knows its role, so its first registration (at start) already has it.
+            await asyncio.wait(set(self._background), timeout=FIRST_ELECTION_WAIT)
         self.link.start()
         self._lease_task = asyncio.create_task(self._watch(), name="txbroker-master-watch")
 
@@ -180,7 +215,15 @@ class Roles:
 
     # --- role changes ------------------------------------------------------------------------
     async def _apply(self, info: MasterInfo) -> None:
-        """Controller mode: follow what the controller says."""
+        """Controller mode: follow what the controller says, and re-register at once when
+        the id to register under changed (a role switch re-registers by itself; a new or
+        cleared master changes the id the broker configured as 0 borrows)."""
+        registered_as = self.name_server_id()
+        await self._follow(info)
+        if self.name_server_id() != registered_as:
+            self.broker.registration_changed()
+
+    async def _follow(self, info: MasterInfo) -> None:
         self.master_id = info.master_id
         if info.master_id == self.config.broker_id:
             if not self.is_master or info.master_epoch > self.epoch:
@@ -210,8 +253,8 @@ class Roles:
         try:
             await self.link.elect()
         except (ControllerError, OSError, TimeoutError) as exc:
-            log.warning("first election of %s not started: %s (the next heartbeat retries)",
-                        self.config.broker_name, exc)
+            log.warning("first election of group %s not started: %s (the next heartbeat "
+                        "retries)", self.config.broker_name, exc)
             self.link.master = None  # so the next answer is applied again
 
     async def _to_master(self, epoch: int, sync_state_set: set[int] | None = None) -> None:
@@ -223,7 +266,8 @@ class Roles:
             store.cut_torn_tail()
             if self.ha_master is None:
                 sock, self._ha_sock = self._ha_sock, None
-                self.ha_master = HAMaster(store, sock=sock or self._bind(self._ha_host, self.ha_port))
+                self.ha_master = HAMaster(store, sock=sock or self._bind(self._ha_host, self.ha_port),
+                                         group=self.config.broker_name)
                 await self.ha_master.start()
             if epoch > store.epochs.last_epoch:
                 self.ha_master.become(epoch)
@@ -240,8 +284,8 @@ class Roles:
                 await broker.resume_master_services()
             self.is_master = True
             store.fence("")
-            log.warning("broker %s/%d is now the master (epoch %d, log ends at %d)",
-                        self.config.broker_name, self.config.broker_id, epoch,
+            log.warning("broker %s (id %d) is now the master, epoch %d; its log ends at "
+                        "offset %d", self.name, self.config.broker_id, epoch,
                         store.max_physical_offset)
             broker.registration_changed()
 
@@ -250,24 +294,29 @@ class Roles:
             broker = self.broker
             store = broker.store
             assert store is not None
-            store.fence(f"broker {self.config.broker_name}/{self.config.broker_id} is a slave")
+            store.fence(f"broker {self.name} is a slave")
             was_master = self.is_master
             self.is_master = False
             await self._stop_serving()
             if was_master:
                 await broker.suspend_master_services()
-                log.warning("broker %s/%d is no longer the master", self.config.broker_name,
-                            self.config.broker_id)
+                log.warning("broker %s (id %d) is no longer the master (epoch %d)", self.name,
+                            self.config.broker_id, self.epoch)
             await self._stop_following()
             self.master_ha_addr = master_ha_addr or self.master_ha_addr
             self.master_addr = master_addr or self.master_addr
-            self.ha_slave = HASlave(store, lambda: self.master_ha_addr or None,
-                                    slave_id=self.config.broker_id)
+            self.ha_slave = self._follower(store)
             self.ha_slave.start()
             self.sync = SlaveSync(broker.topics, store.offsets, self.config.metadata_sync_interval,
                                   lambda: self.master_addr or None)
             self.sync.start()
             broker.registration_changed()
+
+    def _follower(self, store: MessageStore) -> HASlave:
+        """An HA follower of the master now named (its address is asked at every attempt)."""
+        return HASlave(store, lambda: self.master_ha_addr or None, slave_id=self.config.broker_id,
+                       master_name=lambda: broker_label(self.config.broker_name, self.master_addr)
+                       if self.master_addr else "the master")
 
     async def _stop_serving(self) -> None:
         """No HA service: a slave's, or a stopping broker's (the start-up socket too)."""
@@ -309,8 +358,7 @@ class Roles:
             store = self.broker.store
             assert store is not None
             await self.ha_slave.close()
-            self.ha_slave = HASlave(store, lambda: self.master_ha_addr or None,
-                                    slave_id=self.config.broker_id)
+            self.ha_slave = self._follower(store)
             self.ha_slave.start()
 
     # --- SYNC_MASTER and the lease -----------------------------------------------------------
@@ -354,9 +402,11 @@ class Roles:
                 self._sync_state_set_epoch = await self.link.alter_sync_state_set(
                     members, self.epoch, self._sync_state_set_epoch)
             except (ControllerError, OSError, TimeoutError) as exc:
-                log.warning("in-sync replicas %s not reported: %s", sorted(members), exc)
+                log.warning("in-sync replicas (ids %s) of group %s not reported: %s",
+                            sorted(members), self.config.broker_name, exc)
                 return
-            log.info("in-sync replicas of %s: %s", self.config.broker_name, sorted(members))
+            log.info("in-sync replicas of group %s, epoch %d: ids %s", self.config.broker_name,
+                     self.epoch, sorted(members))
             self.sync_state_set = members
 
     def _confirm_moved(self) -> None:
@@ -395,8 +445,8 @@ class Roles:
         period = self.config.controller_lease / LEASE_CHECKS_PER_LEASE
         store = self.broker.store
         assert store is not None
-        reason = (f"broker {self.config.broker_name}/{self.config.broker_id}: master lease "
-                  "expired (the controller has not answered)")
+        reason = (f"broker {self.name}: master lease expired (the controller has not "
+                  "answered)")
         while True:
             await asyncio.sleep(period)
             if not self.is_master:
@@ -404,8 +454,8 @@ class Roles:
             await self._report_sync_state_set(self._in_sync_now())
             if self._may_write(2 * period):
                 if store.fenced == reason:
-                    log.warning("broker %s/%d: master lease renewed; writes accepted again",
-                                self.config.broker_name, self.config.broker_id)
+                    log.warning("broker %s: master lease renewed; writes accepted again",
+                                self.name)
                     store.fence("")
             elif not store.fenced:
                 log.warning("%s; writes refused", reason)

@@ -96,7 +96,7 @@ async def test_sends_spread_over_both_groups_and_cli_shows_the_cluster(cluster) 
     ns = ("--namesrv", cluster.namesrv_addr)
     out = cli_ok(await run_cli("status", *ns))
     for broker in cluster.brokers:
-        assert f"broker {broker.config.broker_name} (id 0, master) at {broker.broker_addr}" in out
+        assert f"broker {broker.config.broker_name}@{broker.broker_addr} (master, epoch 1)" in out
     [total] = [line for line in out.splitlines() if line.startswith("total: ")]
     assert "2 of 2 broker(s) reachable in 2 group(s)" in total and "messages: 16" in total
     docs = orjson.loads(cli_ok(await run_cli("status", "--json", *ns)))

@@ -31,7 +31,7 @@ from txbroker.client.errors import (
 )
 from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
 from txbroker.client.message import validate_topic
-from txbroker.remoting.bodies import MASTER_ID
+from txbroker.remoting.bodies import MASTER_ID, broker_label
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
@@ -242,13 +242,22 @@ class AdminClient:
     # --- status --------------------------------------------------------------------------
     async def status(self) -> dict[str, dict]:
         """Broker -> its status document (topics, offsets, groups, halves, metrics) with
-        ``address``, ``brokerName``, ``brokerId`` and ``role`` added; a master is keyed by its
-        broker name, a slave by ``name/id``."""
-        out = {}
+        ``address``, ``brokerName``, ``label`` (``name@address``, how logs name it too),
+        ``brokerId``, ``role``, ``epoch`` and ``inSyncReplicas`` added; a group's master
+        (id 0 at the name servers) is keyed by its broker name, every other broker by
+        ``name@address``.
+
+        Role, epoch, configured broker id and the in-sync set come from the broker itself
+        (its ``replication`` section), so a demoted first master reads as the slave it is,
+        under the id it was started with; the in-sync set is named like the brokers (an id
+        no listed broker has is shown as ``name id N``).  A broker without that section (a
+        single broker) is described by the name servers' listing."""
+        out: dict[str, dict] = {}
         failures: list[BaseException] = []
         for name, broker_id, addr in self.members():
-            key = name if broker_id == MASTER_ID else f"{name}/{broker_id}"
-            head = {"address": addr, "brokerName": name, "brokerId": broker_id,
+            label = broker_label(name, addr)
+            key = name if broker_id == MASTER_ID else label
+            head = {"address": addr, "brokerName": name, "label": label, "brokerId": broker_id,
                     "role": "master" if broker_id == MASTER_ID else "slave"}
             try:
                 doc = self._json(await self._call(addr, RequestCode.BROKER_STATUS, "status"), "status")
@@ -256,9 +265,16 @@ class AdminClient:
                 failures.append(exc)
                 out[key] = {**head, "error": f"unreachable: {exc or type(exc).__name__}"}
                 continue
-            out[key] = {**head, **(doc if isinstance(doc, dict) else {})}
+            doc = doc if isinstance(doc, dict) else {}
+            replication = doc.get("replication")
+            if isinstance(replication, dict):
+                head.update({k: replication[k] for k in ("role", "epoch", "brokerId")
+                             if k in replication})
+            out[key] = {**head, **doc}
         if failures and len(failures) == len(out):
             raise failures[0]
+        for doc in out.values():
+            doc["inSyncReplicas"] = _in_sync_names(doc, out.values())
         return out
 
     # --- transactions --------------------------------------------------------------------
@@ -366,6 +382,19 @@ class TransactionNotFoundError(LocatedError):
         super().__init__(f"no transaction {txn_id}", ", ".join(addrs))
         self.txn_id = txn_id
         self.addrs = addrs
+
+
+def _in_sync_names(doc: dict, docs: Iterable[dict]) -> list[str]:
+    """The in-sync set ``doc``'s broker reports (configured ids), named as brokers are:
+    each id by the broker of the same group started with it."""
+    replication = doc.get("replication")
+    ids = replication.get("inSyncReplicas") if isinstance(replication, dict) else None
+    if not isinstance(ids, list):
+        return []
+    name = doc["brokerName"]
+    by_id = {d["brokerId"]: d["label"] for d in docs
+             if d["brokerName"] == name and isinstance(d.get("replication"), dict)}
+    return [by_id.get(i, f"{name} id {i}") for i in ids]
 
 
 def _check_queues(queues: object) -> None:

@@ -37,6 +37,13 @@ from txbroker.remoting.header_codec import HeaderError
 MASTER_ID = 0
 
 
+def broker_label(broker_name: str, address: str) -> str:
+    """``<broker name>@<address>``: one name for a broker process in logs and in ``txbroker
+    status``, whatever its role or the id it registers under now (a name-server id changes
+    at failover; the address does not)."""
+    return f"{broker_name}@{address}"
+
+
 class BodyError(HeaderError):
     """A request body the broker cannot read; carries the response code and a remark."""
 

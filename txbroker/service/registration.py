@@ -53,7 +53,8 @@ TopicTable = Callable[[], tuple[DataVersion, Mapping[str, Any]]]
 class BrokerRegistrar:
     """Registers one broker with every name server of ``config.namesrv_addr``.
 
-    ``identity()`` is the broker id to register under now (0 = master) and ``topic_table()``
+    ``identity()`` is the broker id to register under now (0 = master; None = not now: a
+    controller-mode broker that does not know its role yet) and ``topic_table()``
     the DataVersion and topics (anything with TopicConfig's attributes) to announce: callables,
     so a broker that changes role or topics registers what it is at that moment.  ``on_master``
     receives (masterAddr, haServerAddr) from the first name server that names the group's
@@ -61,7 +62,7 @@ class BrokerRegistrar:
     """
 
     def __init__(self, config: BrokerConfig, *, broker_addr: str, ha_addr: str,
-                 identity: Callable[[], int], topic_table: TopicTable,
+                 identity: Callable[[], int | None], topic_table: TopicTable,
                  on_master: Callable[[str, str], None] | None = None,
                  compressed: bool = False) -> None:
         self.config = config
@@ -78,6 +79,8 @@ class BrokerRegistrar:
         self.registered: dict[str, bool | None] = dict.fromkeys(self.namesrv_addrs)
         #: Completed registration rounds (a round = one attempt at every name server).
         self.rounds = 0
+        #: The id the last round registered under (None: not registered).
+        self.registered_as: int | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -97,11 +100,18 @@ class BrokerRegistrar:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        await self._unregister_all()
+        await asyncio.gather(*(c.close() for c in self._clients.values()))
+
+    async def _unregister_all(self) -> None:
+        """Take this broker's entry (under the id it last registered) off every name server."""
+        if self.registered_as is None:
+            return
         header = UnRegisterBrokerRequestHeader(
             broker_name=self.config.broker_name, broker_addr=self.broker_addr,
-            cluster_name=self.config.cluster_name, broker_id=self.identity())
+            cluster_name=self.config.cluster_name, broker_id=self.registered_as)
+        self.registered_as = None
         await asyncio.gather(*(self._unregister(c, header) for c in self._clients.values()))
-        await asyncio.gather(*(c.close() for c in self._clients.values()))
 
     async def _loop(self) -> None:
         while True:
@@ -114,7 +124,17 @@ class BrokerRegistrar:
                 log.exception("registration round failed")
 
     async def register_all(self) -> None:
-        """One round: the current table to every name server in parallel."""
+        """One round: the current table to every name server in parallel; with no id to
+        register under, the entry of an earlier round is taken off instead (an id this
+        broker no longer owns may be another broker's now)."""
+        broker_id = self.identity()
+        if broker_id is None:
+            if self.registered_as is not None:
+                log.info("%s unregisters from the name servers until its role is known",
+                         self.config.broker_name)
+            await self._unregister_all()
+            self.rounds += 1
+            return
         version, table = self.topic_table()
         body = RegisterBrokerBody(TopicConfigSerializeWrapper(
             version, {name: TopicConfigData.of(tc) for name, tc in table.items()}))
@@ -122,10 +142,11 @@ class BrokerRegistrar:
         header = RegisterBrokerRequestHeader(
             broker_name=self.config.broker_name, broker_addr=self.broker_addr,
             cluster_name=self.config.cluster_name, ha_server_addr=self.ha_addr,
-            broker_id=self.identity(), compressed=self.compressed, body_crc32=body_crc32(data))
+            broker_id=broker_id, compressed=self.compressed, body_crc32=body_crc32(data))
         ext = header.to_ext()
         answers = await asyncio.gather(*(self._register(addr, ext, data)
                                          for addr in self.namesrv_addrs))
+        self.registered_as = broker_id
         self.rounds += 1
         if self.on_master is not None:
             for answer in answers:

@@ -55,8 +55,11 @@ class HAMaster:
 
     def __init__(self, store: MessageStore, *, host: str = "127.0.0.1", port: int = 0,
                  sock: object | None = None, heartbeat: float = 5.0, idle_timeout: float = 20.0,
-                 poll: float = 0.05, clock: Callable[[], float] = time.monotonic) -> None:
+                 poll: float = 0.05, clock: Callable[[], float] = time.monotonic,
+                 group: str = "") -> None:
         self.store = store
+        #: The broker group's name, so log lines name a slave as ``<group> id <n>``.
+        self.group = group
         self.host, self.port, self._sock = host, port, sock
         self.heartbeat = heartbeat
         self.idle_timeout = idle_timeout
@@ -165,14 +168,14 @@ class HAMaster:
         try:
             hello = await self._read_one(reader, decoder)
             if not isinstance(hello, SlaveHandshake):
-                raise ProtocolError(f"expected a handshake, got {hello!r}")
+                raise ProtocolError("expected a handshake, got an ack")
             store = self.store
             writer.write(encode_master_handshake(MasterHandshake(
                 store.max_physical_offset, store.epochs.last_epoch, list(store.epochs.entries))))
             await writer.drain()
             first = await self._read_one(reader, decoder)
             if not isinstance(first, SlaveAck):
-                raise ProtocolError(f"expected an ack, got {first!r}")
+                raise ProtocolError("expected an ack, got a second handshake")
             start = first.max_offset or store.min_physical_offset
             if hello.sync_from_last_file and not first.max_offset:
                 end = store.max_physical_offset
@@ -180,22 +183,26 @@ class HAMaster:
             info = SlaveInfo(hello.slave_id, address, first.max_offset)
             old = self._infos.get(hello.slave_id)
             if old is not None and old.connected:
-                log.warning("HA slave %d connected again from %s: the older connection is replaced",
-                            hello.slave_id, address)
+                log.warning("HA slave %s connected again from %s: the older connection is "
+                            "replaced", self._slave(hello.slave_id), address)
             self._infos[hello.slave_id] = info
             self._ack(info, first.max_offset)
-            log.info("HA slave %d at %s follows from offset %d", hello.slave_id, address, start)
+            log.info("HA slave %s (from %s) follows from offset %d", self._slave(hello.slave_id),
+                     address, start)
             sender = asyncio.create_task(self._send(writer, start, info))
             # A sender that stops (its offset deleted by retention) ends the connection.
             sender.add_done_callback(lambda _: writer.transport.abort())
             while True:
                 msg = await asyncio.wait_for(self._read_one(reader, decoder), self.idle_timeout)
                 if not isinstance(msg, SlaveAck):
-                    raise ProtocolError(f"expected an ack, got {msg!r}")
+                    raise ProtocolError("expected an ack, got a second handshake")
                 self._ack(info, msg.max_offset)
         except (ProtocolError, ValueError) as exc:
             log.warning("HA slave at %s dropped: %s", address, exc)
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+        except TimeoutError:
+            log.info("HA slave at %s disconnected: nothing received for %g s", address,
+                     self.idle_timeout)
+        except OSError as exc:
             log.info("HA slave at %s disconnected: %s", address, exc or type(exc).__name__)
         except asyncio.CancelledError:
             pass  # close(): asyncio's server callback must not see a cancelled handler task
@@ -223,8 +230,11 @@ class HAMaster:
                 return msg
             data = await reader.read(4096)
             if not data:
-                raise asyncio.IncompleteReadError(b"", None)
+                raise ConnectionError("the slave closed the connection")
             decoder.feed(data)
+
+    def _slave(self, slave_id: int) -> str:
+        return f"{self.group} id {slave_id}" if self.group else f"id {slave_id}"
 
     def _ack(self, info: SlaveInfo, offset: int) -> None:
         end = self.store.max_physical_offset

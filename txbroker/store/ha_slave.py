@@ -48,9 +48,12 @@ class HASlave:
 
     def __init__(self, store: MessageStore, master_addr: Callable[[], Address], *, slave_id: int = 1,
                  heartbeat: float = 5.0, idle_timeout: float = 20.0, backoff: float = 0.05,
-                 max_backoff: float = 5.0) -> None:
+                 max_backoff: float = 5.0, master_name: Callable[[], str] | None = None) -> None:
         self.store = store
         self.master_addr = master_addr
+        #: How log lines name the master (the broker's ``name@address``); its HA address
+        #: when the caller cannot tell.
+        self.master_name = master_name
         self.slave_id = slave_id
         self.heartbeat = heartbeat
         self.idle_timeout = idle_timeout
@@ -91,7 +94,10 @@ class HASlave:
                     delay = self.backoff
             except asyncio.CancelledError:
                 raise
-            except (TimeoutError, OSError, asyncio.IncompleteReadError, ProtocolError, ValueError) as exc:
+            except TimeoutError:
+                log.info("HA connection to the master ended: nothing received for %g s",
+                         self.idle_timeout)
+            except (OSError, ProtocolError, ValueError) as exc:
                 log.info("HA connection to the master ended: %s", exc or type(exc).__name__)
             finally:
                 self.connected = False
@@ -101,7 +107,10 @@ class HASlave:
     async def _session(self, addr: tuple[str, int]) -> None:
         reader, writer = await asyncio.open_connection(*addr)
         try:
-            await self._follow(reader, writer, f"{addr[0]}:{addr[1]}")
+            where = f"{addr[0]}:{addr[1]}"
+            if self.master_name is not None:
+                where = f"{self.master_name()} (HA {where})"
+            await self._follow(reader, writer, where)
         finally:
             writer.close()
 
@@ -112,7 +121,10 @@ class HASlave:
         hello = await self._read_one(reader, decoder)
         if not isinstance(hello, MasterHandshake):
             raise ProtocolError(f"master {where} sent {type(hello).__name__} before its handshake")
-        self._truncate(hello, where)
+        cut = self._truncate(hello, where)
+        if cut or not self.sessions:
+            log.info("now following %s from offset %d, truncated %d bytes", where,
+                     store.max_physical_offset, cut)
         self.master_epoch = hello.last_epoch
         self._master_end = hello.max_offset
         acked = store.max_physical_offset
@@ -133,19 +145,23 @@ class HASlave:
                 acked, last_ack = end, now
                 await writer.drain()
 
-    def _truncate(self, hello: MasterHandshake, where: str) -> None:
-        """Cut this log to the last point it shares with the master (no epochs here: nothing)."""
+    def _truncate(self, hello: MasterHandshake, where: str) -> int:
+        """Cut this log to the last point it shares with the master (no epochs here: nothing);
+        returns the bytes cut."""
         store = self.store
         local_end = store.max_physical_offset
         if not store.epochs.entries or local_end == 0:
-            return
+            return 0
         point = store.epochs.find_consistent_point(hello.epochs, local_end, hello.max_offset)
         if point < 0:
             raise ProtocolError(f"no epoch in common with master {where}: local {store.epochs.entries}, "
                                 f"master {hello.epochs}")
-        if point < local_end:
-            log.warning("HA: cutting this log from %d to %d to follow master %s", local_end, point, where)
-            store.truncate(point)
+        if point >= local_end:
+            return 0
+        log.warning("HA: cutting this log from offset %d to %d (%d bytes) to follow %s",
+                    local_end, point, local_end - point, where)
+        store.truncate(point)
+        return local_end - point
 
     def _apply(self, msg: Transfer, where: str) -> None:
         store = self.store
@@ -168,5 +184,5 @@ class HASlave:
                 return msg
             data = await reader.read(1 << 20)
             if not data:
-                raise asyncio.IncompleteReadError(b"", None)
+                raise ConnectionError("the master closed the connection")
             decoder.feed(data)

@@ -3,7 +3,8 @@ the status document.
 
 BROKER_STATUS (9004, txbroker's private range) is what ``txbroker status`` prints: topics with
 per-queue min/max offsets, consumer groups with their committed offsets and members, pending
-half messages and key metrics, as one JSON document.
+half messages, key metrics and, in a cluster, the broker's role, master epoch and its
+group's in-sync replicas, as one JSON document.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 class AdminProcessor:
     def __init__(self, config: BrokerConfig, store, topics: TopicManager, registry: ClientRegistry,
                  tx, metrics, *, runtime: Callable[[], dict[str, str]] | None = None,
+                 replication: Callable[[], dict | None] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.config = config
         self.store = store
@@ -41,6 +43,8 @@ class AdminProcessor:
         self.tx = tx
         self.metrics = metrics
         self.runtime = runtime or (dict)
+        #: The broker's role in its group (None: a single broker, always its own master).
+        self.replication = replication or (lambda: None)
         self.clock = clock
         self.started = clock()
 
@@ -67,11 +71,14 @@ class AdminProcessor:
         """The topic's config, consume queues and consumer offsets go; system topics never
         (they hold the transaction state: deleting one would lose or forge decisions)."""
         topic = validate_topic_name(DeleteTopicRequestHeader.from_ext(cmd.ext_fields).topic)
+        config = self.topics.get(topic)
         existed = await self.topics.delete(topic)
-        queues = await self.store.delete_topic(topic)
-        if not existed and not queues:
+        stored = await self.store.delete_topic(topic)  # only queues that ever held a message
+        if not existed and not stored:
             raise Refusal(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] does not exist")
-        log.warning("topic %s deleted by %s (%d queues)", topic, getattr(conn, "peer", "?"), queues)
+        queues = max(config.read_queue_nums, config.write_queue_nums, stored) if config else stored
+        log.warning("topic %s deleted by %s: %d queues, %d of them holding messages", topic,
+                    getattr(conn, "peer", "?"), queues, stored)
         return cmd.response(ResponseCode.SUCCESS)
 
     async def all_topic_config(self, conn, cmd: RemotingCommand) -> RemotingCommand:
@@ -143,6 +150,7 @@ class AdminProcessor:
             "producerGroups": self.registry.producer_groups(),
             "pendingHalfMessages": self.tx.pending_count(),
             "metrics": self.runtime_table(),
+            "replication": self.replication(),
         }
 
     async def status(self, conn, cmd: RemotingCommand) -> RemotingCommand:

@@ -97,6 +97,14 @@ class CheckPassReport:
     elapsed: float = 0.0        # seconds
     no_producer_groups: dict[str, int] = field(default_factory=dict)
 
+    def describe(self) -> str:
+        """The pass as one log sentence, with units (what the periodic service logs)."""
+        parts = [f"{self.sent} of {self.due} due half messages checked back ({self.pending} pending)"]
+        counts = [(self.no_producer, "with no producer online"), (self.discarded, "discarded"),
+                  (self.failed, "failed"), (self.deferred, "deferred to a later pass")]
+        parts += [f"{n} {what}" for n, what in counts if n]
+        return f"check pass: {', '.join(parts)}, in {self.elapsed * 1000:.1f} ms"
+
 
 def check_request(half_phys: int, entry: HalfEntry, record: StoredMessage) -> RemotingCommand:
     """CHECK_TRANSACTION_STATE for ``entry``; ``record`` is the stored half (StoredMessage)."""
@@ -154,7 +162,7 @@ class CheckService:
                 log.exception("transaction check pass failed")
                 continue
             if report.sent or report.discarded or report.no_producer:
-                log.info("check pass: %s", report)
+                log.info("%s", report.describe())
 
     async def run_pass(self) -> CheckPassReport:
         async with self._pass_lock:
