@@ -30,7 +30,7 @@ EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
 
 def _doc(msg: MessageExt) -> dict:
     doc = {"msg_id": msg.msg_id, "offset_msg_id": msg.offset_msg_id, "topic": msg.topic,
-           "queue_id": msg.queue_id, "queue_offset": msg.queue_offset, "tags": msg.tags,
+           "broker_name": msg.broker_name, "queue_id": msg.queue_id, "queue_offset": msg.queue_offset, "tags": msg.tags,
            "keys": msg.keys, "born_timestamp": msg.born_timestamp,
            "store_timestamp": msg.store_timestamp, "reconsume_times": msg.reconsume_times,
            "transaction_id": msg.transaction_id,
@@ -48,7 +48,9 @@ def _text(msg: MessageExt) -> str:
         body = msg.body.decode()
     except UnicodeDecodeError:
         body = "base64:" + base64.b64encode(msg.body).decode()
-    parts = [msg.msg_id, f"{msg.topic}#{msg.queue_id}@{msg.queue_offset}"]
+    # A queue id means something only with its broker group: broker-a and broker-b both
+    # have a queue 0 of the topic.
+    parts = [msg.msg_id, f"{msg.topic}#{msg.queue_id}@{msg.queue_offset}", f"broker={msg.broker_name}"]
     if msg.tags:
         parts.append(f"tags={msg.tags}")
     if msg.keys:
