@@ -328,6 +328,7 @@ class Broker:
         for code, handler in handlers.items():
             self.server.register(int(code), handler)
         self.server.on_disconnect(self.registry.connection_closed)
+        self.server.on_disconnect(self.holds.connection_closed)
         await self.server.start(cfg.listen_host, self.broker_port, sock=broker_sock)
         if ns_sock is not None:
             self.namesrv_server = RemotingServer(cfg)

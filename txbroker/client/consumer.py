@@ -47,6 +47,7 @@ from txbroker.client.message import MessageExt, check_text, validate_topic
 from txbroker.client.offsets import FROM_WHERE, GroupOffsets, normalise_from_where
 from txbroker.client.producer import validate_group
 from txbroker.client.pull import OwnedQueue, Puller, Subscription
+from txbroker.client.reachability import is_connection_loss
 from txbroker.client.rebalance import MessageQueue, OffsetTracker, allocate_average
 from txbroker.remoting.bodies import (
     BodyError,
@@ -64,6 +65,13 @@ from txbroker.remoting.headers import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def _level(exc: BaseException) -> int:
+    """DEBUG for a lost broker connection, which the client instance reports once per outage
+    (``reachability.py``); WARNING for any other failure."""
+    return logging.DEBUG if is_connection_loss(exc) else logging.WARNING
+
 
 class Consumer:
     """``consumer.subscribe("T"); async with consumer: async for msg in consumer: ...``
@@ -301,7 +309,7 @@ class Consumer:
             except asyncio.CancelledError:
                 raise
             except (ClientError, OSError, TimeoutError) as exc:
-                log.warning("consumer %s: rebalance failed: %s", self.client_id, exc)
+                log.log(_level(exc), "consumer %s: rebalance failed: %s", self.client_id, exc)
 
     async def _members(self, addr: str) -> list[str]:
         cmd = RemotingCommand.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP,
@@ -330,19 +338,22 @@ class Consumer:
                     continue
                 queues = route.read_queues()
                 members: set[str] = set()
+                unreachable = False
                 for name in sorted({q.broker_name for q in queues}):
                     # Any group's master (else slave) knows the members; one unreachable
                     # group must not stop the rebalance over the others.
                     try:
                         members.update(await self._members(self._instance.namesrv.read_addr(name)))
                     except (ClientError, OSError, TimeoutError) as exc:
-                        log.warning("consumer %s: member list from %s unavailable: %s",
-                                    self.client_id, name, exc or type(exc).__name__)
+                        unreachable = unreachable or is_connection_loss(exc)
+                        log.log(_level(exc), "consumer %s: member list from %s unavailable: %s",
+                                self.client_id, name, exc or type(exc).__name__)
                 if not members and queues:
                     # No member list (our heartbeat has not landed, or the broker restarted):
                     # keep the current queues rather than dropping everything (RocketMQ too).
-                    log.warning("consumer %s: no member list for group %s; keeping %d queue(s)",
-                                self.client_id, self.group, len(self._owned))
+                    log.log(logging.DEBUG if unreachable else logging.WARNING,
+                            "consumer %s: no member list for group %s; keeping %d queue(s)",
+                            self.client_id, self.group, len(self._owned))
                     continue
                 mine = set(allocate_average(queues, sorted(members), self.client_id))
                 current = {mq for mq in self._owned if mq.topic == topic}
@@ -367,8 +378,8 @@ class Consumer:
         try:
             await self._commit(owned, oneway=False)
         except (ClientError, OSError, TimeoutError) as exc:
-            log.warning("consumer %s: offset of %s not committed on release: %s",
-                        self.client_id, mq, exc)
+            log.log(_level(exc), "consumer %s: offset of %s not committed on release: %s",
+                    self.client_id, mq, exc)
 
     async def _acquire(self, mq: MessageQueue, status_cache: dict) -> None:
         offset = await self._offsets.start_offset(mq, status_cache)
@@ -387,7 +398,8 @@ class Consumer:
             try:
                 await self._commit(owned, oneway=oneway)
             except (ClientError, OSError, TimeoutError) as exc:
-                log.warning("consumer %s: offset of %s not committed: %s", self.client_id, owned.mq, exc)
+                log.log(_level(exc), "consumer %s: offset of %s not committed: %s",
+                        self.client_id, owned.mq, exc)
 
     async def _persist_loop(self) -> None:
         while True:

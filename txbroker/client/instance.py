@@ -15,7 +15,9 @@ timing fixed where the C++ client gets it wrong (docs/protocol.md §8.7):
 * routes are cached (``namesrv.py``) and refreshed every ``route_refresh_interval`` (30 s)
   and on demand after a failure;
 * broker-initiated requests (CHECK_TRANSACTION_STATE, NOTIFY_CONSUMER_IDS_CHANGED) are handed to
-  the owning producer or consumer, which must not block the connection's read path.
+  the owning producer or consumer, which must not block the connection's read path;
+* a broker that cannot be reached is reported once when its connection is lost and once when
+  it answers again (``reachability.py``), however many requests retry in between.
 
 One instance belongs to one :class:`Producer`, :class:`TransactionProducer` or
 :class:`Consumer`, so each has its own client id: two consumers of one group in one process
@@ -33,6 +35,7 @@ from collections.abc import Awaitable, Callable
 
 from txbroker.client.errors import BrokerError, ClientError
 from txbroker.client.namesrv import NameServerClient
+from txbroker.client.reachability import Reachability, is_connection_loss
 from txbroker.remoting.bodies import ConsumerData, HeartbeatData, ProducerData
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
@@ -85,6 +88,8 @@ class ClientInstance:
         self._background: set[asyncio.Task] = set()
         #: Addresses whose dropped connection is being reopened (one task each).
         self._rejoining: set[str] = set()
+        #: Broker addresses unreachable now; callers ask ``is_down`` to keep quiet meanwhile.
+        self.reachability = Reachability()
         self._started = False
         self._closed = False
 
@@ -184,6 +189,7 @@ class ClientInstance:
                 await self._heartbeat(addr, conn)
             self._conns[addr] = conn
             self._reconnects[addr] = conn.reconnects
+            self._answered(addr)
             fut.set_result(conn)
             return conn
         except BaseException as exc:
@@ -192,6 +198,7 @@ class ClientInstance:
             if isinstance(exc, asyncio.CancelledError):
                 fut.cancel()
             else:
+                self._lost(addr, exc)
                 fut.set_exception(exc)
                 fut.exception()  # retrieved: concurrent waiters get it, nobody logs it unretrieved
             raise
@@ -220,12 +227,15 @@ class ClientInstance:
         if conn is None or conn.closed:  # an open connection needs no await to be found
             conn = await self.connection(addr)
         try:
-            return await conn.invoke(cmd, timeout or self.request_timeout)
-        except (OSError, ConnectionError):
+            resp = await conn.invoke(cmd, timeout or self.request_timeout)
+        except (OSError, ConnectionError) as exc:
+            self._lost(addr, exc)
             self.drop_connection(addr)
             raise
         finally:
             self._check_reconnected(addr, conn)
+        self._answered(addr)
+        return resp
 
     def send_oneway_now(self, addr: str, cmd: RemotingCommand) -> bool:
         """Send a one-way request to ``addr`` if that needs no wait (connected, broker
@@ -242,11 +252,29 @@ class ClientInstance:
         conn = await self.connection(addr)
         try:
             await conn.invoke_oneway(cmd)
-        except (OSError, ConnectionError):
+        except (OSError, ConnectionError) as exc:
+            self._lost(addr, exc)
             self.drop_connection(addr)
             raise
         finally:
             self._check_reconnected(addr, conn)
+
+    def _lost(self, addr: str, exc: BaseException) -> None:
+        if self.reachability.lost(addr, exc):
+            log.warning("%s: lost the connection to %s (%s); retrying until it answers",
+                        self.client_id, self._describe(addr), exc or type(exc).__name__)
+
+    def _answered(self, addr: str) -> None:
+        down_for = self.reachability.answered(addr)
+        if down_for is not None:
+            # WARNING, as the line it ends: whoever saw the outage reported sees its end.
+            log.warning("%s: the connection to %s is back after %.1f s", self.client_id,
+                        self._describe(addr), down_for)
+
+    def _describe(self, addr: str) -> str:
+        """``broker-a at 127.0.0.1:10911``: the broker group's name when the routes list it."""
+        name = next((name for name, ids in self.namesrv.groups.items() if addr in ids.values()), None)
+        return f"{name} at {addr}" if name else f"broker at {addr}"
 
     def _check_reconnected(self, addr: str, conn: RemotingClient) -> None:
         """Heartbeat again at once when the transport reconnected under us."""
@@ -349,9 +377,14 @@ class ClientInstance:
                     await self.connection(addr)  # heartbeats on connect
                 else:
                     await self._heartbeat(addr, conn)
+                    self._answered(addr)
             except (OSError, ConnectionError, TimeoutError, ClientError) as exc:
                 if isinstance(exc, (OSError, ConnectionError)):
                     self.drop_connection(addr)
+                self._lost(addr, exc)
+                if is_connection_loss(exc):  # reported once, as an outage
+                    log.debug("%s: heartbeat to %s failed: %s", self.client_id, addr, exc)
+                    continue
                 errors.append(f"{addr}: {exc or type(exc).__name__}")
         if errors:
             log.warning("%s: heartbeat failed for %s", self.client_id, "; ".join(errors))

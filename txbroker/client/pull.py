@@ -13,7 +13,8 @@ from" broker id, 0 (the master) at first and then whatever the last answer's
 master's, else the lowest slave's (a group whose master is down is read from a slave).  A
 connection to an address that fails makes the puller refresh the route and pass that address
 over for ``AVOID_FAILED_FOR`` seconds, so a dead master the name server still lists does not
-stop the queue while a slave can serve it.
+stop the queue while a slave can serve it.  A lost connection is logged once per outage by
+the client instance, not once per queue and retry.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from txbroker.client.errors import ClientError
 from txbroker.client.instance import ClientInstance
 from txbroker.client.pulled import decode_pulled
+from txbroker.client.reachability import is_connection_loss
 from txbroker.client.rebalance import MessageQueue, OffsetTracker
 from txbroker.remoting.bodies import SubscriptionData
 from txbroker.remoting.codes import RequestCode, ResponseCode
@@ -138,9 +140,12 @@ class Puller:
             except asyncio.CancelledError:
                 raise
             except (OSError, ConnectionError, TimeoutError, ClientError) as exc:
-                log.warning("consumer %s: pull %s from %s failed: %s", self._instance.client_id,
-                            mq, addr, exc or type(exc).__name__)
-                if isinstance(exc, (OSError, ConnectionError)) and not isinstance(exc, TimeoutError):
+                lost = is_connection_loss(exc)
+                # A lost connection is reported once per outage by the instance, not per retry.
+                log.log(logging.DEBUG if lost else logging.WARNING,
+                        "consumer %s: pull %s from %s failed: %s", self._instance.client_id,
+                        mq, addr, exc or type(exc).__name__)
+                if lost:
                     await self._connection_failed(owned, addr)
                 await asyncio.sleep(self.error_backoff)
                 continue

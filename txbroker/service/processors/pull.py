@@ -5,7 +5,9 @@ its other requests answered meanwhile (docs/protocol.md §8.5); the server runs 
 its own task, so a held pull only costs a future here.  When the suspend flag is set and
 nothing is there, the pull waits on :class:`PullHoldService` until the store reports a new
 message for that queue (``store.add_listener``), or answers PULL_NOT_FOUND at
-``min(suspendTimeoutMillis, max_pull_suspend)``.
+``min(suspendTimeoutMillis, max_pull_suspend)``.  A held pull whose connection closes is
+released at once (the server's disconnect callback), unanswered: a consumer that left must not
+show as held pulls for up to ``max_pull_suspend``.
 
 Filtering uses the subscription string of the request when the subscription flag is set (what
 a Java broker does, and the only reliable source: C++ heartbeats carry zero tag codes),
@@ -46,10 +48,17 @@ MAX_CACHED_FILTERS = 1024
 
 
 class PullHoldService:
-    """Futures of held pulls per (topic, queue id), woken by the store's put listener."""
+    """Futures of held pulls per (topic, queue id), woken by the store's put listener.
+
+    A held pull also belongs to its connection: when the consumer goes away (the server's
+    disconnect callback, :meth:`connection_closed`), its holds are released at once instead
+    of counting as held pulls until their deadline, up to ``max_pull_suspend`` later.
+    """
 
     def __init__(self) -> None:
         self._waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
+        #: connection -> its held pulls (future -> (topic, queue id)); Kafka fetches name none.
+        self._by_conn: dict[object, dict[asyncio.Future, tuple[str, int]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self.closing = False
@@ -75,17 +84,40 @@ class PullHoldService:
                 if not fut.done():
                     fut.set_result(True)
 
-    def wait(self, topic: str, queue_id: int) -> asyncio.Future:
+    def wait(self, topic: str, queue_id: int, conn: object = None) -> asyncio.Future:
+        """A future woken with True by a put to the queue, or False when it expires; with
+        ``conn``, also False when that connection closes, and the holder calls
+        :meth:`release` once the future is done."""
         fut = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault((topic, queue_id), []).append(fut)
+        key = (topic, queue_id)
+        self._waiters.setdefault(key, []).append(fut)
+        if conn is not None:
+            self._by_conn.setdefault(conn, {})[fut] = key
         return fut
 
     def discard(self, topic: str, queue_id: int, fut: asyncio.Future) -> None:
+        """Forget a hold that no put woke (expired or released)."""
         waiters = self._waiters.get((topic, queue_id))
         if waiters and fut in waiters:
             waiters.remove(fut)
             if not waiters:
                 del self._waiters[(topic, queue_id)]
+
+    def release(self, fut: asyncio.Future, conn: object) -> None:
+        """The hold ``fut`` of ``conn`` ended: it no longer belongs to the connection."""
+        held = self._by_conn.get(conn)
+        if held is not None:
+            held.pop(fut, None)
+            if not held:
+                del self._by_conn[conn]
+
+    def connection_closed(self, conn: object) -> None:
+        """Server disconnect callback: release the connection's held pulls now.  Their
+        handlers find the connection closed and end without reading or answering."""
+        for fut, (topic, queue_id) in list(self._by_conn.pop(conn, {}).items()):
+            self.discard(topic, queue_id, fut)
+            if not fut.done():
+                fut.set_result(False)
 
     def held(self) -> int:
         return sum(len(w) for w in self._waiters.values())
@@ -166,12 +198,15 @@ class PullProcessor:
                 break
             # The held future itself carries the time-out (result False), one timer handle:
             # asyncio.wait_for would add a future, a callback and a cancellation per hold.
-            fut = holds.wait(topic, queue_id)
+            fut = holds.wait(topic, queue_id, conn)
             timer = loop.call_later(remaining, _expire, fut)
             try:
                 woken = await fut
             finally:
                 timer.cancel()
+                holds.release(fut, conn)
+            if conn.closed:
+                return None  # the consumer has gone: nobody to read for or to answer
             if not woken:
                 holds.discard(topic, queue_id, fut)
                 break
