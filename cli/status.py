@@ -2,11 +2,15 @@
 
 Every broker the name server lists is shown, masters and slaves, each named as in the logs
 (``name@address``) with its role and master epoch; a group whose brokers report their roles
-gets a line with its master, epoch and in-sync replicas; then, when there is more than one
-broker, the cluster's totals.
+gets a line with its master, epoch and in-sync replicas; a member the name servers dropped
+(killed, stopped, silent) is listed as ``down since HH:MM:SS (N s ago: why)`` until it
+registers again; then, when there is more than one broker, the cluster's totals.
 """
 
 from __future__ import annotations
+
+import time
+from datetime import datetime
 
 import click
 import orjson
@@ -45,13 +49,18 @@ def status(as_json: bool, system: bool, namesrv: str, credentials: dict[str, str
         return
     console = Console(width=160)
     shown_groups: set[str] = set()
-    for doc in docs.values():
+    # Sorted by group (stably: members keep their order), so a down member follows its group.
+    for doc in sorted(docs.values(), key=lambda d: d.get("brokerName", "")):
         group = doc.get("brokerName", "")
         if group not in shown_groups:
             shown_groups.add(group)
             line = group_line(group, docs.values())
             if line:
                 console.print(line, highlight=False)
+        if doc.get("role") == "down":
+            console.print(f"[bold]broker {doc.get('label')}[/bold]  {down_text(doc, time.time())}",
+                          highlight=False)
+            continue
         name = broker_heading(doc)
         if "error" in doc:
             console.print(f"[bold]broker {name}[/bold]  {doc['error']}")
@@ -93,6 +102,15 @@ def status(as_json: bool, system: bool, namesrv: str, credentials: dict[str, str
         console.print(totals_line(docs, system))
 
 
+def down_text(doc: dict, now: float) -> str:
+    """``down since 07:41:02 (35 s ago: connection closed)``: when the name server dropped
+    the broker (this machine's local time) and why."""
+    since = int(doc.get("downSince", 0)) / 1000
+    ago = max(0, now - since)
+    clock = datetime.fromtimestamp(since).strftime("%H:%M:%S" if ago < 86400 else "%Y-%m-%d %H:%M:%S")
+    return f"down since {clock} ({ago:.0f} s ago: {doc.get('downReason', 'dropped')})"
+
+
 def broker_heading(doc: dict) -> str:
     """``name@address (role, epoch N)``; no epoch for a single broker (it has no group)."""
     epoch = f", epoch {doc['epoch']}" if "epoch" in doc else ""
@@ -123,7 +141,7 @@ def totals_line(docs: dict[str, dict], system: bool) -> str:
     messages = sum(int(q.get("maxOffset", 0)) - int(q.get("minOffset", 0))
                    for d in masters for topic, t in (d.get("topics") or {}).items()
                    if system or not is_system_topic(topic) for q in t.get("queues") or [])
-    up = sum("error" not in d for d in docs.values())
+    up = sum("error" not in d and d.get("role") != "down" for d in docs.values())
     groups = len({d.get("brokerName") for d in docs.values()})
     return (f"total: {up} of {len(docs)} broker(s) reachable in {groups} group(s)  "
             f"pending half messages: {pending}  messages: {messages}")

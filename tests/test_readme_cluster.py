@@ -137,9 +137,13 @@ def test_readme_cluster_section_runs_as_written(tmp_path):
     assert "sent 8" in out("produce"), output
     assert "consumed 8 messages" in out("consume"), output
     before = out("txbroker status", 0)
-    assert "4 of 4 broker(s)" in before or "4 brokers" in before, before
+    assert "4 of 4 broker(s) reachable in 2 group(s)" in before, before
+    master, old = (f"broker-a@127.0.0.1:{mapping[p]}" for p in ("10921", "10911"))
     after = out("txbroker status", 1)
-    assert mapping["10921"] in after, after
+    assert f"group broker-a: master {master}, epoch 2" in after, after
+    assert re.search(rf"broker {old}  down since .*connection closed", after), after
+    rejoined = out("txbroker status", 2)
+    assert f"broker {old} (slave, epoch 2)" in rejoined, rejoined
     kib = [int(k) for k in re.findall(rf"{MARK} du (\d+)", output)]
     assert kib and max(kib) < 150 * 1024, max(kib)  # small preallocated files: the demo stays small
     assert not (cwd / "cluster-demo").exists()  # the last block removes the demo's files

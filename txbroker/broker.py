@@ -284,8 +284,8 @@ class Broker:
             ("data dir", os.path.abspath(cfg.data_dir)),
             ("store", report.describe()),
             ("commitlog", f"{seg} segment files, preallocated in full: {first_use}"),
-            ("", "(change with --segment-size / TXBROKER_SEGMENT_SIZE, e.g. 64MiB; sizing for "
-                   "production: docs/reliability.md#disk-use)"),
+            ("", ("(change with --segment-size / TXBROKER_SEGMENT_SIZE, e.g. 64MiB; sizing for "
+                  "production: docs/reliability.md#disk-use)")),
             ("flush", flush),
             ("transactions", checks),
             ("topics", topics),

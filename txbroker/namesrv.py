@@ -80,6 +80,7 @@ class NameServerProcess:
             RequestCode.GET_BROKER_CLUSTER_INFO: self.get_cluster_info,
             RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER: self.get_topic_list,
             RequestCode.QUERY_DATA_VERSION: self.query_data_version,
+            RequestCode.BROKERS_DOWN: self.brokers_down,
         }
 
     async def start(self) -> None:
@@ -163,6 +164,12 @@ class NameServerProcess:
     async def get_topic_list(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         return cmd.response(ResponseCode.SUCCESS,
                             body=orjson.dumps({"topicList": self.routes.topic_list()}))
+
+    async def brokers_down(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """txbroker's own: the brokers this name server dropped and not seen since, so
+        ``txbroker status`` can list a dead member of a group as down."""
+        body = orjson.dumps([d.to_json() for d in self.routes.brokers_down()])
+        return cmd.response(ResponseCode.SUCCESS, body=body)
 
     async def __aenter__(self) -> Self:
         await self.start()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from pathlib import Path
 
 import orjson
@@ -62,8 +63,14 @@ async def test_status_names_roles_epochs_and_in_sync_set_across_a_failover(
         await eventually(lambda: shows(f"group broker-a: master {a1}, epoch 2, in sync: {a1}"),
                          20.0, lambda: out[0])
         text, docs = await _status(ns.addr)
-        assert first.broker_addr not in text  # the dead member is not listed
-        assert list(docs) == ["broker-a"]
+        # The dead member is listed as down (the name server saw its connection close), not
+        # dropped from the group, and not counted as reachable.
+        assert re.search(rf"broker {re.escape(a0)}  down since \d\d:\d\d:\d\d "
+                         r"\(\d+ s ago: connection closed\)", text), text
+        assert "total: 1 of 2 broker(s) reachable in 1 group(s)" in text, text
+        assert list(docs) == ["broker-a", a0]
+        assert docs[a0]["role"] == "down" and docs[a0]["downReason"] == "connection closed"
+        assert abs(docs[a0]["downSince"] / 1000 - time.time()) < 60
         assert docs["broker-a"]["label"] == a1 and docs["broker-a"]["brokerId"] == 1
         assert docs["broker-a"]["epoch"] == 2 and docs["broker-a"]["inSyncReplicas"] == [a1]
 

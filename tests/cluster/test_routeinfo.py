@@ -149,3 +149,43 @@ def test_is_broker_topic_config_changed_and_queue_data_applied_on_change_only() 
         DataVersion(1000, 2), {"New": TopicConfigData("New", 2, 2)}))
     assert m.pickup_route("New").queue_datas[0].write_queue_nums == 2
     assert m.pickup_route("T") is not None
+
+
+def test_a_dropped_broker_is_down_until_it_registers_again() -> None:
+    """The name server remembers whom it dropped, why and since when (wall clock), so
+    ``txbroker status`` lists a dead member as down instead of forgetting it; registering
+    again clears it."""
+    wall = [1_000.0]
+    clock = ManualClock()
+    m = RouteInfoManager(clock=clock, expiry=120.0, wall=lambda: wall[0])
+    master_conn, slave_conn = object(), object()
+    _register(m, MASTER, 0, "T", channel=master_conn)
+    _register(m, SLAVE, 1, "T", channel=slave_conn)
+    assert m.brokers_down() == []
+    wall[0] = 1_010.0
+    assert m.on_connection_closed(master_conn) == MASTER
+    [down] = m.brokers_down()
+    assert down.to_json() == {"cluster": CLUSTER, "brokerName": NAME, "brokerId": 0,
+                              "address": MASTER, "since": 1_010_000, "why": "connection closed"}
+    clock.advance(121.0)
+    wall[0] = 1_131.0
+    m.expire()  # the slave fell silent too
+    assert [(d.address, d.why) for d in m.brokers_down()] == [
+        (MASTER, "connection closed"), (SLAVE, "silent for 121 s")]
+    _register(m, MASTER, 0, "T")  # back: no longer down
+    assert [d.address for d in m.brokers_down()] == [SLAVE]
+    m.unregister(CLUSTER, MASTER, NAME, 0)
+    assert [(d.address, d.why) for d in m.brokers_down()] == [
+        (SLAVE, "silent for 121 s"), (MASTER, "stopped (unregistered)")]
+    wall[0] += 24 * 3600 + 1  # remembered for a day
+    assert m.brokers_down() == []
+
+
+def test_brokers_remembered_as_down_are_bounded() -> None:
+    m = _manager()
+    for i in range(300):
+        conn = object()
+        _register(m, f"127.0.0.1:{20000 + i}", 0, "T", name=f"g{i}", channel=conn)
+        m.on_connection_closed(conn)
+    down = m.brokers_down()
+    assert len(down) == 256 and down[0].address == "127.0.0.1:20044"

@@ -241,9 +241,9 @@ async def test_a_data_dir_keeps_its_segment_size(broker_process) -> None:
     with pytest.raises(RuntimeError) as refused:
         broker_process(data_dir=first.data_dir, segment_size=1024 * 1024)
     assert str(refused.value).splitlines()[1:] == [
-        f"error: data dir {first.data_dir} holds 512 KiB commitlog segments, --segment-size is "
-        f"1 MiB: a data dir keeps the segment size it was created with; start with "
-        f"--segment-size 524288 or use another --data-dir"]
+        (f"error: data dir {first.data_dir} holds 512 KiB commitlog segments, --segment-size is "
+         f"1 MiB: a data dir keeps the segment size it was created with; start with "
+         f"--segment-size 524288 or use another --data-dir")]
     assert [p.stat().st_size for p in segments] == [512 * 1024]
     again = broker_process(data_dir=first.data_dir, segment_size=524288)
     client = RemotingClient(again.broker_addr)

@@ -275,7 +275,29 @@ class AdminClient:
             raise failures[0]
         for doc in out.values():
             doc["inSyncReplicas"] = _in_sync_names(doc, out.values())
+        live = {doc["address"] for doc in out.values()}
+        for down in await self.brokers_down():
+            if down["address"] not in live:
+                label = broker_label(down["brokerName"], down["address"])
+                out[label] = {"address": down["address"], "brokerName": down["brokerName"],
+                              "label": label, "brokerId": down["brokerId"], "role": "down",
+                              "downSince": down["since"], "downReason": down["why"]}
         return out
+
+    async def brokers_down(self) -> list[dict]:
+        """Brokers the name server dropped and has not seen since (``address``,
+        ``brokerName``, ``brokerId``, ``since`` in epoch ms, ``why``), oldest first; empty
+        from a broker's embedded name server, which knows no other broker, and from any name
+        server that refuses the request (the list only adds to what ``status`` shows)."""
+        resp = await self._instance.namesrv.invoke(RemotingCommand.request(RequestCode.BROKERS_DOWN))
+        if resp.code != ResponseCode.SUCCESS:
+            return []
+        rows = self._json(resp, "list brokers down")
+        if not isinstance(rows, list):
+            return []
+        keys = {"address": str, "brokerName": str, "brokerId": int, "since": int, "why": str}
+        return [row for row in rows if isinstance(row, dict)
+                and all(isinstance(row.get(k), t) for k, t in keys.items())]
 
     # --- transactions --------------------------------------------------------------------
     def _group_readers(self) -> dict[str, str]:

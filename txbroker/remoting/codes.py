@@ -76,6 +76,9 @@ class RequestCode(IntEnum):
     KAFKA_TXN_LIST = 9005
     #: Operator abort of a Kafka transaction: the producer's epoch is fenced.
     KAFKA_TXN_ABORT = 9006
+    #: Name server: the brokers it dropped (connection closed, silent past the expiry,
+    #: unregistered) and since when, until they register again; JSON body.
+    BROKERS_DOWN = 9007
 
 
 class ResponseCode(IntEnum):

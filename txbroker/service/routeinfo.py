@@ -17,11 +17,16 @@ The rules that matter, as RocketMQ applies them:
   dead master leaves a route listing the group's slaves, which clients still pull from.
 * A broker is dropped when its connection closes or when it has not registered for
   ``expiry`` seconds.
+
+Beyond RocketMQ: a dropped broker is remembered as *down* (since when, and why) until it
+registers again, for a day at most and 256 brokers at most, so that ``txbroker status`` lists a
+dead member of a group as ``down since ...`` instead of forgetting it was ever there.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
@@ -52,6 +57,29 @@ class BrokerLiveInfo:
     channel: Hashable | None = None
 
 
+#: How long, and for how many brokers, a dropped broker is remembered as down.
+DOWN_MEMORY_SECONDS = 24 * 3600.0
+DOWN_MEMORY_BROKERS = 256
+
+
+@dataclass(slots=True)
+class DownBroker:
+    """A broker the name server dropped: where it was, since when (wall-clock seconds, for
+    people) and why."""
+
+    cluster: str
+    broker_name: str
+    broker_id: int
+    address: str
+    since: float
+    why: str
+
+    def to_json(self) -> dict:
+        return {"cluster": self.cluster, "brokerName": self.broker_name,
+                "brokerId": self.broker_id, "address": self.address,
+                "since": int(self.since * 1000), "why": self.why}
+
+
 @dataclass(slots=True)
 class RegisterResult:
     """What a slave's registration learns: its master's address and HA address (both None
@@ -70,9 +98,13 @@ class _Group:
 class RouteInfoManager:
     """The tables of one name server.  Not thread-safe: one event loop owns it."""
 
-    def __init__(self, *, clock: Callable[[], float], expiry: float = DEFAULT_BROKER_EXPIRY) -> None:
+    def __init__(self, *, clock: Callable[[], float], expiry: float = DEFAULT_BROKER_EXPIRY,
+                 wall: Callable[[], float] = time.time) -> None:
         self.clock = clock
+        self.wall = wall
         self.expiry = expiry
+        #: broker address -> why and since when it is down (oldest first)
+        self.down: dict[str, DownBroker] = {}
         #: clusterName -> brokerNames
         self.cluster_addr: dict[str, set[str]] = {}
         #: brokerName -> its cluster and {brokerId: address}
@@ -106,6 +138,7 @@ class RouteInfoManager:
         if broker_addr not in self.live:
             log.info("new broker registered: %s %s id %d (cluster %s, HA %s)", broker_name,
                      broker_addr, broker_id, cluster, ha_server_addr)
+        self.down.pop(broker_addr, None)
         self.live[broker_addr] = BrokerLiveInfo(self.clock(), version, ha_server_addr, channel)
         result = RegisterResult()
         if broker_id != MASTER_ID:
@@ -122,6 +155,7 @@ class RouteInfoManager:
         self.live.pop(broker_addr, None)
         group = self.broker_addr.get(broker_name)
         if group is not None and group.addrs.get(broker_id) == broker_addr:
+            self._mark_down(cluster, broker_name, broker_id, broker_addr, "stopped (unregistered)")
             del group.addrs[broker_id]
             if not group.addrs:
                 self._remove_group(broker_name)
@@ -145,7 +179,7 @@ class RouteInfoManager:
             log.warning("broker %s silent for %.0f s: dropped", addr, now - info.last_update)
             if info.channel is not None:
                 channels.append(info.channel)
-            self._broker_gone(addr)
+            self._broker_gone(addr, f"silent for {now - info.last_update:.0f} s")
         return channels
 
     def on_connection_closed(self, channel: Hashable) -> str | None:
@@ -154,18 +188,25 @@ class RouteInfoManager:
         for addr, info in self.live.items():
             if info.channel is channel:
                 log.info("connection of broker %s closed: dropped", addr)
-                self._broker_gone(addr)
+                self._broker_gone(addr, "connection closed")
                 return addr
         return None
 
-    def _broker_gone(self, addr: str) -> None:
+    def _broker_gone(self, addr: str, why: str) -> None:
         self.live.pop(addr, None)
         for name in list(self.broker_addr):
             group = self.broker_addr[name]
             for broker_id in [i for i, a in group.addrs.items() if a == addr]:
+                self._mark_down(group.cluster, name, broker_id, addr, why)
                 del group.addrs[broker_id]
             if not group.addrs:
                 self._remove_group(name)
+
+    def _mark_down(self, cluster: str, name: str, broker_id: int, addr: str, why: str) -> None:
+        self.down.pop(addr, None)  # re-inserted last: the dict stays oldest first
+        self.down[addr] = DownBroker(cluster, name, broker_id, addr, self.wall(), why)
+        while len(self.down) > DOWN_MEMORY_BROKERS:
+            del self.down[next(iter(self.down))]
 
     def _remove_group(self, broker_name: str) -> None:
         """A group's last address is gone: the group, its cluster entry and its queues go."""
@@ -210,3 +251,10 @@ class RouteInfoManager:
 
     def topic_list(self) -> list[str]:
         return sorted(self.topic_queue)
+
+    def brokers_down(self) -> list[DownBroker]:
+        """Brokers dropped in the last day and not registered since, oldest first."""
+        horizon = self.wall() - DOWN_MEMORY_SECONDS
+        for addr in [a for a, d in self.down.items() if d.since < horizon]:
+            del self.down[addr]
+        return list(self.down.values())
