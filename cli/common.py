@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import signal
+import sys
 import threading
 from collections.abc import Awaitable, Callable
 from typing import IO, Any, TypeVar
@@ -26,6 +28,7 @@ from txbroker.client.errors import (
     SendError,
     code_name,
 )
+from txbroker.config import ConfigError, check_environ
 
 DEFAULT_NAMESRV = "127.0.0.1:9876"
 T = TypeVar("T")
@@ -57,6 +60,35 @@ def credentials_options(fn: Callable) -> Callable:
     return click.option("--access-key", envvar="TXBROKER_ACCESS_KEY", default=None,
                         help="Access key of a plain_acl.yml account; requests are signed "
                              "(env TXBROKER_ACCESS_KEY).")(wrapper)
+
+
+def option_env_vars(command: click.Command) -> set[str]:
+    """Every environment variable an option of ``command`` or of its sub-commands reads."""
+    names: set[str] = set()
+    for param in command.params:
+        envvar = getattr(param, "envvar", None)
+        if isinstance(envvar, str):
+            names.add(envvar)
+        elif envvar:
+            names.update(envvar)
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            names |= option_env_vars(sub)
+    return names
+
+
+def check_setting_variables() -> None:
+    """At a server's start-up (serve, namesrv, controller): a ``TXBROKER_*`` variable that no
+    setting and no option of any command reads is one ``error:`` line naming the closest known
+    one, exit 2.  The options' variables count as known because the client commands' ones
+    (``TXBROKER_NAMESRV``, ...) are often exported in the shell that starts the broker."""
+    ctx = click.get_current_context(silent=True)
+    known = option_env_vars(ctx.find_root().command) if ctx is not None else set()
+    try:
+        check_environ(os.environ, known)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
 
 
 def is_system_topic(topic: str) -> bool:

@@ -16,6 +16,7 @@ import sys
 
 import click
 
+from txbroker.cli.common import check_setting_variables
 from txbroker.remoting.server import new_event_loop
 
 
@@ -39,6 +40,7 @@ def controller(listen_host: str, port: int, data_dir: str, lease: float, log_lev
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    check_setting_variables()  # a misspelt TXBROKER_* variable in the shell: said at once
     config = ControllerConfig(listen_host=listen_host, port=port, data_dir=data_dir, lease=lease)
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         code = runner.run(_run(config))

@@ -15,6 +15,8 @@ import sys
 
 import click
 
+from txbroker.cli.common import check_setting_variables
+
 
 @click.command("namesrv")
 @click.option("--listen-host", default="127.0.0.1", show_default=True, metavar="HOST",
@@ -31,6 +33,7 @@ def namesrv(listen_host: str, port: int, broker_expiry: float, log_level: str) -
     """Run a name server: brokers register with it, clients ask it for routes."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    check_setting_variables()  # a misspelt TXBROKER_* variable in the shell: said at once
     try:
         import uvloop
         runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)

@@ -8,13 +8,22 @@ an operator can then resolve it with ``txbroker txn commit|rollback``).
 Output keeps data and report apart, so ``--count 100000`` into a pipe is clean: per-message
 lines (``--verbose``, ``--json``) on stdout; the progress bar (on a terminal only), one summary
 line, what became of the transactions and any error on stderr.
+
+The summary counts what the broker acknowledged, and among it what was stored without the full
+promise (no slave, a slave or the disk too slow: :data:`STORED_CAVEATS`), since "sent 8" after
+a failover would hide that 4 of them are on the master only.  Ctrl-C ends the run with the
+summary too, marked ``interrupted``, and a send in flight at that moment counted as in doubt:
+the broker may or may not have stored it, so neither "sent" nor "failed" would be true.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import sys
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
@@ -41,10 +50,11 @@ from txbroker.client import (
     MessageExt,
     Producer,
     SendResult,
+    SendStatus,
     TransactionListener,
     TransactionProducer,
 )
-from txbroker.client.errors import ClientError
+from txbroker.client.errors import ClientError, TopicNotFoundError
 from txbroker.client.message import wire_body
 
 #: A send that fails for these reasons counts as failed and the run goes on; anything else
@@ -56,6 +66,30 @@ DECISIONS = {
     "rollback": LocalTransactionState.ROLLBACK_MESSAGE,
     "unknown": LocalTransactionState.UNKNOW,
 }
+
+
+#: Statuses of a message stored without the full promise of SEND_OK, each named for what is
+#: not (yet) true of it: the summary counts them apart, the per-message lines say it.
+STORED_CAVEATS = {
+    SendStatus.SLAVE_NOT_AVAILABLE: "not yet replicated",  # on the master only: no slave in sync
+    SendStatus.FLUSH_SLAVE_TIMEOUT: "replication not confirmed in time",
+    SendStatus.FLUSH_DISK_TIMEOUT: "disk flush not confirmed in time",
+}
+
+
+@dataclass
+class Tally:
+    """What became of the sends of one run, as the summary line reports it."""
+
+    #: Acknowledged by the broker, i.e. stored (``caveats`` counts the subset stored without
+    #: the full promise).
+    sent: int = 0
+    failed: int = 0
+    caveats: Counter[SendStatus] = field(default_factory=Counter)
+    #: Sends in flight when the run was interrupted: stored or not, this process cannot know.
+    in_doubt: int = 0
+    interrupted: bool = False
+    latencies: list[float] = field(default_factory=list)
 
 
 class _FixedDecision(TransactionListener):
@@ -75,7 +109,11 @@ class _FixedDecision(TransactionListener):
 def _doc(result: SendResult) -> dict:
     doc = {"status": result.send_status.name, "msg_id": result.msg_id,
            "offset_msg_id": result.offset_msg_id, "topic": result.topic,
-           "queue_id": result.queue_id, "queue_offset": result.queue_offset}
+           "broker": result.broker_name, "queue_id": result.queue_id,
+           "queue_offset": result.queue_offset}
+    caveat = STORED_CAVEATS.get(result.send_status)
+    if caveat is not None:
+        doc["caveat"] = caveat
     state = getattr(result, "local_transaction_state", None)
     if state is not None:
         doc["transaction_id"] = result.transaction_id  # type: ignore[attr-defined]
@@ -86,7 +124,7 @@ def _doc(result: SendResult) -> dict:
 def _line(doc: dict, as_json: bool) -> str:
     if as_json:
         return orjson.dumps(doc).decode()
-    return " ".join(f"{k}={v}" for k, v in doc.items())
+    return " ".join(f"{k}={v!r}" if " " in str(v) else f"{k}={v}" for k, v in doc.items())
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -96,11 +134,20 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))]
 
 
-def summary_line(sent: int, failed: int, seconds: float, latencies: list[float]) -> str:
-    """``sent 50, failed 0 in 0.21 s: 238 msgs/s, latency p50 3.9 ms, p99 7.1 ms``."""
-    ordered = sorted(latencies)
-    rate = sent / seconds if seconds > 0 else 0.0
-    return (f"sent {sent:,}, failed {failed:,} in {seconds:.2f} s: {rate:,.0f} msgs/s, "
+def summary_line(tally: Tally, seconds: float) -> str:
+    """``sent 50, failed 0 in 0.21 s: 238 msgs/s, latency p50 3.9 ms, p99 7.1 ms``;
+    ``sent 8 (4 not yet replicated), failed 0 in ...`` when some were stored without the full
+    promise; ``interrupted: sent 14,971, failed 0, 1 in doubt (...) in ...`` after Ctrl-C."""
+    ordered = sorted(tally.latencies)
+    rate = tally.sent / seconds if seconds > 0 else 0.0
+    caveats = ", ".join(f"{tally.caveats[status]:,} {text}"
+                        for status, text in STORED_CAVEATS.items() if tally.caveats[status])
+    counts = f"sent {tally.sent:,}" + (f" ({caveats})" if caveats else "") + f", failed {tally.failed:,}"
+    if tally.interrupted:
+        counts = f"interrupted: {counts}"
+        if tally.in_doubt:
+            counts += f", {tally.in_doubt:,} in doubt (in flight: stored or not)"
+    return (f"{counts} in {seconds:.2f} s: {rate:,.0f} msgs/s, "
             f"latency p50 {_percentile(ordered, 0.50) * 1000:.1f} ms, "
             f"p99 {_percentile(ordered, 0.99) * 1000:.1f} ms")
 
@@ -146,15 +193,19 @@ def _progress(count: int) -> Progress:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per sent message on stdout.")
 @click.option("--timeout", default=3.0, show_default=True, type=click.FloatRange(0.1, 600),
               help="Send timeout in seconds.")
+@click.option("--create/--no-create", default=True, show_default=True,
+              help="Let the send create a topic the name server does not know (the broker's "
+                   "auto-create; stderr says so); --no-create refuses such a topic.")
 @namesrv_option
 @credentials_options
 def produce(topic: str, body: str | None, path: str | None, keys: str | None, tags: str | None,
             properties: tuple[str, ...], count: int, group: str, transactional: bool,
-            decision: str, verbose: bool, as_json: bool, timeout: float, namesrv: str,
-            credentials: dict[str, str]) -> None:
+            decision: str, verbose: bool, as_json: bool, timeout: float, create: bool,
+            namesrv: str, credentials: dict[str, str]) -> None:
     """Send a message (or --count of them) to TOPIC.
 
-    Prints one summary line to stderr (sent, failed, msgs/s, p50/p99 latency), with a progress
+    Prints one summary line to stderr (sent, of which stored without the full promise, failed,
+    msgs/s, p50/p99 latency; after Ctrl-C "interrupted" and the sends in doubt), with a progress
     bar while sending on a terminal; per-message lines on stdout only with --verbose or --json.
     Exits 1 if any send failed.
     """
@@ -178,17 +229,19 @@ def produce(topic: str, body: str | None, path: str | None, keys: str | None, ta
     what = f"send to topic {topic!r}"
     per_message = verbose or as_json
 
-    async def main() -> tuple[int, int, list[str], CommandError | None]:
+    async def main() -> tuple[Tally, list[str], CommandError | None]:
         if transactional:
             producer = TransactionProducer(group, namesrv, listener=_FixedDecision(DECISIONS[decision]),
-                                           send_timeout=timeout, **credentials)
+                                           send_timeout=timeout, create_topics=create, **credentials)
         else:
-            producer = Producer(group, namesrv, send_timeout=timeout, **credentials)
+            producer = Producer(group, namesrv, send_timeout=timeout, create_topics=create,
+                                **credentials)
         msg = Message(topic, data, tags=tags, keys=keys, properties=props or None)
         # A bad or oversized message fails once, here, not --count times.
         msg.validate()
         wire_body(msg.body, producer.compress_threshold, producer.max_message_size)
-        sent, failed, txn_ids, latencies = 0, 0, [], []
+        tally = Tally()
+        txn_ids: list[str] = []
         first_failure: CommandError | None = None
         started = None
         try:
@@ -198,33 +251,48 @@ def produce(topic: str, body: str | None, path: str | None, keys: str | None, ta
                     bar = progress.add_task("send", total=count)
                     for _ in range(count):
                         t0 = time.perf_counter()
+                        tally.in_doubt = 1  # until the broker's answer (or a failure) is in
                         try:
                             if transactional:
                                 result = await producer.send_message_in_transaction(msg)
                             else:
                                 result = await producer.send(msg)
                         except SEND_FAILURES as exc:
+                            tally.in_doubt = 0
+                            if isinstance(exc, TopicNotFoundError) and not create:
+                                # Every send would be refused alike: one error, no summary.
+                                raise CommandError(what, exc.addr, f"{exc.reason} (--no-create); "
+                                                   f"create it with 'txbroker topic create "
+                                                   f"{topic}'") from None
                             error = explain(exc, what, namesrv)
-                            failed += 1
+                            tally.failed += 1
                             first_failure = first_failure or error
                             if per_message:
                                 click.echo(_line({"status": "FAILED", "error": error.message}, as_json))
                         else:
-                            latencies.append(time.perf_counter() - t0)
-                            sent += 1
+                            tally.in_doubt = 0
+                            tally.latencies.append(time.perf_counter() - t0)
+                            tally.sent += 1
+                            if result.send_status in STORED_CAVEATS:
+                                tally.caveats[result.send_status] += 1
                             if transactional:
                                 txn_ids.append(result.transaction_id)  # type: ignore[attr-defined]
                             if per_message:
                                 click.echo(_line(_doc(result), as_json))
                         progress.advance(bar)
+        except asyncio.CancelledError:  # Ctrl-C or SIGTERM (cli.common.run cancels us)
+            tally.interrupted = True
+            raise
         finally:
-            # Also after Ctrl-C: what was sent so far.
-            if started is not None and (sent or failed < count):
-                click.echo(summary_line(sent, failed, time.perf_counter() - started, latencies),
-                           err=True)
-        return sent, failed, txn_ids, first_failure
+            # Also after Ctrl-C: what was sent so far, and what may have been.
+            if topic in producer.created_topics:
+                click.echo(f"created topic {topic!r}", err=True)
+            if started is not None and (tally.sent or tally.interrupted or 0 < tally.failed < count):
+                click.echo(summary_line(tally, time.perf_counter() - started), err=True)
+        return tally, txn_ids, first_failure
 
-    sent, failed, txn_ids, first_failure = run(main, what, namesrv)
+    tally, txn_ids, first_failure = run(main, what, namesrv)
+    sent, failed = tally.sent, tally.failed
     if txn_ids:
         click.echo(transaction_line(decision, txn_ids, group), err=True)
     if first_failure is not None and not sent:

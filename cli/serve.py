@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import click
 
+from txbroker.cli.common import check_setting_variables
 from txbroker.config import (
     BrokerConfig,
     ConfigError,
@@ -203,9 +204,11 @@ def serve(config_file: str | None, log_level: str, print_config: bool, **options
 
     Settings: options > TXBROKER_<SETTING> environment variables (e.g.
     TXBROKER_SEGMENT_SIZE) > --config file > defaults.  Sizes are bytes, durations seconds.
+    A TXBROKER_* variable that nothing reads (a typo) is an error.
     """
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    check_setting_variables()
     try:
         config = load_config(options, os.environ, config_file)
     except ConfigError as exc:

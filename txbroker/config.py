@@ -14,11 +14,12 @@ collects the three sources and hands them over.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -176,6 +177,7 @@ def _validate(c: BrokerConfig) -> None:
         need(0 <= getattr(c, name) <= 65535, name, "must be a port number 0..65535")
     for name in ("namesrv_port", "metrics_port", "ha_port", "kafka_port"):
         need(-1 <= getattr(c, name) <= 65535, name, "must be -1 (off) or a port number 0..65535")
+    _check_ports_apart(c)
     need(c.flush_mode in ("async", "sync"), "flush_mode", "must be 'async' or 'sync'")
     need(c.segment_size >= 64 * 1024, "segment_size", "must be at least 64 KiB")
     need(c.consume_queue_entries >= 16, "consume_queue_entries", "must be at least 16")
@@ -205,8 +207,10 @@ def _validate(c: BrokerConfig) -> None:
     need(c.controller_lease > c.controller_heartbeat_interval, "controller_lease",
          "must be longer than controller_heartbeat_interval")
     for name in ("namesrv_addr", "ha_master_addr", "controller_addr"):
-        need(_addresses_ok(getattr(c, name)), name,
-             "must be host:port, several separated by ';' (or empty)")
+        try:
+            parse_address_list(getattr(c, name))
+        except ValueError as exc:
+            raise ConfigError(f"{name}: {exc} (several separated by ';', or empty)") from None
     need(not c.advertised_host or _host_ok(c.advertised_host), "advertised_host",
          "must be a host name or an IPv4 address (what clients dial; empty = the bound host)")
     need(c.max_reconsume_times >= 0, "max_reconsume_times", "must be >= 0")
@@ -217,17 +221,58 @@ def _validate(c: BrokerConfig) -> None:
          "must be the path of a plain_acl.yml file (leave it unset to turn access control off)")
 
 
-def parse_address_list(text: str) -> list[str]:
-    """``"h1:p1;h2:p2"`` (RocketMQ's separator; commas and spaces accepted) -> the addresses;
-    ValueError names the first that is not ``host:port``."""
+#: Listen hosts whose listeners share the port space of the metrics endpoint's 127.0.0.1.
+_METRICS_SHARING_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "", "::")
+
+
+def _check_ports_apart(c: BrokerConfig) -> None:
+    """Two listeners of one broker on one fixed port: refused here, naming both settings,
+    rather than as "address already in use" from the second bind, which reads as if another
+    process held the port (``--broker-port 9876`` clashes with the default name-server port).
+    Port 0 (ephemeral) and -1 (off) never clash."""
+    ports = [("broker_port", c.broker_port)]
+    if not c.namesrv_addr:  # the embedded name server listens only without name servers
+        ports.append(("namesrv_port", c.namesrv_port))
+    else:  # in a cluster the HA listener opens: its port, or RocketMQ's broker port + 1
+        if c.ha_port == -1 and c.broker_port == 65535:
+            raise ConfigError("ha_port=-1 means broker_port + 1, but broker_port is 65535: "
+                              "set ha_port")
+        ports.append(("ha_port", c.ha_port) if c.ha_port != -1 else
+                     ("ha_port (-1: broker_port + 1)", c.broker_port + 1 if c.broker_port else 0))
+    ports.append(("kafka_port", c.kafka_port))
+    if c.listen_host in _METRICS_SHARING_HOSTS:
+        ports.append(("metrics_port", c.metrics_port))
+    seen: dict[int, str] = {}
+    for name, port in ports:
+        if port <= 0:
+            continue
+        if port in seen:
+            raise ConfigError(f"{seen[port]} and {name} are both {port}: every listener of a "
+                              f"broker needs its own port")
+        seen[port] = name
+
+
+def split_address(text: str, what: str = "address") -> tuple[str, int]:
+    """``"host:port"`` -> (host, port); the ValueError names ``what`` and says what is wrong:
+    not ``host:port`` at all, or a port outside 1..65535 (a different mistake, said apart)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{what} {text!r}: expected host:port")
+    if not 0 < int(port) < 65536:
+        raise ValueError(f"{what} {text!r}: port {int(port)} is out of range 1..65535")
+    return host, int(port)
+
+
+def parse_address_list(text: str, what: str = "address") -> list[str]:
+    """``"h1:p1;h2:p2"`` (RocketMQ's separator; commas accepted) -> the addresses; the
+    ValueError (:func:`split_address`) names the first bad one.  The one parser of address
+    lists: broker settings and the SDK's name-server list alike."""
     out = []
     for part in text.replace(",", ";").split(";"):
         part = part.strip()
         if not part:
             continue
-        host, sep, port = part.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"bad address {part!r}: expected host:port")
+        split_address(part, what)
         out.append(part)
     return out
 
@@ -241,14 +286,6 @@ def _host_ok(host: str) -> bool:
     """A host RocketMQ clients can dial as ``host:port`` (they split at the last ``:``, so
     an IPv6 literal, a wildcard or a name with spaces is refused here, not by every client)."""
     return bool(_HOST_RE.match(host)) and host != "0.0.0.0"
-
-
-def _addresses_ok(text: str) -> bool:
-    try:
-        parse_address_list(text)
-    except ValueError:
-        return False
-    return True
 
 
 def format_bytes(n: int) -> str:
@@ -363,6 +400,25 @@ def load_config(
         return BrokerConfig(**merged)
     except TypeError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def check_environ(environ: Mapping[str, str], also_known: Collection[str] = ()) -> None:
+    """Refuse a ``TXBROKER_*`` variable that is neither a setting nor one of ``also_known``
+    (the client commands' variables, e.g. ``TXBROKER_NAMESRV``, often exported in the same
+    shell): :func:`load_config` reads only the names it knows, so a misspelt one
+    (``TXBROKER_SEGMNT_SIZE``) would otherwise be ignored without a word.  The error names
+    the closest known variable."""
+    settings = {f.name for f in fields(BrokerConfig)}
+    # Compared without the shared prefix, which would make every name look alike.
+    known = sorted({name.upper() for name in settings}
+                   | {v[len(ENV_PREFIX):] for v in also_known if v.startswith(ENV_PREFIX)})
+    for key in sorted(environ):
+        if not key.startswith(ENV_PREFIX) or key[len(ENV_PREFIX):].lower() in settings \
+                or key in also_known:
+            continue
+        close = difflib.get_close_matches(key[len(ENV_PREFIX):].upper(), known, n=1)
+        hint = f"; did you mean {ENV_PREFIX}{close[0]}?" if close else ""
+        raise ConfigError(f"unknown variable {key}: no setting or option reads it{hint}")
 
 
 def config_to_toml(config: BrokerConfig) -> str:

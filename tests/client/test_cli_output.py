@@ -27,7 +27,9 @@ async def test_produce_count_prints_one_summary_line(broker, namesrv) -> None:
     ns = ("--namesrv", namesrv)
     result = await run_cli("produce", "--topic", "TSummary", "--body", "x", "--count", "50", *ns)
     assert cli_ok(result) == ""  # no per-message lines
-    s = _summary(result.stderr)
+    created, _, rest = result.stderr.partition("\n")
+    assert created == "created topic 'TSummary'"  # its first send created it
+    s = _summary(rest)
     assert (s["sent"], s["failed"]) == (50, 0) and s["rate"] > 0 and 0 < s["p50"] <= s["p99"]
     assert broker.store.max_offset("TSummary", 0) > 0
 
@@ -57,6 +59,7 @@ async def test_produce_failures_exit_1_with_one_error_line(broker, namesrv) -> N
 
 async def test_transactional_produce_says_what_became_of_the_transaction(broker, namesrv) -> None:
     ns = ("--namesrv", namesrv)
+    cli_ok(await run_cli("topic", "create", "TTxOut", *ns))  # no "created topic" line below
     outcome = {}
     for decision in ("commit", "rollback", "unknown"):
         result = await run_cli("produce", "--topic", "TTxOut", "--body", decision, "--transactional",

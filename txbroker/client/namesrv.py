@@ -15,7 +15,6 @@ instance opens the broker connections itself.
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -26,6 +25,7 @@ from txbroker.client.errors import (
     TopicNotFoundError,
 )
 from txbroker.client.rebalance import MessageQueue
+from txbroker.config import parse_address_list
 from txbroker.remoting.bodies import MASTER_ID, BodyError, ClusterInfo, TopicRouteData
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
@@ -36,18 +36,11 @@ from txbroker.store.record import DEFAULT_TOPIC
 
 
 def parse_addresses(namesrv: str) -> list[str]:
-    """``"h1:p1;h2:p2"`` (RocketMQ's separator; commas accepted too) → validated list."""
+    """``"h1:p1;h2:p2"`` (RocketMQ's separator; commas accepted too) → validated list; the
+    ValueError says which address is wrong and how (not host:port, port out of range)."""
     if not isinstance(namesrv, str) or not namesrv.strip():
         raise ValueError("namesrv must be 'host:port' (several separated by ';')")
-    out = []
-    for part in re.split(r"[;,]", namesrv):
-        part = part.strip()
-        if not part:
-            continue
-        host, sep, port = part.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"bad name-server address {part!r}: expected host:port")
-        out.append(part)
+    out = parse_address_list(namesrv, "name-server address")
     if not out:
         raise ValueError("namesrv must be 'host:port' (several separated by ';')")
     return out

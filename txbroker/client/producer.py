@@ -12,6 +12,11 @@ attempt fails, :class:`SendError` lists each attempt with the broker's code and 
 FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT and SLAVE_NOT_AVAILABLE answers are stored messages:
 they are returned as the result's ``send_status`` and never retried (a retry would store a
 duplicate), as RocketMQ's Java client does by default.
+
+A topic the name server does not know is sent on the template topic's route, and the broker
+creates it on that first send (RocketMQ's auto-create, which its clients rely on); the producer
+notes such topics in ``created_topics`` so a caller can say so, since a misspelt topic would
+otherwise be created without a word.  ``create_topics=False`` refuses them instead.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from txbroker.client.errors import (
     ClientStateError,
     RouteError,
     SendError,
+    TopicNotFoundError,
     code_name,
 )
 from txbroker.client.faults import FaultTracker
@@ -94,6 +100,11 @@ class Producer:
     ``send_latency_fault`` (on by default, unlike RocketMQ) avoids a broker group for a
     back-off after it failed or answered slowly (``faults.py``); ``fault_clock`` is the
     monotonic clock (seconds) those back-offs are measured on.
+
+    ``create_topics`` (on by default, as in RocketMQ): a send to a topic the name server does
+    not know goes on the template route and the broker creates the topic (when its
+    ``auto_create_topic`` allows); the topic is then added to ``created_topics``.  Off, such a
+    send raises :class:`TopicNotFoundError` at once and nothing is sent.
     """
 
     def __init__(self, group: str, namesrv: str = DEFAULT_NAMESRV, send_timeout: float = 3.0,
@@ -101,7 +112,8 @@ class Producer:
                  compress_threshold: int = DEFAULT_COMPRESS_THRESHOLD, heartbeat_interval: float = 30.0,
                  instance_name: str | None = None, access_key: str | None = None,
                  secret_key: str | None = None, send_latency_fault: bool = True,
-                 fault_clock: Callable[[], float] = time.monotonic) -> None:
+                 fault_clock: Callable[[], float] = time.monotonic,
+                 create_topics: bool = True) -> None:
         self.group = validate_group(group, "producer group")
         if not isinstance(retries, int) or retries < 0:
             raise ValueError("retries must be a non-negative integer")
@@ -111,6 +123,12 @@ class Producer:
         self.retries = retries
         self.max_message_size = max_message_size
         self.compress_threshold = compress_threshold
+        self.create_topics = create_topics
+        #: Topics this producer's sends created: stored on the template route, i.e. unknown
+        #: to the name server when sent (another client may have created one meanwhile).
+        self.created_topics: set[str] = set()
+        #: Topics whose last route lookup answered the template route.
+        self._template_routed: set[str] = set()
         self._instance = ClientInstance(namesrv, request_timeout=self.send_timeout,
                                         heartbeat_interval=heartbeat_interval,
                                         instance_name=instance_name,
@@ -225,12 +243,18 @@ class Producer:
             if queues is not None:
                 return queues
         namesrv = self._instance.namesrv
-        route = await namesrv.publish_route(topic, DEFAULT_TOPIC_QUEUE_NUMS, refresh=refresh)
+        if self.create_topics:
+            route = await namesrv.publish_route(topic, DEFAULT_TOPIC_QUEUE_NUMS, refresh=refresh)
+        else:
+            route = await namesrv.route(topic, refresh=refresh)
         queues = route.write_queues()
         if not queues:
             raise RouteError(f"topic {topic!r} has no writable queue")
         if namesrv.routes.get(topic) is route:  # not an auto-create template route
             self._write_queues[topic] = (route, queues)
+            self._template_routed.discard(topic)
+        else:
+            self._template_routed.add(topic)
         return queues
 
     def _request(self, mq: MessageQueue, body: bytes, props: dict[str, str], sys_flag: int,
@@ -265,6 +289,8 @@ class Producer:
                 try:
                     queues = await self._queues(topic, refresh=attempt > 0 and last is not None)
                 except (ClientError, OSError, TimeoutError) as exc:
+                    if isinstance(exc, TopicNotFoundError) and not self.create_topics:
+                        raise  # the caller chose not to create it: no retry can help
                     attempts.append(f"attempt {attempt + 1}: {exc}")
                     last = exc
                     continue
@@ -289,6 +315,8 @@ class Producer:
                 status = _STATUS_BY_CODE.get(resp.code)
                 if status is not None:
                     self.faults.update(mq.broker_name, (time.monotonic() - began) * 1000)
+                    if topic in self._template_routed:
+                        self.created_topics.add(topic)
                     return self._result(topic, mq, resp, status, msg_id)
                 last = BrokerError("send", resp.code, resp.remark, addr)
                 attempts.append(f"attempt {attempt + 1} queue {mq.queue_id} on {addr}: "

@@ -253,6 +253,8 @@ class TopicManager:
             if tc is None:
                 tc = TopicConfig(name, n, n)
                 await self._commit(name, tc)
+                # Logged: a misspelt topic in a producer is otherwise created without a trace.
+                log.info("created topic %r with %d queues on its first use", name, n)
         return tc
 
     async def create_or_update(self, tc: TopicConfig) -> TopicConfig:
