@@ -180,9 +180,11 @@ def _show_lines(doc: dict) -> list[tuple[str, str]]:
     lines += [("topic", f"{_pick(doc, 'topic')} (queue {_pick(doc, 'queue_id', default='?')})"),
               ("keys", str(_pick(doc, "keys"))),
               ("tags", str(_pick(doc, "tags"))),
-              ("producer group", str(_pick(doc, "producer_group"))),
-              ("checks", str(_pick(doc, "checks", default=0))),
-              ("body size", f"{_pick(doc, 'body_size', default='?')} bytes"),
+              ("producer group", str(_pick(doc, "producer_group")))]
+    # the broker leaves ``checks`` out when it no longer knows the count: no line, not a 0
+    if doc.get("checks") is not None:
+        lines.append(("checks", str(doc["checks"])))
+    lines += [("body size", f"{_pick(doc, 'body_size', default='?')} bytes"),
               ("offsetMsgId", str(_pick(doc, "offset_msg_id"))),
               ("broker", str(_pick(doc, "broker")))]
     return lines
