@@ -7,11 +7,15 @@ operator's name and the time, and keeps a bounded history of decisions, so ``sho
 answers for a decided transaction (who decided, when) and deciding it again is harmless: the
 same decision answers "already committed", a contradicting one is refused.
 
-Kafka transactions (the Kafka listener's coordinator) are listed beside the halves: ``list``
-shows the open ones (``--state all``: every transactional id the coordinator knows,
-``--hanging``: only those open past their ``transaction.timeout.ms``, like Kafka's
-``kafka-transactions.sh find-hanging``), ``show`` answers a transactional id, and ``abort``
-aborts one as an operator, which fences its producer.
+Kafka transactions (the Kafka listener's coordinator) are listed beside the halves, and
+``--state`` means the same for both kinds: ``pending`` (the default) is what waits for a
+decision, a pending half or an open Kafka transaction; ``discarded`` is what the broker gave
+up on and keeps for an operator, which only halves can be (an open Kafka transaction is
+aborted at its timeout instead); ``all`` is both.  ``--kafka-all`` lists every transactional
+id the coordinator knows, open or not (Kafka's ``kafka-transactions.sh list``), ``--hanging``
+only those open past their ``transaction.timeout.ms`` (``find-hanging``).  ``show`` answers a
+transactional id, and ``abort`` aborts one as an operator, which fences its producer; commit,
+rollback and resume are half-message decisions and point a transactional id to ``abort``.
 """
 
 from __future__ import annotations
@@ -25,8 +29,14 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from txbroker.cli.common import credentials_options, namesrv_option, run
-from txbroker.client.admin import AdminClient
+from txbroker.cli.common import (
+    CommandError,
+    command_name,
+    credentials_options,
+    namesrv_option,
+    run,
+)
+from txbroker.client.admin import AdminClient, KafkaTransactionalIdError
 
 
 def _pick(row: dict, *names: str, default: object = "") -> object:
@@ -66,7 +76,8 @@ def _operator() -> str:
 
 @click.group()
 def txn() -> None:
-    """Pending transactions (half messages): list, show, commit, rollback, resume."""
+    """Transactions waiting for a decision: half messages (list, show, commit, rollback,
+    resume) and Kafka transactions (list, show, abort)."""
 
 
 def _ms_age(ms: object) -> str:
@@ -90,8 +101,13 @@ def _kafka_table(rows: list[dict], title: str) -> Table:
 
 @txn.command("list")
 @click.option("--state", type=click.Choice(["pending", "discarded", "all"]), default="pending",
-              show_default=True, help="Pending halves, halves the check service gave up on, or "
-              "both; Kafka transactions: the open ones, or with 'all' every transactional id.")
+              show_default=True, help="The same for both kinds: 'pending' waits for a decision "
+              "(pending halves, open Kafka transactions); 'discarded' was given up on and waits "
+              "for an operator (halves only: a Kafka transaction is aborted at its timeout); "
+              "'all' is both.")
+@click.option("--kafka-all", is_flag=True,
+              help="Every Kafka transactional id the coordinator knows, open or not (Kafka's "
+                   "kafka-transactions.sh list), instead of the open ones.")
 @click.option("--hanging", is_flag=True,
               help="Only Kafka transactions open past their transaction timeout (the halves "
                    "are left out: a pending half is waiting for its check-back by design).")
@@ -99,15 +115,18 @@ def _kafka_table(rows: list[dict], title: str) -> Table:
               help="Print the rows as a JSON array (Kafka rows have \"kind\": \"kafka\").")
 @namesrv_option
 @credentials_options
-def list_(state: str, hanging: bool, as_json: bool, namesrv: str,
+def list_(state: str, kafka_all: bool, hanging: bool, as_json: bool, namesrv: str,
           credentials: dict[str, str]) -> None:
     """List half messages waiting for a decision and open Kafka transactions, across every
     broker group."""
+    # an open Kafka transaction is "pending"; none is ever "discarded"
+    with_kafka = kafka_all or hanging or state != "discarded"
 
     async def main() -> tuple[list[dict], list[dict]]:
         async with AdminClient(namesrv, **credentials) as admin:
             halves = [] if hanging else await admin.txn_list(state)
-            kafka = await admin.kafka_txn_list(open_only=state != "all", hanging=hanging)
+            kafka = (await admin.kafka_txn_list(open_only=not kafka_all, hanging=hanging)
+                     if with_kafka else [])
             return halves, kafka
 
     rows, kafka_rows = run(main)
@@ -120,7 +139,7 @@ def list_(state: str, hanging: bool, as_json: bool, namesrv: str,
         return
     if kafka_rows:
         console.print(_kafka_table(kafka_rows, f"{len(kafka_rows)} Kafka transaction(s)" if
-                                   state == "all" else f"{len(kafka_rows)} open Kafka transaction(s)"))
+                                   kafka_all else f"{len(kafka_rows)} open Kafka transaction(s)"))
     now_ms = int(time.time() * 1000)
     by_broker: dict[str, int] = {}
     for row in rows:
@@ -241,9 +260,15 @@ def _decision_command(decision: str, help_text: str) -> click.Command:
     @namesrv_option
     @credentials_options
     def command(txn_id: str, operator: str, namesrv: str, credentials: dict[str, str]) -> None:
+        what = command_name(click.get_current_context())
+
         async def main() -> dict:
             async with AdminClient(namesrv, **credentials) as admin:
-                return await admin.txn_decide(txn_id, decision, operator)
+                try:
+                    return await admin.txn_decide(txn_id, decision, operator)
+                except KafkaTransactionalIdError as exc:
+                    raise CommandError(what, exc.addr, f"{exc.reason}: txbroker txn abort "
+                                                        f"{txn_id}") from None
 
         doc = run(main)
         state = _words(_pick(doc, "state", default="?"))
@@ -255,8 +280,11 @@ def _decision_command(decision: str, help_text: str) -> click.Command:
     return command
 
 
-txn.add_command(_decision_command("commit", "Commit a pending half message: it becomes visible."))
-txn.add_command(_decision_command("rollback", "Roll back a pending half message: it is discarded."))
+txn.add_command(_decision_command("commit", "Commit a pending half message: it becomes visible. "
+                                  "(A Kafka transaction is committed by its producer only; an "
+                                  "operator can abort it: txn abort.)"))
+txn.add_command(_decision_command("rollback", "Roll back a pending half message: it is discarded. "
+                                  "(A Kafka transaction: txn abort.)"))
 txn.add_command(_decision_command(
     "resume", "Put a discarded half message back under check-back (after the producer is fixed)."))
 
