@@ -84,15 +84,18 @@ def _ms_age(ms: object) -> str:
     return _age({"age_s": ms / 1000}, 0) if isinstance(ms, int) else ""
 
 
-def _kafka_table(rows: list[dict], title: str) -> Table:
-    """Kafka transactions, one row per transactional id."""
+def _kafka_table(rows: list[dict], title: str, with_group: bool) -> Table:
+    """Kafka transactions, one row per transactional id (``with_group``: first, the broker
+    group whose coordinator holds it)."""
     table = Table(title=title)
-    for col in ("transactional id", "producer id", "epoch", "state", "partitions", "age",
-                "timeout", "hanging"):
+    for col in (("broker group",) if with_group else ()) + (
+            "transactional id", "producer id", "epoch", "state", "partitions", "age",
+            "timeout", "hanging"):
         table.add_column(col, overflow="fold")
     for row in rows:
         parts = ", ".join(f"{t}-{p}" for t, p in row.get("partitions") or [])
-        table.add_row(str(row.get("transactional_id")), str(row.get("producer_id")),
+        table.add_row(*((str(row.get("broker")),) if with_group else ()),
+                      str(row.get("transactional_id")), str(row.get("producer_id")),
                       str(row.get("producer_epoch")), str(row.get("state")), parts,
                       _ms_age(row.get("age_ms")), _ms_age(row.get("timeout_ms")),
                       "yes" if row.get("hanging") else "")
@@ -118,36 +121,40 @@ def _kafka_table(rows: list[dict], title: str) -> Table:
 def list_(state: str, kafka_all: bool, hanging: bool, as_json: bool, namesrv: str,
           credentials: dict[str, str]) -> None:
     """List half messages waiting for a decision and open Kafka transactions, across every
-    broker group."""
+    broker group (in a cluster, a column names each row's group; --json rows have "broker")."""
     # an open Kafka transaction is "pending"; none is ever "discarded"
     with_kafka = kafka_all or hanging or state != "discarded"
 
-    async def main() -> tuple[list[dict], list[dict]]:
+    async def main() -> tuple[list[dict], list[dict], list[str]]:
         async with AdminClient(namesrv, **credentials) as admin:
             halves = [] if hanging else await admin.txn_list(state)
             kafka = (await admin.kafka_txn_list(open_only=not kafka_all, hanging=hanging)
                      if with_kafka else [])
-            return halves, kafka
+            return halves, kafka, sorted({name for name, _, _ in admin.members()})
 
-    rows, kafka_rows = run(main)
+    rows, kafka_rows, groups = run(main)
     if as_json:
         click.echo(orjson.dumps(rows + kafka_rows).decode())
         return
+    # the group column depends on the cluster, not on the rows: a cluster whose transactions
+    # all sit in one group still says which
+    several = len(groups) > 1
     console = Console(width=160)
     if hanging:
-        console.print(_kafka_table(kafka_rows, f"{len(kafka_rows)} hanging Kafka transaction(s)"))
+        console.print(_kafka_table(kafka_rows, f"{len(kafka_rows)} hanging Kafka transaction(s)",
+                                   several))
         return
     if kafka_rows:
         console.print(_kafka_table(kafka_rows, f"{len(kafka_rows)} Kafka transaction(s)" if
-                                   kafka_all else f"{len(kafka_rows)} open Kafka transaction(s)"))
+                                   kafka_all else f"{len(kafka_rows)} open Kafka transaction(s)",
+                                   several))
     now_ms = int(time.time() * 1000)
-    by_broker: dict[str, int] = {}
+    by_group = dict.fromkeys(groups, 0)
     for row in rows:
-        by_broker[str(row.get("broker"))] = by_broker.get(str(row.get("broker")), 0) + 1
-    several = len(by_broker) > 1
+        by_group[str(row.get("broker"))] = by_group.get(str(row.get("broker")), 0) + 1
     table = Table(title=f"{len(rows)} {state} half message(s)" if state != "all"
                   else f"{len(rows)} pending or discarded half message(s)")
-    for col in (("broker",) if several else ()) + (
+    for col in (("broker group",) if several else ()) + (
             "id", "topic", "keys", "producer group", "age", "checks", "state"):
         table.add_column(col, overflow="fold")
     for row in rows:
@@ -157,7 +164,7 @@ def list_(state: str, kafka_all: bool, hanging: bool, as_json: bool, namesrv: st
                       str(_pick(row, "checks", default=0)), str(_pick(row, "state")))
     console.print(table)
     if several:  # per broker group, then the total (the table title)
-        console.print("per broker: " + "  ".join(f"{b}={n}" for b, n in sorted(by_broker.items())))
+        console.print("per broker group: " + "  ".join(f"{b}={n}" for b, n in by_group.items()))
 
 
 def _words(state: object) -> str:
