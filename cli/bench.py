@@ -6,7 +6,9 @@ fit) and sends Spark's own output (JVM banner, log4j lines, progress bars) to a 
 names on stderr, unless ``--verbose``.  Traces, results and reports are paths or URIs
 (``hdfs://``, ``s3a://``, ``file://``: anything Hadoop's FileSystem reads), written and read
 through Spark.  ``verify`` and ``run`` exit 1 when any violation is found; bad options exit 2
-with one ``error:`` line.
+with one ``error:`` line.  The commands need the ``bench`` extra (Spark, Arrow, pandas, numpy,
+matplotlib): without it each says so in one ``error:`` line naming the install command, before
+doing anything else (:mod:`txbroker.bench.extras`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import click
 
+from txbroker.bench import extras
 from txbroker.bench.trace.embedded import EmbeddedBrokerError
 from txbroker.bench.trace.fs import has_scheme, join, local_path
 from txbroker.bench.trace.spark import is_local, master_addresses, route_address
@@ -56,7 +59,25 @@ def _spark_options(log_default: str):
     return decorate
 
 
-def _errors(fn):
+def _errors(*needs: str):
+    """One-line errors for a bench command that imports ``needs`` (checked first)."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            what = command_name(click.get_current_context(silent=True))
+            try:
+                extras.require(*needs)
+                return fn(*args, **kwargs)
+            except (extras.MissingExtraError, ModuleNotFoundError) as exc:
+                line = extras.explain(exc)
+                if line is None:
+                    raise
+                raise CommandError(what, None, line) from None
+        return _spec_errors(wrapper)
+    return decorate
+
+
+def _spec_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
@@ -170,7 +191,7 @@ def bench() -> None:
 @click.option("--out", required=True, help="directory (path or URI) the trace replaces")
 @_trace_options
 @_spark_options("OUT.spark.log")
-@_errors
+@_errors(*extras.SPARK)
 def generate_cmd(transactions, out, master, verbose, spark_log, driver_host, executor_python,
                  **opts) -> None:
     """Write a trace (Parquet, deterministic for --seed)."""
@@ -200,7 +221,7 @@ def generate_cmd(transactions, out, master, verbose, spark_log, driver_host, exe
 @click.option("--rate", type=float, default=None,
               help="override the trace schedule: transactions/s (0 = as fast as possible)")
 @_spark_options("OUT.spark.log")
-@_errors
+@_errors(*extras.SPARK)
 def replay_cmd(trace_dir, namesrv, out, concurrency, tasks, check_concurrency, rate,
                master, verbose, spark_log, driver_host, executor_python) -> None:
     """Replay a trace against a running broker; results are Parquet."""
@@ -221,7 +242,7 @@ def replay_cmd(trace_dir, namesrv, out, concurrency, tasks, check_concurrency, r
 @click.option("--grace-ms", type=float, default=500.0, show_default=True,
               help="a check this soon after the decision is a race, not a violation")
 @_spark_options("RESULTS/verify.spark.log")
-@_errors
+@_errors(*extras.SPARK)
 def verify_cmd(trace_dir, results, grace_ms, master, verbose, spark_log, driver_host,
                executor_python) -> None:
     """Join expectations with deliveries; exit 1 on any violation."""
@@ -244,7 +265,7 @@ def verify_cmd(trace_dir, results, grace_ms, master, verbose, spark_log, driver_
 @click.option("--results", required=True, help="verified results directory (path or URI)")
 @click.option("--out", required=True, help="directory (path or URI) for report.md and the plots")
 @_spark_options("OUT.spark.log")
-@_errors
+@_errors(*extras.SPARK, *extras.REPORT)
 def report_cmd(results, out, master, verbose, spark_log, driver_host, executor_python) -> None:
     """Markdown + PNG plots from a verified results directory."""
     from txbroker.bench.trace.report import report
@@ -289,7 +310,7 @@ def _master_host(master: str) -> str:
               help="override the trace schedule (0 = as fast as possible)")
 @_trace_options
 @_spark_options("WORK-DIR/spark.log")
-@_errors
+@_errors(*extras.SPARK, *extras.REPORT)
 def run_cmd(transactions, namesrv, work_dir, broker_host, advertise, concurrency, tasks,
             check_concurrency, replay_rate, master, verbose, spark_log, driver_host,
             executor_python, **opts) -> None:
