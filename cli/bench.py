@@ -152,8 +152,10 @@ def _inside(directory: str, name: str) -> Path:
 
 def _trace_options(fn):
     for opt in reversed([
-        click.option("--seed", type=int, default=1, show_default=True),
-        click.option("--topics", type=int, default=4, show_default=True),
+        click.option("--seed", type=int, default=1, show_default=True,
+                     help="random seed: the same seed and options give the same trace"),
+        click.option("--topics", type=int, default=4, show_default=True,
+                     help="topics the transactions spread over (BenchT0, BenchT1, ...)"),
         click.option("--producers", type=int, default=4, show_default=True,
                      help="producer groups (each is replayed by one Spark task)"),
         click.option("--mix", default=DEFAULT_MIX, show_default=True, help="KIND=WEIGHT,..."),
@@ -187,7 +189,8 @@ def bench() -> None:
 
 
 @bench.command("generate")
-@click.option("--transactions", "-n", type=int, required=True)
+@click.option("--transactions", "-n", type=int, required=True,
+              help="transactions in the trace (one row each)")
 @click.option("--out", required=True, help="directory (path or URI) the trace replaces")
 @_trace_options
 @_spark_options("OUT.spark.log")
@@ -215,7 +218,9 @@ def generate_cmd(transactions, out, master, verbose, spark_log, driver_host, exe
 @click.option("--out", required=True, help="directory (path or URI) the results replace")
 @click.option("--concurrency", type=int, default=64, show_default=True,
               help="transactions in flight per Spark task")
-@click.option("--tasks", type=int, default=None, help="Spark tasks [default: parallelism]")
+@click.option("--tasks", type=int, default=None,
+              help="Spark tasks replaying, each a share of the producer groups [default: "
+                   "parallelism, at most the trace's producers]")
 @click.option("--check-concurrency", type=int, default=1024, show_default=True,
               help="check-backs answered at once per producer (the SDK drops beyond 16x this)")
 @click.option("--rate", type=float, default=None,
@@ -246,6 +251,7 @@ def replay_cmd(trace_dir, namesrv, out, concurrency, tasks, check_concurrency, r
 def verify_cmd(trace_dir, results, grace_ms, master, verbose, spark_log, driver_host,
                executor_python) -> None:
     """Join expectations with deliveries; exit 1 on any violation."""
+    from txbroker.bench.trace.report import pacing_text, summary_notes
     from txbroker.bench.trace.verify import verify
 
     t0 = time.perf_counter()
@@ -255,6 +261,9 @@ def verify_cmd(trace_dir, results, grace_ms, master, verbose, spark_log, driver_
     for name, n in v["violations"].items():
         click.echo(f"{name:<26} {n:>10,}" + (f"  e.g. {v['violation_samples'][name]}" if n else ""))
     click.echo(f"checks: {v['checks']} (scripted {v['expected_checks']:,})")
+    click.echo(f"replay pacing: {pacing_text(v['pacing'])}")
+    for note in summary_notes(v):
+        click.echo(note)
     click.echo(f"verified in {_wall(t0, startup)}")
     click.echo(f"throughput {v['throughput_tx_per_s']:,.0f} tx/s; "
                f"{'PASS' if v['violation_total'] == 0 else 'FAIL'}")
@@ -276,6 +285,10 @@ def report_cmd(results, out, master, verbose, spark_log, driver_host, executor_p
         click.echo(_shown(uri))
 
 
+def _size_mb(directory: Path) -> float:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) / 1e6
+
+
 def _loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -288,7 +301,8 @@ def _master_host(master: str) -> str:
 
 
 @bench.command("run")
-@click.option("--transactions", "-n", type=int, default=10_000, show_default=True)
+@click.option("--transactions", "-n", type=int, default=10_000, show_default=True,
+              help="transactions in the generated trace")
 @click.option("--namesrv", default=None,
               help="use this broker or cluster (name server HOST:PORT, several separated by ';') "
                    "instead of an embedded one")
@@ -302,12 +316,16 @@ def _master_host(master: str) -> str:
 @click.option("--advertise", default=None,
               help="address the embedded broker announces to executors [default: --broker-host, "
                    "or the driver host when that is 0.0.0.0]")
-@click.option("--concurrency", type=int, default=64, show_default=True)
-@click.option("--tasks", type=int, default=None)
+@click.option("--concurrency", type=int, default=64, show_default=True,
+              help="transactions in flight per Spark task")
+@click.option("--tasks", type=int, default=None,
+              help="Spark tasks replaying, each a share of the producer groups [default: "
+                   "parallelism, at most --producers]")
 @click.option("--check-concurrency", type=int, default=1024, show_default=True,
               help="check-backs answered at once per producer (the SDK drops beyond 16x this)")
 @click.option("--replay-rate", type=float, default=None,
-              help="override the trace schedule (0 = as fast as possible)")
+              help="transactions/s instead of the trace schedule (0 = unthrottled: as fast as "
+                   "--concurrency allows); the summary says which was used")
 @_trace_options
 @_spark_options("WORK-DIR/spark.log")
 @_errors(*extras.SPARK, *extras.REPORT)
@@ -318,6 +336,7 @@ def run_cmd(transactions, namesrv, work_dir, broker_host, advertise, concurrency
     from rich.console import Console
 
     from txbroker.bench.trace.generate import validate
+    from txbroker.bench.trace.report import summary_notes
     from txbroker.bench.trace.run import run_all, summary_table
 
     t0 = time.perf_counter()
@@ -349,5 +368,11 @@ def run_cmd(transactions, namesrv, work_dir, broker_host, advertise, concurrency
                                broker_host=broker_host, advertise=advertise)
     timings = {"Spark start-up": startup, **timings, "wall": time.perf_counter() - t0}
     Console().print(summary_table(summary, timings))
+    for note in summary_notes(summary):
+        click.echo(note)
     click.echo(f"report: {_under(work, 'report', 'report.md')}")
+    if work_dir is None:  # made for this run: say it stays, and how big it is
+        click.echo(f"work dir {work} (trace/, results/, report/, spark.log; "
+                   f"{_size_mb(Path(work)):,.1f} MB) is left for inspection; remove it with "
+                   f"rm -r {work}")
     sys.exit(1 if summary["violation_total"] else 0)
