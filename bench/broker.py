@@ -54,7 +54,6 @@ import argparse
 import asyncio
 import os
 import re
-import shutil
 import signal
 import statistics
 import struct
@@ -67,6 +66,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Self
 
+from txbroker.bench.extras import require_program, run_main
 from txbroker.bench.remoting import echo_ceiling
 from txbroker.client import (
     Consumer,
@@ -162,10 +162,7 @@ class Profiler:
     """py-spy sampling one process into a collapsed-stack file until :meth:`stop`."""
 
     def __init__(self, pid: int, out: Path) -> None:
-        exe = Path(sys.executable).with_name("py-spy")
-        spy = str(exe) if exe.exists() else shutil.which("py-spy")
-        if spy is None:
-            raise RuntimeError("--profile needs py-spy: pip install -e '.[bench]'")
+        spy = require_program("py-spy")
         self.out = out
         self.proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "200",
                                       "--format", "raw", "--output", str(out)],
@@ -679,6 +676,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     import uvloop
 
+    if args.profile is not None:
+        require_program("py-spy")  # now, not after the first row's minutes of load
     rows = rows_of(args)
     results: dict[Row, list[Result]] = {row: [] for row in rows}
     echoes: list[tuple[float, float]] = []
@@ -722,4 +721,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, "python -m txbroker.bench.broker")

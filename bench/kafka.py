@@ -48,6 +48,7 @@ from typing import Self
 import orjson
 
 from txbroker.bench.broker import REPO, BrokerProc, proc_cpu_seconds, run_row
+from txbroker.bench.extras import require, run_main
 from txbroker.client.admin import AdminClient
 
 TOPIC = "BenchKafka"
@@ -285,6 +286,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     import uvloop
 
+    require("aiokafka")  # before the broker starts, not at the first Kafka row
     with tempfile.TemporaryDirectory(prefix="txbroker-bench-kafka-") as d, KafkaBroker(d) as broker, \
             asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         rows = runner.run(run_all(broker, args.seconds, args.max_messages, args.in_flight,
@@ -299,4 +301,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, "python -m txbroker.bench.kafka")

@@ -6,7 +6,9 @@ fit) and sends Spark's own output (JVM banner, log4j lines, progress bars) to a 
 names on stderr, unless ``--verbose``.  Traces, results and reports are paths or URIs
 (``hdfs://``, ``s3a://``, ``file://``: anything Hadoop's FileSystem reads), written and read
 through Spark.  ``verify`` and ``run`` exit 1 when any violation is found; bad options exit 2
-with one ``error:`` line.
+with one ``error:`` line.  The commands need the ``bench`` extra (Spark, Arrow, pandas, numpy,
+matplotlib): without it each says so in one ``error:`` line naming the install command, before
+doing anything else (:mod:`txbroker.bench.extras`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import click
 
+from txbroker.bench import extras
 from txbroker.bench.trace.embedded import EmbeddedBrokerError
 from txbroker.bench.trace.fs import has_scheme, join, local_path
 from txbroker.bench.trace.spark import is_local, master_addresses, route_address
@@ -56,7 +59,25 @@ def _spark_options(log_default: str):
     return decorate
 
 
-def _errors(fn):
+def _errors(*needs: str):
+    """One-line errors for a bench command that imports ``needs`` (checked first)."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            what = command_name(click.get_current_context(silent=True))
+            try:
+                extras.require(*needs)
+                return fn(*args, **kwargs)
+            except (extras.MissingExtraError, ModuleNotFoundError) as exc:
+                line = extras.explain(exc)
+                if line is None:
+                    raise
+                raise CommandError(what, None, line) from None
+        return _spec_errors(wrapper)
+    return decorate
+
+
+def _spec_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
@@ -131,8 +152,10 @@ def _inside(directory: str, name: str) -> Path:
 
 def _trace_options(fn):
     for opt in reversed([
-        click.option("--seed", type=int, default=1, show_default=True),
-        click.option("--topics", type=int, default=4, show_default=True),
+        click.option("--seed", type=int, default=1, show_default=True,
+                     help="random seed: the same seed and options give the same trace"),
+        click.option("--topics", type=int, default=4, show_default=True,
+                     help="topics the transactions spread over (BenchT0, BenchT1, ...)"),
         click.option("--producers", type=int, default=4, show_default=True,
                      help="producer groups (each is replayed by one Spark task)"),
         click.option("--mix", default=DEFAULT_MIX, show_default=True, help="KIND=WEIGHT,..."),
@@ -166,11 +189,12 @@ def bench() -> None:
 
 
 @bench.command("generate")
-@click.option("--transactions", "-n", type=int, required=True)
+@click.option("--transactions", "-n", type=int, required=True,
+              help="transactions in the trace (one row each)")
 @click.option("--out", required=True, help="directory (path or URI) the trace replaces")
 @_trace_options
 @_spark_options("OUT.spark.log")
-@_errors
+@_errors(*extras.SPARK)
 def generate_cmd(transactions, out, master, verbose, spark_log, driver_host, executor_python,
                  **opts) -> None:
     """Write a trace (Parquet, deterministic for --seed)."""
@@ -194,13 +218,15 @@ def generate_cmd(transactions, out, master, verbose, spark_log, driver_host, exe
 @click.option("--out", required=True, help="directory (path or URI) the results replace")
 @click.option("--concurrency", type=int, default=64, show_default=True,
               help="transactions in flight per Spark task")
-@click.option("--tasks", type=int, default=None, help="Spark tasks [default: parallelism]")
+@click.option("--tasks", type=int, default=None,
+              help="Spark tasks replaying, each a share of the producer groups [default: "
+                   "parallelism, at most the trace's producers]")
 @click.option("--check-concurrency", type=int, default=1024, show_default=True,
               help="check-backs answered at once per producer (the SDK drops beyond 16x this)")
 @click.option("--rate", type=float, default=None,
               help="override the trace schedule: transactions/s (0 = as fast as possible)")
 @_spark_options("OUT.spark.log")
-@_errors
+@_errors(*extras.SPARK)
 def replay_cmd(trace_dir, namesrv, out, concurrency, tasks, check_concurrency, rate,
                master, verbose, spark_log, driver_host, executor_python) -> None:
     """Replay a trace against a running broker; results are Parquet."""
@@ -221,10 +247,11 @@ def replay_cmd(trace_dir, namesrv, out, concurrency, tasks, check_concurrency, r
 @click.option("--grace-ms", type=float, default=500.0, show_default=True,
               help="a check this soon after the decision is a race, not a violation")
 @_spark_options("RESULTS/verify.spark.log")
-@_errors
+@_errors(*extras.SPARK)
 def verify_cmd(trace_dir, results, grace_ms, master, verbose, spark_log, driver_host,
                executor_python) -> None:
     """Join expectations with deliveries; exit 1 on any violation."""
+    from txbroker.bench.trace.report import pacing_text, summary_notes
     from txbroker.bench.trace.verify import verify
 
     t0 = time.perf_counter()
@@ -234,6 +261,9 @@ def verify_cmd(trace_dir, results, grace_ms, master, verbose, spark_log, driver_
     for name, n in v["violations"].items():
         click.echo(f"{name:<26} {n:>10,}" + (f"  e.g. {v['violation_samples'][name]}" if n else ""))
     click.echo(f"checks: {v['checks']} (scripted {v['expected_checks']:,})")
+    click.echo(f"replay pacing: {pacing_text(v['pacing'])}")
+    for note in summary_notes(v):
+        click.echo(note)
     click.echo(f"verified in {_wall(t0, startup)}")
     click.echo(f"throughput {v['throughput_tx_per_s']:,.0f} tx/s; "
                f"{'PASS' if v['violation_total'] == 0 else 'FAIL'}")
@@ -244,7 +274,7 @@ def verify_cmd(trace_dir, results, grace_ms, master, verbose, spark_log, driver_
 @click.option("--results", required=True, help="verified results directory (path or URI)")
 @click.option("--out", required=True, help="directory (path or URI) for report.md and the plots")
 @_spark_options("OUT.spark.log")
-@_errors
+@_errors(*extras.SPARK, *extras.REPORT)
 def report_cmd(results, out, master, verbose, spark_log, driver_host, executor_python) -> None:
     """Markdown + PNG plots from a verified results directory."""
     from txbroker.bench.trace.report import report
@@ -253,6 +283,10 @@ def report_cmd(results, out, master, verbose, spark_log, driver_host, executor_p
                       executor_python)
     for uri in report(spark, results, out):
         click.echo(_shown(uri))
+
+
+def _size_mb(directory: Path) -> float:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) / 1e6
 
 
 def _loopback(host: str) -> bool:
@@ -267,7 +301,8 @@ def _master_host(master: str) -> str:
 
 
 @bench.command("run")
-@click.option("--transactions", "-n", type=int, default=10_000, show_default=True)
+@click.option("--transactions", "-n", type=int, default=10_000, show_default=True,
+              help="transactions in the generated trace")
 @click.option("--namesrv", default=None,
               help="use this broker or cluster (name server HOST:PORT, several separated by ';') "
                    "instead of an embedded one")
@@ -281,15 +316,19 @@ def _master_host(master: str) -> str:
 @click.option("--advertise", default=None,
               help="address the embedded broker announces to executors [default: --broker-host, "
                    "or the driver host when that is 0.0.0.0]")
-@click.option("--concurrency", type=int, default=64, show_default=True)
-@click.option("--tasks", type=int, default=None)
+@click.option("--concurrency", type=int, default=64, show_default=True,
+              help="transactions in flight per Spark task")
+@click.option("--tasks", type=int, default=None,
+              help="Spark tasks replaying, each a share of the producer groups [default: "
+                   "parallelism, at most --producers]")
 @click.option("--check-concurrency", type=int, default=1024, show_default=True,
               help="check-backs answered at once per producer (the SDK drops beyond 16x this)")
 @click.option("--replay-rate", type=float, default=None,
-              help="override the trace schedule (0 = as fast as possible)")
+              help="transactions/s instead of the trace schedule (0 = unthrottled: as fast as "
+                   "--concurrency allows); the summary says which was used")
 @_trace_options
 @_spark_options("WORK-DIR/spark.log")
-@_errors
+@_errors(*extras.SPARK, *extras.REPORT)
 def run_cmd(transactions, namesrv, work_dir, broker_host, advertise, concurrency, tasks,
             check_concurrency, replay_rate, master, verbose, spark_log, driver_host,
             executor_python, **opts) -> None:
@@ -297,6 +336,7 @@ def run_cmd(transactions, namesrv, work_dir, broker_host, advertise, concurrency
     from rich.console import Console
 
     from txbroker.bench.trace.generate import validate
+    from txbroker.bench.trace.report import summary_notes
     from txbroker.bench.trace.run import run_all, summary_table
 
     t0 = time.perf_counter()
@@ -328,5 +368,11 @@ def run_cmd(transactions, namesrv, work_dir, broker_host, advertise, concurrency
                                broker_host=broker_host, advertise=advertise)
     timings = {"Spark start-up": startup, **timings, "wall": time.perf_counter() - t0}
     Console().print(summary_table(summary, timings))
+    for note in summary_notes(summary):
+        click.echo(note)
     click.echo(f"report: {_under(work, 'report', 'report.md')}")
+    if work_dir is None:  # made for this run: say it stays, and how big it is
+        click.echo(f"work dir {work} (trace/, results/, report/, spark.log; "
+                   f"{_size_mb(Path(work)):,.1f} MB) is left for inspection; remove it with "
+                   f"rm -r {work}")
     sys.exit(1 if summary["violation_total"] else 0)

@@ -7,11 +7,15 @@ operator's name and the time, and keeps a bounded history of decisions, so ``sho
 answers for a decided transaction (who decided, when) and deciding it again is harmless: the
 same decision answers "already committed", a contradicting one is refused.
 
-Kafka transactions (the Kafka listener's coordinator) are listed beside the halves: ``list``
-shows the open ones (``--state all``: every transactional id the coordinator knows,
-``--hanging``: only those open past their ``transaction.timeout.ms``, like Kafka's
-``kafka-transactions.sh find-hanging``), ``show`` answers a transactional id, and ``abort``
-aborts one as an operator, which fences its producer.
+Kafka transactions (the Kafka listener's coordinator) are listed beside the halves, and
+``--state`` means the same for both kinds: ``pending`` (the default) is what waits for a
+decision, a pending half or an open Kafka transaction; ``discarded`` is what the broker gave
+up on and keeps for an operator, which only halves can be (an open Kafka transaction is
+aborted at its timeout instead); ``all`` is both.  ``--kafka-all`` lists every transactional
+id the coordinator knows, open or not (Kafka's ``kafka-transactions.sh list``), ``--hanging``
+only those open past their ``transaction.timeout.ms`` (``find-hanging``).  ``show`` answers a
+transactional id, and ``abort`` aborts one as an operator, which fences its producer; commit,
+rollback and resume are half-message decisions and point a transactional id to ``abort``.
 """
 
 from __future__ import annotations
@@ -25,8 +29,14 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from txbroker.cli.common import credentials_options, namesrv_option, run
-from txbroker.client.admin import AdminClient
+from txbroker.cli.common import (
+    CommandError,
+    command_name,
+    credentials_options,
+    namesrv_option,
+    run,
+)
+from txbroker.client.admin import AdminClient, KafkaTransactionalIdError
 
 
 def _pick(row: dict, *names: str, default: object = "") -> object:
@@ -66,22 +76,26 @@ def _operator() -> str:
 
 @click.group()
 def txn() -> None:
-    """Pending transactions (half messages): list, show, commit, rollback, resume."""
+    """Transactions waiting for a decision: half messages (list, show, commit, rollback,
+    resume) and Kafka transactions (list, show, abort)."""
 
 
 def _ms_age(ms: object) -> str:
     return _age({"age_s": ms / 1000}, 0) if isinstance(ms, int) else ""
 
 
-def _kafka_table(rows: list[dict], title: str) -> Table:
-    """Kafka transactions, one row per transactional id."""
+def _kafka_table(rows: list[dict], title: str, with_group: bool) -> Table:
+    """Kafka transactions, one row per transactional id (``with_group``: first, the broker
+    group whose coordinator holds it)."""
     table = Table(title=title)
-    for col in ("transactional id", "producer id", "epoch", "state", "partitions", "age",
-                "timeout", "hanging"):
+    for col in (("broker group",) if with_group else ()) + (
+            "transactional id", "producer id", "epoch", "state", "partitions", "age",
+            "timeout", "hanging"):
         table.add_column(col, overflow="fold")
     for row in rows:
         parts = ", ".join(f"{t}-{p}" for t, p in row.get("partitions") or [])
-        table.add_row(str(row.get("transactional_id")), str(row.get("producer_id")),
+        table.add_row(*((str(row.get("broker")),) if with_group else ()),
+                      str(row.get("transactional_id")), str(row.get("producer_id")),
                       str(row.get("producer_epoch")), str(row.get("state")), parts,
                       _ms_age(row.get("age_ms")), _ms_age(row.get("timeout_ms")),
                       "yes" if row.get("hanging") else "")
@@ -90,8 +104,13 @@ def _kafka_table(rows: list[dict], title: str) -> Table:
 
 @txn.command("list")
 @click.option("--state", type=click.Choice(["pending", "discarded", "all"]), default="pending",
-              show_default=True, help="Pending halves, halves the check service gave up on, or "
-              "both; Kafka transactions: the open ones, or with 'all' every transactional id.")
+              show_default=True, help="The same for both kinds: 'pending' waits for a decision "
+              "(pending halves, open Kafka transactions); 'discarded' was given up on and waits "
+              "for an operator (halves only: a Kafka transaction is aborted at its timeout); "
+              "'all' is both.")
+@click.option("--kafka-all", is_flag=True,
+              help="Every Kafka transactional id the coordinator knows, open or not (Kafka's "
+                   "kafka-transactions.sh list), instead of the open ones.")
 @click.option("--hanging", is_flag=True,
               help="Only Kafka transactions open past their transaction timeout (the halves "
                    "are left out: a pending half is waiting for its check-back by design).")
@@ -99,36 +118,43 @@ def _kafka_table(rows: list[dict], title: str) -> Table:
               help="Print the rows as a JSON array (Kafka rows have \"kind\": \"kafka\").")
 @namesrv_option
 @credentials_options
-def list_(state: str, hanging: bool, as_json: bool, namesrv: str,
+def list_(state: str, kafka_all: bool, hanging: bool, as_json: bool, namesrv: str,
           credentials: dict[str, str]) -> None:
     """List half messages waiting for a decision and open Kafka transactions, across every
-    broker group."""
+    broker group (in a cluster, a column names each row's group; --json rows have "broker")."""
+    # an open Kafka transaction is "pending"; none is ever "discarded"
+    with_kafka = kafka_all or hanging or state != "discarded"
 
-    async def main() -> tuple[list[dict], list[dict]]:
+    async def main() -> tuple[list[dict], list[dict], list[str]]:
         async with AdminClient(namesrv, **credentials) as admin:
             halves = [] if hanging else await admin.txn_list(state)
-            kafka = await admin.kafka_txn_list(open_only=state != "all", hanging=hanging)
-            return halves, kafka
+            kafka = (await admin.kafka_txn_list(open_only=not kafka_all, hanging=hanging)
+                     if with_kafka else [])
+            return halves, kafka, sorted({name for name, _, _ in admin.members()})
 
-    rows, kafka_rows = run(main)
+    rows, kafka_rows, groups = run(main)
     if as_json:
         click.echo(orjson.dumps(rows + kafka_rows).decode())
         return
+    # the group column depends on the cluster, not on the rows: a cluster whose transactions
+    # all sit in one group still says which
+    several = len(groups) > 1
     console = Console(width=160)
     if hanging:
-        console.print(_kafka_table(kafka_rows, f"{len(kafka_rows)} hanging Kafka transaction(s)"))
+        console.print(_kafka_table(kafka_rows, f"{len(kafka_rows)} hanging Kafka transaction(s)",
+                                   several))
         return
     if kafka_rows:
         console.print(_kafka_table(kafka_rows, f"{len(kafka_rows)} Kafka transaction(s)" if
-                                   state == "all" else f"{len(kafka_rows)} open Kafka transaction(s)"))
+                                   kafka_all else f"{len(kafka_rows)} open Kafka transaction(s)",
+                                   several))
     now_ms = int(time.time() * 1000)
-    by_broker: dict[str, int] = {}
+    by_group = dict.fromkeys(groups, 0)
     for row in rows:
-        by_broker[str(row.get("broker"))] = by_broker.get(str(row.get("broker")), 0) + 1
-    several = len(by_broker) > 1
+        by_group[str(row.get("broker"))] = by_group.get(str(row.get("broker")), 0) + 1
     table = Table(title=f"{len(rows)} {state} half message(s)" if state != "all"
                   else f"{len(rows)} pending or discarded half message(s)")
-    for col in (("broker",) if several else ()) + (
+    for col in (("broker group",) if several else ()) + (
             "id", "topic", "keys", "producer group", "age", "checks", "state"):
         table.add_column(col, overflow="fold")
     for row in rows:
@@ -138,7 +164,7 @@ def list_(state: str, hanging: bool, as_json: bool, namesrv: str,
                       str(_pick(row, "checks", default=0)), str(_pick(row, "state")))
     console.print(table)
     if several:  # per broker group, then the total (the table title)
-        console.print("per broker: " + "  ".join(f"{b}={n}" for b, n in sorted(by_broker.items())))
+        console.print("per broker group: " + "  ".join(f"{b}={n}" for b, n in by_group.items()))
 
 
 def _words(state: object) -> str:
@@ -180,9 +206,11 @@ def _show_lines(doc: dict) -> list[tuple[str, str]]:
     lines += [("topic", f"{_pick(doc, 'topic')} (queue {_pick(doc, 'queue_id', default='?')})"),
               ("keys", str(_pick(doc, "keys"))),
               ("tags", str(_pick(doc, "tags"))),
-              ("producer group", str(_pick(doc, "producer_group"))),
-              ("checks", str(_pick(doc, "checks", default=0))),
-              ("body size", f"{_pick(doc, 'body_size', default='?')} bytes"),
+              ("producer group", str(_pick(doc, "producer_group")))]
+    # the broker leaves ``checks`` out when it no longer knows the count: no line, not a 0
+    if doc.get("checks") is not None:
+        lines.append(("checks", str(doc["checks"])))
+    lines += [("body size", f"{_pick(doc, 'body_size', default='?')} bytes"),
               ("offsetMsgId", str(_pick(doc, "offset_msg_id"))),
               ("broker", str(_pick(doc, "broker")))]
     return lines
@@ -239,9 +267,15 @@ def _decision_command(decision: str, help_text: str) -> click.Command:
     @namesrv_option
     @credentials_options
     def command(txn_id: str, operator: str, namesrv: str, credentials: dict[str, str]) -> None:
+        what = command_name(click.get_current_context())
+
         async def main() -> dict:
             async with AdminClient(namesrv, **credentials) as admin:
-                return await admin.txn_decide(txn_id, decision, operator)
+                try:
+                    return await admin.txn_decide(txn_id, decision, operator)
+                except KafkaTransactionalIdError as exc:
+                    raise CommandError(what, exc.addr, f"{exc.reason}: txbroker txn abort "
+                                                        f"{txn_id}") from None
 
         doc = run(main)
         state = _words(_pick(doc, "state", default="?"))
@@ -253,8 +287,11 @@ def _decision_command(decision: str, help_text: str) -> click.Command:
     return command
 
 
-txn.add_command(_decision_command("commit", "Commit a pending half message: it becomes visible."))
-txn.add_command(_decision_command("rollback", "Roll back a pending half message: it is discarded."))
+txn.add_command(_decision_command("commit", "Commit a pending half message: it becomes visible. "
+                                  "(A Kafka transaction is committed by its producer only; an "
+                                  "operator can abort it: txn abort.)"))
+txn.add_command(_decision_command("rollback", "Roll back a pending half message: it is discarded. "
+                                  "(A Kafka transaction: txn abort.)"))
 txn.add_command(_decision_command(
     "resume", "Put a discarded half message back under check-back (after the producer is fixed)."))
 

@@ -10,11 +10,19 @@ import argparse
 import sys
 import time
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
+from txbroker.bench.extras import fail_if_missing
 from txbroker.remoting.codec import FrameDecoder, decode_frame, encode
 from txbroker.remoting.command import ProtocolError, RemotingCommand
+
+PROG = "python -m txbroker.bench.chaos.codecfuzz"
+
+try:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+except ModuleNotFoundError as exc:  # run as a program without hypothesis: one error line
+    if __name__ == "__main__":
+        fail_if_missing(exc, PROG)
+    raise
 
 ext_values = st.dictionaries(st.text(min_size=1, max_size=12), st.text(max_size=40), max_size=6)
 
@@ -75,7 +83,7 @@ def run(prop, examples: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m txbroker.bench.chaos.codecfuzz", description=__doc__)
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__)
     ap.add_argument("--examples", type=int, default=20000)
     args = ap.parse_args(argv)
     failed = 0

@@ -32,16 +32,48 @@ def _fmt(v) -> str:
     return f"{v:,}"
 
 
+def pacing_text(p: dict) -> str:
+    """``verify.json``'s ``pacing`` in words."""
+    if p["mode"] == "schedule":
+        return f"trace schedule ({p['rate']:,.0f} tx/s mean)"
+    if p["mode"] == "rate":
+        return f"fixed rate ({p['rate']:,.0f} tx/s, --replay-rate)"
+    return "unthrottled (--replay-rate 0)"
+
+
+def summary_notes(v: dict) -> list[str]:
+    """What the summary's schedule lag means under this run's pacing (printed under it)."""
+    p = v.get("pacing")
+    if p is None:  # verified before pacing was recorded
+        return []
+    due = {"schedule": "its start time in the trace",
+           "rate": "its trace id / the rate",
+           "unthrottled": "the start of the replay (all at once)"}[p["mode"]]
+    note = ("schedule_lag_ms: how late each transaction's send began after it was due "
+            f"(due: {due}); a lag that grows means the replay could not keep up "
+            "(--concurrency transactions in flight per task, the broker or the machine)")
+    if p["mode"] == "unthrottled":
+        note = ("schedule_lag_ms: unthrottled, every transaction is due at once, so this is "
+                "the time each waited for one of the --concurrency in-flight slots per task, "
+                "not lateness; throughput is the broker's ceiling, not the trace's load")
+    return [note]
+
+
 def summary_rows(v: dict) -> list[tuple[str, str]]:
     """The figures ``bench run`` prints and the report opens with."""
     lat = v["latency_ms"]
-    rows = [("transactions", _fmt(v["transactions"])),
+    rows = [("transactions", _fmt(v["transactions"]))]
+    if "pacing" in v:
+        rows.append(("replay pacing", pacing_text(v["pacing"])))
+    rows += [
             ("throughput (tx/s, sends)", _fmt(v["throughput_tx_per_s"])),
             ("send window (s)", _fmt(v["send_seconds"])),
             ("deliveries / expected commits", f"{v['deliveries']:,} / {v['expected_commits']:,}"),
             ("checks expected / received as expected", f"{v['expected_checks']:,} / {v['checks']['expected']:,}")]
-    for name in ("send_ms", "decision_ms", "end_to_end_ms"):
-        q = lat[name]
+    for name in ("send_ms", "decision_ms", "end_to_end_ms", "schedule_lag_ms"):
+        q = lat.get(name)
+        if q is None:
+            continue
         rows.append((f"{name} p50 / p99 / max", f"{_fmt(q.get('p50'))} / {_fmt(q.get('p99'))} / {_fmt(q.get('max'))}"))
     rows.append(("violations", _fmt(v["violation_total"])))
     return rows
@@ -124,6 +156,9 @@ def report(spark, results: str | Path, out: str | Path) -> list[str]:
              f"**FAIL**: {v['violation_total']:,} violations.", "",
              "| figure | value |", "|---|---:|"]
     lines += [f"| {k} | {val} |" for k, val in summary_rows(v)]
+    notes = summary_notes(v)
+    if notes:
+        lines += [""] + [f"{n}." for n in notes]
     lines += ["", "## Transactions by kind", "", "| kind | count |", "|---|---:|"]
     lines += [f"| {k} | {n:,} |" for k, n in sorted(v["by_kind"].items())]
     lines += ["", "## Violations", "", "| kind | count | sample trace ids |", "|---|---:|---|"]

@@ -37,6 +37,18 @@ CHECK_KINDS = ("expected", "early", "raced", "unexpected", "duplicate")
 _PCTS = (0.5, 0.9, 0.99, 0.999)
 
 
+def pacing(replay_rate: float | None, trace_rate: float) -> dict:
+    """How the replay paced its sends (``verify.json``'s ``pacing``): ``schedule`` (each
+    transaction due at its trace ``start_ms``; ``rate`` = the trace's mean), ``rate`` (row
+    ``id / rate``, ``--rate R``) or ``unthrottled`` (``--rate 0``: all due at once, so the
+    figures are the broker's ceiling, not the trace's load)."""
+    if replay_rate is None:
+        return {"mode": "schedule", "rate": trace_rate}
+    if replay_rate == 0:
+        return {"mode": "unthrottled", "rate": None}
+    return {"mode": "rate", "rate": replay_rate}
+
+
 def _load(spark, fs: WorkFS, trace_uri: str, results_uri: str):
     meta = TraceMeta.read(fs, trace_uri)
     try:
@@ -177,6 +189,7 @@ def verify(spark, trace_dir: str | Path, results_dir: str | Path, grace_ms: floa
         "timeline": timeline,
         "broker": meta.broker.__dict__,
         "grace_ms": grace_ms,
+        "pacing": pacing(run_meta.get("rate"), meta.rate),
     }
     checks.unpersist()
     j.unpersist()

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
+from pathlib import Path
 
+import click
 import pyarrow.parquet as pq
 from bench_helpers import E2E_BROKER
 from click.testing import CliRunner
@@ -38,17 +41,29 @@ def _summary(output: str) -> dict[str, str]:
     return rows
 
 
-def test_bench_run_generate_and_report_through_the_cli(spark, tmp_path):
+def test_bench_run_generate_and_report_through_the_cli(spark, tmp_path, monkeypatch):
     partitions = spark.conf.get("spark.sql.shuffle.partitions")
     runner = CliRunner()
-    work = tmp_path / "work"
+    # no --work-dir: the run makes a temp dir (here under tmp_path) and names it at the end
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     try:
         run = runner.invoke(main, ["bench", "run", "--transactions", str(TRANSACTIONS),
-                                   "--work-dir", str(work), "--tasks", "2", *TRACE_OPTIONS])
+                                   "--tasks", "2", *TRACE_OPTIONS])
         assert run.exit_code == 0, (run.exit_code, run.output, run.exception)
+        last = run.stdout.splitlines()[-1]
+        m = re.fullmatch(r"work dir (\S+) \(trace/, results/, report/, spark\.log; [\d.,]+ MB\) is "
+                         r"left for inspection; remove it with rm -r (\S+)", last)
+        assert m and m.group(1) == m.group(2), run.stdout
+        work = Path(m.group(1))
+        assert work.parent == tmp_path and work.name.startswith("txbroker-bench-run-")
         table = _summary(run.stdout)
         assert table["violations"] == "0", run.stdout
         assert table["transactions"] == f"{TRANSACTIONS:,}", run.stdout
+        # the trace's schedule was followed, and the lag against it is shown and explained
+        assert table["replay pacing"] == "trace schedule (2,000 tx/s mean)", run.stdout
+        assert "schedule_lag_ms p50 / p99 / max" in table
+        assert any(line.startswith("schedule_lag_ms: how late each transaction's send began")
+                   for line in run.stdout.splitlines()), run.stdout
         trace = pq.read_table(work / "trace").to_pylist()
         commits = sum(r["expected_outcome"] == "commit" for r in trace)
         scripted = sum(r["expected_checks"] for r in trace)
@@ -88,6 +103,23 @@ def test_bench_run_generate_and_report_through_the_cli(spark, tmp_path):
     for name in FILES:
         assert (out / name).stat().st_size > 0, name
     assert (out / "report.md").read_text() == (work / "report" / "report.md").read_text()
+
+
+def test_every_bench_option_has_help():
+    """``--help`` explains every option of every bench command (run's -n, --concurrency,
+    --tasks, --seed and --topics had none)."""
+    runner = CliRunner()
+    group = main.commands["bench"]
+    for name, command in group.commands.items():
+        out = runner.invoke(main, ["bench", name, "--help"], terminal_width=200).stdout
+        for param in command.params:
+            if isinstance(param, click.Option):
+                assert param.help, (name, param.opts)
+                assert param.help.split()[0] in out, (name, param.opts, out)
+    out = runner.invoke(main, ["bench", "run", "--help"], terminal_width=200).stdout
+    for text in ("transactions in the generated trace", "transactions in flight per Spark task",
+                 "Spark tasks replaying", "random seed", "topics the transactions spread over"):
+        assert text in out, (text, out)
 
 
 def test_unusable_work_dir_is_one_error_line_before_spark_starts(tmp_path):

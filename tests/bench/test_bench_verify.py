@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 from bench_helpers import read_rows, write_rows
@@ -101,3 +102,32 @@ def test_verify_refuses_a_directory_that_is_not_results(spark, e2e_run, tmp_path
                                   "--results", str(tmp_path)])
     assert r.exit_code == 2
     assert "not a results directory" in r.output
+
+
+def test_the_summary_says_how_the_replay_was_paced(spark, e2e_run, tmp_path):
+    """verify and the report say whether the replay kept to the trace schedule, a fixed rate
+    or ran unthrottled (read from the results' metadata), and what schedule_lag_ms means then."""
+    work, summary, _ = e2e_run
+    assert summary["pacing"] == {"mode": "schedule", "rate": 2000.0}  # the e2e run's trace
+    assert summary["latency_ms"]["schedule_lag_ms"]["n"] == summary["transactions"]
+    for rate, words, meaning in ((None, "trace schedule (2,000 tx/s mean)", "due: its start time in the trace"),
+                                 (250.0, "fixed rate (250 tx/s, --replay-rate)", "due: its trace id / the rate"),
+                                 (0, "unthrottled (--replay-rate 0)", "not lateness")):
+        res = _copy(work, tmp_path / f"results-{rate}")
+        meta_file = res / "_txbroker_results.json"
+        meta = json.loads(meta_file.read_text())
+        meta_file.write_text(json.dumps({**meta, "rate": rate}))
+        (res / "._txbroker_results.json.crc").unlink(missing_ok=True)  # Hadoop's checksum of the old text
+        r = CliRunner().invoke(main, ["bench", "verify", "--trace", str(work / "trace"),
+                                      "--results", str(res)])
+        assert r.exit_code == 0, r.output
+        lines = r.stdout.splitlines()
+        assert f"replay pacing: {words}" in lines, r.stdout
+        [note] = [line for line in lines if line.startswith("schedule_lag_ms: ")]
+        assert meaning in note, note
+        out = tmp_path / f"report-{rate}"
+        rep = CliRunner().invoke(main, ["bench", "report", "--results", str(res), "--out", str(out)])
+        assert rep.exit_code == 0, rep.output
+        md = (out / "report.md").read_text()
+        assert f"| replay pacing | {words} |" in md and "| schedule_lag_ms p50 / p99 / max |" in md
+        assert meaning in md

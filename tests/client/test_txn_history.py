@@ -141,7 +141,8 @@ async def test_show_after_producer_check_back_and_discard(broker, namesrv) -> No
 
             await eventually(discarded, 15, "the hanging half discarded")
             doc = await admin.txn_show(checked)
-            assert (doc["state"], doc["source"]) == ("committed", "check")
+            # committed by the answer to the first check-back
+            assert (doc["state"], doc["source"], doc["checks"]) == ("committed", "check", 1)
             # a check-back waits out the transaction timeout (0.5 s) before it is sent
             assert doc["decided_at"] - doc["prepared_at"] >= 500
             discarded = await admin.txn_show(hanging)
@@ -149,13 +150,15 @@ async def test_show_after_producer_check_back_and_discard(broker, namesrv) -> No
     assert discarded["decided_at"] - discarded["prepared_at"] >= 500
     out = cli_ok(await run_cli("txn", "show", checked, *ns))
     assert _line(out, "decided by") == "producer's answer to a check-back"
+    assert _line(out, "checks") == "1"
     out = cli_ok(await run_cli("txn", "show", hanging, *ns))
     assert (_line(out, "state"), _line(out, "decided by")) == (
         "discarded", "check service (no answer after 2 checks)")
     # an operator may still decide a half the check service gave up on; the history follows
     cli_ok(await run_cli("txn", "commit", hanging, "--operator", "ops", *ns))
     doc = await _show(ns, hanging)
-    assert (doc["state"], doc["source"], doc["operator"]) == ("committed", "operator", "ops")
+    assert (doc["state"], doc["source"], doc["operator"], doc["checks"]) == (
+        "committed", "operator", "ops", 2)
     assert doc["decided_at"] >= discarded["decided_at"]
     await eventually(lambda: broker.tx.pending_count() == broker.tx.discarded_count() == 0,
                      msg="nothing left open")

@@ -78,6 +78,19 @@ async def test_list_show_hanging_and_abort_of_an_open_kafka_transaction(kafka_br
         assert row["partitions"] == [[TOPIC, 0]] and row["timeout_ms"] == 1000
         assert row["producer_id"] >= 0 and row["producer_epoch"] >= 0 and row["age_ms"] >= 0
         epoch = row["producer_epoch"]
+        # --state means the same for both kinds: open is "pending", so "all" has it too, and
+        # no Kafka transaction is ever "discarded"
+        assert TID in cli_ok(await run_cli("txn", "list", "--state", "all", *ns))
+        assert orjson.loads(cli_ok(await run_cli("txn", "list", "--state", "discarded", "--json", *ns))) == []
+        assert "Kafka" not in cli_ok(await run_cli("txn", "list", "--state", "discarded", *ns))
+
+        # commit, rollback and resume are half-message decisions: they point to abort
+        for decision in ("commit", "rollback", "resume"):
+            err = cli_one_line_error(await run_cli("txn", decision, TID, "--operator", "bob", *ns))
+            assert err == (f"error: txn {decision} at {kafka_broker.broker_addr}: {TID} is a Kafka "
+                           "transactional id, not a half message: an operator can only abort a "
+                           f"Kafka transaction: txbroker txn abort {TID}"), err
+        assert orjson.loads(cli_ok(await run_cli("txn", "show", TID, "--json", *ns)))["state"] == "Ongoing"
 
         # past its 1 s timeout (the scan that would abort it runs once an hour): hanging
         async def hanging() -> list[dict]:
@@ -107,8 +120,19 @@ async def test_list_show_hanging_and_abort_of_an_open_kafka_transaction(kafka_br
     assert await _committed_values(kafka_bootstrap) == [b"plain-1"]
     again = cli_ok(await run_cli("txn", "abort", TID, "--operator", "alice", *ns)).strip()
     assert again.startswith(f"abort {TID}: no open transaction") and "nothing changed" in again
-    assert TID in cli_ok(await run_cli("txn", "list", "--state", "all", *ns))
+    # aborted: no longer open, so listed only among every transactional id
+    assert "Kafka" not in cli_ok(await run_cli("txn", "list", "--state", "all", *ns))
     assert "open Kafka" not in cli_ok(await run_cli("txn", "list", *ns))
+    every = cli_ok(await run_cli("txn", "list", "--kafka-all", *ns))
+    assert "1 Kafka transaction(s)" in every and TID in every
+
+
+async def test_txn_help_names_both_kinds_and_abort():
+    out = cli_ok(await run_cli("txn", "--help"))
+    # the group's own description, not only the command list below it
+    description = out.partition("\n\n")[2].partition("Options:")[0]
+    assert "abort" in description and "Kafka" in description, description
+    assert "txn abort" in cli_ok(await run_cli("txn", "commit", "--help"))
 
 
 async def test_unknown_transactional_id_is_a_one_line_error(kafka_broker):

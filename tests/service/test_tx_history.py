@@ -12,7 +12,8 @@ C, R, D = HalfState.COMMITTED, HalfState.ROLLED_BACK, HalfState.DISCARDED
 
 def decided(qo: int, state: HalfState = C, source: str = "producer", operator: str | None = None,
             at: int | None = None) -> Decided:
-    return Decided(qo, state, source, operator, 1_000 + qo if at is None else at, f"ID{qo}")
+    return Decided(qo, state, source, operator, 1_000 + qo if at is None else at, f"ID{qo}",
+                   qo % 3 or None)  # a count, or None: not known
 
 
 def test_bound_evicts_the_oldest_decision_and_its_id() -> None:
@@ -73,4 +74,11 @@ def test_export_load_round_trip_and_bad_exports_are_refused() -> None:
             loaded.load({**doc, key: bad})
     with pytest.raises(ValueError):
         loaded.load({"qo": []})
+    with pytest.raises(ValueError):
+        loaded.load({**doc, "checks": [1, "2", None]})
+    # a snapshot from before counts were kept: every count is not known (never 0)
+    old = TxHistory(10)
+    old.load({k: v for k, v in doc.items() if k != "checks"})
+    assert [old.get(qo).checks for qo in (3, 1, 2)] == [None, None, None]
+    assert old.get(1)._replace(checks=1) == decided(1, C, "operator", "bob")
     assert loaded.export() == doc  # unchanged by the refused loads

@@ -95,6 +95,9 @@ def test_crash_between_final_message_and_op_record(tmp_path) -> None:
             # who committed died with the op record: the history says so instead of guessing
             shown = node.tx.show("U1")
             assert (shown["state"], shown["source"], shown["operator"]) == ("committed", "unknown", None)
+            # ...and so did the count of check-backs: left out, not shown as 0
+            assert "checks" not in shown
+            assert node.tx.show("H1")["checks"] == 0  # the producer decided before any check
             assert node.tx.show("H1")["source"] == node.tx.show("H2")["source"] == "producer"
             # start() wrote the missing op record
             ops = op_records(node)
@@ -188,6 +191,19 @@ async def test_restart_rebuilds_pending_resolved_counts_and_discards(tmp_path, s
         finally:
             await producer.close()
         assert sorted(m.body for m in visible(node)) == [b"c", b"p", b"s"]
+        # a decided half shows how many check-backs it took (P: 2 before the restart, the
+        # answered one after; S: 2 since its resume, then the answered one)
+        counts = {i: tx.show(i).get("checks") for i in "CRDPS"}
+        assert counts == {"C": 0, "R": 0, "D": 3, "P": 3, "S": 3}, counts
+    finally:
+        await node.close()
+    # the counts of decided halves survive a restart: in the snapshot, or in the op records
+    if not snapshot:
+        (data / "txstate.snapshot").unlink()
+    node = await open_node(tx_config(data), clock)
+    try:
+        assert node.tx.recovered_from_snapshot is snapshot
+        assert {i: node.tx.show(i).get("checks") for i in "CRDPS"} == counts
     finally:
         await node.close()
 

@@ -334,16 +334,31 @@ class AdminClient:
         The answer's ``outcome`` is ``apply`` or ``duplicate`` (it was already so: nothing
         written).  A contradicting decision raises :class:`BrokerError` with code
         TRANSACTION_FAILED and a remark such as ``transaction <id> is already committed;
-        rollback refused``; an unknown id raises :class:`TransactionNotFoundError`."""
+        rollback refused``; an unknown id raises :class:`TransactionNotFoundError`, and a
+        Kafka transactional id its subclass :class:`KafkaTransactionalIdError` (a Kafka
+        transaction is decided by its producer; an operator can only abort it,
+        :meth:`kafka_txn_abort`)."""
         if decision not in DECISIONS:
             raise ValueError(f"decision must be one of {', '.join(DECISIONS)}")
         if not operator:
             raise ValueError("an operator name is required")
         if not txn_id or not isinstance(txn_id, str):
             raise ValueError("a transaction id is required")
-        return await self._txn_request(RequestCode.TXN_DECIDE, TxnDecideRequestHeader(
-            id=txn_id, decision=decision, operator=operator), txn_id,
-            f"{decision} transaction {txn_id}")
+        try:
+            return await self._txn_request(RequestCode.TXN_DECIDE, TxnDecideRequestHeader(
+                id=txn_id, decision=decision, operator=operator), txn_id,
+                f"{decision} transaction {txn_id}")
+        except TransactionNotFoundError as missing:
+            # TXN_DECIDE knows half messages only; TXN_SHOW also answers Kafka ids, so an
+            # operator who typed a transactional id learns what applies to it instead
+            try:
+                doc = await self.txn_show(txn_id)
+            except TransactionNotFoundError:
+                raise missing from None
+            if doc.get("kind") != "kafka":
+                raise
+            addr = self.brokers.get(str(doc.get("broker")), ", ".join(missing.addrs))
+            raise KafkaTransactionalIdError(txn_id, addr) from None
 
     async def kafka_txn_list(self, *, open_only: bool = False, hanging: bool = False) -> list[dict]:
         """Kafka transactions of every master (each row with ``broker`` and ``address``):
@@ -400,10 +415,20 @@ class TransactionNotFoundError(LocatedError):
     """No broker knows the transaction id: never prepared there, or decided so long ago that
     its decision history forgot it (``transaction_history_size``)."""
 
-    def __init__(self, txn_id: str, addrs: list[str]) -> None:
-        super().__init__(f"no transaction {txn_id}", ", ".join(addrs))
+    def __init__(self, txn_id: str, addrs: list[str], reason: str | None = None) -> None:
+        super().__init__(reason or f"no transaction {txn_id}", ", ".join(addrs))
         self.txn_id = txn_id
         self.addrs = addrs
+
+
+class KafkaTransactionalIdError(TransactionNotFoundError):
+    """A half-message decision named a Kafka transactional id: no half message has it, and a
+    Kafka transaction is committed or aborted by its producer; an operator can only abort it
+    (KAFKA_TXN_ABORT, which also fences the producer)."""
+
+    def __init__(self, txn_id: str, addr: str) -> None:
+        super().__init__(txn_id, [addr], f"{txn_id} is a Kafka transactional id, not a half "
+                         "message: an operator can only abort a Kafka transaction")
 
 
 def _in_sync_names(doc: dict, docs: Iterable[dict]) -> list[str]:

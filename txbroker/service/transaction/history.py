@@ -12,10 +12,13 @@ operator *who* decided, *when*, or to find the half again by its transaction id 
 * the state (committed, rolled back, discarded), the decision source (``producer`` = the
   producer's END_TRANSACTION, ``check`` = an answer to a check-back or the check service
   giving up, ``operator``, or ``unknown`` when a record written without it was replayed) and
-  the operator's name, and the decision time.
+  the operator's name, and the decision time;
+* the number of check-backs sent before the decision (None when it is not known: a commit
+  whose op record a crash prevented, an op record written without it), so ``txn show`` can
+  say how many check-backs a check answer or a discard took rather than print a wrong 0.
 
 An entry costs 400-500 bytes (measured with ``tracemalloc``: the tuple, its two dict slots,
-two ints and the 32-character id string; the upper figure once eviction has churned the
+two ints, the count (a small int, shared) and the 32-character id string; the upper figure once eviction has churned the
 dicts), so the default 100,000 entries hold 40-50 MB;
 a busy broker that wants a longer memory of ids raises the bound, a small one lowers it.  Recovery rebuilds it from the op records
 (which carry the source, operator and transaction id) or from the clean-close snapshot.
@@ -50,6 +53,7 @@ class Decided(NamedTuple):
     operator: str | None
     decided_at: int             # ms, the broker's clock
     txn_id: str | None          # UNIQ_KEY of the half
+    checks: int | None          # check-backs sent before the decision; None: not known
 
 
 _QO, _ID = 0, 5  # field positions, for the plain tuples stored
@@ -128,23 +132,27 @@ class TxHistory:
                 "source": "".join(SOURCES[e.source] for e in entries),
                 "operator": [e.operator for e in entries],
                 "at": [e.decided_at for e in entries],
-                "id": [e.txn_id for e in entries]}
+                "id": [e.txn_id for e in entries],
+                "checks": [e.checks for e in entries]}
 
     def load(self, doc: dict[str, Any]) -> None:
         """Replace the content with an :meth:`export`; ValueError if it is malformed (then the
-        content is unchanged)."""
+        content is unchanged).  A snapshot written before counts were kept has no ``checks``
+        column: its counts load as not known."""
         try:
             qos, ats, operators, ids = doc["qo"], doc["at"], doc["operator"], doc["id"]
+            checks = doc.get("checks", [None] * len(qos) if isinstance(qos, list) else None)
             states = [_STATE_OF[c] for c in doc["state"]]
             sources = [_SOURCE_OF[c] for c in doc["source"]]
         except (KeyError, TypeError) as exc:
             raise ValueError(f"history: {exc!r}") from None
-        columns = (qos, ats, operators, ids, states, sources)
+        columns = (qos, ats, operators, ids, states, sources, checks)
         if (not all(isinstance(c, list) for c in columns) or len({len(c) for c in columns}) != 1
                 or not all(type(x) is int for x in qos) or not all(type(x) is int for x in ats)
-                or not all(x is None or type(x) is str for x in (*operators, *ids))):
+                or not all(x is None or type(x) is str for x in (*operators, *ids))
+                or not all(x is None or type(x) is int for x in checks)):
             raise ValueError("history: columns of different lengths or types")
         self._by_offset = OrderedDict(zip(qos, zip(qos, states, sources, operators, ats, ids,
-                                                   strict=True), strict=True))
+                                                   checks, strict=True), strict=True))
         self._by_id = {txn_id: qo for qo, txn_id in zip(qos, ids, strict=True) if txn_id}
         self._evict()

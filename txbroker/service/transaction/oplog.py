@@ -13,9 +13,11 @@ _TOPIC                        decimal, one record per decision (no 5.x batching:
                               5.x bodies ``"17,18,"``).  Property ``TXB_STATE`` = ``committed``
                               or ``rolled_back``; ``TXB_SOURCE`` = ``producer``, ``check`` or
                               ``operator``; ``TXB_OPERATOR`` when an operator decided;
-                              ``__transactionId__`` = the half's UNIQ_KEY; born timestamp =
-                              the decision time.  A record without them (RocketMQ's, or older
-                              txbroker's) replays as source ``unknown``.
+                              ``__transactionId__`` = the half's UNIQ_KEY;
+                              ``TRANSACTION_CHECK_TIMES`` = check-backs sent before the
+                              decision; born timestamp = the decision time.  A record without
+                              them (RocketMQ's, or older txbroker's) replays as source
+                              ``unknown`` and an unknown count.
 same                   ``c``  check counts, one record per check pass: body
                               ``"<half queue offset>:<checks so far>,"`` repeated.  Counts are
                               absolute, so replaying is idempotent.
@@ -32,7 +34,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from txbroker.service.transaction.history import Decided
-from txbroker.store.record import PROPERTY_TRANSACTION_ID
+from txbroker.store.record import (
+    PROPERTY_TRANSACTION_CHECK_TIMES,
+    PROPERTY_TRANSACTION_ID,
+)
 
 #: RocketMQ's op tag (TransactionalMessageUtil.REMOVETAG): the half is decided.
 OP_TAG_DONE = "d"
@@ -95,4 +100,13 @@ def decision_properties(decided: Decided) -> dict[str, str]:
         props[PROPERTY_OPERATOR] = decided.operator
     if decided.txn_id:
         props[PROPERTY_TRANSACTION_ID] = decided.txn_id
+    if decided.checks is not None:
+        props[PROPERTY_TRANSACTION_CHECK_TIMES] = str(decided.checks)
     return props
+
+
+def check_times(properties: dict[str, str]) -> int | None:
+    """``TRANSACTION_CHECK_TIMES`` of a ``d`` record or discard copy; None when absent or
+    malformed (a count not known is not shown as 0)."""
+    raw = properties.get(PROPERTY_TRANSACTION_CHECK_TIMES, "")
+    return int(raw) if is_uint(raw) else None

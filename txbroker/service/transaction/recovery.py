@@ -46,6 +46,7 @@ from txbroker.service.transaction.oplog import (
     PROPERTY_OPERATOR,
     PROPERTY_SOURCE,
     PROPERTY_STATE,
+    check_times,
     is_uint,
     parse_counts,
     parse_offsets,
@@ -146,7 +147,7 @@ def recover(bridge: TransactionalMessageBridge, snapshot_path: Path, *, history_
             if is_uint(raw) and resolved.get(int(raw)) is None:
                 discarded.add(int(raw))
                 decided.append((int(raw), HalfState.DISCARDED, "check", None, m.store_ts,
-                                m.properties.get(PROPERTY_UNIQ_KEY)))
+                                m.properties.get(PROPERTY_UNIQ_KEY), check_times(m.properties)))
             continue
         tag = m.properties.get(PROPERTY_TAGS)
         if tag == OP_TAG_DONE:
@@ -156,12 +157,13 @@ def recover(bridge: TransactionalMessageBridge, snapshot_path: Path, *, history_
                      else HalfState.ROLLED_BACK)
             operator = m.properties.get(PROPERTY_OPERATOR)
             source = m.properties.get(PROPERTY_SOURCE) or ("operator" if operator else "unknown")
+            checks = check_times(m.properties)
             for qo in parse_offsets(m.body):
                 resolved.set(qo, state)
                 counts.pop(qo, None)
                 discarded.discard(qo)
                 decided.append((qo, state, source, operator, m.born_ts,
-                                m.properties.get(PROPERTY_TRANSACTION_ID)))
+                                m.properties.get(PROPERTY_TRANSACTION_ID), checks))
         elif tag == OP_TAG_CHECKS:
             for qo, n in parse_counts(m.body):
                 if resolved.get(qo) is None:
@@ -195,9 +197,10 @@ def recover(bridge: TransactionalMessageBridge, snapshot_path: Path, *, history_
                 index.remove(entry.phys, HalfState.COMMITTED)
                 resolved.set(entry.queue_offset, HalfState.COMMITTED)
                 out.missing_ops.append((entry.phys, entry.queue_offset))
-                # who committed died with the op record: say so, do not guess
+                # who committed, and after how many checks, died with the op record: say
+                # so, do not guess (the last persisted count may miss the final pass)
                 out.history.record(Decided(entry.queue_offset, HalfState.COMMITTED, "unknown",
-                                           None, m.store_timestamp, entry.uniq))
+                                           None, m.store_timestamp, entry.uniq, None))
     # Nothing to recover (a new data directory) is not news at start-up.
     log.log(logging.INFO if records or snap is not None else logging.DEBUG,
             "transaction state recovered (%s) from %d records in %.3fs: %d pending, "

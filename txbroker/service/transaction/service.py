@@ -267,7 +267,9 @@ class TransactionalMessageService:
         """TXN_SHOW: the row plus body size, the stored properties and, once decided or
         discarded, the decision: ``source`` (producer, check, operator or unknown),
         ``operator``, ``decided_at`` (ms; None when the history no longer holds it).
-        ``prepared_at`` is the half's store time.  None if the id names no half."""
+        ``prepared_at`` is the half's store time.  ``checks`` is the check-backs sent: the
+        index's count while undecided, the history's once decided, and left out when neither
+        knows it (a count of 0 would be a claim).  None if the id names no half."""
         phys = self.resolve_id(txn_id)
         if phys is None:
             return None
@@ -286,6 +288,12 @@ class TransactionalMessageService:
             row["source"] = known.source if known is not None else "unknown"
             row["operator"] = known.operator if known is not None else None
             row["decided_at"] = known.decided_at if known is not None else None
+            if entry is None:  # decided: only the history knows how many checks it took
+                checks = known.checks if known is not None else None
+                if checks is None:
+                    del row["checks"]
+                else:
+                    row["checks"] = checks
         row["body_size"] = len(half.body)
         row["store_timestamp"] = half.store_timestamp
         row["born_timestamp"] = half.born_timestamp
@@ -445,7 +453,8 @@ class TransactionalMessageService:
         if entry is None:
             entry = self.entry(phys)
         assert entry is not None  # APPLY only from PENDING/DISCARDED, which are indexed
-        decided = Decided(entry.queue_offset, target, source, operator, self._now_ms(), entry.uniq)
+        decided = Decided(entry.queue_offset, target, source, operator, self._now_ms(), entry.uniq,
+                          entry.checks)
         extra = {PROPERTY_STATE: target.value, **decision_properties(decided)}
         if decision is Decision.COMMIT:
             half = self._recall(phys) or self.bridge.read_half(phys)
@@ -506,7 +515,7 @@ class TransactionalMessageService:
             self._recall(entry.phys)
             # a replay reads the discard time from the copy's store timestamp: the same value
             self.history.record(Decided(entry.queue_offset, target, "check", None,
-                                        result.store_timestamp, entry.uniq))
+                                        result.store_timestamp, entry.uniq, entry.checks))
             self.metrics.discards.inc()
             log.warning("half %d (%s, group %s) discarded after %d checks without an answer",
                         entry.phys, entry.uniq, entry.group, entry.checks)
