@@ -1,0 +1,147 @@
+"""Internal re-puts while the store refuses writes: nothing taken from a queue is dropped.
+
+A master whose lease is not known valid, a demotion or the disk guard makes the store refuse
+puts for a while.  Each test refuses puts through the store's real fence (or the disk guard),
+runs an internal path that takes something from a queue and puts it again, checks that nothing
+moved and nothing was lost, lets writes in again and checks the outcome the contract promises.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from broker_wire import TIMEOUT, pull, request, send
+from support.clock import ManualClock
+from support.waiting import eventually
+
+from txbroker.broker import Broker
+from txbroker.remoting.client import RemotingClient
+from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.service.schedule import SCHEDULE_GROUP
+from txbroker.service.topics import SCHEDULE_TOPIC
+
+FENCE = "test: master lease not known valid"
+
+
+class Disk:
+    """The data disk as the disk guard's probe sees it; the test moves ``used``."""
+
+    def __init__(self) -> None:
+        self.used = 50
+
+    def usage(self, path: str) -> tuple[int, int, int]:
+        return 100, self.used, 100 - self.used
+
+
+def refuse(b: Broker, disk: Disk, how: str) -> None:
+    if how == "fence":
+        b.store.fence(FENCE)
+    else:
+        disk.used = 95
+        assert b.store.recheck_disk()
+
+
+def accept(b: Broker, disk: Disk, how: str) -> None:
+    if how == "fence":
+        b.store.fence("")
+    else:
+        disk.used = 50
+        assert not b.store.recheck_disk()
+
+
+async def _broker(broker_config, clock: ManualClock, disk: Disk, **overrides) -> Broker:
+    b = Broker(broker_config.replace(disk_max_used_ratio=0.9, **overrides), clock=clock,
+               disk_usage=disk.usage)
+    await b.start()
+    return b
+
+
+def _bodies(b: Broker, topic: str) -> list[bytes]:
+    res = b.store.get(topic, 0, 0, 100)
+    return [m.body for m in res.messages()] if res.raw else []
+
+
+@pytest.mark.parametrize("how", ["fence", "disk"])
+async def test_delayed_messages_wait_out_a_refusal_and_arrive_once_in_order(
+        broker_config, how, caplog) -> None:
+    clock, disk = ManualClock(follows_real_time=True), Disk()
+    b = await _broker(broker_config, clock, disk)
+    c = RemotingClient(b.broker_addr)
+    await c.connect()
+    try:
+        for i in range(3):
+            resp = await send(c, "Delayed", b"d%d" % i, props={"DELAY": "1"})
+            assert resp.code == ResponseCode.SUCCESS, resp.remark
+        assert b.store.max_offset(SCHEDULE_TOPIC, 0) == 3
+        caplog.set_level(logging.WARNING, logger="txbroker.service.schedule")
+        refuse(b, disk, how)
+        clock.advance(5)  # level 1 (1 s) is due
+        for _ in range(5):  # passes of our own besides the service's periodic ones
+            assert await b.schedule.deliver_due() == 0
+        assert b.store.max_offset("Delayed", 0) == 0
+        assert b.store.offsets.get(SCHEDULE_GROUP, SCHEDULE_TOPIC, 0) in (None, 0)
+        held = [r for r in caplog.records if "held back" in r.getMessage()]
+        assert len(held) == 1, [r.getMessage() for r in held]  # once per cause, not per pass
+        accept(b, disk, how)
+        await eventually(lambda: b.store.max_offset("Delayed", 0) >= 3, 10.0,
+                         lambda: f"{b.store.max_offset('Delayed', 0)} of 3 delivered")
+        assert await b.schedule.deliver_due() == 0  # nothing left to deliver
+        assert _bodies(b, "Delayed") == [b"d0", b"d1", b"d2"]
+        assert b.store.offsets.get(SCHEDULE_GROUP, SCHEDULE_TOPIC, 0) == 3
+    finally:
+        await c.close()
+        await b.stop()
+
+
+async def test_a_retry_sent_back_during_a_refusal_is_not_lost(broker_config) -> None:
+    """Send-back through a delay level: the retry waits in the schedule topic, the store is
+    fenced when it falls due, and it reaches the retry topic once writes are accepted."""
+    clock, disk = ManualClock(follows_real_time=True), Disk()
+    b = await _broker(broker_config, clock, disk)
+    c = RemotingClient(b.broker_addr)
+    await c.connect()
+    try:
+        await send(c, "Work", b"payload")
+        _, msgs = await pull(c, "WG", "Work", 0, 0)
+        resp = await c.invoke(request(RequestCode.CONSUMER_SEND_MSG_BACK, {
+            "offset": str(msgs[0].physical_offset), "group": "WG", "delayLevel": "1"}), TIMEOUT)
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        b.store.fence(FENCE)
+        clock.advance(5)
+        assert await b.schedule.deliver_due() == 0
+        assert b.store.max_offset("%RETRY%WG", 0) == 0
+        b.store.fence("")
+        await eventually(lambda: b.store.max_offset("%RETRY%WG", 0) >= 1, 10.0)
+        assert _bodies(b, "%RETRY%WG") == [b"payload"]
+    finally:
+        await c.close()
+        await b.stop()
+
+
+@pytest.mark.parametrize("level", ["0", "-1"])
+async def test_send_back_refused_by_the_store_fails_so_the_consumer_keeps_it(
+        broker_config, level) -> None:
+    """A refused send-back must not answer success: the consumer then keeps the message and
+    consumes it again (level -1 goes straight to the dead-letter queue, 0 through a delay)."""
+    clock, disk = ManualClock(follows_real_time=True), Disk()
+    b = await _broker(broker_config, clock, disk)
+    c = RemotingClient(b.broker_addr)
+    await c.connect()
+    try:
+        await send(c, "Work", b"payload")
+        _, msgs = await pull(c, "WG", "Work", 0, 0)
+        back = request(RequestCode.CONSUMER_SEND_MSG_BACK, {
+            "offset": str(msgs[0].physical_offset), "group": "WG", "delayLevel": level})
+        b.store.fence(FENCE)
+        resp = await c.invoke(back, TIMEOUT)
+        assert resp.code == ResponseCode.SYSTEM_ERROR
+        assert b.store.max_offset(SCHEDULE_TOPIC, 2) == 0 and b.store.max_offset("%DLQ%WG", 0) == 0
+        b.store.fence("")
+        back = request(RequestCode.CONSUMER_SEND_MSG_BACK, {
+            "offset": str(msgs[0].physical_offset), "group": "WG", "delayLevel": level})
+        resp = await c.invoke(back, TIMEOUT)
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+    finally:
+        await c.close()
+        await b.stop()
