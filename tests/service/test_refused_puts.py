@@ -13,6 +13,7 @@ import logging
 import pytest
 from broker_wire import TIMEOUT, pull, request, send
 from support.clock import ManualClock
+from support.txnode import COMMIT, Producer, open_node, prepare, tx_config, visible
 from support.waiting import eventually
 
 from txbroker.broker import Broker
@@ -20,6 +21,7 @@ from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.service.schedule import SCHEDULE_GROUP
 from txbroker.service.topics import SCHEDULE_TOPIC
+from txbroker.service.transaction.bridge import TransactionalMessageBridge
 
 FENCE = "test: master lease not known valid"
 
@@ -145,3 +147,71 @@ async def test_send_back_refused_by_the_store_fails_so_the_consumer_keeps_it(
     finally:
         await c.close()
         await b.stop()
+
+
+# --- transactions -------------------------------------------------------------------------------
+
+@pytest.fixture
+async def tx_node(tmp_path):
+    node = await open_node(tx_config(tmp_path / "data"), ManualClock())
+    try:
+        yield node
+    finally:
+        await node.close()
+
+
+async def test_no_checks_while_the_store_is_fenced(tx_node) -> None:
+    """A fenced store cannot apply a check's answer, so a check would only burn a count, and
+    more passes than ``transaction_check_max`` would then discard a half its producer commits."""
+    node = tx_node
+    producer = await Producer(node, answer=COMMIT).start()
+    try:
+        result = await prepare(node, producer.conn)
+        node.clock.advance(60)
+        node.store.fence(FENCE)
+        for _ in range(node.config.transaction_check_max + 2):
+            report = await node.tx.check_now()
+            assert report.sent == 0 and report.discarded == 0 and report.skipped == FENCE
+        assert node.tx.entry(result.physical_offset).checks == 0 and producer.checks == []
+        node.store.fence("")
+        assert (await node.tx.check_now()).sent == 1
+        await eventually(lambda: node.tx.pending_count() == 0)
+        assert [m.body for m in visible(node)] == [b"payload"]
+        assert node.tx.discarded_count() == 0
+    finally:
+        await producer.close()
+
+
+class FencingBridge(TransactionalMessageBridge):
+    """Raises the store's real fence while a check pass is under way (as a lease running out
+    would), once the pass has read ``fence_after`` halves."""
+
+    fence_after: int | None = None
+
+    def read_half(self, phys: int):
+        if self.fence_after is not None:
+            self.fence_after -= 1
+            if self.fence_after == 0:
+                self.store.fence(FENCE)
+        return super().read_half(phys)
+
+
+async def test_a_fence_raised_during_a_check_pass_ends_it(tmp_path) -> None:
+    node = await open_node(tx_config(tmp_path / "data", check_concurrency=4), ManualClock(),
+                           bridge=FencingBridge)
+    producer = await Producer(node).start()
+    try:
+        for i in range(12):
+            await prepare(node, producer.conn, uniq=f"U{i}")
+        node.clock.advance(60)
+        node.tx.bridge.fence_after = 2
+        report = await node.tx.check_now()
+        assert report.skipped == FENCE
+        assert report.sent == 4  # the batch under way when the fence came, no more
+        counts = sorted(e.checks for e in node.tx.pending_entries())
+        assert counts == [0] * 8 + [1] * 4
+        node.store.fence("")
+        assert (await node.tx.check_now()).sent == 12
+    finally:
+        await producer.close()
+        await node.close()
