@@ -11,9 +11,20 @@ from __future__ import annotations
 import logging
 
 import pytest
-from broker_wire import TIMEOUT, pull, request, send
+from broker_wire import pull, request, send
 from support.clock import ManualClock
-from support.txnode import COMMIT, Producer, open_node, prepare, tx_config, visible
+from support.txnode import (
+    COMMIT,
+    ROLLBACK,
+    TIMEOUT,
+    Producer,
+    end_cmd,
+    op_records,
+    open_node,
+    prepare,
+    tx_config,
+    visible,
+)
 from support.waiting import eventually
 
 from txbroker.broker import Broker
@@ -22,6 +33,8 @@ from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.service.schedule import SCHEDULE_GROUP
 from txbroker.service.topics import SCHEDULE_TOPIC
 from txbroker.service.transaction.bridge import TransactionalMessageBridge
+from txbroker.service.transaction.state import HalfState, TransactionError
+from txbroker.store.record import CHECK_MAX_TIME_TOPIC
 
 FENCE = "test: master lease not known valid"
 
@@ -215,3 +228,48 @@ async def test_a_fence_raised_during_a_check_pass_ends_it(tmp_path) -> None:
     finally:
         await producer.close()
         await node.close()
+
+
+@pytest.mark.parametrize("decision", [COMMIT, ROLLBACK])
+async def test_end_transaction_refused_by_the_store_is_an_error_and_the_half_stays_pending(
+        tx_node, decision) -> None:
+    node = tx_node
+    producer = await Producer(node).start()
+    try:
+        result = await prepare(node, producer.conn)
+        node.store.fence(FENCE)
+        resp = await producer.client.invoke(
+            end_cmd(result.physical_offset, result.queue_offset, decision), TIMEOUT)
+        assert resp.code == ResponseCode.SYSTEM_ERROR and FENCE in resp.remark
+        entry = node.tx.entry(result.physical_offset)
+        assert entry is not None and entry.state is HalfState.PENDING
+        assert visible(node) == [] and op_records(node) == []
+        node.store.fence("")
+        resp = await producer.client.invoke(
+            end_cmd(result.physical_offset, result.queue_offset, decision), TIMEOUT)
+        assert resp.code == ResponseCode.SUCCESS, resp.remark
+        assert node.tx.pending_count() == 0 and len(op_records(node)) == 1
+        assert [m.body for m in visible(node)] == ([b"payload"] if decision == COMMIT else [])
+    finally:
+        await producer.close()
+
+
+async def test_discard_and_resume_refused_by_the_store_leave_the_half_where_it_was(tx_node) -> None:
+    node = tx_node
+    result = await prepare(node)
+    entry = node.tx.entry(result.physical_offset)
+    entry.checks = node.config.transaction_check_max
+    node.store.fence(FENCE)
+    assert await node.tx.discard(entry) is False
+    assert entry.state is HalfState.PENDING and node.store.max_offset(CHECK_MAX_TIME_TOPIC, 0) == 0
+    node.store.fence("")
+    node.clock.advance(60)  # past its immunity: the next pass discards it
+    assert (await node.tx.check_now()).discarded == 1
+    assert node.tx.discarded_count() == 1
+    node.store.fence(FENCE)
+    with pytest.raises(TransactionError):
+        await node.tx.operator_decide("U1", "resume", operator="ops")
+    assert node.tx.entry(result.physical_offset).state is HalfState.DISCARDED
+    node.store.fence("")
+    done = await node.tx.operator_decide("U1", "resume", operator="ops")
+    assert done["state"] == "pending" and node.tx.entry(result.physical_offset).checks == 0
