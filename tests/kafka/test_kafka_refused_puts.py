@@ -9,7 +9,10 @@ import pytest
 from tests.support.store import store_config
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.records import Record, encode_batch, read_batches
-from txbroker.service.kafka.coordinator import CoordinatorUnavailable, TransactionCoordinator
+from txbroker.service.kafka.coordinator import (
+    CoordinatorUnavailable,
+    TransactionCoordinator,
+)
 from txbroker.service.kafka.txn_log import STATE_TOPIC
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.topics import TopicConfig, TopicManager
