@@ -34,7 +34,7 @@ from txbroker.service.schedule import SCHEDULE_GROUP
 from txbroker.service.topics import SCHEDULE_TOPIC
 from txbroker.service.transaction.bridge import TransactionalMessageBridge
 from txbroker.service.transaction.state import HalfState, TransactionError
-from txbroker.store.record import CHECK_MAX_TIME_TOPIC
+from txbroker.store.record import CHECK_MAX_TIME_TOPIC, Message
 
 FENCE = "test: master lease not known valid"
 
@@ -273,3 +273,22 @@ async def test_discard_and_resume_refused_by_the_store_leave_the_half_where_it_w
     node.store.fence("")
     done = await node.tx.operator_decide("U1", "resume", operator="ops")
     assert done["state"] == "pending" and node.tx.entry(result.physical_offset).checks == 0
+
+
+async def test_a_delayed_message_no_retry_can_store_is_skipped_not_wedging_its_level(
+        broker_config) -> None:
+    """Only refusals are retried: a message the store can never take (here a real topic too
+    long for a record) is logged and skipped, or every later message of its level would wait
+    for ever behind it."""
+    clock, disk = ManualClock(follows_real_time=True), Disk()
+    b = await _broker(broker_config, clock, disk)
+    try:
+        for topic, body in (("x" * 300, b"bad"), ("Delayed", b"good")):
+            result = await b.store.put(b.schedule.wrap(Message(topic, 0, body), 1))
+            assert result.ok
+        clock.advance(5)
+        await eventually(lambda: b.store.max_offset("Delayed", 0) >= 1, 10.0)
+        assert _bodies(b, "Delayed") == [b"good"]
+        assert b.store.offsets.get(SCHEDULE_GROUP, SCHEDULE_TOPIC, 0) == 2
+    finally:
+        await b.stop()
