@@ -4,9 +4,13 @@ A delayed message is stored in ``SCHEDULE_TOPIC_XXXX``, queue ``level - 1``, wit
 and queue in ``REAL_TOPIC``/``REAL_QID`` (RocketMQ's layout).  Because every message in one
 level's queue waits the same time, each queue is due in order: the service only looks at the
 head of each queue, re-puts due messages to their real topic and advances a cursor kept in the
-consumer-offset store (group ``CID_RMQ_SYS_SCHEDULE``).  The cursor is persisted with the other
-offsets, so after a crash a message may be delivered twice, never lost.  Due time is measured
-with the broker's injected clock against the scheduled record's store timestamp.
+consumer-offset store (group ``CID_RMQ_SYS_SCHEDULE``).  The cursor moves past a message only
+once its re-put was stored: when the store refuses the put (a fenced master, a demotion, the
+disk guard) that level's pass stops on the message and the next pass tries it again, so a
+refusal delays delivery, keeps each level's order, and loses nothing.  The cursor is persisted
+with the other offsets, so after a crash a message may be delivered twice, never lost.  Due
+time is measured with the broker's injected clock against the scheduled record's store
+timestamp.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from txbroker.store.record import (
     PROPERTY_REAL_TOPIC,
     Message,
 )
+from txbroker.store.results import PutStatus
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +37,9 @@ SCHEDULE_GROUP = "CID_RMQ_SYS_SCHEDULE"
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 #: How often the queue heads are looked at (real time).
 POLL_INTERVAL = 0.1
+#: Put statuses no retry can turn into a stored message: such a message is skipped (logged),
+#: or it would hold back its whole level for ever.  Every other refusal is retried.
+_NEVER_STORABLE = frozenset({PutStatus.MESSAGE_ILLEGAL, PutStatus.PROPERTIES_SIZE_EXCEEDED})
 
 
 def parse_levels(text: str) -> list[float]:
@@ -45,6 +53,9 @@ class ScheduleService:
         self.clock = clock
         self.delays = parse_levels(levels)
         self._task: asyncio.Task | None = None
+        #: Why the store refused the last re-put ('' = delivering): logged once per cause,
+        #: not once per message every poll.
+        self._held = ""
 
     @property
     def max_level(self) -> int:
@@ -84,8 +95,10 @@ class ScheduleService:
             await asyncio.sleep(POLL_INTERVAL)
 
     async def deliver_due(self) -> int:
-        """Re-put every due message; returns how many were delivered."""
+        """Re-put every due message; returns how many were delivered.  A level whose head
+        the store refuses stops there, its cursor on that message, until the next pass."""
         delivered = 0
+        refused = ""
         now_ms = self.clock() * 1000.0
         for qid, delay in enumerate(self.delays):
             max_off = self.store.max_offset(SCHEDULE_TOPIC, qid)
@@ -101,18 +114,38 @@ class ScheduleService:
                         self.store.offsets.set(SCHEDULE_GROUP, SCHEDULE_TOPIC, qid, cursor)
                         continue
                     break
-                due_stop = False
+                stop = False
                 for m in msgs:
                     if m.store_timestamp + delay * 1000.0 > now_ms:
-                        due_stop = True
+                        stop = True
                         break
-                    await self.store.put(self._unwrap(m))
+                    result = await self.store.put(self._unwrap(m))
+                    if result.ok:
+                        delivered += 1
+                    elif result.status in _NEVER_STORABLE:
+                        log.error("delayed message at level %d offset %d cannot be stored in %s "
+                                  "(%s %s): skipped", qid + 1, m.queue_offset,
+                                  m.properties.get(PROPERTY_REAL_TOPIC), result.status.name,
+                                  result.reason)
+                    else:
+                        refused = refused or result.reason or result.status.name
+                        stop = True
+                        break
                     cursor = m.queue_offset + 1
-                    delivered += 1
                     self.store.offsets.set(SCHEDULE_GROUP, SCHEDULE_TOPIC, qid, cursor)
-                if due_stop:
+                if stop:
                     break
+        self._note_refusal(refused)
         return delivered
+
+    def _note_refusal(self, refused: str) -> None:
+        """Log a refusal when its cause first holds delivery back, and once when it ends."""
+        if refused and refused != self._held:
+            log.warning("delayed delivery held back: the store refuses writes (%s); retried "
+                        "every %.1f s, nothing is lost", refused, POLL_INTERVAL)
+        elif not refused and self._held:
+            log.info("delayed delivery resumed (the store accepts writes again)")
+        self._held = refused
 
     @staticmethod
     def _unwrap(m) -> Message:

@@ -82,7 +82,12 @@ class TransactionalMessageBridge:
         return await self.store.put(self.op_message(tag, body, extra, born_ms=born_ms))
 
     def write_refusal(self) -> str:
-        """Why the store refuses writes now ("" if it accepts them)."""
+        """Why the store refuses writes now ("" if it accepts them): its fence (a master whose
+        lease is not known valid, a demotion, a stop) or the disk guard.  A check pass run
+        while either holds would burn check counts on answers that cannot be applied."""
+        fence = self.store.fenced
+        if fence:
+            return str(fence)
         return self.store.write_refusal()
 
     # --- reads -----------------------------------------------------------------------------

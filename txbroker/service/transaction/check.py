@@ -9,7 +9,9 @@ proportion to what is due, not to what is pending.  For each pending half:
   measured on the broker's store timestamp — never the producer's born timestamp, whose clock
   may be skewed (apache/rocketmq #1517, #9640) — it is left alone;
 * a decision on it is being written right now: left alone (the decision wins);
-* the store refuses writes (the disk guard): the whole pass is skipped, nothing counted;
+* the store refuses writes (its fence: a master whose lease is not known valid, a demotion;
+  or the disk guard): the whole pass is skipped, nothing counted; a refusal that begins while
+  a pass yields between batches ends the pass there;
 * already checked ``transaction_check_max`` times, or older than ``file_reserved_time`` (its
   segment is about to be deleted): discarded to TRANS_CHECK_MAX_TIME_TOPIC;
 * otherwise CHECK_TRANSACTION_STATE goes, one-way, to the connection that sent the half if it
@@ -93,7 +95,7 @@ class CheckPassReport:
     discarded: int = 0
     failed: int = 0             # half unreadable or the send raised
     deferred: int = 0           # its producer was not reading: asked at a later pass
-    skipped: str = ""           # why the whole pass was skipped (the store refuses writes)
+    skipped: str = ""           # why the pass was skipped or stopped (the store refuses writes)
     elapsed: float = 0.0        # seconds
     no_producer_groups: dict[str, int] = field(default_factory=dict)
 
@@ -228,6 +230,11 @@ class CheckService:
             if in_batch >= batch:
                 in_batch = 0
                 await asyncio.sleep(0)
+                refusal = tx.write_refusal()
+                if refusal:  # fenced meanwhile: the rest would only burn counts
+                    report.skipped = refusal
+                    log.warning("check pass stopped: the store refuses writes (%s)", refusal)
+                    break
         report.sent = len(checked)
         report.no_producer = sum(missing.values())
         report.no_producer_groups = dict(missing)
