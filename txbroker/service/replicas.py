@@ -306,12 +306,16 @@ class ReplicasInfo:
 
     # --- the controller's own elections --------------------------------------------------
     def scan(self) -> list[GroupView]:
-        """The periodic check: groups whose master's lease expired, or that lost their master
-        and now have a live in-sync member, get an election.  Returns the groups whose master
-        changed (elected, or cleared because no candidate was alive).
+        """The periodic check: a group whose master's lease expired gets an election when a
+        live in-sync member can win it.  Returns the groups whose master changed.
 
-        A cleared master (master id None, epoch bumped, MASTER_NOT_AVAILABLE to anyone who
-        asks) is not cleared again: the epoch moves only when the master does.
+        With no candidate, nothing changes: the master keeps its id and epoch (RocketMQ
+        clears it and moves the epoch; docs/cluster.md says why we do not).  Nobody else
+        could have been elected, so the silent master, once its heartbeats reach the
+        controller again, simply renews its lease and carries on, and a controller cut off
+        from every broker causes no change of master at all when the cut heals.  A group
+        without a master (a state written by an older version) elects the first in-sync
+        member that is alive.
         """
         changed = []
         for name in sorted(self._groups):
@@ -322,13 +326,9 @@ class ReplicasInfo:
             if master is not None and self.is_alive(name, master):
                 continue
             new = self._candidate(group)
-            if new is not None:
-                self._promote(group, new)
-            elif master is not None:
-                group.master_broker_id = None
-                group.master_epoch += 1
-            else:
+            if new is None:
                 continue
+            self._promote(group, new)
             changed.append(group.view())
         return changed
 
