@@ -349,7 +349,8 @@ class Broker:
             self.registrar = BrokerRegistrar(cfg, broker_addr=self.broker_addr,
                                              ha_addr=roles.ha_addr, identity=roles.name_server_id,
                                              topic_table=self._registered_topics,
-                                             on_master=roles.learned_master)
+                                             on_master=roles.learned_master,
+                                             epoch=lambda: roles.epoch)
             self.topics.add_listener(self.registrar.trigger)
             await self.registrar.start()
 
