@@ -197,9 +197,12 @@ class Broker:
                 self.kafka_txn.recover()
             await self._start_services(broker_sock, ns_sock, metrics_sock)
         except BaseException:
+            # Servers first: a listener already serving is closed by its server, which takes
+            # it off the event loop; closing its socket under it would leave the loop watching
+            # a dead descriptor that the next socket reuses.
+            await self.stop()
             for s in socks:
                 s.close()
-            await self.stop()
             raise
         log.info("%s", self.startup_summary(report, acl))
 

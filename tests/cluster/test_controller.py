@@ -68,7 +68,8 @@ class FakeBroker:
 
     async def heartbeat(self, max_offset: int = 0) -> RemotingCommand:
         return await self.call(RequestCode.BROKER_HEARTBEAT, BrokerHeartbeatRequestHeader(
-            cluster_name="DefaultCluster", broker_addr="127.0.0.1:1", broker_name=NAME,
+            cluster_name="DefaultCluster", broker_addr=f"127.0.0.1:{10911 + 10 * self.broker_id}",
+            broker_name=NAME,
             broker_id=self.broker_id, epoch=self.epoch, max_offset=max_offset))
 
     async def elect(self) -> RemotingCommand:

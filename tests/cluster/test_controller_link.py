@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from support.cluster import InProcessCluster
+from support.waiting import eventually
 
 from txbroker.bench.chaos.faultproxy import FaultProxy
 from txbroker.config import BrokerConfig
@@ -23,6 +25,7 @@ from txbroker.remoting.controller_headers import (
 from txbroker.service.controller_link import (
     ControllerError,
     ControllerLink,
+    IdentityTaken,
     MasterInfo,
     ReplicaState,
 )
@@ -186,3 +189,42 @@ async def test_views_apply_in_order_and_set_changes_are_kept() -> None:
     assert link.master.master_id == 0
     assert [(i.master_id, i.master_epoch) for i in link.applied] == [(0, 2)]
     await link.close()
+
+
+@pytest.mark.slow
+async def test_a_broker_identity_held_by_a_live_process_is_refused(broker_config,
+                                                                   tmp_path) -> None:
+    """Two brokers started as broker-a id 0: the second stops at start naming the identity and
+    the address holding it; the first stays master.  Its restart (same address) is accepted."""
+    ctl = ControllerProcess(ControllerConfig(port=0, data_dir=str(tmp_path / "ctl"), lease=1.0))
+    await ctl.start()
+    base = broker_config.replace(controller_addr=ctl.addr, controller_lease=1.0,
+                                 controller_heartbeat_interval=0.2)
+    try:
+        async with InProcessCluster(base, tmp_path) as c:
+            await c.namesrv()
+            a = await c.broker("broker-a")
+            assert a.roles.is_master
+            with pytest.raises(IdentityTaken) as err:
+                await c.broker("broker-a", data_dir=tmp_path / "twin")
+            text = str(err.value)
+            assert "broker-a id 0" in text and a.broker_addr in text and "\n" not in text
+            assert ctl.state.replicas("broker-a")[0][0] == a.broker_addr
+            await asyncio.sleep(0.5)
+            assert a.roles.is_master and a.store.fenced == ""
+            assert ctl.state.replica_info("broker-a").master_epoch == 1
+            # A heartbeat from another address under the held id renews nothing.
+            twin = link_for(ctl.addr)
+            with pytest.raises(IdentityTaken):
+                await twin.heartbeat()
+            assert twin.renewed_at == float("-inf")
+            await twin.close()
+            # The holder restarts on its own address: accepted, it is master again.
+            addr, data_dir = a.broker_addr, a.config.data_dir
+            c.brokers.remove(a)
+            await a.stop()
+            port = int(addr.rsplit(":", 1)[1])
+            again = await c.broker("broker-a", data_dir=data_dir, broker_port=port)
+            await eventually(lambda: again.roles.is_master, 10, "the restarted broker is master")
+    finally:
+        await ctl.stop()

@@ -10,6 +10,7 @@ from support.clock import ManualClock
 
 from txbroker.remoting.codes import ResponseCode
 from txbroker.service.replicas import (
+    BrokerIdInvalid,
     BrokerNotAlive,
     ElectMasterFailed,
     FencedMasterEpoch,
@@ -259,3 +260,24 @@ def test_serialize_round_trip(state: ReplicasInfo, clock: ManualClock) -> None:
         ReplicasInfo.from_json({"version": 99, "groups": []})
     with pytest.raises(ValueError, match="malformed"):
         ReplicasInfo.from_json({"version": 1, "groups": [{"brokerName": "x"}]})
+
+
+def test_an_identity_held_by_a_live_address_is_refused(state: ReplicasInfo,
+                                                        clock: ManualClock) -> None:
+    register(state, 0, 1)
+    state.elect(NAME, 0)
+    with pytest.raises(BrokerIdInvalid) as err:
+        state.register("DefaultCluster", NAME, 0, "127.0.0.1:20911", "127.0.0.1:20912")
+    assert err.value.code == ResponseCode.CONTROLLER_BROKER_ID_INVALID
+    assert "127.0.0.1:10911" in err.value.remark
+    with pytest.raises(BrokerIdInvalid):  # its heartbeats renew nothing either
+        state.heartbeat(NAME, 0, epoch=1, address="127.0.0.1:20911")
+    assert state.replicas(NAME)[0] == ("127.0.0.1:10911", "127.0.0.1:10912")
+    # the holder's restart on its own address is accepted
+    state.register("DefaultCluster", NAME, 0, "127.0.0.1:10911", "127.0.0.1:10912")
+    # once the holder's lease ran out the id may move (the broker came back elsewhere)
+    clock.advance(LEASE + 0.01)
+    with pytest.raises(InvalidReplicas):
+        state.heartbeat(NAME, 0, epoch=1, address="127.0.0.1:20911")
+    state.register("DefaultCluster", NAME, 0, "127.0.0.1:20911", "127.0.0.1:20912")
+    assert state.replicas(NAME)[0] == ("127.0.0.1:20911", "127.0.0.1:20912")

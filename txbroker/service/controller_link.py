@@ -57,10 +57,20 @@ class ControllerError(Exception):
 
     ``info`` is the group's view when the refusal carried it (master fields and set body)."""
 
-    def __init__(self, message: str, code: int = -1, info: MasterInfo | None = None) -> None:
+    def __init__(self, message: str, code: int = -1, info: MasterInfo | None = None,
+                 remark: str = "") -> None:
         super().__init__(message)
         self.code = code
         self.info = info
+        #: The controller's own words (a refusal's remark).
+        self.remark = remark
+
+
+class IdentityTaken(OSError):
+    """The controller refused this broker's name and id: another live process holds them.
+
+    Like a port in use, it stops a starting broker (one error line, exit 1); a running broker
+    that meets it stops renewing its lease, so it stays fenced, and logs it once."""
 
 
 @dataclass(frozen=True)
@@ -158,9 +168,20 @@ class ControllerLink:
             cluster_name=cfg.cluster_name, broker_name=cfg.broker_name, broker_id=cfg.broker_id,
             broker_address=self.broker_addr, ha_server_addr=self.ha_addr,
             invoke_time=int(time.time() * 1000)).to_ext()
-        info = MasterInfo.from_command(await self._call(RequestCode.CONTROLLER_REGISTER_BROKER, ext))
+        try:
+            resp = await self._call(RequestCode.CONTROLLER_REGISTER_BROKER, ext)
+        except ControllerError as exc:
+            raise self._taken(exc) from None
+        info = MasterInfo.from_command(resp)
         await self._learn(info)
         return info
+
+    def _taken(self, exc: ControllerError) -> Exception:
+        """BROKER_ID_INVALID as :class:`IdentityTaken`, naming the identity and its holder."""
+        if exc.code != ResponseCode.CONTROLLER_BROKER_ID_INVALID:
+            return exc
+        return IdentityTaken(f"controller refuses {self.config.broker_name} id "
+                             f"{self.config.broker_id} at {self.broker_addr}: {exc.remark}")
 
     async def elect(self) -> MasterInfo:
         """CONTROLLER_ELECT_MASTER for this group (the first election: the asker wins)."""
@@ -237,7 +258,7 @@ class ControllerLink:
                                     ok=(ResponseCode.SUCCESS, ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH))
         except ControllerError as exc:
             if exc.code != ResponseCode.CONTROLLER_INVALID_REPLICAS:
-                raise
+                raise self._taken(exc) from None
             # The controller does not know this broker (its state was reset): join again.
             return await self.register()
         info = MasterInfo.from_command(resp)
@@ -308,7 +329,8 @@ class ControllerLink:
                 if info is not None:
                     await self._learn(info)
                 raise ControllerError(f"controller {client.addr} refused request {code}: {resp.code} "
-                                      f"{resp.remark or ''}".rstrip(), resp.code, info)
+                                      f"{resp.remark or ''}".rstrip(), resp.code, info,
+                                      resp.remark or "")
             return resp
         raise ControllerError(f"no controller answers ({'; '.join(self.addrs)}): "
                               f"{last or 'no address'}")
