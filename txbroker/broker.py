@@ -197,9 +197,12 @@ class Broker:
                 self.kafka_txn.recover()
             await self._start_services(broker_sock, ns_sock, metrics_sock)
         except BaseException:
+            # Servers first: a listener already serving is closed by its server, which takes
+            # it off the event loop; closing its socket under it would leave the loop watching
+            # a dead descriptor that the next socket reuses.
+            await self.stop()
             for s in socks:
                 s.close()
-            await self.stop()
             raise
         log.info("%s", self.startup_summary(report, acl))
 
@@ -349,7 +352,8 @@ class Broker:
             self.registrar = BrokerRegistrar(cfg, broker_addr=self.broker_addr,
                                              ha_addr=roles.ha_addr, identity=roles.name_server_id,
                                              topic_table=self._registered_topics,
-                                             on_master=roles.learned_master)
+                                             on_master=roles.learned_master,
+                                             epoch=lambda: roles.epoch)
             self.topics.add_listener(self.registrar.trigger)
             await self.registrar.start()
 

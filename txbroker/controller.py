@@ -290,7 +290,8 @@ class ControllerProcess:
         try:
             view = self.state.heartbeat(h.broker_name, h.broker_id, epoch=h.epoch,
                                         max_offset=h.max_offset, confirm_offset=h.confirm_offset,
-                                        timeout=timeout, priority=h.election_priority)
+                                        timeout=timeout, priority=h.election_priority,
+                                        address=h.broker_addr)
         except FencedMasterEpoch as exc:  # registered and alive, under an old epoch
             self._member(conn, h.broker_name, h.broker_id)
             return _refuse(cmd, BrokerHeartbeatResponseHeader, exc)

@@ -118,7 +118,6 @@ class Roles:
         #: Stable ids of the replicas that hold everything this master acknowledged (itself
         #: included), as last reported to the controller.
         self.sync_state_set: set[int] = set()
-        self._sync_state_set_epoch = 0
         self._recheck_soon = False
         self._acknowledged_end = 0
         self._altering = asyncio.Lock()
@@ -227,7 +226,6 @@ class Roles:
         self.master_id = info.master_id
         if info.master_id == self.config.broker_id:
             if not self.is_master or info.master_epoch > self.epoch:
-                self._sync_state_set_epoch = info.sync_state_set_epoch
                 await self._to_master(info.master_epoch, set(info.sync_state_set))
             return
         if info.master_id is None:
@@ -399,15 +397,16 @@ class Roles:
             if members == self.sync_state_set or self.link is None or not self.is_master:
                 return
             try:
-                self._sync_state_set_epoch = await self.link.alter_sync_state_set(
-                    members, self.epoch, self._sync_state_set_epoch)
+                # The set epoch is the link's, learned from every controller answer: a report
+                # whose answer was lost is recognised as applied by the next one.
+                view = await self.link.alter_sync_state_set(members, self.epoch)
             except (ControllerError, OSError, TimeoutError) as exc:
                 log.warning("in-sync replicas (ids %s) of group %s not reported: %s",
                             sorted(members), self.config.broker_name, exc)
                 return
             log.info("in-sync replicas of group %s, epoch %d: ids %s", self.config.broker_name,
-                     self.epoch, sorted(members))
-            self.sync_state_set = members
+                     self.epoch, sorted(view.sync_state_set))
+            self.sync_state_set = set(view.sync_state_set)
 
     def _confirm_moved(self) -> None:
         """SYNC_MASTER: consumers see what the slaves hold; held pulls look again (once per

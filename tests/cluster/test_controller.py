@@ -68,7 +68,8 @@ class FakeBroker:
 
     async def heartbeat(self, max_offset: int = 0) -> RemotingCommand:
         return await self.call(RequestCode.BROKER_HEARTBEAT, BrokerHeartbeatRequestHeader(
-            cluster_name="DefaultCluster", broker_addr="127.0.0.1:1", broker_name=NAME,
+            cluster_name="DefaultCluster", broker_addr=f"127.0.0.1:{10911 + 10 * self.broker_id}",
+            broker_name=NAME,
             broker_id=self.broker_id, epoch=self.epoch, max_offset=max_offset))
 
     async def elect(self) -> RemotingCommand:
@@ -168,6 +169,41 @@ async def test_failover_fencing_and_restart(tmp_path) -> None:
     finally:
         await probe.client.close()
         await ctl.stop()
+
+
+async def test_a_controller_cut_off_from_every_broker_changes_no_master(tmp_path) -> None:
+    """Every heartbeat stops reaching the controller for several leases (a partition around
+    it): nobody can be elected, so nothing changes, no broker is told anything, and at the
+    heal the master's heartbeat is answered SUCCESS under the same epoch."""
+    master, slave = None, None
+    async with start_controller(tmp_path) as ctl:
+        master, slave = FakeBroker(ctl.addr, 0), FakeBroker(ctl.addr, 1)
+        try:
+            await master.register()
+            await slave.register()
+            assert (await master.elect()).code == ResponseCode.SUCCESS
+            master.epoch = slave.epoch = 1
+            resp = await master.call(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET,
+                                     AlterSyncStateSetRequestHeader(broker_name=NAME,
+                                                                    master_broker_id=0,
+                                                                    master_epoch=1),
+                                     encode_sync_state_set({0, 1}, 1))
+            assert resp.code == ResponseCode.SUCCESS, resp.remark
+            before = await slave.replica_info()
+            master.notified.clear()
+            slave.notified.clear()
+            await asyncio.sleep(LEASE * 4)  # 20 scans with every lease expired
+            assert not ctl.state.is_alive(NAME, 0) and not ctl.state.is_alive(NAME, 1)
+            assert await slave.replica_info() == before
+            assert before[0].master_broker_id == 0 and before[0].master_epoch == 1
+            assert master.notified == [] and slave.notified == []
+            resp = await master.heartbeat()  # the heal
+            assert resp.code == ResponseCode.SUCCESS, resp.remark
+            assert BrokerHeartbeatResponseHeader.from_ext(resp.ext_fields).master_epoch == 1
+            assert (await slave.heartbeat()).code == ResponseCode.SUCCESS
+        finally:
+            for b in (master, slave):
+                await b.client.close()
 
 
 async def test_bad_requests_are_refused_and_the_connection_stays(tmp_path) -> None:

@@ -10,6 +10,7 @@ from support.clock import ManualClock
 
 from txbroker.remoting.codes import ResponseCode
 from txbroker.service.replicas import (
+    BrokerIdInvalid,
     BrokerNotAlive,
     ElectMasterFailed,
     FencedMasterEpoch,
@@ -132,31 +133,43 @@ def test_a_slave_outside_the_sync_state_set_is_never_elected(state: ReplicasInfo
     register(state, 0, 1)
     state.elect(NAME, 0)  # set = {0}: slave 1 never caught up
     expire_master(state, clock, {1: {"epoch": 1, "max_offset": 10**6}})
-    [view] = state.scan()
-    assert view.master_broker_id is None and view.master_epoch == 2
+    assert state.scan() == []  # nobody to elect: nothing changes
     with pytest.raises(ElectMasterFailed):
         state.elect(NAME, 1)
-    clock.advance(LEASE)
-    state.heartbeat(NAME, 1, epoch=2)
-    assert state.scan() == []  # cleared once: the epoch moves only when the master does
-    assert state.replica_info(NAME).master_epoch == 2
+    view = state.replica_info(NAME)
+    assert (view.master_broker_id, view.master_epoch, view.sync_state_set) == (0, 1, {0})
+
+
+def test_an_election_with_no_candidate_changes_nothing(state: ReplicasInfo,
+                                                        clock: ManualClock) -> None:
+    """The controller cut off from every broker: leases run out, nobody can be elected, so
+    the master keeps its id and epoch and its next heartbeat simply renews it."""
+    group_of_three(state)
+    before = state.replica_info(NAME)
+    for _ in range(3):
+        clock.advance(LEASE)
+        assert state.scan() == []
+    assert state.replica_info(NAME) == before
+    state.heartbeat(NAME, 0, epoch=1)  # the cut heals: not fenced, alive again
+    state.heartbeat(NAME, 1, epoch=1)
+    assert state.scan() == [] and state.replica_info(NAME) == before
+    assert state.is_alive(NAME, 0)
 
 
 def test_all_replicas_shutdown_and_restart(state: ReplicasInfo, clock: ManualClock) -> None:
     group_of_three(state)
     clock.advance(LEASE + 0.01)  # everybody silent
-    [view] = state.scan()
-    assert view.master_broker_id is None and view.master_epoch == 2
+    assert state.scan() == []
+    view = state.replica_info(NAME)
+    assert view.master_broker_id == 0 and view.master_epoch == 1
     assert view.sync_state_set == {0, 1, 2}
     # a replica that is not in the set comes back first: nothing happens
     state.register("DefaultCluster", NAME, 3, "h:3", "h:4")
     assert state.scan() == []
-    # a set member comes back: it is elected
-    with pytest.raises(FencedMasterEpoch) as err:
-        state.heartbeat(NAME, 1, epoch=1)
-    assert err.value.view.master_broker_id is None and err.value.view.master_epoch == 2
+    # a set member other than the master comes back: it is elected
+    state.heartbeat(NAME, 1, epoch=1)
     [view] = state.scan()
-    assert view.master_broker_id == 1 and view.master_epoch == 3 and view.sync_state_set == {1}
+    assert view.master_broker_id == 1 and view.master_epoch == 2 and view.sync_state_set == {1}
 
 
 def test_old_master_back_is_told_the_new_master_and_fenced(state: ReplicasInfo,
@@ -242,8 +255,29 @@ def test_serialize_round_trip(state: ReplicasInfo, clock: ManualClock) -> None:
     # every loaded replica has one lease of grace, no more
     assert loaded.is_alive(NAME, 0)
     clock.advance(LEASE + 0.01)
-    assert [v.master_broker_id for v in loaded.scan()] == [None]
+    assert loaded.scan() == []  # every replica silent: nobody to elect, nothing changes
     with pytest.raises(ValueError, match="version"):
         ReplicasInfo.from_json({"version": 99, "groups": []})
     with pytest.raises(ValueError, match="malformed"):
         ReplicasInfo.from_json({"version": 1, "groups": [{"brokerName": "x"}]})
+
+
+def test_an_identity_held_by_a_live_address_is_refused(state: ReplicasInfo,
+                                                        clock: ManualClock) -> None:
+    register(state, 0, 1)
+    state.elect(NAME, 0)
+    with pytest.raises(BrokerIdInvalid) as err:
+        state.register("DefaultCluster", NAME, 0, "127.0.0.1:20911", "127.0.0.1:20912")
+    assert err.value.code == ResponseCode.CONTROLLER_BROKER_ID_INVALID
+    assert "127.0.0.1:10911" in err.value.remark
+    with pytest.raises(BrokerIdInvalid):  # its heartbeats renew nothing either
+        state.heartbeat(NAME, 0, epoch=1, address="127.0.0.1:20911")
+    assert state.replicas(NAME)[0] == ("127.0.0.1:10911", "127.0.0.1:10912")
+    # the holder's restart on its own address is accepted
+    state.register("DefaultCluster", NAME, 0, "127.0.0.1:10911", "127.0.0.1:10912")
+    # once the holder's lease ran out the id may move (the broker came back elsewhere)
+    clock.advance(LEASE + 0.01)
+    with pytest.raises(InvalidReplicas):
+        state.heartbeat(NAME, 0, epoch=1, address="127.0.0.1:20911")
+    state.register("DefaultCluster", NAME, 0, "127.0.0.1:20911", "127.0.0.1:20912")
+    assert state.replicas(NAME)[0] == ("127.0.0.1:20911", "127.0.0.1:20912")

@@ -189,3 +189,46 @@ def test_brokers_remembered_as_down_are_bounded() -> None:
         m.on_connection_closed(conn)
     down = m.brokers_down()
     assert len(down) == 256 and down[0].address == "127.0.0.1:20044"
+
+
+def _register_epoch(m: RouteInfoManager, addr: str, broker_id: int, epoch: int) -> object:
+    wrapper = TopicConfigSerializeWrapper(DataVersion(1000, 1, epoch), {"T": TopicConfigData("T", 8, 8)})
+    return m.register(CLUSTER, addr, NAME, broker_id, addr, wrapper, None)
+
+
+def test_a_late_registration_of_a_demoted_master_does_not_replace_its_successor() -> None:
+    """After a failover the old master's id-0 registration, sent before it learned of its
+    demotion, arrives after the new master's: the newer epoch keeps id 0, and the old
+    master's move to a slave id removes nothing of the new master's."""
+    m = _manager()
+    _register_epoch(m, MASTER, 0, 1)
+    _register_epoch(m, SLAVE, 1, 1)
+    _register_epoch(m, SLAVE, 0, 2)           # the slave is promoted under epoch 2
+    _register_epoch(m, MASTER, 0, 1)          # late: the old master, still under epoch 1
+    assert m.cluster_info().broker_addr_table[NAME].broker_addrs == {0: SLAVE}
+    _register_epoch(m, MASTER, 1, 2)          # it learned: a slave now
+    assert m.cluster_info().broker_addr_table[NAME].broker_addrs == {0: SLAVE, 1: MASTER}
+    assert m.pickup_route("T").broker_datas[0].broker_addrs[0] == SLAVE
+    # a newer epoch does take id 0 (the old master elected again), and equal epochs (classic
+    # mode, or a broker that sends none) replace as RocketMQ 4 does
+    _register_epoch(m, MASTER, 0, 3)
+    assert m.cluster_info().broker_addr_table[NAME].broker_addrs[0] == MASTER
+    _register(m, SLAVE, 0, "T")
+    _register(m, MASTER, 0, "T")
+    assert m.cluster_info().broker_addr_table[NAME].broker_addrs[0] == MASTER
+
+
+def test_an_older_master_takes_id_0_once_the_holder_is_gone() -> None:
+    clock = ManualClock()
+    m = _manager(clock, expiry=10.0)
+    _register_epoch(m, SLAVE, 0, 2)
+    clock.advance(11.0)
+    m.expire()
+    _register_epoch(m, MASTER, 0, 1)
+    assert m.cluster_info().broker_addr_table[NAME].broker_addrs == {0: MASTER}
+
+
+def test_data_version_carries_the_state_version_without_changing_identity() -> None:
+    v = DataVersion(1000, 7, 3)
+    assert DataVersion.decode(v.encode()).state_version == 3
+    assert v == DataVersion(1000, 7) and b"stateVersion" not in DataVersion(1000, 7).encode()

@@ -519,13 +519,21 @@ def body_crc32(body: bytes) -> int:
 
 @dataclass(slots=True)
 class DataVersion:
-    """A topic table's version: equal only when both timestamp and counter are."""
+    """A topic table's version: equal only when both timestamp and counter are.
+
+    ``state_version`` is RocketMQ 5's ``stateVersion``: a controller-mode broker's master
+    epoch, by which a name server orders id-0 registrations (docs/cluster.md); it is not part
+    of the table's identity, and is written only when set (RocketMQ 4 has no such field)."""
 
     timestamp: int = 0
     counter: int = 0
+    state_version: int = field(default=0, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {"counter": self.counter, "timestamp": self.timestamp}
+        doc = {"counter": self.counter, "timestamp": self.timestamp}
+        if self.state_version:
+            doc["stateVersion"] = self.state_version
+        return doc
 
     def encode(self) -> bytes:
         return orjson.dumps(self.to_json())
@@ -535,7 +543,8 @@ class DataVersion:
         what = "dataVersion"
         if not isinstance(doc, dict):
             raise BodyError(ResponseCode.SYSTEM_ERROR, f"{what} must be a JSON object")
-        return cls(_int(doc, "timestamp", what), _int(doc, "counter", what))
+        return cls(_int(doc, "timestamp", what), _int(doc, "counter", what),
+                   _int(doc, "stateVersion", what))
 
     @classmethod
     def decode(cls, body: bytes) -> DataVersion:

@@ -20,10 +20,11 @@ the first that answers and moves on when it fails.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from txbroker.config import BrokerConfig, parse_address_list
 from txbroker.remoting.client import RemotingClient
@@ -45,14 +46,31 @@ log = logging.getLogger(__name__)
 
 #: One controller request's time-out.
 REQUEST_TIMEOUT = 3.0
+#: ALTER_SYNC_STATE_SET requests one report may send: each refusal for a stale set epoch
+#: carries the current one, so the second attempt normally succeeds; the bound only stops a
+#: set that keeps changing under the master from holding the report forever.
+ALTER_ATTEMPTS = 3
 
 
 class ControllerError(Exception):
-    """The controller refused a request or none could be reached; the message says which."""
+    """The controller refused a request or none could be reached; the message says which.
 
-    def __init__(self, message: str, code: int = -1) -> None:
+    ``info`` is the group's view when the refusal carried it (master fields and set body)."""
+
+    def __init__(self, message: str, code: int = -1, info: MasterInfo | None = None,
+                 remark: str = "") -> None:
         super().__init__(message)
         self.code = code
+        self.info = info
+        #: The controller's own words (a refusal's remark).
+        self.remark = remark
+
+
+class IdentityTaken(OSError):
+    """The controller refused this broker's name and id: another live process holds them.
+
+    Like a port in use, it stops a starting broker (one error line, exit 1); a running broker
+    that meets it stops renewing its lease, so it stays fenced, and logs it once."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +94,13 @@ class MasterInfo:
         return cls(h.master_broker_id, h.master_address or "", h.master_ha_address or "",
                    h.master_epoch, h.sync_state_set_epoch, members)
 
+    @property
+    def order(self) -> tuple[int, int]:
+        """Newer views sort higher: the master epoch moves at every change of master, the set
+        epoch at every change of the set (elections included), so an answer overtaken by a
+        later one is recognised whichever way it travelled."""
+        return self.master_epoch, self.sync_state_set_epoch
+
 
 @dataclass
 class ReplicaState:
@@ -96,8 +121,10 @@ class ControllerLink:
     def __init__(self, config: BrokerConfig, *, broker_addr: str, ha_addr: str,
                  state: Callable[[], ReplicaState],
                  on_master: Callable[[MasterInfo], Awaitable[None]],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 request_timeout: float = REQUEST_TIMEOUT) -> None:
         self.config = config
+        self.request_timeout = request_timeout
         self.addrs = parse_address_list(config.controller_addr)
         self.broker_addr = broker_addr
         self.ha_addr = ha_addr
@@ -112,6 +139,9 @@ class ControllerLink:
         self._applying = asyncio.Lock()
         #: The last master the controller named (None before the first answer).
         self.master: MasterInfo | None = None
+        #: An ALTER_SYNC_STATE_SET went unanswered since ``master`` was learned: the
+        #: controller's set may be the one asked for, or still the one before.
+        self._set_unsure = False
         #: Sending time (``clock``) of the last heartbeat the controller answered.
         self.renewed_at = float("-inf")
 
@@ -138,9 +168,20 @@ class ControllerLink:
             cluster_name=cfg.cluster_name, broker_name=cfg.broker_name, broker_id=cfg.broker_id,
             broker_address=self.broker_addr, ha_server_addr=self.ha_addr,
             invoke_time=int(time.time() * 1000)).to_ext()
-        info = MasterInfo.from_command(await self._call(RequestCode.CONTROLLER_REGISTER_BROKER, ext))
+        try:
+            resp = await self._call(RequestCode.CONTROLLER_REGISTER_BROKER, ext)
+        except ControllerError as exc:
+            raise self._taken(exc) from None
+        info = MasterInfo.from_command(resp)
         await self._learn(info)
         return info
+
+    def _taken(self, exc: ControllerError) -> Exception:
+        """BROKER_ID_INVALID as :class:`IdentityTaken`, naming the identity and its holder."""
+        if exc.code != ResponseCode.CONTROLLER_BROKER_ID_INVALID:
+            return exc
+        return IdentityTaken(f"controller refuses {self.config.broker_name} id "
+                             f"{self.config.broker_id} at {self.broker_addr}: {exc.remark}")
 
     async def elect(self) -> MasterInfo:
         """CONTROLLER_ELECT_MASTER for this group (the first election: the asker wins)."""
@@ -154,18 +195,53 @@ class ControllerLink:
         await self._learn(info)
         return info
 
-    async def alter_sync_state_set(self, members: set[int], master_epoch: int,
-                                   sync_state_set_epoch: int) -> int:
-        """CONTROLLER_ALTER_SYNC_STATE_SET (the master only); returns the new set epoch."""
-        ext = AlterSyncStateSetRequestHeader(
-            broker_name=self.config.broker_name, master_broker_id=self.config.broker_id,
-            master_epoch=master_epoch, invoke_time=int(time.time() * 1000)).to_ext()
-        body = encode_sync_state_set(members, sync_state_set_epoch)
-        resp = await self._call(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET, ext, body)
-        try:
-            return int(resp.ext_fields.get("newSyncStateSetEpoch") or 0)
-        except ValueError:
-            raise ControllerError("controller answered a bad newSyncStateSetEpoch") from None
+    async def alter_sync_state_set(self, members: set[int] | frozenset[int],
+                                   master_epoch: int) -> MasterInfo:
+        """CONTROLLER_ALTER_SYNC_STATE_SET (the master only): make the group's in-sync set
+        ``members``; returns the controller's view once its set is ``members``.
+
+        The set epoch sent is the one this link last learned, from any answer.  A refusal for
+        a stale set epoch carries the current set and epoch: when the set already is
+        ``members`` (an earlier request was applied but its answer lost) that is success, else
+        the request goes again with the learned epoch (at most :data:`ALTER_ATTEMPTS`).  Any
+        other refusal raises :class:`ControllerError`, the view it carried learned first.
+        """
+        wanted = frozenset(members)
+        for _ in range(ALTER_ATTEMPTS):
+            known = self.master
+            if known is not None and not self._set_unsure and known.master_epoch == master_epoch \
+                    and known.master_id == self.config.broker_id and known.sync_state_set == wanted:
+                return known
+            set_epoch = known.sync_state_set_epoch if known is not None else 0
+            ext = AlterSyncStateSetRequestHeader(
+                broker_name=self.config.broker_name, master_broker_id=self.config.broker_id,
+                master_epoch=master_epoch, invoke_time=int(time.time() * 1000)).to_ext()
+            try:
+                resp = await self._call(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET, ext,
+                                        encode_sync_state_set(wanted, set_epoch))
+            except ControllerError as exc:
+                if exc.info is None and exc.code == -1:
+                    # No answer: the controller may have applied it.  Until an answer says
+                    # what its set is, the set learned before is no proof of anything.
+                    self._set_unsure = True
+                if exc.code != ResponseCode.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH or exc.info is None:
+                    raise
+                continue  # the refusal's view is learned: look again
+            try:
+                got, got_epoch = decode_sync_state_set(resp.body)
+            except HeaderError as exc:
+                raise ControllerError(f"controller answer is malformed: {exc.remark}") from None
+            # Accepted: the controller checked that this broker is master under master_epoch.
+            base = known if known is not None and known.master_epoch == master_epoch else \
+                MasterInfo(self.config.broker_id, self.broker_addr, self.ha_addr, master_epoch, 0)
+            await self._learn(replace(base, sync_state_set=got, sync_state_set_epoch=got_epoch))
+        known = self.master
+        if known is not None and not self._set_unsure and known.master_epoch == master_epoch \
+                and known.sync_state_set == wanted:
+            return known
+        raise ControllerError(f"in-sync set {sorted(wanted)} not accepted after {ALTER_ATTEMPTS} "
+                              f"attempts: the controller's set keeps changing",
+                              ResponseCode.CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH, known)
 
     async def heartbeat(self) -> MasterInfo:
         """One BROKER_HEARTBEAT; renews the lease when answered."""
@@ -182,7 +258,7 @@ class ControllerLink:
                                     ok=(ResponseCode.SUCCESS, ResponseCode.CONTROLLER_FENCED_MASTER_EPOCH))
         except ControllerError as exc:
             if exc.code != ResponseCode.CONTROLLER_INVALID_REPLICAS:
-                raise
+                raise self._taken(exc) from None
             # The controller does not know this broker (its state was reset): join again.
             return await self.register()
         info = MasterInfo.from_command(resp)
@@ -192,16 +268,19 @@ class ControllerLink:
         return info
 
     async def _learn(self, info: MasterInfo) -> None:
-        """Hand a changed master (or epoch) to the broker, one change at a time."""
+        """Keep the controller's latest view and hand a changed master (or epoch) to the
+        broker, one change at a time.  A view older than the one kept (an answer or a
+        notification overtaken by a later one) changes nothing; a newer one that changes only
+        the set is kept without troubling the broker."""
         async with self._applying:
             last = self.master
-            if last is not None and (info.master_id, info.master_epoch) == (last.master_id, last.master_epoch) \
-                    and info.master_addr == last.master_addr:
-                self.master = info  # the set may have changed; nothing to apply
+            if last is not None and info.order < last.order:
                 return
-            if last is not None and info.master_epoch < last.master_epoch:
-                return  # an answer overtaken by a newer one
             self.master = info
+            self._set_unsure = False
+            if last is not None and (info.master_id, info.master_epoch, info.master_addr) == \
+                    (last.master_id, last.master_epoch, last.master_addr):
+                return
             await self._on_master(info)
 
     async def _notified(self, cmd: RemotingCommand) -> RemotingCommand | None:
@@ -219,24 +298,39 @@ class ControllerLink:
 
     async def _call(self, code: int, ext: dict[str, str], body: bytes = b"",
                     ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> RemotingCommand:
+        """The one place controller requests leave.  A refusal that names the group's master
+        is learned before it is raised (the refused broker's view was stale).
+
+        Calls run concurrently on one shared client; a call that fails closes the client *it*
+        used and forgets it only if it is still the shared one, so two calls failing together
+        neither close a newer client nor skip an address twice."""
         last: BaseException | None = None
         for _ in range(len(self.addrs)):
             addr = self._addr()
-            if self._client is None:
-                self._client = RemotingClient(addr, connect_timeout=REQUEST_TIMEOUT)
-                self._client.register(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, self._notified)
+            client = self._client
+            if client is None:
+                client = self._client = RemotingClient(addr, connect_timeout=self.request_timeout)
+                client.register(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, self._notified)
             try:
-                resp = await self._client.invoke(RemotingCommand.request(code, ext, body),
-                                                 REQUEST_TIMEOUT)
+                resp = await client.invoke(RemotingCommand.request(code, ext, body),
+                                           self.request_timeout)
             except (OSError, TimeoutError) as exc:
                 last = exc
-                client, self._client = self._client, None
+                if self._client is client:
+                    self._client = None
+                    self._index += 1
                 await client.close()
-                self._index += 1
                 continue
             if resp.code not in ok:
-                raise ControllerError(f"controller {addr} refused request {code}: {resp.code} "
-                                      f"{resp.remark or ''}".rstrip(), resp.code)
+                info = None
+                if "masterEpoch" in resp.ext_fields:
+                    with contextlib.suppress(ControllerError):
+                        info = MasterInfo.from_command(resp)
+                if info is not None:
+                    await self._learn(info)
+                raise ControllerError(f"controller {client.addr} refused request {code}: {resp.code} "
+                                      f"{resp.remark or ''}".rstrip(), resp.code, info,
+                                      resp.remark or "")
             return resp
         raise ControllerError(f"no controller answers ({'; '.join(self.addrs)}): "
                               f"{last or 'no address'}")

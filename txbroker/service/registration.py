@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from txbroker.config import BrokerConfig, parse_address_list
@@ -58,12 +59,15 @@ class BrokerRegistrar:
     the DataVersion and topics (anything with TopicConfig's attributes) to announce: callables,
     so a broker that changes role or topics registers what it is at that moment.  ``on_master``
     receives (masterAddr, haServerAddr) from the first name server that names the group's
-    master in answer to a slave's registration.
+    master in answer to a slave's registration.  ``epoch()``, when given, is the master epoch
+    the broker leads or follows, sent as the DataVersion's ``stateVersion`` so that name
+    servers order id-0 registrations by it.
     """
 
     def __init__(self, config: BrokerConfig, *, broker_addr: str, ha_addr: str,
                  identity: Callable[[], int | None], topic_table: TopicTable,
                  on_master: Callable[[str, str], None] | None = None,
+                 epoch: Callable[[], int] | None = None,
                  compressed: bool = False) -> None:
         self.config = config
         self.broker_addr = broker_addr
@@ -71,6 +75,7 @@ class BrokerRegistrar:
         self.identity = identity
         self.topic_table = topic_table
         self.on_master = on_master
+        self.epoch = epoch
         self.compressed = compressed
         self.namesrv_addrs = parse_address_list(config.namesrv_addr)
         self._clients = {addr: RemotingClient(addr)
@@ -136,6 +141,9 @@ class BrokerRegistrar:
             self.rounds += 1
             return
         version, table = self.topic_table()
+        if self.epoch is not None:
+            # RocketMQ 5's stateVersion: name servers keep the newest master's id-0 entry.
+            version = replace(version, state_version=self.epoch())
         body = RegisterBrokerBody(TopicConfigSerializeWrapper(
             version, {name: TopicConfigData.of(tc) for name, tc in table.items()}))
         data = body.encode(compressed=self.compressed)

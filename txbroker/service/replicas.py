@@ -81,6 +81,13 @@ class ElectMasterFailed(ControllerError):
     CODE = ResponseCode.CONTROLLER_ELECT_MASTER_FAILED
 
 
+class BrokerIdInvalid(ControllerError):
+    """(broker name, id) is held by another address that is alive: two processes started as
+    the same broker would otherwise overwrite each other and both act as it."""
+
+    CODE = ResponseCode.CONTROLLER_BROKER_ID_INVALID
+
+
 # --- values ------------------------------------------------------------------------------------
 
 
@@ -204,7 +211,11 @@ class ReplicasInfo:
                  ha_address: str) -> GroupView:
         """CONTROLLER_REGISTER_BROKER: add (or re-address) a replica; it counts as alive from
         now.  The answer names the current master: a returning old master learns from it that
-        it must follow someone else.  A group is created by its first registration."""
+        it must follow someone else.  A group is created by its first registration.
+
+        An id held by another address whose heartbeats are still within the lease is refused
+        (:class:`BrokerIdInvalid`); the same address (a restart) is always accepted, and so is
+        a new address once the old holder's lease ran out (the broker moved)."""
         if broker_id < 0:
             raise InvalidReplicas(f"broker {broker_name}: broker id {broker_id} must be >= 0")
         group = self._groups.get(broker_name)
@@ -213,20 +224,34 @@ class ReplicasInfo:
         elif group.cluster_name != cluster_name:
             raise InvalidReplicas(f"broker {broker_name} is registered in cluster "
                                   f"{group.cluster_name}, not {cluster_name}")
+        held = group.replicas.get(broker_id)
+        if held is not None and held[0] != address and self.is_alive(broker_name, broker_id):
+            raise BrokerIdInvalid(f"broker {broker_name} id {broker_id} is held by {held[0]}, "
+                                  f"which is alive")
         group.replicas[broker_id] = (address, ha_address)
         self._touch(broker_name, broker_id)
         return group.view()
 
     def heartbeat(self, broker_name: str, broker_id: int, *, epoch: int = 0, max_offset: int = 0,
                   confirm_offset: int = 0, timeout: float | None = None,
-                  priority: int | None = None) -> GroupView:
+                  priority: int | None = None, address: str | None = None) -> GroupView:
         """BROKER_HEARTBEAT: record liveness and the replica's epoch and offsets.
 
         Recorded even when fenced (the broker is alive); an ``epoch`` older than the group's
         master epoch then raises :class:`FencedMasterEpoch` carrying the current view, which is
-        how an old master learns it is no longer master.
+        how an old master learns it is no longer master.  A heartbeat from another
+        ``address`` than the one registered under this id renews nothing: refused
+        (:class:`BrokerIdInvalid`) while the holder is alive, else INVALID_REPLICAS (register
+        again to take the id over).
         """
         group = self._registered(broker_name, broker_id)
+        held = group.replicas[broker_id][0]
+        if address and address != held:
+            if self.is_alive(broker_name, broker_id):
+                raise BrokerIdInvalid(f"broker {broker_name} id {broker_id} is held by {held}, "
+                                      f"which is alive")
+            raise InvalidReplicas(f"broker {broker_name} id {broker_id} is registered at "
+                                  f"{held}, not {address}; register again")
         self._touch(broker_name, broker_id, epoch=epoch, max_offset=max_offset,
                     confirm_offset=confirm_offset, timeout=timeout,
                     priority=DEFAULT_PRIORITY if priority is None else priority)
@@ -306,12 +331,16 @@ class ReplicasInfo:
 
     # --- the controller's own elections --------------------------------------------------
     def scan(self) -> list[GroupView]:
-        """The periodic check: groups whose master's lease expired, or that lost their master
-        and now have a live in-sync member, get an election.  Returns the groups whose master
-        changed (elected, or cleared because no candidate was alive).
+        """The periodic check: a group whose master's lease expired gets an election when a
+        live in-sync member can win it.  Returns the groups whose master changed.
 
-        A cleared master (master id None, epoch bumped, MASTER_NOT_AVAILABLE to anyone who
-        asks) is not cleared again: the epoch moves only when the master does.
+        With no candidate, nothing changes: the master keeps its id and epoch (RocketMQ
+        clears it and moves the epoch; docs/cluster.md says why we do not).  Nobody else
+        could have been elected, so the silent master, once its heartbeats reach the
+        controller again, simply renews its lease and carries on, and a controller cut off
+        from every broker causes no change of master at all when the cut heals.  A group
+        without a master (a state written by an older version) elects the first in-sync
+        member that is alive.
         """
         changed = []
         for name in sorted(self._groups):
@@ -322,13 +351,9 @@ class ReplicasInfo:
             if master is not None and self.is_alive(name, master):
                 continue
             new = self._candidate(group)
-            if new is not None:
-                self._promote(group, new)
-            elif master is not None:
-                group.master_broker_id = None
-                group.master_epoch += 1
-            else:
+            if new is None:
                 continue
+            self._promote(group, new)
             changed.append(group.view())
         return changed
 

@@ -12,7 +12,11 @@ The rules that matter, as RocketMQ applies them:
   DataVersion changed or the address is new.  Topics missing from a later registration are
   kept (a deleted topic disappears with the group or the name server's restart).
 * A registration whose address is listed under another id of the same group replaces that
-  entry: a slave promoted to master (or the reverse) is one broker, not two.
+  entry: a slave promoted to master (or the reverse) is one broker, not two.  It removes only
+  entries that hold its own address, never another broker's.
+* An id-0 registration carrying an older master epoch (the body's ``stateVersion``, RocketMQ
+  5's field) than the live broker holding id 0 is ignored: a demoted master that has not yet
+  heard of its demotion cannot replace its successor.
 * A group (brokerName) disappears, with its queue data, only when its last address does; a
   dead master leaves a route listing the group's slaves, which clients still pull from.
 * A broker is dropped when its connection closes or when it has not registered for
@@ -119,8 +123,11 @@ class RouteInfoManager:
                  ha_server_addr: str, wrapper: TopicConfigSerializeWrapper | None,
                  channel: Hashable | None = None) -> RegisterResult:
         """REGISTER_BROKER; see the module docstring for the rules."""
-        self.cluster_addr.setdefault(cluster, set()).add(broker_name)
+        version = wrapper.data_version if wrapper is not None else DataVersion()
         group = self.broker_addr.get(broker_name)
+        if group is not None and broker_id == MASTER_ID and self._older_master(group, broker_addr, version):
+            return RegisterResult()
+        self.cluster_addr.setdefault(cluster, set()).add(broker_name)
         first = group is None
         if group is None:
             group = self.broker_addr[broker_name] = _Group(cluster)
@@ -128,7 +135,6 @@ class RouteInfoManager:
             del group.addrs[other_id]  # the same broker under a new id: a role switch
         first = group.addrs.get(broker_id) is None or first
         group.addrs[broker_id] = broker_addr
-        version = wrapper.data_version if wrapper is not None else DataVersion()
         if wrapper is not None and broker_id == MASTER_ID and (
                 first or self.is_topic_config_changed(broker_addr, version)):
             for name, tc in wrapper.topic_config_table.items():
@@ -148,6 +154,22 @@ class RouteInfoManager:
                 result.master_addr = master
                 result.ha_server_addr = info.ha_server_addr
         return result
+
+    def _older_master(self, group: _Group, broker_addr: str, version: DataVersion) -> bool:
+        """Whether an id-0 registration comes from an older master than the live broker that
+        holds id 0 now (master epochs, carried as ``stateVersion``): a former master that has
+        not yet learned of its demotion must not take its successor's place (RocketMQ 5 ignores
+        such a registration the same way)."""
+        holder = group.addrs.get(MASTER_ID)
+        if holder is None or holder == broker_addr:
+            return False
+        info = self.live.get(holder)
+        if info is None or info.data_version.state_version <= version.state_version:
+            return False
+        log.warning("ignored a master registration of %s (epoch %d): %s holds id 0 under "
+                    "the newer epoch %d", broker_addr, version.state_version, holder,
+                    info.data_version.state_version)
+        return True
 
     def unregister(self, cluster: str, broker_addr: str, broker_name: str, broker_id: int) -> None:
         """UNREGISTER_BROKER.  The id's entry goes only if it still holds ``broker_addr`` (a
