@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 #: The ``AccessKey`` of a cluster-signed command (the account is the cluster itself).
 CLUSTER_ACCESS_KEY = "txbroker-cluster"
-#: Peers whose last refusal reason is remembered (so a retrying broker is named once).
+#: (peer host, reason) pairs remembered (so a retrying broker is named once per reason).
 MAX_REMEMBERED = 256
 
 
@@ -63,18 +63,19 @@ def check(cmd: RemotingCommand, secret: str | None) -> str | None:
 
 
 class OncePerPeer:
-    """Logs a peer's refusal once per reason; the same again from the same host at DEBUG."""
+    """Logs a peer's refusal once per (host, reason); repeats go to DEBUG (a broker retries
+    every heartbeat, and one line says it all)."""
 
     def __init__(self) -> None:
-        self._last: dict[str, str] = {}
+        self._said: dict[tuple[str, str], None] = {}
 
     def __call__(self, host: str, line: str, reason: str) -> None:
-        if self._last.get(host) == reason:
+        if (host, reason) in self._said:
             log.debug("%s", line)
             return
-        if len(self._last) >= MAX_REMEMBERED:
-            self._last.pop(next(iter(self._last)))
-        self._last[host] = reason
+        if len(self._said) >= MAX_REMEMBERED:
+            self._said.pop(next(iter(self._said)))
+        self._said[(host, reason)] = None
         log.warning("%s", line)
 
 
