@@ -227,3 +227,13 @@ def test_secret_never_printed_or_logged(tmp_path: Path) -> None:
     assert SECRET not in repr(BrokerConfig(cluster_secret=SECRET))
     assert SECRET not in str(BrokerConfig(cluster_secret=SECRET).as_dict())
     assert SECRET not in repr(ControllerConfig(cluster_secret=SECRET))
+
+
+def test_controller_command_takes_the_secret(tmp_path: Path) -> None:
+    runner = CliRunner()
+    helped = runner.invoke(cli, ["controller", "--help"])
+    assert "--cluster-secret" in helped.output
+    short = runner.invoke(cli, ["controller", "--port", "0", "--data-dir", str(tmp_path)],
+                          env={"TXBROKER_CLUSTER_SECRET": "short"})
+    assert short.exit_code == 2 and "at least 8 characters" in short.output
+    assert not (tmp_path / "controller.json").exists()
