@@ -31,17 +31,27 @@ from txbroker.remoting.server import new_event_loop
 @click.option("--lease", default=3.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               metavar="SECONDS", help="a master silent for this long is replaced by an in-sync "
                                       "slave; brokers must use the same --controller-lease")
+@click.option("--cluster-secret", envvar="TXBROKER_CLUSTER_SECRET", default=None, metavar="SECRET",
+              help="the brokers' --cluster-secret: their requests must be signed with it and "
+                   "role-change notices are signed with it (prefer the variable: a command "
+                   "line is visible to every user)  [default: unset: brokers are trusted]")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               help="stderr log level")
-def controller(listen_host: str, port: int, data_dir: str, lease: float, log_level: str) -> None:
+def controller(listen_host: str, port: int, data_dir: str, lease: float,
+               cluster_secret: str | None, log_level: str) -> None:
     """Run the controller that elects each broker group's master (controller mode)."""
     from txbroker.controller import ControllerConfig
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check_setting_variables()  # a misspelt TXBROKER_* variable in the shell: said at once
-    config = ControllerConfig(listen_host=listen_host, port=port, data_dir=data_dir, lease=lease)
+    try:
+        config = ControllerConfig(listen_host=listen_host, port=port, data_dir=data_dir,
+                                  lease=lease, cluster_secret=cluster_secret)
+    except ValueError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         code = runner.run(_run(config))
     sys.exit(code)

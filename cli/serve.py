@@ -135,6 +135,14 @@ _OPTIONS: dict[str, _Opt] = {
                                                        "accepted"),
     "acl_file": _Opt("PATH", "RocketMQ plain_acl.yml; setting it turns access control on",
                      "unset: access control off"),
+    "acl_access_key": _Opt("KEY", "this broker's account in --acl-file: it signs the requests "
+                                  "this broker sends to other brokers (a slave's metadata sync)",
+                           "unset: unsigned"),
+    "cluster_secret": _Opt("SECRET", "shared by every broker and controller of the cluster: "
+                                     "replication and controller requests must prove it (prefer "
+                                     "TXBROKER_CLUSTER_SECRET or --config: a command line is "
+                                     "visible to every user of the machine)",
+                           "unset: peers are trusted"),
 }
 _missing = {f.name for f in fields(BrokerConfig)} ^ set(_OPTIONS)
 if _missing:

@@ -70,6 +70,9 @@ def status(as_json: bool, system: bool, namesrv: str, credentials: dict[str, str
                       f"cluster={info.get('cluster', '')} flush={info.get('flushMode', '')} "
                       f"uptime={info.get('uptimeSeconds', '')}s  "
                       f"pending half messages: [bold]{doc.get('pendingHalfMessages', 0)}[/bold]")
+        trouble = (doc.get("replication") or {}).get("replicationError")
+        if trouble:
+            console.print(f"[bold red]replication stopped:[/bold red] {trouble}", highlight=False)
         topics = Table(title="topics")
         for col in ("topic", "queues", "messages", "queue offsets (min..max)"):
             topics.add_column(col, overflow="fold")

@@ -20,7 +20,7 @@ import os
 import re
 import tomllib
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -152,6 +152,14 @@ class BrokerConfig:
     #: A RocketMQ 4.x ``plain_acl.yml``; when set, every broker-port request must pass it
     #: (RocketMQ's ``aclEnable=true``).  Unset = no access control, as in RocketMQ.
     acl_file: str | None = None
+    #: This broker's own account in ``acl_file`` (its secret key is read from there): the
+    #: requests it sends to another broker's port (a slave's metadata sync) are signed with
+    #: it, as RocketMQ 5 signs broker-to-broker calls with ``innerClientAuthenticationCredentials``.
+    acl_access_key: str | None = None
+    #: Shared by every broker and controller of the cluster: HA peers and controller requests
+    #: prove they know it (docs/cluster.md "Authentication").  Unset = peers are trusted, as
+    #: in RocketMQ.  Never logged, printed or shown in the status document.
+    cluster_secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -165,7 +173,19 @@ class BrokerConfig:
         return Path(self.data_dir)
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every setting, a secret replaced by :data:`HIDDEN` (this is what gets logged)."""
+        out = dataclasses.asdict(self)
+        for name in SECRET_SETTINGS:
+            if out[name] is not None:
+                out[name] = HIDDEN
+        return out
+
+
+#: Settings whose value is never logged or printed.
+SECRET_SETTINGS = ("cluster_secret",)
+HIDDEN = "(set, not shown)"
+#: The shortest cluster secret accepted (a short one is guessed offline from one exchange).
+MIN_SECRET_LENGTH = 8
 
 
 def _validate(c: BrokerConfig) -> None:
@@ -219,6 +239,11 @@ def _validate(c: BrokerConfig) -> None:
     need(bool(c.data_dir), "data_dir", "must not be empty")
     need(c.acl_file is None or bool(c.acl_file.strip()), "acl_file",
          "must be the path of a plain_acl.yml file (leave it unset to turn access control off)")
+    need(c.acl_access_key is None or (bool(c.acl_access_key.strip()) and c.acl_file is not None),
+         "acl_access_key", "names an account of acl_file, so acl_file must be set too")
+    if c.cluster_secret is not None and len(c.cluster_secret) < MIN_SECRET_LENGTH:
+        # Never echo the value itself.
+        raise ConfigError(f"cluster_secret: must be at least {MIN_SECRET_LENGTH} characters")
 
 
 #: Listen hosts whose listeners share the port space of the metrics endpoint's 127.0.0.1.
@@ -426,7 +451,9 @@ def config_to_toml(config: BrokerConfig) -> str:
     (``txbroker serve --print-config``); an unset setting is a comment (TOML has no null)."""
     lines = ["[broker]"]
     for name, value in config.as_dict().items():
-        if value is None:
+        if name in SECRET_SETTINGS and value is not None:
+            lines.append(f"# {name} is set (not printed)")
+        elif value is None:
             lines.append(f"# {name} is unset")
         elif isinstance(value, bool):
             lines.append(f"{name} = {'true' if value else 'false'}")

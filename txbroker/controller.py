@@ -18,6 +18,10 @@ their roles and keep serving; only failover stops.
 After any change of a group's master (by request or by the scan) NOTIFY_BROKER_ROLE_CHANGED
 goes one-way to every member of the group connected to this controller, on the connection the
 member itself opened (as CHECK_TRANSACTION_STATE goes to a producer).
+
+With ``cluster_secret`` set, the brokers' requests must be signed with it (anything else is
+refused NO_PERMISSION before a handler sees it) and the answers and notices are signed with it
+(:mod:`txbroker.service.cluster_auth`).
 """
 
 from __future__ import annotations
@@ -27,14 +31,14 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
 import orjson
 
 from txbroker.broker import bind_listener
-from txbroker.config import BrokerConfig
+from txbroker.config import MIN_SECRET_LENGTH, BrokerConfig
 from txbroker.remoting.bodies import broker_label
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
@@ -55,7 +59,8 @@ from txbroker.remoting.controller_headers import (
     encode_sync_state_set,
 )
 from txbroker.remoting.errors import Refusal
-from txbroker.remoting.server import Connection, RemotingServer
+from txbroker.remoting.server import Connection, Handler, RemotingServer
+from txbroker.service.cluster_auth import ClusterGuard, sign
 from txbroker.service.replicas import (
     ControllerError,
     FencedMasterEpoch,
@@ -67,6 +72,10 @@ from txbroker.store.lock import DataDirLock
 log = logging.getLogger("txbroker.controller")
 
 STATE_FILE = "controller.json"
+#: What brokers send: signed when a cluster secret is set (GET_REPLICA_INFO only reads).
+BROKER_CODES = frozenset({RequestCode.CONTROLLER_REGISTER_BROKER, RequestCode.BROKER_HEARTBEAT,
+                          RequestCode.CONTROLLER_ELECT_MASTER,
+                          RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET})
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +89,12 @@ class ControllerConfig:
     scan_interval: float | None = None
     #: At stop, how long in-flight requests may finish.
     shutdown_grace: float = 1.0
+    #: The brokers' ``cluster_secret`` (None: any peer's request is obeyed).  Never logged.
+    cluster_secret: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.cluster_secret is not None and len(self.cluster_secret) < MIN_SECRET_LENGTH:
+            raise ValueError(f"cluster_secret must be at least {MIN_SECRET_LENGTH} characters")
         if self.lease <= 0:
             raise ValueError(f"lease must be positive, got {self.lease}")
         if self.scan_interval is not None and self.scan_interval <= 0:
@@ -111,6 +124,8 @@ class ControllerProcess:
         #: broker name -> broker id -> the connection that member last spoke on.
         self._members: dict[str, dict[int, Connection]] = {}
         self._scan_task: asyncio.Task | None = None
+        #: Refuses brokers' requests not signed with the cluster secret (when one is set).
+        self.guard = ClusterGuard(config.cluster_secret, BROKER_CODES)
 
     @property
     def addr(self) -> str:
@@ -135,7 +150,8 @@ class ControllerProcess:
             sock.close()
             raise
         self.port = sock.getsockname()[1]
-        self.server = RemotingServer(BrokerConfig(listen_host=cfg.listen_host))
+        self.server = RemotingServer(BrokerConfig(listen_host=cfg.listen_host),
+                                     before_request=self.guard)
         for code, handler in {
             RequestCode.CONTROLLER_REGISTER_BROKER: self._register,
             RequestCode.BROKER_HEARTBEAT: self._heartbeat,
@@ -143,7 +159,7 @@ class ControllerProcess:
             RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET: self._alter_sync_state_set,
             RequestCode.CONTROLLER_GET_REPLICA_INFO: self._get_replica_info,
         }.items():
-            self.server.register(code, handler)
+            self.server.register(code, self._signed(handler))
         self.server.on_disconnect(self._disconnected)
         await self.server.start(cfg.listen_host, self.port, sock=sock)
         self._scan_task = asyncio.create_task(self._scan_loop(), name="txbroker-controller-scan")
@@ -169,6 +185,20 @@ class ControllerProcess:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    def _signed(self, handler: Handler) -> Handler:
+        """``handler`` whose answers carry the cluster signature (when a secret is set), so a
+        broker can tell the controller's answers from anyone else's."""
+        secret = self.config.cluster_secret
+        if secret is None:
+            return handler
+
+        async def signed(conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
+            resp = await handler(conn, cmd)
+            if resp is not None:
+                sign(resp, secret)
+            return resp
+        return signed
 
     # --- persistence ---------------------------------------------------------------------
     def _load(self) -> None:
@@ -246,6 +276,8 @@ class ControllerProcess:
             if not conn.closed:
                 cmd = RemotingCommand.request(RequestCode.NOTIFY_BROKER_ROLE_CHANGED,
                                               header.to_ext(), body, oneway=True)
+                if self.config.cluster_secret is not None:
+                    sign(cmd, self.config.cluster_secret)
                 conn.send_oneway(cmd)
 
     # --- membership ----------------------------------------------------------------------

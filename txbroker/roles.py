@@ -39,7 +39,9 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
+from txbroker.config import ConfigError
 from txbroker.remoting.bodies import broker_label
+from txbroker.remoting.signing import SessionCredentials
 from txbroker.service.controller_link import (
     ControllerError,
     ControllerLink,
@@ -87,6 +89,20 @@ CLASSIC_EPOCH = 1
 #: Seconds a starting broker waits for the first election it asked for (the controller's
 #: request time-out) before it goes on as a fenced slave, registering once elected.
 FIRST_ELECTION_WAIT = 3.0
+
+
+def broker_credentials(broker: RoleHost) -> SessionCredentials | None:
+    """The broker's own ACL account (``acl_access_key``, its secret key from ``acl_file``),
+    which signs its requests to other brokers; None without one.  ConfigError when the file
+    has no such account."""
+    key = broker.config.acl_access_key
+    guard = getattr(broker, "acl", None)
+    if key is None or guard is None:
+        return None
+    account = guard.rules.accounts.get(key)
+    if account is None:
+        raise ConfigError(f"acl_access_key={key!r}: no such account in {broker.config.acl_file}")
+    return SessionCredentials(key, account.secret_key)
 
 
 class Roles:
@@ -163,15 +179,22 @@ class Roles:
             named = self.link.master if self.link is not None else None
             in_sync = set(named.sync_state_set) if named is not None else set()
         master = self.broker.broker_addr if self.is_master else self.master_addr
-        return {"role": "master" if self.is_master else "slave", "epoch": self.epoch,
-                "brokerId": self.config.broker_id,
-                "master": broker_label(self.config.broker_name, master) if master else "",
-                "inSyncReplicas": sorted(in_sync)}
+        doc = {"role": "master" if self.is_master else "slave", "epoch": self.epoch,
+               "brokerId": self.config.broker_id,
+               "master": broker_label(self.config.broker_name, master) if master else "",
+               "inSyncReplicas": sorted(in_sync)}
+        # Why a slave does not follow or copy metadata now (an operator's business).
+        problems = [p for p in (self.ha_slave and self.ha_slave.problem,
+                                self.sync and self.sync.problem) if p]
+        if problems and not self.is_master:
+            doc["replicationError"] = "; ".join(problems)
+        return doc
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         store = self.broker.store
         assert store is not None
+        broker_credentials(self.broker)  # a wrong account: said at start, not at the first sync
         store.fence(f"broker {self.name} is starting")
         if not self.controller_mode:
             if self.config.broker_id == 0:
@@ -265,7 +288,8 @@ class Roles:
             if self.ha_master is None:
                 sock, self._ha_sock = self._ha_sock, None
                 self.ha_master = HAMaster(store, sock=sock or self._bind(self._ha_host, self.ha_port),
-                                         group=self.config.broker_name)
+                                         group=self.config.broker_name,
+                                         secret=self.config.cluster_secret)
                 await self.ha_master.start()
             if epoch > store.epochs.last_epoch:
                 self.ha_master.become(epoch)
@@ -306,14 +330,15 @@ class Roles:
             self.ha_slave = self._follower(store)
             self.ha_slave.start()
             self.sync = SlaveSync(broker.topics, store.offsets, self.config.metadata_sync_interval,
-                                  lambda: self.master_addr or None)
+                                  lambda: self.master_addr or None,
+                                  credentials=broker_credentials(broker))
             self.sync.start()
             broker.registration_changed()
 
     def _follower(self, store: MessageStore) -> HASlave:
         """An HA follower of the master now named (its address is asked at every attempt)."""
         return HASlave(store, lambda: self.master_ha_addr or None, slave_id=self.config.broker_id,
-                       master_name=lambda: broker_label(self.config.broker_name, self.master_addr)
+                       secret=self.config.cluster_secret, master_name=lambda: broker_label(self.config.broker_name, self.master_addr)
                        if self.master_addr else "the master")
 
     async def _stop_serving(self) -> None:

@@ -15,6 +15,11 @@ lease, which is never earlier, so the old master has stopped writing before the 
 starts (:meth:`ControllerLink.lease_valid`; the clocks of one machine, or clocks kept within
 the lease's margin of each other).  Several controller addresses may be given; the link uses
 the first that answers and moves on when it fails.
+
+**Signed both ways.**  With ``cluster_secret`` set, every request carries the cluster signature
+and every answer and role-change notice must carry it too (:mod:`.cluster_auth`): an answer
+without it is an error naming the controller, and a notice without it is ignored, so nobody but
+the controller can tell this broker whom to follow.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from txbroker.remoting.controller_headers import (
     encode_sync_state_set,
 )
 from txbroker.remoting.headers import HeaderError
+from txbroker.service.cluster_auth import check, sign
 from txbroker.service.repeating import Repeating
 
 log = logging.getLogger(__name__)
@@ -285,6 +291,10 @@ class ControllerLink:
 
     async def _notified(self, cmd: RemotingCommand) -> RemotingCommand | None:
         """NOTIFY_BROKER_ROLE_CHANGED from the controller."""
+        why = check(cmd, self.config.cluster_secret)
+        if why is not None:
+            log.warning("ignored a role-change notice from controller %s: %s", self._addr(), why)
+            return None
         try:
             info = MasterInfo.from_command(cmd)
         except ControllerError as exc:
@@ -311,9 +321,11 @@ class ControllerLink:
             if client is None:
                 client = self._client = RemotingClient(addr, connect_timeout=self.request_timeout)
                 client.register(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, self._notified)
+            request = RemotingCommand.request(code, ext, body)
+            if self.config.cluster_secret is not None:
+                sign(request, self.config.cluster_secret)
             try:
-                resp = await client.invoke(RemotingCommand.request(code, ext, body),
-                                           self.request_timeout)
+                resp = await client.invoke(request, self.request_timeout)
             except (OSError, TimeoutError) as exc:
                 last = exc
                 if self._client is client:
@@ -323,6 +335,13 @@ class ControllerLink:
                 continue
             if resp.code not in ok:
                 info = None
+                why = check(resp, self.config.cluster_secret)
+                if why is not None:
+                    # Not learned from, but still a refusal: a gate's answer to a request it
+                    # could not verify is unsigned, and its remark says what to fix.
+                    raise ControllerError(f"controller {client.addr} refused request {code}: "
+                                          f"{resp.code} {resp.remark or ''} (answer not trusted: "
+                                          f"{why})", resp.code)
                 if "masterEpoch" in resp.ext_fields:
                     with contextlib.suppress(ControllerError):
                         info = MasterInfo.from_command(resp)
@@ -331,6 +350,10 @@ class ControllerLink:
                 raise ControllerError(f"controller {client.addr} refused request {code}: {resp.code} "
                                       f"{resp.remark or ''}".rstrip(), resp.code, info,
                                       resp.remark or "")
+            why = check(resp, self.config.cluster_secret)
+            if why is not None:
+                raise ControllerError(f"controller {client.addr} answered request {code}, but not "
+                                      f"trusted: {why}")
             return resp
         raise ControllerError(f"no controller answers ({'; '.join(self.addrs)}): "
                               f"{last or 'no address'}")

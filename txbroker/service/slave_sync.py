@@ -8,6 +8,11 @@ when they differ; offsets are merged (an offset is never moved back by a sync, a
 master no longer has is kept), so a promoted slave resumes consumers where the master last
 reported them, at most one interval behind: a consumer may see up to that much again after a
 failover, never miss anything.
+
+Under access control the master checks these requests like any other, so a slave signs them
+with its own ACL account (``acl_access_key``; RocketMQ 5 signs broker-to-broker calls with its
+``innerClientAuthenticationCredentials`` the same way).  A failing round is logged once per
+cause (a refusal's remark names it) and kept in :attr:`SlaveSync.problem` until a round works.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import orjson
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
+from txbroker.remoting.signing import SessionCredentials
 from txbroker.service.repeating import Repeating
 from txbroker.service.topics import TopicConfig, TopicManager
 from txbroker.store.offsets import ConsumerOffsetStore
@@ -65,14 +71,18 @@ class SlaveSync:
     """Copies topics and consumer offsets from the master while this broker is a slave."""
 
     def __init__(self, topics: TopicManager, offsets: ConsumerOffsetStore, interval: float,
-                 master_addr: Callable[[], str | None]) -> None:
+                 master_addr: Callable[[], str | None],
+                 credentials: SessionCredentials | None = None) -> None:
         self.topics = topics
+        self.credentials = credentials
+        #: Why the last round failed (None: it worked, or none ran yet).
+        self.problem: str | None = None
         self.offsets = offsets
         self.interval = interval
         self._master_addr = master_addr
         self._client: RemotingClient | None = None
-        self._rounds = Repeating(self.sync_once, interval, what="metadata sync from the master",
-                                 errors=(OSError, TimeoutError, ValueError, KeyError, TypeError))
+        self._rounds = Repeating(self._round, interval, what="metadata sync from the master",
+                                 errors=())
 
     def start(self) -> None:
         self._rounds.start()
@@ -82,6 +92,20 @@ class SlaveSync:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+    async def _round(self) -> None:
+        """One round for the background loop: a failure is logged when its cause is new."""
+        try:
+            await self.sync_once()
+        except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+            why = str(exc) or type(exc).__name__
+            if why != self.problem:
+                log.warning("metadata sync from the master failed: %s", why)
+            self.problem = why
+            return
+        if self.problem is not None:
+            log.info("metadata sync from the master works again")
+        self.problem = None
 
     async def sync_once(self) -> bool:
         """One round; False when no master address is known yet."""
@@ -103,7 +127,10 @@ class SlaveSync:
 
     async def _ask(self, code: int, addr: str) -> bytes:
         assert self._client is not None
-        resp = await self._client.invoke(RemotingCommand.request(code), SYNC_TIMEOUT)
+        request = RemotingCommand.request(code)
+        if self.credentials is not None:
+            self.credentials.sign(request)
+        resp = await self._client.invoke(request, SYNC_TIMEOUT)
         if resp.code != ResponseCode.SUCCESS:
             raise ValueError(f"master {addr} answered {code} with {resp.code}: {resp.remark or ''}")
         return resp.body or b"{}"

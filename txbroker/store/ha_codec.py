@@ -9,6 +9,20 @@ and the direction it reads:
 * master -> slave: a handshake carrying the master's epoch entries, then transfer headers
   (36 bytes) each followed by raw commitlog bytes.
 
+**Authentication (txbroker's extension).**  With a cluster secret set on both ends, three
+messages come before the handshakes, each with a state no RocketMQ peer sends:
+
+* slave -> master ``AuthHello`` (20 bytes): state, a 16-byte random nonce;
+* master -> slave ``AuthChallenge`` (52 bytes): state, the master's nonce, and its proof
+  ``HMAC-SHA256(secret, "txbroker-ha master" + slave nonce + master nonce)``;
+* slave -> master ``AuthProof`` (44 bytes): state, slave id, and its proof
+  ``HMAC-SHA256(secret, "txbroker-ha slave" + master nonce + slave nonce + slave id)``;
+  the slave's handshake follows and must carry the same id.
+
+Each side proves itself over the other's fresh nonce, so a recorded exchange is worth
+nothing, and the two proofs are labelled apart so one can never stand in for the other.
+Without a secret nothing of this is sent: the stream is RocketMQ's, byte for byte.
+
 The decoders are incremental: :meth:`feed` bytes as they arrive, then :meth:`next` returns one
 message or None (need more).  Anything that cannot be a message (an unknown state, a negative
 or oversized body size, an epoch body that is not whole entries) raises :class:`ProtocolError`;
@@ -17,11 +31,20 @@ a peer that sends it is dropped.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
 from dataclasses import dataclass, field
 
 STATE_HANDSHAKE = 1
 STATE_TRANSFER = 2
+#: The authentication messages' states: far from RocketMQ's ``HAConnectionState`` ordinals
+#: (0-4), so a RocketMQ peer reads them as garbage rather than as one of its own messages.
+STATE_AUTH_HELLO = 0x74784101
+STATE_AUTH_CHALLENGE = 0x74784102
+STATE_AUTH_PROOF = 0x74784103
+NONCE_SIZE = 16
+PROOF_SIZE = 32  # HMAC-SHA256
 
 #: A transfer body is at most this big unless the decoder is told otherwise (the master sends
 #: ~1 MiB batches; a larger size is garbage, not a message to buffer).
@@ -36,6 +59,9 @@ _EPOCH_ENTRY = struct.Struct(">iq")  # epoch, startOffset
 _ACK = struct.Struct(">iq")  # state, slave max offset
 _TRANSFER = struct.Struct(">iiqiqq")  # state, bodySize, offset, epoch, epochStartOffset, confirmOffset
 TRANSFER_HEADER_SIZE = _TRANSFER.size  # 36
+_AUTH_HELLO = struct.Struct(f">i{NONCE_SIZE}s")
+_AUTH_CHALLENGE = struct.Struct(f">i{NONCE_SIZE}s{PROOF_SIZE}s")
+_AUTH_PROOF = struct.Struct(f">iq{PROOF_SIZE}s")
 
 
 class ProtocolError(Exception):
@@ -69,6 +95,49 @@ class Transfer:
     epoch_start: int
     confirm_offset: int
     body: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class AuthHello:
+    nonce: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AuthChallenge:
+    nonce: bytes
+    proof: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AuthProof:
+    slave_id: int
+    proof: bytes
+
+
+def master_proof(secret: bytes, slave_nonce: bytes, master_nonce: bytes) -> bytes:
+    return hmac.new(secret, b"txbroker-ha master" + slave_nonce + master_nonce, hashlib.sha256).digest()
+
+
+def slave_proof(secret: bytes, master_nonce: bytes, slave_nonce: bytes, slave_id: int) -> bytes:
+    msg = b"txbroker-ha slave" + master_nonce + slave_nonce + struct.pack(">q", slave_id)
+    return hmac.new(secret, msg, hashlib.sha256).digest()
+
+
+def proof_matches(expected: bytes, got: bytes) -> bool:
+    """Constant-time comparison (a proof must not leak how much of it was right)."""
+    return hmac.compare_digest(expected, got)
+
+
+def encode_auth_hello(m: AuthHello) -> bytes:
+    return _AUTH_HELLO.pack(STATE_AUTH_HELLO, m.nonce)
+
+
+def encode_auth_challenge(m: AuthChallenge) -> bytes:
+    return _AUTH_CHALLENGE.pack(STATE_AUTH_CHALLENGE, m.nonce, m.proof)
+
+
+def encode_auth_proof(m: AuthProof) -> bytes:
+    return _AUTH_PROOF.pack(STATE_AUTH_PROOF, m.slave_id, m.proof)
 
 
 def encode_slave_handshake(m: SlaveHandshake) -> bytes:
@@ -112,12 +181,21 @@ class _Decoder:
 
 
 class SlaveStreamDecoder(_Decoder):
-    """What a master reads: one handshake, then acks."""
+    """What a master reads: (with a secret: a hello and a proof), one handshake, then acks."""
 
-    def next(self) -> SlaveHandshake | SlaveAck | None:
+    def next(self) -> SlaveHandshake | SlaveAck | AuthHello | AuthProof | None:
         state = self._state()
         if state is None:
             return None
+        if state == STATE_AUTH_HELLO:
+            if len(self._buf) < _AUTH_HELLO.size:
+                return None
+            return AuthHello(_AUTH_HELLO.unpack(self._take(_AUTH_HELLO.size))[1])
+        if state == STATE_AUTH_PROOF:
+            if len(self._buf) < _AUTH_PROOF.size:
+                return None
+            _, slave_id, proof = _AUTH_PROOF.unpack(self._take(_AUTH_PROOF.size))
+            return AuthProof(slave_id, proof)
         if state == STATE_HANDSHAKE:
             if len(self._buf) < _SLAVE_HANDSHAKE.size:
                 return None
@@ -136,16 +214,22 @@ class SlaveStreamDecoder(_Decoder):
 
 
 class MasterStreamDecoder(_Decoder):
-    """What a slave reads: one handshake, then transfer headers with their bodies."""
+    """What a slave reads: (with a secret: a challenge), one handshake, then transfer headers
+    with their bodies."""
 
     def __init__(self, max_body: int = MAX_BODY) -> None:
         super().__init__()
         self.max_body = max_body
 
-    def next(self) -> MasterHandshake | Transfer | None:
+    def next(self) -> MasterHandshake | Transfer | AuthChallenge | None:
         state = self._state()
         if state is None:
             return None
+        if state == STATE_AUTH_CHALLENGE:
+            if len(self._buf) < _AUTH_CHALLENGE.size:
+                return None
+            _, nonce, proof = _AUTH_CHALLENGE.unpack(self._take(_AUTH_CHALLENGE.size))
+            return AuthChallenge(nonce, proof)
         if state == STATE_HANDSHAKE:
             if len(self._buf) < _MASTER_HANDSHAKE.size:
                 return None

@@ -10,6 +10,18 @@ epochs; an idle connection gets an empty header every ``heartbeat`` seconds.  Ac
 
 New bytes are noticed through a store listener (every indexed append calls it) and a short
 poll as a backstop for records no queue indexes.
+
+**Who may follow.**  With a cluster ``secret`` a peer must pass the challenge-response of
+:mod:`~txbroker.store.ha_codec` before it gets anything (not even the epoch entries); one that
+does not is dropped with one line naming its address (repeats from the same address with the
+same reason go to DEBUG).  The master proves itself in the same exchange, so a slave never
+follows an impostor.  Without a secret any peer may follow, as in RocketMQ.
+
+**A slave behind this log's start.**  A slave whose acked offset retention has deleted here
+cannot follow: RocketMQ's master then sends heartbeats forever and the slave never moves.
+This master tells it instead: an empty transfer header at this log's first offset (a RocketMQ
+slave, too, refuses a header whose offset is not its own end), one line here, and the
+connection ends; the slave says why and waits a long back-off (:mod:`.ha_slave`).
 """
 
 from __future__ import annotations
@@ -17,18 +29,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from txbroker.store.ha_codec import (
+    NONCE_SIZE,
+    AuthChallenge,
+    AuthHello,
+    AuthProof,
     MasterHandshake,
     ProtocolError,
     SlaveAck,
     SlaveHandshake,
     SlaveStreamDecoder,
+    encode_auth_challenge,
     encode_master_handshake,
     encode_transfer_header,
+    master_proof,
+    proof_matches,
+    slave_proof,
 )
 from txbroker.store.message_store import MessageStore
 from txbroker.store.results import PutStatus
@@ -38,6 +59,21 @@ log = logging.getLogger(__name__)
 BATCH = 1024 * 1024
 #: A slave further behind than this is not worth waiting for (RocketMQ ``haMaxGapNotInSync``).
 MAX_GAP = 256 * 1024 * 1024
+#: Addresses whose last drop reason is remembered (so a retrying peer is named once).
+MAX_REMEMBERED_DROPS = 256
+
+
+class PeerRefused(Exception):
+    """A peer that may not follow (failed authentication, or needs bytes no longer held);
+    the message says why and names it."""
+
+
+class BehindLogStart(PeerRefused):
+    """A slave's offset is below this log's first offset (retention deleted it)."""
+
+    def __init__(self, message: str, min_offset: int) -> None:
+        super().__init__(message)
+        self.min_offset = min_offset
 
 
 @dataclass
@@ -51,13 +87,24 @@ class SlaveInfo:
 
 
 class HAMaster:
-    """Serves slaves; one per master store."""
+    """Serves slaves; one per master store.
+
+    **One connection per slave id.**  A second connection that completes the handshake with
+    the id of a live one *replaces* it (the older one is aborted).  The usual cause is the
+    same slave reconnecting after a silent partition: its old connection looks alive here
+    until ``idle_timeout`` passes, and refusing the new one would stall replication (and a
+    SYNC_MASTER's sends) for that long.  Taking over an id was also what an impostor could do;
+    with a cluster ``secret`` only a peer that knows the secret gets that far, so the
+    replacement is safe.  Without a secret the cluster trusts its network, as RocketMQ does.
+    """
 
     def __init__(self, store: MessageStore, *, host: str = "127.0.0.1", port: int = 0,
                  sock: object | None = None, heartbeat: float = 5.0, idle_timeout: float = 20.0,
                  poll: float = 0.05, clock: Callable[[], float] = time.monotonic,
-                 group: str = "") -> None:
+                 group: str = "", secret: str | bytes | None = None) -> None:
         self.store = store
+        #: The cluster secret slaves must prove they know (None: any peer may follow).
+        self._secret = secret.encode() if isinstance(secret, str) else secret
         #: The broker group's name, so log lines name a slave as ``<group> id <n>``.
         self.group = group
         self.host, self.port, self._sock = host, port, sock
@@ -67,6 +114,9 @@ class HAMaster:
         self.clock = clock
         self._server: asyncio.base_events.Server | None = None
         self._infos: dict[int, SlaveInfo] = {}
+        self._writers: dict[int, asyncio.StreamWriter] = {}
+        #: peer host -> the last reason it was dropped for (logged once per change).
+        self._drops: dict[str, str] = {}
         self._conns: set[asyncio.Task[None]] = set()
         self._waiters: list[tuple[int, int, asyncio.Future[PutStatus]]] = []
         self._data = asyncio.Event()
@@ -166,27 +216,33 @@ class HAMaster:
         sender: asyncio.Task[None] | None = None
         decoder = SlaveStreamDecoder()
         try:
-            hello = await self._read_one(reader, decoder)
-            if not isinstance(hello, SlaveHandshake):
-                raise ProtocolError("expected a handshake, got an ack")
+            hello = await self._greet(reader, writer, decoder, address)
             store = self.store
             writer.write(encode_master_handshake(MasterHandshake(
                 store.max_physical_offset, store.epochs.last_epoch, list(store.epochs.entries))))
             await writer.drain()
-            first = await self._read_one(reader, decoder)
+            first = await asyncio.wait_for(self._read_one(reader, decoder), self.idle_timeout)
             if not isinstance(first, SlaveAck):
-                raise ProtocolError("expected an ack, got a second handshake")
+                raise ProtocolError(f"expected an ack, got {type(first).__name__}")
             start = first.max_offset or store.min_physical_offset
             if hello.sync_from_last_file and not first.max_offset:
                 end = store.max_physical_offset
                 start = max(store.min_physical_offset, end - end % store.config.segment_size)
+            if start < store.min_physical_offset:
+                await self._refuse_behind(writer, hello.slave_id, start)
             info = SlaveInfo(hello.slave_id, address, first.max_offset)
             old = self._infos.get(hello.slave_id)
             if old is not None and old.connected:
-                log.warning("HA slave %s connected again from %s: the older connection is "
-                            "replaced", self._slave(hello.slave_id), address)
+                log.warning("HA slave %s connected again from %s: the older connection (from %s) "
+                            "is closed", self._slave(hello.slave_id), address, old.address)
+                old.connected = False
+                older = self._writers.get(hello.slave_id)
+                if older is not None:
+                    older.transport.abort()
             self._infos[hello.slave_id] = info
+            self._writers[hello.slave_id] = writer
             self._ack(info, first.max_offset)
+            self._drops.pop(str(peer[0]) if peer else "?", None)
             log.info("HA slave %s (from %s) follows from offset %d", self._slave(hello.slave_id),
                      address, start)
             sender = asyncio.create_task(self._send(writer, start, info))
@@ -195,8 +251,10 @@ class HAMaster:
             while True:
                 msg = await asyncio.wait_for(self._read_one(reader, decoder), self.idle_timeout)
                 if not isinstance(msg, SlaveAck):
-                    raise ProtocolError("expected an ack, got a second handshake")
+                    raise ProtocolError(f"expected an ack, got {type(msg).__name__}")
                 self._ack(info, msg.max_offset)
+        except PeerRefused as exc:
+            self._dropped(peer, f"HA peer at {address} dropped: {exc}")
         except (ProtocolError, ValueError) as exc:
             log.warning("HA slave at %s dropped: %s", address, exc)
         except TimeoutError:
@@ -213,17 +271,77 @@ class HAMaster:
                     await sender
                 except (asyncio.CancelledError, ConnectionError):
                     pass
+                except BehindLogStart as exc:
+                    self._dropped(peer, f"HA slave at {address}: sending stopped: {exc}")
                 except (ValueError, OSError) as exc:
                     log.warning("HA slave at %s: sending stopped: %s", address, exc)
             if info is not None and self._infos.get(info.slave_id) is info:
                 info.connected = False
+                self._writers.pop(info.slave_id, None)
                 if self.on_confirm is not None:
                     self.on_confirm()
             writer.close()
             self._conns.discard(task)
 
+    async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     decoder: SlaveStreamDecoder, address: str) -> SlaveHandshake:
+        """Read the slave's handshake, after its proof when a secret is set; PeerRefused when
+        it may not follow.  Nothing of the log is sent before this returns."""
+        first = await asyncio.wait_for(self._read_one(reader, decoder), self.idle_timeout)
+        if self._secret is None:
+            if isinstance(first, AuthHello):
+                raise PeerRefused("it asked to authenticate, but no cluster_secret is set on "
+                                  "this broker (set the same one on every broker of the group)")
+            if not isinstance(first, SlaveHandshake):
+                raise ProtocolError(f"expected a handshake, got {type(first).__name__}")
+            return first
+        if not isinstance(first, AuthHello):
+            raise PeerRefused("it did not authenticate (cluster_secret is set on this broker; "
+                              "is it set, the same, on that one?)")
+        nonce = secrets.token_bytes(NONCE_SIZE)
+        challenge = AuthChallenge(nonce, master_proof(self._secret, first.nonce, nonce))
+        writer.write(encode_auth_challenge(challenge))
+        await writer.drain()
+        proof = await asyncio.wait_for(self._read_one(reader, decoder), self.idle_timeout)
+        if not isinstance(proof, AuthProof):
+            raise PeerRefused(f"it sent {type(proof).__name__} instead of its proof")
+        if not proof_matches(slave_proof(self._secret, nonce, first.nonce, proof.slave_id), proof.proof):
+            raise PeerRefused(f"it failed authentication as slave id {proof.slave_id} (wrong "
+                              f"cluster_secret)")
+        hello = await asyncio.wait_for(self._read_one(reader, decoder), self.idle_timeout)
+        if not isinstance(hello, SlaveHandshake):
+            raise ProtocolError(f"expected a handshake, got {type(hello).__name__}")
+        if hello.slave_id != proof.slave_id:
+            raise PeerRefused(f"it proved slave id {proof.slave_id} but its handshake says "
+                              f"{hello.slave_id}")
+        return hello
+
+    async def _refuse_behind(self, writer: asyncio.StreamWriter, slave_id: int, offset: int) -> None:
+        """Tell a slave that needs ``offset`` where this log starts now, then end (raises)."""
+        store = self.store
+        low = store.min_physical_offset
+        epoch, epoch_start, _ = store.epochs.entry_at(low)
+        writer.write(encode_transfer_header(low, 0, epoch, epoch_start, self.confirm_offset))
+        with contextlib.suppress(OSError):
+            await writer.drain()
+        raise BehindLogStart(f"slave {self._slave(slave_id)} needs offset {offset}, but this log "
+                             f"now starts at {low} (retention deleted the rest): it cannot "
+                             f"follow until its data directory is rebuilt from this master", low)
+
+    def _dropped(self, peer: object, line: str) -> None:
+        """One line per peer host and reason; the same again from the same host at DEBUG."""
+        host = str(peer[0]) if isinstance(peer, tuple) else "?"
+        reason = line.split(": ", 1)[-1]
+        if self._drops.get(host) == reason:
+            log.debug("%s", line)
+            return
+        if len(self._drops) >= MAX_REMEMBERED_DROPS:
+            self._drops.pop(next(iter(self._drops)))
+        self._drops[host] = reason
+        log.warning("%s", line)
+
     async def _read_one(self, reader: asyncio.StreamReader, decoder: SlaveStreamDecoder
-                        ) -> SlaveHandshake | SlaveAck:
+                        ) -> SlaveHandshake | SlaveAck | AuthHello | AuthProof:
         while True:
             msg = decoder.next()
             if msg is not None:
@@ -261,7 +379,8 @@ class HAMaster:
             if offset < commitlog.max_offset:
                 seg = commitlog.segment_at(offset)
                 if seg is None:
-                    raise ValueError(f"offset {offset} is no longer held (min {commitlog.min_offset})")
+                    # Retention deleted it under a slave that fell behind.
+                    await self._refuse_behind(writer, info.slave_id, offset)
                 stop = seg.start + seg.wrote
                 if epoch_end is not None:
                     stop = min(stop, epoch_end)
