@@ -34,10 +34,10 @@ aborted read               a key read whose decision is rollback, whose send fai
 indeterminate twice        an ``info`` operation with a decision "either" read at two
                            positions (at most one delivery)
 pending                    halves left undecided once the run settled
-split-brain write          an ``ok`` whose storing broker was not the group's master: at the
-                           invocation another broker of its group was already named master
-                           (in a later epoch) and the storing broker was not named again
-                           before it answered
+split-brain write          an ``ok`` stored by a superseded master: at the invocation another
+                           broker of its group was already named master in a later epoch than
+                           the storing broker's last, and the storing broker was not named
+                           again before it answered
 =========================  ==================================================================
 
 What each mode promises (docs/reliability.md, "Faults we test"), hence what fails a run:
@@ -117,7 +117,9 @@ class GroupVerdict:
             out.append(f"{len(self.aborted_reads) + len(self.unknown_reads)} aborted read(s)")
         if self.indeterminate_twice:
             out.append(f"{len(self.indeterminate_twice)} indeterminate send(s) delivered twice")
-        if self.pending:
+        if self.pending is not None and self.pending < 0:
+            out.append("pending halves unknown (no master answered)")
+        elif self.pending:
             out.append(f"{self.pending} half(s) left pending")
         if self.split_brain:
             out.append(f"{len(self.split_brain)} split-brain write(s)")
@@ -168,12 +170,17 @@ def _master_at(timeline: list[tuple[float, str | None, int]], t: float) -> tuple
 
 
 def is_split_brain(op: Op, timeline: list[tuple[float, str | None, int]]) -> bool:
-    """``op`` was stored by a broker that was not the named master: at its invocation the
-    controller had named another broker, and did not name this one again before it answered."""
+    """``op`` was stored by a superseded master: at its invocation the controller had named
+    another broker in a later epoch than the last one it named the storing broker in, and
+    did not name the storing broker again before it answered.  (A broker named for the first
+    time just after it answered was already the newer master: polls see promotions late.)"""
     if op.type != OK or not op.broker:
         return False
     at = _master_at(timeline, op.invoked)
     if at is None or at[0] == op.broker:
+        return False
+    own = [e for ts, m, e in timeline if m == op.broker and ts <= op.invoked]
+    if not own or max(own) >= at[1]:
         return False
     assert op.completed is not None
     renamed = any(m == op.broker and op.invoked < ts <= op.completed for ts, m, _ in timeline)

@@ -83,10 +83,11 @@ def test_split_brain_write_after_another_broker_was_named():
          *send("before", 4.0, 5.2),            # invoked before the promotion: may be answered late
          *send("after", 5.1, 5.3),             # invoked after A1 was named, stored by A0
          *send("new", 5.1, 5.3, broker=A1),    # the new master: fine
+         *send("early", 4.5, 4.6, broker=A1),  # A1 answered before the poll saw it named: fine
          master(8.0, A0, 3),
          *send("back", 8.1, 8.2),              # A0 is master again in epoch 3: fine
          *send("renamed", 7.9, 8.3),           # A0 named again before it answered: fine
-         read("before"), read("after", 0, 1), read("new", 0, 2), read("back", 0, 3), read("renamed", 0, 4)]
+         read("before"), read("after", 0, 1), read("new", 0, 2), read("early", 0, 5), read("back", 0, 3), read("renamed", 0, 4)]
     v = check(h, G, ASYNC)
     assert v.split_brain == ["after"]
     assert "1 split-brain write(s)" in v.verdict
