@@ -49,6 +49,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Self
 
 PREFIX = "txbc"
 SUBNET = "10.213.0"
@@ -78,7 +79,7 @@ def unavailable_reason() -> str | None:
 
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
     if check and proc.returncode != 0:
         raise NetnsUnavailable(f"{' '.join(argv)}: {proc.stderr.strip() or proc.returncode}")
     return proc
@@ -154,7 +155,7 @@ class Network:
         return self.nodes[name]
 
     # --- lifecycle ---------------------------------------------------------------------------
-    def up(self) -> Network:
+    def up(self) -> Self:
         reason = unavailable_reason()
         if reason:
             raise NetnsUnavailable(reason)
@@ -194,7 +195,7 @@ class Network:
         with contextlib.suppress(Exception):
             atexit.unregister(self.down)
 
-    def __enter__(self) -> Network:
+    def __enter__(self) -> Self:
         return self.up()
 
     def __exit__(self, *exc: object) -> None:
@@ -257,7 +258,7 @@ class Network:
                     out.append("connected")
             except ConnectionRefusedError:
                 out.append("refused")
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 out.append("timeout")
             except OSError as exc:
                 out.append(f"error: {exc}")

@@ -56,7 +56,14 @@ import orjson
 
 from txbroker.bench.chaos.cluster import routed_master
 from txbroker.bench.chaos.driver import LedgerListener
-from txbroker.bench.chaos.faults import CLIENT, GROUPS, NODES, SERVICES, ClusterSettings, NsCluster
+from txbroker.bench.chaos.faults import (
+    CLIENT,
+    GROUPS,
+    NODES,
+    SERVICES,
+    ClusterSettings,
+    NsCluster,
+)
 from txbroker.bench.chaos.history import GroupVerdict, check
 from txbroker.bench.chaos.ledger import DECIDED, KINDS, Ledger
 from txbroker.bench.chaos.netns import Network
