@@ -139,6 +139,9 @@ class Recorder:
         path.write_bytes(b"".join(orjson.dumps(ev) + b"\n" for ev in self.events))
 
 
+UNHEALTHY = "the groups never had a master with both brokers in sync"
+
+
 # --- faults ------------------------------------------------------------------------------------
 @dataclass
 class FaultCtx:
@@ -292,7 +295,7 @@ async def _run_once(cfg: PartitionsConfig, cluster: NsCluster, net: Network, sce
     result = RunResult(scenario, run)
     infos = await cluster.wait_healthy(cfg.healthy_timeout)
     if infos is None:
-        result.error = "the groups never had a master with both brokers in sync"
+        result.error = UNHEALTHY
         return result
     masters = {g: cluster.node_of(i.master_addr) or "?" for g, i in infos.items()}
     slaves = {g.name: next(n for n in g.nodes if n != masters[g.name]) for g in GROUPS}
@@ -442,6 +445,14 @@ async def _all(cfg: PartitionsConfig, net: Network, root: Path, results: list[Ru
                 rec.write(cluster.root / f"history-{scenario}{run}.jsonl")
                 results.append(r)
                 progress(_progress_line(r, cfg.runs))
+                if r.error == UNHEALTHY and run + 1 < cfg.runs:
+                    # The group did not recover from the last fault (a finding in itself,
+                    # kept in this run's result): the next runs get a fresh cluster.
+                    await asyncio.to_thread(cluster.stop)
+                    cluster = NsCluster(net, root / f"scenario-{scenario}-from-run{run + 2}", settings)
+                    progress(f"[{scenario}] the cluster did not recover: starting a fresh one "
+                             f"(logs of the old one kept)")
+                    await asyncio.to_thread(cluster.start)
         finally:
             net.heal_all()
             await asyncio.to_thread(cluster.stop)
