@@ -1,6 +1,8 @@
 """``python -m txbroker.bench.chaos [--kills 20 --seed 1 --flush sync]``: run the chaos driver, print the
 report table, exit 1 when an invariant was violated.  ``--cluster``: the master of a SYNC_MASTER
-broker group is killed instead (:mod:`txbroker.bench.chaos.cluster`)."""
+broker group is killed instead (:mod:`txbroker.bench.chaos.cluster`).  ``--partitions``: partitions,
+pauses and lost replies on a SYNC_MASTER and an ASYNC_MASTER group in network namespaces
+(:mod:`txbroker.bench.chaos.partitions`; needs root)."""
 
 from __future__ import annotations
 
@@ -26,11 +28,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", action="store_true",
                     help="a controller, a name server and a two-broker SYNC_MASTER group; "
                          "the master is SIGKILLed each time")
-    ap.add_argument("--lease", type=float, default=2.0, help="--cluster: the controller's lease")
+    ap.add_argument("--lease", type=float, default=2.0,
+                    help="--cluster/--partitions: the controller's lease")
+    ap.add_argument("--partitions", action="store_true",
+                    help="partition, pause and lost-reply scenarios on a controller-mode cluster in "
+                         "network namespaces, judged by the history checker (needs root)")
+    ap.add_argument("--scenario", default="a,b,c,d,e,f,g",
+                    help="--partitions: comma-separated scenarios a..g (default: all)")
+    ap.add_argument("--runs", type=int, default=5, help="--partitions: runs per scenario")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     if args.cluster:
         return _cluster(args)
+    if args.partitions:
+        return _partitions(args)
     cfg = ChaosConfig(seed=args.seed, kills=args.kills, producers=args.producers,
                       flush_mode=args.flush, min_kill_interval=args.min_interval,
                       max_kill_interval=args.max_interval, settle_timeout=args.settle_timeout,
@@ -65,6 +76,34 @@ def _cluster(args: argparse.Namespace) -> int:
         if items:
             print(f"{name}: {items[:10]}")
     return 0 if report.ok else 1
+
+
+def _partitions(args: argparse.Namespace) -> int:
+    from txbroker.bench.chaos.netns import NetnsUnavailable, unavailable_reason
+    from txbroker.bench.chaos.partitions import PartitionsConfig, report, run_partitions
+
+    try:
+        cfg = PartitionsConfig(scenarios=tuple(s.strip() for s in args.scenario.split(",") if s.strip()),
+                               runs=args.runs, seed=args.seed, lease=args.lease,
+                               producers=args.producers, settle_timeout=args.settle_timeout,
+                               work_dir=args.data_dir)
+    except ValueError as exc:
+        print(f"--partitions: {exc}", file=sys.stderr)
+        return 2
+    reason = unavailable_reason()
+    if reason:
+        print(f"--partitions skipped: {reason}", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    try:
+        results = run_partitions(cfg, progress=lambda line: print(line, flush=True))
+    except NetnsUnavailable as exc:
+        print(f"--partitions skipped: {exc}", file=sys.stderr)
+        return 2
+    print(f"partitions run: seed={cfg.seed} runs={cfg.runs} scenarios={','.join(cfg.scenarios)} "
+          f"lease={cfg.lease}s wall={time.monotonic() - t0:.1f}s")
+    print(report(results))
+    return 0 if all(r.ok for r in results) else 1
 
 
 if __name__ == "__main__":

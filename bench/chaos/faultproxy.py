@@ -7,6 +7,12 @@ already handled ("half stored but answer lost", "check-back lost"); a cut on the
 client->broker direction loses a request such as a one-way END_TRANSACTION.  Bytes are never
 altered or silently dropped inside a live stream: a TCP peer can only lose a connection, not
 a slice of it, so that is the fault worth simulating.
+
+**Silent mode** (``silence_after``): a client->server chunk it picks is forwarded, and then
+that connection is black-holed without being closed: whatever either side sends afterwards
+is read and dropped, no FIN, no RST, until the proxy closes.  The request was handled, its
+answer never arrives, and the client learns nothing but a time-out: the lost reply of a
+silent network partition that began just after the request went out.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ class FaultStats:
     delays: int = 0
     cuts_to_server: int = 0
     cuts_to_client: int = 0
+    silenced: int = 0
 
 
 @dataclass
@@ -40,6 +47,9 @@ class FaultProxy:
     #: Scripted faults: ``cut_when(to_server, chunk)`` returning True cuts that connection
     #: before the chunk is forwarded (e.g. exactly the answer to a SEND).
     cut_when: Callable[[bool, bytes], bool] | None = None
+    #: Silent mode: ``silence_after(chunk)`` returning True for a client->server chunk forwards
+    #: it and then black-holes that connection (both ways, nothing closed).
+    silence_after: Callable[[bytes], bool] | None = None
     stats: FaultStats = field(default_factory=FaultStats)
 
     def __post_init__(self) -> None:
@@ -80,8 +90,9 @@ class FaultProxy:
             c_writer.close()
             return
         self._writers.update((c_writer, s_writer))
-        up = asyncio.ensure_future(self._pump(c_reader, s_writer, (c_writer, s_writer), True))
-        down = asyncio.ensure_future(self._pump(s_reader, c_writer, (c_writer, s_writer), False))
+        silent = asyncio.Event()
+        up = asyncio.ensure_future(self._pump(c_reader, s_writer, (c_writer, s_writer), True, silent))
+        down = asyncio.ensure_future(self._pump(s_reader, c_writer, (c_writer, s_writer), False, silent))
         for t in (up, down):
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
@@ -89,12 +100,15 @@ class FaultProxy:
         self._writers.difference_update((c_writer, s_writer))
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    both: tuple[asyncio.StreamWriter, ...], to_server: bool) -> None:
+                    both: tuple[asyncio.StreamWriter, ...], to_server: bool,
+                    silent: asyncio.Event) -> None:
         try:
             while True:
                 data = await reader.read(65536)
                 if not data:
                     break
+                if silent.is_set():
+                    continue  # black-holed: read and dropped, the connection stays open
                 self.stats.chunks += 1
                 if self.enabled and self._rng.random() < self.delay_probability:
                     self.stats.delays += 1
@@ -108,6 +122,10 @@ class FaultProxy:
                     break
                 writer.write(data)
                 await writer.drain()
+                if self.enabled and to_server and self.silence_after is not None \
+                        and self.silence_after(data):
+                    self.stats.silenced += 1
+                    silent.set()
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:

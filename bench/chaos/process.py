@@ -38,7 +38,8 @@ class BrokerProcess:
     def __init__(self, data_dir: Path, settings: dict[str, object], log_path: Path) -> None:
         self.data_dir = Path(data_dir)
         self.settings = dict(settings)
-        self.settings.setdefault("broker_port", free_port(str(self.settings.get("listen_host", "127.0.0.1"))))
+        if "broker_port" not in self.settings:  # not evaluated when given: the host may be another namespace's
+            self.settings["broker_port"] = free_port(str(self.settings.get("listen_host", "127.0.0.1")))
         self.settings.setdefault("namesrv_port", -1)
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
