@@ -97,11 +97,16 @@ class SendError(ClientError):
     """A send failed on every attempt; ``attempts`` holds one line per attempt.
 
     ``code``, ``remark`` and ``addr`` are the last attempt's broker refusal (None, None and
-    "" when it got no answer)."""
+    "" when it got no answer).  ``may_be_stored``: the last attempt's outcome is unknown (no
+    answer, or the broker said so); a transaction's half may then be stored, and its
+    producer's check-back answer decides it."""
 
-    def __init__(self, topic: str, attempts: list[str], last: BaseException | None) -> None:
+    def __init__(self, topic: str, attempts: list[str], last: BaseException | None, *,
+                 may_be_stored: bool = False) -> None:
+        tail = " (the message may have been stored)" if may_be_stored else ""
         super().__init__(f"send to topic {topic!r} failed after {len(attempts)} attempt(s): "
-                         + "; ".join(attempts))
+                         + "; ".join(attempts) + tail)
+        self.may_be_stored = may_be_stored
         self.topic = topic
         self.attempts = attempts
         self.code = getattr(last, "code", None)

@@ -278,9 +278,21 @@ class Producer:
 
     async def _send(self, topic: str, body: bytes, props: dict[str, str], sys_flag: int,
                     msg_id: str, *, batch: bool = False) -> SendResult:
+        """Send, retrying on another queue.
+
+        A transaction's half whose outcome is unknown (sent, then no answer, a dropped
+        connection or an OUTCOME_UNKNOWN refusal) is retried on the *same* queue only: its
+        group's master answers a retry of a pending half with the first half's ids and stores
+        nothing (``TransactionService._retried_half``), where a half sent to another group
+        would be a second transaction under the same id, checked back and committed too
+        (docs/reliability.md, "Faults we test").  When no retry settles it, the SendError says
+        ``may_be_stored``: the local transaction does not run and the check-back decides it."""
         attempts: list[str] = []
         last: BaseException | None = None
         failed_broker: str | None = None
+        half = bool(sys_flag & rec.TRANSACTION_PREPARED_TYPE)
+        #: A half's queue after an unknown outcome: every later attempt goes there.
+        pinned: MessageQueue | None = None
         start = next(self._rr)
         for attempt in range(self.retries + 1):
             # A first attempt on an unchanged route needs no coroutine to find its queues.
@@ -294,23 +306,29 @@ class Producer:
                     attempts.append(f"attempt {attempt + 1}: {exc}")
                     last = exc
                     continue
-            mq = self.faults.select(queues, start + attempt, failed_broker)
+            mq = pinned or self.faults.select(queues, start + attempt, failed_broker)
             addr = "?"
             began = time.monotonic()
             reachable = True
+            sent = False
             try:
                 addr = self._instance.namesrv.broker_addr(mq.broker_name)
                 cmd = self._request(mq, body, props, sys_flag, batch=batch)
+                if half:  # a failure to connect sends nothing: not an unknown outcome
+                    await self._instance.connection(addr)
+                sent = True
                 resp = await self._instance.invoke(addr, cmd, self.send_timeout)
             except TimeoutError as exc:
                 last = exc
                 attempts.append(f"attempt {attempt + 1} queue {mq.queue_id} on {addr}: "
                                 f"no answer within {self.send_timeout}s")
+                unknown = sent
             except (OSError, ConnectionError, ClientError) as exc:
                 last = exc
                 reachable = not isinstance(exc, (OSError, ConnectionError))
                 attempts.append(f"attempt {attempt + 1} queue {mq.queue_id} on {addr}: "
                                 f"{type(exc).__name__}: {exc}")
+                unknown = sent and not isinstance(exc, ClientError)
             else:
                 status = _STATUS_BY_CODE.get(resp.code)
                 if status is not None:
@@ -324,11 +342,16 @@ class Producer:
                 if resp.code not in RETRY_CODES:
                     self.faults.update(mq.broker_name, (time.monotonic() - began) * 1000)
                     break
+                # SYSTEM_ERROR: OUTCOME_UNKNOWN, or a failure the broker cannot place before
+                # the store.  The other retried codes refuse before anything is stored.
+                unknown = resp.code == ResponseCode.SYSTEM_ERROR
             self.faults.update(mq.broker_name, (time.monotonic() - began) * 1000,
                                isolation=True, reachable=reachable)
             failed_broker = mq.broker_name
+            if half and (unknown or pinned):
+                pinned = mq
             log.info("producer %s: %s", self.group, attempts[-1])
-        raise SendError(topic, attempts, last)
+        raise SendError(topic, attempts, last, may_be_stored=pinned is not None)
 
     @staticmethod
     def _result(topic: str, mq: MessageQueue, resp: RemotingCommand, status: SendStatus,
