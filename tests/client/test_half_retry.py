@@ -110,7 +110,7 @@ async def test_a_half_whose_outcome_stays_unknown_says_it_may_be_stored(broker_c
             return LocalTransactionState.COMMIT_MESSAGE
 
     async with InProcessCluster(broker_config, tmp_path) as c:
-        ns, a, b, proxy = await _two_groups(c, lose_every_send_answer)
+        ns, _a, b, proxy = await _two_groups(c, lose_every_send_answer)
         try:
             async with TransactionProducer("PG_HALF_UNKNOWN", ns.addr, listener=Recording(),
                                            retries=2, send_timeout=2.0) as producer:
