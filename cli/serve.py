@@ -111,7 +111,9 @@ _OPTIONS: dict[str, _Opt] = {
     "min_in_sync_replicas": _Opt("COUNT", "SYNC_MASTER: slaves that must hold a send before it "
                                           "is acknowledged"),
     "slave_timeout": _Opt("SECONDS", "SYNC_MASTER: a send not replicated within this is answered "
-                                     "FLUSH_SLAVE_TIMEOUT (it is still stored)"),
+                                     "FLUSH_SLAVE_TIMEOUT (it is still stored); must be shorter "
+                                     "than the controller lease",
+                          "0: half the controller lease in controller mode, else 3 s"),
     "register_interval": _Opt("SECONDS", "how often the broker registers with every name server"),
     "metadata_sync_interval": _Opt("SECONDS", "how often a slave copies topics and consumer "
                                               "offsets from its master"),
@@ -121,6 +123,13 @@ _OPTIONS: dict[str, _Opt] = {
     "controller_lease": _Opt("SECONDS", "controller mode: a master that has not renewed its lease "
                                         "within this stops accepting writes; the controller "
                                         "promotes a slave after it"),
+    "ha_heartbeat_interval": _Opt("SECONDS", "replication: an idle HA connection carries a "
+                                             "heartbeat this often (less than half the HA idle "
+                                             "time-out)",
+                                  "0: a quarter of the HA idle time-out in controller mode, else 5 s"),
+    "ha_idle_timeout": _Opt("SECONDS", "replication: an HA connection silent this long is dropped "
+                                       "(at most the controller lease in controller mode)",
+                            "0: the controller lease in controller mode, else 20 s"),
     "kafka_port": _Opt("PORT", "Kafka-protocol listener (Kafka clients, same topics and store; "
                                "0 = ephemeral, -1 = off)"),
     "kafka_transaction_max_timeout": _Opt("SECONDS", "longest transaction.timeout.ms a Kafka "

@@ -81,3 +81,56 @@ def test_a_size_with_an_unknown_unit_names_the_setting_and_the_units(raw) -> Non
 def test_a_unit_is_only_for_sizes() -> None:
     with pytest.raises(ConfigError, match="must be an integer"):
         load_config({"transaction_history_size": "1KiB"})
+
+
+CONTROLLED = {"controller_addr": "127.0.0.1:9878"}
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"controller_heartbeat_interval": 1.5}, ("controller_heartbeat_interval=1.5",
+                                              "controller_lease=3")),
+    ({**CONTROLLED, "ha_idle_timeout": 5.0}, ("ha_idle_timeout=5", "controller_lease=3")),
+    ({"ha_heartbeat_interval": 10.0}, ("ha_heartbeat_interval=10", "ha_idle_timeout=20 (derived)")),
+    ({**CONTROLLED, "slave_timeout": 3.0}, ("slave_timeout=3", "controller_lease=3")),
+    ({**CONTROLLED, "controller_lease": 2.0, "slave_timeout": 2.5},
+     ("slave_timeout=2.5", "controller_lease=2")),
+])
+def test_cluster_time_limits_are_checked_against_each_other(options, named) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config({k: str(v) for k, v in options.items()}, {})
+    line = str(err.value)
+    assert "\n" not in line
+    for setting in named:
+        assert setting in line, line
+
+
+def test_cluster_time_limits_derive_from_the_lease_in_controller_mode() -> None:
+    classic = BrokerConfig().timing()
+    assert (classic.ha_heartbeat, classic.ha_idle_timeout, classic.slave_timeout) == (5.0, 20.0, 3.0)
+    t = BrokerConfig(controller_addr="127.0.0.1:9878", controller_lease=2.0,
+                     controller_heartbeat_interval=0.5).timing()
+    assert t.ha_idle_timeout <= t.lease and t.ha_heartbeat < t.ha_idle_timeout / 2
+    assert t.slave_timeout < t.lease
+    # The lease a master counts on is strictly shorter than the controller's promotion delay.
+    assert 0 < t.assumed_lease < t.lease - 0.05
+    # A slave time-out that is fine without a controller is checked once one decides.
+    assert BrokerConfig(slave_timeout=5.0).timing().slave_timeout == 5.0
+    with pytest.raises(ConfigError, match="slave_timeout=5 and controller_lease=3"):
+        BrokerConfig(slave_timeout=5.0, controller_addr="127.0.0.1:9878")
+
+
+def test_serve_refuses_clashing_time_limits_in_one_line(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from txbroker.cli.main import main
+
+    result = CliRunner().invoke(main, ["serve", "--data-dir", str(tmp_path / "d"),
+                                       "--controller-addr", "127.0.0.1:9878",
+                                       "--namesrv-addr", "127.0.0.1:9876",
+                                       "--controller-lease", "2", "--ha-idle-timeout", "4"],
+                                env={"TXBROKER_SLAVE_TIMEOUT": "1"})
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert "ha_idle_timeout=4" in lines[0] and "controller_lease=2" in lines[0]
+    assert not (tmp_path / "d").exists()

@@ -18,9 +18,12 @@ The Kafka listener (``kafka_port``, -1 = off; docs/kafka.md) is bound with the o
 transaction coordinator replays its system topics right after the store opens, before any
 listener serves.
 
-Shutdown order (``stop``): stop accepting and answer held pulls and long-polling Kafka fetches,
-drain in-flight requests (both protocols) within ``shutdown_grace``, stop the transaction
-service (no check-back may start against a closing store) and the Kafka group and transaction
+Shutdown order (``stop``), the mirror of start-up: in a cluster fence the store first (every
+put from then on is refused, :meth:`~txbroker.roles.Roles.begin_stop`) and unregister; stop
+accepting and answer held pulls and long-polling Kafka fetches, drain in-flight requests (both
+protocols) within ``shutdown_grace`` while replication still runs (a SYNC_MASTER acknowledges
+nothing its slaves lack), then stop the role (controller link, HA), the transaction service
+(no check-back may start against a closing store) and the Kafka group and transaction
 coordinators, then close the store (final flush, offsets, clean-shutdown marker).
 """
 
@@ -309,6 +312,7 @@ class Broker:
                                               clock=self.clock)
         self.schedule = ScheduleService(self.store, clock=self.clock)
         if not cfg.namesrv_addr:  # in a cluster the role decides (roles.py)
+            self.recover_master_state()
             await self.resume_master_services()
 
         handlers: dict[int, Callable] = {}
@@ -378,10 +382,15 @@ class Broker:
     def tx_active(self) -> bool:
         return self.tx is not None and self.tx.active
 
-    async def resume_master_services(self) -> None:
-        """Becoming the master: transaction state from the log, checks and delayed delivery."""
-        assert self.tx is not None and self.schedule is not None
+    def recover_master_state(self) -> None:
+        """Becoming the master, still fenced: the transaction state from the (final) log."""
+        assert self.tx is not None
         self.tx.recover()
+
+    async def resume_master_services(self) -> None:
+        """Becoming the master, fence lifted: checks (whose start rewrites the op records
+        recovery found missing: a write) and delayed delivery."""
+        assert self.tx is not None and self.schedule is not None
         await self.tx.start()
         await self.schedule.start()
 
@@ -448,14 +457,18 @@ class Broker:
             writer.close()
 
     async def stop(self) -> None:
+        """Undo :meth:`start` in mirror order.  In a cluster the store is fenced first
+        (STOPPING: every put from then on is refused, retriably), then clients are drained
+        with replication still running (a SYNC_MASTER acknowledges only what its slaves
+        hold), and only then does replication stop."""
         if not self._started:
             return
         self._started = False
         grace = self.config.shutdown_grace
-        if self.registrar is not None:  # first: clients stop being routed here
+        if self.roles is not None:  # first: no put is taken from here on
+            self.roles.begin_stop()
+        if self.registrar is not None:  # clients stop being routed here
             await self.registrar.stop()
-        if self.roles is not None:
-            await self.roles.stop()
         if self._ha_sock is not None:
             self._ha_sock.close()
         if self._housekeeping is not None:
@@ -467,6 +480,8 @@ class Broker:
             self._kafka_sock.close()
         servers = [s for s in (self.server, self.namesrv_server, self.kafka) if s is not None]
         await asyncio.gather(*(s.close(grace) for s in servers), return_exceptions=True)
+        if self.roles is not None:  # no client left: the controller link, HA, following
+            await self.roles.stop()
         if self.schedule is not None:
             await self.schedule.close()
         if self.tx is not None:

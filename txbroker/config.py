@@ -37,6 +37,41 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field and the rule."""
 
 
+#: Controller mode: the share of the lease a master does not count on, for clock-rate drift
+#: between its machine and the controller's (NTP slews clocks by at most 0.05 %; 5 % is
+#: generous) ...
+LEASE_DRIFT = 0.05
+#: ... and a fixed allowance (seconds) for what happens between the write-path check and the
+#: answer leaving the socket, and for the controller's clock reading its heartbeat early.
+LEASE_SLACK = 0.1
+#: Shortest controller lease accepted: the assumed lease must leave room to write.
+MIN_CONTROLLER_LEASE = 0.5
+#: Without a controller (RocketMQ 4.x defaults): HA heartbeat (``haSendHeartbeatInterval``),
+#: idle time-out (``haHousekeepingInterval``) and the SYNC_MASTER wait.
+CLASSIC_HA_HEARTBEAT = 5.0
+CLASSIC_HA_IDLE_TIMEOUT = 20.0
+CLASSIC_SLAVE_TIMEOUT = 3.0
+
+
+@dataclass(frozen=True)
+class ClusterTiming:
+    """The time limits a clustered broker runs by (:meth:`BrokerConfig.timing`), seconds.
+
+    ``assumed_lease`` is how long after *sending* an answered heartbeat a controller-mode
+    master counts itself master: ``lease * (1 - LEASE_DRIFT) - LEASE_SLACK``.  The controller
+    promotes another replica no sooner than ``max(its lease, the heartbeatTimeoutMills the
+    broker sent = controller_lease)`` after *receiving* the last heartbeat, which is after it
+    was sent; both sides measure with monotonic clocks, so only their rates may differ, and
+    the margin covers that and the moment between the check and the answer leaving."""
+
+    lease: float
+    assumed_lease: float
+    controller_heartbeat: float
+    ha_heartbeat: float
+    ha_idle_timeout: float
+    slave_timeout: float
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     """Everything the broker can be told.  Durations are seconds, sizes are bytes."""
@@ -116,8 +151,10 @@ class BrokerConfig:
     ha_master_addr: str = ""
     #: SYNC_MASTER: slaves that must hold a send's bytes before it is acknowledged.
     min_in_sync_replicas: int = 1
-    #: SYNC_MASTER: a send not replicated within this is answered FLUSH_SLAVE_TIMEOUT (stored).
-    slave_timeout: float = 3.0
+    #: SYNC_MASTER: a send not replicated within this is answered FLUSH_SLAVE_TIMEOUT (stored);
+    #: 0 = half of ``controller_lease`` in controller mode (a put is answered inside one
+    #: lease), 3 s otherwise (see :meth:`BrokerConfig.timing`).
+    slave_timeout: float = 0.0
     #: How often the broker registers with every name server (RocketMQ: 30 s, clamped 10-60 s).
     register_interval: float = 30.0
     #: How often a slave copies topic configs and consumer offsets from its master.
@@ -129,6 +166,13 @@ class BrokerConfig:
     #: renewed its lease within ``controller_lease`` stops accepting writes (fencing).
     controller_heartbeat_interval: float = 0.5
     controller_lease: float = 3.0
+    #: Replication liveness: an idle HA connection carries a heartbeat every
+    #: ``ha_heartbeat_interval`` and is dropped after ``ha_idle_timeout`` without one.  0 =
+    #: derived: in controller mode from the lease (idle timeout = the lease, heartbeat = a
+    #: quarter of the idle timeout), so a master notices a silent slave within one lease;
+    #: otherwise RocketMQ's 5 s and 20 s (see :meth:`BrokerConfig.timing`).
+    ha_heartbeat_interval: float = 0.0
+    ha_idle_timeout: float = 0.0
 
     # --- Kafka listener (docs/kafka.md) ---------------------------------------------------------
     #: Kafka-protocol listener on ``listen_host``; -1 = off (the default), 0 = ephemeral.
@@ -163,6 +207,17 @@ class BrokerConfig:
 
     def __post_init__(self) -> None:
         _validate(self)
+
+    def timing(self) -> ClusterTiming:
+        """The cluster's time limits in force, the derived ones (0 = derived) worked out."""
+        controlled = bool(self.controller_addr)
+        lease = self.controller_lease
+        idle = self.ha_idle_timeout or (lease if controlled else CLASSIC_HA_IDLE_TIMEOUT)
+        beat = self.ha_heartbeat_interval or (idle / 4 if controlled else CLASSIC_HA_HEARTBEAT)
+        slave = self.slave_timeout or (lease / 2 if controlled else CLASSIC_SLAVE_TIMEOUT)
+        return ClusterTiming(lease=lease, assumed_lease=lease * (1 - LEASE_DRIFT) - LEASE_SLACK,
+                             controller_heartbeat=self.controller_heartbeat_interval,
+                             ha_heartbeat=beat, ha_idle_timeout=idle, slave_timeout=slave)
 
     def replace(self, **changes: Any) -> BrokerConfig:
         """A copy with ``changes`` applied and validated."""
@@ -207,7 +262,7 @@ def _validate(c: BrokerConfig) -> None:
     need(0.0 < c.disk_max_used_ratio <= 1.0, "disk_max_used_ratio", "must be in (0, 1]")
     for name in ("flush_interval", "sync_flush_timeout", "offset_persist_interval",
                  "transaction_check_interval", "file_reserved_time", "max_pull_suspend",
-                 "shutdown_grace", "slave_timeout", "register_interval", "metadata_sync_interval",
+                 "shutdown_grace", "register_interval", "metadata_sync_interval",
                  "controller_heartbeat_interval", "controller_lease",
                  "kafka_transaction_max_timeout", "kafka_transaction_scan_interval",
                  "kafka_group_min_session_timeout"):
@@ -224,8 +279,9 @@ def _validate(c: BrokerConfig) -> None:
          "must be ASYNC_MASTER or SYNC_MASTER (a slave is --broker-id 1 or more)")
     need(c.broker_id >= 0, "broker_id", "must be >= 0 (0 = master, 1 or more = slave)")
     need(c.min_in_sync_replicas >= 1, "min_in_sync_replicas", "must be >= 1")
-    need(c.controller_lease > c.controller_heartbeat_interval, "controller_lease",
-         "must be longer than controller_heartbeat_interval")
+    for name in ("slave_timeout", "ha_heartbeat_interval", "ha_idle_timeout"):
+        need(getattr(c, name) >= 0, name, "must be >= 0 (0 = derived)")
+    _check_timing(c)
     for name in ("namesrv_addr", "ha_master_addr", "controller_addr"):
         try:
             parse_address_list(getattr(c, name))
@@ -244,6 +300,41 @@ def _validate(c: BrokerConfig) -> None:
     if c.cluster_secret is not None and len(c.cluster_secret) < MIN_SECRET_LENGTH:
         # Never echo the value itself.
         raise ConfigError(f"cluster_secret: must be at least {MIN_SECRET_LENGTH} characters")
+
+
+def _check_timing(c: BrokerConfig) -> None:
+    """The cluster's time limits against each other (docs/cluster.md, "Time limits"): one
+    line naming both settings and the values in force (a derived one says so)."""
+    t = c.timing()
+    shown = {"controller_heartbeat_interval": t.controller_heartbeat, "controller_lease": t.lease,
+             "ha_heartbeat_interval": t.ha_heartbeat, "ha_idle_timeout": t.ha_idle_timeout,
+             "slave_timeout": t.slave_timeout}
+
+    def value(name: str) -> str:
+        derived = " (derived)" if getattr(c, name) == 0 else ""
+        return f"{name}={shown[name]:g}{derived}"
+
+    def pair(ok: bool, a: str, b: str, rule: str) -> None:
+        if not ok:
+            raise ConfigError(f"{value(a)} and {value(b)}: {rule}")
+
+    pair(t.controller_heartbeat < t.lease / 2, "controller_heartbeat_interval", "controller_lease",
+         "the heartbeat interval must be less than half the lease (one lost heartbeat must "
+         "not cost the master its lease)")
+    pair(t.ha_heartbeat < t.ha_idle_timeout / 2, "ha_heartbeat_interval", "ha_idle_timeout",
+         "the HA heartbeat must be less than half the HA idle time-out")
+    if not c.controller_addr:
+        return
+    if t.lease < MIN_CONTROLLER_LEASE:
+        raise ConfigError(f"controller_lease={t.lease:g}: must be at least "
+                          f"{MIN_CONTROLLER_LEASE:g} s in controller mode (a master counts on "
+                          f"{1 - LEASE_DRIFT:.0%} of it less {LEASE_SLACK:g} s)")
+    pair(t.ha_idle_timeout <= t.lease, "ha_idle_timeout", "controller_lease",
+         "in controller mode the HA idle time-out must not exceed the lease (a master must "
+         "notice a silent slave within one lease)")
+    pair(t.slave_timeout < t.lease, "slave_timeout", "controller_lease",
+         "in controller mode the slave time-out must be shorter than the lease (a SYNC_MASTER "
+         "send must be answered inside one lease)")
 
 
 #: Listen hosts whose listeners share the port space of the metrics endpoint's 127.0.0.1.

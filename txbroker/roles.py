@@ -8,14 +8,17 @@ always its own master and this module is not used.  Which role, and when it chan
   servers hand back at registration).  Failover is by hand, as in RocketMQ 4.x.
 * **controller mode**: the controller names the master and its epoch
   (:mod:`txbroker.service.controller_link`); this broker follows what it says, promoting or
-  demoting itself, and a master whose lease runs out fences itself.
+  demoting itself, and a master takes a write only while its lease is known to hold.
 
-What a role switches (docs/cluster.md, "Roles"):
+The role is one state of :mod:`txbroker.role_state` (STARTING, SLAVE, PROMOTING, MASTER,
+DEMOTING, STOPPING, STOPPED), and the store asks one write gate (:meth:`Roles._gate`) before
+every client write and again before acknowledging a put that waited: the state's fence, and
+for a controller-mode master its lease.  What a role switches (docs/cluster.md, "Roles"):
 
 =====================  =========================================  ==================================
                        master                                     slave
 =====================  =========================================  ==================================
-store                  takes writes (unless the lease ran out)    fenced: only replicated bytes
+store                  takes writes while its lease holds         fenced: only replicated bytes
 HA                     serves slaves; SYNC_MASTER waits for them  follows the master, truncating
                                                                   first to the last common point
 transactions           state recovered from the log; checks run   none (rebuilt at promotion)
@@ -27,8 +30,10 @@ name servers           registered as id 0                         its own id (no
 Promotion runs in this order so that nothing is written before the log is final: stop
 following, cut the torn tail, start the new epoch (appended to the epoch file), recover the
 transaction state from the log (pending halves, decisions, check counts: the replicated
-records), start checks and scheduled deliveries, lift the fence, register as id 0.  Demotion
-is its mirror: fence first, so no write slips in while the rest stops.
+records), lift the fence (MASTER: the gate then opens only with a valid lease), start checks
+and scheduled deliveries (which rewrite op records recovery found missing: they need the fence
+lifted), register as id 0.  Demotion is its mirror: fence first (DEMOTING), so no write slips
+in while the rest stops; stopping too (STOPPING, see :meth:`Roles.begin_stop`).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from txbroker.config import ConfigError
 from txbroker.remoting.bodies import broker_label
 from txbroker.remoting.signing import SessionCredentials
+from txbroker.role_state import Role, move
 from txbroker.service.controller_link import (
     ControllerError,
     ControllerLink,
@@ -51,7 +57,7 @@ from txbroker.service.controller_link import (
 from txbroker.service.slave_sync import SlaveSync
 from txbroker.store.ha_master import HAMaster
 from txbroker.store.ha_slave import HASlave
-from txbroker.store.results import PutStatus
+from txbroker.store.results import Fence, PutStatus
 
 if TYPE_CHECKING:
     import socket
@@ -74,13 +80,15 @@ class RoleHost(Protocol):
     @property
     def broker_addr(self) -> str: ...
     def tx_active(self) -> bool: ...
+    def recover_master_state(self) -> None: ...
     async def resume_master_services(self) -> None: ...
     async def suspend_master_services(self) -> None: ...
     def registration_changed(self) -> None: ...
 
 log = logging.getLogger(__name__)
 
-#: How often a controller-mode master checks its lease (a fraction of the lease).
+#: How often a controller-mode master reports its in-sync set and logs a lease change (a
+#: fraction of the lease; the lease itself is checked on the write path).
 LEASE_CHECKS_PER_LEASE = 8
 #: ASYNC_MASTER: a slave this close to the end (bytes) counts as in sync.
 IN_SYNC_GAP = 4 * 1024 * 1024
@@ -112,12 +120,14 @@ class Roles:
                  bind: Callable[[str, int], socket.socket]) -> None:
         self.broker = broker
         self.config = broker.config
+        self.timing = self.config.timing()
         #: The HA listener bound at start (the port stays this broker's HA address); a
         #: master serves it, a slave closes it, a promotion binds the same port again.
         self._ha_sock: socket.socket | None = ha_sock
         self._ha_host, self.ha_port = ha_sock.getsockname()[:2]
         self._bind = bind
-        self.is_master = False
+        #: The one state (:mod:`txbroker.role_state`); changed only through :meth:`_set`.
+        self.role = Role.STARTING
         self.epoch = 0
         #: The master's client address and HA address, as last learned (slaves).
         self.master_addr = ""
@@ -129,7 +139,8 @@ class Roles:
         self.ha_slave: HASlave | None = None
         self.sync: SlaveSync | None = None
         self.link: ControllerLink | None = None
-        self._lease_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None
+        self._report_task: asyncio.Task | None = None
         self._switching = asyncio.Lock()
         #: Stable ids of the replicas that hold everything this master acknowledged (itself
         #: included), as last reported to the controller.
@@ -138,10 +149,20 @@ class Roles:
         self._acknowledged_end = 0
         self._altering = asyncio.Lock()
         self._background: set[asyncio.Task] = set()
+        #: Whether the master was taking writes when stopping began (its lease still counts).
+        self._stopping_master = False
+        #: The controller's epoch last refused because the log holds a newer one (logged once).
+        self._refused_epoch = 0
+        self._lease_held = True
 
     @property
     def controller_mode(self) -> bool:
         return bool(self.config.controller_addr)
+
+    @property
+    def is_master(self) -> bool:
+        """Whether this broker is its group's master now (whatever its lease)."""
+        return self.role is Role.MASTER
 
     @property
     def ha_addr(self) -> str:
@@ -172,17 +193,20 @@ class Roles:
 
     def status(self) -> dict[str, Any]:
         """This broker's part of the ``replication`` section of its status document: role,
-        master epoch, configured id, the master it follows and the group's in-sync set."""
+        master epoch, configured id, the master it follows, the group's in-sync set and
+        whether client writes are taken now (and if not, why)."""
         if self.is_master:
             in_sync = self.sync_state_set if self.controller_mode else self._in_sync_now()
         else:
             named = self.link.master if self.link is not None else None
             in_sync = set(named.sync_state_set) if named is not None else set()
         master = self.broker.broker_addr if self.is_master else self.master_addr
+        fence = self._gate()
         doc = {"role": "master" if self.is_master else "slave", "epoch": self.epoch,
                "brokerId": self.config.broker_id,
                "master": broker_label(self.config.broker_name, master) if master else "",
-               "inSyncReplicas": sorted(in_sync)}
+               "inSyncReplicas": sorted(in_sync),
+               "writes": "accepted" if fence is None else f"refused: {fence.text}"}
         # Why a slave does not follow or copy metadata now (an operator's business).
         problems = [p for p in (self.ha_slave and self.ha_slave.problem,
                                 self.sync and self.sync.problem) if p]
@@ -190,12 +214,44 @@ class Roles:
             doc["replicationError"] = "; ".join(problems)
         return doc
 
+    # --- the state and the write gate --------------------------------------------------------
+    def _set(self, target: Role) -> bool:
+        """Move to ``target`` (the table refuses an illegal move: a bug).  Once stopping, a
+        switch still under way changes nothing more: False, and the caller returns."""
+        if self.role in (Role.STOPPING, Role.STOPPED) and target not in (Role.STOPPING, Role.STOPPED):
+            return False
+        self.role = move(self.role, target)
+        return True
+
+    def _gate(self) -> Fence | None:
+        """The store's write gate: None = take the write now, else why not.
+
+        The state's fence first (only MASTER has none).  A controller-mode master — and a
+        stopping one finishing what it took — also needs its lease known to hold: it counts
+        itself master for ``assumed_lease`` = ``controller_lease * (1 - LEASE_DRIFT) -
+        LEASE_SLACK`` after *sending* the last heartbeat the controller answered (monotonic
+        clock), while the controller promotes another replica no sooner than
+        ``max(its lease, the heartbeatTimeoutMills this broker sends = controller_lease)``
+        after *receiving* the last heartbeat.  Receiving comes after sending, both clocks
+        are monotonic, and the margin covers a difference in their rates plus the moment
+        between this check and the answer leaving, so this master has stopped acknowledging
+        before another can start (:class:`~txbroker.config.ClusterTiming`)."""
+        fence = self.role.fence
+        lease_counts = fence is None or (fence is Fence.STOPPING and self._stopping_master)
+        if lease_counts and self.link is not None and not self._lease_holds():
+            return Fence.LEASE_NOT_VALID
+        return fence
+
+    def _lease_holds(self) -> bool:
+        assert self.link is not None
+        return self.link.lease_valid(self.timing.lease - self.timing.assumed_lease)
+
     # --- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
         store = self.broker.store
         assert store is not None
         broker_credentials(self.broker)  # a wrong account: said at start, not at the first sync
-        store.fence(f"broker {self.name} is starting")
+        store.set_write_gate(self._gate)  # STARTING: fenced until a role is known
         if not self.controller_mode:
             if self.config.broker_id == 0:
                 await self._to_master(CLASSIC_EPOCH)
@@ -208,25 +264,43 @@ class Roles:
         try:
             await self.link.register()  # _apply asks for the first election if it is ours
         except ControllerError as exc:
-            # The heartbeat loop keeps asking; until a master is named this broker is a
-            # fenced slave with nothing to follow.
+            # The heartbeat loop keeps asking; until a master is named this broker stays
+            # fenced (STARTING) with nothing to follow.
             log.warning("controller: %s; waiting for it", exc)
         if self._background:
             # The first election asked for above: the broker registers with the name servers
             # once it knows its role, so its first registration (at start) already has it.
             await asyncio.wait(set(self._background), timeout=FIRST_ELECTION_WAIT)
         self.link.start()
-        self._lease_task = asyncio.create_task(self._watch(), name="txbroker-master-watch")
+        self._watch_task = asyncio.create_task(self._watch(), name="txbroker-master-watch")
+
+    def begin_stop(self) -> None:
+        """The first step of stopping: fence (STOPPING), so every put from now on is refused
+        with a retriable SERVICE_NOT_AVAILABLE.  Puts already taken finish with replication
+        still on (a SYNC_MASTER answers them once the slaves hold them, or refuses them), so
+        nothing is acknowledged unreplicated while the broker drains its clients."""
+        if self.role in (Role.STOPPING, Role.STOPPED):
+            return
+        self._stopping_master = self.role is Role.MASTER
+        self._set(Role.STOPPING)
+        log.info("broker %s is stopping: writes refused", self.name)
 
     async def stop(self) -> None:
-        if self._lease_task is not None:
-            self._lease_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._lease_task
+        """After the clients are drained: stop the controller link, replication, the rest."""
+        self.begin_stop()
+        for task in (self._watch_task, self._report_task, *self._background):
+            if task is not None:
+                task.cancel()
+        for task in (self._watch_task, self._report_task, *self._background):
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         if self.link is not None:
             await self.link.close()
-        await self._stop_following()
-        await self._stop_serving()
+        async with self._switching:  # a switch under way ends at its next step
+            await self._stop_following()
+            await self._stop_serving()
+            self._set(Role.STOPPED)
 
     def _replica_state(self) -> ReplicaState:
         store = self.broker.store
@@ -246,6 +320,8 @@ class Roles:
             self.broker.registration_changed()
 
     async def _follow(self, info: MasterInfo) -> None:
+        if self.role in (Role.STOPPING, Role.STOPPED):
+            return
         self.master_id = info.master_id
         if info.master_id == self.config.broker_id:
             if not self.is_master or info.master_epoch > self.epoch:
@@ -278,22 +354,45 @@ class Roles:
                         "retries)", self.config.broker_name, exc)
             self.link.master = None  # so the next answer is applied again
 
+    def _refuse_epoch(self, epoch: int, last: int) -> None:
+        """Controller mode: named master under an epoch older than this log's last.  Taking
+        writes would put a new epoch's records under an old number (a slave following the
+        log could not tell them apart), so the broker stays a fenced slave, says so once, and
+        applies the controller's next answer again."""
+        if self._refused_epoch != epoch:
+            self._refused_epoch = epoch
+            log.error("broker %s not promoted: the controller names it master under epoch %d, "
+                      "but its log already holds epoch %d; it stays a fenced slave (was the "
+                      "controller's state reset?)", self.name, epoch, last)
+        if self.role is Role.STARTING:
+            self._set(Role.SLAVE)
+        if self.link is not None:
+            self.link.master = None  # so the next heartbeat's answer is applied again
+
     async def _to_master(self, epoch: int, sync_state_set: set[int] | None = None) -> None:
         async with self._switching:
             broker = self.broker
             store = broker.store
             assert store is not None
+            last = store.epochs.last_epoch
+            if self.controller_mode and epoch < last:
+                self._refuse_epoch(epoch, last)
+                return
+            if self.role is not Role.PROMOTING and not self._set(Role.PROMOTING):
+                return
             await self._stop_following()
             store.cut_torn_tail()
             if self.ha_master is None:
                 sock, self._ha_sock = self._ha_sock, None
                 self.ha_master = HAMaster(store, sock=sock or self._bind(self._ha_host, self.ha_port),
                                          group=self.config.broker_name,
-                                         secret=self.config.cluster_secret)
+                                         secret=self.config.cluster_secret,
+                                         heartbeat=self.timing.ha_heartbeat,
+                                         idle_timeout=self.timing.ha_idle_timeout)
                 await self.ha_master.start()
             if epoch > store.epochs.last_epoch:
                 self.ha_master.become(epoch)
-            elif epoch < store.epochs.last_epoch:
+            elif epoch < store.epochs.last_epoch:  # classic mode: the log ran under a controller
                 log.error("promoted under epoch %d, but this log already holds epoch %d",
                           epoch, store.epochs.last_epoch)
             self.epoch = epoch
@@ -301,11 +400,14 @@ class Roles:
             if self.config.broker_role == "SYNC_MASTER":
                 self.ha_master.on_confirm = self._confirm_moved
                 store.set_replication(self._wait_replicated)
-                store.visible_limit = self.ha_master.confirm_offset
-            if not broker.tx_active():
+                store.visible_limit = self._visible_end()
+            resume = not broker.tx_active()
+            if resume:
+                broker.recover_master_state()  # still fenced: the log is final
+            if not self._set(Role.MASTER):
+                return
+            if resume:
                 await broker.resume_master_services()
-            self.is_master = True
-            store.fence("")
             log.warning("broker %s (id %d) is now the master, epoch %d; its log ends at "
                         "offset %d", self.name, self.config.broker_id, epoch,
                         store.max_physical_offset)
@@ -316,15 +418,19 @@ class Roles:
             broker = self.broker
             store = broker.store
             assert store is not None
-            store.fence(f"broker {self.name} is a slave")
-            was_master = self.is_master
-            self.is_master = False
+            was_master = self.role in (Role.MASTER, Role.PROMOTING)
+            if self.role is Role.MASTER and not self._set(Role.DEMOTING):  # fence first
+                return
+            if self.role in (Role.STOPPING, Role.STOPPED):
+                return
             await self._stop_serving()
             if was_master:
                 await broker.suspend_master_services()
                 log.warning("broker %s (id %d) is no longer the master (epoch %d)", self.name,
                             self.config.broker_id, self.epoch)
             await self._stop_following()
+            if not self._set(Role.SLAVE):
+                return
             self.master_ha_addr = master_ha_addr or self.master_ha_addr
             self.master_addr = master_addr or self.master_addr
             self.ha_slave = self._follower(store)
@@ -338,8 +444,10 @@ class Roles:
     def _follower(self, store: MessageStore) -> HASlave:
         """An HA follower of the master now named (its address is asked at every attempt)."""
         return HASlave(store, lambda: self.master_ha_addr or None, slave_id=self.config.broker_id,
-                       secret=self.config.cluster_secret, master_name=lambda: broker_label(self.config.broker_name, self.master_addr)
-                       if self.master_addr else "the master")
+                       secret=self.config.cluster_secret,
+                       master_name=lambda: broker_label(self.config.broker_name, self.master_addr)
+                       if self.master_addr else "the master",
+                       heartbeat=self.timing.ha_heartbeat, idle_timeout=self.timing.ha_idle_timeout)
 
     async def _stop_serving(self) -> None:
         """No HA service: a slave's, or a stopping broker's (the start-up socket too)."""
@@ -365,7 +473,7 @@ class Roles:
     def learned_master(self, master_addr: str, ha_addr: str) -> None:
         """Classic mode: the name servers' answer to a slave's registration names the master;
         a new HA address takes effect at once (the follower may be sleeping between tries)."""
-        if self.controller_mode or self.is_master:
+        if self.controller_mode or self.role is not Role.SLAVE:
             return
         if master_addr:
             self.master_addr = master_addr
@@ -376,7 +484,7 @@ class Roles:
 
     async def _restart_follower(self) -> None:
         async with self._switching:
-            if self.ha_slave is None or self.is_master:
+            if self.ha_slave is None or self.role is not Role.SLAVE:
                 return
             store = self.broker.store
             assert store is not None
@@ -384,18 +492,25 @@ class Roles:
             self.ha_slave = self._follower(store)
             self.ha_slave.start()
 
-    # --- SYNC_MASTER and the lease -----------------------------------------------------------
+    # --- SYNC_MASTER and the in-sync set -----------------------------------------------------
     async def _wait_replicated(self, end_offset: int) -> PutStatus:
-        """SYNC_MASTER: wait for the slaves; a put answered without every in-sync replica
-        holding it first takes those replicas out of the in-sync set (controller mode), so
-        a failover never elects a replica that lacks an acknowledged message."""
+        """SYNC_MASTER: wait for the slaves.  A put the in-sync replicas do not all hold in
+        time first takes the ones lacking it out of the in-sync set (controller mode), so a
+        failover never elects a replica that lacks an acknowledged message; if the controller
+        cannot be told, the put is not acknowledged at all: OUTCOME_UNKNOWN (stored here, may
+        or may not be delivered), which clients do not count as sent."""
         ha = self.ha_master
         if ha is None:
             return PutStatus.SLAVE_NOT_AVAILABLE
-        status = await ha.wait_replicated(end_offset, self.config.slave_timeout,
+        status = await ha.wait_replicated(end_offset, self.timing.slave_timeout,
                                           self.config.min_in_sync_replicas)
-        if status is not PutStatus.OK and self.link is not None and len(self.sync_state_set) > 1:
-            await self._report_sync_state_set(self._holders(end_offset))
+        if status is not PutStatus.OK and self.link is not None:
+            holders = self._holders(end_offset)
+            if self.sync_state_set - holders:
+                await self._report_sync_state_set(holders)
+                if self.sync_state_set - holders:  # the set still promises a replica lacking it
+                    self._confirm_moved()
+                    return PutStatus.OUTCOME_UNKNOWN
         self._acknowledged_end = max(self._acknowledged_end, end_offset)
         self._confirm_moved()  # with no slave to ack, the answer itself moves it
         return status
@@ -433,14 +548,27 @@ class Roles:
                      self.epoch, sorted(view.sync_state_set))
             self.sync_state_set = set(view.sync_state_set)
 
-    def _confirm_moved(self) -> None:
-        """SYNC_MASTER: consumers see what the slaves hold; held pulls look again (once per
-        loop turn, however many acknowledgements arrived)."""
+    def _visible_end(self) -> int:
+        """SYNC_MASTER: how far consumers may read.  In controller mode, what every other
+        member of the in-sync set the controller holds has acknowledged, connected or not:
+        any of them may be elected, so a slave that disconnected still bounds what is shown
+        until the set is shrunk.  Classic mode (no election): what the connected slaves hold."""
         ha, store = self.ha_master, self.broker.store
-        if ha is None or store is None:
+        assert ha is not None and store is not None
+        if not self.controller_mode:
+            return ha.confirm_offset
+        acks = {s.slave_id: s.ack_offset for s in ha.slaves()}
+        others = self.sync_state_set - {self.config.broker_id}
+        return min([store.max_physical_offset, *(acks.get(m, 0) for m in others)])
+
+    def _confirm_moved(self) -> None:
+        """SYNC_MASTER: consumers see what the in-sync replicas hold; held pulls look again
+        (once per loop turn, however many acknowledgements arrived)."""
+        ha, store = self.ha_master, self.broker.store
+        if ha is None or store is None or store.visible_limit is None:
             return
-        confirm = ha.confirm_offset
-        if store.visible_limit is not None and confirm > store.visible_limit and not self._recheck_soon:
+        confirm = self._visible_end()
+        if confirm > store.visible_limit and not self._recheck_soon:
             self._recheck_soon = True
             asyncio.get_running_loop().call_soon(self._recheck)
         store.visible_limit = confirm
@@ -449,38 +577,39 @@ class Roles:
         self._recheck_soon = False
         self.broker.holds.recheck()
 
-    def _may_write(self, margin: float) -> bool:
-        """A controller-mode master writes while its lease holds, or while every other
-        in-sync replica is connected and following it: none of those can have been promoted
-        (a promoted slave stops following first), and nobody outside the set can be, so a
-        controller outage does not stop a healthy group's writes."""
-        assert self.link is not None
-        if self.link.lease_valid(margin):
-            return True
-        others = self.sync_state_set - {self.config.broker_id}
-        if not others or self.ha_master is None:
-            return False
-        following = {s.slave_id for s in self.ha_master.slaves() if s.connected}
-        return others <= following
-
+    # --- the watch ---------------------------------------------------------------------------
     async def _watch(self) -> None:
-        """Controller mode, while master: keep the in-sync set reported, and fence this
-        store when it may no longer write."""
+        """Controller mode, while master: keep the in-sync set reported (a task of its own,
+        so a controller that does not answer delays nothing else) and log when the lease
+        stops or starts holding.  The lease is enforced by the write gate, not here; an
+        error in one round is logged and the next round runs."""
         period = self.config.controller_lease / LEASE_CHECKS_PER_LEASE
-        store = self.broker.store
-        assert store is not None
-        reason = (f"broker {self.name}: master lease expired (the controller has not "
-                  "answered)")
         while True:
             await asyncio.sleep(period)
-            if not self.is_master:
-                continue
+            try:
+                self._watch_once()
+            except Exception:
+                log.exception("broker %s: master watch round failed", self.name)
+
+    def _watch_once(self) -> None:
+        if self.role is not Role.MASTER:
+            self._lease_held = True
+            return
+        if (self._report_task is None or self._report_task.done()) and not self._altering.locked():
+            self._report_task = asyncio.get_running_loop().create_task(
+                self._report_in_sync(), name="txbroker-in-sync-report")
+        held = self._lease_holds()
+        if held != self._lease_held:
+            self._lease_held = held
+            if held:
+                log.warning("broker %s: master lease renewed; writes accepted again", self.name)
+            else:
+                log.warning("broker %s: master lease expired (the controller has not answered); "
+                            "writes refused", self.name)
+
+    async def _report_in_sync(self) -> None:
+        try:
             await self._report_sync_state_set(self._in_sync_now())
-            if self._may_write(2 * period):
-                if store.fenced == reason:
-                    log.warning("broker %s: master lease renewed; writes accepted again",
-                                self.name)
-                    store.fence("")
-            elif not store.fenced:
-                log.warning("%s; writes refused", reason)
-                store.fence(reason)
+            self._confirm_moved()  # a shrunk set may show consumers more
+        except Exception:
+            log.exception("broker %s: in-sync set not reported", self.name)

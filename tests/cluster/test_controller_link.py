@@ -211,7 +211,7 @@ async def test_a_broker_identity_held_by_a_live_process_is_refused(broker_config
             assert "broker-a id 0" in text and a.broker_addr in text and "\n" not in text
             assert ctl.state.replicas("broker-a")[0][0] == a.broker_addr
             await asyncio.sleep(0.5)
-            assert a.roles.is_master and a.store.fenced == ""
+            assert a.roles.is_master and a.store.fenced is None
             assert ctl.state.replica_info("broker-a").master_epoch == 1
             # A heartbeat from another address under the held id renews nothing.
             twin = link_for(ctl.addr)

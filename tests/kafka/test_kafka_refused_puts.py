@@ -17,9 +17,10 @@ from txbroker.service.kafka.txn_log import STATE_TOPIC
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.topics import TopicConfig, TopicManager
 from txbroker.store.message_store import MessageStore
+from txbroker.store.results import Fence
 
 TID, T = "app-1", "orders"
-FENCE = "test: master lease not known valid"
+FENCE = Fence.LEASE_NOT_VALID.text
 
 
 class FencingStore(MessageStore):
@@ -32,7 +33,7 @@ class FencingStore(MessageStore):
         result = await super().put(msg)
         if self.fence_after and msg.topic == STATE_TOPIC and self.fence_after.encode() in msg.body:
             self.fence_after = None
-            self.fence(FENCE)
+            self.set_write_gate(lambda: Fence.LEASE_NOT_VALID)
         return result
 
 
@@ -78,7 +79,7 @@ async def test_a_commit_refused_after_its_decision_is_applied_once_writes_return
         assert c.describe(TID).state == "PrepareCommit"
         assert _bodies(store, 0) == [] and _bodies(store, 1) == []
         assert await c.end_txn(TID, pid, epoch, True, 0) is ErrorCode.CONCURRENT_TRANSACTIONS
-    store.fence("")
+    store.set_write_gate(None)
     await c.scan()
     assert c.describe(TID).state == "CompleteCommit"
     assert _bodies(store, 0) == [b"a0", b"a1"] and _bodies(store, 1) == [b"b0"]

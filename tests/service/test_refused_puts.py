@@ -35,8 +35,9 @@ from txbroker.service.topics import SCHEDULE_TOPIC
 from txbroker.service.transaction.bridge import TransactionalMessageBridge
 from txbroker.service.transaction.state import HalfState, TransactionError
 from txbroker.store.record import CHECK_MAX_TIME_TOPIC, Message
+from txbroker.store.results import Fence
 
-FENCE = "test: master lease not known valid"
+FENCE = Fence.LEASE_NOT_VALID.text
 
 
 class Disk:
@@ -51,7 +52,7 @@ class Disk:
 
 def refuse(b: Broker, disk: Disk, how: str) -> None:
     if how == "fence":
-        b.store.fence(FENCE)
+        b.store.set_write_gate(lambda: Fence.LEASE_NOT_VALID)
     else:
         disk.used = 95
         assert b.store.recheck_disk()
@@ -59,7 +60,7 @@ def refuse(b: Broker, disk: Disk, how: str) -> None:
 
 def accept(b: Broker, disk: Disk, how: str) -> None:
     if how == "fence":
-        b.store.fence("")
+        b.store.set_write_gate(None)
     else:
         disk.used = 50
         assert not b.store.recheck_disk()
@@ -122,11 +123,11 @@ async def test_a_retry_sent_back_during_a_refusal_is_not_lost(broker_config) -> 
         resp = await c.invoke(request(RequestCode.CONSUMER_SEND_MSG_BACK, {
             "offset": str(msgs[0].physical_offset), "group": "WG", "delayLevel": "1"}), TIMEOUT)
         assert resp.code == ResponseCode.SUCCESS, resp.remark
-        b.store.fence(FENCE)
+        b.store.set_write_gate(lambda: Fence.LEASE_NOT_VALID)
         clock.advance(5)
         assert await b.schedule.deliver_due() == 0
         assert b.store.max_offset("%RETRY%WG", 0) == 0
-        b.store.fence("")
+        b.store.set_write_gate(None)
         await eventually(lambda: b.store.max_offset("%RETRY%WG", 0) >= 1, 10.0)
         assert _bodies(b, "%RETRY%WG") == [b"payload"]
     finally:
@@ -148,11 +149,11 @@ async def test_send_back_refused_by_the_store_fails_so_the_consumer_keeps_it(
         _, msgs = await pull(c, "WG", "Work", 0, 0)
         back = request(RequestCode.CONSUMER_SEND_MSG_BACK, {
             "offset": str(msgs[0].physical_offset), "group": "WG", "delayLevel": level})
-        b.store.fence(FENCE)
+        b.store.set_write_gate(lambda: Fence.LEASE_NOT_VALID)
         resp = await c.invoke(back, TIMEOUT)
         assert resp.code == ResponseCode.SYSTEM_ERROR
         assert b.store.max_offset(SCHEDULE_TOPIC, 2) == 0 and b.store.max_offset("%DLQ%WG", 0) == 0
-        b.store.fence("")
+        b.store.set_write_gate(None)
         back = request(RequestCode.CONSUMER_SEND_MSG_BACK, {
             "offset": str(msgs[0].physical_offset), "group": "WG", "delayLevel": level})
         resp = await c.invoke(back, TIMEOUT)
@@ -181,12 +182,12 @@ async def test_no_checks_while_the_store_is_fenced(tx_node) -> None:
     try:
         result = await prepare(node, producer.conn)
         node.clock.advance(60)
-        node.store.fence(FENCE)
+        node.store.set_write_gate(lambda: Fence.LEASE_NOT_VALID)
         for _ in range(node.config.transaction_check_max + 2):
             report = await node.tx.check_now()
             assert report.sent == 0 and report.discarded == 0 and report.skipped == FENCE
         assert node.tx.entry(result.physical_offset).checks == 0 and producer.checks == []
-        node.store.fence("")
+        node.store.set_write_gate(None)
         assert (await node.tx.check_now()).sent == 1
         await eventually(lambda: node.tx.pending_count() == 0)
         assert [m.body for m in visible(node)] == [b"payload"]
@@ -205,7 +206,7 @@ class FencingBridge(TransactionalMessageBridge):
         if self.fence_after is not None:
             self.fence_after -= 1
             if self.fence_after == 0:
-                self.store.fence(FENCE)
+                self.store.set_write_gate(lambda: Fence.LEASE_NOT_VALID)
         return super().read_half(phys)
 
 
@@ -223,7 +224,7 @@ async def test_a_fence_raised_during_a_check_pass_ends_it(tmp_path) -> None:
         assert report.sent == 4  # the batch under way when the fence came, no more
         counts = sorted(e.checks for e in node.tx.pending_entries())
         assert counts == [0] * 8 + [1] * 4
-        node.store.fence("")
+        node.store.set_write_gate(None)
         assert (await node.tx.check_now()).sent == 12
     finally:
         await producer.close()
@@ -237,14 +238,14 @@ async def test_end_transaction_refused_by_the_store_is_an_error_and_the_half_sta
     producer = await Producer(node).start()
     try:
         result = await prepare(node, producer.conn)
-        node.store.fence(FENCE)
+        node.store.set_write_gate(lambda: Fence.LEASE_NOT_VALID)
         resp = await producer.client.invoke(
             end_cmd(result.physical_offset, result.queue_offset, decision), TIMEOUT)
         assert resp.code == ResponseCode.SYSTEM_ERROR and FENCE in resp.remark
         entry = node.tx.entry(result.physical_offset)
         assert entry is not None and entry.state is HalfState.PENDING
         assert visible(node) == [] and op_records(node) == []
-        node.store.fence("")
+        node.store.set_write_gate(None)
         resp = await producer.client.invoke(
             end_cmd(result.physical_offset, result.queue_offset, decision), TIMEOUT)
         assert resp.code == ResponseCode.SUCCESS, resp.remark
@@ -259,18 +260,18 @@ async def test_discard_and_resume_refused_by_the_store_leave_the_half_where_it_w
     result = await prepare(node)
     entry = node.tx.entry(result.physical_offset)
     entry.checks = node.config.transaction_check_max
-    node.store.fence(FENCE)
+    node.store.set_write_gate(lambda: Fence.LEASE_NOT_VALID)
     assert await node.tx.discard(entry) is False
     assert entry.state is HalfState.PENDING and node.store.max_offset(CHECK_MAX_TIME_TOPIC, 0) == 0
-    node.store.fence("")
+    node.store.set_write_gate(None)
     node.clock.advance(60)  # past its immunity: the next pass discards it
     assert (await node.tx.check_now()).discarded == 1
     assert node.tx.discarded_count() == 1
-    node.store.fence(FENCE)
+    node.store.set_write_gate(lambda: Fence.LEASE_NOT_VALID)
     with pytest.raises(TransactionError):
         await node.tx.operator_decide("U1", "resume", operator="ops")
     assert node.tx.entry(result.physical_offset).state is HalfState.DISCARDED
-    node.store.fence("")
+    node.store.set_write_gate(None)
     done = await node.tx.operator_decide("U1", "resume", operator="ops")
     assert done["state"] == "pending" and node.tx.entry(result.physical_offset).checks == 0
 

@@ -38,7 +38,7 @@ from txbroker.store.record import (
     record_size,
     tag_hash,
 )
-from txbroker.store.results import PutResult, PutStatus
+from txbroker.store.results import Fence, PutResult, PutStatus
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,8 @@ _crc32 = zlib.crc32
 _monotonic = time.monotonic
 
 Listener = Callable[[str, int, int], None]
+#: Consulted before every append: None = take it, a :class:`Fence` = refuse, saying why.
+WriteGate = Callable[[], Fence | None]
 
 
 class Appender:
@@ -76,9 +78,10 @@ class Appender:
         #: topic -> its record field (length byte + UTF-8), validated once.
         self.topic_fields: dict[str, bytes] = {}
         self.listeners: list[Listener] = []
-        #: Why this store takes no writes now ('' = it does): a slave, or a master whose lease
-        #: ran out (docs/cluster.md).  Replicated bytes do not come through here.
-        self.fenced = ""
+        #: Who decides whether a client write may be appended now (None: always; a clustered
+        #: broker's role installs one, docs/cluster.md "Fencing").  Replicated bytes do not
+        #: come through here.
+        self.gate: WriteGate | None = None
         self.puts = 0
         self.put_bytes = 0
         self.refusals = 0
@@ -92,8 +95,13 @@ class Appender:
         only thing a refused put may leave behind is a segment roll (a blank filler).
         """
         commitlog = self.commitlog
-        if commitlog is None or self.fenced:
-            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=self.fenced or "store is closed")
+        if commitlog is None:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason="store is closed")
+        gate = self.gate
+        if gate is not None:
+            fence = gate()
+            if fence is not None:
+                return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=fence.text)
         guard = self.guard
         if _monotonic() - guard.checked_at >= DISK_PROBE_INTERVAL:
             guard.probe()

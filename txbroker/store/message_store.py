@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 from txbroker.config import BrokerConfig
-from txbroker.store.append import Appender
+from txbroker.store.append import Appender, WriteGate
 from txbroker.store.background import off_loop, periodic
 from txbroker.store.checkpoint import Checkpoint, CheckpointFile
 from txbroker.store.commitlog import CommitLog
@@ -56,7 +56,7 @@ from txbroker.store.recovery import (
     recover,
 )
 from txbroker.store.reput import reput
-from txbroker.store.results import GetResult, GetStatus, PutResult, PutStatus
+from txbroker.store.results import Fence, GetResult, GetStatus, PutResult, PutStatus
 from txbroker.store.retention import (
     RETENTION_INTERVAL,
     destroy_files,
@@ -66,7 +66,7 @@ from txbroker.store.retention import (
     take_expired,
 )
 
-__all__ = ["DISK_PROBE_INTERVAL", "DiskUsage", "GetResult", "GetStatus", "MessageStore", "PutResult",
+__all__ = ["DISK_PROBE_INTERVAL", "DiskUsage", "Fence", "GetResult", "GetStatus", "MessageStore", "PutResult",
            "PutStatus", "RecoveryReport"]
 
 log = logging.getLogger(__name__)
@@ -300,12 +300,19 @@ class MessageStore:
 
     async def put(self, msg: Message) -> PutResult:
         result = self._appender.append(msg)
-        flush = self._flush
-        if flush is not None and result.status is PutStatus.OK and not await flush.wait_flushed(
-                result.physical_offset + result.size, self.config.sync_flush_timeout):
-            result.status = PutStatus.FLUSH_DISK_TIMEOUT
-        if self._replication is not None and result.ok:
+        if result.status is not PutStatus.OK:
+            return result
+        flush, waited = self._flush, False
+        if flush is not None:
+            waited = True
+            if not await flush.wait_flushed(result.physical_offset + result.size,
+                                            self.config.sync_flush_timeout):
+                result.status = PutStatus.FLUSH_DISK_TIMEOUT
+        if self._replication is not None:
+            waited = True
             await self._await_replicas([result])
+        if waited:
+            self._recheck_gate([result])
         return result
 
     async def put_batch(self, msgs: list[Message]) -> list[PutResult]:
@@ -314,6 +321,7 @@ class MessageStore:
         await self._await_flush(results)
         if self._replication is not None:
             await self._await_replicas(results)
+        self._recheck_gate(results)
         return results
 
     async def put_chain(self, msgs: list[Message]) -> list[PutResult]:
@@ -330,16 +338,35 @@ class MessageStore:
         await self._await_flush(results)
         if self._replication is not None:
             await self._await_replicas(results)
+        self._recheck_gate(results)
         return results
 
-    def fence(self, reason: str) -> None:
-        """Refuse every put with SERVICE_NOT_AVAILABLE and ``reason`` ('' = accept again): a
-        slave's store, or a master that may no longer be one (docs/cluster.md, fencing)."""
-        self._appender.fenced = reason
+    def _recheck_gate(self, results: list[PutResult]) -> None:
+        """The answer leaves now: if the gate went up while a put waited (for the disk or the
+        slaves) and the fence says another replica may now speak for the group, a stored put
+        is not acknowledged but answered OUTCOME_UNKNOWN (it may or may not be delivered)."""
+        gate = self._appender.gate
+        fence = gate() if gate is not None else None
+        if fence is None or not fence.revokes_acks:
+            return
+        for r in results:
+            if r.ok:
+                r.status = PutStatus.OUTCOME_UNKNOWN
+                r.reason = (f"stored, but not acknowledged: {fence.text}; the message may or may "
+                            "not be delivered")
+
+    def set_write_gate(self, gate: WriteGate | None) -> None:
+        """Install the one authority on client writes (docs/cluster.md, "Fencing"): ``gate()``
+        is called before every append (a :class:`Fence` refuses it with SERVICE_NOT_AVAILABLE
+        and the fence's words) and again when a put that waited is answered (see
+        :meth:`_recheck_gate`).  None: every write is taken (a single broker)."""
+        self._appender.gate = gate
 
     @property
-    def fenced(self) -> str:
-        return self._appender.fenced
+    def fenced(self) -> Fence | None:
+        """Why client writes are refused right now, None when they are taken."""
+        gate = self._appender.gate
+        return gate() if gate is not None else None
 
     # --- replication --------------------------------------------------------------------------------
     def set_replication(self, waiter: ReplicationWaiter | None) -> None:

@@ -1,5 +1,6 @@
 """What a put or a get answers: the statuses (RocketMQ's ``PutMessageStatus`` and
-``GetMessageStatus``, the names the service maps to response codes) and the result records."""
+``GetMessageStatus``, the names the service maps to response codes), the result records, and
+why a store takes no client writes (:class:`Fence`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,36 @@ class PutStatus(enum.Enum):
     FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
     #: SYNC_MASTER: stored here, but too few slaves are connected to wait for.
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+    #: Stored here, but this store may no longer speak for its group (its master lease is not
+    #: known to be valid, or the in-sync set could not be shrunk): the message may or may not
+    #: be delivered.  Not counted as sent (:attr:`PutResult.ok` is False): the client retries.
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+
+
+class Fence(enum.Enum):
+    """Why a store takes no client writes now (a write gate answers None when it does).
+
+    The value is the sentence a refusal's remark and the status document show.  Replicated
+    bytes never pass the gate: a slave's store appends them while fenced."""
+
+    STARTING = "the broker is starting and does not know its role yet"
+    SLAVE = "the broker is a slave: its group's master takes writes"
+    PROMOTING = "the broker is becoming its group's master: writes are taken once it has recovered"
+    LEASE_NOT_VALID = ("the broker's master lease is not known to be valid (the controller has "
+                       "not renewed it): another replica may be promoted")
+    STOPPING = "the broker is stopping"
+
+    @property
+    def text(self) -> str:
+        return self.value
+
+    @property
+    def revokes_acks(self) -> bool:
+        """Whether a put stored before this fence went up may still be acknowledged when its
+        answer leaves after it.  Only a stopping broker may: it is still the master (its
+        lease is checked too, see the roles' gate) and finishes what it took.  Any other fence
+        means another replica may speak for the group: the answer is OUTCOME_UNKNOWN."""
+        return self is not Fence.STOPPING
 
 
 @dataclass(slots=True)

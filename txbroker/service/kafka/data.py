@@ -48,6 +48,7 @@ _PUT_ERRORS = {
     PutStatus.FLUSH_DISK_TIMEOUT: ErrorCode.REQUEST_TIMED_OUT,
     PutStatus.FLUSH_SLAVE_TIMEOUT: ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
     PutStatus.SLAVE_NOT_AVAILABLE: ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    PutStatus.OUTCOME_UNKNOWN: ErrorCode.REQUEST_TIMED_OUT,  # may or may not be written: retriable
 }
 
 

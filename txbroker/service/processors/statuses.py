@@ -27,6 +27,10 @@ PUT_ANSWERS: dict[PutStatus, tuple[ResponseCode, str | None]] = {
                                          "message refused by the store: PROPERTIES_SIZE_EXCEEDED"),
     PutStatus.SERVICE_NOT_AVAILABLE: (ResponseCode.SERVICE_NOT_AVAILABLE,
                                       "store not available: SERVICE_NOT_AVAILABLE"),
+    # Stored but not acknowledged (docs/cluster.md, "Fencing"): SYSTEM_ERROR is not a send
+    # result to RocketMQ clients, who retry it (MQBrokerException, retryResponseCodes).
+    PutStatus.OUTCOME_UNKNOWN: (ResponseCode.SYSTEM_ERROR,
+                                "the message may or may not be delivered: OUTCOME_UNKNOWN"),
 }
 
 #: Get status -> (response code, remark) of a PULL_MESSAGE answer.  The remark is the status's

@@ -86,8 +86,8 @@ class TransactionalMessageBridge:
         lease is not known valid, a demotion, a stop) or the disk guard.  A check pass run
         while either holds would burn check counts on answers that cannot be applied."""
         fence = self.store.fenced
-        if fence:
-            return str(fence)
+        if fence is not None:
+            return fence.text
         return self.store.write_refusal()
 
     # --- reads -----------------------------------------------------------------------------

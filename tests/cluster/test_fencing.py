@@ -1,0 +1,347 @@
+"""Fencing a master: the lease on the write path, answers that must not be acknowledgements,
+visibility bounded by the in-sync set, promotion order, and a clean stop.
+
+Real brokers, name server and controller on 127.0.0.1 port 0, in-process.  A broker reaches
+the controller through a relay of real sockets that the test can make silent (nothing
+forwarded, nothing closed: a partition) or make drop chosen requests or their answers (lost
+replies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import pytest
+from support.cluster import InProcessCluster
+from support.txnode import half_msg
+from support.waiting import eventually
+
+from txbroker.config import BrokerConfig
+from txbroker.controller import ControllerConfig, ControllerProcess
+from txbroker.remoting.client import RemotingClient
+from txbroker.remoting.codec import decode_frame, frame_length
+from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
+from txbroker.remoting.headers import SendMessageRequestHeader
+from txbroker.role_state import Role
+from txbroker.service.transaction.messages import final_message
+from txbroker.store.epochs import FILE_NAME as EPOCH_FILE_NAME
+from txbroker.store.epochs import EpochFile
+from txbroker.store.record import OP_HALF_TOPIC, decode_offset_msg_id
+from txbroker.store.results import Fence
+
+pytestmark = pytest.mark.slow
+
+LEASE = 1.0
+
+
+class Relay:
+    """A TCP relay to ``target`` whose faults the test switches on: ``silent`` forwards
+    nothing either way and closes nothing; ``drop_requests`` loses requests with those codes;
+    ``drop_answers_to`` loses the answers to requests with those codes."""
+
+    def __init__(self, target: str) -> None:
+        self.host, port = target.rsplit(":", 1)
+        self.port = int(port)
+        self.silent = False
+        self.drop_requests: set[int] = set()
+        self.drop_answers_to: set[int] = set()
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for w in self._writers:
+            w.close()
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        self._writers += [writer, up_writer]
+        lost: set[int] = set()  # opaques whose answers vanish
+        for task in (self._pump(reader, up_writer, True, lost),
+                     self._pump(up_reader, writer, False, lost)):
+            t = asyncio.create_task(task)
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    to_controller: bool, lost: set[int]) -> None:
+        buf = bytearray()
+        try:
+            while data := await reader.read(65536):
+                buf += data
+                while (n := frame_length(buf)) is not None:
+                    frame = bytes(buf[:n])
+                    del buf[:n]
+                    if self._keep(decode_frame(frame), to_controller, lost):
+                        writer.write(frame)
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    def _keep(self, cmd: RemotingCommand, to_controller: bool, lost: set[int]) -> bool:
+        if self.silent:
+            return False
+        if to_controller and not cmd.is_response:
+            if cmd.code in self.drop_answers_to:
+                lost.add(cmd.opaque)
+            return cmd.code not in self.drop_requests
+        if cmd.is_response and cmd.opaque in lost:
+            lost.discard(cmd.opaque)
+            return False
+        return True
+
+
+@pytest.fixture
+async def controller(tmp_path: Path):
+    ctl = ControllerProcess(ControllerConfig(listen_host="127.0.0.1", port=0,
+                                             data_dir=str(tmp_path / "controller"), lease=LEASE))
+    await ctl.start()
+    try:
+        yield ctl
+    finally:
+        await ctl.stop()
+
+
+@pytest.fixture
+async def relays(controller: ControllerProcess):
+    made: list[Relay] = []
+
+    async def relay() -> tuple[Relay, str]:
+        r = Relay(controller.addr)
+        made.append(r)
+        return r, await r.start()
+
+    try:
+        yield relay
+    finally:
+        for r in made:
+            await r.close()
+
+
+def _base(broker_config: BrokerConfig) -> BrokerConfig:
+    return broker_config.replace(controller_lease=LEASE, controller_heartbeat_interval=0.2,
+                                 metadata_sync_interval=0.2)
+
+
+def _send(topic: str, body: bytes) -> RemotingCommand:
+    return RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, SendMessageRequestHeader(
+        producer_group="pg", topic=topic, default_topic="TBW102", default_topic_queue_nums=4,
+        queue_id=0, sys_flag=0, born_timestamp=0, flag=0, properties="", reconsume_times=0,
+        unit_mode=False, batch=False).to_ext_v2(), body)
+
+
+def _following(master) -> set[int]:
+    return {s.slave_id for s in master.roles.ha_master.slaves() if s.connected}
+
+
+async def test_master_cut_off_from_the_controller_refuses_sends_within_a_lease(
+        broker_config: BrokerConfig, tmp_path: Path, relays) -> None:
+    """A silent partition between the master and the controller: within one lease the
+    master refuses sends on the write path, though its in-sync slave still follows it."""
+    relay_a, addr_a = await relays()
+    relay_b, addr_b = await relays()
+    async with InProcessCluster(_base(broker_config), tmp_path) as c:
+        await c.namesrv()
+        a = await c.broker("broker-a", controller_addr=addr_a)
+        await c.broker("broker-a", broker_id=1, controller_addr=addr_b)
+        await eventually(lambda: a.roles.sync_state_set == {0, 1} and _following(a) == {1})
+        client = RemotingClient(a.broker_addr)
+        try:
+            assert (await client.invoke(_send("Fence", b"before"), 5)).code == ResponseCode.SUCCESS
+            relay_a.silent = relay_b.silent = True  # nobody can be promoted: the slave follows on
+            cut = time.monotonic()
+            resp = None
+            for i in range(400):  # bounded: ~4 s of sends
+                resp = await client.invoke(_send("Fence", b"after %d" % i), 5)
+                if resp.code != ResponseCode.SUCCESS:
+                    break
+                await asyncio.sleep(0.01)
+            refused_after = time.monotonic() - cut
+            assert resp is not None and resp.code == ResponseCode.SERVICE_NOT_AVAILABLE, resp
+            assert "lease" in (resp.remark or "")
+            assert refused_after < LEASE + 1.5, refused_after  # one lease, and then some slack
+            assert _following(a) == {1} and a.roles.is_master
+        finally:
+            await client.close()
+
+
+async def test_sync_master_that_cannot_shrink_its_in_sync_set_answers_outcome_unknown(
+        broker_config: BrokerConfig, tmp_path: Path, controller: ControllerProcess,
+        relays) -> None:
+    """A SYNC_MASTER whose slave is gone and whose set change never reaches the controller:
+    the send is stored but not acknowledged (SYSTEM_ERROR, which clients retry), and
+    consumers do not see it while the controller's set still names the slave."""
+    relay_a, addr_a = await relays()
+    async with InProcessCluster(_base(broker_config), tmp_path) as c:
+        await c.namesrv()
+        a = await c.broker("broker-a", controller_addr=addr_a, broker_role="SYNC_MASTER")
+        b = await c.broker("broker-a", broker_id=1, broker_role="SYNC_MASTER",
+                           controller_addr=controller.addr)
+        await eventually(lambda: a.roles.sync_state_set == {0, 1} and _following(a) == {1})
+        client = RemotingClient(a.broker_addr)
+        try:
+            ok = await client.invoke(_send("Sync", b"replicated"), 5)
+            assert ok.code == ResponseCode.SUCCESS
+            relay_a.drop_requests.add(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET)
+            c.brokers.remove(b)
+            await b.stop()
+            await eventually(lambda: _following(a) == set())
+            resp = await client.invoke(_send("Sync", b"unreplicated"), 15)
+            assert resp.code == ResponseCode.SYSTEM_ERROR, (resp.code, resp.remark)
+            assert "may or may not be delivered" in (resp.remark or "")
+            assert a.roles.sync_state_set == {0, 1}
+            assert a.store.fenced is None  # the lease holds: it is the set, not the lease
+            # Visibility follows the set the controller holds, not the connected slaves.
+            got = a.store.get("Sync", 0, 0, 10)
+            assert [m.body for m in got.messages()] == [b"replicated"]
+            # The controller is reached again: the set shrinks, and the message shows.
+            relay_a.drop_requests.clear()
+            await eventually(lambda: a.roles.sync_state_set == {0}, timeout=10)
+            await eventually(lambda: [m.body for m in a.store.get("Sync", 0, 0, 10).messages()]
+                             == [b"replicated", b"unreplicated"])
+        finally:
+            await client.close()
+
+
+async def test_a_master_promoted_without_a_valid_lease_stays_fenced(
+        broker_config: BrokerConfig, tmp_path: Path, controller: ControllerProcess,
+        relays) -> None:
+    """The controller promotes b, but b never hears a heartbeat answered (its lease was
+    never renewed): b becomes master and lifts no fence."""
+    relay_b, addr_b = await relays()
+    relay_b.drop_answers_to.add(RequestCode.BROKER_HEARTBEAT)
+    seen: list[object] = []
+
+    class AtPromotion(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "is now the master" in record.msg and record.args[0] == b.roles.name:
+                seen.append(b.store.fenced)  # the gate, as the promotion ends
+
+    handler = AtPromotion()
+    logging.getLogger("txbroker.roles").addHandler(handler)
+    try:
+        async with InProcessCluster(_base(broker_config), tmp_path) as c:
+            await c.namesrv()
+            a = await c.broker("broker-a", controller_addr=controller.addr)
+            b = await c.broker("broker-a", broker_id=1, controller_addr=addr_b)
+            await eventually(lambda: a.roles.sync_state_set == {0, 1} and _following(a) == {1})
+            c.brokers.remove(a)
+            await a.stop()
+            await eventually(lambda: b.roles.is_master, timeout=15)
+            assert seen == [Fence.LEASE_NOT_VALID]
+            client = RemotingClient(b.broker_addr)
+            try:
+                resp = await client.invoke(_send("Promoted", b"x"), 5)
+                assert resp.code == ResponseCode.SERVICE_NOT_AVAILABLE and "lease" in resp.remark
+            finally:
+                await client.close()
+    finally:
+        logging.getLogger("txbroker.roles").removeHandler(handler)
+
+
+async def test_named_master_under_an_epoch_older_than_its_log_stays_a_fenced_slave(
+        broker_config: BrokerConfig, tmp_path: Path, controller: ControllerProcess,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A controller whose state was reset names the broker master under epoch 1, but its
+    log already holds epoch 3: it refuses, stays a fenced slave, says so once."""
+    data = tmp_path / "a"
+    data.mkdir()
+    EpochFile(data / EPOCH_FILE_NAME).append(3, 0)
+    async with InProcessCluster(_base(broker_config), tmp_path) as c:
+        await c.namesrv()
+        with caplog.at_level(logging.ERROR, logger="txbroker.roles"):
+            a = await c.broker("broker-a", controller_addr=controller.addr, data_dir=data)
+            await asyncio.sleep(4 * 0.2)  # several heartbeat answers, each applied again
+        assert a.roles.role is Role.SLAVE and not a.roles.is_master
+        assert a.store.fenced is Fence.SLAVE
+        refusals = [r for r in caplog.records if "not promoted" in r.getMessage()]
+        assert len(refusals) == 1, [r.getMessage() for r in caplog.records]
+        assert "epoch 1" in refusals[0].getMessage() and "epoch 3" in refusals[0].getMessage()
+        assert a.store.epochs.last_epoch == 3
+
+
+async def test_promotion_rewrites_a_missing_op_record(
+        broker_config: BrokerConfig, tmp_path: Path, controller: ControllerProcess) -> None:
+    """A committed half whose op record the old master never wrote: the new master's
+    recovery finds it, and its op record is written once the fence is lifted."""
+    async with InProcessCluster(_base(broker_config), tmp_path) as c:
+        await c.namesrv()
+        a = await c.broker("broker-a", controller_addr=controller.addr)
+        b = await c.broker("broker-a", broker_id=1, controller_addr=controller.addr)
+        await eventually(lambda: a.roles.sync_state_set == {0, 1} and _following(a) == {1})
+        half = half_msg(b"committed", uniq="MISSING-OP")
+        prepared = await a.tx.prepare(half, None)
+        assert prepared.ok
+        # The commit's final message is stored, its op record is not (a crash between them).
+        stored = a.tx.read_half(prepared.physical_offset)
+        final = await a.store.put(final_message(stored, prepared.physical_offset,
+                                                prepared.store_timestamp))
+        assert final.ok
+        await eventually(lambda: b.store.max_physical_offset == a.store.max_physical_offset)
+        c.brokers.remove(a)
+        await a.stop()
+        await eventually(lambda: b.roles.is_master, timeout=15)
+        ops = [m for m in b.store.scan(0) if m.topic == OP_HALF_TOPIC]
+        assert [m.body for m in ops] == [str(prepared.queue_offset).encode()]
+        assert b.tx._missing_ops == []
+
+
+async def test_stopping_sync_master_acknowledges_only_what_its_slave_holds(
+        broker_config: BrokerConfig, tmp_path: Path) -> None:
+    """Sends in flight while a SYNC_MASTER stops cleanly: every send answered as sent
+    (SEND_OK, FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE) is held by the slave; the others are
+    refused with a retriable error."""
+    async with InProcessCluster(broker_config.replace(metadata_sync_interval=0.2), tmp_path) as c:
+        await c.namesrv()
+        a = await c.broker("broker-a", broker_role="SYNC_MASTER")
+        b = await c.broker("broker-a", broker_id=1)
+        await eventually(lambda: _following(a) == {1})
+        client = RemotingClient(a.broker_addr)
+        answers: list[tuple[int, str, bytes]] = []
+        deadline = time.monotonic() + 20
+
+        async def sender(n: int) -> None:
+            for i in range(2000):  # bounded in count and time
+                if time.monotonic() > deadline:
+                    return
+                body = b"w%d-%d" % (n, i)
+                try:
+                    resp = await client.invoke(_send("Stop", body), 5)
+                except (OSError, TimeoutError, ConnectionError):
+                    return
+                answers.append((resp.code, resp.ext_fields.get("msgId", ""), body))
+
+        workers = [asyncio.create_task(sender(n)) for n in range(16)]
+        try:
+            await eventually(lambda: len(answers) > 200, timeout=15)
+            c.brokers.remove(a)
+            await a.stop()
+            await asyncio.wait_for(asyncio.gather(*workers, return_exceptions=True), 30)
+        finally:
+            for w in workers:
+                w.cancel()
+            await client.close()
+        acked = {ResponseCode.SUCCESS, ResponseCode.FLUSH_SLAVE_TIMEOUT,
+                 ResponseCode.SLAVE_NOT_AVAILABLE}
+        sent = [(msg_id, body) for code, msg_id, body in answers if code in acked]
+        refused = [code for code, _, _ in answers if code not in acked]
+        assert sent
+        for msg_id, body in sent:
+            _, _, phys = decode_offset_msg_id(msg_id)
+            held = b.store.read(phys)
+            assert held is not None and held.body == body, (msg_id, body)
+        assert set(refused) <= {ResponseCode.SERVICE_NOT_AVAILABLE}
