@@ -341,6 +341,23 @@ class MessageStore:
         self._recheck_gate(results)
         return results
 
+    async def confirm_stored(self, result: PutResult) -> PutResult:
+        """Answer again for a record stored earlier (a producer's retry of a half whose first
+        answer was lost, or was OUTCOME_UNKNOWN) as a put of it would be answered now: refused
+        while the gate is up; else after the flush and replica waits, taken up to this log's
+        end (which covers the record), with the gate checked again before the answer leaves.
+        Without this, a retry would acknowledge a record no in-sync replica may hold, from a
+        master that may no longer speak for its group."""
+        fence = self.fenced
+        if fence is not None:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=fence.text)
+        result.size = max(result.size, self.max_physical_offset - result.physical_offset)
+        await self._await_flush([result])
+        if self._replication is not None:
+            await self._await_replicas([result])
+        self._recheck_gate([result])
+        return result
+
     def _recheck_gate(self, results: list[PutResult]) -> None:
         """The answer leaves now: if the gate went up while a put waited (for the disk or the
         slaves) and the fence says another replica may now speak for the group, a stored put

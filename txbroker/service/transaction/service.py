@@ -308,9 +308,9 @@ class TransactionalMessageService:
         if retried is not None:
             retried.conn = conn or retried.conn  # the retrying connection is the live one
             self.metrics.retried_halves.inc()
-            return PutResult(PutStatus.OK, physical_offset=retried.phys,
-                             queue_offset=retried.queue_offset, msg_id=retried.msg_id,
-                             store_timestamp=retried.store_ts)
+            return await self.bridge.store.confirm_stored(PutResult(
+                PutStatus.OK, physical_offset=retried.phys, queue_offset=retried.queue_offset,
+                msg_id=retried.msg_id, store_timestamp=retried.store_ts))
         half = half_message(msg)
         result = await self.bridge.put_half(half)
         if not result.ok:
