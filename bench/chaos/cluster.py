@@ -248,7 +248,7 @@ class ClusterProcesses:
                         "controller_lease": self.cfg.lease,
                         "controller_heartbeat_interval": self.cfg.heartbeat_interval,
                         "metadata_sync_interval": 0.2, "register_interval": 1.0,
-                        "slave_timeout": 2.0}
+                        "slave_timeout": 1.0}
             broker = BrokerProcess(self.root / f"broker-{broker_id}", settings,
                                    self.root / f"broker-{broker_id}.log")
             self.brokers.append(broker)

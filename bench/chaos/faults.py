@@ -64,7 +64,7 @@ class ClusterSettings:
     lease: float = 2.0
     heartbeat_interval: float = 0.3
     register_interval: float = 1.0
-    slave_timeout: float = 2.0
+    slave_timeout: float = 1.0
 
 
 class NsCluster:
