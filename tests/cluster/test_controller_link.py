@@ -224,7 +224,8 @@ async def test_a_broker_identity_held_by_a_live_process_is_refused(broker_config
             c.brokers.remove(a)
             await a.stop()
             port = int(addr.rsplit(":", 1)[1])
-            again = await c.broker("broker-a", data_dir=data_dir, broker_port=port)
+            again = await c.broker("broker-a", data_dir=data_dir, broker_port=port,
+                                   ha_port=0)  # its HA port may be anyone's by now
             await eventually(lambda: again.roles.is_master, 10, "the restarted broker is master")
     finally:
         await ctl.stop()

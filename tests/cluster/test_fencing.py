@@ -201,13 +201,13 @@ async def test_sync_master_that_cannot_shrink_its_in_sync_set_answers_outcome_un
             await b.stop()
             await eventually(lambda: _following(a) == set())
             resp = await client.invoke(_send("Sync", b"unreplicated"), 15)
-            assert resp.code == ResponseCode.SYSTEM_ERROR, (resp.code, resp.remark)
-            assert "may or may not be delivered" in (resp.remark or "")
             assert a.roles.sync_state_set == {0, 1}
-            assert a.store.fenced is None  # the lease holds: it is the set, not the lease
             # Visibility follows the set the controller holds, not the connected slaves.
             got = a.store.get("Sync", 0, 0, 10)
             assert [m.body for m in got.messages()] == [b"replicated"]
+            assert resp.code == ResponseCode.SYSTEM_ERROR, (resp.code, resp.remark)
+            assert "may or may not be delivered" in (resp.remark or "")
+            assert a.store.fenced is None  # the lease holds: it is the set, not the lease
             # The controller is reached again: the set shrinks, and the message shows.
             relay_a.drop_requests.clear()
             await eventually(lambda: a.roles.sync_state_set == {0}, timeout=10)
@@ -225,11 +225,13 @@ async def test_a_master_promoted_without_a_valid_lease_stays_fenced(
     relay_b, addr_b = await relays()
     relay_b.drop_answers_to.add(RequestCode.BROKER_HEARTBEAT)
     seen: list[object] = []
+    watched: list = []  # b, once started
 
     class AtPromotion(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            if "is now the master" in record.msg and record.args[0] == b.roles.name:
-                seen.append(b.store.fenced)  # the gate, as the promotion ends
+            for broker in watched:
+                if "is now the master" in str(record.msg) and record.args[0] == broker.roles.name:
+                    seen.append(broker.store.fenced)  # the gate, as the promotion ends
 
     handler = AtPromotion()
     logging.getLogger("txbroker.roles").addHandler(handler)
@@ -238,6 +240,7 @@ async def test_a_master_promoted_without_a_valid_lease_stays_fenced(
             await c.namesrv()
             a = await c.broker("broker-a", controller_addr=controller.addr)
             b = await c.broker("broker-a", broker_id=1, controller_addr=addr_b)
+            watched.append(b)
             await eventually(lambda: a.roles.sync_state_set == {0, 1} and _following(a) == {1})
             c.brokers.remove(a)
             await a.stop()
@@ -266,8 +269,8 @@ async def test_named_master_under_an_epoch_older_than_its_log_stays_a_fenced_sla
         with caplog.at_level(logging.ERROR, logger="txbroker.roles"):
             a = await c.broker("broker-a", controller_addr=controller.addr, data_dir=data)
             await asyncio.sleep(4 * 0.2)  # several heartbeat answers, each applied again
-        assert a.roles.role is Role.SLAVE and not a.roles.is_master
-        assert a.store.fenced is Fence.SLAVE
+        assert not a.roles.is_master and a.store.fenced is Fence.SLAVE
+        assert a.roles.role is Role.SLAVE
         refusals = [r for r in caplog.records if "not promoted" in r.getMessage()]
         assert len(refusals) == 1, [r.getMessage() for r in caplog.records]
         assert "epoch 1" in refusals[0].getMessage() and "epoch 3" in refusals[0].getMessage()
@@ -315,7 +318,7 @@ async def test_stopping_sync_master_acknowledges_only_what_its_slave_holds(
         deadline = time.monotonic() + 20
 
         async def sender(n: int) -> None:
-            for i in range(2000):  # bounded in count and time
+            for i in range(200):  # bounded in count and time
                 if time.monotonic() > deadline:
                     return
                 body = b"w%d-%d" % (n, i)
@@ -327,9 +330,9 @@ async def test_stopping_sync_master_acknowledges_only_what_its_slave_holds(
 
         workers = [asyncio.create_task(sender(n)) for n in range(16)]
         try:
-            await eventually(lambda: len(answers) > 200, timeout=15)
+            await eventually(lambda: len(answers) > 100, timeout=15)
             c.brokers.remove(a)
-            await a.stop()
+            await asyncio.wait_for(a.stop(), 30)  # a stop under load ends (grace 2 s)
             await asyncio.wait_for(asyncio.gather(*workers, return_exceptions=True), 30)
         finally:
             for w in workers:
@@ -340,8 +343,10 @@ async def test_stopping_sync_master_acknowledges_only_what_its_slave_holds(
         sent = [(msg_id, body) for code, msg_id, body in answers if code in acked]
         refused = [code for code, _, _ in answers if code not in acked]
         assert sent
+        missing = []
         for msg_id, body in sent:
-            _, _, phys = decode_offset_msg_id(msg_id)
-            held = b.store.read(phys)
-            assert held is not None and held.body == body, (msg_id, body)
+            held = b.store.read(decode_offset_msg_id(msg_id)[2])
+            if held is None or held.body != body:
+                missing.append(body)
+        assert not missing, f"{len(missing)} of {len(sent)} sends acknowledged, not on the slave"
         assert set(refused) <= {ResponseCode.SERVICE_NOT_AVAILABLE}
