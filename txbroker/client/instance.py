@@ -168,6 +168,11 @@ class ClientInstance:
                 log.warning("%s: periodic %s failed: %s", self.client_id, fn.__name__, exc)
 
     # --- brokers -------------------------------------------------------------------------
+    def connected(self, addr: str) -> bool:
+        """Whether a connection to ``addr`` is open now (no await needed to use it)."""
+        conn = self._conns.get(addr)
+        return conn is not None and not getattr(conn, "closed", False)
+
     async def connection(self, addr: str) -> RemotingClient:
         """The connection to ``addr``, opened (and heartbeated) on first use."""
         conn = self._conns.get(addr)

@@ -314,7 +314,8 @@ class Producer:
             try:
                 addr = self._instance.namesrv.broker_addr(mq.broker_name)
                 cmd = self._request(mq, body, props, sys_flag, batch=batch)
-                if half:  # a failure to connect sends nothing: not an unknown outcome
+                if half and not self._instance.connected(addr):
+                    # A failure to connect sends nothing: not an unknown outcome.
                     await self._instance.connection(addr)
                 sent = True
                 resp = await self._instance.invoke(addr, cmd, self.send_timeout)
