@@ -37,3 +37,41 @@ async def test_a_retried_half_is_refused_while_the_store_is_fenced(node) -> None
     assert (third.physical_offset, third.queue_offset, third.msg_id) == \
         (first.physical_offset, first.queue_offset, first.msg_id)
     assert node.tx.pending_count() == 1  # still one half: nothing stored twice
+
+
+def _gate_up_after_first_ask():
+    """A write gate that lets the append through and is up when the answer leaves: the lease
+    lapsed while the put waited, so the stored half is answered OUTCOME_UNKNOWN."""
+    asked = []
+
+    def gate() -> Fence | None:
+        asked.append(1)
+        return None if len(asked) == 1 else Fence.LEASE_NOT_VALID
+    return gate
+
+
+@pytest.fixture
+async def sync_node(tmp_path):
+    """Sync flush: a put waits for the disk, so the gate is asked again before it answers."""
+    n = await open_node(tx_config(tmp_path / "data", flush_mode="sync"), ManualClock())
+    try:
+        yield n
+    finally:
+        await n.close()
+
+
+async def test_a_half_answered_outcome_unknown_is_indexed_so_its_retry_stores_nothing(sync_node) -> None:
+    node = sync_node
+    # Stored, but answered OUTCOME_UNKNOWN: the half is in the log, so the index must know it.
+    # Without that, the producer's retry stored a second half, its END decided that one, and
+    # the check-back committed the first as well: one local transaction delivered twice (the
+    # partition harness, scenario (f), SYNC_MASTER).
+    node.store.set_write_gate(_gate_up_after_first_ask())
+    first = await node.tx.prepare(half_msg(b"unknown", uniq="0" * 31 + "2"), None)
+    assert first.status is PutStatus.OUTCOME_UNKNOWN
+    assert node.tx.pending_count() == 1  # checked back if never retried, not left pending
+    node.store.set_write_gate(None)
+    again = await node.tx.prepare(half_msg(b"unknown", uniq="0" * 31 + "2"), None)
+    assert again.status is PutStatus.OK
+    assert (again.physical_offset, again.queue_offset) == (first.physical_offset, first.queue_offset)
+    assert node.tx.pending_count() == 1

@@ -313,8 +313,11 @@ class TransactionalMessageService:
                 msg_id=retried.msg_id, store_timestamp=retried.store_ts))
         half = half_message(msg)
         result = await self.bridge.put_half(half)
-        if not result.ok:
+        if not result.ok and result.status is not PutStatus.OUTCOME_UNKNOWN:
             return result
+        # OUTCOME_UNKNOWN: stored here, not acknowledged.  The half is in the log, so it is
+        # indexed like any other: the producer's retry is answered from it (not stored twice,
+        # which the check-back would then commit as well), and if no retry comes it is checked.
         self._open.add(
             phys=result.physical_offset, queue_offset=result.queue_offset,
             store_ts=result.store_timestamp,
