@@ -17,6 +17,17 @@ sequence state and the two system topics in one order that recovery relies on:
 Every state record holds the whole metadata of its id and is written *before* memory changes,
 so memory is never ahead of the log; an id with a transition in progress answers
 CONCURRENT_TRANSACTIONS, which every client retries.
+
+Every path is ordered intent, effect, bookkeeping, and is safe against cancellation at any
+await (a request handler is cancelled when its client goes away).  This rests on one property
+of the store: ``put``/``put_chain`` append synchronously, before their first await, so a put
+that was cancelled while it waited for the disk or the replicas has written its record.
+Memory therefore follows what the put *appended*, not what it answered: a state record
+cancelled or timed out after its append is taken in memory as well (:meth:`_write`); a
+transactional batch and a transaction's offsets are staged in memory right before their put
+and unstaged only when the put appended nothing; and a commit whose append was not answered
+counts what the log holds before it appends again (:meth:`_apply_commit`), so a retry, the
+scan and recovery each place every record exactly once.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from txbroker.service.kafka.mapping import record_to_message
 from txbroker.service.kafka.producers import BatchMeta, ProducerStates
 from txbroker.service.kafka.txn_log import (
     DATA_TOPIC,
+    STATE_TOPIC,
     Offset,
     batch_message,
     offsets_message,
@@ -85,7 +97,9 @@ class TxnView:
 
 @dataclass(slots=True)
 class _Staged:
-    queue_offset: int
+    """One transactional batch; ``_Txn.staged`` keeps them in data-topic order (a batch is
+    staged right before the put that appends it, with no await in between)."""
+
     topic: str
     partition: int
     batch: RecordBatch
@@ -118,8 +132,9 @@ class _Txn:
     failed: bool = False
     #: Commitlog offset of the PrepareCommit record (ties the applied records to it).
     marker: int = 0
-    #: Records of a decided commit already appended.
-    applied: int = 0
+    #: Records of a decided commit already appended; None while unknown (an append whose
+    #: answer was not seen): the next attempt counts them in the log first.
+    applied: int | None = 0
     #: The decided commit's records, decoded once (None: decode from ``staged``).
     commit_msgs: list[Message] | None = None
     #: Store time (ms) of this id's latest state record (see ``_refresh``).
@@ -209,7 +224,7 @@ class TransactionCoordinator:
                             t.offsets[(rec.group, topic, partition)] = offset
                     continue
                 batch = read_batches(rec.data, check_crc=False)[0]
-                t.staged.append(_Staged(rec.queue_offset, rec.topic, rec.partition, batch))
+                t.staged.append(_Staged(rec.topic, rec.partition, batch))
                 self.producers.record(batch.producer_id, batch.producer_epoch, rec.topic,
                                       rec.partition, BatchMeta(batch.base_sequence,
                                                                batch.last_sequence, -1,
@@ -336,18 +351,41 @@ class TransactionCoordinator:
             return pid
 
     async def _write(self, t: _Txn, **changes) -> None:
-        """Store ``t``'s metadata with ``changes``, then (only then) apply them in memory."""
+        """Store ``t``'s metadata with ``changes``, then (only then) apply them in memory.
+
+        Memory follows the log: once the record is appended the change is taken, even when
+        the put then answers a flush or replica time-out (CoordinatorUnavailable is raised
+        after) or the request is cancelled while the put waits; the record then sits at the
+        queue offset the state queue had before the put."""
         doc = t.doc(updated_ms=self.now_ms(), **changes)
-        result = await self.store.put(state_message(doc))
+        msg = state_message(doc)
+        slot = self.store.max_offset(STATE_TOPIC, 0)
+        try:
+            result = await self.store.put(msg)
+        except asyncio.CancelledError:
+            self._follow(t, doc, self._state_record_at(slot, msg.body))
+            raise
+        if result.physical_offset >= 0:
+            self._follow(t, doc, result.physical_offset)
         if not result.ok:
             raise CoordinatorUnavailable
+
+    def _state_record_at(self, slot: int, body: bytes) -> int:
+        """Commitlog offset of the state record ``body`` at queue offset ``slot`` (-1: absent)."""
+        got = self.store.get(STATE_TOPIC, 0, slot, 1).messages()
+        return got[0].physical_offset if got and bytes(got[0].body) == body else -1
+
+    def _follow(self, t: _Txn, doc: dict, physical_offset: int) -> None:
+        """Take in memory the state record ``doc`` appended at ``physical_offset``."""
+        if physical_offset < 0:
+            return
         if doc["pid"] != t.pid:
             self._by_pid.pop(t.pid, None)
         t.load(doc)
         t.written_ms = self.now_ms()
         self._by_pid[t.pid] = t
         if t.state == PREPARE_COMMIT:
-            t.marker = result.physical_offset
+            t.marker = physical_offset
             t.applied = 0
 
     # --- produce path ------------------------------------------------------------------------
@@ -393,9 +431,14 @@ class TransactionCoordinator:
         assert transactional_id is not None
         t = self._txns[transactional_id]
         txn = t.txn
+        # Staged and its sequence recorded before the put (which appends before its first
+        # await, so a cancelled request has stored the batch): a retry is then a duplicate of
+        # a batch the commit holds.  Undone only when the put appended nothing.
         meta = BatchMeta(batch.base_sequence, batch.last_sequence, -1, batch.max_timestamp)
         self.producers.record(batch.producer_id, batch.producer_epoch, topic, partition, meta,
                               self.now_ms())
+        staged = _Staged(topic, partition, batch)
+        t.staged.append(staged)
         t.inflight += 1
         try:
             result = await self.store.put(batch_message(transactional_id, txn, topic, partition, batch.data))
@@ -403,11 +446,13 @@ class TransactionCoordinator:
             t.inflight -= 1
         if not result.ok:
             self.producers.forget(batch.producer_id, topic, partition, meta)
-            t.failed = True
+            if result.physical_offset < 0:
+                t.staged.remove(staged)
+            else:  # in the data topic but not confirmed: the transaction may only abort
+                t.failed = True
             return ErrorCode.KAFKA_STORAGE_ERROR
         if t.txn != txn or t.state != ONGOING:  # aborted meanwhile: the record is an orphan
             return ErrorCode.INVALID_PRODUCER_EPOCH
-        t.staged.append(_Staged(result.queue_offset, topic, partition, batch))
         return ErrorCode.NONE
 
     def record_batch(self, topic: str, partition: int, batch: RecordBatch, base_offset: int) -> None:
@@ -437,7 +482,8 @@ class TransactionCoordinator:
             try:
                 await self._write(t, timeout_ms=timeout_ms)
             except CoordinatorUnavailable:
-                del self._txns[tid]
+                if not t.written_ms:  # nothing appended: the id stays unknown
+                    del self._txns[tid]
                 raise
             finally:
                 t.busy = False
@@ -536,17 +582,23 @@ class TransactionCoordinator:
             else:
                 good.append((topic, partition, offset))
         if good:
-            txn = t.txn
+            # Staged before the put (see append_transactional), undone if nothing was appended.
+            before = {(group, tp, p): t.offsets.get((group, tp, p)) for tp, p, _ in good}
+            for topic, partition, offset in good:
+                t.offsets[(group, topic, partition)] = offset
             t.inflight += 1
             try:
-                result = await self.store.put(offsets_message(tid, txn, group, good))
+                result = await self.store.put(offsets_message(tid, t.txn, group, good))
             finally:
                 t.inflight -= 1
+            if result.physical_offset < 0:
+                for key, old in before.items():
+                    if old is None:
+                        t.offsets.pop(key, None)
+                    else:
+                        t.offsets[key] = old
             if not result.ok:
                 raise CoordinatorUnavailable
-            if t.txn == txn and t.state == ONGOING:
-                for topic, partition, offset in good:
-                    t.offsets[(group, topic, partition)] = offset
         return out
 
     # --- EndTxn ------------------------------------------------------------------------------
@@ -575,7 +627,7 @@ class TransactionCoordinator:
     def _messages(self, t: _Txn) -> list[Message]:
         """Every record of the transaction as a txbroker message, in data-topic order."""
         msgs = []
-        for s in sorted(t.staged, key=lambda s: s.queue_offset):
+        for s in t.staged:
             for record in s.batch.records():
                 msgs.append(record_to_message(s.topic, s.partition, record, born_host=BORN_HOST))
         return msgs
@@ -595,19 +647,25 @@ class TransactionCoordinator:
 
     async def _apply_commit(self, t: _Txn) -> ErrorCode:
         """Append the records a decided commit has not applied yet, set its offsets, write
-        CompleteCommit.  Idempotent: ``t.applied`` says where the previous attempt stopped."""
+        CompleteCommit.  Idempotent: ``t.applied`` says where the previous attempt stopped;
+        when that attempt's append was not answered (cancelled, or refused part-way) the log
+        says: the records tied to the PrepareCommit offset are a prefix of the chain."""
         t.busy = True
         try:
             msgs = t.commit_msgs if t.commit_msgs is not None else self._messages(t)
             t.commit_msgs = msgs
             for m in msgs:
                 m.prepared_transaction_offset = t.marker
+            if t.applied is None:
+                t.applied = self._count_applied(t.marker)
             rest = msgs[t.applied:]
             if rest:
+                t.applied = None
                 results = await self.store.put_chain(rest)
-                done = sum(1 for r in results if r.ok)
-                t.applied += done
-                if done < len(rest):
+                if len(results) == len(rest) and all(r.ok for r in results):
+                    t.applied = len(msgs)
+                else:
+                    t.applied = self._count_applied(t.marker)
                     log.error("kafka transaction %r: commit applied %d of %d records (%s); retrying",
                               t.tid, t.applied, len(msgs), results[-1].status.value)
                     raise CoordinatorUnavailable
