@@ -50,6 +50,7 @@ from txbroker.service.kafka.txn_log import (
     STATE_TOPIC,
     Offset,
     batch_message,
+    expired_message,
     offsets_message,
     pid_block_message,
     replay_data,
@@ -124,6 +125,8 @@ class _Txn:
     data_from: int = 0
     offsets: dict[tuple[str, str, int], int] = field(default_factory=dict)
     staged: list[_Staged] = field(default_factory=list)
+    #: Bytes of ``staged`` (capped by ``kafka_transaction_max_bytes``).
+    staged_bytes: int = 0
     #: A state write is in progress: other requests of this id get CONCURRENT_TRANSACTIONS.
     busy: bool = False
     #: Transactional batches being stored: EndTxn waits for them (CONCURRENT_TRANSACTIONS).
@@ -157,14 +160,15 @@ class _Txn:
         self.groups = list(d["groups"])
         self.started_ms, self.updated_ms, self.data_from = d["started_ms"], d["updated_ms"], d["data_from"]
         self.offsets = {(g, t, p): o for g, t, p, o in d["offsets"]}
-        if self.state not in (ONGOING, PREPARE_COMMIT):
-            self.staged = []
-            self.failed = False
-            self.commit_msgs = None
 
     @property
     def open(self) -> bool:
         return self.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT)
+
+    @property
+    def settled(self) -> bool:
+        """No transaction open and none being decided: the id may expire."""
+        return self.state in (EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT)
 
 
 class CoordinatorUnavailable(Exception):
@@ -191,6 +195,8 @@ class TransactionCoordinator:
         self._pid_limit = 0
         self._pid_written_ms = 0
         self._pid_lock = asyncio.Lock()
+        #: Bytes staged by every open transaction (capped by ``kafka_transactions_max_bytes``).
+        self.staged_bytes = 0
         self._task: asyncio.Task[None] | None = None
         #: Until start() has finished what recovery found, requests get LOAD_IN_PROGRESS.
         self.ready = False
@@ -224,7 +230,7 @@ class TransactionCoordinator:
                             t.offsets[(rec.group, topic, partition)] = offset
                     continue
                 batch = read_batches(rec.data, check_crc=False)[0]
-                t.staged.append(_Staged(rec.topic, rec.partition, batch))
+                self._stage(t, _Staged(rec.topic, rec.partition, batch))
                 self.producers.record(batch.producer_id, batch.producer_epoch, rec.topic,
                                       rec.partition, BatchMeta(batch.base_sequence,
                                                                batch.last_sequence, -1,
@@ -310,7 +316,25 @@ class TransactionCoordinator:
             except CoordinatorUnavailable:
                 pass
         self.producers.expire(now)
+        await self._expire_ids(now)
         await self._refresh(now)
+
+    async def _expire_ids(self, now: int) -> None:
+        """Forget ids settled for ``kafka_transactional_id_expiration`` (Kafka's
+        transactional.id.expiration.ms): a tombstone record, then memory.  The producer-id
+        floor does not fall: the tombstone names the id's producer id."""
+        limit = now - int(self.config.kafka_transactional_id_expiration * 1000)
+        for t in [t for t in self._txns.values() if t.settled and t.updated_ms < limit]:
+            if t.busy or t.inflight:
+                continue
+            result = await self.store.put(expired_message(t.tid, t.pid))
+            if result.physical_offset < 0:
+                return  # the store refuses writes: the next scan tries again
+            if self._txns.get(t.tid) is t and t.settled and not t.busy:
+                del self._txns[t.tid]
+                if self._by_pid.get(t.pid) is t:
+                    del self._by_pid[t.pid]
+                log.info("kafka transactional id %r expired (idle since %d ms)", t.tid, now - t.updated_ms)
 
     async def _refresh(self, now: int) -> None:
         """Write again the state records retention would otherwise take away.
@@ -370,6 +394,23 @@ class TransactionCoordinator:
         if not result.ok:
             raise CoordinatorUnavailable
 
+    def _stage(self, t: _Txn, staged: _Staged) -> None:
+        t.staged.append(staged)
+        t.staged_bytes += len(staged.batch.data)
+        self.staged_bytes += len(staged.batch.data)
+
+    def _unstage(self, t: _Txn, staged: _Staged) -> None:
+        t.staged.remove(staged)
+        t.staged_bytes -= len(staged.batch.data)
+        self.staged_bytes -= len(staged.batch.data)
+
+    def _unstage_all(self, t: _Txn) -> None:
+        """The transaction ended: its batches leave memory (the data topic keeps them)."""
+        self.staged_bytes -= t.staged_bytes
+        t.staged, t.staged_bytes = [], 0
+        t.failed = False
+        t.commit_msgs = None
+
     def _state_record_at(self, slot: int, body: bytes) -> int:
         """Commitlog offset of the state record ``body`` at queue offset ``slot`` (-1: absent)."""
         got = self.store.get(STATE_TOPIC, 0, slot, 1).messages()
@@ -382,6 +423,8 @@ class TransactionCoordinator:
         if doc["pid"] != t.pid:
             self._by_pid.pop(t.pid, None)
         t.load(doc)
+        if t.state not in (ONGOING, PREPARE_COMMIT):
+            self._unstage_all(t)
         t.written_ms = self.now_ms()
         self._by_pid[t.pid] = t
         if t.state == PREPARE_COMMIT:
@@ -431,6 +474,24 @@ class TransactionCoordinator:
         assert transactional_id is not None
         t = self._txns[transactional_id]
         txn = t.txn
+        size = len(batch.data)
+        if t.staged_bytes + size > self.config.kafka_transaction_max_bytes:
+            log.warning("kafka transaction %r: batch for %s-%d refused: the transaction would stage "
+                        "%d bytes, above kafka_transaction_max_bytes %d", transactional_id, topic,
+                        partition, t.staged_bytes + size, self.config.kafka_transaction_max_bytes)
+            # Not retriable: the transaction may only abort now (as a failed batch makes a Kafka
+            # producer abort).  Its sequence counts as used, because clients that do not bump
+            # the epoch at the abort (aiokafka) go on after it in their next transaction.
+            self.producers.record(batch.producer_id, batch.producer_epoch, topic, partition,
+                                  BatchMeta(batch.base_sequence, batch.last_sequence, -1,
+                                            batch.max_timestamp), self.now_ms())
+            t.failed = True
+            return ErrorCode.RECORD_LIST_TOO_LARGE
+        if self.staged_bytes + size > self.config.kafka_transactions_max_bytes:
+            log.warning("kafka transaction %r: batch for %s-%d refused: open transactions stage %d "
+                        "bytes, kafka_transactions_max_bytes is %d", transactional_id, topic,
+                        partition, self.staged_bytes, self.config.kafka_transactions_max_bytes)
+            return ErrorCode.KAFKA_STORAGE_ERROR
         # Staged and its sequence recorded before the put (which appends before its first
         # await, so a cancelled request has stored the batch): a retry is then a duplicate of
         # a batch the commit holds.  Undone only when the put appended nothing.
@@ -438,7 +499,7 @@ class TransactionCoordinator:
         self.producers.record(batch.producer_id, batch.producer_epoch, topic, partition, meta,
                               self.now_ms())
         staged = _Staged(topic, partition, batch)
-        t.staged.append(staged)
+        self._stage(t, staged)
         t.inflight += 1
         try:
             result = await self.store.put(batch_message(transactional_id, txn, topic, partition, batch.data))
@@ -447,7 +508,7 @@ class TransactionCoordinator:
         if not result.ok:
             self.producers.forget(batch.producer_id, topic, partition, meta)
             if result.physical_offset < 0:
-                t.staged.remove(staged)
+                self._unstage(t, staged)
             else:  # in the data topic but not confirmed: the transaction may only abort
                 t.failed = True
             return ErrorCode.KAFKA_STORAGE_ERROR

@@ -3,8 +3,9 @@
 
 ``RMQ_SYS_KAFKA_TXN_STATE`` (queue 0) holds one JSON record per state change of a
 transactional id — the whole metadata each time, so the latest record of an id is its state —
-and the producer-id blocks handed out (``{"pid_block": upto}``: ids below ``upto`` may have
-been used, so a restart allocates from ``upto`` on).  ``RMQ_SYS_KAFKA_TXN_DATA`` (queue 0)
+the producer-id blocks handed out (``{"pid_block": upto}``: ids below ``upto`` may have
+been used, so a restart allocates from ``upto`` on) and the tombstones of expired ids
+(``{"tid", "pid", "expired": true}``).  ``RMQ_SYS_KAFKA_TXN_DATA`` (queue 0)
 holds what an open transaction has gathered: each transactional Produce batch exactly as
 received (properties: transactional id, transaction number, topic, partition) and each
 TxnOffsetCommit's offsets (JSON, with the group).  The transaction number (``txn``) counts the
@@ -40,6 +41,13 @@ def state_message(doc: dict) -> Message:
 
 def pid_block_message(upto: int) -> Message:
     return Message(topic=STATE_TOPIC, queue_id=0, body=orjson.dumps({"pid_block": upto}))
+
+
+def expired_message(tid: str, pid: int) -> Message:
+    """The tombstone of an expired transactional id (it names the producer id, so the floor
+    replay derives from the state topic never falls)."""
+    return Message(topic=STATE_TOPIC, queue_id=0,
+                   body=orjson.dumps({"tid": tid, "pid": pid, "expired": True}))
 
 
 def batch_message(tid: str, txn: int, topic: str, partition: int, data: bytes) -> Message:
@@ -98,6 +106,9 @@ def replay_state(store: MessageStore) -> Replayed:
             out.pid_written_ms = m.store_timestamp
             continue
         out.pid_upto = max(out.pid_upto, doc["pid"] + 1)
+        if doc.get("expired"):
+            out.latest.pop(doc["tid"], None)
+            continue
         out.latest[doc["tid"]] = StateRecord(doc, m.physical_offset, m.store_timestamp)
         if doc["state"] == "CompleteCommit" and doc.get("offsets"):
             out.committed_offsets.append((m.store_timestamp, [tuple(o) for o in doc["offsets"]]))
