@@ -140,6 +140,10 @@ _OPTIONS: dict[str, _Opt] = {
                                                  "stage before its commit"),
     "kafka_transactions_max_bytes": _Opt("BYTES", "record bytes all open Kafka transactions "
                                                   "together may stage"),
+    "kafka_snapshot_interval": _Opt("SECONDS", "how often the Kafka coordinator snapshots its "
+                                               "state when it changed (recovery reads the latest)"),
+    "kafka_snapshot_records": _Opt("COUNT", "Kafka coordinator state records between snapshots "
+                                            "(at least as many as there are transactional ids)"),
     "kafka_transactional_id_expiration": _Opt("SECONDS", "a Kafka transactional id idle this "
                                                          "long is forgotten (7 days)"),
     "kafka_group_initial_rebalance_delay": _Opt("SECONDS", "a new Kafka consumer group waits this "

@@ -190,6 +190,11 @@ class BrokerConfig:
     #: Bytes all open Kafka transactions together may stage (bounds the memory they take);
     #: a batch beyond is KAFKA_STORAGE_ERROR, retriable, as a full disk is.
     kafka_transactions_max_bytes: int = 512 * 1024 * 1024
+    #: The Kafka coordinator snapshots its state (ids, producer ids, idempotent producers'
+    #: sequences) at least this often when it changed, after ``kafka_snapshot_records`` state
+    #: records, and at a clean stop; recovery reads the latest snapshot and the log after it.
+    kafka_snapshot_interval: float = 60.0
+    kafka_snapshot_records: int = 10000
     #: A transactional id with no transaction for this long is forgotten (Kafka's
     #: ``transactional.id.expiration.ms``, 7 days); its next InitProducerId starts afresh.
     kafka_transactional_id_expiration: float = 7 * 24 * 3600.0
@@ -276,7 +281,8 @@ def _validate(c: BrokerConfig) -> None:
                  "shutdown_grace", "register_interval", "metadata_sync_interval",
                  "controller_heartbeat_interval", "controller_lease",
                  "kafka_transaction_max_timeout", "kafka_transaction_scan_interval",
-                 "kafka_group_min_session_timeout", "kafka_transactional_id_expiration"):
+                 "kafka_group_min_session_timeout", "kafka_transactional_id_expiration",
+                 "kafka_snapshot_interval"):
         need(getattr(c, name) > 0, name, "must be > 0")
     need(c.kafka_transaction_max_bytes >= c.max_message_size, "kafka_transaction_max_bytes",
          "must be >= max_message_size (one batch must fit)")
@@ -288,6 +294,7 @@ def _validate(c: BrokerConfig) -> None:
          "kafka_group_max_session_timeout", "must be >= kafka_group_min_session_timeout")
     need(c.transaction_timeout >= 0, "transaction_timeout", "must be >= 0")
     for name in ("transaction_check_max", "check_concurrency", "default_queue_nums",
+                 "kafka_snapshot_records",
                  "max_connections", "max_inflight_per_connection"):
         need(getattr(c, name) >= 1, name, "must be >= 1")
     need(c.broker_role in ("ASYNC_MASTER", "SYNC_MASTER"), "broker_role",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from functools import partial
 
 import pytest
 
@@ -63,6 +64,11 @@ async def until_answered(call) -> ErrorCode:
     raise AssertionError(f"still {env_err} after {RETRIES} retries")
 
 
+async def scan_then_commit(c, pid: int, epoch: int) -> ErrorCode:
+    await c.scan()
+    return await c.end_txn(TID, pid, epoch, True, 0)
+
+
 async def test_a_commit_cancelled_at_any_await_places_each_record_once(tmp_path):
     cancels = 0
     for k in range(1, MAX_STEPS):
@@ -72,16 +78,11 @@ async def test_a_commit_cancelled_at_any_await_places_each_record_once(tmp_path)
         b0, b1 = batch(pid, epoch, 0, [b"v0", b"v1", b"v2"]), batch(pid, epoch, 0, [b"w0"])
         assert await c.append_transactional(TID, T, 0, b0) is E.NONE
         assert await c.append_transactional(TID, T, 1, b1) is E.NONE
-        if not await cancelled_after(lambda: c.end_txn(TID, pid, epoch, True, 0), k):
+        if not await cancelled_after(partial(c.end_txn, TID, pid, epoch, True, 0), k):
             await env.close()
             break
         cancels += 1
-
-        async def retry():
-            await c.scan()
-            return await c.end_txn(TID, pid, epoch, True, 0)
-
-        assert await until_answered(retry) is E.NONE, k
+        assert await until_answered(partial(scan_then_commit, c, pid, epoch)) is E.NONE, k
         want = ([b"v0", b"v1", b"v2"], [b"w0"])
         assert (env.bodies(0), env.bodies(1)) == want, k
         await c.scan()
@@ -104,7 +105,7 @@ async def test_a_produce_cancelled_at_any_await_is_in_the_commit(tmp_path):
         pid, epoch = await begin(c, partitions=[(T, 0)])
         assert await c.append_transactional(TID, T, 0, batch(pid, epoch, 0, [b"a"])) is E.NONE
         b = batch(pid, epoch, 1, [b"b0", b"b1"])
-        if not await cancelled_after(lambda: c.append_transactional(TID, T, 0, b), k):
+        if not await cancelled_after(partial(c.append_transactional, TID, T, 0, b), k):
             await env.close()
             break
         cancels += 1
@@ -114,7 +115,7 @@ async def test_a_produce_cancelled_at_any_await_is_in_the_commit(tmp_path):
             err = await c.append_transactional(TID, T, 0, b)
         assert err is E.NONE, k
         assert await c.append_transactional(TID, T, 0, batch(pid, epoch, 3, [b"c"])) is E.NONE
-        assert await until_answered(lambda: c.end_txn(TID, pid, epoch, True, 0)) is E.NONE
+        assert await until_answered(partial(c.end_txn, TID, pid, epoch, True, 0)) is E.NONE
         assert env.bodies(0) == [b"a", b"b0", b"b1", b"c"], k
         await env.close()
         await env.open()
@@ -132,10 +133,10 @@ async def test_offsets_cancelled_at_any_await_are_committed(tmp_path):
         pid, epoch = await begin(c, partitions=[(T, 0)])
         assert await c.add_offsets(TID, pid, epoch, "g", 0) is E.NONE
         if not await cancelled_after(
-                lambda: c.txn_offset_commit(TID, "g", pid, epoch, [(T, 0, 7)], 0), k):
+                partial(c.txn_offset_commit, TID, "g", pid, epoch, [(T, 0, 7)], 0), k):
             await env.close()
             break
-        assert await until_answered(lambda: c.end_txn(TID, pid, epoch, True, 0)) is E.NONE
+        assert await until_answered(partial(c.end_txn, TID, pid, epoch, True, 0)) is E.NONE
         assert env.store.offsets.get("g", T, 0) == 7, k
         await env.close()
     else:
@@ -149,7 +150,7 @@ async def test_init_producer_id_cancelled_at_any_await_agrees_with_the_log(tmp_p
         pid, epoch = await begin(c, partitions=[(T, 0)])
         assert await c.append_transactional(TID, T, 0, batch(pid, epoch, 0, [b"x"])) is E.NONE
         # a second instance fences the first: its open transaction is aborted, epoch bumped
-        if not await cancelled_after(lambda: c.init_producer_id(TID, 60000, -1, -1, 0), k):
+        if not await cancelled_after(partial(c.init_producer_id, TID, 60000, -1, -1, 0), k):
             await env.close()
             break
         before = c.describe(TID)

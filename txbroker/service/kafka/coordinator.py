@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,11 +45,20 @@ from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.records import RecordBatch, RecordsError, read_batches
 from txbroker.service.kafka.mapping import record_to_message
-from txbroker.service.kafka.producers import BatchMeta, ProducerStates
+from txbroker.service.kafka.producers import (
+    PROPERTY_PRODUCER,
+    BatchMeta,
+    ProducerStates,
+    parse_producer_property,
+    producer_property,
+)
+from txbroker.service.kafka.snapshot import Snapshot, read_latest, snapshot_messages
 from txbroker.service.kafka.txn_log import (
     DATA_TOPIC,
     STATE_TOPIC,
     Offset,
+    Replayed,
+    StateRecord,
     batch_message,
     expired_message,
     offsets_message,
@@ -74,6 +84,8 @@ PID_BLOCK = 1000
 #: Committed offsets are re-applied at recovery unless the offset file was written at least
 #: this long after the commit (so it holds the commit, or a later commit of the group).
 OFFSET_FILE_GRACE_MS = 2000
+#: Largest part of a snapshot (below ``max_message_size`` when that is larger).
+SNAPSHOT_PART_SIZE = 1024 * 1024
 #: Kafka records are born at the client; the commitlog's born host is not known here.
 BORN_HOST = ("127.0.0.1", 0)
 
@@ -140,8 +152,8 @@ class _Txn:
     applied: int | None = 0
     #: The decided commit's records, decoded once (None: decode from ``staged``).
     commit_msgs: list[Message] | None = None
-    #: Store time (ms) of this id's latest state record (see ``_refresh``).
-    written_ms: int = 0
+    #: Commitlog offset of this id's latest state record (-1: none appended yet).
+    record_offset: int = -1
 
     def doc(self, **changes) -> dict:
         d = {"tid": self.tid, "pid": self.pid, "epoch": self.epoch, "last_epoch": self.last_epoch,
@@ -193,8 +205,18 @@ class TransactionCoordinator:
         self._by_pid: dict[int, _Txn] = {}
         self._next_pid = 0
         self._pid_limit = 0
-        self._pid_written_ms = 0
         self._pid_lock = asyncio.Lock()
+        #: (store time ms, offsets) of commits a periodically persisted offset file may not
+        #: hold yet: snapshots carry them, so recovery can set them again.
+        self._recent_commits: deque[tuple[int, list[Offset]]] = deque()
+        self._snapshot_no = 0
+        #: What the latest snapshot covers: state-topic queue offset, when, and the
+        #: commitlog offset the next snapshot's producer replay starts from.
+        self._snap_state_from = 0
+        self._snap_ms = 0
+        self._snap_log_mark = 0
+        #: The log's end after the latest snapshot: anything beyond is a change to snapshot.
+        self._snap_log_end = 0
         #: Bytes staged by every open transaction (capped by ``kafka_transactions_max_bytes``).
         self.staged_bytes = 0
         self._task: asyncio.Task[None] | None = None
@@ -206,22 +228,41 @@ class TransactionCoordinator:
 
     # --- recovery and lifecycle ---------------------------------------------------------------
     def recover(self) -> None:
-        """Rebuild every id's metadata, the open transactions and their producers' sequence
-        state, and how far each decided commit got; :meth:`start` finishes those."""
-        rep = replay_state(self.store)
-        self._next_pid = self._pid_limit = rep.pid_upto
-        self._pid_written_ms = rep.pid_written_ms
+        """Rebuild every id's metadata, the open transactions, the producers' sequence state
+        and how far each decided commit got, from the latest snapshot and what the log holds
+        after it; :meth:`start` finishes those.  Callable again after :meth:`suspend` (a
+        replica becoming master): memory is rebuilt from the log alone.
+
+        The producer-id floor starts one block above the highest block recorded: ids of a
+        block whose record did not reach this log (a master's last write before failover, or
+        an unflushed one before a power loss) are never handed out twice."""
+        self._reset()
+        snap = read_latest(self.store)
+        rep = Replayed()
+        log_from = self.store.min_physical_offset
+        if snap is not None:
+            self._snapshot_no, s = snap
+            rep.pid_upto = s.pid_upto
+            for doc, offset in s.ids:
+                rep.latest[doc["tid"]] = StateRecord(doc, offset)
+            rep.committed_offsets = [(ts, [tuple(o) for o in offs]) for ts, offs in s.commits]
+            self.producers.load_doc(s.producers)
+            self._snap_state_from, self._snap_ms = s.state_from, s.written_ms
+            log_from = max(log_from, s.log_from)
+        replay_state(self.store, start=self._snap_state_from, into=rep)
+        self._next_pid = self._pid_limit = rep.pid_upto + PID_BLOCK if rep.pid_upto else 0
         for tid, rec in rep.latest.items():
             t = _Txn(tid, rec.doc["pid"], rec.doc["epoch"])
             t.load(rec.doc)
-            t.written_ms = rec.store_timestamp
+            t.record_offset = rec.physical_offset
             t.marker = rec.physical_offset if t.state == PREPARE_COMMIT else 0
             self._txns[tid] = t
             self._by_pid[t.pid] = t
+        now = self.now_ms()
+        self._replay_producers(log_from, now)
         wanted = {t.tid: t.txn for t in self._txns.values() if t.state in (ONGOING, PREPARE_COMMIT)}
         if wanted:
             start = min(self._txns[tid].data_from for tid in wanted)
-            now = self.now_ms()
             for rec in replay_data(self.store, start, wanted):
                 t = self._txns[rec.tid]
                 if rec.group is not None:
@@ -231,15 +272,41 @@ class TransactionCoordinator:
                     continue
                 batch = read_batches(rec.data, check_crc=False)[0]
                 self._stage(t, _Staged(rec.topic, rec.partition, batch))
-                self.producers.record(batch.producer_id, batch.producer_epoch, rec.topic,
+                self.producers.replay(batch.producer_id, batch.producer_epoch, rec.topic,
                                       rec.partition, BatchMeta(batch.base_sequence,
                                                                batch.last_sequence, -1,
                                                                batch.max_timestamp), now)
         for t in self._txns.values():
             if t.state == PREPARE_COMMIT:
                 t.applied = self._count_applied(t.marker)
+        self._recent_commits.extend(rep.committed_offsets)
         self._reapply_offsets(rep.committed_offsets)
+        self._snap_log_mark = self._snap_log_end = self.store.max_physical_offset
         self.metrics.kafka_txn_open.set(sum(t.state == ONGOING for t in self._txns.values()))
+
+    def _reset(self) -> None:
+        """Forget everything memory holds (recovery rebuilds it from the log)."""
+        self._txns.clear()
+        self._by_pid.clear()
+        self.producers.clear()
+        self.staged_bytes = 0
+        self._recent_commits.clear()
+        self._snapshot_no = self._snap_state_from = self._snap_ms = 0
+
+    def _replay_producers(self, log_from: int, now: int) -> None:
+        """The sequence state of idempotent batches stored since the snapshot (their first
+        message names producer, epoch and sequences; see producers.py)."""
+        for m in self.store.scan(log_from):
+            text = m.properties.get(PROPERTY_PRODUCER) if m.properties else None
+            if text is None:
+                continue
+            parsed = parse_producer_property(text)
+            if parsed is None or is_system_topic(m.topic):
+                continue
+            pid, epoch, first, last = parsed
+            self.producers.replay(pid, epoch, m.topic, m.queue_id,
+                                  BatchMeta(first, last, m.queue_offset, m.born_timestamp),
+                                  m.store_timestamp or now)
 
     def _count_applied(self, marker: int) -> int:
         """Records of the commit decided at ``marker`` that reached their partitions (they
@@ -269,7 +336,7 @@ class TransactionCoordinator:
                     self.store.offsets.set(group, topic, partition, offset)
 
     async def start(self) -> None:
-        """Finish the decisions recovery found, then run the timeout scan."""
+        """Finish the decisions recovery found, then run the timeout scan (and the snapshots)."""
         for t in list(self._txns.values()):
             try:
                 if t.state == PREPARE_COMMIT:
@@ -285,12 +352,46 @@ class TransactionCoordinator:
                                                             name="txbroker-kafka-txn-scan")
 
     async def close(self) -> None:
+        """Stop at a clean shutdown: the scan ends, in-flight transitions finish, and a
+        snapshot is written so the next start reads it instead of the history."""
+        await self._stop_scan()
+        await self._settle()
+        try:
+            await self._snapshot(self.store.max_physical_offset)
+        except CoordinatorUnavailable:
+            log.warning("kafka coordinator: no snapshot at stop (the store refused it); the next "
+                        "start replays from the previous one")
+
+    async def suspend(self) -> None:
+        """Stop serving and forget the state (a master being demoted: its log may be cut back
+        to the new master's, and the new master owns the transactions).  Requests get
+        COORDINATOR_LOAD_IN_PROGRESS until :meth:`resume`.  Writes nothing: a demoted
+        store refuses writes."""
+        await self._stop_scan()
+        await self._settle()
+        self._reset()
+
+    async def resume(self) -> None:
+        """Serve again from what the log holds now (a replica that became master, after
+        :meth:`suspend` or from the start): :meth:`recover` from the latest snapshot and the
+        log after it, then :meth:`start`, which finishes any commit the failover interrupted
+        after its PrepareCommit."""
+        self.recover()
+        await self.start()
+
+    async def _stop_scan(self) -> None:
         self.ready = False
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    async def _settle(self) -> None:
+        """Wait (bounded by ``shutdown_grace``) for transitions and stores in progress."""
+        deadline = time.monotonic() + self.config.shutdown_grace
+        while time.monotonic() < deadline and any(t.busy or t.inflight for t in self._txns.values()):
+            await asyncio.sleep(0.01)
 
     async def _scan_loop(self, interval: float) -> None:
         while True:
@@ -317,7 +418,9 @@ class TransactionCoordinator:
                 pass
         self.producers.expire(now)
         await self._expire_ids(now)
-        await self._refresh(now)
+        if self._snapshot_due(now):
+            with contextlib.suppress(CoordinatorUnavailable):  # the next scan tries again
+                await self._snapshot(self._snap_log_mark)
 
     async def _expire_ids(self, now: int) -> None:
         """Forget ids settled for ``kafka_transactional_id_expiration`` (Kafka's
@@ -336,29 +439,45 @@ class TransactionCoordinator:
                     del self._by_pid[t.pid]
                 log.info("kafka transactional id %r expired (idle since %d ms)", t.tid, now - t.updated_ms)
 
-    async def _refresh(self, now: int) -> None:
-        """Write again the state records retention would otherwise take away.
+    def _snapshot_due(self, now: int) -> bool:
+        """A snapshot is written when the state topic grew by ``kafka_snapshot_records`` (or
+        by as many records as there are ids, so writing snapshots costs O(1) per state change
+        however many ids there are), and at least every ``kafka_snapshot_interval`` — and
+        every half ``file_reserved_time``, so retention never takes the newest snapshot."""
+        grown = self.store.max_offset(STATE_TOPIC, 0) - self._snap_state_from
+        if grown >= max(self.config.kafka_snapshot_records, len(self._txns)):
+            return True
+        age = now - self._snap_ms
+        if age >= self.config.file_reserved_time * 500:
+            return True
+        changed = grown > 0 or self.store.max_physical_offset > self._snap_log_end
+        return changed and age >= self.config.kafka_snapshot_interval * 1000
 
-        Retention deletes commitlog segments last written ``file_reserved_time`` ago, state
-        records included; an id whose only record went with them would be forgotten, and the
-        producer-id floor could fall (a reused producer id).  So a settled id's latest record
-        (Empty or Complete*, its offsets left out: they were applied long ago) and the
-        producer-id block are written again once half that time old, and the newest copy is
-        always in a segment retention keeps.  Open transactions never live that long (their
-        timeout is at most ``kafka_transaction_max_timeout``)."""
-        limit = now - int(self.config.file_reserved_time * 1000 / 2)
-        if self._pid_limit and self._pid_written_ms < limit:
-            async with self._pid_lock:
-                result = await self.store.put(pid_block_message(self._pid_limit))
-                if result.ok:
-                    self._pid_written_ms = self.now_ms()
-        for t in list(self._txns.values()):
-            if t.busy or t.written_ms >= limit or t.state not in (EMPTY, COMPLETE_COMMIT,
-                                                                  COMPLETE_ABORT):
-                continue
-            result = await self.store.put(state_message(t.doc(offsets=[])))
-            if result.ok:
-                t.written_ms = self.now_ms()
+    async def _snapshot(self, log_from: int) -> None:
+        """Write a snapshot of everything (see snapshot.py).  ``log_from`` is where the
+        producer replay must start: at a clean stop the log's end; otherwise where the log
+        ended at the previous snapshot, so a batch stored before this one but recorded after
+        (its put was still waiting for the disk) is replayed — replay skips what the snapshot
+        already holds."""
+        now = self.now_ms()
+        persist_ms = int(self.config.offset_persist_interval * 1000) * 2 + OFFSET_FILE_GRACE_MS
+        while self._recent_commits and self._recent_commits[0][0] < now - persist_ms:
+            self._recent_commits.popleft()
+        snap = Snapshot(
+            state_from=self.store.max_offset(STATE_TOPIC, 0), log_from=log_from,
+            pid_upto=self._pid_limit,
+            ids=[[t.doc(), t.record_offset] for t in self._txns.values() if t.record_offset >= 0],
+            commits=[[ts, [list(o) for o in offs]] for ts, offs in self._recent_commits],
+            producers=self.producers.to_doc(), written_ms=now)
+        mark = self.store.max_physical_offset
+        msgs = snapshot_messages(self._snapshot_no + 1, snap,
+                                 min(self.config.max_message_size, SNAPSHOT_PART_SIZE))
+        results = await self.store.put_chain(msgs)
+        if len(results) < len(msgs) or not all(r.ok for r in results):
+            raise CoordinatorUnavailable
+        self._snapshot_no += 1
+        self._snap_state_from, self._snap_ms, self._snap_log_mark = snap.state_from, now, mark
+        self._snap_log_end = self.store.max_physical_offset
 
     # --- producer ids ------------------------------------------------------------------------
     async def allocate_pid(self) -> int:
@@ -369,7 +488,6 @@ class TransactionCoordinator:
                 if not result.ok:
                     raise CoordinatorUnavailable
                 self._pid_limit = upto
-                self._pid_written_ms = self.now_ms()
             pid = self._next_pid
             self._next_pid += 1
             return pid
@@ -425,7 +543,7 @@ class TransactionCoordinator:
         t.load(doc)
         if t.state not in (ONGOING, PREPARE_COMMIT):
             self._unstage_all(t)
-        t.written_ms = self.now_ms()
+        t.record_offset = physical_offset
         self._by_pid[t.pid] = t
         if t.state == PREPARE_COMMIT:
             t.marker = physical_offset
@@ -516,6 +634,13 @@ class TransactionCoordinator:
             return ErrorCode.INVALID_PRODUCER_EPOCH
         return ErrorCode.NONE
 
+    @staticmethod
+    def tag_batch(first: Message, batch: RecordBatch) -> None:
+        """Mark the first message of an idempotent batch with its producer and sequences, so
+        recovery can rebuild the producer state from the log (producers.py)."""
+        first.properties[PROPERTY_PRODUCER] = producer_property(
+            batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.last_sequence)
+
     def record_batch(self, topic: str, partition: int, batch: RecordBatch, base_offset: int) -> None:
         """Remember a stored idempotent (non-transactional) batch for duplicate detection."""
         self.producers.record(batch.producer_id, batch.producer_epoch, topic, partition,
@@ -543,7 +668,7 @@ class TransactionCoordinator:
             try:
                 await self._write(t, timeout_ms=timeout_ms)
             except CoordinatorUnavailable:
-                if not t.written_ms:  # nothing appended: the id stays unknown
+                if t.record_offset < 0:  # nothing appended: the id stays unknown
                     del self._txns[tid]
                 raise
             finally:
@@ -734,6 +859,9 @@ class TransactionCoordinator:
                 self.store.offsets.set(group, topic, partition, offset)
             started = t.started_ms
             await self._write(t, state=COMPLETE_COMMIT, partitions=[], groups=[])
+            if t.offsets:
+                self._recent_commits.append((self.now_ms(), [(g, tp, p, o) for (g, tp, p), o
+                                                             in t.offsets.items()]))
         finally:
             t.busy = False
         self.metrics.kafka_txn_committed.inc()

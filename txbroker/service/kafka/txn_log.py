@@ -82,7 +82,6 @@ def read_queue(store: MessageStore, topic: str, start: int = 0) -> Iterator[tupl
 class StateRecord:
     doc: dict
     physical_offset: int
-    store_timestamp: int
 
 
 @dataclass
@@ -91,25 +90,24 @@ class Replayed:
 
     latest: dict[str, StateRecord] = field(default_factory=dict)
     pid_upto: int = 0
-    #: Store time (ms) of the last producer-id block record (0: none).
-    pid_written_ms: int = 0
     #: (store time ms, offsets) of every CompleteCommit that carried offsets, in log order.
     committed_offsets: list[tuple[int, list[Offset]]] = field(default_factory=list)
 
 
-def replay_state(store: MessageStore) -> Replayed:
-    out = Replayed()
-    for _, m in read_queue(store, STATE_TOPIC):
+def replay_state(store: MessageStore, start: int = 0, into: Replayed | None = None) -> Replayed:
+    """Apply the state records from queue offset ``start`` on to ``into`` (a snapshot's
+    state; empty when None)."""
+    out = into if into is not None else Replayed()
+    for _, m in read_queue(store, STATE_TOPIC, start):
         doc = orjson.loads(m.body)
         if "pid_block" in doc:
             out.pid_upto = max(out.pid_upto, doc["pid_block"])
-            out.pid_written_ms = m.store_timestamp
             continue
         out.pid_upto = max(out.pid_upto, doc["pid"] + 1)
         if doc.get("expired"):
             out.latest.pop(doc["tid"], None)
             continue
-        out.latest[doc["tid"]] = StateRecord(doc, m.physical_offset, m.store_timestamp)
+        out.latest[doc["tid"]] = StateRecord(doc, m.physical_offset)
         if doc["state"] == "CompleteCommit" and doc.get("offsets"):
             out.committed_offsets.append((m.store_timestamp, [tuple(o) for o in doc["offsets"]]))
     return out
