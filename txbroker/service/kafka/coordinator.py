@@ -10,9 +10,13 @@ sequence state and the two system topics in one order that recovery relies on:
   then appends every record of the transaction to its partitions in one ``put_chain`` — each
   final record carries the PrepareCommit record's commitlog offset in
   ``prepared_transaction_offset`` — then sets the offsets, then writes CompleteCommit;
-- recovery replays the state topic, rebuilds open transactions from the data topic, finds how
+- recovery loads the newest snapshot (snapshot.py), replays the state topic after it and the
+  idempotent batches stored since, rebuilds open transactions from the data topic, finds how
   many records of a decided commit a crash left unapplied (the records tied to its
-  PrepareCommit offset after it) and :meth:`start` appends only those.
+  PrepareCommit offset after it) and :meth:`start` appends only those;
+- :meth:`suspend` and :meth:`resume` stop and restart all of that on a live broker (demotion
+  and promotion); the scan also enforces the byte caps' bookkeeping, expires idle ids and
+  writes the snapshots.
 
 Every state record holds the whole metadata of its id and is written *before* memory changes,
 so memory is never ahead of the log; an id with a transition in progress answers
