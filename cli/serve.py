@@ -136,6 +136,16 @@ _OPTIONS: dict[str, _Opt] = {
                                                      "producer may ask for"),
     "kafka_transaction_scan_interval": _Opt("SECONDS", "how often open Kafka transactions are "
                                                        "checked for their timeout"),
+    "kafka_transaction_max_bytes": _Opt("BYTES", "record bytes one open Kafka transaction may "
+                                                 "stage before its commit"),
+    "kafka_transactions_max_bytes": _Opt("BYTES", "record bytes all open Kafka transactions "
+                                                  "together may stage"),
+    "kafka_snapshot_interval": _Opt("SECONDS", "how often the Kafka coordinator snapshots its "
+                                               "state when it changed (recovery reads the latest)"),
+    "kafka_snapshot_records": _Opt("COUNT", "Kafka coordinator state records between snapshots "
+                                            "(at least as many as there are transactional ids)"),
+    "kafka_transactional_id_expiration": _Opt("SECONDS", "a Kafka transactional id idle this "
+                                                         "long is forgotten (7 days)"),
     "kafka_group_initial_rebalance_delay": _Opt("SECONDS", "a new Kafka consumer group waits this "
                                                            "long for more members first"),
     "kafka_group_min_session_timeout": _Opt("SECONDS", "shortest Kafka consumer session timeout "

@@ -182,6 +182,22 @@ class BrokerConfig:
     kafka_transaction_max_timeout: float = 900.0
     #: How often open Kafka transactions are checked against their timeout (aborted past it).
     kafka_transaction_scan_interval: float = 1.0
+    #: Bytes of record batches one open Kafka transaction may stage (they wait in memory and in
+    #: ``RMQ_SYS_KAFKA_TXN_DATA`` until the commit); a batch beyond is RECORD_LIST_TOO_LARGE.
+    #: A producer id has one open transaction at a time, so this is also what one producer
+    #: may stage.
+    kafka_transaction_max_bytes: int = 64 * 1024 * 1024
+    #: Bytes all open Kafka transactions together may stage (bounds the memory they take);
+    #: a batch beyond is KAFKA_STORAGE_ERROR, retriable, as a full disk is.
+    kafka_transactions_max_bytes: int = 512 * 1024 * 1024
+    #: The Kafka coordinator snapshots its state (ids, producer ids, idempotent producers'
+    #: sequences) at least this often when it changed, after ``kafka_snapshot_records`` state
+    #: records, and at a clean stop; recovery reads the latest snapshot and the log after it.
+    kafka_snapshot_interval: float = 60.0
+    kafka_snapshot_records: int = 10000
+    #: A transactional id with no transaction for this long is forgotten (Kafka's
+    #: ``transactional.id.expiration.ms``, 7 days); its next InitProducerId starts afresh.
+    kafka_transactional_id_expiration: float = 7 * 24 * 3600.0
     #: A new consumer group waits this long for more members before its first assignment
     #: (Kafka's ``group.initial.rebalance.delay.ms``).
     kafka_group_initial_rebalance_delay: float = 3.0
@@ -265,14 +281,20 @@ def _validate(c: BrokerConfig) -> None:
                  "shutdown_grace", "register_interval", "metadata_sync_interval",
                  "controller_heartbeat_interval", "controller_lease",
                  "kafka_transaction_max_timeout", "kafka_transaction_scan_interval",
-                 "kafka_group_min_session_timeout"):
+                 "kafka_group_min_session_timeout", "kafka_transactional_id_expiration",
+                 "kafka_snapshot_interval"):
         need(getattr(c, name) > 0, name, "must be > 0")
+    need(c.kafka_transaction_max_bytes >= c.max_message_size, "kafka_transaction_max_bytes",
+         "must be >= max_message_size (one batch must fit)")
+    need(c.kafka_transactions_max_bytes >= c.kafka_transaction_max_bytes,
+         "kafka_transactions_max_bytes", "must be >= kafka_transaction_max_bytes")
     need(c.kafka_group_initial_rebalance_delay >= 0, "kafka_group_initial_rebalance_delay",
          "must be >= 0")
     need(c.kafka_group_max_session_timeout >= c.kafka_group_min_session_timeout,
          "kafka_group_max_session_timeout", "must be >= kafka_group_min_session_timeout")
     need(c.transaction_timeout >= 0, "transaction_timeout", "must be >= 0")
     for name in ("transaction_check_max", "check_concurrency", "default_queue_nums",
+                 "kafka_snapshot_records",
                  "max_connections", "max_inflight_per_connection"):
         need(getattr(c, name) >= 1, name, "must be >= 1")
     need(c.broker_role in ("ASYNC_MASTER", "SYNC_MASTER"), "broker_role",

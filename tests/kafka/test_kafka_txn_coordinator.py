@@ -377,7 +377,7 @@ async def _crash_commit(env, **faults):
         setattr(env.store, k, v)
     with pytest.raises(Crash):
         await c.end_txn(TID, pid, epoch, True, 0)
-    await c.close()
+    await c.suspend()  # a dead broker writes nothing more (close would write a snapshot)
     await env.store.close()
     with contextlib.suppress(FileNotFoundError):  # as if never persisted
         os.remove(os.path.join(env.config.data_dir, "consumerOffset.json"))
@@ -429,34 +429,41 @@ async def test_recovered_offsets_never_move_a_later_commit_back(env):
     assert env.store.offsets.get("g", T, 1) == 5
 
 
-async def test_settled_state_is_written_again_before_retention_can_take_it(env):
-    """Retention deletes old segments, state records included: once half of
-    ``file_reserved_time`` old, a settled id's record and the producer-id block are written
-    again, so the records from then on alone rebuild every id and the producer-id floor."""
-    from txbroker.service.kafka.txn_log import read_queue, replay_state
+async def test_a_snapshot_is_written_before_retention_can_take_the_last_one(env):
+    """Retention deletes old segments, state records and snapshots included: a snapshot is
+    written again once half of ``file_reserved_time`` old, even with nothing changed, so the
+    newest snapshot alone rebuilds every id and the producer-id floor."""
+    from txbroker.service.kafka.snapshot import SNAPSHOT_TOPIC
 
     c = env.coord
     pid, epoch = await begin(c)
     assert await produce(c, pid, epoch, 0, 0, [b"x"]) == (E.NONE, None)
     assert await c.end_txn(TID, pid, epoch, True, 0) is E.NONE
-    end = env.store.max_offset(STATE_TOPIC, 0)
+    await c.scan()  # changed since the start: a snapshot
+    first = env.store.max_offset(SNAPSHOT_TOPIC, 0)
+    assert first >= 1
     await c.scan()
-    assert env.store.max_offset(STATE_TOPIC, 0) == end  # nothing old yet: nothing written
+    assert env.store.max_offset(SNAPSHOT_TOPIC, 0) == first  # nothing changed: none
     env.clock.now += env.config.file_reserved_time / 2 + 1
     await c.scan()
-    assert env.store.max_offset(STATE_TOPIC, 0) == end + 2  # the id and the producer-id block
-    await c.scan()
-    assert env.store.max_offset(STATE_TOPIC, 0) == end + 2  # fresh again: not rewritten
+    last = env.store.max_offset(SNAPSHOT_TOPIC, 0)
+    assert last > first  # unchanged, but half the retention old: written again
+    state_end = env.store.max_offset(STATE_TOPIC, 0)
 
-    class FromRefresh:  # the state topic as retention would leave it: the old records gone
+    class AfterRetention:  # the store as retention would leave it: everything older gone
         def __getattr__(self, name):
             return getattr(env.store, name)
 
         def min_offset(self, topic, queue_id):
-            return end if topic == STATE_TOPIC else env.store.min_offset(topic, queue_id)
+            if topic == STATE_TOPIC:
+                return state_end
+            if topic == SNAPSHOT_TOPIC:
+                return first
+            return env.store.min_offset(topic, queue_id)
 
-    assert [m.queue_offset for _, m in read_queue(FromRefresh(), STATE_TOPIC)] == [end, end + 1]
-    rep = replay_state(FromRefresh())
-    assert rep.latest[TID].doc["state"] == "CompleteCommit"
-    assert (rep.latest[TID].doc["pid"], rep.latest[TID].doc["epoch"]) == (pid, epoch)
-    assert rep.pid_upto > pid
+    again = TransactionCoordinator(env.config, AfterRetention(), env.topics, BrokerMetrics(),
+                                   clock=env.clock)
+    again.recover()
+    assert again.describe(TID).state == "CompleteCommit"
+    assert again.describe(TID).producer_id == pid
+    assert await again.allocate_pid() > pid

@@ -10,13 +10,28 @@ sequence state and the two system topics in one order that recovery relies on:
   then appends every record of the transaction to its partitions in one ``put_chain`` — each
   final record carries the PrepareCommit record's commitlog offset in
   ``prepared_transaction_offset`` — then sets the offsets, then writes CompleteCommit;
-- recovery replays the state topic, rebuilds open transactions from the data topic, finds how
+- recovery loads the newest snapshot (snapshot.py), replays the state topic after it and the
+  idempotent batches stored since, rebuilds open transactions from the data topic, finds how
   many records of a decided commit a crash left unapplied (the records tied to its
-  PrepareCommit offset after it) and :meth:`start` appends only those.
+  PrepareCommit offset after it) and :meth:`start` appends only those;
+- :meth:`suspend` and :meth:`resume` stop and restart all of that on a live broker (demotion
+  and promotion); the scan also enforces the byte caps' bookkeeping, expires idle ids and
+  writes the snapshots.
 
 Every state record holds the whole metadata of its id and is written *before* memory changes,
 so memory is never ahead of the log; an id with a transition in progress answers
 CONCURRENT_TRANSACTIONS, which every client retries.
+
+Every path is ordered intent, effect, bookkeeping, and is safe against cancellation at any
+await (a request handler is cancelled when its client goes away).  This rests on one property
+of the store: ``put``/``put_chain`` append synchronously, before their first await, so a put
+that was cancelled while it waited for the disk or the replicas has written its record.
+Memory therefore follows what the put *appended*, not what it answered: a state record
+cancelled or timed out after its append is taken in memory as well (:meth:`_write`); a
+transactional batch and a transaction's offsets are staged in memory right before their put
+and unstaged only when the put appended nothing; and a commit whose append was not answered
+counts what the log holds before it appends again (:meth:`_apply_commit`), so a retry, the
+scan and recovery each place every record exactly once.
 """
 
 from __future__ import annotations
@@ -25,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,11 +49,22 @@ from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.records import RecordBatch, RecordsError, read_batches
 from txbroker.service.kafka.mapping import record_to_message
-from txbroker.service.kafka.producers import BatchMeta, ProducerStates
+from txbroker.service.kafka.producers import (
+    PROPERTY_PRODUCER,
+    BatchMeta,
+    ProducerStates,
+    parse_producer_property,
+    producer_property,
+)
+from txbroker.service.kafka.snapshot import Snapshot, read_latest, snapshot_messages
 from txbroker.service.kafka.txn_log import (
     DATA_TOPIC,
+    STATE_TOPIC,
     Offset,
+    Replayed,
+    StateRecord,
     batch_message,
+    expired_message,
     offsets_message,
     pid_block_message,
     replay_data,
@@ -61,6 +88,8 @@ PID_BLOCK = 1000
 #: Committed offsets are re-applied at recovery unless the offset file was written at least
 #: this long after the commit (so it holds the commit, or a later commit of the group).
 OFFSET_FILE_GRACE_MS = 2000
+#: Largest part of a snapshot (below ``max_message_size`` when that is larger).
+SNAPSHOT_PART_SIZE = 1024 * 1024
 #: Kafka records are born at the client; the commitlog's born host is not known here.
 BORN_HOST = ("127.0.0.1", 0)
 
@@ -85,7 +114,9 @@ class TxnView:
 
 @dataclass(slots=True)
 class _Staged:
-    queue_offset: int
+    """One transactional batch; ``_Txn.staged`` keeps them in data-topic order (a batch is
+    staged right before the put that appends it, with no await in between)."""
+
     topic: str
     partition: int
     batch: RecordBatch
@@ -110,6 +141,8 @@ class _Txn:
     data_from: int = 0
     offsets: dict[tuple[str, str, int], int] = field(default_factory=dict)
     staged: list[_Staged] = field(default_factory=list)
+    #: Bytes of ``staged`` (capped by ``kafka_transaction_max_bytes``).
+    staged_bytes: int = 0
     #: A state write is in progress: other requests of this id get CONCURRENT_TRANSACTIONS.
     busy: bool = False
     #: Transactional batches being stored: EndTxn waits for them (CONCURRENT_TRANSACTIONS).
@@ -118,12 +151,13 @@ class _Txn:
     failed: bool = False
     #: Commitlog offset of the PrepareCommit record (ties the applied records to it).
     marker: int = 0
-    #: Records of a decided commit already appended.
-    applied: int = 0
+    #: Records of a decided commit already appended; None while unknown (an append whose
+    #: answer was not seen): the next attempt counts them in the log first.
+    applied: int | None = 0
     #: The decided commit's records, decoded once (None: decode from ``staged``).
     commit_msgs: list[Message] | None = None
-    #: Store time (ms) of this id's latest state record (see ``_refresh``).
-    written_ms: int = 0
+    #: Commitlog offset of this id's latest state record (-1: none appended yet).
+    record_offset: int = -1
 
     def doc(self, **changes) -> dict:
         d = {"tid": self.tid, "pid": self.pid, "epoch": self.epoch, "last_epoch": self.last_epoch,
@@ -142,14 +176,15 @@ class _Txn:
         self.groups = list(d["groups"])
         self.started_ms, self.updated_ms, self.data_from = d["started_ms"], d["updated_ms"], d["data_from"]
         self.offsets = {(g, t, p): o for g, t, p, o in d["offsets"]}
-        if self.state not in (ONGOING, PREPARE_COMMIT):
-            self.staged = []
-            self.failed = False
-            self.commit_msgs = None
 
     @property
     def open(self) -> bool:
         return self.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT)
+
+    @property
+    def settled(self) -> bool:
+        """No transaction open and none being decided: the id may expire."""
+        return self.state in (EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT)
 
 
 class CoordinatorUnavailable(Exception):
@@ -174,8 +209,20 @@ class TransactionCoordinator:
         self._by_pid: dict[int, _Txn] = {}
         self._next_pid = 0
         self._pid_limit = 0
-        self._pid_written_ms = 0
         self._pid_lock = asyncio.Lock()
+        #: (store time ms, offsets) of commits a periodically persisted offset file may not
+        #: hold yet: snapshots carry them, so recovery can set them again.
+        self._recent_commits: deque[tuple[int, list[Offset]]] = deque()
+        self._snapshot_no = 0
+        #: What the latest snapshot covers: state-topic queue offset, when, and the
+        #: commitlog offset the next snapshot's producer replay starts from.
+        self._snap_state_from = 0
+        self._snap_ms = 0
+        self._snap_log_mark = 0
+        #: The log's end after the latest snapshot: anything beyond is a change to snapshot.
+        self._snap_log_end = 0
+        #: Bytes staged by every open transaction (capped by ``kafka_transactions_max_bytes``).
+        self.staged_bytes = 0
         self._task: asyncio.Task[None] | None = None
         #: Until start() has finished what recovery found, requests get LOAD_IN_PROGRESS.
         self.ready = False
@@ -185,22 +232,41 @@ class TransactionCoordinator:
 
     # --- recovery and lifecycle ---------------------------------------------------------------
     def recover(self) -> None:
-        """Rebuild every id's metadata, the open transactions and their producers' sequence
-        state, and how far each decided commit got; :meth:`start` finishes those."""
-        rep = replay_state(self.store)
-        self._next_pid = self._pid_limit = rep.pid_upto
-        self._pid_written_ms = rep.pid_written_ms
+        """Rebuild every id's metadata, the open transactions, the producers' sequence state
+        and how far each decided commit got, from the latest snapshot and what the log holds
+        after it; :meth:`start` finishes those.  Callable again after :meth:`suspend` (a
+        replica becoming master): memory is rebuilt from the log alone.
+
+        The producer-id floor starts one block above the highest block recorded: ids of a
+        block whose record did not reach this log (a master's last write before failover, or
+        an unflushed one before a power loss) are never handed out twice."""
+        self._reset()
+        snap = read_latest(self.store)
+        rep = Replayed()
+        log_from = self.store.min_physical_offset
+        if snap is not None:
+            self._snapshot_no, s = snap
+            rep.pid_upto = s.pid_upto
+            for doc, offset in s.ids:
+                rep.latest[doc["tid"]] = StateRecord(doc, offset)
+            rep.committed_offsets = [(ts, [tuple(o) for o in offs]) for ts, offs in s.commits]
+            self.producers.load_doc(s.producers)
+            self._snap_state_from, self._snap_ms = s.state_from, s.written_ms
+            log_from = max(log_from, s.log_from)
+        replay_state(self.store, start=self._snap_state_from, into=rep)
+        self._next_pid = self._pid_limit = rep.pid_upto + PID_BLOCK if rep.pid_upto else 0
         for tid, rec in rep.latest.items():
             t = _Txn(tid, rec.doc["pid"], rec.doc["epoch"])
             t.load(rec.doc)
-            t.written_ms = rec.store_timestamp
+            t.record_offset = rec.physical_offset
             t.marker = rec.physical_offset if t.state == PREPARE_COMMIT else 0
             self._txns[tid] = t
             self._by_pid[t.pid] = t
+        now = self.now_ms()
+        self._replay_producers(log_from, now)
         wanted = {t.tid: t.txn for t in self._txns.values() if t.state in (ONGOING, PREPARE_COMMIT)}
         if wanted:
             start = min(self._txns[tid].data_from for tid in wanted)
-            now = self.now_ms()
             for rec in replay_data(self.store, start, wanted):
                 t = self._txns[rec.tid]
                 if rec.group is not None:
@@ -209,16 +275,42 @@ class TransactionCoordinator:
                             t.offsets[(rec.group, topic, partition)] = offset
                     continue
                 batch = read_batches(rec.data, check_crc=False)[0]
-                t.staged.append(_Staged(rec.queue_offset, rec.topic, rec.partition, batch))
-                self.producers.record(batch.producer_id, batch.producer_epoch, rec.topic,
+                self._stage(t, _Staged(rec.topic, rec.partition, batch))
+                self.producers.replay(batch.producer_id, batch.producer_epoch, rec.topic,
                                       rec.partition, BatchMeta(batch.base_sequence,
                                                                batch.last_sequence, -1,
                                                                batch.max_timestamp), now)
         for t in self._txns.values():
             if t.state == PREPARE_COMMIT:
                 t.applied = self._count_applied(t.marker)
+        self._recent_commits.extend(rep.committed_offsets)
         self._reapply_offsets(rep.committed_offsets)
+        self._snap_log_mark = self._snap_log_end = self.store.max_physical_offset
         self.metrics.kafka_txn_open.set(sum(t.state == ONGOING for t in self._txns.values()))
+
+    def _reset(self) -> None:
+        """Forget everything memory holds (recovery rebuilds it from the log)."""
+        self._txns.clear()
+        self._by_pid.clear()
+        self.producers.clear()
+        self.staged_bytes = 0
+        self._recent_commits.clear()
+        self._snapshot_no = self._snap_state_from = self._snap_ms = 0
+
+    def _replay_producers(self, log_from: int, now: int) -> None:
+        """The sequence state of idempotent batches stored since the snapshot (their first
+        message names producer, epoch and sequences; see producers.py)."""
+        for m in self.store.scan(log_from):
+            text = m.properties.get(PROPERTY_PRODUCER) if m.properties else None
+            if text is None:
+                continue
+            parsed = parse_producer_property(text)
+            if parsed is None or is_system_topic(m.topic):
+                continue
+            pid, epoch, first, last = parsed
+            self.producers.replay(pid, epoch, m.topic, m.queue_id,
+                                  BatchMeta(first, last, m.queue_offset, m.born_timestamp),
+                                  m.store_timestamp or now)
 
     def _count_applied(self, marker: int) -> int:
         """Records of the commit decided at ``marker`` that reached their partitions (they
@@ -248,7 +340,7 @@ class TransactionCoordinator:
                     self.store.offsets.set(group, topic, partition, offset)
 
     async def start(self) -> None:
-        """Finish the decisions recovery found, then run the timeout scan."""
+        """Finish the decisions recovery found, then run the timeout scan (and the snapshots)."""
         for t in list(self._txns.values()):
             try:
                 if t.state == PREPARE_COMMIT:
@@ -264,12 +356,46 @@ class TransactionCoordinator:
                                                             name="txbroker-kafka-txn-scan")
 
     async def close(self) -> None:
+        """Stop at a clean shutdown: the scan ends, in-flight transitions finish, and a
+        snapshot is written so the next start reads it instead of the history."""
+        await self._stop_scan()
+        await self._settle()
+        try:
+            await self._snapshot(self.store.max_physical_offset)
+        except CoordinatorUnavailable:
+            log.warning("kafka coordinator: no snapshot at stop (the store refused it); the next "
+                        "start replays from the previous one")
+
+    async def suspend(self) -> None:
+        """Stop serving and forget the state (a master being demoted: its log may be cut back
+        to the new master's, and the new master owns the transactions).  Requests get
+        COORDINATOR_LOAD_IN_PROGRESS until :meth:`resume`.  Writes nothing: a demoted
+        store refuses writes."""
+        await self._stop_scan()
+        await self._settle()
+        self._reset()
+
+    async def resume(self) -> None:
+        """Serve again from what the log holds now (a replica that became master, after
+        :meth:`suspend` or from the start): :meth:`recover` from the latest snapshot and the
+        log after it, then :meth:`start`, which finishes any commit the failover interrupted
+        after its PrepareCommit."""
+        self.recover()
+        await self.start()
+
+    async def _stop_scan(self) -> None:
         self.ready = False
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    async def _settle(self) -> None:
+        """Wait (bounded by ``shutdown_grace``) for transitions and stores in progress."""
+        deadline = time.monotonic() + self.config.shutdown_grace
+        while time.monotonic() < deadline and any(t.busy or t.inflight for t in self._txns.values()):
+            await asyncio.sleep(0.01)
 
     async def _scan_loop(self, interval: float) -> None:
         while True:
@@ -295,31 +421,67 @@ class TransactionCoordinator:
             except CoordinatorUnavailable:
                 pass
         self.producers.expire(now)
-        await self._refresh(now)
+        await self._expire_ids(now)
+        if self._snapshot_due(now):
+            with contextlib.suppress(CoordinatorUnavailable):  # the next scan tries again
+                await self._snapshot(self._snap_log_mark)
 
-    async def _refresh(self, now: int) -> None:
-        """Write again the state records retention would otherwise take away.
-
-        Retention deletes commitlog segments last written ``file_reserved_time`` ago, state
-        records included; an id whose only record went with them would be forgotten, and the
-        producer-id floor could fall (a reused producer id).  So a settled id's latest record
-        (Empty or Complete*, its offsets left out: they were applied long ago) and the
-        producer-id block are written again once half that time old, and the newest copy is
-        always in a segment retention keeps.  Open transactions never live that long (their
-        timeout is at most ``kafka_transaction_max_timeout``)."""
-        limit = now - int(self.config.file_reserved_time * 1000 / 2)
-        if self._pid_limit and self._pid_written_ms < limit:
-            async with self._pid_lock:
-                result = await self.store.put(pid_block_message(self._pid_limit))
-                if result.ok:
-                    self._pid_written_ms = self.now_ms()
-        for t in list(self._txns.values()):
-            if t.busy or t.written_ms >= limit or t.state not in (EMPTY, COMPLETE_COMMIT,
-                                                                  COMPLETE_ABORT):
+    async def _expire_ids(self, now: int) -> None:
+        """Forget ids settled for ``kafka_transactional_id_expiration`` (Kafka's
+        transactional.id.expiration.ms): a tombstone record, then memory.  The producer-id
+        floor does not fall: the tombstone names the id's producer id."""
+        limit = now - int(self.config.kafka_transactional_id_expiration * 1000)
+        for t in [t for t in self._txns.values() if t.settled and t.updated_ms < limit]:
+            if t.busy or t.inflight:
                 continue
-            result = await self.store.put(state_message(t.doc(offsets=[])))
-            if result.ok:
-                t.written_ms = self.now_ms()
+            result = await self.store.put(expired_message(t.tid, t.pid))
+            if result.physical_offset < 0:
+                return  # the store refuses writes: the next scan tries again
+            if self._txns.get(t.tid) is t and t.settled and not t.busy:
+                del self._txns[t.tid]
+                if self._by_pid.get(t.pid) is t:
+                    del self._by_pid[t.pid]
+                log.info("kafka transactional id %r expired (idle since %d ms)", t.tid, now - t.updated_ms)
+
+    def _snapshot_due(self, now: int) -> bool:
+        """A snapshot is written when the state topic grew by ``kafka_snapshot_records`` (or
+        by as many records as there are ids, so writing snapshots costs O(1) per state change
+        however many ids there are), and at least every ``kafka_snapshot_interval`` — and
+        every half ``file_reserved_time``, so retention never takes the newest snapshot."""
+        grown = self.store.max_offset(STATE_TOPIC, 0) - self._snap_state_from
+        if grown >= max(self.config.kafka_snapshot_records, len(self._txns)):
+            return True
+        age = now - self._snap_ms
+        if age >= self.config.file_reserved_time * 500:
+            return True
+        changed = grown > 0 or self.store.max_physical_offset > self._snap_log_end
+        return changed and age >= self.config.kafka_snapshot_interval * 1000
+
+    async def _snapshot(self, log_from: int) -> None:
+        """Write a snapshot of everything (see snapshot.py).  ``log_from`` is where the
+        producer replay must start: at a clean stop the log's end; otherwise where the log
+        ended at the previous snapshot, so a batch stored before this one but recorded after
+        (its put was still waiting for the disk) is replayed — replay skips what the snapshot
+        already holds."""
+        now = self.now_ms()
+        persist_ms = int(self.config.offset_persist_interval * 1000) * 2 + OFFSET_FILE_GRACE_MS
+        while self._recent_commits and self._recent_commits[0][0] < now - persist_ms:
+            self._recent_commits.popleft()
+        snap = Snapshot(
+            state_from=self.store.max_offset(STATE_TOPIC, 0), log_from=log_from,
+            pid_upto=self._pid_limit,
+            ids=[[t.doc(), t.record_offset] for t in self._txns.values() if t.record_offset >= 0],
+            commits=[[ts, [list(o) for o in offs]] for ts, offs in self._recent_commits],
+            producers=self.producers.to_doc(), written_ms=now)
+        mark = self.store.max_physical_offset
+        msgs = snapshot_messages(self._snapshot_no + 1, snap,
+                                 min(self.config.max_message_size, SNAPSHOT_PART_SIZE))
+        results = await self.store.put_chain(msgs)
+        if len(results) < len(msgs) or not all(r.ok for r in results):
+            raise CoordinatorUnavailable
+        self._snapshot_no += 1
+        self._snap_state_from, self._snap_ms, self._snap_log_mark = snap.state_from, now, mark
+        self._snap_log_end = self.store.max_physical_offset
 
     # --- producer ids ------------------------------------------------------------------------
     async def allocate_pid(self) -> int:
@@ -330,24 +492,65 @@ class TransactionCoordinator:
                 if not result.ok:
                     raise CoordinatorUnavailable
                 self._pid_limit = upto
-                self._pid_written_ms = self.now_ms()
             pid = self._next_pid
             self._next_pid += 1
             return pid
 
     async def _write(self, t: _Txn, **changes) -> None:
-        """Store ``t``'s metadata with ``changes``, then (only then) apply them in memory."""
+        """Store ``t``'s metadata with ``changes``, then (only then) apply them in memory.
+
+        Memory follows the log: once the record is appended the change is taken, even when
+        the put then answers a flush or replica time-out (CoordinatorUnavailable is raised
+        after) or the request is cancelled while the put waits; the record then sits at the
+        queue offset the state queue had before the put."""
         doc = t.doc(updated_ms=self.now_ms(), **changes)
-        result = await self.store.put(state_message(doc))
+        msg = state_message(doc)
+        slot = self.store.max_offset(STATE_TOPIC, 0)
+        try:
+            result = await self.store.put(msg)
+        except asyncio.CancelledError:
+            self._follow(t, doc, self._state_record_at(slot, msg.body))
+            raise
+        if result.physical_offset >= 0:
+            self._follow(t, doc, result.physical_offset)
         if not result.ok:
             raise CoordinatorUnavailable
+
+    def _stage(self, t: _Txn, staged: _Staged) -> None:
+        t.staged.append(staged)
+        t.staged_bytes += len(staged.batch.data)
+        self.staged_bytes += len(staged.batch.data)
+
+    def _unstage(self, t: _Txn, staged: _Staged) -> None:
+        t.staged.remove(staged)
+        t.staged_bytes -= len(staged.batch.data)
+        self.staged_bytes -= len(staged.batch.data)
+
+    def _unstage_all(self, t: _Txn) -> None:
+        """The transaction ended: its batches leave memory (the data topic keeps them)."""
+        self.staged_bytes -= t.staged_bytes
+        t.staged, t.staged_bytes = [], 0
+        t.failed = False
+        t.commit_msgs = None
+
+    def _state_record_at(self, slot: int, body: bytes) -> int:
+        """Commitlog offset of the state record ``body`` at queue offset ``slot`` (-1: absent)."""
+        got = self.store.get(STATE_TOPIC, 0, slot, 1).messages()
+        return got[0].physical_offset if got and bytes(got[0].body) == body else -1
+
+    def _follow(self, t: _Txn, doc: dict, physical_offset: int) -> None:
+        """Take in memory the state record ``doc`` appended at ``physical_offset``."""
+        if physical_offset < 0:
+            return
         if doc["pid"] != t.pid:
             self._by_pid.pop(t.pid, None)
         t.load(doc)
-        t.written_ms = self.now_ms()
+        if t.state not in (ONGOING, PREPARE_COMMIT):
+            self._unstage_all(t)
+        t.record_offset = physical_offset
         self._by_pid[t.pid] = t
         if t.state == PREPARE_COMMIT:
-            t.marker = result.physical_offset
+            t.marker = physical_offset
             t.applied = 0
 
     # --- produce path ------------------------------------------------------------------------
@@ -393,9 +596,32 @@ class TransactionCoordinator:
         assert transactional_id is not None
         t = self._txns[transactional_id]
         txn = t.txn
+        size = len(batch.data)
+        if t.staged_bytes + size > self.config.kafka_transaction_max_bytes:
+            log.warning("kafka transaction %r: batch for %s-%d refused: the transaction would stage "
+                        "%d bytes, above kafka_transaction_max_bytes %d", transactional_id, topic,
+                        partition, t.staged_bytes + size, self.config.kafka_transaction_max_bytes)
+            # Not retriable: the transaction may only abort now (as a failed batch makes a Kafka
+            # producer abort).  Its sequence counts as used, because clients that do not bump
+            # the epoch at the abort (aiokafka) go on after it in their next transaction.
+            self.producers.record(batch.producer_id, batch.producer_epoch, topic, partition,
+                                  BatchMeta(batch.base_sequence, batch.last_sequence, -1,
+                                            batch.max_timestamp), self.now_ms())
+            t.failed = True
+            return ErrorCode.RECORD_LIST_TOO_LARGE
+        if self.staged_bytes + size > self.config.kafka_transactions_max_bytes:
+            log.warning("kafka transaction %r: batch for %s-%d refused: open transactions stage %d "
+                        "bytes, kafka_transactions_max_bytes is %d", transactional_id, topic,
+                        partition, self.staged_bytes, self.config.kafka_transactions_max_bytes)
+            return ErrorCode.KAFKA_STORAGE_ERROR
+        # Staged and its sequence recorded before the put (which appends before its first
+        # await, so a cancelled request has stored the batch): a retry is then a duplicate of
+        # a batch the commit holds.  Undone only when the put appended nothing.
         meta = BatchMeta(batch.base_sequence, batch.last_sequence, -1, batch.max_timestamp)
         self.producers.record(batch.producer_id, batch.producer_epoch, topic, partition, meta,
                               self.now_ms())
+        staged = _Staged(topic, partition, batch)
+        self._stage(t, staged)
         t.inflight += 1
         try:
             result = await self.store.put(batch_message(transactional_id, txn, topic, partition, batch.data))
@@ -403,12 +629,21 @@ class TransactionCoordinator:
             t.inflight -= 1
         if not result.ok:
             self.producers.forget(batch.producer_id, topic, partition, meta)
-            t.failed = True
+            if result.physical_offset < 0:
+                self._unstage(t, staged)
+            else:  # in the data topic but not confirmed: the transaction may only abort
+                t.failed = True
             return ErrorCode.KAFKA_STORAGE_ERROR
         if t.txn != txn or t.state != ONGOING:  # aborted meanwhile: the record is an orphan
             return ErrorCode.INVALID_PRODUCER_EPOCH
-        t.staged.append(_Staged(result.queue_offset, topic, partition, batch))
         return ErrorCode.NONE
+
+    @staticmethod
+    def tag_batch(first: Message, batch: RecordBatch) -> None:
+        """Mark the first message of an idempotent batch with its producer and sequences, so
+        recovery can rebuild the producer state from the log (producers.py)."""
+        first.properties[PROPERTY_PRODUCER] = producer_property(
+            batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.last_sequence)
 
     def record_batch(self, topic: str, partition: int, batch: RecordBatch, base_offset: int) -> None:
         """Remember a stored idempotent (non-transactional) batch for duplicate detection."""
@@ -437,7 +672,8 @@ class TransactionCoordinator:
             try:
                 await self._write(t, timeout_ms=timeout_ms)
             except CoordinatorUnavailable:
-                del self._txns[tid]
+                if t.record_offset < 0:  # nothing appended: the id stays unknown
+                    del self._txns[tid]
                 raise
             finally:
                 t.busy = False
@@ -536,17 +772,23 @@ class TransactionCoordinator:
             else:
                 good.append((topic, partition, offset))
         if good:
-            txn = t.txn
+            # Staged before the put (see append_transactional), undone if nothing was appended.
+            before = {(group, tp, p): t.offsets.get((group, tp, p)) for tp, p, _ in good}
+            for topic, partition, offset in good:
+                t.offsets[(group, topic, partition)] = offset
             t.inflight += 1
             try:
-                result = await self.store.put(offsets_message(tid, txn, group, good))
+                result = await self.store.put(offsets_message(tid, t.txn, group, good))
             finally:
                 t.inflight -= 1
+            if result.physical_offset < 0:
+                for key, old in before.items():
+                    if old is None:
+                        t.offsets.pop(key, None)
+                    else:
+                        t.offsets[key] = old
             if not result.ok:
                 raise CoordinatorUnavailable
-            if t.txn == txn and t.state == ONGOING:
-                for topic, partition, offset in good:
-                    t.offsets[(group, topic, partition)] = offset
         return out
 
     # --- EndTxn ------------------------------------------------------------------------------
@@ -575,7 +817,7 @@ class TransactionCoordinator:
     def _messages(self, t: _Txn) -> list[Message]:
         """Every record of the transaction as a txbroker message, in data-topic order."""
         msgs = []
-        for s in sorted(t.staged, key=lambda s: s.queue_offset):
+        for s in t.staged:
             for record in s.batch.records():
                 msgs.append(record_to_message(s.topic, s.partition, record, born_host=BORN_HOST))
         return msgs
@@ -595,19 +837,25 @@ class TransactionCoordinator:
 
     async def _apply_commit(self, t: _Txn) -> ErrorCode:
         """Append the records a decided commit has not applied yet, set its offsets, write
-        CompleteCommit.  Idempotent: ``t.applied`` says where the previous attempt stopped."""
+        CompleteCommit.  Idempotent: ``t.applied`` says where the previous attempt stopped;
+        when that attempt's append was not answered (cancelled, or refused part-way) the log
+        says: the records tied to the PrepareCommit offset are a prefix of the chain."""
         t.busy = True
         try:
             msgs = t.commit_msgs if t.commit_msgs is not None else self._messages(t)
             t.commit_msgs = msgs
             for m in msgs:
                 m.prepared_transaction_offset = t.marker
+            if t.applied is None:
+                t.applied = self._count_applied(t.marker)
             rest = msgs[t.applied:]
             if rest:
+                t.applied = None
                 results = await self.store.put_chain(rest)
-                done = sum(1 for r in results if r.ok)
-                t.applied += done
-                if done < len(rest):
+                if len(results) == len(rest) and all(r.ok for r in results):
+                    t.applied = len(msgs)
+                else:
+                    t.applied = self._count_applied(t.marker)
                     log.error("kafka transaction %r: commit applied %d of %d records (%s); retrying",
                               t.tid, t.applied, len(msgs), results[-1].status.value)
                     raise CoordinatorUnavailable
@@ -615,6 +863,9 @@ class TransactionCoordinator:
                 self.store.offsets.set(group, topic, partition, offset)
             started = t.started_ms
             await self._write(t, state=COMPLETE_COMMIT, partitions=[], groups=[])
+            if t.offsets:
+                self._recent_commits.append((self.now_ms(), [(g, tp, p, o) for (g, tp, p), o
+                                                             in t.offsets.items()]))
         finally:
             t.busy = False
         self.metrics.kafka_txn_committed.inc()

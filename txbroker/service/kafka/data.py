@@ -153,6 +153,8 @@ class KafkaData:
         if not records:
             return ErrorCode.INVALID_RECORD, -1
         msgs = [record_to_message(topic, partition, r, born_host=born_host) for r in records]
+        if batch.producer_id >= 0:
+            coordinator.tag_batch(msgs[0], batch)
         results = await self.store.put_batch(msgs)
         base = results[0].queue_offset
         if all(r.ok for r in results):

@@ -14,6 +14,7 @@ import base64
 import binascii
 
 from txbroker.remoting.kafka.records import Record
+from txbroker.service.kafka.producers import PROPERTY_PRODUCER
 from txbroker.store.record import (
     COMPRESSED_FLAG,
     NAME_VALUE_SEPARATOR,
@@ -44,6 +45,7 @@ SYSTEM_PROPERTIES = frozenset({
     "PUSH_REPLY_TIME", "MSG_TYPE", "__STARTDELIVERTIME", "SHARDING_KEY", "CONSUME_START_TIME",
     "BORN_HOST", "DELAY_TIME_LEVEL",
     PROPERTY_NULL_VALUE, PROPERTY_KEY_B64, PROPERTY_HEADERS_B64,
+    PROPERTY_PRODUCER,
 })
 
 

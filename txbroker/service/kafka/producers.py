@@ -7,6 +7,12 @@ range equals a retained one is answered with the original offset and not stored 
 older epoch is refused; a new epoch must start at sequence 0; within an epoch the next batch
 must follow the last one (after INT32_MAX comes 0).  With no state at all (a new broker, or
 state expired) any sequence is accepted, as Kafka does.  Pure bookkeeping: no I/O.
+
+The state survives restarts and failover as Kafka's does: the coordinator's snapshots hold it
+(:meth:`ProducerStates.to_doc`), and the first stored message of every idempotent batch
+carries ``KAFKA_PRODUCER`` = ``pid,epoch,first sequence,last sequence``
+(:func:`producer_property`), so recovery replays the batches stored after the snapshot
+(:meth:`ProducerStates.replay`) from the commitlog, which replication copies to the slaves.
 """
 
 from __future__ import annotations
@@ -23,6 +29,25 @@ INT32_MAX = 2**31 - 1
 PRODUCER_EXPIRY_MS = 24 * 3600 * 1000
 
 Key = tuple[int, str, int]
+
+#: Set on the first stored message of an idempotent batch (see the module docstring).
+PROPERTY_PRODUCER = "KAFKA_PRODUCER"
+
+
+def producer_property(producer_id: int, epoch: int, first_seq: int, last_seq: int) -> str:
+    return f"{producer_id},{epoch},{first_seq},{last_seq}"
+
+
+def parse_producer_property(text: str) -> tuple[int, int, int, int] | None:
+    """(producer id, epoch, first sequence, last sequence), None when it is not ours."""
+    parts = text.split(",")
+    if len(parts) != 4:
+        return None
+    try:
+        pid, epoch, first, last = (int(x) for x in parts)
+    except ValueError:
+        return None
+    return pid, epoch, first, last
 
 
 @dataclass(slots=True)
@@ -84,6 +109,40 @@ class ProducerStates:
             state = self._states[key] = ProducerState(epoch)
         state.batches.append(meta)
         state.touched_ms = now_ms
+
+    def replay(self, producer_id: int, epoch: int, topic: str, partition: int,
+               meta: BatchMeta, now_ms: int) -> None:
+        """:meth:`record` for recovery, which may see a batch the snapshot already holds (the
+        replay starts before it, see the coordinator): a batch not newer than the state's is
+        skipped, so replaying twice changes nothing."""
+        state = self._states.get((producer_id, topic, partition))
+        if state is not None:
+            if epoch < state.epoch:
+                return
+            if epoch == state.epoch and state.batches:
+                if any(b.first_seq == meta.first_seq and b.last_seq == meta.last_seq
+                       for b in state.batches):
+                    return
+                if 0 <= meta.first_offset <= state.batches[-1].first_offset:
+                    return
+        self.record(producer_id, epoch, topic, partition, meta, now_ms)
+
+    def to_doc(self) -> list[list]:
+        """The whole state as JSON-ready lists (for a snapshot)."""
+        return [[pid, topic, partition, s.epoch, s.touched_ms,
+                 [[b.first_seq, b.last_seq, b.first_offset, b.timestamp] for b in s.batches]]
+                for (pid, topic, partition), s in self._states.items()]
+
+    def load_doc(self, doc: list[list]) -> None:
+        """Replace the state with a snapshot's (:meth:`to_doc`)."""
+        self._states.clear()
+        for pid, topic, partition, epoch, touched, batches in doc:
+            state = ProducerState(epoch, touched_ms=touched)
+            state.batches.extend(BatchMeta(*b) for b in batches)
+            self._states[(pid, topic, partition)] = state
+
+    def clear(self) -> None:
+        self._states.clear()
 
     def forget(self, producer_id: int, topic: str, partition: int, meta: BatchMeta) -> None:
         """Undo :meth:`record` of ``meta`` (its append failed, so a retry must be stored)."""

@@ -3,8 +3,9 @@
 
 ``RMQ_SYS_KAFKA_TXN_STATE`` (queue 0) holds one JSON record per state change of a
 transactional id — the whole metadata each time, so the latest record of an id is its state —
-and the producer-id blocks handed out (``{"pid_block": upto}``: ids below ``upto`` may have
-been used, so a restart allocates from ``upto`` on).  ``RMQ_SYS_KAFKA_TXN_DATA`` (queue 0)
+the producer-id blocks handed out (``{"pid_block": upto}``: ids below ``upto`` may have
+been used, so a restart allocates from ``upto`` on) and the tombstones of expired ids
+(``{"tid", "pid", "expired": true}``).  ``RMQ_SYS_KAFKA_TXN_DATA`` (queue 0)
 holds what an open transaction has gathered: each transactional Produce batch exactly as
 received (properties: transactional id, transaction number, topic, partition) and each
 TxnOffsetCommit's offsets (JSON, with the group).  The transaction number (``txn``) counts the
@@ -42,6 +43,13 @@ def pid_block_message(upto: int) -> Message:
     return Message(topic=STATE_TOPIC, queue_id=0, body=orjson.dumps({"pid_block": upto}))
 
 
+def expired_message(tid: str, pid: int) -> Message:
+    """The tombstone of an expired transactional id (it names the producer id, so the floor
+    replay derives from the state topic never falls)."""
+    return Message(topic=STATE_TOPIC, queue_id=0,
+                   body=orjson.dumps({"tid": tid, "pid": pid, "expired": True}))
+
+
 def batch_message(tid: str, txn: int, topic: str, partition: int, data: bytes) -> Message:
     return Message(topic=DATA_TOPIC, queue_id=0, body=data,
                    properties={P_TID: tid, P_TXN: str(txn), P_TOPIC: topic,
@@ -74,7 +82,6 @@ def read_queue(store: MessageStore, topic: str, start: int = 0) -> Iterator[tupl
 class StateRecord:
     doc: dict
     physical_offset: int
-    store_timestamp: int
 
 
 @dataclass
@@ -83,22 +90,24 @@ class Replayed:
 
     latest: dict[str, StateRecord] = field(default_factory=dict)
     pid_upto: int = 0
-    #: Store time (ms) of the last producer-id block record (0: none).
-    pid_written_ms: int = 0
     #: (store time ms, offsets) of every CompleteCommit that carried offsets, in log order.
     committed_offsets: list[tuple[int, list[Offset]]] = field(default_factory=list)
 
 
-def replay_state(store: MessageStore) -> Replayed:
-    out = Replayed()
-    for _, m in read_queue(store, STATE_TOPIC):
+def replay_state(store: MessageStore, start: int = 0, into: Replayed | None = None) -> Replayed:
+    """Apply the state records from queue offset ``start`` on to ``into`` (a snapshot's
+    state; empty when None)."""
+    out = into if into is not None else Replayed()
+    for _, m in read_queue(store, STATE_TOPIC, start):
         doc = orjson.loads(m.body)
         if "pid_block" in doc:
             out.pid_upto = max(out.pid_upto, doc["pid_block"])
-            out.pid_written_ms = m.store_timestamp
             continue
         out.pid_upto = max(out.pid_upto, doc["pid"] + 1)
-        out.latest[doc["tid"]] = StateRecord(doc, m.physical_offset, m.store_timestamp)
+        if doc.get("expired"):
+            out.latest.pop(doc["tid"], None)
+            continue
+        out.latest[doc["tid"]] = StateRecord(doc, m.physical_offset)
         if doc["state"] == "CompleteCommit" and doc.get("offsets"):
             out.committed_offsets.append((m.store_timestamp, [tuple(o) for o in doc["offsets"]]))
     return out
