@@ -62,7 +62,7 @@ from txbroker.service.kafka.group_api import group_handlers
 from txbroker.service.kafka.groups import GroupCoordinator
 from txbroker.service.kafka.listener import KafkaListener
 from txbroker.service.kafka.metadata import KafkaMetadata
-from txbroker.service.kafka.routing import route_partitions
+from txbroker.service.kafka.routing import route_coordinators, route_partitions
 from txbroker.service.kafka.txn_api import txn_handlers
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.namesrv import NameServer
@@ -203,10 +203,11 @@ class Broker:
             self.topics = TopicManager(cfg)
             if self._kafka_sock is not None:
                 # Kafka transaction state is replayed from its system topics before any
-                # request can see it.
+                # request can see it (in a cluster: when this broker becomes the master).
                 self.kafka_txn = TransactionCoordinator(cfg, self.store, self.topics,
                                                         self.metrics, clock=self.clock)
-                self.kafka_txn.recover()
+                if not cfg.namesrv_addr:
+                    self.kafka_txn.recover()
             await self._start_services(broker_sock, ns_sock, metrics_sock)
         except BaseException:
             # Servers first: a listener already serving is closed by its server, which takes
@@ -378,7 +379,8 @@ class Broker:
         assert self.kafka_txn is not None and self._kafka_sock is not None
         self.groups = GroupCoordinator(cfg, self.metrics)
         await self.groups.start()
-        await self.kafka_txn.start()
+        if not cfg.namesrv_addr:  # in a cluster the role starts it (resume_master_services)
+            await self.kafka_txn.start()
         kafka_data = KafkaData(cfg, self.store, self.topics, self.metrics, self.kafka_txn,
                                self.holds)
         if cfg.namesrv_addr:  # one Kafka node per broker group (docs/kafka.md)
@@ -393,6 +395,7 @@ class Broker:
         handlers.update(txn_handlers(self.kafka_txn))
         if self.kafka_view is not None:
             handlers = route_partitions(handlers, self.kafka_view)
+            handlers = route_coordinators(handlers, self.kafka_view, self.groups.validate_commit)
         self.kafka = KafkaListener(cfg, handlers, self.metrics)
         sock, self._kafka_sock = self._kafka_sock, None
         await self.kafka.start(sock)
@@ -405,6 +408,8 @@ class Broker:
         """Becoming the master, still fenced: the transaction state from the (final) log."""
         assert self.tx is not None
         self.tx.recover()
+        if self.kafka_txn is not None and self.config.namesrv_addr:
+            self.kafka_txn.recover()  # the replicated log is final: decisions, pid floor
 
     async def resume_master_services(self) -> None:
         """Becoming the master, fence lifted: checks (whose start rewrites the op records
@@ -412,12 +417,16 @@ class Broker:
         assert self.tx is not None and self.schedule is not None
         await self.tx.start()
         await self.schedule.start()
+        if self.kafka_txn is not None and self.config.namesrv_addr:
+            await self.kafka_txn.start()  # finishes decided commits: writes, after the fence
 
     async def suspend_master_services(self) -> None:
         """No longer the master: no check-back, no delayed delivery, no state kept."""
         assert self.tx is not None and self.schedule is not None
         await self.tx.suspend()
         await self.schedule.close()
+        if self.kafka_txn is not None and self.config.namesrv_addr:
+            await self.kafka_txn.suspend()
 
     def registration_changed(self) -> None:
         """A role change: the name servers learn the new id at once."""

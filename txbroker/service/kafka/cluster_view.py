@@ -38,6 +38,10 @@ from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.header_codec import HeaderError
+from txbroker.remoting.headers import (
+    QueryConsumerOffsetRequestHeader,
+    UpdateConsumerOffsetRequestHeader,
+)
 from txbroker.remoting.signing import SessionCredentials
 from txbroker.service.repeating import Repeating
 from txbroker.service.slave_sync import parse_topic_table
@@ -50,6 +54,22 @@ REQUEST_TIMEOUT = 3.0
 #: Runtime-info keys a broker publishes its Kafka listener under (see ``Broker._runtime``).
 KAFKA_ADDR_KEY = "kafkaAddr"
 KAFKA_NODE_KEY = "kafkaNodeId"
+
+
+def java_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (over UTF-16 code units, 32-bit signed)."""
+    h = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + int.from_bytes(data[i:i + 2], "big")) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def coordinator_index(key: str, count: int) -> int:
+    """Which of ``count`` coordinators owns ``key``: Kafka's ``Utils.abs(key.hashCode) %
+    partitionCount`` for ``__consumer_offsets`` and ``__transaction_state``."""
+    h = java_hash(key)
+    return (0 if h == -(1 << 31) else abs(h)) % count
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +98,8 @@ class _Group:
     name: str
     node_id: int | None = None
     leader: KafkaNode | None = None
+    #: The master's broker (RocketMQ) address now, "" while none is known.
+    master_addr: str = ""
     #: topic -> read queue count, as the group's master last reported it.
     topics: dict[str, int] = field(default_factory=dict)
 
@@ -172,9 +194,62 @@ class ClusterView:
                 names.update(g.topics)
         return names
 
+    def coordinator(self, key: str) -> tuple[KafkaNode | None, bool]:
+        """The node coordinating group or transactional id ``key`` (None while its group has
+        no master) and whether that is this broker.  The groups known, in node-id order, take
+        the keys by Kafka's hash; a group keeps its keys through a failover (its node id
+        does not change), a group added later takes some keys over."""
+        groups: dict[int, tuple[KafkaNode | None, bool]] = {
+            self.node.node_id: (self.node if self.leads() else self._own_leader(), self.leads())}
+        for g in self._groups.values():
+            if g.name != self.config.broker_name and g.node_id is not None:
+                groups.setdefault(g.node_id, (g.leader, False))
+        ids = sorted(groups)
+        return groups[ids[coordinator_index(key, len(ids))]]
+
     def _own_leader(self) -> KafkaNode | None:
         g = self._groups.get(self.config.broker_name)
         return g.leader if g is not None else None
+
+    # --- consumer offsets of other groups' queues -------------------------------------------
+    async def commit_offset(self, broker_name: str, group: str, topic: str, queue_id: int,
+                            offset: int) -> bool:
+        """Store a consumer offset in the broker group owning the queue (its master), as a
+        RocketMQ consumer does: one table per group, shared by both protocols."""
+        addr = self._master_of(broker_name)
+        if not addr:
+            return False
+        header = UpdateConsumerOffsetRequestHeader(consumer_group=group, topic=topic,
+                                                   queue_id=queue_id, commit_offset=offset)
+        try:
+            await self._call(addr, RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET,
+                                                           header.to_ext()))
+        except (OSError, TimeoutError, ValueError) as exc:
+            log.info("offset of %s on %s-%d not stored at %s: %s", group, topic, queue_id, addr, exc)
+            return False
+        return True
+
+    async def fetch_offset(self, broker_name: str, group: str, topic: str,
+                           queue_id: int) -> int | None:
+        """The committed offset in the owning group (-1: none); None when it cannot be asked."""
+        addr = self._master_of(broker_name)
+        if not addr:
+            return None
+        header = QueryConsumerOffsetRequestHeader(consumer_group=group, topic=topic,
+                                                  queue_id=queue_id)
+        cmd = RemotingCommand.request(RequestCode.QUERY_CONSUMER_OFFSET, header.to_ext())
+        try:
+            resp = await self._call(addr, cmd, ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+        except (OSError, TimeoutError, ValueError) as exc:
+            log.info("offset of %s on %s-%d not read at %s: %s", group, topic, queue_id, addr, exc)
+            return None
+        if resp.code != ResponseCode.SUCCESS:
+            return -1
+        return int(resp.ext_fields.get("offset", -1))
+
+    def _master_of(self, broker_name: str) -> str:
+        g = self._groups.get(broker_name)
+        return g.master_addr if g is not None and g.leader is not None else ""
 
     # --- refresh ----------------------------------------------------------------------------
     async def refresh(self) -> None:
@@ -207,6 +282,7 @@ class ClusterView:
                 log.info("Kafka node %s (group %s) is now %s", g.node_id, name,
                          f"{leader.host}:{leader.port}" if leader else "without a leader")
             g.leader = leader
+            g.master_addr = master or ""
         # Addresses no group lists any more: a restarted broker may come back with other ports.
         listed = {a for d in info.broker_addr_table.values() for a in d.broker_addrs.values()}
         for addr in [a for a in self._kafka_of if a not in listed]:
@@ -240,12 +316,17 @@ class ClusterView:
         self._kafka_of[addr] = (int(node), kafka)
 
     async def _ask(self, addr: str, code: int) -> bytes:
+        resp = await self._call(addr, RemotingCommand.request(code))
+        return resp.body or b"{}"
+
+    async def _call(self, addr: str, cmd: RemotingCommand,
+                    ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> RemotingCommand:
         client = self._clients.get(addr)
         if client is None:
             client = self._clients[addr] = RemotingClient(addr, connect_timeout=REQUEST_TIMEOUT,
                                                           credentials=self.credentials)
-        resp = await asyncio.wait_for(client.invoke(RemotingCommand.request(code), REQUEST_TIMEOUT),
-                                      REQUEST_TIMEOUT)
-        if resp.code != ResponseCode.SUCCESS:
-            raise ValueError(f"{addr} answered request {code} with {resp.code}: {resp.remark or ''}")
-        return resp.body or b"{}"
+        resp = await asyncio.wait_for(client.invoke(cmd, REQUEST_TIMEOUT), REQUEST_TIMEOUT)
+        if resp.code not in ok:
+            raise ValueError(f"{addr} answered request {cmd.code} with {resp.code}: "
+                             f"{resp.remark or ''}")
+        return resp

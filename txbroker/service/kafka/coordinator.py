@@ -58,6 +58,8 @@ COMPLETE_COMMIT, COMPLETE_ABORT = "CompleteCommit", "CompleteAbort"
 EPOCH_EXHAUSTED = 32766
 #: Producer ids are reserved this many at a time (one state record per block).
 PID_BLOCK = 1000
+#: Width of one broker group's producer-id range on a cluster (2**40 ids each).
+PID_RANGE_BITS = 40
 #: Committed offsets are re-applied at recovery unless the offset file was written at least
 #: this long after the commit (so it holds the commit, or a later commit of the group).
 OFFSET_FILE_GRACE_MS = 2000
@@ -179,6 +181,10 @@ class TransactionCoordinator:
         self._task: asyncio.Task[None] | None = None
         #: Until start() has finished what recovery found, requests get LOAD_IN_PROGRESS.
         self.ready = False
+        #: The first producer id this coordinator may hand out.  On a cluster each broker
+        #: group allocates from its own range (``kafka_node_id << PID_RANGE_BITS``), so two
+        #: groups never hand out one id; a single broker starts at 0.
+        self.pid_base = max(config.kafka_node_id, 0) << PID_RANGE_BITS if config.namesrv_addr else 0
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -186,9 +192,13 @@ class TransactionCoordinator:
     # --- recovery and lifecycle ---------------------------------------------------------------
     def recover(self) -> None:
         """Rebuild every id's metadata, the open transactions and their producers' sequence
-        state, and how far each decided commit got; :meth:`start` finishes those."""
+        state, and how far each decided commit got; :meth:`start` finishes those.  Callable
+        again after :meth:`suspend` (a broker promoted to master replays the replicated log)."""
+        self._txns.clear()
+        self._by_pid.clear()
+        self.producers = ProducerStates()
         rep = replay_state(self.store)
-        self._next_pid = self._pid_limit = rep.pid_upto
+        self._next_pid = self._pid_limit = max(rep.pid_upto, self.pid_base)
         self._pid_written_ms = rep.pid_written_ms
         for tid, rec in rep.latest.items():
             t = _Txn(tid, rec.doc["pid"], rec.doc["epoch"])
@@ -270,6 +280,14 @@ class TransactionCoordinator:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    async def suspend(self) -> None:
+        """No longer the master: stop the scan and keep no state (the next master has it in
+        the log; :meth:`recover` rebuilds it should this broker be promoted again)."""
+        await self.close()
+        self._txns.clear()
+        self._by_pid.clear()
+        self.producers = ProducerStates()
 
     async def _scan_loop(self, interval: float) -> None:
         while True:

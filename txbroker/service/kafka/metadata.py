@@ -207,5 +207,13 @@ class KafkaMetadata:
         if key_type not in (0, 1):
             return {"error_code": ErrorCode.INVALID_REQUEST, "error_message":
                     f"key type {key_type}", "node_id": -1, "host": "", "port": -1}
+        if self.view is not None:  # the key's broker group, by Kafka's hash
+            node, _ = self.view.coordinator(body.get("key") or "")
+            if node is None:
+                return {"throttle_time_ms": 0, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                        "error_message": "the coordinator's broker group has no master now",
+                        "node_id": -1, "host": "", "port": -1}
+            return {"throttle_time_ms": 0, "error_code": 0, "error_message": None,
+                    "node_id": node.node_id, "host": node.host, "port": node.port}
         return {"throttle_time_ms": 0, "error_code": 0, "error_message": None,
-                "node_id": NODE_ID, "host": self.host, "port": self.port}
+                "node_id": self.node_id, "host": self.host, "port": self.port}

@@ -119,3 +119,181 @@ def route_partitions(handlers: dict[int, Handler], view: ClusterView) -> dict[in
         if api in out:
             out[api] = routed(api, out[api], view)
     return out
+
+
+# --- coordinator APIs -------------------------------------------------------------------------
+#: API -> (the key's body field, "group" or "txn" keyed).  InitProducerId without a
+#: transactional id (an idempotent producer) is served by any master.
+COORDINATED = {
+    ApiKey.JOIN_GROUP: "group_id", ApiKey.SYNC_GROUP: "group_id",
+    ApiKey.HEARTBEAT: "group_id", ApiKey.LEAVE_GROUP: "group_id",
+    ApiKey.OFFSET_COMMIT: "group_id", ApiKey.OFFSET_FETCH: "group_id",
+    ApiKey.TXN_OFFSET_COMMIT: "group_id",
+    ApiKey.INIT_PRODUCER_ID: "transactional_id", ApiKey.ADD_PARTITIONS_TO_TXN: "transactional_id",
+    ApiKey.ADD_OFFSETS_TO_TXN: "transactional_id", ApiKey.END_TXN: "transactional_id",
+}
+
+
+def not_coordinator(api: ApiKey, body: dict, err: ErrorCode) -> dict:
+    """The answer of a coordinator API refused as a whole with ``err``."""
+    if api in (ApiKey.OFFSET_COMMIT, ApiKey.TXN_OFFSET_COMMIT):
+        return {"topics": [{"name": t["name"], "partitions": [
+            {"partition_index": p["partition_index"], "error_code": err}
+            for p in t.get("partitions") or ()]} for t in body.get("topics") or ()]}
+    if api == ApiKey.OFFSET_FETCH:
+        return {"error_code": err, "topics": [{"name": t["name"], "partitions": [
+            {"partition_index": i, "committed_offset": -1, "metadata": "", "error_code": err}
+            for i in t.get("partition_indexes") or ()]} for t in body.get("topics") or ()]}
+    if api == ApiKey.ADD_PARTITIONS_TO_TXN:
+        return {"results": [{"name": t["name"], "results": [
+            {"partition_index": p, "partition_error_code": err} for p in t["partitions"]]}
+            for t in body.get("topics") or ()]}
+    if api == ApiKey.INIT_PRODUCER_ID:
+        return {"error_code": err, "producer_id": -1, "producer_epoch": -1}
+    return {"error_code": err}
+
+
+def coordinated(api: ApiKey, handler: Handler, view: ClusterView) -> Handler:
+    field = COORDINATED[api]
+
+    async def handle(ctx: KafkaRequestContext, body: dict) -> dict | None:
+        key = body.get(field)
+        if api == ApiKey.INIT_PRODUCER_ID and key is None:
+            here = view.leads()
+        else:
+            here = view.coordinator(key or "")[1]
+        if not here:
+            return not_coordinator(api, body, ErrorCode.NOT_COORDINATOR)
+        return await handler(ctx, body)
+
+    return handle
+
+
+def local_partitions(view: ClusterView, topic: str, partitions: list[int]
+                     ) -> tuple[dict[int, int], dict[int, ErrorCode]]:
+    """(global -> local queue, global -> refusal) for partitions a transaction names: a
+    transaction's partitions must be led by its coordinator's group (docs/kafka.md)."""
+    ok: dict[int, int] = {}
+    refused: dict[int, ErrorCode] = {}
+    for p in partitions:
+        err, queue = refusal(view, topic, p)
+        if err is ErrorCode.NOT_LEADER_OR_FOLLOWER:
+            err = ErrorCode.INVALID_TXN_STATE
+        if err is ErrorCode.NONE:
+            ok[p] = queue
+        else:
+            refused[p] = err
+    return ok, refused
+
+
+def add_partitions(handler: Handler, view: ClusterView) -> Handler:
+    """AddPartitionsToTxn in local queue numbers; a partition of another group is refused."""
+
+    async def handle(ctx: KafkaRequestContext, body: dict) -> dict | None:
+        refused: dict[tuple[str, int], ErrorCode] = {}
+        back: dict[tuple[str, int], int] = {}
+        topics = []
+        for t in body.get("topics") or ():
+            ok, bad = local_partitions(view, t["name"], t["partitions"])
+            refused.update({(t["name"], p): e for p, e in bad.items()})
+            back.update({(t["name"], q): p for p, q in ok.items()})
+            if ok:
+                topics.append({**t, "partitions": list(ok.values())})
+        if refused:  # all or nothing, as the coordinator itself answers
+            return {"results": [{"name": t["name"], "results": [
+                {"partition_index": p, "partition_error_code":
+                 refused.get((t["name"], p), ErrorCode.OPERATION_NOT_ATTEMPTED)}
+                for p in t["partitions"]]} for t in body.get("topics") or ()]}
+        answer = await handler(ctx, {**body, "topics": topics})
+        assert answer is not None
+        for t in answer.get("results") or ():
+            for r in t.get("results") or ():
+                r["partition_index"] = back.get((t["name"], r["partition_index"]),
+                                                r["partition_index"])
+        return answer
+
+    return handle
+
+
+def offsets(api: ApiKey, handler: Handler, view: ClusterView, validate) -> Handler:
+    """OffsetCommit / OffsetFetch / TxnOffsetCommit over global partitions: this group's
+    queues locally, another group's queues in that group (its master's offset table, over
+    RocketMQ's offset requests: the table both protocols share).  A transaction's offsets
+    must be this group's (as its partitions)."""
+
+    async def handle(ctx: KafkaRequestContext, body: dict) -> dict | None:
+        group = body["group_id"]
+        fetch = api == ApiKey.OFFSET_FETCH
+        remote: list[tuple[str, int, dict]] = []
+        refused: list[tuple[str, int, ErrorCode]] = []
+        back: dict[tuple[str, int], int] = {}
+        topics = []
+        if fetch and body.get("topics") is None:
+            return await handler(ctx, body)  # every offset of this group's own table
+        for t in body.get("topics") or ():
+            name = t["name"]
+            kept = []
+            items = t.get("partition_indexes") if fetch else t.get("partitions")
+            for item in items or ():
+                p = item if fetch else item["partition_index"]
+                slot = view.slot(name, p)
+                if slot is None or slot.local:
+                    queue = slot.queue_id if slot is not None else p
+                    back[(name, queue)] = p
+                    kept.append(queue if fetch else {**item, "partition_index": queue})
+                elif api == ApiKey.TXN_OFFSET_COMMIT:
+                    refused.append((name, p, ErrorCode.INVALID_TXN_STATE))
+                else:
+                    remote.append((name, p, {} if fetch else item))
+            if kept:
+                topics.append({**t, ("partition_indexes" if fetch else "partitions"): kept})
+        answer = await handler(ctx, {**body, "topics": topics})
+        assert answer is not None
+        out: dict[str, list[dict]] = {}
+        for t in answer.get("topics") or ():
+            for p in t.get("partitions") or ():
+                p["partition_index"] = back.get((t["name"], p["partition_index"]),
+                                                p["partition_index"])
+                out.setdefault(t["name"], []).append(p)
+        verdict = ErrorCode.NONE if fetch else validate(group, body["generation_id_or_member_epoch"],
+                                                        body["member_id"])
+        for name, p, item in remote:
+            slot = view.slot(name, p)
+            assert slot is not None
+            if fetch:
+                got = await view.fetch_offset(slot.broker_name, group, name, slot.queue_id)
+                err = ErrorCode.COORDINATOR_NOT_AVAILABLE if got is None else ErrorCode.NONE
+                out.setdefault(name, []).append({"partition_index": p, "metadata": "",
+                                                 "committed_offset": -1 if got is None else got,
+                                                 "error_code": err})
+                continue
+            err = verdict
+            if err is ErrorCode.NONE and item["committed_offset"] < 0:
+                err = ErrorCode.INVALID_REQUEST
+            if err is ErrorCode.NONE and not await view.commit_offset(
+                    slot.broker_name, group, name, slot.queue_id, item["committed_offset"]):
+                err = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            out.setdefault(name, []).append({"partition_index": p, "error_code": err})
+        for name, p, err in refused:
+            out.setdefault(name, []).append({"partition_index": p, "error_code": err})
+        answer["topics"] = [{"name": n, "partitions": ps} for n, ps in out.items()]
+        return answer
+
+    return handle
+
+
+def route_coordinators(handlers: dict[int, Handler], view: ClusterView,
+                       validate_commit) -> dict[int, Handler]:
+    """``handlers`` with the group and transaction APIs answered NOT_COORDINATOR away from
+    the key's coordinator, and their partitions translated (``validate_commit`` is the group
+    coordinator's check of a commit's generation and member)."""
+    out = dict(handlers)
+    if ApiKey.ADD_PARTITIONS_TO_TXN in out:
+        out[ApiKey.ADD_PARTITIONS_TO_TXN] = add_partitions(out[ApiKey.ADD_PARTITIONS_TO_TXN], view)
+    for api in (ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.TXN_OFFSET_COMMIT):
+        if api in out:
+            out[api] = offsets(api, out[api], view, validate_commit)
+    for api in COORDINATED:
+        if api in out:
+            out[api] = coordinated(api, out[api], view)
+    return out
