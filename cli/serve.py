@@ -152,6 +152,11 @@ _OPTIONS: dict[str, _Opt] = {
                                                        "accepted"),
     "kafka_group_max_session_timeout": _Opt("SECONDS", "longest Kafka consumer session timeout "
                                                        "accepted"),
+    "kafka_node_id": _Opt("ID", "Kafka node id of this broker group: the same on each replica, "
+                                "different per group; needed with --kafka-port in a cluster",
+                          "-1: node 0 on a single broker"),
+    "kafka_cluster_refresh_interval": _Opt("SECONDS", "cluster: how often the Kafka view of the "
+                                                      "groups, masters and topics is refreshed"),
     "acl_file": _Opt("PATH", "RocketMQ plain_acl.yml; setting it turns access control on",
                      "unset: access control off"),
     "acl_access_key": _Opt("KEY", "this broker's account in --acl-file: it signs the requests "

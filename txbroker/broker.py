@@ -46,16 +46,23 @@ from txbroker.config import (
 )
 from txbroker.remoting.bodies import DataVersion
 from txbroker.remoting.server import RemotingServer
-from txbroker.roles import Roles
+from txbroker.roles import Roles, broker_credentials
 from txbroker.service.acl import AclGuard
 from txbroker.service.acl_rules import load_acl_file
 from txbroker.service.clients import ClientRegistry
+from txbroker.service.kafka.cluster_view import (
+    KAFKA_ADDR_KEY,
+    KAFKA_NODE_KEY,
+    ClusterView,
+    KafkaNode,
+)
 from txbroker.service.kafka.coordinator import TransactionCoordinator
 from txbroker.service.kafka.data import KafkaData
 from txbroker.service.kafka.group_api import group_handlers
 from txbroker.service.kafka.groups import GroupCoordinator
 from txbroker.service.kafka.listener import KafkaListener
 from txbroker.service.kafka.metadata import KafkaMetadata
+from txbroker.service.kafka.routing import route_coordinators, route_partitions
 from txbroker.service.kafka.txn_api import txn_handlers
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.namesrv import NameServer
@@ -134,6 +141,8 @@ class Broker:
         self.kafka: KafkaListener | None = None
         self.groups: GroupCoordinator | None = None
         self.kafka_txn: TransactionCoordinator | None = None
+        #: The Kafka view of the whole cluster (None on a single broker or without Kafka).
+        self.kafka_view: ClusterView | None = None
         self._kafka_sock: socket.socket | None = None
         #: Built by :meth:`start` once the store holds the data directory's lock.
         self.topics: TopicManager | None = None
@@ -194,10 +203,11 @@ class Broker:
             self.topics = TopicManager(cfg)
             if self._kafka_sock is not None:
                 # Kafka transaction state is replayed from its system topics before any
-                # request can see it.
+                # request can see it (in a cluster: when this broker becomes the master).
                 self.kafka_txn = TransactionCoordinator(cfg, self.store, self.topics,
                                                         self.metrics, clock=self.clock)
-                self.kafka_txn.recover()
+                if not cfg.namesrv_addr:
+                    self.kafka_txn.recover()
             await self._start_services(broker_sock, ns_sock, metrics_sock)
         except BaseException:
             # Servers first: a listener already serving is closed by its server, which takes
@@ -360,6 +370,8 @@ class Broker:
                                              epoch=lambda: roles.epoch)
             self.topics.add_listener(self.registrar.trigger)
             await self.registrar.start()
+            if self.kafka_view is not None:  # after the first registration: it lists us
+                await self.kafka_view.start()
 
     async def _start_kafka(self) -> None:
         """The Kafka listener and its coordinators (docs/kafka.md)."""
@@ -367,13 +379,23 @@ class Broker:
         assert self.kafka_txn is not None and self._kafka_sock is not None
         self.groups = GroupCoordinator(cfg, self.metrics)
         await self.groups.start()
-        await self.kafka_txn.start()
+        if not cfg.namesrv_addr:  # in a cluster the role starts it (resume_master_services)
+            await self.kafka_txn.start()
         kafka_data = KafkaData(cfg, self.store, self.topics, self.metrics, self.kafka_txn,
                                self.holds)
-        handlers = KafkaMetadata(cfg, self.topics, host=self.host, port=self.kafka_port).handlers()
+        if cfg.namesrv_addr:  # one Kafka node per broker group (docs/kafka.md)
+            self.kafka_view = ClusterView(
+                cfg, self.topics, node=KafkaNode(cfg.kafka_node_id, self.host, self.kafka_port),
+                is_master=lambda: self.roles is not None and self.roles.is_master,
+                credentials=broker_credentials(self))
+        handlers = KafkaMetadata(cfg, self.topics, host=self.host, port=self.kafka_port,
+                                 view=self.kafka_view).handlers()
         handlers.update(kafka_data.handlers())
         handlers.update(group_handlers(self.groups, self.store, self.topics))
         handlers.update(txn_handlers(self.kafka_txn))
+        if self.kafka_view is not None:
+            handlers = route_partitions(handlers, self.kafka_view)
+            handlers = route_coordinators(handlers, self.kafka_view, self.groups.validate_commit)
         self.kafka = KafkaListener(cfg, handlers, self.metrics)
         sock, self._kafka_sock = self._kafka_sock, None
         await self.kafka.start(sock)
@@ -386,6 +408,8 @@ class Broker:
         """Becoming the master, still fenced: the transaction state from the (final) log."""
         assert self.tx is not None
         self.tx.recover()
+        if self.kafka_txn is not None and self.config.namesrv_addr:
+            self.kafka_txn.recover()  # the replicated log is final: decisions, pid floor
 
     async def resume_master_services(self) -> None:
         """Becoming the master, fence lifted: checks (whose start rewrites the op records
@@ -393,12 +417,16 @@ class Broker:
         assert self.tx is not None and self.schedule is not None
         await self.tx.start()
         await self.schedule.start()
+        if self.kafka_txn is not None and self.config.namesrv_addr:
+            await self.kafka_txn.start()  # finishes decided commits: writes, after the fence
 
     async def suspend_master_services(self) -> None:
         """No longer the master: no check-back, no delayed delivery, no state kept."""
         assert self.tx is not None and self.schedule is not None
         await self.tx.suspend()
         await self.schedule.close()
+        if self.kafka_txn is not None and self.config.namesrv_addr:
+            await self.kafka_txn.suspend()
 
     def registration_changed(self) -> None:
         """A role change: the name servers learn the new id at once."""
@@ -418,7 +446,12 @@ class Broker:
 
     def _runtime(self) -> dict[str, str]:
         conns = len(self.server.connections) if self.server is not None else 0
-        return {"connections": str(conns), "heldPulls": str(self.holds.held())}
+        table = {"connections": str(conns), "heldPulls": str(self.holds.held())}
+        if self.kafka_port >= 0:  # how the Kafka view of other brokers finds this one
+            node = max(self.config.kafka_node_id, 0)
+            table.update({KAFKA_ADDR_KEY: f"{self.host}:{self.kafka_port}",
+                          KAFKA_NODE_KEY: str(node)})
+        return table
 
     def _update_gauges(self) -> None:
         if self.store is None:
@@ -480,6 +513,8 @@ class Broker:
             self._kafka_sock.close()
         servers = [s for s in (self.server, self.namesrv_server, self.kafka) if s is not None]
         await asyncio.gather(*(s.close(grace) for s in servers), return_exceptions=True)
+        if self.kafka_view is not None:
+            await self.kafka_view.close()
         if self.roles is not None:  # no client left: the controller link, HA, following
             await self.roles.stop()
         if self.schedule is not None:

@@ -204,6 +204,14 @@ class BrokerConfig:
     #: Bounds on a Kafka consumer's session timeout (``group.min/max.session.timeout.ms``).
     kafka_group_min_session_timeout: float = 6.0
     kafka_group_max_session_timeout: float = 1800.0
+    #: The Kafka node id of this broker's group (docs/kafka.md, "Kafka on a cluster"): the
+    #: same on every replica of a group, different between groups, so that a node keeps its
+    #: id through a failover.  -1 = not set (a single broker is node 0; a cluster broker
+    #: with a Kafka port must set it).
+    kafka_node_id: int = -1
+    #: How often a cluster broker refreshes its Kafka view of the cluster (groups, masters,
+    #: topic tables) from the name servers and the masters.
+    kafka_cluster_refresh_interval: float = 1.0
 
     # --- shutdown ------------------------------------------------------------------------
     shutdown_grace: float = 5.0
@@ -282,12 +290,13 @@ def _validate(c: BrokerConfig) -> None:
                  "controller_heartbeat_interval", "controller_lease",
                  "kafka_transaction_max_timeout", "kafka_transaction_scan_interval",
                  "kafka_group_min_session_timeout", "kafka_transactional_id_expiration",
-                 "kafka_snapshot_interval"):
+                 "kafka_snapshot_interval", "kafka_cluster_refresh_interval"):
         need(getattr(c, name) > 0, name, "must be > 0")
     need(c.kafka_transaction_max_bytes >= c.max_message_size, "kafka_transaction_max_bytes",
          "must be >= max_message_size (one batch must fit)")
     need(c.kafka_transactions_max_bytes >= c.kafka_transaction_max_bytes,
          "kafka_transactions_max_bytes", "must be >= kafka_transaction_max_bytes")
+    _check_kafka_cluster(c)
     need(c.kafka_group_initial_rebalance_delay >= 0, "kafka_group_initial_rebalance_delay",
          "must be >= 0")
     need(c.kafka_group_max_session_timeout >= c.kafka_group_min_session_timeout,
@@ -322,6 +331,17 @@ def _validate(c: BrokerConfig) -> None:
     if c.cluster_secret is not None and len(c.cluster_secret) < MIN_SECRET_LENGTH:
         # Never echo the value itself.
         raise ConfigError(f"cluster_secret: must be at least {MIN_SECRET_LENGTH} characters")
+
+
+def _check_kafka_cluster(c: BrokerConfig) -> None:
+    """A Kafka listener on a cluster broker needs the group's node id (docs/kafka.md, "Kafka
+    on a cluster"): without it the node would change id at a failover."""
+    if c.kafka_node_id < -1:
+        raise ConfigError(f"kafka_node_id={c.kafka_node_id}: must be -1 (not set) or a node id >= 0")
+    if c.kafka_port >= 0 and c.namesrv_addr and c.kafka_node_id < 0:
+        raise ConfigError(f"kafka_port={c.kafka_port} on a cluster broker (namesrv_addr set) needs "
+                          f"kafka_node_id: the Kafka node id of broker group {c.broker_name!r}, the "
+                          f"same on each of its replicas and different in each group")
 
 
 def _check_timing(c: BrokerConfig) -> None:

@@ -85,6 +85,8 @@ COMPLETE_COMMIT, COMPLETE_ABORT = "CompleteCommit", "CompleteAbort"
 EPOCH_EXHAUSTED = 32766
 #: Producer ids are reserved this many at a time (one state record per block).
 PID_BLOCK = 1000
+#: Width of one broker group's producer-id range on a cluster (2**40 ids each).
+PID_RANGE_BITS = 40
 #: Committed offsets are re-applied at recovery unless the offset file was written at least
 #: this long after the commit (so it holds the commit, or a later commit of the group).
 OFFSET_FILE_GRACE_MS = 2000
@@ -226,6 +228,10 @@ class TransactionCoordinator:
         self._task: asyncio.Task[None] | None = None
         #: Until start() has finished what recovery found, requests get LOAD_IN_PROGRESS.
         self.ready = False
+        #: The first producer id this coordinator may hand out.  On a cluster each broker
+        #: group allocates from its own range (``kafka_node_id << PID_RANGE_BITS``), so two
+        #: groups never hand out one id; a single broker starts at 0.
+        self.pid_base = max(config.kafka_node_id, 0) << PID_RANGE_BITS if config.namesrv_addr else 0
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -254,7 +260,8 @@ class TransactionCoordinator:
             self._snap_state_from, self._snap_ms = s.state_from, s.written_ms
             log_from = max(log_from, s.log_from)
         replay_state(self.store, start=self._snap_state_from, into=rep)
-        self._next_pid = self._pid_limit = rep.pid_upto + PID_BLOCK if rep.pid_upto else 0
+        floor = rep.pid_upto + PID_BLOCK if rep.pid_upto else 0
+        self._next_pid = self._pid_limit = max(floor, self.pid_base)
         for tid, rec in rep.latest.items():
             t = _Txn(tid, rec.doc["pid"], rec.doc["epoch"])
             t.load(rec.doc)

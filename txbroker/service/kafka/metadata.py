@@ -1,7 +1,9 @@
 """ApiVersions, Metadata, CreateTopics and FindCoordinator: the broker as Kafka sees it.
 
-txbroker is one Kafka node (id :data:`NODE_ID`) at the advertised host and the Kafka port; it
-leads every partition and coordinates every group and transactional id.  A Kafka topic is a
+A single txbroker is one Kafka node (id :data:`NODE_ID`, or ``kafka_node_id``) at the advertised
+host and the Kafka port; it leads every partition and coordinates every group and
+transactional id.  On a cluster (a :class:`ClusterView` given) each broker group is a node and
+a topic's partitions are its queues across groups (:mod:`cluster_view`).  A Kafka topic is a
 txbroker topic with one partition per queue; the broker's own topics (system topics, retry and
 dead-letter topics, the template topic) are not shown.  Topic names must satisfy both Kafka's
 rule (``[a-zA-Z0-9._-]``, at most 249, not ``.``/``..``) and txbroker's (no ``.``, at most 127):
@@ -15,6 +17,7 @@ import re
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.apis import ADVERTISED, ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
+from txbroker.service.kafka.cluster_view import ClusterView
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.topics import (
     TopicConfig,
@@ -74,11 +77,13 @@ class KafkaMetadata:
     """Handlers of the cluster-shape APIs.  ``host``/``port`` are what clients connect to."""
 
     def __init__(self, config: BrokerConfig, topics: TopicManager, *, host: str,
-                 port: int) -> None:
+                 port: int, view: ClusterView | None = None) -> None:
         self.config = config
         self.topics = topics
         self.host = host
         self.port = port
+        self.view = view
+        self.node_id = config.kafka_node_id if config.kafka_node_id >= 0 else NODE_ID
 
     def handlers(self) -> dict[int, Handler]:
         return {ApiKey.API_VERSIONS: self.api_versions, ApiKey.METADATA: self.metadata,
@@ -97,6 +102,8 @@ class KafkaMetadata:
         return {"error_code": error, "api_keys": keys, "throttle_time_ms": 0}
 
     async def metadata(self, ctx: KafkaRequestContext, body: dict) -> dict:
+        if self.view is not None:
+            return await self._cluster_metadata(ctx, body, self.view)
         requested = body.get("topics")
         if requested is None or (ctx.api_version == 0 and not requested):
             names = [tc.name for tc in self.topics.all() if not hidden_topic(tc.name, self.config)]
@@ -108,17 +115,55 @@ class KafkaMetadata:
             tc, error = await lookup_topic(self.topics, self.config, name, auto_create=auto)
             partitions = []
             if tc is not None:
-                partitions = [{"error_code": 0, "partition_index": q, "leader_id": NODE_ID,
-                               "leader_epoch": 0, "replica_nodes": [NODE_ID],
-                               "isr_nodes": [NODE_ID], "offline_replicas": []}
+                node = self.node_id
+                partitions = [{"error_code": 0, "partition_index": q, "leader_id": node,
+                               "leader_epoch": 0, "replica_nodes": [node],
+                               "isr_nodes": [node], "offline_replicas": []}
                               for q in range(tc.read_queue_nums)]
             out.append({"error_code": error, "name": name, "is_internal": False,
                         "partitions": partitions})
         return {"throttle_time_ms": 0,
-                "brokers": [{"node_id": NODE_ID, "host": self.host, "port": self.port,
+                "brokers": [{"node_id": self.node_id, "host": self.host, "port": self.port,
                              "rack": None}],
-                "cluster_id": self.config.cluster_name, "controller_id": NODE_ID,
+                "cluster_id": self.config.cluster_name, "controller_id": self.node_id,
                 "topics": out}
+
+    async def _cluster_metadata(self, ctx: KafkaRequestContext, body: dict,
+                                view: ClusterView) -> dict:
+        """Every group's master as a node; a topic's partitions across groups, each led by
+        its group's node (none while the group has no master: LEADER_NOT_AVAILABLE).  Only a
+        master creates a topic a client asks for, in its own group."""
+        requested = body.get("topics")
+        if requested is None or (ctx.api_version == 0 and not requested):
+            names = sorted(n for n in view.topic_names() if not hidden_topic(n, self.config))
+        else:
+            names = [t["name"] for t in requested]
+        auto = body.get("allow_auto_topic_creation", True) if ctx.api_version >= 4 else True
+        out = []
+        for name in names:
+            error = ErrorCode.NONE
+            if hidden_topic(name, self.config):
+                error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            elif not view.known(name):
+                _, error = await lookup_topic(self.topics, self.config, name,
+                                              auto_create=auto and view.leads())
+            partitions = []
+            for s in view.slots(name) if error == ErrorCode.NONE else ():
+                leader = s.leader.node_id if s.leader is not None else -1
+                partitions.append({
+                    "error_code": ErrorCode.NONE if s.leader is not None
+                    else ErrorCode.LEADER_NOT_AVAILABLE,
+                    "partition_index": s.partition, "leader_id": leader, "leader_epoch": 0,
+                    "replica_nodes": [s.node_id], "isr_nodes": [s.node_id] if s.leader else [],
+                    "offline_replicas": [] if s.leader else [s.node_id]})
+            out.append({"error_code": error, "name": name, "is_internal": False,
+                        "partitions": partitions})
+        nodes = view.nodes()
+        return {"throttle_time_ms": 0,
+                "brokers": [{"node_id": n.node_id, "host": n.host, "port": n.port, "rack": None}
+                            for n in nodes],
+                "cluster_id": self.config.cluster_name,
+                "controller_id": nodes[0].node_id if nodes else -1, "topics": out}
 
     async def create_topics(self, ctx: KafkaRequestContext, body: dict) -> dict:
         results = []
@@ -162,5 +207,13 @@ class KafkaMetadata:
         if key_type not in (0, 1):
             return {"error_code": ErrorCode.INVALID_REQUEST, "error_message":
                     f"key type {key_type}", "node_id": -1, "host": "", "port": -1}
+        if self.view is not None:  # the key's broker group, by Kafka's hash
+            node, _ = self.view.coordinator(body.get("key") or "")
+            if node is None:
+                return {"throttle_time_ms": 0, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                        "error_message": "the coordinator's broker group has no master now",
+                        "node_id": -1, "host": "", "port": -1}
+            return {"throttle_time_ms": 0, "error_code": 0, "error_message": None,
+                    "node_id": node.node_id, "host": node.host, "port": node.port}
         return {"throttle_time_ms": 0, "error_code": 0, "error_message": None,
-                "node_id": NODE_ID, "host": self.host, "port": self.port}
+                "node_id": self.node_id, "host": self.host, "port": self.port}

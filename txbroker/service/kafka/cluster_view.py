@@ -1,0 +1,332 @@
+"""The Kafka view of a whole cluster: one Kafka node per broker group, one partition numbering
+across groups (docs/kafka.md, "Kafka on a cluster").
+
+Kafka clients know nodes and partitions; a txbroker cluster has broker groups (a master and
+its slaves) and queues.  The mapping, chosen so that nothing a client holds changes at a
+failover:
+
+* **A broker group is one Kafka node** whose id is the group's ``kafka_node_id`` (configured
+  the same on every replica of the group, different between groups).  The node's address is
+  the Kafka listener of the group's master *now*; after a failover the same node id answers
+  at the new master's address, as a Kafka broker that restarted elsewhere would.
+* **A topic's partitions are its queues across groups**, groups taken in node-id order:
+  with ``broker-a`` (node 1, 4 queues) and ``broker-b`` (node 2, 2 queues), partitions 0-3 are
+  ``broker-a``'s queues 0-3 and 4-5 ``broker-b``'s queues 0-1.  A group that joins later with
+  a higher node id adds partitions at the end, as Kafka adds partitions.
+* **The leader** of a partition is its group's node; while a group has no master its
+  partitions have no leader (LEADER_NOT_AVAILABLE) and keep their numbers.
+
+Where it comes from: every ``kafka_cluster_refresh_interval`` the view asks a name server for
+the cluster's groups and their masters (GET_BROKER_CLUSTER_INFO, id 0 = master), asks every
+group's master for its topic table (GET_ALL_TOPIC_CONFIG) and, once per broker address, for
+its Kafka address and node id (GET_BROKER_RUNTIME_INFO's ``kafkaAddr`` and ``kafkaNodeId``).
+This broker's own group is read locally: its own role decides whether it leads, and its
+topic table is its own (a slave's is copied from its master).  A group whose master is gone
+keeps the node id and the topic table last seen, so its partitions keep their numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from txbroker.config import BrokerConfig, parse_address_list
+from txbroker.remoting.bodies import ClusterInfo, KVTable
+from txbroker.remoting.client import RemotingClient
+from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
+from txbroker.remoting.header_codec import HeaderError
+from txbroker.remoting.headers import (
+    QueryConsumerOffsetRequestHeader,
+    UpdateConsumerOffsetRequestHeader,
+)
+from txbroker.remoting.signing import SessionCredentials
+from txbroker.service.repeating import Repeating
+from txbroker.service.slave_sync import parse_topic_table
+from txbroker.service.topics import TopicManager
+
+log = logging.getLogger("txbroker.kafka")
+
+#: One request of a refresh round waits at most this long.
+REQUEST_TIMEOUT = 3.0
+#: Runtime-info keys a broker publishes its Kafka listener under (see ``Broker._runtime``).
+KAFKA_ADDR_KEY = "kafkaAddr"
+KAFKA_NODE_KEY = "kafkaNodeId"
+
+
+def java_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (over UTF-16 code units, 32-bit signed)."""
+    h = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + int.from_bytes(data[i:i + 2], "big")) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def coordinator_index(key: str, count: int) -> int:
+    """Which of ``count`` coordinators owns ``key``: Kafka's ``Utils.abs(key.hashCode) %
+    partitionCount`` for ``__consumer_offsets`` and ``__transaction_state``."""
+    h = java_hash(key)
+    return (0 if h == -(1 << 31) else abs(h)) % count
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaNode:
+    node_id: int
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """Where a global partition lives: its group, that group's queue, the leader now."""
+
+    partition: int
+    broker_name: str
+    node_id: int
+    queue_id: int
+    #: The group's master's Kafka node now; None while the group has no known master.
+    leader: KafkaNode | None
+    #: Whether this broker is that leader (it may read and write the queue).
+    local: bool
+
+
+@dataclass(slots=True)
+class _Group:
+    name: str
+    node_id: int | None = None
+    leader: KafkaNode | None = None
+    #: The master's broker (RocketMQ) address now, "" while none is known.
+    master_addr: str = ""
+    #: topic -> read queue count, as the group's master last reported it.
+    topics: dict[str, int] = field(default_factory=dict)
+
+
+class ClusterView:
+    """This broker's picture of the Kafka cluster, refreshed in the background.
+
+    ``is_master()`` says whether this broker is its group's master now; ``node`` is its own
+    Kafka node (its id is the group's)."""
+
+    def __init__(self, config: BrokerConfig, topics: TopicManager, *, node: KafkaNode,
+                 is_master: Callable[[], bool],
+                 credentials: SessionCredentials | None = None) -> None:
+        self.config = config
+        self.topics = topics
+        self.node = node
+        self.is_master = is_master
+        self.credentials = credentials
+        self._groups: dict[str, _Group] = {}
+        #: broker address -> (node id, Kafka node or None when its Kafka port is off).
+        self._kafka_of: dict[str, tuple[int, KafkaNode | None]] = {}
+        self._clients: dict[str, RemotingClient] = {}
+        self._namesrvs = parse_address_list(config.namesrv_addr)
+        self._rounds = Repeating(self.refresh, config.kafka_cluster_refresh_interval,
+                                 what="Kafka cluster view refresh",
+                                 errors=(OSError, TimeoutError, ValueError, HeaderError))
+        #: Completed refresh rounds (tests wait on it).
+        self.rounds = 0
+
+    async def start(self) -> None:
+        try:
+            await self.refresh()
+        except (OSError, TimeoutError, ValueError, HeaderError) as exc:
+            log.warning("Kafka cluster view: first refresh failed (%s); retrying every %g s",
+                        exc, self.config.kafka_cluster_refresh_interval)
+        self._rounds.start()
+
+    async def close(self) -> None:
+        await self._rounds.close()
+        clients, self._clients = list(self._clients.values()), {}
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+
+    # --- what handlers ask ------------------------------------------------------------------
+    def leads(self) -> bool:
+        return self.is_master()
+
+    def nodes(self) -> list[KafkaNode]:
+        """Every node with a known leader now, by node id (this broker's when it leads)."""
+        out = {g.leader.node_id: g.leader for g in self._groups.values() if g.leader is not None}
+        if self.leads():
+            out[self.node.node_id] = self.node
+        return [out[k] for k in sorted(out)]
+
+    def known(self, topic: str) -> bool:
+        return bool(self.slots(topic))
+
+    def slots(self, topic: str) -> list[Slot]:
+        """The topic's partitions in global order (empty: no group has it)."""
+        counts: list[tuple[int, str, int, KafkaNode | None, bool]] = []
+        own = self.topics.get(topic)
+        if own is not None and own.read_queue_nums > 0:
+            counts.append((self.node.node_id, self.config.broker_name, own.read_queue_nums,
+                           self.node if self.leads() else self._own_leader(), self.leads()))
+        for g in self._groups.values():
+            if g.name == self.config.broker_name or g.node_id is None:
+                continue
+            n = g.topics.get(topic, 0)
+            if n > 0:
+                counts.append((g.node_id, g.name, n, g.leader, False))
+        counts.sort(key=lambda c: c[0])
+        out: list[Slot] = []
+        for node_id, name, n, leader, local in counts:
+            for q in range(n):
+                out.append(Slot(len(out), name, node_id, q, leader, local))
+        return out
+
+    def slot(self, topic: str, partition: int) -> Slot | None:
+        slots = self.slots(topic)
+        return slots[partition] if 0 <= partition < len(slots) else None
+
+    def global_partition(self, topic: str, queue_id: int) -> int:
+        """This broker's queue ``queue_id`` of ``topic`` as a global partition number."""
+        for s in self.slots(topic):
+            if s.broker_name == self.config.broker_name and s.queue_id == queue_id:
+                return s.partition
+        return queue_id
+
+    def topic_names(self) -> set[str]:
+        names = {tc.name for tc in self.topics.all()}
+        for g in self._groups.values():
+            if g.name != self.config.broker_name:
+                names.update(g.topics)
+        return names
+
+    def coordinator(self, key: str) -> tuple[KafkaNode | None, bool]:
+        """The node coordinating group or transactional id ``key`` (None while its group has
+        no master) and whether that is this broker.  The groups known, in node-id order, take
+        the keys by Kafka's hash; a group keeps its keys through a failover (its node id
+        does not change), a group added later takes some keys over."""
+        groups: dict[int, tuple[KafkaNode | None, bool]] = {
+            self.node.node_id: (self.node if self.leads() else self._own_leader(), self.leads())}
+        for g in self._groups.values():
+            if g.name != self.config.broker_name and g.node_id is not None:
+                groups.setdefault(g.node_id, (g.leader, False))
+        ids = sorted(groups)
+        return groups[ids[coordinator_index(key, len(ids))]]
+
+    def _own_leader(self) -> KafkaNode | None:
+        g = self._groups.get(self.config.broker_name)
+        return g.leader if g is not None else None
+
+    # --- consumer offsets of other groups' queues -------------------------------------------
+    async def commit_offset(self, broker_name: str, group: str, topic: str, queue_id: int,
+                            offset: int) -> bool:
+        """Store a consumer offset in the broker group owning the queue (its master), as a
+        RocketMQ consumer does: one table per group, shared by both protocols."""
+        addr = self._master_of(broker_name)
+        if not addr:
+            return False
+        header = UpdateConsumerOffsetRequestHeader(consumer_group=group, topic=topic,
+                                                   queue_id=queue_id, commit_offset=offset)
+        try:
+            await self._call(addr, RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET,
+                                                           header.to_ext()))
+        except (OSError, TimeoutError, ValueError) as exc:
+            log.info("offset of %s on %s-%d not stored at %s: %s", group, topic, queue_id, addr, exc)
+            return False
+        return True
+
+    async def fetch_offset(self, broker_name: str, group: str, topic: str,
+                           queue_id: int) -> int | None:
+        """The committed offset in the owning group (-1: none); None when it cannot be asked."""
+        addr = self._master_of(broker_name)
+        if not addr:
+            return None
+        header = QueryConsumerOffsetRequestHeader(consumer_group=group, topic=topic,
+                                                  queue_id=queue_id)
+        cmd = RemotingCommand.request(RequestCode.QUERY_CONSUMER_OFFSET, header.to_ext())
+        try:
+            resp = await self._call(addr, cmd, ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))
+        except (OSError, TimeoutError, ValueError) as exc:
+            log.info("offset of %s on %s-%d not read at %s: %s", group, topic, queue_id, addr, exc)
+            return None
+        if resp.code != ResponseCode.SUCCESS:
+            return -1
+        return int(resp.ext_fields.get("offset", -1))
+
+    def _master_of(self, broker_name: str) -> str:
+        g = self._groups.get(broker_name)
+        return g.master_addr if g is not None and g.leader is not None else ""
+
+    # --- refresh ----------------------------------------------------------------------------
+    async def refresh(self) -> None:
+        """One round: the groups and their masters from a name server, then each master's
+        topic table and (once per address) its Kafka listener."""
+        info = await self._cluster_info()
+        names = set(info.cluster_addr_table.get(self.config.cluster_name, ()))
+        for name in names:
+            data = info.broker_addr_table.get(name)
+            if data is None:
+                continue
+            g = self._groups.setdefault(name, _Group(name))
+            master = data.master_addr()
+            leader = None
+            for addr in sorted(data.broker_addrs.values()):
+                if addr not in self._kafka_of:
+                    await self._learn(addr)
+                known = self._kafka_of.get(addr)
+                if known is not None:
+                    g.node_id = known[0]
+            if master is not None and master in self._kafka_of:
+                leader = self._kafka_of[master][1]
+                if name != self.config.broker_name:
+                    try:
+                        body = await self._ask(master, RequestCode.GET_ALL_TOPIC_CONFIG)
+                        g.topics = {tc.name: tc.read_queue_nums for tc in parse_topic_table(body)}
+                    except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+                        log.debug("topic table of %s from %s: %s", name, master, exc)
+            if leader != g.leader:
+                log.info("Kafka node %s (group %s) is now %s", g.node_id, name,
+                         f"{leader.host}:{leader.port}" if leader else "without a leader")
+            g.leader = leader
+            g.master_addr = master or ""
+        # Addresses no group lists any more: a restarted broker may come back with other ports.
+        listed = {a for d in info.broker_addr_table.values() for a in d.broker_addrs.values()}
+        for addr in [a for a in self._kafka_of if a not in listed]:
+            del self._kafka_of[addr]
+            client = self._clients.pop(addr, None)
+            if client is not None:
+                await client.close()
+        self.rounds += 1
+
+    async def _cluster_info(self) -> ClusterInfo:
+        last: Exception | None = None
+        for addr in self._namesrvs:
+            try:
+                return ClusterInfo.decode(await self._ask(addr, RequestCode.GET_BROKER_CLUSTER_INFO))
+            except (OSError, TimeoutError, ValueError, HeaderError) as exc:
+                last = exc
+        raise last if last is not None else ValueError("no name server configured")
+
+    async def _learn(self, addr: str) -> None:
+        """The Kafka node id and address a broker publishes (nothing when it cannot say)."""
+        try:
+            table = KVTable.decode(await self._ask(addr, RequestCode.GET_BROKER_RUNTIME_INFO)).table
+        except (OSError, TimeoutError, ValueError, HeaderError) as exc:
+            log.debug("runtime info of %s: %s", addr, exc)
+            return
+        node = table.get(KAFKA_NODE_KEY, "")
+        if not node.lstrip("-").isdigit() or int(node) < 0:
+            return  # no Kafka listener, or a broker that does not publish one
+        host, _, port = table.get(KAFKA_ADDR_KEY, "").rpartition(":")
+        kafka = KafkaNode(int(node), host, int(port)) if host and port.isdigit() else None
+        self._kafka_of[addr] = (int(node), kafka)
+
+    async def _ask(self, addr: str, code: int) -> bytes:
+        resp = await self._call(addr, RemotingCommand.request(code))
+        return resp.body or b"{}"
+
+    async def _call(self, addr: str, cmd: RemotingCommand,
+                    ok: tuple[int, ...] = (ResponseCode.SUCCESS,)) -> RemotingCommand:
+        client = self._clients.get(addr)
+        if client is None:
+            client = self._clients[addr] = RemotingClient(addr, connect_timeout=REQUEST_TIMEOUT,
+                                                          credentials=self.credentials)
+        resp = await asyncio.wait_for(client.invoke(cmd, REQUEST_TIMEOUT), REQUEST_TIMEOUT)
+        if resp.code not in ok:
+            raise ValueError(f"{addr} answered request {cmd.code} with {resp.code}: "
+                             f"{resp.remark or ''}")
+        return resp

@@ -1,0 +1,299 @@
+"""Partition requests on a cluster: global partition numbers in, this broker's queues out
+(docs/kafka.md, "Kafka on a cluster").
+
+The data handlers (Produce, Fetch, ListOffsets) work on this broker's queues, as on a single
+broker.  On a cluster a client names a *global* partition (:mod:`cluster_view`); the wrapper
+made here translates each partition this broker leads to its queue, answers every other one
+NOT_LEADER_OR_FOLLOWER (another group's partition, or any partition while this broker is not
+its group's master: the client refreshes its metadata and goes to the leader), or
+UNKNOWN_TOPIC_OR_PARTITION past the topic's last partition, calls the handler with what is
+left, and translates its answer back.  A topic no group has yet is passed through unchanged
+while this broker leads (Produce's auto-create makes it here, with this group's numbering).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from txbroker.remoting.kafka.apis import ApiKey
+from txbroker.remoting.kafka.errors import ErrorCode
+from txbroker.service.kafka.cluster_view import ClusterView
+from txbroker.service.kafka.context import Handler, KafkaRequestContext
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Where partitions sit in one API's request and answer bodies."""
+
+    req_topics: str
+    req_name: str
+    req_parts: str
+    req_index: str
+    resp_topics: str
+    resp_name: str
+    resp_parts: str
+    resp_index: str
+    #: A refused partition's answer besides its index and error code.
+    refused: tuple[tuple[str, Any], ...]
+
+
+SHAPES = {
+    ApiKey.PRODUCE: Shape("topic_data", "name", "partition_data", "index",
+                          "responses", "name", "partition_responses", "index",
+                          (("base_offset", -1), ("log_append_time_ms", -1),
+                           ("log_start_offset", -1))),
+    ApiKey.FETCH: Shape("topics", "topic", "partitions", "partition",
+                        "responses", "topic", "partitions", "partition_index",
+                        (("high_watermark", -1), ("last_stable_offset", -1),
+                         ("log_start_offset", -1), ("preferred_read_replica", -1),
+                         ("records", b""))),
+    ApiKey.LIST_OFFSETS: Shape("topics", "name", "partitions", "partition_index",
+                               "topics", "name", "partitions", "partition_index",
+                               (("timestamp", -1), ("offset", -1))),
+}
+
+
+def refusal(view: ClusterView, topic: str, partition: int) -> tuple[ErrorCode, int]:
+    """(NONE, queue id) when this broker serves ``topic``/``partition`` now, else the error."""
+    slot = view.slot(topic, partition)
+    if slot is None:
+        if view.known(topic):
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1
+        # Nowhere yet: the leader may create it (auto-create) with its own numbering.
+        return (ErrorCode.NONE, partition) if view.leads() else \
+            (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1)
+    if not slot.local:
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
+    return ErrorCode.NONE, slot.queue_id
+
+
+def routed(api: ApiKey, handler: Handler, view: ClusterView) -> Handler:
+    shape = SHAPES[api]
+
+    async def handle(ctx: KafkaRequestContext, body: dict) -> dict | None:
+        refused: dict[tuple[str, int], ErrorCode] = {}
+        back: dict[tuple[str, int], int] = {}
+        topics = []
+        for t in body.get(shape.req_topics) or ():
+            name = t[shape.req_name]
+            kept = []
+            for p in t.get(shape.req_parts) or ():
+                err, queue = refusal(view, name, p[shape.req_index])
+                if err is not ErrorCode.NONE:
+                    refused[(name, p[shape.req_index])] = err
+                    continue
+                back[(name, queue)] = p[shape.req_index]
+                kept.append({**p, shape.req_index: queue})
+            if kept:
+                topics.append({**t, shape.req_parts: kept})
+        answer: dict | None
+        if topics or not refused:
+            answer = await handler(ctx, {**body, shape.req_topics: topics})
+        else:
+            answer = None if api == ApiKey.PRODUCE and body.get("acks", 1) == 0 else \
+                {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, shape.resp_topics: []}
+        if answer is None:
+            return None
+        out: dict[str, list[dict]] = {}
+        for t in answer.get(shape.resp_topics) or ():
+            name = t[shape.resp_name]
+            for p in t.get(shape.resp_parts) or ():
+                local = p[shape.resp_index]
+                out.setdefault(name, []).append(
+                    {**p, shape.resp_index: back.get((name, local), local)})
+        for (name, partition), err in refused.items():
+            out.setdefault(name, []).append({shape.resp_index: partition, "error_code": err,
+                                             **dict(shape.refused)})
+        answer[shape.resp_topics] = [{shape.resp_name: name, shape.resp_parts: parts}
+                                     for name, parts in out.items()]
+        return answer
+
+    return handle
+
+
+def route_partitions(handlers: dict[int, Handler], view: ClusterView) -> dict[int, Handler]:
+    """``handlers`` with the partition APIs translated for the cluster."""
+    out = dict(handlers)
+    for api in SHAPES:
+        if api in out:
+            out[api] = routed(api, out[api], view)
+    return out
+
+
+# --- coordinator APIs -------------------------------------------------------------------------
+#: API -> (the key's body field, "group" or "txn" keyed).  InitProducerId without a
+#: transactional id (an idempotent producer) is served by any master.
+COORDINATED = {
+    ApiKey.JOIN_GROUP: "group_id", ApiKey.SYNC_GROUP: "group_id",
+    ApiKey.HEARTBEAT: "group_id", ApiKey.LEAVE_GROUP: "group_id",
+    ApiKey.OFFSET_COMMIT: "group_id", ApiKey.OFFSET_FETCH: "group_id",
+    ApiKey.TXN_OFFSET_COMMIT: "group_id",
+    ApiKey.INIT_PRODUCER_ID: "transactional_id", ApiKey.ADD_PARTITIONS_TO_TXN: "transactional_id",
+    ApiKey.ADD_OFFSETS_TO_TXN: "transactional_id", ApiKey.END_TXN: "transactional_id",
+}
+
+
+def not_coordinator(api: ApiKey, body: dict, err: ErrorCode) -> dict:
+    """The answer of a coordinator API refused as a whole with ``err``."""
+    if api in (ApiKey.OFFSET_COMMIT, ApiKey.TXN_OFFSET_COMMIT):
+        return {"topics": [{"name": t["name"], "partitions": [
+            {"partition_index": p["partition_index"], "error_code": err}
+            for p in t.get("partitions") or ()]} for t in body.get("topics") or ()]}
+    if api == ApiKey.OFFSET_FETCH:
+        return {"error_code": err, "topics": [{"name": t["name"], "partitions": [
+            {"partition_index": i, "committed_offset": -1, "metadata": "", "error_code": err}
+            for i in t.get("partition_indexes") or ()]} for t in body.get("topics") or ()]}
+    if api == ApiKey.ADD_PARTITIONS_TO_TXN:
+        return {"results": [{"name": t["name"], "results": [
+            {"partition_index": p, "partition_error_code": err} for p in t["partitions"]]}
+            for t in body.get("topics") or ()]}
+    if api == ApiKey.INIT_PRODUCER_ID:
+        return {"error_code": err, "producer_id": -1, "producer_epoch": -1}
+    return {"error_code": err}
+
+
+def coordinated(api: ApiKey, handler: Handler, view: ClusterView) -> Handler:
+    field = COORDINATED[api]
+
+    async def handle(ctx: KafkaRequestContext, body: dict) -> dict | None:
+        key = body.get(field)
+        if api == ApiKey.INIT_PRODUCER_ID and key is None:
+            here = view.leads()
+        else:
+            here = view.coordinator(key or "")[1]
+        if not here:
+            return not_coordinator(api, body, ErrorCode.NOT_COORDINATOR)
+        return await handler(ctx, body)
+
+    return handle
+
+
+def local_partitions(view: ClusterView, topic: str, partitions: list[int]
+                     ) -> tuple[dict[int, int], dict[int, ErrorCode]]:
+    """(global -> local queue, global -> refusal) for partitions a transaction names: a
+    transaction's partitions must be led by its coordinator's group (docs/kafka.md)."""
+    ok: dict[int, int] = {}
+    refused: dict[int, ErrorCode] = {}
+    for p in partitions:
+        err, queue = refusal(view, topic, p)
+        if err is ErrorCode.NOT_LEADER_OR_FOLLOWER:
+            err = ErrorCode.INVALID_TXN_STATE
+        if err is ErrorCode.NONE:
+            ok[p] = queue
+        else:
+            refused[p] = err
+    return ok, refused
+
+
+def add_partitions(handler: Handler, view: ClusterView) -> Handler:
+    """AddPartitionsToTxn in local queue numbers; a partition of another group is refused."""
+
+    async def handle(ctx: KafkaRequestContext, body: dict) -> dict | None:
+        refused: dict[tuple[str, int], ErrorCode] = {}
+        back: dict[tuple[str, int], int] = {}
+        topics = []
+        for t in body.get("topics") or ():
+            ok, bad = local_partitions(view, t["name"], t["partitions"])
+            refused.update({(t["name"], p): e for p, e in bad.items()})
+            back.update({(t["name"], q): p for p, q in ok.items()})
+            if ok:
+                topics.append({**t, "partitions": list(ok.values())})
+        if refused:  # all or nothing, as the coordinator itself answers
+            return {"results": [{"name": t["name"], "results": [
+                {"partition_index": p, "partition_error_code":
+                 refused.get((t["name"], p), ErrorCode.OPERATION_NOT_ATTEMPTED)}
+                for p in t["partitions"]]} for t in body.get("topics") or ()]}
+        answer = await handler(ctx, {**body, "topics": topics})
+        assert answer is not None
+        for t in answer.get("results") or ():
+            for r in t.get("results") or ():
+                r["partition_index"] = back.get((t["name"], r["partition_index"]),
+                                                r["partition_index"])
+        return answer
+
+    return handle
+
+
+def offsets(api: ApiKey, handler: Handler, view: ClusterView, validate) -> Handler:
+    """OffsetCommit / OffsetFetch / TxnOffsetCommit over global partitions: this group's
+    queues locally, another group's queues in that group (its master's offset table, over
+    RocketMQ's offset requests: the table both protocols share).  A transaction's offsets
+    must be this group's (as its partitions)."""
+
+    async def handle(ctx: KafkaRequestContext, body: dict) -> dict | None:
+        group = body["group_id"]
+        fetch = api == ApiKey.OFFSET_FETCH
+        remote: list[tuple[str, int, dict]] = []
+        refused: list[tuple[str, int, ErrorCode]] = []
+        back: dict[tuple[str, int], int] = {}
+        topics = []
+        if fetch and body.get("topics") is None:
+            return await handler(ctx, body)  # every offset of this group's own table
+        for t in body.get("topics") or ():
+            name = t["name"]
+            kept = []
+            items = t.get("partition_indexes") if fetch else t.get("partitions")
+            for item in items or ():
+                p = item if fetch else item["partition_index"]
+                slot = view.slot(name, p)
+                if slot is None or slot.local:
+                    queue = slot.queue_id if slot is not None else p
+                    back[(name, queue)] = p
+                    kept.append(queue if fetch else {**item, "partition_index": queue})
+                elif api == ApiKey.TXN_OFFSET_COMMIT:
+                    refused.append((name, p, ErrorCode.INVALID_TXN_STATE))
+                else:
+                    remote.append((name, p, {} if fetch else item))
+            if kept:
+                topics.append({**t, ("partition_indexes" if fetch else "partitions"): kept})
+        answer = await handler(ctx, {**body, "topics": topics})
+        assert answer is not None
+        out: dict[str, list[dict]] = {}
+        for t in answer.get("topics") or ():
+            for p in t.get("partitions") or ():
+                p["partition_index"] = back.get((t["name"], p["partition_index"]),
+                                                p["partition_index"])
+                out.setdefault(t["name"], []).append(p)
+        verdict = ErrorCode.NONE if fetch else validate(group, body["generation_id_or_member_epoch"],
+                                                        body["member_id"])
+        for name, p, item in remote:
+            slot = view.slot(name, p)
+            assert slot is not None
+            if fetch:
+                got = await view.fetch_offset(slot.broker_name, group, name, slot.queue_id)
+                err = ErrorCode.COORDINATOR_NOT_AVAILABLE if got is None else ErrorCode.NONE
+                out.setdefault(name, []).append({"partition_index": p, "metadata": "",
+                                                 "committed_offset": -1 if got is None else got,
+                                                 "error_code": err})
+                continue
+            err = verdict
+            if err is ErrorCode.NONE and item["committed_offset"] < 0:
+                err = ErrorCode.INVALID_REQUEST
+            if err is ErrorCode.NONE and not await view.commit_offset(
+                    slot.broker_name, group, name, slot.queue_id, item["committed_offset"]):
+                err = ErrorCode.COORDINATOR_NOT_AVAILABLE
+            out.setdefault(name, []).append({"partition_index": p, "error_code": err})
+        for name, p, err in refused:
+            out.setdefault(name, []).append({"partition_index": p, "error_code": err})
+        answer["topics"] = [{"name": n, "partitions": ps} for n, ps in out.items()]
+        return answer
+
+    return handle
+
+
+def route_coordinators(handlers: dict[int, Handler], view: ClusterView,
+                       validate_commit) -> dict[int, Handler]:
+    """``handlers`` with the group and transaction APIs answered NOT_COORDINATOR away from
+    the key's coordinator, and their partitions translated (``validate_commit`` is the group
+    coordinator's check of a commit's generation and member)."""
+    out = dict(handlers)
+    if ApiKey.ADD_PARTITIONS_TO_TXN in out:
+        out[ApiKey.ADD_PARTITIONS_TO_TXN] = add_partitions(out[ApiKey.ADD_PARTITIONS_TO_TXN], view)
+    for api in (ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.TXN_OFFSET_COMMIT):
+        if api in out:
+            out[api] = offsets(api, out[api], view, validate_commit)
+    for api in COORDINATED:
+        if api in out:
+            out[api] = coordinated(api, out[api], view)
+    return out
