@@ -359,13 +359,33 @@ def view_record(raw: bytes) -> RecordView:
                       _I64.unpack_from(raw, _STORE_TS_POS)[0], topic, body, props)
 
 
-def maybe_decompress(msg: StoredMessage) -> bytes:
-    """The body as the producer meant it: zlib-inflated when COMPRESSED_FLAG is set."""
+#: What a compressed body may inflate to when the caller names no limit: BrokerConfig's
+#: default ``max_message_size``, which is also the RocketMQ client's own limit on a body
+#: before it compresses it (``maxMessageSize``, 4 MiB), so no honest body is larger.
+MAX_INFLATED_BODY = 4 * 1024 * 1024
+
+
+def inflate_body(body: bytes, limit: int = MAX_INFLATED_BODY) -> bytes:
+    """A zlib-compressed body inflated; RecordError when it is not a zlib stream or holds more
+    than ``limit`` bytes.  Streams: never more than ``limit + 1`` bytes are produced, however
+    much the few bytes stored claim."""
+    d = zlib.decompressobj()
+    try:
+        out = d.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise RecordError(f"compressed body does not inflate: {exc}") from None
+    if len(out) > limit:
+        raise RecordError(f"compressed body inflates past {limit} bytes")
+    if not d.eof:
+        raise RecordError("compressed body does not inflate: incomplete or truncated stream")
+    return out
+
+
+def maybe_decompress(msg: StoredMessage, limit: int = MAX_INFLATED_BODY) -> bytes:
+    """The body as the producer meant it: zlib-inflated (at most ``limit`` bytes) when
+    COMPRESSED_FLAG is set; RecordError when it cannot be."""
     if msg.sys_flag & COMPRESSED_FLAG:
-        try:
-            return zlib.decompress(msg.body)
-        except zlib.error as exc:
-            raise RecordError(f"compressed body does not inflate: {exc}") from None
+        return inflate_body(msg.body, limit)
     return msg.body
 
 

@@ -138,7 +138,8 @@ class KafkaData:
                 return ErrorCode.INVALID_RECORD, -1
             if batch.compression == ZSTD and ctx.api_version < 7:
                 return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, -1
-            records = None if batch.is_transactional else batch.records()
+            records = None if batch.is_transactional else batch.records(
+                self.config.max_message_size)
         except RecordsError as exc:
             log.info("Produce to %s-%d from %s refused: %s", topic, partition, ctx.peer, exc)
             return exc.error_code, -1
