@@ -76,8 +76,12 @@ PROPERTY_SEPARATOR = "\x02"
 
 #: The stored properties length is an int16.
 MAX_PROPERTIES_BYTES = 32767
-#: The topic length is a signed byte (V1 records).
+#: The topic length is a signed byte (V1 records) for RocketMQ clients: the longest topic they
+#: can name and read.
 MAX_TOPIC_BYTES = 127
+#: The longest topic the store writes: Kafka's 249.  The length byte is read unsigned here; a
+#: topic past 127 bytes is one only Kafka clients can name (RocketMQ clients refuse it first).
+MAX_STORED_TOPIC_BYTES = 249
 
 #: TOTALSIZE .. BODYLEN for IPv4 hosts: the store's append path packs a record head with it
 #: directly (one pack per record), so the layout is defined once, here.
@@ -239,8 +243,8 @@ def encode_record(
     """
     prop_bytes = properties if properties is not None else properties_to_string(msg.properties).encode()
     topic_bytes = msg.topic.encode()
-    if len(topic_bytes) > MAX_TOPIC_BYTES:
-        raise RecordError(f"topic longer than {MAX_TOPIC_BYTES} bytes")
+    if len(topic_bytes) > MAX_STORED_TOPIC_BYTES:
+        raise RecordError(f"topic longer than {MAX_STORED_TOPIC_BYTES} bytes")
     if len(prop_bytes) > MAX_PROPERTIES_BYTES:
         raise RecordError(f"properties longer than {MAX_PROPERTIES_BYTES} bytes")
     body = msg.body

@@ -125,7 +125,8 @@ class KafkaData:
                                  partition: int, data: bytes | None, born_host: tuple[str, int],
                                  acks: int) -> tuple[ErrorCode, int]:
         """(error, base offset) of one partition's batch."""
-        tc, error = await lookup_topic(self.topics, self.config, topic, auto_create=True)
+        tc, error = await lookup_topic(self.topics, self.config, topic, auto_create=True,
+                                       peer=ctx.peer)
         if tc is None:
             return error, -1
         if not 0 <= partition < tc.write_queue_nums:
