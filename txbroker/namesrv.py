@@ -122,7 +122,9 @@ class NameServerProcess:
         if not cmd.body:
             wrapper = TopicConfigSerializeWrapper()
         elif cmd.version >= VERSION_REGISTER_BODY:
-            wrapper = RegisterBrokerBody.decode(cmd.body, compressed=h.compressed).topic_config_wrapper
+            wrapper = RegisterBrokerBody.decode(cmd.body, compressed=h.compressed,
+                                                limit=self.server.config.max_frame_size
+                                                ).topic_config_wrapper
         else:
             wrapper = TopicConfigSerializeWrapper.decode(cmd.body)
         result = self.routes.register(h.cluster_name, h.broker_addr, h.broker_name, h.broker_id,

@@ -193,12 +193,12 @@ async def test_create_topics_rules(kafka_broker) -> None:
         answer = await wire.call(ApiKey.CREATE_TOPICS, 4, 1, {"topics": [
             _new_topic("Fine", -1), _new_topic("Fine", 2), {**_new_topic("Rf3", 1),
                                                            "replication_factor": 3},
-            _new_topic("has.dot", 1), _new_topic("RMQ_SYS_X", 1)],
+            _new_topic("has%pct", 1), _new_topic("RMQ_SYS_X", 1)],
             "timeout_ms": 1000, "validate_only": False})
         codes = [(t["name"], t["error_code"]) for t in answer["topics"]]
         assert codes == [("Fine", 0), ("Fine", ErrorCode.TOPIC_ALREADY_EXISTS),
                          ("Rf3", ErrorCode.INVALID_REPLICATION_FACTOR),
-                         ("has.dot", ErrorCode.INVALID_TOPIC_EXCEPTION),
+                         ("has%pct", ErrorCode.INVALID_TOPIC_EXCEPTION),
                          ("RMQ_SYS_X", ErrorCode.INVALID_TOPIC_EXCEPTION)]
         assert "single node" in answer["topics"][2]["error_message"]
         assert kafka_broker.topics.get("Fine").read_queue_nums == \

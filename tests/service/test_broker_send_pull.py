@@ -163,7 +163,7 @@ async def test_offsets_min_max_and_search(broker, broker_client) -> None:
     (lambda e: e.update(sysFlag="8"), ResponseCode.MESSAGE_ILLEGAL, "sysFlag"),
     (lambda e: e.update(sysFlag="4"), ResponseCode.MESSAGE_ILLEGAL, "TRAN_MSG"),
     (lambda e: e.update(topic="bad topic!"), ResponseCode.MESSAGE_ILLEGAL, "topic"),
-    (lambda e: e.update(topic="x" * 128), ResponseCode.MESSAGE_ILLEGAL, "127"),
+    (lambda e: e.update(topic="x" * 250), ResponseCode.MESSAGE_ILLEGAL, "249"),
     (lambda e: e.update(topic="RMQ_SYS_TRANS_HALF_TOPIC"), ResponseCode.NO_PERMISSION, "forbidden"),
     (lambda e: e.update(topic="TRANS_CHECK_MAX_TIME_TOPIC"), ResponseCode.NO_PERMISSION, "forbidden"),
     (lambda e: e.update(batch="maybe"), ResponseCode.SYSTEM_ERROR, "batch"),

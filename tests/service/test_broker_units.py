@@ -41,7 +41,7 @@ class FakeConn:
 
 def test_topic_names() -> None:
     assert validate_topic_name("Topic_A-1%|x") == "Topic_A-1%|x"
-    for bad in ("", "a b", "a/b", "ü", "x" * 128):
+    for bad in ("", "a b", "a/b", "ü", "x" * 250):
         with pytest.raises(TopicError):
             validate_topic_name(bad)
     assert is_system_topic("RMQ_SYS_TRANS_HALF_TOPIC")

@@ -30,8 +30,10 @@ from typing import Any
 
 import orjson
 
+from txbroker.remoting.codec import DEFAULT_MAX_FRAME_SIZE
 from txbroker.remoting.codes import VERSION_STANDARD_JSON_ROUTE, ResponseCode
 from txbroker.remoting.header_codec import HeaderError
+from txbroker.remoting.kafka.compression import inflate, inflated_size
 
 #: BrokerData.brokerAddrs key of the master (MixAll.MASTER_ID).
 MASTER_ID = 0
@@ -654,17 +656,25 @@ class RegisterBrokerBody:
         return zlib.compress(bytes(out), 9)
 
     @classmethod
-    def decode(cls, body: bytes, *, compressed: bool = False) -> RegisterBrokerBody:
+    def decode(cls, body: bytes, *, compressed: bool = False,
+               limit: int = DEFAULT_MAX_FRAME_SIZE) -> RegisterBrokerBody:
+        """``limit`` bounds the inflated form of a compressed body (the name server passes
+        its ``max_frame_size``: the JSON form would have had to fit one frame)."""
         if not compressed:
             doc = _load(body, "register body")
             filters = _list(doc, "filterServerList", "register body")
             return cls(TopicConfigSerializeWrapper.from_json(
                 doc.get("topicConfigSerializeWrapper") or {}), [str(f) for f in filters])
         try:
-            raw = zlib.decompress(body)
+            # Measured before it is inflated: the limit is a whole frame, and a few KiB that
+            # claim that much must not cost it.
+            raw = inflate(body, limit) if inflated_size(body, limit) is not None else None
         except zlib.error as exc:
             raise BodyError(ResponseCode.SYSTEM_ERROR,
                             f"register body: compressed body is not a zlib stream: {exc}") from None
+        if raw is None:
+            raise BodyError(ResponseCode.SYSTEM_ERROR,
+                            f"register body: compressed body inflates past {limit} bytes")
         reader = _Items(raw)
         version = DataVersion.decode(reader.item())
         table: dict[str, TopicConfigData] = {}

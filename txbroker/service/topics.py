@@ -4,9 +4,10 @@ Topics are created on demand (RocketMQ's ``autoCreateTopicEnable``) or by the ad
 UPDATE_AND_CREATE_TOPIC, and persisted to ``<data_dir>/config/topics.json`` with an atomic
 rename so a crash never leaves a half-written file.  The write (with its fsync) runs in the
 default executor, never on the event loop, and a change shows in memory only once the file
-holds it: a change the file cannot take (a full disk) is refused and never seen.  Names follow RocketMQ's rule (charset
-``[%|a-zA-Z0-9_-]``, at most 127 characters) because the record format stores the topic length
-in a signed byte.  System topics hold broker-internal state (half and operation messages,
+holds it: a change the file cannot take (a full disk) is refused and never seen.  Names follow
+Kafka's rule, for both protocols (``[a-zA-Z0-9._-]``, 1 to 249 characters, not ``.`` or
+``..``), plus RocketMQ's own separators ``%`` (the ``%RETRY%``/``%DLQ%`` prefixes, namespaces)
+and ``|``; RocketMQ clients check their own, stricter limit of 127 before they send.  System topics hold broker-internal state (half and operation messages,
 discarded halves, scheduled messages): a client may never produce to them or delete them,
 otherwise it could forge a commit or hide a pending transaction.
 """
@@ -33,6 +34,7 @@ from txbroker.store.record import (
     DEFAULT_TOPIC,
     DLQ_GROUP_TOPIC_PREFIX,
     HALF_TOPIC,
+    MAX_STORED_TOPIC_BYTES,
     MAX_TOPIC_BYTES,
     OP_HALF_TOPIC,
     RETRY_GROUP_TOPIC_PREFIX,
@@ -42,6 +44,9 @@ from txbroker.store.record import (
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 
 log = logging.getLogger(__name__)
+#: Topic names: Kafka's characters plus RocketMQ's separators ``%`` and ``|``.
+_TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9._-]+$")
+#: Group names: RocketMQ's rule (they become part of %RETRY%/%DLQ% topic names).
 _NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 
 PERM_INHERIT = 0x1
@@ -81,15 +86,21 @@ class TopicConfig:
 
 
 def validate_topic_name(name: str | None) -> str:
-    """The name if RocketMQ would accept it, else :class:`TopicError` (SYSTEM_ERROR-free)."""
+    """The name if it is a topic name here, else :class:`TopicError` (MESSAGE_ILLEGAL) saying
+    why, in Kafka's words."""
     if not name:
-        raise TopicError(ResponseCode.MESSAGE_ILLEGAL, "topic name is empty")
-    if len(name) > MAX_TOPIC_BYTES:
         raise TopicError(ResponseCode.MESSAGE_ILLEGAL,
-                         f"topic name longer than {MAX_TOPIC_BYTES} characters")
-    if not _NAME_RE.match(name):
+                         "Topic name is invalid: the empty string is not allowed")
+    if name in (".", ".."):
+        raise TopicError(ResponseCode.MESSAGE_ILLEGAL, f"Topic name is invalid: {name!r} is not allowed")
+    if len(name) > MAX_STORED_TOPIC_BYTES:
         raise TopicError(ResponseCode.MESSAGE_ILLEGAL,
-                         f"topic name {name!r} contains characters outside [%|a-zA-Z0-9_-]")
+                         f"Topic name is invalid: the length of {name[:40]!r}... is longer than "
+                         f"the max allowed length {MAX_STORED_TOPIC_BYTES}")
+    if not _TOPIC_RE.match(name):
+        raise TopicError(ResponseCode.MESSAGE_ILLEGAL,
+                         f"Topic name is invalid: {name!r} contains one or more characters other "
+                         f"than ASCII alphanumerics, '.', '_', '-' (and '%', '|')")
     return name
 
 

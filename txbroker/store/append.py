@@ -26,7 +26,7 @@ from txbroker.store.guard import DISK_PROBE_INTERVAL, DiskGuard
 from txbroker.store.record import (
     BORNHOST_V6_FLAG,
     MAX_PROPERTIES_BYTES,
-    MAX_TOPIC_BYTES,
+    MAX_STORED_TOPIC_BYTES,
     MESSAGE_MAGIC,
     PROPERTY_TAGS,
     RECORD_HEAD,
@@ -206,6 +206,6 @@ def topic_field_of(topic: object) -> tuple[bytes | None, str]:
         raw = topic.encode()
     except UnicodeEncodeError:
         return None, "topic is not encodable as UTF-8"
-    if not 0 < len(raw) <= MAX_TOPIC_BYTES:
-        return None, f"topic must be 1..{MAX_TOPIC_BYTES} bytes, got {len(raw)}"
+    if not 0 < len(raw) <= MAX_STORED_TOPIC_BYTES:
+        return None, f"topic must be 1..{MAX_STORED_TOPIC_BYTES} bytes, got {len(raw)}"
     return bytes((len(raw),)) + raw, ""

@@ -76,8 +76,12 @@ PROPERTY_SEPARATOR = "\x02"
 
 #: The stored properties length is an int16.
 MAX_PROPERTIES_BYTES = 32767
-#: The topic length is a signed byte (V1 records).
+#: The topic length is a signed byte (V1 records) for RocketMQ clients: the longest topic they
+#: can name and read.
 MAX_TOPIC_BYTES = 127
+#: The longest topic the store writes: Kafka's 249.  The length byte is read unsigned here; a
+#: topic past 127 bytes is one only Kafka clients can name (RocketMQ clients refuse it first).
+MAX_STORED_TOPIC_BYTES = 249
 
 #: TOTALSIZE .. BODYLEN for IPv4 hosts: the store's append path packs a record head with it
 #: directly (one pack per record), so the layout is defined once, here.
@@ -239,8 +243,8 @@ def encode_record(
     """
     prop_bytes = properties if properties is not None else properties_to_string(msg.properties).encode()
     topic_bytes = msg.topic.encode()
-    if len(topic_bytes) > MAX_TOPIC_BYTES:
-        raise RecordError(f"topic longer than {MAX_TOPIC_BYTES} bytes")
+    if len(topic_bytes) > MAX_STORED_TOPIC_BYTES:
+        raise RecordError(f"topic longer than {MAX_STORED_TOPIC_BYTES} bytes")
     if len(prop_bytes) > MAX_PROPERTIES_BYTES:
         raise RecordError(f"properties longer than {MAX_PROPERTIES_BYTES} bytes")
     body = msg.body
@@ -359,13 +363,33 @@ def view_record(raw: bytes) -> RecordView:
                       _I64.unpack_from(raw, _STORE_TS_POS)[0], topic, body, props)
 
 
-def maybe_decompress(msg: StoredMessage) -> bytes:
-    """The body as the producer meant it: zlib-inflated when COMPRESSED_FLAG is set."""
+#: What a compressed body may inflate to when the caller names no limit: BrokerConfig's
+#: default ``max_message_size``, which is also the RocketMQ client's own limit on a body
+#: before it compresses it (``maxMessageSize``, 4 MiB), so no honest body is larger.
+MAX_INFLATED_BODY = 4 * 1024 * 1024
+
+
+def inflate_body(body: bytes, limit: int = MAX_INFLATED_BODY) -> bytes:
+    """A zlib-compressed body inflated; RecordError when it is not a zlib stream or holds more
+    than ``limit`` bytes.  Streams: never more than ``limit + 1`` bytes are produced, however
+    much the few bytes stored claim."""
+    d = zlib.decompressobj()
+    try:
+        out = d.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise RecordError(f"compressed body does not inflate: {exc}") from None
+    if len(out) > limit:
+        raise RecordError(f"compressed body inflates past {limit} bytes")
+    if not d.eof:
+        raise RecordError("compressed body does not inflate: incomplete or truncated stream")
+    return out
+
+
+def maybe_decompress(msg: StoredMessage, limit: int = MAX_INFLATED_BODY) -> bytes:
+    """The body as the producer meant it: zlib-inflated (at most ``limit`` bytes) when
+    COMPRESSED_FLAG is set; RecordError when it cannot be."""
     if msg.sys_flag & COMPRESSED_FLAG:
-        try:
-            return zlib.decompress(msg.body)
-        except zlib.error as exc:
-            raise RecordError(f"compressed body does not inflate: {exc}") from None
+        return inflate_body(msg.body, limit)
     return msg.body
 
 

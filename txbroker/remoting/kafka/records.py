@@ -14,7 +14,12 @@ from dataclasses import dataclass
 
 from google_crc32c import value as _crc32c
 
-from txbroker.remoting.kafka.compression import RecordsError, compress, decompress
+from txbroker.remoting.kafka.compression import (
+    DEFAULT_MAX_INFLATED,
+    RecordsError,
+    compress,
+    decompress,
+)
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.primitives import varint_bytes
 
@@ -87,13 +92,15 @@ class RecordBatch:
             return self.base_sequence
         return (self.base_sequence + self.last_offset_delta) & _INT32_MAX
 
-    def records(self) -> list[Record]:
+    def records(self, limit: int = DEFAULT_MAX_INFLATED) -> list[Record]:
         """The records, decompressed; RecordsError(CORRUPT_MESSAGE) on bad framing,
-        RecordsError(INVALID_RECORD) when the count does not match the header."""
+        RecordsError(INVALID_RECORD) when the count does not match the header,
+        RecordsError(MESSAGE_TOO_LARGE) when a compressed payload inflates past ``limit``
+        bytes (the broker passes its ``max_message_size``)."""
         payload = self.data[HEADER_SIZE:]
         codec = self.attributes & 7
         if codec:
-            payload = decompress(codec, payload)
+            payload = decompress(codec, payload, limit)
         return _decode_records(payload, self.records_count, self.base_timestamp)
 
 

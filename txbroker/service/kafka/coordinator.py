@@ -825,7 +825,7 @@ class TransactionCoordinator:
         """Every record of the transaction as a txbroker message, in data-topic order."""
         msgs = []
         for s in t.staged:
-            for record in s.batch.records():
+            for record in s.batch.records(self.config.max_message_size):
                 msgs.append(record_to_message(s.topic, s.partition, record, born_host=BORN_HOST))
         return msgs
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from typing import TYPE_CHECKING
 
 from txbroker.config import BrokerConfig
@@ -21,13 +22,17 @@ from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.records import RecordsError, encode_batch, read_batches
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
-from txbroker.service.kafka.mapping import message_to_record, record_to_message
+from txbroker.service.kafka.mapping import (
+    message_to_record,
+    record_to_message,
+    unreadable_record,
+)
 from txbroker.service.kafka.metadata import lookup_topic
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.processors.pull import PullHoldService
 from txbroker.service.topics import TopicManager
 from txbroker.store.message_store import MessageStore
-from txbroker.store.record import RecordError, decode_records
+from txbroker.store.record import RecordError, decode_record, decode_records
 from txbroker.store.results import PutStatus
 
 if TYPE_CHECKING:
@@ -120,7 +125,8 @@ class KafkaData:
                                  partition: int, data: bytes | None, born_host: tuple[str, int],
                                  acks: int) -> tuple[ErrorCode, int]:
         """(error, base offset) of one partition's batch."""
-        tc, error = await lookup_topic(self.topics, self.config, topic, auto_create=True)
+        tc, error = await lookup_topic(self.topics, self.config, topic, auto_create=True,
+                                       peer=ctx.peer)
         if tc is None:
             return error, -1
         if not 0 <= partition < tc.write_queue_nums:
@@ -138,7 +144,8 @@ class KafkaData:
                 return ErrorCode.INVALID_RECORD, -1
             if batch.compression == ZSTD and ctx.api_version < 7:
                 return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, -1
-            records = None if batch.is_transactional else batch.records()
+            records = None if batch.is_transactional else batch.records(
+                self.config.max_message_size)
         except RecordsError as exc:
             log.info("Produce to %s-%d from %s refused: %s", topic, partition, ctx.peer, exc)
             return exc.error_code, -1
@@ -230,21 +237,24 @@ class KafkaData:
 
     def _batch(self, topic: str, qid: int, offset: int, max_bytes: int) -> tuple[bytes, int]:
         """One uncompressed RecordBatch of the stored records from ``offset`` (at least one
-        when any), and how many records it holds."""
+        when any), and how many records it holds.  A stored message that cannot be converted
+        still takes its offset, as a record carrying the reason (mapping.py,
+        CONVERSION_ERROR_HEADER): a consumer moves past it rather than fetching it forever."""
         got = self.store.get(topic, qid, offset, MAX_FETCH_RECORDS, max_bytes)
-        if not got.raw:
-            return b"", 0
-        try:
-            msgs = decode_records(b"".join(got.raw))
-        except RecordError as exc:
-            log.error("fetch %s-%d at %d: unreadable record: %s", topic, qid, offset, exc)
-            return b"", 0
+        limit = self.config.max_message_size
         records = []
         expected = offset
-        for m in msgs:
+        for raw in got.raw:
+            try:
+                m = decode_record(raw)
+            except (RecordError, ValueError, IndexError, struct.error) as exc:
+                log.error("fetch %s-%d at %d: unreadable record: %s", topic, qid, expected, exc)
+                records.append(unreadable_record(expected - offset, f"unreadable record: {exc}"))
+                expected += 1
+                continue
             if m.queue_offset != expected:  # offsets of one batch must follow each other
                 break
-            records.append(message_to_record(m, expected - offset))
+            records.append(message_to_record(m, expected - offset, limit))
             expected += 1
         if not records:
             return b"", 0

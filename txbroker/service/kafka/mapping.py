@@ -17,10 +17,12 @@ from txbroker.remoting.kafka.records import Record
 from txbroker.service.kafka.producers import PROPERTY_PRODUCER
 from txbroker.store.record import (
     COMPRESSED_FLAG,
+    MAX_INFLATED_BODY,
     NAME_VALUE_SEPARATOR,
     PROPERTY_KEYS,
     PROPERTY_SEPARATOR,
     Message,
+    RecordError,
     StoredMessage,
     maybe_decompress,
 )
@@ -30,8 +32,17 @@ PROPERTY_NULL_VALUE = "KAFKA_NULL_VALUE"
 #: The key, base64, when it is not text a property can hold (``KEYS`` is then unset).
 PROPERTY_KEY_B64 = "KAFKA_KEY_B64"
 #: Headers that cannot be plain properties: ``b64(name)[:b64(value)]`` entries joined by ``,``
-#: (no ``:`` = null value), in their original order.
+#: (no ``:`` = null value), in their original order.  When a record has both kinds, every
+#: plain header has its place here too, as ``!b64(name)`` (``!`` is outside base64's alphabet),
+#: so the headers come back in the order they were produced.
 PROPERTY_HEADERS_B64 = "KAFKA_HEADERS_B64"
+#: Header added to a record whose stored message cannot be converted (a compressed body that
+#: does not inflate, or inflates past ``max_message_size``); its value is the reason, and the
+#: record's value is the body exactly as stored.  A consumer gets it and moves on: one bad
+#: message never stops a partition.
+CONVERSION_ERROR_HEADER = "txbroker.conversion-error"
+#: Marks a ``KAFKA_HEADERS_B64`` entry that stands for a plain header (a property).
+_PLAIN_REF = "!"
 
 #: RocketMQ system properties (txbroker/store/record.py and the clients' MessageConst): never
 #: given to Kafka consumers as headers, and a Kafka header of one of these names is kept
@@ -78,6 +89,14 @@ def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii") if raw else "="
 
 
+def _entry(name: str, value: bytes | None, plain: bool) -> str:
+    """One ``KAFKA_HEADERS_B64`` entry: a reference for a plain header, else name and value."""
+    entry = _b64(name.encode("utf-8", "surrogatepass"))
+    if plain:
+        return _PLAIN_REF + entry
+    return entry if value is None else f"{entry}:{_b64(value)}"
+
+
 def record_to_message(topic: str, queue_id: int, record: Record, *,
                       born_host: tuple[str, int]) -> Message:
     """The message to store for one Kafka record (offsets are the store's to assign)."""
@@ -94,51 +113,79 @@ def record_to_message(topic: str, queue_id: int, record: Record, *,
         else:
             props[PROPERTY_KEYS] = text
     if record.headers:
-        odd: list[str] = []
+        plain: list[bool] = []
         for name, hval in record.headers:
             text = _text(hval) if hval is not None else None
-            if text is not None and name not in props and _safe_name(name):
+            ok = text is not None and name not in props and _safe_name(name)
+            if ok:
                 props[name] = text
-            else:
-                entry = _b64(name.encode("utf-8", "surrogatepass"))
-                odd.append(entry if hval is None else f"{entry}:{_b64(hval)}")
-        if odd:
-            props[PROPERTY_HEADERS_B64] = ",".join(odd)
+            plain.append(ok)
+        if not all(plain):  # all plain: the properties' own order is the headers' order
+            props[PROPERTY_HEADERS_B64] = ",".join(
+                _entry(name, hval, p) for (name, hval), p in zip(record.headers, plain))
     return Message(topic=topic, queue_id=queue_id, body=value, properties=props,
                    born_timestamp=record.timestamp, born_host=born_host)
 
 
-def message_to_record(msg: StoredMessage, offset_delta: int) -> Record:
+def message_to_record(msg: StoredMessage, offset_delta: int,
+                      limit: int = MAX_INFLATED_BODY) -> Record:
     """The Kafka record a consumer gets for a stored message (any protocol produced it).
 
     RocketMQ system properties are not headers; ``TAGS`` is, under that name (a Kafka header
     ``TAGS`` is stored as the tag, so the two directions agree).  A body the RocketMQ client
-    compressed is inflated.  The timestamp is the born time (the store time if unset)."""
+    compressed is inflated, to ``limit`` bytes at most; one that cannot be is delivered as
+    stored with a :data:`CONVERSION_ERROR_HEADER`.  The timestamp is the born time (the store
+    time if unset)."""
     props = msg.properties
     body: bytes | None = msg.body
+    failure = None
     if msg.sys_flag & COMPRESSED_FLAG:
-        body = maybe_decompress(msg)
+        try:
+            body = maybe_decompress(msg, limit)
+        except RecordError as exc:
+            failure = str(exc)
     key: bytes | None = None
     headers: list[tuple[str, bytes | None]] = []
     if props:
         keys = props.get(PROPERTY_KEYS)
         if keys is not None:
             key = keys.encode()
-        for name, text in props.items():
-            if name in SYSTEM_PROPERTIES:
-                continue
-            headers.append((name, text.encode()))
         extra = props.get(PROPERTY_KEY_B64)
         if extra is not None:
             key = _unb64(extra)
         if props.get(PROPERTY_NULL_VALUE) == "1" and not body:
             body = None
-        odd = props.get(PROPERTY_HEADERS_B64)
-        if odd:
-            headers.extend(_decode_headers(odd))
+        headers = _headers(props)
+    if failure is not None:
+        headers.append((CONVERSION_ERROR_HEADER, failure.encode()))
     return Record(offset_delta=offset_delta,
                   timestamp=msg.born_timestamp or msg.store_timestamp,
                   key=key, value=body, headers=headers)
+
+
+def unreadable_record(offset_delta: int, reason: str) -> Record:
+    """The record a consumer gets at the offset of a stored message that does not decode at
+    all: no key, no value, the reason in :data:`CONVERSION_ERROR_HEADER`."""
+    return Record(offset_delta=offset_delta, timestamp=0, key=None, value=None,
+                  headers=[(CONVERSION_ERROR_HEADER, reason.encode())])
+
+
+def _headers(props: dict[str, str]) -> list[tuple[str, bytes | None]]:
+    """The headers of a stored message, in the order they were produced: user properties that
+    ``KAFKA_HEADERS_B64`` does not place (all of them, for a message without it) first, then
+    that property's entries, each reference to a plain header replaced by its property."""
+    entries = props.get(PROPERTY_HEADERS_B64)
+    placed = _decode_headers(entries) if entries else []
+    referenced = {name for name, _, plain in placed if plain}
+    out: list[tuple[str, bytes | None]] = [
+        (name, text.encode()) for name, text in props.items()
+        if name not in SYSTEM_PROPERTIES and name not in referenced]
+    for name, value, plain in placed:
+        if not plain:
+            out.append((name, value))
+        elif name in props:
+            out.append((name, props[name].encode()))
+    return out
 
 
 def _unb64(text: str) -> bytes | None:
@@ -150,13 +197,16 @@ def _unb64(text: str) -> bytes | None:
         return None
 
 
-def _decode_headers(text: str) -> list[tuple[str, bytes | None]]:
-    out: list[tuple[str, bytes | None]] = []
+def _decode_headers(text: str) -> list[tuple[str, bytes | None, bool]]:
+    """The entries of ``KAFKA_HEADERS_B64``: (name, value, whether it is a reference to the
+    plain header of that name, whose value is then the property's)."""
+    out: list[tuple[str, bytes | None, bool]] = []
     for entry in text.split(","):
-        name_b64, sep, value_b64 = entry.partition(":")
+        plain = entry.startswith(_PLAIN_REF)
+        name_b64, sep, value_b64 = entry.removeprefix(_PLAIN_REF).partition(":")
         name = _unb64(name_b64)
         if name is None:
             continue  # not written by us: skipped rather than failing the whole fetch
-        out.append((name.decode("utf-8", "replace"), _unb64(value_b64) if sep else None))
+        value = _unb64(value_b64) if sep else None
+        out.append((name.decode("utf-8", "replace"), value, plain))
     return out
-

@@ -5,13 +5,15 @@ host and the Kafka port; it leads every partition and coordinates every group an
 transactional id.  On a cluster (a :class:`ClusterView` given) each broker group is a node and
 a topic's partitions are its queues across groups (:mod:`cluster_view`).  A Kafka topic is a
 txbroker topic with one partition per queue; the broker's own topics (system topics, retry and
-dead-letter topics, the template topic) are not shown.  Topic names must satisfy both Kafka's
-rule (``[a-zA-Z0-9._-]``, at most 249, not ``.``/``..``) and txbroker's (no ``.``, at most 127):
-docs/kafka.md, "Listener".
+dead-letter topics, the template topic) are not shown.  Topic names follow Kafka's rule
+(``[a-zA-Z0-9._-]``, at most 249, not ``.``/``..``), and a new topic may not collide with an
+existing one once ``.`` and ``_`` are taken as the same (Kafka's rule): docs/kafka.md, "Topic
+names".
 """
 
 from __future__ import annotations
 
+import logging
 import re
 
 from txbroker.config import BrokerConfig
@@ -27,6 +29,8 @@ from txbroker.service.topics import (
     validate_topic_name,
 )
 from txbroker.store.record import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
+
+log = logging.getLogger("txbroker.kafka")
 
 #: The node id of this broker in every Metadata and FindCoordinator answer.
 NODE_ID = 0
@@ -44,26 +48,48 @@ def hidden_topic(name: str, config: BrokerConfig) -> bool:
 
 
 def topic_name_error(name: str | None) -> str | None:
-    """Why ``name`` cannot be a Kafka topic here, or None when it can."""
+    """Why ``name`` cannot be a Kafka topic, in Kafka's words, or None when it can."""
     if not name or name in (".", "..") or not _KAFKA_TOPIC_RE.match(name):
-        return f"topic name {name!r} is not a legal Kafka topic name ([a-zA-Z0-9._-], 1..249)"
-    try:
-        validate_topic_name(name)
-    except TopicError as exc:
-        return exc.remark
+        try:
+            validate_topic_name(name)
+        except TopicError as exc:
+            return exc.remark
+        # Only RocketMQ's separators % and | are left: names Kafka does not allow.
+        return (f"Topic name is invalid: {name!r} contains one or more characters other than "
+                f"ASCII alphanumerics, '.', '_' and '-'")
+    return None
+
+
+def collision_error(topics: TopicManager, name: str) -> str | None:
+    """Kafka's message when a new topic ``name`` collides with an existing one: the same name
+    once every ``.`` is read as ``_`` (Kafka's metric names cannot tell them apart, and
+    Kafka refuses the second; txbroker keeps the rule so a topic moves between the two)."""
+    if "." not in name and "_" not in name:
+        return None
+    unified = name.replace(".", "_")
+    for tc in topics.all():
+        if tc.name != name and tc.name.replace(".", "_") == unified:
+            return f"Topic '{name}' collides with existing topic: {tc.name}"
     return None
 
 
 async def lookup_topic(topics: TopicManager, config: BrokerConfig, name: str, *,
-                       auto_create: bool) -> tuple[TopicConfig | None, ErrorCode]:
+                       auto_create: bool, peer: str = "?") -> tuple[TopicConfig | None, ErrorCode]:
     """The topic a client names, created when allowed (``auto_create`` and the broker's
-    ``auto_create_topic``); an error code when it does not exist or cannot."""
+    ``auto_create_topic``); an error code when it does not exist or cannot.  A name refused
+    for what it is (INVALID_TOPIC_EXCEPTION) when it was to be created is logged, naming
+    ``peer``."""
     tc = topics.get(name)
     if tc is not None:
         if hidden_topic(name, config):
             return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         return tc, ErrorCode.NONE
-    if topic_name_error(name) is not None:
+    why = topic_name_error(name)
+    if why is None and auto_create and config.auto_create_topic:
+        why = collision_error(topics, name)
+    if why is not None:
+        if auto_create:
+            log.warning("Kafka topic %r from %s refused: %s", name[:300], peer, why)
         return None, ErrorCode.INVALID_TOPIC_EXCEPTION
     if hidden_topic(name, config) or not (auto_create and config.auto_create_topic):
         return None, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -112,7 +138,8 @@ class KafkaMetadata:
         auto = body.get("allow_auto_topic_creation", True) if ctx.api_version >= 4 else True
         out = []
         for name in names:
-            tc, error = await lookup_topic(self.topics, self.config, name, auto_create=auto)
+            tc, error = await lookup_topic(self.topics, self.config, name, auto_create=auto,
+                                           peer=ctx.peer)
             partitions = []
             if tc is not None:
                 node = self.node_id
@@ -181,6 +208,9 @@ class KafkaMetadata:
             return ErrorCode.INVALID_TOPIC_EXCEPTION, why
         if self.topics.get(name) is not None:
             return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+        why = collision_error(self.topics, name)
+        if why is not None:
+            return ErrorCode.INVALID_TOPIC_EXCEPTION, why
         if hidden_topic(name, self.config):
             return ErrorCode.INVALID_TOPIC_EXCEPTION, f"{name!r} is reserved by the broker"
         if t.get("assignments"):
