@@ -50,6 +50,7 @@ from txbroker.roles import Roles
 from txbroker.service.acl import AclGuard
 from txbroker.service.acl_rules import load_acl_file
 from txbroker.service.clients import ClientRegistry
+from txbroker.service.kafka.admin import KafkaAdmin
 from txbroker.service.kafka.coordinator import TransactionCoordinator
 from txbroker.service.kafka.data import KafkaData
 from txbroker.service.kafka.group_api import group_handlers
@@ -134,6 +135,7 @@ class Broker:
         self.kafka: KafkaListener | None = None
         self.groups: GroupCoordinator | None = None
         self.kafka_txn: TransactionCoordinator | None = None
+        self.kafka_admin: KafkaAdmin | None = None
         self._kafka_sock: socket.socket | None = None
         #: Built by :meth:`start` once the store holds the data directory's lock.
         self.topics: TopicManager | None = None
@@ -374,6 +376,10 @@ class Broker:
         handlers.update(kafka_data.handlers())
         handlers.update(group_handlers(self.groups, self.store, self.topics))
         handlers.update(txn_handlers(self.kafka_txn))
+        self.kafka_admin = KafkaAdmin(cfg, self.topics, self.store, self.kafka_txn, host=self.host,
+                                      port=self.kafka_port)
+        await self.kafka_admin.start()
+        handlers.update(self.kafka_admin.handlers())
         self.kafka = KafkaListener(cfg, handlers, self.metrics)
         sock, self._kafka_sock = self._kafka_sock, None
         await self.kafka.start(sock)
@@ -489,6 +495,8 @@ class Broker:
         # The Kafka coordinators write to the store: closed before it.
         if self.groups is not None:
             await self.groups.close()
+        if self.kafka_admin is not None:
+            await self.kafka_admin.close()
         if self.kafka_txn is not None:
             await self.kafka_txn.close()
         if self.store is not None:
