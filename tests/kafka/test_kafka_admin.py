@@ -58,6 +58,8 @@ async def test_describe_cluster_names_this_node(kafka_broker, kafka_bootstrap):
     assert got["cluster_id"] == kafka_broker.config.cluster_name
     assert got["controller_id"] == 0
     assert [(b["broker_id"], b["port"]) for b in got["brokers"]] == [(0, kafka_broker.kafka_port)]
+    # answered by DescribeCluster itself (kafka-python falls back to Metadata without it)
+    assert kafka_broker.metrics.kafka_requests.labels(api="describe_cluster").value == 1
 
 
 async def test_topic_configs_describe_alter_and_refuse(kafka_broker, kafka_bootstrap):
