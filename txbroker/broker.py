@@ -56,6 +56,7 @@ from txbroker.service.kafka.cluster_view import (
     ClusterView,
     KafkaNode,
 )
+from txbroker.service.kafka.admin import KafkaAdmin
 from txbroker.service.kafka.coordinator import TransactionCoordinator
 from txbroker.service.kafka.data import KafkaData
 from txbroker.service.kafka.group_api import group_handlers
@@ -143,6 +144,7 @@ class Broker:
         self.kafka_txn: TransactionCoordinator | None = None
         #: The Kafka view of the whole cluster (None on a single broker or without Kafka).
         self.kafka_view: ClusterView | None = None
+        self.kafka_admin: KafkaAdmin | None = None
         self._kafka_sock: socket.socket | None = None
         #: Built by :meth:`start` once the store holds the data directory's lock.
         self.topics: TopicManager | None = None
@@ -393,6 +395,10 @@ class Broker:
         handlers.update(kafka_data.handlers())
         handlers.update(group_handlers(self.groups, self.store, self.topics))
         handlers.update(txn_handlers(self.kafka_txn))
+        self.kafka_admin = KafkaAdmin(cfg, self.topics, self.store, self.kafka_txn, host=self.host,
+                                      port=self.kafka_port)
+        await self.kafka_admin.start()
+        handlers.update(self.kafka_admin.handlers())
         if self.kafka_view is not None:
             handlers = route_partitions(handlers, self.kafka_view)
             handlers = route_coordinators(handlers, self.kafka_view, self.groups.validate_commit)
@@ -524,6 +530,8 @@ class Broker:
         # The Kafka coordinators write to the store: closed before it.
         if self.groups is not None:
             await self.groups.close()
+        if self.kafka_admin is not None:
+            await self.kafka_admin.close()
         if self.kafka_txn is not None:
             await self.kafka_txn.close()
         if self.store is not None:

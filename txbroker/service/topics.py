@@ -74,6 +74,9 @@ class TopicConfig:
     perm: int = PERM_READ_WRITE
     topic_sys_flag: int = 0
     order: bool = False
+    #: Kafka's ``retention.ms`` set on this topic; -1 = the broker's ``file_reserved_time``.
+    #: Shorter than that only (the commitlog is shared, docs/kafka.md "Admin APIs").
+    retention_ms: int = -1
 
     def to_wire(self) -> dict:
         """RocketMQ's ``TopicConfig`` JSON shape (GET_ALL_TOPIC_CONFIG, dashboards)."""

@@ -274,6 +274,17 @@ class MessageStore:
             await off_loop(remove_tree, trashed)
         return len(dropped)
 
+    def expire_head(self, topic: str, queue_id: int, offset: int) -> int:
+        """Make the queue start at ``offset`` at the earliest (a topic retention shorter than
+        ``file_reserved_time``, docs/kafka.md "Admin APIs"): entries below it are no longer
+        read, as after retention; their files go with the commitlog segments they index.  In
+        memory only: the caller applies it again after a restart.  Returns the new start."""
+        cq = self.queues_.get((topic, queue_id))
+        if cq is None:
+            return 0
+        cq.min_offset = max(cq.min_offset, min(offset, cq.max_offset))
+        return cq.min_offset
+
     # --- writing ----------------------------------------------------------------------------------
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = self.queues_.get((topic, queue_id))

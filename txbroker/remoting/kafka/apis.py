@@ -32,6 +32,13 @@ class ApiKey(enum.IntEnum):
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
+    DELETE_TOPICS = 20
+    DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
+    CREATE_PARTITIONS = 37
+    INCREMENTAL_ALTER_CONFIGS = 44
+    DESCRIBE_CLUSTER = 60
+    DESCRIBE_PRODUCERS = 61
 
 
 #: api key -> (min, max) as advertised in ApiVersions.
@@ -56,6 +63,15 @@ ADVERTISED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.TXN_OFFSET_COMMIT: (0, 2),
     ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
     ApiKey.LIST_TRANSACTIONS: (0, 1),
+    # The admin APIs (docs/kafka.md, "Admin APIs"): Apache Kafka 4's ranges, DeleteTopics up
+    # to 5 (6 names topics by id, which this broker does not give them).
+    ApiKey.DELETE_TOPICS: (1, 5),
+    ApiKey.DESCRIBE_CONFIGS: (1, 4),
+    ApiKey.ALTER_CONFIGS: (0, 2),
+    ApiKey.CREATE_PARTITIONS: (0, 3),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    ApiKey.DESCRIBE_CLUSTER: (0, 2),
+    ApiKey.DESCRIBE_PRODUCERS: (0, 0),
 }
 
 #: api key -> (min, max) actually served; a request outside it closes the connection
@@ -84,6 +100,13 @@ FLEXIBLE_FROM: dict[ApiKey, int] = {
     ApiKey.TXN_OFFSET_COMMIT: 3,
     ApiKey.DESCRIBE_TRANSACTIONS: 0,
     ApiKey.LIST_TRANSACTIONS: 0,
+    ApiKey.DELETE_TOPICS: 4,
+    ApiKey.DESCRIBE_CONFIGS: 4,
+    ApiKey.ALTER_CONFIGS: 2,
+    ApiKey.CREATE_PARTITIONS: 2,
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: 1,
+    ApiKey.DESCRIBE_CLUSTER: 0,
+    ApiKey.DESCRIBE_PRODUCERS: 0,
 }
 
 

@@ -204,6 +204,56 @@ _REQUESTS: dict[ApiKey, list[F]] = {
         F("producer_id_filters", "[int64]"),
         F("duration_filter", "int64", "1+", default=-1),
     ],
+    ApiKey.DELETE_TOPICS: [
+        F("topic_names", "[string]"),
+        F("timeout_ms", "int32"),
+    ],
+    ApiKey.DESCRIBE_CONFIGS: [
+        F("resources", [
+            F("resource_type", "int8"),
+            F("resource_name", "string"),
+            F("configuration_keys", "[string]", nullable="0+", default=None),
+        ]),
+        F("include_synonyms", "bool", "1+"),
+        F("include_documentation", "bool", "3+"),
+    ],
+    ApiKey.ALTER_CONFIGS: [
+        F("resources", [
+            F("resource_type", "int8"),
+            F("resource_name", "string"),
+            F("configs", [F("name", "string"), F("value", "string", nullable="0+", default=None)]),
+        ]),
+        F("validate_only", "bool"),
+    ],
+    ApiKey.CREATE_PARTITIONS: [
+        F("topics", [
+            F("name", "string"),
+            F("count", "int32"),
+            F("assignments", [F("broker_ids", "[int32]")], nullable="0+", default=None),
+        ]),
+        F("timeout_ms", "int32"),
+        F("validate_only", "bool"),
+    ],
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: [
+        F("resources", [
+            F("resource_type", "int8"),
+            F("resource_name", "string"),
+            F("configs", [
+                F("name", "string"),
+                F("config_operation", "int8"),
+                F("value", "string", nullable="0+", default=None),
+            ]),
+        ]),
+        F("validate_only", "bool"),
+    ],
+    ApiKey.DESCRIBE_CLUSTER: [
+        F("include_cluster_authorized_operations", "bool"),
+        F("endpoint_type", "int8", "1+", default=1),
+        F("include_fenced_brokers", "bool", "2+"),
+    ],
+    ApiKey.DESCRIBE_PRODUCERS: [
+        F("topics", [F("name", "string"), F("partition_indexes", "[int32]")]),
+    ],
 }
 
 _RESPONSES: dict[ApiKey, list[F]] = {
@@ -394,6 +444,98 @@ _RESPONSES: dict[ApiKey, list[F]] = {
             F("transactional_id", "string"),
             F("producer_id", "int64"),
             F("transaction_state", "string"),
+        ]),
+    ],
+    ApiKey.DELETE_TOPICS: [
+        F("throttle_time_ms", "int32", "1+"),
+        F("responses", [
+            F("name", "string"),
+            F("error_code", "int16"),
+            F("error_message", "string", "5+", nullable="5+", default=None),
+        ]),
+    ],
+    ApiKey.DESCRIBE_CONFIGS: [
+        F("throttle_time_ms", "int32"),
+        F("results", [
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+", default=None),
+            F("resource_type", "int8"),
+            F("resource_name", "string"),
+            F("configs", [
+                F("name", "string"),
+                F("value", "string", nullable="0+", default=None),
+                F("read_only", "bool"),
+                F("config_source", "int8", "1+", default=-1),
+                F("is_sensitive", "bool"),
+                F("synonyms", [
+                    F("name", "string"),
+                    F("value", "string", nullable="0+", default=None),
+                    F("source", "int8"),
+                ], "1+"),
+                F("config_type", "int8", "3+"),
+                F("documentation", "string", "3+", nullable="0+", default=None),
+            ]),
+        ]),
+    ],
+    ApiKey.ALTER_CONFIGS: [
+        F("throttle_time_ms", "int32"),
+        F("responses", [
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+", default=None),
+            F("resource_type", "int8"),
+            F("resource_name", "string"),
+        ]),
+    ],
+    ApiKey.CREATE_PARTITIONS: [
+        F("throttle_time_ms", "int32"),
+        F("results", [
+            F("name", "string"),
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+", default=None),
+        ]),
+    ],
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: [
+        F("throttle_time_ms", "int32"),
+        F("responses", [
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+", default=None),
+            F("resource_type", "int8"),
+            F("resource_name", "string"),
+        ]),
+    ],
+    ApiKey.DESCRIBE_CLUSTER: [
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("error_message", "string", nullable="0+", default=None),
+        F("endpoint_type", "int8", "1+", default=1),
+        F("cluster_id", "string"),
+        F("controller_id", "int32", default=-1),
+        F("brokers", [
+            F("broker_id", "int32"),
+            F("host", "string"),
+            F("port", "int32"),
+            F("rack", "string", nullable="0+", default=None),
+            F("is_fenced", "bool", "2+"),
+        ]),
+        F("cluster_authorized_operations", "int32", default=-2147483648),
+    ],
+    ApiKey.DESCRIBE_PRODUCERS: [
+        F("throttle_time_ms", "int32"),
+        F("topics", [
+            F("name", "string"),
+            F("partitions", [
+                F("partition_index", "int32"),
+                F("error_code", "int16"),
+                F("error_message", "string", nullable="0+", default=None),
+                F("active_producers", [
+                    F("producer_id", "int64"),
+                    F("producer_epoch", "int32"),
+                    F("last_sequence", "int32", default=-1),
+                    F("last_timestamp", "int64", default=-1),
+                    F("coordinator_epoch", "int32"),
+                    F("current_txn_start_offset", "int64", default=-1),
+                ]),
+            ]),
         ]),
     ],
 }

@@ -156,3 +156,8 @@ class ProducerStates:
         for k in old:
             del self._states[k]
         return len(old)
+
+    def on_partition(self, topic: str, partition: int) -> list[tuple[int, ProducerState]]:
+        """(producer id, state) of every producer with state on one partition, for Kafka's
+        DescribeProducers."""
+        return [(pid, s) for (pid, t, p), s in self._states.items() if t == topic and p == partition]
