@@ -142,6 +142,11 @@ _OPTIONS: dict[str, _Opt] = {
                                                        "accepted"),
     "kafka_group_max_session_timeout": _Opt("SECONDS", "longest Kafka consumer session timeout "
                                                        "accepted"),
+    "kafka_max_inflight_per_connection": _Opt("COUNT", "Kafka requests read and not yet "
+                                                       "answered per connection before the broker "
+                                                       "stops reading from it"),
+    "kafka_max_queued_bytes": _Opt("BYTES", "bytes of Kafka requests waiting their turn per "
+                                            "connection before the broker stops reading from it"),
     "acl_file": _Opt("PATH", "RocketMQ plain_acl.yml; setting it turns access control on",
                      "unset: access control off"),
     "acl_access_key": _Opt("KEY", "this broker's account in --acl-file: it signs the requests "
