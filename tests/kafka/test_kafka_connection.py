@@ -93,7 +93,7 @@ def only_connection(listener: KafkaListener) -> KafkaConnection:
 
 async def test_a_dropped_connection_lets_its_running_handler_finish(served) -> None:
     listener, handler, port = await served()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    _reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(produce(1))
     await eventually(lambda: handler.started == [1], T, "the handler started")
     writer.close()
@@ -133,7 +133,7 @@ async def test_reading_pauses_at_the_connection_limits_and_every_request_is_answ
 async def test_stop_lets_running_handlers_finish_and_answer_within_the_grace(served) -> None:
     listener, handler, port = await served()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    dropped_reader, dropped = await asyncio.open_connection("127.0.0.1", port)
+    _dropped_reader, dropped = await asyncio.open_connection("127.0.0.1", port)
     writer.write(produce(1))
     dropped.write(produce(2))
     await eventually(lambda: sorted(handler.started) == [1, 2], T, "both handlers started")
