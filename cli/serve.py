@@ -157,6 +157,11 @@ _OPTIONS: dict[str, _Opt] = {
                           "-1: node 0 on a single broker"),
     "kafka_cluster_refresh_interval": _Opt("SECONDS", "cluster: how often the Kafka view of the "
                                                       "groups, masters and topics is refreshed"),
+    "kafka_max_inflight_per_connection": _Opt("COUNT", "Kafka requests read and not yet "
+                                                       "answered per connection before the broker "
+                                                       "stops reading from it"),
+    "kafka_max_queued_bytes": _Opt("BYTES", "bytes of Kafka requests waiting their turn per "
+                                            "connection before the broker stops reading from it"),
     "acl_file": _Opt("PATH", "RocketMQ plain_acl.yml; setting it turns access control on",
                      "unset: access control off"),
     "acl_access_key": _Opt("KEY", "this broker's account in --acl-file: it signs the requests "

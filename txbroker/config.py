@@ -212,6 +212,12 @@ class BrokerConfig:
     #: How often a cluster broker refreshes its Kafka view of the cluster (groups, masters,
     #: topic tables) from the name servers and the masters.
     kafka_cluster_refresh_interval: float = 1.0
+    #: Requests of one Kafka connection read and not yet answered, the one being handled
+    #: included (they are handled one at a time, in order).  At this count, or once the
+    #: waiting ones hold ``kafka_max_queued_bytes``, the connection is not read until answers
+    #: go out: a pipelining client is slowed down, not disconnected.
+    kafka_max_inflight_per_connection: int = 16
+    kafka_max_queued_bytes: int = 8 * 1024 * 1024
 
     # --- shutdown ------------------------------------------------------------------------
     shutdown_grace: float = 5.0
@@ -304,7 +310,8 @@ def _validate(c: BrokerConfig) -> None:
     need(c.transaction_timeout >= 0, "transaction_timeout", "must be >= 0")
     for name in ("transaction_check_max", "check_concurrency", "default_queue_nums",
                  "kafka_snapshot_records",
-                 "max_connections", "max_inflight_per_connection"):
+                 "max_connections", "max_inflight_per_connection",
+                 "kafka_max_inflight_per_connection", "kafka_max_queued_bytes"):
         need(getattr(c, name) >= 1, name, "must be >= 1")
     need(c.broker_role in ("ASYNC_MASTER", "SYNC_MASTER"), "broker_role",
          "must be ASYNC_MASTER or SYNC_MASTER (a slave is --broker-id 1 or more)")
@@ -462,7 +469,8 @@ def format_seconds(s: float) -> str:
 
 
 #: Settings that are sizes in bytes: they also take a binary unit (``64MiB``, ``1 GiB``).
-SIZE_FIELDS = frozenset({"max_frame_size", "segment_size", "max_message_size"})
+SIZE_FIELDS = frozenset({"max_frame_size", "segment_size", "max_message_size",
+                         "kafka_max_queued_bytes"})
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
                "g": 1 << 30, "gib": 1 << 30}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")

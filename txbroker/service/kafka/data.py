@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.apis import ApiKey
@@ -33,12 +34,16 @@ from txbroker.service.processors.pull import PullHoldService
 from txbroker.service.topics import TopicManager
 from txbroker.store.message_store import MessageStore
 from txbroker.store.record import RecordError, decode_record, decode_records
-from txbroker.store.results import PutStatus
+from txbroker.store.results import PutResult, PutStatus
 
 if TYPE_CHECKING:
+    from txbroker.remoting.kafka.records import RecordBatch
     from txbroker.service.kafka.coordinator import TransactionCoordinator
+    from txbroker.store.record import Message
 
 log = logging.getLogger("txbroker.kafka")
+
+T = TypeVar("T")
 
 #: Records read per partition per fetch at most (the byte limits usually stop it first).
 MAX_FETCH_RECORDS = 10000
@@ -79,6 +84,9 @@ class KafkaData:
         #: The broker's one set of long polls woken by appends (RocketMQ pulls wait there
         #: too): its shutdown answers held fetches at once, a SYNC_MASTER's recheck wakes them.
         self.holds = holds
+        #: Intents: the put of an idempotent batch under way, by (producer id, topic,
+        #: partition).  A batch of the same producer for the same partition waits for it.
+        self._puts: dict[tuple[int, str, int], asyncio.Task[list[PutResult]]] = {}
 
     def handlers(self) -> dict[int, Handler]:
         return {ApiKey.PRODUCE: self.produce, ApiKey.FETCH: self.fetch,
@@ -149,34 +157,81 @@ class KafkaData:
         except RecordsError as exc:
             log.info("Produce to %s-%d from %s refused: %s", topic, partition, ctx.peer, exc)
             return exc.error_code, -1
+        if records is not None and not records:
+            return ErrorCode.INVALID_RECORD, -1
         coordinator = self.coordinator
+        key = (batch.producer_id, topic, partition)
+        if records is not None and batch.producer_id >= 0:
+            # A retry must not be checked while the first try of the same batch is still
+            # being stored (a client that dropped its connection retries on a new one):
+            # wait for the outcome of this producer's put on this partition, then check.
+            while (earlier := self._puts.get(key)) is not None:
+                await asyncio.wait([earlier])
         error, dup = coordinator.check_batch(txn_id, topic, partition, batch)
         if error != ErrorCode.NONE:
             return error, -1
         if dup is not None:
-            return ErrorCode.NONE, dup
+            self.metrics.kafka_duplicate_batches.inc()
+            return await self._confirm_duplicate(dup, acks)
         if records is None:
-            return await coordinator.append_transactional(txn_id, topic, partition, batch), -1
-        if not records:
-            return ErrorCode.INVALID_RECORD, -1
+            return await _detached(coordinator.append_transactional(
+                txn_id, topic, partition, batch)), -1
         msgs = [record_to_message(topic, partition, r, born_host=born_host) for r in records]
-        if batch.producer_id >= 0:
-            coordinator.tag_batch(msgs[0], batch)
-        results = await self.store.put_batch(msgs)
-        base = results[0].queue_offset
-        if all(r.ok for r in results):
-            # Stored, even if the flush or a slave is late: remembered for deduplication, so
-            # a retry after a time-out answer is not stored twice.
-            self.metrics.kafka_records_produced.inc(len(msgs))
-            if batch.producer_id >= 0:
-                coordinator.record_batch(topic, partition, batch, base)
+        if batch.producer_id < 0:
+            results = await self.store.put_batch(msgs)
+            if all(r.ok for r in results):
+                self.metrics.kafka_records_produced.inc(len(msgs))
+            return self._answer(ctx, topic, partition, results, acks)
+        coordinator.tag_batch(msgs[0], batch)  # replayed into producer state at recovery
+        # Intent, effect, bookkeeping: the put and its recording run as one task of their own,
+        # registered before this step yields, so neither a cancelled handler nor a retry
+        # overtaking it can separate the two.
+        put = asyncio.get_running_loop().create_task(self._put_recorded(key, batch, msgs))
+        self._puts[key] = put
+        return self._answer(ctx, topic, partition, await asyncio.shield(put), acks)
+
+    async def _put_recorded(self, key: tuple[int, str, int], batch: RecordBatch,
+                            msgs: list[Message]) -> list[PutResult]:
+        """Store an idempotent batch, then remember it for deduplication if it is in the log."""
+        try:
+            results = await self.store.put_batch(msgs)
+            if all(r.ok or r.status is PutStatus.OUTCOME_UNKNOWN for r in results):
+                # In the log, even if the flush or a slave is late, or the write gate went up
+                # while it waited: a retry is answered as its duplicate, through the same
+                # flush, replica and gate checks (_confirm_duplicate), never stored again.
+                self.metrics.kafka_records_produced.inc(len(msgs))
+                self.coordinator.record_batch(key[1], key[2], batch, results[0].queue_offset)
+            return results
+        finally:
+            if self._puts.get(key) is asyncio.current_task():
+                del self._puts[key]
+
+    async def _confirm_duplicate(self, offset: int, acks: int) -> tuple[ErrorCode, int]:
+        """A retried batch already in the log: answered as its put would be answered now
+        (acks=-1 after the flush and the replicas, both covering the log's end, and the write
+        gate), with the original offset."""
+        if acks == 0:
+            return ErrorCode.NONE, offset
+        store = self.store
+        result = await store.confirm_stored(
+            PutResult(PutStatus.OK, physical_offset=store.max_physical_offset))
+        if result.status is PutStatus.OK or (result.ok and acks != -1):
+            return ErrorCode.NONE, offset
+        return _PUT_ERRORS[result.status], -1
+
+    def _answer(self, ctx: KafkaRequestContext, topic: str, partition: int,
+                results: list[PutResult], acks: int) -> tuple[ErrorCode, int]:
+        """A put's (error, base offset): a flush or replica time-out is an error under acks=-1
+        only (the records are stored)."""
         bad = next((r for r in results if r.status is not PutStatus.OK), None)
-        if bad is not None and not (bad.ok and acks != -1):
-            if not bad.ok:
-                log.warning("Produce to %s-%d from %s refused by the store: %s %s", topic,
-                            partition, ctx.peer, bad.status.name, bad.reason)
-            return _PUT_ERRORS[bad.status], -1
-        return ErrorCode.NONE, base
+        if bad is None:
+            return ErrorCode.NONE, results[0].queue_offset
+        if not bad.ok:
+            log.warning("Produce to %s-%d from %s refused by the store: %s %s", topic,
+                        partition, ctx.peer, bad.status.name, bad.reason)
+        elif acks != -1:
+            return ErrorCode.NONE, results[0].queue_offset
+        return _PUT_ERRORS[bad.status], -1
 
     # --- Fetch --------------------------------------------------------------------------------
     async def fetch(self, ctx: KafkaRequestContext, body: dict) -> dict:
@@ -295,3 +350,9 @@ class KafkaData:
             return -1, -1
         msg = decode_records(got.raw[0])[0]
         return offset, msg.born_timestamp or msg.store_timestamp
+
+
+async def _detached(coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` run as a task of its own: cancelling the caller does not stop it, so a
+    write and what records it are never separated by a cancelled request."""
+    return await asyncio.shield(asyncio.ensure_future(coro))

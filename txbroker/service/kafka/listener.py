@@ -1,34 +1,47 @@
-"""The Kafka-protocol listener: one :class:`KafkaConnection` (an ``asyncio.Protocol``) per client.
+"""The Kafka-protocol listener: one :class:`KafkaConnection` per client, on the connection core.
 
-The transport moves frames, the codec (``remoting/kafka/framing.py``) parses them and the
-handlers decide.  What Kafka clients rely on (docs/kafka.md, "Listener"):
+The connection core (``remoting/connection.py``, shared with the RocketMQ listener) moves
+bytes, corks writes, applies back-pressure and shuts down in order; Kafka's framing
+(:class:`KafkaFraming`) cuts frames, the codec (``remoting/kafka/framing.py``) parses them and
+the handlers decide.  What Kafka clients rely on (docs/kafka.md, "Listener"):
 
 * **One request at a time, answered in order.**  Kafka mutes a connection while it handles a
   request, and kafka-python matches each answer to its oldest request in flight; so requests
   of one connection run one after another in arrival order (a Produce with ``acks=0`` has no
-  answer and takes no place in that order).
+  answer and takes no place in that order).  No request goes from the broker to a Kafka
+  client, so nothing is matched by correlation id here.
 * **ApiVersions never closes.**  An ApiVersions version we do not serve gets Kafka's v0 error
   answer; any other unknown API or version, a malformed request or a handler failure closes
   the connection with one log line naming the peer and the API (a client reconnects; half an
   answer would desynchronise it).
-* **Bounded.**  ``max_connections``, ``max_frame_size`` (a larger frame closes the connection),
-  and back-pressure both ways: reading pauses while the transport's write buffer is above its
-  high-water mark and while too many read requests wait their turn.
+* **Bounded, never cut off for being fast.**  ``max_connections``, ``max_frame_size`` (a larger
+  frame closes the connection), and per connection ``kafka_max_inflight_per_connection``
+  requests read and not yet answered and ``kafka_max_queued_bytes`` of requests waiting their
+  turn: at either limit, and while the client does not read its answers, the connection is
+  not read, so a pipelining client is slowed down by TCP, not disconnected.
+* **Handlers finish.**  A dropped connection does not cancel the request being handled: a
+  Produce whose client went away still completes its store write and its bookkeeping (only
+  its answer is dropped), so the client's retry finds a consistent partition.  At stop, the
+  running requests get ``shutdown_grace`` to finish, those of dropped connections included.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
 import socket
+from types import CoroutineType
+from typing import Any
 
 from txbroker.config import BrokerConfig
+from txbroker.remoting.command import ProtocolError
+from txbroker.remoting.connection import ConnectionCore
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.framing import (
     FrameSplitter,
     FrameTooLarge,
+    KafkaRequest,
     UnsupportedVersion,
     api_versions_unsupported,
     decode_request,
@@ -40,10 +53,8 @@ from txbroker.service.metrics import BrokerMetrics
 
 log = logging.getLogger("txbroker.kafka")
 
-#: Requests read ahead of the one being handled before reading pauses (pipelining clients
-#: such as aiokafka keep up to 5 in flight; more only costs memory).
-MAX_QUEUED = 32
-#: Bytes the transport may buffer for a slow reader before reading pauses.
+#: Bytes the transport may buffer for a slow reader before reading pauses (a Fetch answer
+#: is often megabytes: a lower mark would pause and resume around every one).
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 
 
@@ -54,104 +65,134 @@ def _api_name(api_key: int) -> str:
         return f"api {api_key}"
 
 
-class KafkaConnection(asyncio.Protocol):
-    """One accepted connection: frames in, handled in order by one task, answers out."""
+class KafkaFraming:
+    """Kafka's framing as the connection core uses it: int32-size-prefixed frames; a size
+    above ``max_frame_size`` (or negative) is a :class:`ProtocolError`.  Sans-IO."""
+
+    __slots__ = ("_splitter",)
+
+    def __init__(self, max_frame_size: int) -> None:
+        self._splitter = FrameSplitter(max_frame_size)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        try:
+            return self._splitter.feed(data)
+        except FrameTooLarge as exc:
+            raise ProtocolError(f"frame of {exc.size} bytes is larger than max_frame_size "
+                                f"{exc.max_size}") from None
+
+
+class KafkaConnection(ConnectionCore):
+    """One accepted Kafka connection: frames in, handled one at a time in arrival order,
+    answers out in that order.  Not thread-safe: event loop only."""
 
     def __init__(self, listener: KafkaListener, conn_id: int) -> None:
+        config = listener.config
+        super().__init__(listener.loop, KafkaFraming(config.max_frame_size), "?", limited=True)
         self.listener = listener
         self.id = conn_id
-        self.peer = "?"
-        self.transport: asyncio.Transport | None = None
-        self._splitter = FrameSplitter(listener.config.max_frame_size)
-        self._queue: collections.deque[bytes] = collections.deque()
-        self._worker: asyncio.Task | None = None
-        self._closed = False
-        self._write_paused = False
-        self._read_paused = False
+        #: Requests read and not answered (the one running included) before reading pauses.
+        self._max_requests = config.kafka_max_inflight_per_connection
+        #: Bytes of requests waiting their turn before reading pauses.
+        self._max_queued_bytes = config.kafka_max_queued_bytes
+        self._queued_bytes = 0
+        #: True while :meth:`_admit` starts requests (a handler finishing inline must not
+        #: start the next one from inside it).
+        self._admitting = False
+        self._accepted = False
 
-    # --- transport callbacks --------------------------------------------------------------
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of the requests read and waiting their turn."""
+        return self._queued_bytes
+
+    # --- lifecycle ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         listener = self.listener
-        if listener._closing or len(listener.connections) >= listener.config.max_connections:
+        if listener.closing or len(listener.connections) >= listener.config.max_connections:
+            self.transport = transport  # type: ignore[assignment]
             self._closed = True
-            reason = "shutting down" if listener._closing else \
+            reason = "shutting down" if listener.closing else \
                 f"limit of {listener.config.max_connections} connections reached"
             log.warning("refusing Kafka connection from %s: %s", self.peer, reason)
             transport.abort()
             return
+        super().connection_made(transport)
+        self._accepted = True
         listener.connections.add(self)
-        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._closed = True
+        super().connection_lost(exc)
+        self._queued_bytes = 0
+        if not self._accepted:
+            return
         self.listener.connections.discard(self)
-        self._queue.clear()
-        if self._worker is not None and not self._worker.done():
-            self._worker.cancel()
+        if self._tasks:  # its handler finishes; a stop waits for it
+            self.listener.lingering.add(self)
 
-    def data_received(self, data: bytes) -> None:
-        if self._closed:
-            return
-        try:
-            frames = self._splitter.feed(data)
-        except FrameTooLarge as exc:
-            self.close(f"frame of {exc.size} bytes is larger than max_frame_size {exc.max_size}")
-            return
-        if not frames:
-            return
-        self._queue.extend(frames)
-        if self._worker is None:
-            self._worker = asyncio.get_running_loop().create_task(self._work())
-        self._update_reading()
+    def _task_done(self, task: asyncio.Task) -> None:
+        super()._task_done(task)
+        if self._closed and not self._tasks:
+            self.listener.lingering.discard(self)
 
-    def pause_writing(self) -> None:
-        self._write_paused = True
-        self._update_reading()
+    def stop_reading(self) -> None:
+        super().stop_reading()
+        self._queued_bytes = 0
 
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        self._update_reading()
+    def close(self, reason: str | None = None, *, logged: bool = False) -> None:
+        """Close after writing the answers already made; requests not started are dropped
+        (the client resends them after reconnecting)."""
+        if reason is not None and not logged and not self._closed:
+            log.warning("closing Kafka connection %d from %s: %s", self.id, self.peer, reason)
+        self._backlog.clear()
+        self._queued_bytes = 0
+        super().close()
 
-    def _update_reading(self) -> None:
-        if self._closed or self.transport is None:
-            return
-        want_pause = (self._write_paused or len(self._queue) >= MAX_QUEUED
-                      or self.listener._closing)
-        if want_pause != self._read_paused:
-            self._read_paused = want_pause
-            if want_pause:
-                self.transport.pause_reading()
+    def _protocol_error(self, exc: ProtocolError) -> None:
+        self.close(str(exc))
+
+    # --- admission: one at a time, in order ------------------------------------------------
+    def _received(self, frames: list[bytes]) -> None:
+        for frame in frames:
+            if self._closed:
+                return
+            if self._inflight or self._backlog or self._write_paused:
+                self._backlog.append(frame)
+                self._queued_bytes += len(frame)
+                if self._inflight + len(self._backlog) >= self._max_requests \
+                        or self._queued_bytes >= self._max_queued_bytes:
+                    self._pause_reading()
             else:
-                self.transport.resume_reading()
+                self._dispatch(frame)
+
+    def _admit(self) -> None:
+        if self._admitting:
+            return
+        self._admitting = True
+        try:
+            while self._backlog and not self._inflight and not self._closed \
+                    and not self._write_paused:
+                frame = self._backlog.popleft()
+                self._queued_bytes -= len(frame)
+                self._dispatch(frame)
+        finally:
+            self._admitting = False
+        if self._inflight + len(self._backlog) < self._max_requests \
+                and self._queued_bytes < self._max_queued_bytes:
+            self._resume_reading()
 
     # --- requests ---------------------------------------------------------------------------
-    async def _work(self) -> None:
-        """Handle queued requests one by one until none is left (then the task ends)."""
-        try:
-            while self._queue and not self._closed:
-                frame = self._queue.popleft()
-                await self._handle(frame)
-                self._update_reading()
-        finally:
-            self._worker = None
-
-    async def _handle(self, frame: bytes) -> None:
+    def _dispatch(self, frame: bytes) -> None:
         listener = self.listener
         try:
             req = decode_request(frame)
         except UnsupportedVersion as exc:
             if exc.api_key == ApiKey.API_VERSIONS:
                 listener.metrics.kafka_requests.labels(api="api_versions").inc()
-                self._write(api_versions_unsupported(exc.correlation_id))
+                self._write([api_versions_unsupported(exc.correlation_id)])
                 return
             self.close(f"{_api_name(exc.api_key)} v{exc.api_version} is not served")
             return
@@ -167,37 +208,55 @@ class KafkaConnection(asyncio.Protocol):
         listener.metrics.kafka_requests.labels(api=name).inc()
         ctx = KafkaRequestContext(req.api_key, req.api_version, req.correlation_id,
                                   req.client_id, self.peer, self.id)
+        self._inflight += 1
+        self.requests += 1
         try:
-            answer = await handler(ctx, req.body)
-            if answer is None:
-                return
-            out = encode_response(req.api_key, req.api_version, req.correlation_id, answer)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.exception("Kafka %s v%d from %s failed", name, req.api_version, self.peer)
+            coro = handler(ctx, req.body)
+            if coro.__class__ is not CoroutineType:
+                coro = _await(coro)
+            # First step inline (see remoting/_flow.py): many handlers never wait.
+            yielded = coro.send(None)
+        except StopIteration as stop:
+            self._finish(req, name, stop.value, None)
+            return
+        except BaseException as exc:  # noqa: BLE001 - closes the connection in _finish
+            self._finish(req, name, None, exc)
+            return
+        self._spawn(coro, yielded, lambda value, exc: self._finish(req, name, value, exc))
+
+    def _finish(self, req: KafkaRequest, name: str, answer: dict | None,
+                exc: BaseException | None) -> None:
+        """A handler ended: write its answer (none for acks=0), or close on a failure; then
+        start the next request."""
+        self._inflight -= 1
+        if exc is None:
+            if answer is not None and not self._closed:
+                try:
+                    out = encode_response(req.api_key, req.api_version, req.correlation_id, answer)
+                except Exception as enc_exc:
+                    log.exception("encoding the Kafka %s v%d answer to %s failed", name,
+                                  req.api_version, self.peer)
+                    self.close(f"{name} answer not encodable: {enc_exc!r}", logged=True)
+                else:
+                    self._write([out])
+        elif isinstance(exc, asyncio.CancelledError):
+            pass  # the stop's grace ran out: the connection is closing
+        elif isinstance(exc, Exception):
+            self.handler_errors += 1
+            log.error("Kafka %s v%d from %s failed", name, req.api_version, self.peer,
+                      exc_info=exc)
             self.close(f"{name} handler failed: {exc!r}", logged=True)
-            return
-        self._write(out)
+        else:
+            raise exc  # KeyboardInterrupt / SystemExit
+        if not self._closed:
+            self._admit()
 
-    def _write(self, data: bytes) -> None:
-        if not self._closed and self.transport is not None:
-            self.transport.write(data)
+    def __repr__(self) -> str:
+        return f"<KafkaConnection {self.id} {self.peer}{' closed' if self._closed else ''}>"
 
-    def close(self, reason: str | None = None, *, logged: bool = False) -> None:
-        """Close the connection (answers already written are flushed first)."""
-        if self._closed:
-            return
-        self._closed = True
-        if reason is not None and not logged:
-            log.warning("closing Kafka connection %d from %s: %s", self.id, self.peer, reason)
-        self._queue.clear()
-        if self.transport is not None:
-            self.transport.close()
 
-    @property
-    def busy(self) -> bool:
-        return self._worker is not None
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
 
 
 class KafkaListener:
@@ -209,35 +268,32 @@ class KafkaListener:
         self.handlers = {int(k): h for k, h in handlers.items()}
         self.metrics = metrics
         self.connections: set[KafkaConnection] = set()
+        #: Connections already lost whose handler still runs: the stop waits for them too.
+        self.lingering: set[KafkaConnection] = set()
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self.closing = False
         self._server: asyncio.AbstractServer | None = None
         self._ids = itertools.count(1)
-        self._closing = False
 
     async def start(self, sock: socket.socket) -> None:
         """Serve on ``sock`` (bound and listening)."""
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
+        self.loop = asyncio.get_running_loop()
+        self._server = await self.loop.create_server(
             lambda: KafkaConnection(self, next(self._ids)), sock=sock, backlog=1024)
 
     async def close(self, grace: float) -> None:
         """Stop accepting and reading; requests in progress get ``grace`` seconds to finish
-        (their answers are written), then every connection closes."""
-        if self._closing:
+        (their answers are written), then every connection closes: the remoting server's
+        order (:meth:`ConnectionCore.shutdown` per connection)."""
+        if self.closing:
             return
-        self._closing = True
+        self.closing = True
         if self._server is not None:
             self._server.close()
-        for conn in list(self.connections):
-            conn._queue.clear()  # not started: the client resends after reconnecting
-            conn._update_reading()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        while any(c.busy for c in self.connections) and loop.time() < deadline:
-            await asyncio.sleep(0.01)
-        for conn in list(self.connections):
-            if conn._worker is not None:
-                conn._worker.cancel()
-            conn.close()
+        conns = list(self.connections | self.lingering)
+        for conn in conns:
+            conn.stop_reading()  # at once, not when its shutdown task first runs
+        await asyncio.gather(*(conn.shutdown(grace) for conn in conns))
         if self._server is not None:
             try:
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)
