@@ -50,13 +50,13 @@ from txbroker.roles import Roles, broker_credentials
 from txbroker.service.acl import AclGuard
 from txbroker.service.acl_rules import load_acl_file
 from txbroker.service.clients import ClientRegistry
+from txbroker.service.kafka.admin import KafkaAdmin
 from txbroker.service.kafka.cluster_view import (
     KAFKA_ADDR_KEY,
     KAFKA_NODE_KEY,
     ClusterView,
     KafkaNode,
 )
-from txbroker.service.kafka.admin import KafkaAdmin
 from txbroker.service.kafka.coordinator import TransactionCoordinator
 from txbroker.service.kafka.data import KafkaData
 from txbroker.service.kafka.group_api import group_handlers
