@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import pytest
 from support.clock import ManualClock
-from support.txnode import half_msg, open_node, tx_config
+from support.txnode import end, half_msg, op_records, open_node, tx_config, visible
 
+from txbroker.remoting.headers import TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE
+from txbroker.service.transaction.service import TransactionError
+from txbroker.service.transaction.state import HalfState
 from txbroker.store.results import Fence, PutStatus
 
 
@@ -39,14 +42,14 @@ async def test_a_retried_half_is_refused_while_the_store_is_fenced(node) -> None
     assert node.tx.pending_count() == 1  # still one half: nothing stored twice
 
 
-def _gate_up_after_first_ask():
-    """A write gate that lets the append through and is up when the answer leaves: the lease
-    lapsed while the put waited, so the stored half is answered OUTCOME_UNKNOWN."""
+def _gate_up_after_first_ask(appends: int = 1):
+    """A write gate that lets ``appends`` appends through and is up when the answer leaves:
+    the lease lapsed while the put waited, so what it stored is answered OUTCOME_UNKNOWN."""
     asked = []
 
     def gate() -> Fence | None:
         asked.append(1)
-        return None if len(asked) == 1 else Fence.LEASE_NOT_VALID
+        return None if len(asked) <= appends else Fence.LEASE_NOT_VALID
     return gate
 
 
@@ -75,3 +78,26 @@ async def test_a_half_answered_outcome_unknown_is_indexed_so_its_retry_stores_no
     assert again.status is PutStatus.OK
     assert (again.physical_offset, again.queue_offset) == (first.physical_offset, first.queue_offset)
     assert node.tx.pending_count() == 1
+
+
+@pytest.mark.parametrize("decision", [TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE])
+async def test_a_decision_answered_outcome_unknown_is_settled_so_a_check_back_writes_nothing(
+        sync_node, decision) -> None:
+    # The END's final message (or op record) is stored but answered OUTCOME_UNKNOWN.  Left
+    # pending, the half was committed again by the next check-back: a second final message,
+    # one transaction delivered twice (partition scenario (f), SYNC_MASTER).
+    node = sync_node
+    half = await node.tx.prepare(half_msg(b"decided once", uniq="0" * 31 + "3"), None)
+    assert half.status is PutStatus.OK
+    # a commit appends its final message and its op record, a rollback the op record only
+    node.store.set_write_gate(_gate_up_after_first_ask(2 if decision == TRANSACTION_COMMIT_TYPE else 1))
+    with pytest.raises(TransactionError, match="stored, but not acknowledged"):
+        await end(node, half, decision)
+    node.store.set_write_gate(None)
+    settled = HalfState.COMMITTED if decision == TRANSACTION_COMMIT_TYPE else HalfState.ROLLED_BACK
+    assert node.tx.state_of(half.physical_offset) is settled
+    assert node.tx.pending_count() == 0  # nothing left for a check-back
+    await end(node, half, decision)  # the decision again, as a check-back answer would bring it
+    finals = 1 if decision == TRANSACTION_COMMIT_TYPE else 0
+    assert len(visible(node)) == finals
+    assert len(op_records(node)) == 1

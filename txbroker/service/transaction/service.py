@@ -468,25 +468,31 @@ class TransactionalMessageService:
                 final_message(half, phys, entry.store_ts),
                 self.bridge.op_message(OP_TAG_DONE, str(entry.queue_offset), extra,
                                        born_ms=decided.decided_at))
-            if not result.ok:
+            if not _in_log(result):
                 raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                        f"commit failed, the store refused the message: "
                                        f"{result.status.name} {result.reason}".strip())
             # The final message is stored: the half is committed whatever happened to the op.
+            # Also when it was answered OUTCOME_UNKNOWN (the write gate went up while it
+            # waited): it is in this log, so a check-back must not commit the half again (two
+            # final messages, one transaction delivered twice).  Should another replica take
+            # over without it, that master recovers the half as pending and checks it.
             self._settle(entry, decided)
             assert op is not None  # attempted whenever the final message was stored
-            if not op.ok:
+            if not _in_log(op):
                 self._missing_ops.append((phys, entry.queue_offset))
                 log.error("op record of committed half %d not written (%s); it is rewritten at "
                           "the next start", phys, op.status.name)
+            _raise_if_unknown(result, "commit")
         else:
             op = await self.bridge.put_op(OP_TAG_DONE, str(entry.queue_offset), extra,
                                           born_ms=decided.decided_at)
-            if not op.ok:
+            if not _in_log(op):
                 raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                        f"rollback failed, the store refused the op record: "
                                        f"{op.status.name} {op.reason}".strip())
             self._settle(entry, decided)
+            _raise_if_unknown(op, "rollback")
         return Outcome.APPLY
 
     def _settle(self, entry: HalfEntry, decided: Decided) -> None:
@@ -589,3 +595,16 @@ class TransactionalMessageService:
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
+
+
+def _in_log(result: PutResult) -> bool:
+    """Stored in this log: acknowledged, or OUTCOME_UNKNOWN (stored, not acknowledged)."""
+    return result.ok or result.status is PutStatus.OUTCOME_UNKNOWN
+
+
+def _raise_if_unknown(result: PutResult, what: str) -> None:
+    """A decision written but answered OUTCOME_UNKNOWN: applied here, yet another replica may
+    now speak for the group without it, so whoever asked is told it may not hold."""
+    if result.status is PutStatus.OUTCOME_UNKNOWN:
+        raise TransactionError(ResponseCode.SYSTEM_ERROR,
+                               f"{what} stored, but not acknowledged: {result.reason}")
