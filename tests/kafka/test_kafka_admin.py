@@ -24,6 +24,9 @@ from kafka.admin import (
 from kafka.errors import InvalidPartitionsError, UnknownTopicOrPartitionError
 from support.waiting import eventually
 
+from txbroker.remoting.client import RemotingClient
+from txbroker.remoting.codes import RequestCode
+from txbroker.remoting.command import RemotingCommand
 from txbroker.service.topics import TopicManager
 from txbroker.store.record import HALF_TOPIC
 
@@ -284,3 +287,24 @@ async def test_librdkafka_admin_client(kafka_broker, kafka_bootstrap):
     assert got["assign"].code() == 39  # INVALID_REPLICA_ASSIGNMENT: broker 7 is not here
     assert got["shrink"].code() == 37
     assert got["delete"] is None and got["delete_again"].code() == 3
+
+
+async def test_a_rocketmq_topic_update_keeps_the_kafka_retention(kafka_broker, kafka_bootstrap):
+    # UPDATE_AND_CREATE_TOPIC carries no retention field: it must not reset retention.ms.
+    client = RemotingClient(f"127.0.0.1:{kafka_broker.broker_port}")
+    await client.connect()
+
+    async def update(queues: int) -> None:
+        resp = await client.invoke(RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
+            "topic": "keep-ret", "readQueueNums": str(queues), "writeQueueNums": str(queues),
+            "perm": "6"}), TIMEOUT)
+        assert resp.code == 0, resp.remark
+
+    try:
+        await update(4)
+        await _with_admin(kafka_bootstrap, lambda a: _alter(a, "keep-ret", {"retention.ms": "60000"}))
+        await update(8)
+    finally:
+        await client.close()
+    tc = kafka_broker.topics.get("keep-ret")
+    assert (tc.read_queue_nums, tc.retention_ms) == (8, 60000)

@@ -63,8 +63,11 @@ class AdminProcessor:
         h = CreateTopicRequestHeader.from_ext(cmd.ext_fields)
         read = h.read_queue_nums or self.config.default_queue_nums
         write = h.write_queue_nums or read
+        # RocketMQ's request has no retention field: a topic's Kafka ``retention.ms`` stays.
+        old = self.topics.get(h.topic)
         tc = await self.topics.create_or_update(
-            TopicConfig(h.topic, read, write, h.perm, h.topic_sys_flag, h.order))
+            TopicConfig(h.topic, read, write, h.perm, h.topic_sys_flag, h.order,
+                        retention_ms=old.retention_ms if old is not None else -1))
         return cmd.response(ResponseCode.SUCCESS, ext={"topic": tc.name})
 
     async def delete_topic(self, conn, cmd: RemotingCommand) -> RemotingCommand:
