@@ -70,3 +70,14 @@ def test_a_compressed_body_that_does_not_inflate_is_refused_at_pull_time() -> No
     raw = _record(b"not zlib at all", {}, phys=1, qoff=0, sys_flag=rec.COMPRESSED_FLAG)
     with pytest.raises(rec.RecordError, match="inflate"):
         decode_pulled(raw, "b")
+
+
+def test_a_compressed_body_that_inflates_past_the_limit_is_refused_at_pull_time() -> None:
+    # A few KiB from a broker (or anything that answers a pull) that claim 64 MiB: refused
+    # before it is held in memory, not inflated whole.
+    import zlib
+
+    bomb = zlib.compress(b"\0" * (64 * 1024 * 1024), 9)
+    raw = _record(bomb, {}, phys=1, qoff=0, sys_flag=rec.COMPRESSED_FLAG)
+    with pytest.raises(rec.RecordError, match="inflates past"):
+        decode_pulled(raw, "b")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import zlib
 from functools import cached_property
 
 from txbroker.client.message import MessageExt
@@ -130,10 +129,9 @@ def decode_pulled(raw: bytes, broker_name: str) -> list[PulledMessage]:
             raise rec.RecordError(f"record text is not UTF-8: {exc}") from None
         msg = PulledMessage(raw, body_at, body_len, props_text, topic, head, broker_name)
         if sys_flag & rec.COMPRESSED_FLAG:
-            try:
-                msg.body = zlib.decompress(raw[body_at:body_at + body_len])
-            except zlib.error as exc:
-                raise rec.RecordError(f"compressed body does not inflate: {exc}") from None
+            # Bounded like the broker's own inflation: a body from the wire never inflates
+            # past MAX_INFLATED_BODY (RecordError, as for any malformed record).
+            msg.body = rec.inflate_body(raw[body_at:body_at + body_len])
         out.append(msg)
         pos = stop
     return out
