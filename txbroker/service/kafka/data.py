@@ -32,6 +32,7 @@ from txbroker.store.results import PutStatus
 
 if TYPE_CHECKING:
     from txbroker.service.kafka.coordinator import TransactionCoordinator
+    from txbroker.service.kafka.staging import TxnStaging
 
 log = logging.getLogger("txbroker.kafka")
 
@@ -74,6 +75,9 @@ class KafkaData:
         #: The broker's one set of long polls woken by appends (RocketMQ pulls wait there
         #: too): its shutdown answers held fetches at once, a SYNC_MASTER's recheck wakes them.
         self.holds = holds
+        #: On a cluster, where transactional batches of transactions coordinated by another
+        #: broker group are staged (staging.py); None on a single broker.
+        self.staging: TxnStaging | None = None
 
     def handlers(self) -> dict[int, Handler]:
         return {ApiKey.PRODUCE: self.produce, ApiKey.FETCH: self.fetch,
@@ -143,6 +147,8 @@ class KafkaData:
             log.info("Produce to %s-%d from %s refused: %s", topic, partition, ctx.peer, exc)
             return exc.error_code, -1
         coordinator = self.coordinator
+        if records is None and self.staging is not None and self.staging.takes(txn_id):
+            return await self.staging.stage_batch(topic, partition, batch)
         error, dup = coordinator.check_batch(txn_id, topic, partition, batch)
         if error != ErrorCode.NONE:
             return error, -1
