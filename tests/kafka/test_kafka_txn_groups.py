@@ -13,7 +13,9 @@ from test_kafka_listener import Wire
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
+from txbroker.remoting.kafka.framing import decode_response, encode_request
 from txbroker.service.kafka.markers import marker_client_id
+
 
 async def read_all(port: int, topic: str, partitions: range, *, committed: bool) -> dict[int, list[bytes]]:
     """Every record of ``partitions`` now, by partition (one consumer, assigned)."""
@@ -130,12 +132,10 @@ async def test_markers_without_the_cluster_signature_are_refused(
 
 
 def _marker_frame(client_id: str, markers: list[dict]) -> bytes:
-    from txbroker.remoting.kafka.framing import encode_request
     return encode_request(ApiKey.WRITE_TXN_MARKERS, 1, 7, client_id, {"markers": markers})
 
 
 async def _answer(wire: Wire) -> dict:
-    from txbroker.remoting.kafka.framing import decode_response
     return decode_response(ApiKey.WRITE_TXN_MARKERS, 1, await wire.frame())[1]
 
 
