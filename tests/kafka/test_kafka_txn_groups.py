@@ -4,17 +4,31 @@ real brokers on loopback, the unmodified aiokafka client."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from support.cluster import InProcessCluster
 from support.waiting import eventually
-from test_kafka_cluster import TOPIC, keys_by_coordinator, two_groups
+from test_kafka_cluster import (
+    CLUSTER_KAFKA,
+    TOPIC,
+    controller,
+    keys_by_coordinator,
+    two_groups,
+)
 from test_kafka_listener import Wire
 
 from txbroker.config import BrokerConfig
+from txbroker.controller import ControllerProcess
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.framing import decode_response, encode_request
 from txbroker.service.kafka.markers import marker_client_id
+from txbroker.service.topics import TopicConfig
+
+#: The controller fixture, shared with the cluster tests.
+__all__ = ["controller"]
 
 
 async def read_all(port: int, topic: str, partitions: range, *, committed: bool) -> dict[int, list[bytes]]:
@@ -150,3 +164,41 @@ async def test_a_single_broker_refuses_markers(kafka_broker) -> None:
         wire.close()
     assert answer["markers"][0]["topics"][0]["partitions"][0]["error_code"] == \
         ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+
+
+@pytest.mark.slow
+async def test_a_participant_that_fails_over_keeps_its_staged_batch_and_applies_the_marker(
+        broker_config: BrokerConfig, tmp_path, controller: ControllerProcess) -> None:
+    base = broker_config.replace(controller_addr=controller.addr, controller_lease=1.0,
+                                 controller_heartbeat_interval=0.2, metadata_sync_interval=0.2)
+    async with InProcessCluster(base, tmp_path) as c:
+        await c.namesrv()
+        a = await c.broker("broker-a", kafka_node_id=1, **CLUSTER_KAFKA)
+        b0 = await c.broker("broker-b", kafka_node_id=2, **CLUSTER_KAFKA)
+        b1 = await c.broker("broker-b", broker_id=1, kafka_node_id=2, **CLUSTER_KAFKA)
+        await eventually(lambda: a.roles.is_master and b0.roles.is_master, timeout=15)
+        await a.topics.create_or_update(TopicConfig(TOPIC, 2, 2))
+        await b0.topics.create_or_update(TopicConfig(TOPIC, 2, 2))
+        await eventually(lambda: b0.roles.sync_state_set == {0, 1}, timeout=15)
+        await eventually(lambda: len(a.kafka_view.slots(TOPIC)) == 4, msg="a sees both groups")
+        tid = keys_by_coordinator(2)[0]
+        producer = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{a.kafka_port}",
+                                    transactional_id=tid)
+        await producer.start()
+        try:
+            await producer.begin_transaction()
+            for p in (0, 2):  # partition 2 is broker-b's queue 0: staged on b0
+                await producer.send_and_wait(TOPIC, f"v{p}".encode(), partition=p)
+            await eventually(lambda: b1.store.max_physical_offset == b0.store.max_physical_offset
+                             and b1.topics.get(TOPIC) is not None,
+                             msg="the staged batch and the topic table on b1")
+            c.brokers.remove(b0)
+            await b0.stop()  # broker-b fails over to b1 before the marker
+            await asyncio.wait_for(producer.commit_transaction(), 60)
+        finally:
+            await producer.stop()
+        assert b1.roles.is_master
+        assert b1.store.max_offset(TOPIC, 0) == 1 and a.store.max_offset(TOPIC, 0) == 1
+        for port in (a.kafka_port, b1.kafka_port):
+            got = await read_all(port, TOPIC, range(4), committed=True)
+            assert got == {0: [b"v0"], 1: [], 2: [b"v2"], 3: []}
