@@ -32,8 +32,10 @@ TOPIC = "crossing"
 PARTS = range(4)
 
 
-def group_process(broker_process, tmp_path, name: str, node: int, namesrv: str) -> BrokerProcess:
-    return broker_process(tmp_path / name, namesrv_port=-1, namesrv_addr=namesrv,
+def group_process(broker_process, tmp_path, name: str, node: int, namesrv: str,
+                  **settings: object) -> BrokerProcess:
+    """A broker group of one master, every port pinned (a restart answers at the same address)."""
+    return broker_process(tmp_path / name, namesrv_port=-1, namesrv_addr=namesrv, **settings,
                           broker_name=name, broker_port=free_port(), ha_port=free_port(),
                           kafka_port=free_port(),
                           kafka_node_id=node, kafka_cluster_refresh_interval=0.2,
@@ -73,30 +75,44 @@ async def queue_end(proc: BrokerProcess, queue: int) -> int:
     return int(resp.ext_fields["offset"])
 
 
-@pytest.fixture
-async def groups(tmp_path, broker_process):
-    namesrv = NamesrvSubprocess(tmp_path / "namesrv.log").start()
-    try:
-        a = group_process(broker_process, tmp_path, "broker-a", 1, namesrv.addr)
-        b = group_process(broker_process, tmp_path, "broker-b", 2, namesrv.addr)
-        for p in (a, b):
-            created = await call(p.kafka_port, ApiKey.CREATE_TOPICS, 2, {
-                "topics": [{"name": TOPIC, "num_partitions": 2, "replication_factor": -1}],
-                "timeout_ms": 5000})
-            assert created["topics"][0]["error_code"] == 0
+async def create_topic(proc: BrokerProcess, topic: str, partitions: int) -> None:
+    """``partitions`` queues of ``topic`` in ``proc``'s group (CreateTopics creates them there)."""
+    created = await call(proc.kafka_port, ApiKey.CREATE_TOPICS, 2, {
+        "topics": [{"name": topic, "num_partitions": partitions, "replication_factor": -1}],
+        "timeout_ms": 5000})
+    assert created["topics"][0]["error_code"] == 0
 
-        async def both_seen() -> bool:
-            for p in (a, b):
-                meta = await call(p.kafka_port, ApiKey.METADATA, 8, {
-                    "topics": [{"name": TOPIC}], "allow_auto_topic_creation": False})
-                leaders = [x["leader_id"] for x in meta["topics"][0]["partitions"]]
-                if leaders != [1, 1, 2, 2]:
-                    return False
-            return True
-        await eventually(both_seen, timeout=20, msg="both groups' partitions in both views")
-        yield a, b
+
+async def seen_everywhere(procs: list[BrokerProcess], topic: str, leaders: list[int]) -> None:
+    """Until every broker's Metadata lists ``topic``'s partitions led by ``leaders``."""
+    async def seen() -> bool:
+        for p in procs:
+            meta = await call(p.kafka_port, ApiKey.METADATA, 8, {
+                "topics": [{"name": topic}], "allow_auto_topic_creation": False})
+            if [x["leader_id"] for x in meta["topics"][0]["partitions"]] != leaders:
+                return False
+        return True
+    await eventually(seen, timeout=20, msg=f"{topic} led by {leaders} in every view")
+
+
+@pytest.fixture
+async def namesrv(tmp_path):
+    server = NamesrvSubprocess(tmp_path / "namesrv.log").start()
+    try:
+        yield server
     finally:
-        namesrv.kill()
+        server.kill()
+
+
+@pytest.fixture
+async def groups(tmp_path, broker_process, namesrv):
+    """broker-a (node 1) and broker-b (node 2), two queues of TOPIC each."""
+    a = group_process(broker_process, tmp_path, "broker-a", 1, namesrv.addr)
+    b = group_process(broker_process, tmp_path, "broker-b", 2, namesrv.addr)
+    for p in (a, b):
+        await create_topic(p, TOPIC, 2)
+    await seen_everywhere([a, b], TOPIC, [1, 1, 2, 2])
+    return a, b
 
 
 async def open_transaction(a: BrokerProcess, tid: str) -> AIOKafkaProducer:
