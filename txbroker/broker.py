@@ -536,6 +536,8 @@ class Broker:
         await asyncio.gather(*(s.close(grace) for s in servers), return_exceptions=True)
         if self.kafka_view is not None:
             await self.kafka_view.close()
+        if self.kafka_txn is not None and self.kafka_txn.markers is not None:
+            self.kafka_txn.markers.close()
         if self.roles is not None:  # no client left: the controller link, HA, following
             await self.roles.stop()
         if self.schedule is not None:

@@ -46,6 +46,8 @@ VERSION = 1
 MARKER_TIMEOUT = 5.0
 #: Largest answer read from a participant.
 MAX_ANSWER = 1 << 20
+#: Idle connections kept per participant (one per marker in flight at once, up to this).
+MAX_IDLE = 8
 #: The partition named in a marker to a group that holds only staged consumer offsets (Kafka
 #: sends those markers to a partition of this topic).
 OFFSETS_TOPIC = "__consumer_offsets"
@@ -86,6 +88,9 @@ class MarkerSender:
         self.view = view
         self.staging = staging
         self._corr = itertools.count(1)
+        #: (host, port) -> idle connections to that participant's Kafka listener.
+        self._idle: dict[tuple[str, int], list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
+        self._closed = False
 
     async def send(self, pid: int, epoch: int, txn: int, commit: bool,
                    participants: Participants) -> bool:
@@ -140,17 +145,46 @@ class MarkerSender:
         return err == ErrorCode.NONE
 
     async def _call(self, host: str, port: int, frame: bytes) -> bytes:
-        """One request on its own connection: markers are one per transaction and group, and
-        a fresh connection never carries an answer meant for an abandoned attempt."""
+        """One request and its answer on an idle connection to ``host:port`` (a new one when
+        none is idle).  A connection carries one request at a time and goes back to the idle
+        list only after its answer was read whole, so it never holds an answer meant for an
+        abandoned attempt; any failure closes it."""
+        idle = self._idle.setdefault((host, port), [])
+        # A kept connection may have been closed by the participant meanwhile (a restart):
+        # then the next one, then a new one (a marker is idempotent: sending it again is safe).
+        while idle:
+            reader, writer = idle.pop()
+            try:
+                return await self._exchange(idle, reader, writer, frame)
+            except (OSError, asyncio.IncompleteReadError):
+                continue
         reader, writer = await asyncio.open_connection(host, port)
+        return await self._exchange(idle, reader, writer, frame)
+
+    async def _exchange(self, idle: list, reader: asyncio.StreamReader,
+                        writer: asyncio.StreamWriter, frame: bytes) -> bytes:
+        ok = False
         try:
             writer.write(frame)
             size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
             if not 0 < size <= MAX_ANSWER:
                 raise ValueError(f"answer of {size} bytes")
-            return await reader.readexactly(size)
+            answer = await reader.readexactly(size)
+            ok = True
+            return answer
         finally:
-            writer.close()
+            if ok and len(idle) < MAX_IDLE and not self._closed:
+                idle.append((reader, writer))
+            else:
+                writer.close()
+
+    def close(self) -> None:
+        """Close the idle connections (the broker is stopping)."""
+        self._closed = True
+        for conns in self._idle.values():
+            for _, writer in conns:
+                writer.close()
+        self._idle.clear()
 
 
 def marker_handler(config: BrokerConfig, staging: TxnStaging | None,

@@ -1,0 +1,280 @@
+"""Kafka clients on one broker vs on two broker groups: ``python -m txbroker.bench.kafka
+--cluster`` (docs/kafka.md, "Kafka on a cluster").
+
+Every broker is a ``txbroker serve`` process (async flush, ephemeral ports, a temp data dir);
+this process drives them with aiokafka, one row after the other:
+
+* **one broker** and **two groups** (a name server and ``broker-a``/``broker-b``, one master
+  each, Kafka nodes 1 and 2): the same topic of 4 partitions (on two groups, 2 queues in each),
+  then the rows of ``bench.kafka``: **plain** (pipelined sends, acks=all) and **txn N**
+  (``--txn-producers`` transactional producers committing N-message transactions; on two groups
+  a transaction's messages fall on both groups' partitions, so its commit sends a marker).
+  Broker CPU µs per message is the sum over the setup's broker processes.
+* **failover**: a controller, a name server, ``broker-a`` with a master and a slave, and
+  ``broker-b``; a plain producer (acks=all) and a transactional producer (transactions of 10
+  messages over both groups, its coordinator in ``broker-a``) run while ``broker-a``'s master
+  is SIGKILLed.  The figure is the longest time between two consecutive acknowledged sends
+  (plain) and between two commits (transactional), i.e. how long clients stall through the
+  failover (the controller's lease, the promotion, the clients' metadata refresh).
+
+``--json`` prints the rows as one JSON document.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from txbroker.bench.broker import proc_cpu_seconds
+from txbroker.bench.chaos.cluster import ServiceProcess
+from txbroker.bench.chaos.driver import broker_settings
+from txbroker.bench.chaos.process import BrokerProcess, free_port
+from txbroker.bench.kafka import (
+    TOPIC,
+    VALUE,
+    KafkaBroker,
+    RowResult,
+    kafka_plain,
+    kafka_txn,
+)
+from txbroker.client.admin import AdminClient
+from txbroker.service.kafka.cluster_view import coordinator_index
+
+#: Transaction sizes of the comparison rows.
+TXN_SIZES = (10, 100)
+#: The failover row: load before the kill, and how long to keep measuring after it.
+FAILOVER_BEFORE = 3.0
+FAILOVER_AFTER = 15.0
+#: Controller lease of the failover setup (brokers heartbeat well inside it).
+LEASE = 2.0
+
+
+def key_on(group_index: int, groups: int, prefix: str) -> str:
+    """A transactional id whose coordinator is the ``group_index``-th group (node-id order)."""
+    for n in range(10_000):
+        key = f"{prefix}-{n}"
+        if coordinator_index(key, groups) == group_index:
+            return key
+    raise RuntimeError("no key found")
+
+
+class Processes:
+    """Name server, optional controller and brokers of one setup; stopped together."""
+
+    def __init__(self, root: Path, *, controller: bool) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.controller = ServiceProcess(
+            ["controller", "--port", "0", "--data-dir", str(root / "controller"),
+             "--lease", str(LEASE)],
+            r"^txbroker controller ready addr=(\S+)$", root / "controller.log") if controller else None
+        self.namesrv = ServiceProcess(["namesrv", "--port", "0"],
+                                      r"^txbroker namesrv ready addr=(\S+)$", root / "namesrv.log")
+        self.brokers: list[BrokerProcess] = []
+
+    def start(self) -> None:
+        if self.controller is not None:
+            self.controller.start()
+        self.namesrv.start()
+
+    def broker(self, name: str, node: int, broker_id: int = 0) -> BrokerProcess:
+        settings = {**broker_settings("async"), "segment_size": 64 * 1024 * 1024,
+                    "log_level": "WARNING", "broker_port": free_port(), "ha_port": free_port(),
+                    "kafka_port": free_port(), "namesrv_addr": self.namesrv.addr,
+                    "broker_name": name, "broker_id": broker_id, "kafka_node_id": node,
+                    "default_queue_nums": 2, "transaction_check_interval": 60.0,
+                    "transaction_timeout": 60.0}
+        if self.controller is not None:
+            settings.update(controller_addr=self.controller.addr, controller_lease=LEASE,
+                            controller_heartbeat_interval=0.3, metadata_sync_interval=0.2,
+                            slave_timeout=1.0)
+        proc = BrokerProcess(self.root / f"{name}-{broker_id}", settings,
+                             self.root / f"{name}-{broker_id}.log")
+        self.brokers.append(proc)
+        proc.start()
+        return proc
+
+    @property
+    def kafka(self) -> str:
+        return ",".join(b.kafka_addr for b in self.brokers if b.alive())
+
+    def cpu(self) -> float:
+        return sum(proc_cpu_seconds(b.pid) for b in self.brokers if b.alive())
+
+    def stop(self) -> None:
+        for b in self.brokers:
+            with contextlib.suppress(Exception):
+                b.stop()
+        self.namesrv.stop()
+        if self.controller is not None:
+            self.controller.stop()
+
+
+async def create_everywhere(namesrv: str, topic: str, queues: int) -> None:
+    async with AdminClient(namesrv) as admin:
+        await admin.create_topic(topic, queues)
+
+
+async def wait_partitions(bootstrap: str, topic: str, count: int, timeout: float = 30.0) -> None:
+    """Until the cluster's Metadata lists ``count`` partitions of ``topic`` with leaders."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            await producer.client.force_metadata_update()
+            parts = producer.client.cluster.partitions_for_topic(topic) or set()
+            if len(parts) == count and all(producer.client.cluster.leader_for_partition(
+                    _tp(topic, p)) not in (None, -1) for p in parts):
+                return
+            await asyncio.sleep(0.3)
+        raise RuntimeError(f"{topic}: {count} partitions with leaders not seen in {timeout:g} s")
+    finally:
+        await producer.stop()
+
+
+def _tp(topic: str, partition: int):
+    from aiokafka import TopicPartition
+    return TopicPartition(topic, partition)
+
+
+async def compare_rows(root: Path, seconds: float, max_messages: int, in_flight: int,
+                       txn_producers: int) -> list[RowResult]:
+    """plain and txn rows on one broker, then on two groups."""
+    rows: list[RowResult] = []
+    with KafkaBroker(str(root / "single")) as single:
+        await create_everywhere(single.namesrv, TOPIC, 4)
+        rows += await _rows("one broker", single, seconds, max_messages, in_flight, txn_producers)
+    procs = Processes(root / "groups", controller=False)
+    try:
+        procs.start()
+        procs.broker("broker-a", 1)
+        procs.broker("broker-b", 2)
+        await create_everywhere(procs.namesrv.addr, TOPIC, 2)
+        await wait_partitions(procs.kafka, TOPIC, 4)
+        rows += await _rows("two groups", procs, seconds, max_messages, in_flight, txn_producers)
+    finally:
+        procs.stop()
+    return rows
+
+
+async def _rows(setup: str, broker, seconds: float, max_messages: int, in_flight: int,
+                txn_producers: int) -> list[RowResult]:
+    out = [await kafka_plain(broker, seconds, max_messages, in_flight)]
+    for size in TXN_SIZES:
+        out.append(await kafka_txn(broker, size, seconds, max_messages, txn_producers))
+    for r in out:
+        r.row = f"{setup}: {r.row}"
+    return out
+
+
+@dataclass
+class FailoverResult:
+    plain_sent: int
+    plain_longest_gap_s: float
+    txn_committed: int
+    txn_longest_gap_s: float
+    #: Seconds from the kill to the slave's promotion (its Kafka listener leading broker-a).
+    promoted_after_s: float | None
+
+
+async def failover_row(root: Path) -> FailoverResult:
+    from aiokafka import AIOKafkaProducer
+
+    # The clients log every refused connection while the master is down: expected here.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    procs = Processes(root / "failover", controller=True)
+    try:
+        procs.start()
+        master = procs.broker("broker-a", 1, broker_id=0)
+        procs.broker("broker-a", 1, broker_id=1)
+        procs.broker("broker-b", 2)
+        await create_everywhere(procs.namesrv.addr, TOPIC, 2)
+        bootstrap = procs.kafka
+        await wait_partitions(bootstrap, TOPIC, 4)
+        plain = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
+                                 request_timeout_ms=30_000)
+        txn = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, request_timeout_ms=30_000,
+                               transactional_id=key_on(0, 2, "bench-failover"))
+        await plain.start()
+        await txn.start()
+        loop = asyncio.get_running_loop()
+        plain_acks: list[float] = []
+        commits: list[float] = []
+        stop = loop.time() + FAILOVER_BEFORE + FAILOVER_AFTER
+
+        async def plain_load() -> None:
+            while loop.time() < stop:
+                futures = [await plain.send(TOPIC, VALUE, partition=p % 2) for p in range(20)]
+                for f in futures:
+                    await f
+                    plain_acks.append(loop.time())
+
+        async def txn_load() -> None:
+            while loop.time() < stop:
+                async with txn.transaction():
+                    for p in range(10):
+                        await txn.send(TOPIC, VALUE, partition=p % 4)
+                commits.append(loop.time())
+
+        tasks = [asyncio.create_task(plain_load()), asyncio.create_task(txn_load())]
+        await asyncio.sleep(FAILOVER_BEFORE)
+        killed = loop.time()
+        master.kill()
+        promoted = None
+        while loop.time() < stop and promoted is None:
+            if any(t > killed for t in plain_acks):
+                promoted = next(t for t in plain_acks if t > killed) - killed
+            await asyncio.sleep(0.1)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        await plain.stop()
+        await txn.stop()
+    finally:
+        procs.stop()
+    return FailoverResult(len(plain_acks), _longest_gap(plain_acks), len(commits),
+                          _longest_gap(commits), promoted)
+
+
+def _longest_gap(times: list[float]) -> float:
+    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+
+def run(seconds: float, max_messages: int, in_flight: int, txn_producers: int) -> dict:
+    import uvloop
+
+    with tempfile.TemporaryDirectory(prefix="txbroker-bench-kafka-cluster-") as d, \
+            asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        root = Path(d)
+        rows = runner.run(compare_rows(root, seconds, max_messages, in_flight, txn_producers))
+        failover = runner.run(failover_row(root))
+    return {"seconds": seconds, "rows": [asdict(r) for r in rows], "failover": asdict(failover)}
+
+
+def print_report(doc: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Kafka produce: one broker vs two broker groups ({doc['seconds']:g} s per row)")
+    for col in ("row", "messages", "msgs/s", "broker µs/msg", "client µs/msg"):
+        table.add_column(col, justify="left" if col == "row" else "right")
+    for r in doc["rows"]:
+        table.add_row(r["row"], f"{r['messages']:,}", f"{r['msgs_per_s']:,.0f}",
+                      f"{r['broker_us_per_msg']:.1f}", f"{r['client_us_per_msg']:.1f}")
+    console = Console(width=120)
+    console.print(table)
+    f = doc["failover"]
+    promoted = "not seen" if f["promoted_after_s"] is None else f"{f['promoted_after_s']:.2f} s"
+    console.print(f"failover of broker-a's master: first plain ack after the kill {promoted}; "
+                  f"longest gap plain {f['plain_longest_gap_s']:.2f} s ({f['plain_sent']:,} sent), "
+                  f"transactional {f['txn_longest_gap_s']:.2f} s ({f['txn_committed']:,} commits)")
