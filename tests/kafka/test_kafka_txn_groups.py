@@ -202,3 +202,50 @@ async def test_a_participant_that_fails_over_keeps_its_staged_batch_and_applies_
         for port in (a.kafka_port, b1.kafka_port):
             got = await read_all(port, TOPIC, range(4), committed=True)
             assert got == {0: [b"v0"], 1: [], 2: [b"v2"], 3: []}
+
+
+async def test_a_marker_applied_twice_changes_nothing(broker_config: BrokerConfig, tmp_path) -> None:
+    async with InProcessCluster(broker_config, tmp_path) as c:
+        a, b = await two_groups(c)
+        tid = keys_by_coordinator(2)[0]
+        producer = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{a.kafka_port}",
+                                    transactional_id=tid)
+        await producer.start()
+        try:
+            async with producer.transaction():
+                await producer.send_and_wait(TOPIC, b"once", partition=4)
+            pid = producer._txn_manager.producer_id
+            epoch = producer._txn_manager.producer_epoch
+            txn = a.kafka_txn.describe(tid)
+            assert txn is not None and txn.state == "CompleteCommit"
+            number = a.kafka_txn._txns[tid].txn  # the transaction number its marker carried
+            staged_end = b.store.max_offset("RMQ_SYS_KAFKA_TXN_STAGED", 0)
+            # The coordinator's marker again (a lost answer, a resend after a restart), then a
+            # fresh transaction whose batch is staged: neither the duplicate nor an abort of the
+            # old number touches it.
+            for commit in (True, False):
+                await _send_marker(b, pid, epoch, number, commit)
+            assert b.store.max_offset(TOPIC, 0) == 1
+            assert b.store.max_offset("RMQ_SYS_KAFKA_TXN_STAGED", 0) == staged_end
+            await producer.begin_transaction()
+            await producer.send_and_wait(TOPIC, b"next", partition=4)
+            await _send_marker(b, pid, epoch, number, True)
+            assert b.store.max_offset(TOPIC, 0) == 1 and b.kafka_staging.staged_count() == 1
+            await producer.commit_transaction()
+        finally:
+            await producer.stop()
+        assert b.store.max_offset(TOPIC, 0) == 2
+        got = await read_all(b.kafka_port, TOPIC, range(4, 6), committed=True)
+        assert got == {4: [b"once", b"next"], 5: []}
+
+
+async def _send_marker(broker, pid: int, epoch: int, txn: int, commit: bool) -> None:
+    markers = [{"producer_id": pid, "producer_epoch": epoch, "transaction_result": commit,
+                "coordinator_epoch": txn, "topics": [{"name": TOPIC, "partition_indexes": [4]}]}]
+    wire = await Wire.open(broker.kafka_port)
+    try:
+        wire.writer.write(_marker_frame(marker_client_id(markers, None), markers))
+        answer = await _answer(wire)
+    finally:
+        wire.close()
+    assert answer["markers"][0]["topics"][0]["partitions"][0]["error_code"] == ErrorCode.NONE
