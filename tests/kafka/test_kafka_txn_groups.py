@@ -249,3 +249,27 @@ async def _send_marker(broker, pid: int, epoch: int, txn: int, commit: bool) -> 
     finally:
         wire.close()
     assert answer["markers"][0]["topics"][0]["partitions"][0]["error_code"] == ErrorCode.NONE
+
+
+async def test_an_operator_abort_with_a_participant_down_is_decided_and_completes_later(
+        broker_config: BrokerConfig, tmp_path) -> None:
+    async with InProcessCluster(broker_config, tmp_path) as c:
+        a, b = await two_groups(c)
+        tid = keys_by_coordinator(2)[0]
+        producer = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{a.kafka_port}",
+                                    transactional_id=tid)
+        await producer.start()
+        try:
+            await producer.begin_transaction()
+            await producer.send_and_wait(TOPIC, b"doomed", partition=4)
+            c.brokers.remove(b)
+            await b.stop()  # broker-b holds the staged batch and cannot take a marker now
+            assert await a.kafka_txn.abort(tid, "ops") == "aborted"
+            assert a.kafka_txn.describe(tid).state == "PrepareAbort"
+            b = await c.broker("broker-b", data_dir=b.config.data_dir, kafka_node_id=2,
+                               **CLUSTER_KAFKA)
+            await eventually(lambda: a.kafka_txn.describe(tid).state == "CompleteAbort",
+                             msg="the abort marker reached broker-b")
+        finally:
+            await producer.stop()
+        assert b.kafka_staging.staged_count() == 0 and b.store.max_offset(TOPIC, 0) == 0

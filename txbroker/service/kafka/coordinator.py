@@ -747,6 +747,12 @@ class TransactionCoordinator:
         if t is None or t.state != ONGOING or t.busy or t.inflight:
             return "not-open"
         log.warning("kafka transaction %r aborted by operator %s", transactional_id, operator)
-        await self._abort(t, "operator", bump=True)
+        try:
+            await self._abort(t, "operator", bump=True)
+        except CoordinatorUnavailable:
+            if t.state != PREPARE_ABORT:
+                raise
+            # Decided: another broker group has not answered its marker yet; the scan
+            # resends it until it does.
         self.metrics.kafka_producers_fenced.inc()
         return "aborted"
