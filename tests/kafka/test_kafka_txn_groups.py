@@ -273,3 +273,32 @@ async def test_an_operator_abort_with_a_participant_down_is_decided_and_complete
         finally:
             await producer.stop()
         assert b.kafka_staging.staged_count() == 0 and b.store.max_offset(TOPIC, 0) == 0
+
+
+async def test_librdkafka_commits_and_aborts_across_groups(broker_config: BrokerConfig,
+                                                           tmp_path) -> None:
+    """The same with confluent-kafka (librdkafka), driven in a thread (its calls block)."""
+    from confluent_kafka import Producer
+
+    async with InProcessCluster(broker_config, tmp_path) as c:
+        a, b = await two_groups(c)
+        tid = keys_by_coordinator(2)[0]
+
+        def run() -> None:
+            producer = Producer({"bootstrap.servers": f"127.0.0.1:{b.kafka_port}",
+                                 "transactional.id": tid, "linger.ms": 5})
+            producer.init_transactions(20)
+            for outcome in ("commit", "abort"):
+                producer.begin_transaction()
+                for p in (1, 5):
+                    producer.produce(TOPIC, f"{outcome}-{p}".encode(), partition=p)
+                producer.flush(20)
+                if outcome == "commit":
+                    producer.commit_transaction(20)
+                else:
+                    producer.abort_transaction(20)
+        await asyncio.to_thread(run)
+        assert b.kafka_staging.staged_count() == 0
+        for port in (a.kafka_port, b.kafka_port):
+            got = await read_all(port, TOPIC, range(6), committed=True)
+            assert got == {0: [], 1: [b"commit-1"], 2: [], 3: [], 4: [], 5: [b"commit-5"]}
