@@ -45,6 +45,8 @@ from txbroker.bench.kafka import (
     kafka_txn,
 )
 from txbroker.client.admin import AdminClient
+from txbroker.remoting.kafka.apis import ApiKey
+from txbroker.remoting.kafka.framing import decode_response, encode_request
 from txbroker.service.kafka.cluster_view import coordinator_index
 
 #: Transaction sizes of the comparison rows.
@@ -122,29 +124,32 @@ async def create_everywhere(namesrv: str, topic: str, queues: int) -> None:
         await admin.create_topic(topic, queues)
 
 
-async def wait_partitions(bootstrap: str, topic: str, count: int, timeout: float = 30.0) -> None:
-    """Until the cluster's Metadata lists ``count`` partitions of ``topic`` with leaders."""
-    from aiokafka import AIOKafkaProducer
-
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
+async def metadata_leaders(addr: str, topic: str) -> list[int]:
+    """The leader of each partition of ``topic`` in ``addr``'s own Metadata answer."""
+    host, _, port = addr.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
     try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            await producer.client.force_metadata_update()
-            parts = producer.client.cluster.partitions_for_topic(topic) or set()
-            if len(parts) == count and all(producer.client.cluster.leader_for_partition(
-                    _tp(topic, p)) not in (None, -1) for p in parts):
-                return
-            await asyncio.sleep(0.3)
-        raise RuntimeError(f"{topic}: {count} partitions with leaders not seen in {timeout:g} s")
+        writer.write(encode_request(ApiKey.METADATA, 8, 1, "bench", {
+            "topics": [{"name": topic}], "allow_auto_topic_creation": False}))
+        size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), 10), "big")
+        _, body = decode_response(ApiKey.METADATA, 8, await reader.readexactly(size))
     finally:
-        await producer.stop()
+        writer.close()
+    return [p["leader_id"] for t in body["topics"] for p in t["partitions"]]
 
 
-def _tp(topic: str, partition: int):
-    from aiokafka import TopicPartition
-    return TopicPartition(topic, partition)
+async def wait_partitions(procs: Processes, topic: str, leaders: list[int],
+                          timeout: float = 30.0) -> None:
+    """Until every broker's Metadata lists ``topic``'s partitions led by ``leaders``: a client
+    that read one broker's view before the other had learned both groups would number the
+    partitions differently from it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = [await metadata_leaders(b.kafka_addr, topic) for b in procs.brokers if b.alive()]
+        if all(s == leaders for s in seen):
+            return
+        await asyncio.sleep(0.3)
+    raise RuntimeError(f"{topic}: partitions led by {leaders} not seen everywhere in {timeout:g} s")
 
 
 async def compare_rows(root: Path, seconds: float, max_messages: int, in_flight: int,
@@ -160,7 +165,7 @@ async def compare_rows(root: Path, seconds: float, max_messages: int, in_flight:
         procs.broker("broker-a", 1)
         procs.broker("broker-b", 2)
         await create_everywhere(procs.namesrv.addr, TOPIC, 2)
-        await wait_partitions(procs.kafka, TOPIC, 4)
+        await wait_partitions(procs, TOPIC, [1, 1, 2, 2])
         rows += await _rows("two groups", procs, seconds, max_messages, in_flight, txn_producers)
     finally:
         procs.stop()
@@ -201,7 +206,7 @@ async def failover_row(root: Path, seconds: float) -> FailoverResult:
         procs.broker("broker-b", 2)
         await create_everywhere(procs.namesrv.addr, TOPIC, 2)
         bootstrap = procs.kafka
-        await wait_partitions(bootstrap, TOPIC, 4)
+        await wait_partitions(procs, TOPIC, [1, 1, 2, 2])
         plain = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
                                  request_timeout_ms=30_000)
         txn = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, request_timeout_ms=30_000,
