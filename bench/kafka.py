@@ -28,8 +28,11 @@ Then the three targets of docs/kafka.md, each met or not met:
 
 ``--json`` prints the rows and targets as one JSON document instead of the table.
 
+``--cluster`` runs ``bench.kafka_cluster`` instead: one broker vs two broker groups, and the
+produce stall through a failover.
+
 Usage: ``python -m txbroker.bench.kafka [--seconds 3] [--max-messages 300000]
-[--in-flight 1000] [--rmq-producers 64] [--txn-producers 4] [--json]``
+[--in-flight 1000] [--rmq-producers 64] [--txn-producers 4] [--cluster] [--json]``
 """
 
 from __future__ import annotations
@@ -283,10 +286,21 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--txn-producers", type=int, default=4,
                     help="transactional Kafka producers at once in the transaction rows")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--cluster", action="store_true",
+                    help="one broker vs two broker groups, and a failover (bench.kafka_cluster)")
     args = ap.parse_args(argv)
     import uvloop
 
     require("aiokafka")  # before the broker starts, not at the first Kafka row
+    if args.cluster:
+        from txbroker.bench import kafka_cluster
+
+        doc = kafka_cluster.run(args.seconds, args.max_messages, args.in_flight, args.txn_producers)
+        if args.json:
+            print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+        else:
+            kafka_cluster.print_report(doc)
+        return doc
     with tempfile.TemporaryDirectory(prefix="txbroker-bench-kafka-") as d, KafkaBroker(d) as broker, \
             asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         rows = runner.run(run_all(broker, args.seconds, args.max_messages, args.in_flight,

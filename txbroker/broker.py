@@ -45,6 +45,7 @@ from txbroker.config import (
     parse_address_list,
 )
 from txbroker.remoting.bodies import DataVersion
+from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.server import RemotingServer
 from txbroker.roles import Roles, broker_credentials
 from txbroker.service.acl import AclGuard
@@ -62,8 +63,10 @@ from txbroker.service.kafka.data import KafkaData
 from txbroker.service.kafka.group_api import group_handlers
 from txbroker.service.kafka.groups import GroupCoordinator
 from txbroker.service.kafka.listener import KafkaListener
+from txbroker.service.kafka.markers import MarkerSender, marker_handler
 from txbroker.service.kafka.metadata import KafkaMetadata
 from txbroker.service.kafka.routing import route_coordinators, route_partitions
+from txbroker.service.kafka.staging import TxnStaging
 from txbroker.service.kafka.txn_api import txn_handlers
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.namesrv import NameServer
@@ -145,6 +148,8 @@ class Broker:
         #: The Kafka view of the whole cluster (None on a single broker or without Kafka).
         self.kafka_view: ClusterView | None = None
         self.kafka_admin: KafkaAdmin | None = None
+        #: Other broker groups' transactions staged here (None on a single broker).
+        self.kafka_staging: TxnStaging | None = None
         self._kafka_sock: socket.socket | None = None
         #: Built by :meth:`start` once the store holds the data directory's lock.
         self.topics: TopicManager | None = None
@@ -390,6 +395,13 @@ class Broker:
                 cfg, self.topics, node=KafkaNode(cfg.kafka_node_id, self.host, self.kafka_port),
                 is_master=lambda: self.roles is not None and self.roles.is_master,
                 credentials=broker_credentials(self))
+            view = self.kafka_view
+            # Transactions across broker groups: staged here, decided by markers.
+            self.kafka_staging = TxnStaging(cfg, self.store, commit_remote=view.commit_offset,
+                                            coordinates=lambda tid: view.coordinator(tid)[1],
+                                            clock=self.clock)
+            kafka_data.staging = self.kafka_staging
+            self.kafka_txn.markers = MarkerSender(cfg, view, self.kafka_staging)
         handlers = KafkaMetadata(cfg, self.topics, host=self.host, port=self.kafka_port,
                                  view=self.kafka_view).handlers()
         handlers.update(kafka_data.handlers())
@@ -399,9 +411,12 @@ class Broker:
                                       port=self.kafka_port)
         await self.kafka_admin.start()
         handlers.update(self.kafka_admin.handlers())
+        handlers[ApiKey.WRITE_TXN_MARKERS] = marker_handler(
+            cfg, self.kafka_staging, self.kafka_view.leads if self.kafka_view else lambda: False)
         if self.kafka_view is not None:
             handlers = route_partitions(handlers, self.kafka_view)
-            handlers = route_coordinators(handlers, self.kafka_view, self.groups.validate_commit)
+            handlers = route_coordinators(handlers, self.kafka_view, self.groups.validate_commit,
+                                          self.kafka_staging)
         self.kafka = KafkaListener(cfg, handlers, self.metrics)
         sock, self._kafka_sock = self._kafka_sock, None
         await self.kafka.start(sock)
@@ -416,6 +431,8 @@ class Broker:
         self.tx.recover()
         if self.kafka_txn is not None and self.config.namesrv_addr:
             self.kafka_txn.recover()  # the replicated log is final: decisions, pid floor
+        if self.kafka_staging is not None:
+            self.kafka_staging.recover()  # what other groups' transactions staged here
 
     async def resume_master_services(self) -> None:
         """Becoming the master, fence lifted: checks (whose start rewrites the op records
@@ -423,6 +440,8 @@ class Broker:
         assert self.tx is not None and self.schedule is not None
         await self.tx.start()
         await self.schedule.start()
+        if self.kafka_staging is not None:  # before the coordinator: its markers may come here
+            await self.kafka_staging.start()
         if self.kafka_txn is not None and self.config.namesrv_addr:
             await self.kafka_txn.start()  # finishes decided commits: writes, after the fence
 
@@ -433,6 +452,8 @@ class Broker:
         await self.schedule.close()
         if self.kafka_txn is not None and self.config.namesrv_addr:
             await self.kafka_txn.suspend()
+        if self.kafka_staging is not None:
+            await self.kafka_staging.suspend()
 
     def registration_changed(self) -> None:
         """A role change: the name servers learn the new id at once."""
@@ -521,6 +542,8 @@ class Broker:
         await asyncio.gather(*(s.close(grace) for s in servers), return_exceptions=True)
         if self.kafka_view is not None:
             await self.kafka_view.close()
+        if self.kafka_txn is not None and self.kafka_txn.markers is not None:
+            self.kafka_txn.markers.close()
         if self.roles is not None:  # no client left: the controller link, HA, following
             await self.roles.stop()
         if self.schedule is not None:

@@ -41,3 +41,21 @@ def test_the_table_names_every_row_and_target(capsys) -> None:
         assert name in out
     assert out.count(" met") + out.count("not met") >= 3
     assert "read_committed consumer msgs/s" in out
+
+
+CLUSTER_ROWS = [f"{setup}: kafka {row}" for setup in ("one broker", "two groups")
+                for row in ("plain", "txn 10", "txn 100")]
+
+
+def test_cluster_rows_and_the_failover_stall(capsys) -> None:
+    """``--cluster``: the same rows on one broker and on two broker groups, then a master
+    SIGKILLed under load: both producers resume (their longest stall is measured)."""
+    doc = main([*TINY, "--cluster", "--json"])
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(doc))
+    assert [r["row"] for r in doc["rows"]] == CLUSTER_ROWS
+    for r in doc["rows"]:
+        assert r["messages"] > 0 and r["msgs_per_s"] > 0 and r["client_us_per_msg"] > 0, r
+    f = doc["failover"]
+    assert f["first_ack_after_kill_s"] is not None and f["first_ack_after_kill_s"] > 0, f
+    assert f["plain_longest_gap_s"] >= f["first_ack_after_kill_s"] - 0.5, f
+    assert f["txn_committed"] > 0 and f["txn_longest_gap_s"] > 0, f

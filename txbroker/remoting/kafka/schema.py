@@ -178,6 +178,15 @@ _REQUESTS: dict[ApiKey, list[F]] = {
         F("producer_epoch", "int16"),
         F("committed", "bool"),
     ],
+    ApiKey.WRITE_TXN_MARKERS: [  # between brokers (docs/kafka.md, "Kafka on a cluster")
+        F("markers", [
+            F("producer_id", "int64"),
+            F("producer_epoch", "int16"),
+            F("transaction_result", "bool"),
+            F("topics", [F("name", "string"), F("partition_indexes", "[int32]")]),
+            F("coordinator_epoch", "int32"),
+        ]),
+    ],
     ApiKey.TXN_OFFSET_COMMIT: [
         F("transactional_id", "string"),
         F("group_id", "string"),
@@ -415,6 +424,15 @@ _RESPONSES: dict[ApiKey, list[F]] = {
     ApiKey.END_TXN: [
         F("throttle_time_ms", "int32"),
         F("error_code", "int16"),
+    ],
+    ApiKey.WRITE_TXN_MARKERS: [
+        F("markers", [
+            F("producer_id", "int64"),
+            F("topics", [
+                F("name", "string"),
+                F("partitions", [F("partition_index", "int32"), F("error_code", "int16")]),
+            ]),
+        ]),
     ],
     ApiKey.TXN_OFFSET_COMMIT: [
         F("throttle_time_ms", "int32"),

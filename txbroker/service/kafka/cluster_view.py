@@ -207,6 +207,22 @@ class ClusterView:
         ids = sorted(groups)
         return groups[ids[coordinator_index(key, len(ids))]]
 
+    def coordinator_group(self, key: str) -> str:
+        """The broker group coordinating ``key`` (the one :meth:`coordinator` names)."""
+        names = {self.node.node_id: self.config.broker_name}
+        for g in self._groups.values():
+            if g.name != self.config.broker_name and g.node_id is not None:
+                names.setdefault(g.node_id, g.name)
+        ids = sorted(names)
+        return names[ids[coordinator_index(key, len(ids))]]
+
+    def leader_of(self, broker_name: str) -> KafkaNode | None:
+        """The Kafka node of a group's master now (None while it has none)."""
+        if broker_name == self.config.broker_name and self.leads():
+            return self.node
+        g = self._groups.get(broker_name)
+        return g.leader if g is not None else None
+
     def _own_leader(self) -> KafkaNode | None:
         g = self._groups.get(self.config.broker_name)
         return g.leader if g is not None else None

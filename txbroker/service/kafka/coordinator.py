@@ -44,6 +44,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.errors import ErrorCode
@@ -76,6 +77,9 @@ from txbroker.service.topics import TopicManager, is_system_topic
 from txbroker.store.message_store import MessageStore
 from txbroker.store.record import Message
 
+if TYPE_CHECKING:
+    from txbroker.service.kafka.markers import MarkerSender, Participants
+
 log = logging.getLogger(__name__)
 
 EMPTY, ONGOING = "Empty", "Ongoing"
@@ -92,6 +96,8 @@ PID_RANGE_BITS = 40
 OFFSET_FILE_GRACE_MS = 2000
 #: Largest part of a snapshot (below ``max_message_size`` when that is larger).
 SNAPSHOT_PART_SIZE = 1024 * 1024
+#: AddPartitionsToTxn's answer key for the request as a whole (only other groups' partitions).
+WHOLE_REQUEST = ("", -1)
 #: Kafka records are born at the client; the commitlog's born host is not known here.
 BORN_HOST = ("127.0.0.1", 0)
 
@@ -160,6 +166,9 @@ class _Txn:
     commit_msgs: list[Message] | None = None
     #: Commitlog offset of this id's latest state record (-1: none appended yet).
     record_offset: int = -1
+    #: On a cluster, the other broker groups in the transaction (their partitions, global
+    #: numbers; empty for a group that coordinates its consumer group): they get a marker.
+    participants: dict[str, list[list]] = field(default_factory=dict)
 
     def doc(self, **changes) -> dict:
         d = {"tid": self.tid, "pid": self.pid, "epoch": self.epoch, "last_epoch": self.last_epoch,
@@ -167,7 +176,8 @@ class _Txn:
              "partitions": [list(tp) for tp in self.partitions], "groups": list(self.groups),
              "started_ms": self.started_ms, "updated_ms": self.updated_ms,
              "data_from": self.data_from,
-             "offsets": [[g, t, p, o] for (g, t, p), o in self.offsets.items()]}
+             "offsets": [[g, t, p, o] for (g, t, p), o in self.offsets.items()],
+             "participants": self.participants}
         d.update(changes)
         return d
 
@@ -178,6 +188,11 @@ class _Txn:
         self.groups = list(d["groups"])
         self.started_ms, self.updated_ms, self.data_from = d["started_ms"], d["updated_ms"], d["data_from"]
         self.offsets = {(g, t, p): o for g, t, p, o in d["offsets"]}
+        self.participants = {k: list(v) for k, v in (d.get("participants") or {}).items()}
+        if self.state not in (ONGOING, PREPARE_COMMIT):
+            self.staged = []
+            self.failed = False
+            self.commit_msgs = None
 
     @property
     def open(self) -> bool:
@@ -232,6 +247,9 @@ class TransactionCoordinator:
         #: group allocates from its own range (``kafka_node_id << PID_RANGE_BITS``), so two
         #: groups never hand out one id; a single broker starts at 0.
         self.pid_base = max(config.kafka_node_id, 0) << PID_RANGE_BITS if config.namesrv_addr else 0
+        #: Delivers a decision to the other broker groups of a transaction (markers.py; set
+        #: on a cluster broker).
+        self.markers: MarkerSender | None = None
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -353,7 +371,7 @@ class TransactionCoordinator:
                 if t.state == PREPARE_COMMIT:
                     await self._apply_commit(t)
                 elif t.state == PREPARE_ABORT:
-                    await self._write(t, state=COMPLETE_ABORT, partitions=[], groups=[], offsets=[])
+                    await self._finish_abort(t)
             except CoordinatorUnavailable:
                 log.error("kafka transaction %r: could not finish %s at start; the scan retries",
                           t.tid, t.state)
@@ -425,6 +443,8 @@ class TransactionCoordinator:
                     await self._abort(t, "timeout", bump=True)
                 elif t.state == PREPARE_COMMIT:
                     await self._apply_commit(t)
+                elif t.state == PREPARE_ABORT:
+                    await self._finish_abort(t)
             except CoordinatorUnavailable:
                 pass
         self.producers.expire(now)
@@ -722,14 +742,21 @@ class TransactionCoordinator:
         tc = self.topics.get(topic)
         return tc is not None and not is_system_topic(topic) and 0 <= partition < tc.write_queue_nums
 
-    async def _begin_or_extend(self, t: _Txn, partitions: list[tuple[str, int]], groups: list[str]) -> None:
-        """Move ``t`` to Ongoing with ``partitions`` and ``groups`` added (one state record)."""
+    async def _begin_or_extend(self, t: _Txn, partitions: list[tuple[str, int]], groups: list[str],
+                               participants: Participants | None = None) -> None:
+        """Move ``t`` to Ongoing with ``partitions``, ``groups`` and ``participants`` added
+        (one state record)."""
         new = [tp for tp in partitions if tp not in t.partitions]
         new_groups = [g for g in groups if g not in t.groups]
-        if t.state == ONGOING and not new and not new_groups:
+        now_in = t.participants if t.state == ONGOING else {}
+        joined = {k: list(v) for k, v in now_in.items()}
+        for name, parts in (participants or {}).items():
+            have = joined.setdefault(name, [])
+            have.extend(list(tp) for tp in parts if list(tp) not in have)
+        if t.state == ONGOING and not new and not new_groups and joined == now_in:
             return
         changes: dict = {"state": ONGOING, "partitions": [list(tp) for tp in t.partitions + new],
-                         "groups": t.groups + new_groups}
+                         "groups": t.groups + new_groups, "participants": joined}
         starting = t.state != ONGOING
         if starting:
             now = self.now_ms()
@@ -746,20 +773,28 @@ class TransactionCoordinator:
             self._count_open()
 
     async def add_partitions(self, tid: str, pid: int, epoch: int,
-                             partitions: list[tuple[str, int]], version: int) -> dict[tuple[str, int], ErrorCode]:
+                             partitions: list[tuple[str, int]], version: int,
+                             remote: Participants | None = None) -> dict[tuple[str, int], ErrorCode]:
+        """``partitions`` are this group's; ``remote`` other groups' (checked by the caller)."""
         err, t = self._owner(tid, pid, epoch, fenced(version, 2))
         if t is not None:
             unknown = {tp for tp in partitions if not self.partition_exists(*tp)}
             if unknown:
                 return {tp: ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if tp in unknown
                         else ErrorCode.OPERATION_NOT_ATTEMPTED for tp in partitions}
-            await self._begin_or_extend(t, partitions, [])
+            await self._begin_or_extend(t, partitions, [], remote)
+        if remote and not partitions:
+            return {WHOLE_REQUEST: err}
         return dict.fromkeys(partitions, err)
 
-    async def add_offsets(self, tid: str, pid: int, epoch: int, group: str, version: int) -> ErrorCode:
+    async def add_offsets(self, tid: str, pid: int, epoch: int, group: str, version: int,
+                          participant: str | None = None) -> ErrorCode:
+        """``participant``: on a cluster, the broker group coordinating ``group``, which
+        stages the transaction's offsets and gets a marker."""
         err, t = self._owner(tid, pid, epoch, fenced(version, 2))
         if t is not None:
-            await self._begin_or_extend(t, [], [group])
+            await self._begin_or_extend(t, [], [group],
+                                        {participant: []} if participant is not None else None)
         return err
 
     async def txn_offset_commit(self, tid: str, group: str, pid: int, epoch: int,
@@ -868,8 +903,9 @@ class TransactionCoordinator:
                     raise CoordinatorUnavailable
             for (group, topic, partition), offset in t.offsets.items():
                 self.store.offsets.set(group, topic, partition, offset)
+            await self._deliver(t, commit=True)
             started = t.started_ms
-            await self._write(t, state=COMPLETE_COMMIT, partitions=[], groups=[])
+            await self._write(t, state=COMPLETE_COMMIT, partitions=[], groups=[], participants={})
             if t.offsets:
                 self._recent_commits.append((self.now_ms(), [(g, tp, p, o) for (g, tp, p), o
                                                              in t.offsets.items()]))
@@ -880,10 +916,35 @@ class TransactionCoordinator:
         self._finished(started)
         return ErrorCode.NONE
 
+    async def _deliver(self, t: _Txn, *, commit: bool) -> None:
+        """The decided outcome to every other broker group of the transaction (markers.py);
+        raises CoordinatorUnavailable until all of them have it (the scan retries)."""
+        if not t.participants:
+            return
+        if self.markers is None or not await self.markers.send(
+                t.pid, t.epoch, t.txn, commit, {k: [(tp, p) for tp, p in v]
+                                                for k, v in t.participants.items()}):
+            raise CoordinatorUnavailable
+
+    async def _finish_abort(self, t: _Txn) -> None:
+        """PrepareAbort -> markers -> CompleteAbort."""
+        t.busy = True
+        try:
+            await self._deliver(t, commit=False)
+            await self._write(t, state=COMPLETE_ABORT, partitions=[], groups=[], offsets=[],
+                              participants={})
+        finally:
+            t.busy = False
+
     async def _abort(self, t: _Txn, reason: str, *, bump: bool) -> None:
-        """Abort the open transaction (nothing was applied, so one CompleteAbort record is the
-        decision and its completion); ``bump`` also raises the epoch, fencing the producer."""
-        changes: dict = {"state": COMPLETE_ABORT, "partitions": [], "groups": [], "offsets": []}
+        """Abort the open transaction; ``bump`` also raises the epoch, fencing the producer.
+        Nothing was applied here, so one CompleteAbort record is the decision and its
+        completion, unless other broker groups staged parts of it: then PrepareAbort first,
+        their markers, then CompleteAbort."""
+        changes: dict = {"state": COMPLETE_ABORT, "partitions": [], "groups": [], "offsets": [],
+                         "participants": {}}
+        if t.participants:
+            changes.update(state=PREPARE_ABORT, participants=t.participants)
         started = t.started_ms
         if bump:
             if t.epoch >= EPOCH_EXHAUSTED:
@@ -895,6 +956,8 @@ class TransactionCoordinator:
             await self._write(t, **changes)
         finally:
             t.busy = False
+        if t.state == PREPARE_ABORT:
+            await self._finish_abort(t)
         self.metrics.kafka_txn_aborted.labels(reason=reason).inc()
         self._finished(started)
 
@@ -928,6 +991,12 @@ class TransactionCoordinator:
         if t is None or t.state != ONGOING or t.busy or t.inflight:
             return "not-open"
         log.warning("kafka transaction %r aborted by operator %s", transactional_id, operator)
-        await self._abort(t, "operator", bump=True)
+        try:
+            await self._abort(t, "operator", bump=True)
+        except CoordinatorUnavailable:
+            if t.state != PREPARE_ABORT:
+                raise
+            # Decided: another broker group has not answered its marker yet; the scan
+            # resends it until it does.
         self.metrics.kafka_producers_fenced.inc()
         return "aborted"

@@ -39,6 +39,7 @@ from txbroker.store.results import PutResult, PutStatus
 if TYPE_CHECKING:
     from txbroker.remoting.kafka.records import RecordBatch
     from txbroker.service.kafka.coordinator import TransactionCoordinator
+    from txbroker.service.kafka.staging import TxnStaging
     from txbroker.store.record import Message
 
 log = logging.getLogger("txbroker.kafka")
@@ -87,6 +88,9 @@ class KafkaData:
         #: Intents: the put of an idempotent batch under way, by (producer id, topic,
         #: partition).  A batch of the same producer for the same partition waits for it.
         self._puts: dict[tuple[int, str, int], asyncio.Task[list[PutResult]]] = {}
+        #: On a cluster, where transactional batches of transactions coordinated by another
+        #: broker group are staged (staging.py); None on a single broker.
+        self.staging: TxnStaging | None = None
 
     def handlers(self) -> dict[int, Handler]:
         return {ApiKey.PRODUCE: self.produce, ApiKey.FETCH: self.fetch,
@@ -160,6 +164,8 @@ class KafkaData:
         if records is not None and not records:
             return ErrorCode.INVALID_RECORD, -1
         coordinator = self.coordinator
+        if records is None and self.staging is not None and self.staging.takes(txn_id):
+            return await self.staging.stage_batch(topic, partition, batch)
         key = (batch.producer_id, topic, partition)
         if records is not None and batch.producer_id >= 0:
             # A retry must not be checked while the first try of the same batch is still

@@ -20,6 +20,8 @@ from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.service.kafka.cluster_view import ClusterView
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
+from txbroker.service.kafka.staging import TxnStaging
+from txbroker.service.kafka.txn_api import PARTICIPANT, REMOTE
 
 
 @dataclass(frozen=True)
@@ -170,33 +172,40 @@ def coordinated(api: ApiKey, handler: Handler, view: ClusterView) -> Handler:
 
 
 def local_partitions(view: ClusterView, topic: str, partitions: list[int]
-                     ) -> tuple[dict[int, int], dict[int, ErrorCode]]:
-    """(global -> local queue, global -> refusal) for partitions a transaction names: a
-    transaction's partitions must be led by its coordinator's group (docs/kafka.md)."""
+                     ) -> tuple[dict[int, int], dict[int, str], dict[int, ErrorCode]]:
+    """(global -> local queue, global -> another broker group leading it, global ->
+    refusal) for partitions a transaction names.  Another group's partition joins the
+    transaction as that group's (it stages the batches and gets a marker, markers.py)."""
     ok: dict[int, int] = {}
+    elsewhere: dict[int, str] = {}
     refused: dict[int, ErrorCode] = {}
     for p in partitions:
         err, queue = refusal(view, topic, p)
-        if err is ErrorCode.NOT_LEADER_OR_FOLLOWER:
-            err = ErrorCode.INVALID_TXN_STATE
-        if err is ErrorCode.NONE:
+        slot = view.slot(topic, p)
+        if err is ErrorCode.NOT_LEADER_OR_FOLLOWER and slot is not None:
+            elsewhere[p] = slot.broker_name
+        elif err is ErrorCode.NONE:
             ok[p] = queue
         else:
             refused[p] = err
-    return ok, refused
+    return ok, elsewhere, refused
 
 
 def add_partitions(handler: Handler, view: ClusterView) -> Handler:
-    """AddPartitionsToTxn in local queue numbers; a partition of another group is refused."""
+    """AddPartitionsToTxn: this group's partitions in local queue numbers, other groups'
+    handed to the coordinator as participants (global numbers)."""
 
     async def handle(ctx: KafkaRequestContext, body: dict) -> dict | None:
         refused: dict[tuple[str, int], ErrorCode] = {}
         back: dict[tuple[str, int], int] = {}
+        remote: dict[str, list[tuple[str, int]]] = {}
         topics = []
         for t in body.get("topics") or ():
-            ok, bad = local_partitions(view, t["name"], t["partitions"])
+            ok, elsewhere, bad = local_partitions(view, t["name"], t["partitions"])
             refused.update({(t["name"], p): e for p, e in bad.items()})
             back.update({(t["name"], q): p for p, q in ok.items()})
+            for p, group in elsewhere.items():
+                remote.setdefault(group, []).append((t["name"], p))
             if ok:
                 topics.append({**t, "partitions": list(ok.values())})
         if refused:  # all or nothing, as the coordinator itself answers
@@ -204,28 +213,78 @@ def add_partitions(handler: Handler, view: ClusterView) -> Handler:
                 {"partition_index": p, "partition_error_code":
                  refused.get((t["name"], p), ErrorCode.OPERATION_NOT_ATTEMPTED)}
                 for p in t["partitions"]]} for t in body.get("topics") or ()]}
-        answer = await handler(ctx, {**body, "topics": topics})
+        answer = await handler(ctx, {**body, "topics": topics, REMOTE: remote})
         assert answer is not None
+        out: dict[str, list[dict]] = {}
         for t in answer.get("results") or ():
             for r in t.get("results") or ():
                 r["partition_index"] = back.get((t["name"], r["partition_index"]),
                                                 r["partition_index"])
+                out.setdefault(t["name"], []).append(r)
+        if remote:
+            err = answer.pop(REMOTE, None)
+            if err is None:  # refused as a whole before the coordinator looked at it
+                err = next((r["partition_error_code"] for rs in out.values() for r in rs),
+                           ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            for parts in remote.values():
+                for name, p in parts:
+                    out.setdefault(name, []).append({"partition_index": p,
+                                                     "partition_error_code": err})
+        answer["results"] = [{"name": n, "results": rs} for n, rs in out.items()]
         return answer
 
     return handle
 
 
+def add_offsets(handler: Handler, view: ClusterView) -> Handler:
+    """AddOffsetsToTxn: the broker group coordinating the consumer group stages the offsets
+    (TxnOffsetCommit goes there) and joins the transaction as a participant."""
+
+    async def handle(ctx: KafkaRequestContext, body: dict) -> dict | None:
+        return await handler(ctx, {**body, PARTICIPANT: view.coordinator_group(body["group_id"])})
+
+    return handle
+
+
+def txn_offsets(view: ClusterView, staging: TxnStaging) -> Handler:
+    """TxnOffsetCommit at the consumer group's coordinator: staged here (staging.py) with
+    the broker group owning each queue, set when the transaction's commit marker arrives."""
+
+    async def handle(ctx: KafkaRequestContext, body: dict) -> dict | None:
+        group = body["group_id"]
+        answer: dict[tuple[str, int], ErrorCode] = {}
+        staged = []
+        for t in body.get("topics") or ():
+            for p in t.get("partitions") or ():
+                index, offset = p["partition_index"], p["committed_offset"]
+                slot = view.slot(t["name"], index)
+                if slot is None or offset < 0:
+                    answer[(t["name"], index)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                answer[(t["name"], index)] = ErrorCode.NONE
+                staged.append((group, t["name"], slot.broker_name, slot.queue_id, offset))
+        if staged:
+            err = await staging.stage_offsets(body["producer_id"], body["producer_epoch"], staged)
+            for key, e in answer.items():
+                if e is ErrorCode.NONE:
+                    answer[key] = err
+        by_topic: dict[str, list[dict]] = {}
+        for (name, index), err in answer.items():
+            by_topic.setdefault(name, []).append({"partition_index": index, "error_code": err})
+        return {"topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}
+
+    return handle
+
+
 def offsets(api: ApiKey, handler: Handler, view: ClusterView, validate) -> Handler:
-    """OffsetCommit / OffsetFetch / TxnOffsetCommit over global partitions: this group's
-    queues locally, another group's queues in that group (its master's offset table, over
-    RocketMQ's offset requests: the table both protocols share).  A transaction's offsets
-    must be this group's (as its partitions)."""
+    """OffsetCommit / OffsetFetch over global partitions: this group's queues locally,
+    another group's queues in that group (its master's offset table, over RocketMQ's offset
+    requests: the table both protocols share)."""
 
     async def handle(ctx: KafkaRequestContext, body: dict) -> dict | None:
         group = body["group_id"]
         fetch = api == ApiKey.OFFSET_FETCH
         remote: list[tuple[str, int, dict]] = []
-        refused: list[tuple[str, int, ErrorCode]] = []
         back: dict[tuple[str, int], int] = {}
         topics = []
         if fetch and body.get("topics") is None:
@@ -241,8 +300,6 @@ def offsets(api: ApiKey, handler: Handler, view: ClusterView, validate) -> Handl
                     queue = slot.queue_id if slot is not None else p
                     back[(name, queue)] = p
                     kept.append(queue if fetch else {**item, "partition_index": queue})
-                elif api == ApiKey.TXN_OFFSET_COMMIT:
-                    refused.append((name, p, ErrorCode.INVALID_TXN_STATE))
                 else:
                     remote.append((name, p, {} if fetch else item))
             if kept:
@@ -274,8 +331,6 @@ def offsets(api: ApiKey, handler: Handler, view: ClusterView, validate) -> Handl
                     slot.broker_name, group, name, slot.queue_id, item["committed_offset"]):
                 err = ErrorCode.COORDINATOR_NOT_AVAILABLE
             out.setdefault(name, []).append({"partition_index": p, "error_code": err})
-        for name, p, err in refused:
-            out.setdefault(name, []).append({"partition_index": p, "error_code": err})
         answer["topics"] = [{"name": n, "partitions": ps} for n, ps in out.items()]
         return answer
 
@@ -283,14 +338,19 @@ def offsets(api: ApiKey, handler: Handler, view: ClusterView, validate) -> Handl
 
 
 def route_coordinators(handlers: dict[int, Handler], view: ClusterView,
-                       validate_commit) -> dict[int, Handler]:
+                       validate_commit, staging: TxnStaging) -> dict[int, Handler]:
     """``handlers`` with the group and transaction APIs answered NOT_COORDINATOR away from
     the key's coordinator, and their partitions translated (``validate_commit`` is the group
-    coordinator's check of a commit's generation and member)."""
+    coordinator's check of a commit's generation and member).  A transaction may span broker
+    groups: TxnOffsetCommit is staged (``staging``) at the consumer group's coordinator and
+    AddOffsetsToTxn names that group as a participant."""
     out = dict(handlers)
     if ApiKey.ADD_PARTITIONS_TO_TXN in out:
         out[ApiKey.ADD_PARTITIONS_TO_TXN] = add_partitions(out[ApiKey.ADD_PARTITIONS_TO_TXN], view)
-    for api in (ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.TXN_OFFSET_COMMIT):
+    if ApiKey.ADD_OFFSETS_TO_TXN in out:
+        out[ApiKey.ADD_OFFSETS_TO_TXN] = add_offsets(out[ApiKey.ADD_OFFSETS_TO_TXN], view)
+    out[ApiKey.TXN_OFFSET_COMMIT] = txn_offsets(view, staging)
+    for api in (ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH):
         if api in out:
             out[api] = offsets(api, out[api], view, validate_commit)
     for api in COORDINATED:

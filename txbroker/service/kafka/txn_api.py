@@ -12,9 +12,14 @@ from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.kafka.coordinator import (
+    WHOLE_REQUEST,
     CoordinatorUnavailable,
     TransactionCoordinator,
 )
+
+#: Keys the cluster routing (routing.py) adds to AddPartitionsToTxn / AddOffsetsToTxn bodies:
+#: the other broker groups' partitions, the broker group coordinating the consumer group.
+REMOTE, PARTICIPANT = "txbroker_remote", "txbroker_participant"
 
 STATES = ("Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort",
           "PrepareEpochFence", "Dead")
@@ -59,13 +64,22 @@ def txn_handlers(coordinator: TransactionCoordinator) -> dict[int, Handler]:
     async def add_partitions(ctx: KafkaRequestContext, body: dict) -> dict:
         parts = [(t["name"], p) for t in body["topics"] for p in t["partitions"]]
         results = await c.add_partitions(body["transactional_id"], body["producer_id"],
-                                         body["producer_epoch"], parts, ctx.api_version)
-        return {"results": _grouped(results, "name", "partition_index", "results",
-                                    "partition_error_code")}
+                                         body["producer_epoch"], parts, ctx.api_version,
+                                         body.get(REMOTE))
+        whole = results.pop(WHOLE_REQUEST, None)
+        answer: dict = {"results": _grouped(results, "name", "partition_index", "results",
+                                            "partition_error_code")}
+        if body.get(REMOTE):  # how the other groups' partitions fare (routing.py answers them)
+            errs = set(results.values())
+            answer[REMOTE] = int(whole if whole is not None else
+                                 ErrorCode.OPERATION_NOT_ATTEMPTED
+                                 if ErrorCode.UNKNOWN_TOPIC_OR_PARTITION in errs else errs.pop())
+        return answer
 
     async def add_offsets(ctx: KafkaRequestContext, body: dict) -> dict:
         err = await c.add_offsets(body["transactional_id"], body["producer_id"],
-                                  body["producer_epoch"], body["group_id"], ctx.api_version)
+                                  body["producer_epoch"], body["group_id"], ctx.api_version,
+                                  body.get(PARTICIPANT))
         return {"error_code": int(err)}
 
     async def end_txn(ctx: KafkaRequestContext, body: dict) -> dict:

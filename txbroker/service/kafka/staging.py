@@ -1,0 +1,351 @@
+"""A participant's side of a Kafka transaction that spans broker groups (docs/kafka.md,
+"Kafka on a cluster").
+
+A transaction's coordinator lives in one broker group; its partitions and its consumer
+group's coordinator may live in others.  Those other groups' masters *stage* what the
+transaction sends them — each transactional Produce batch as received, each TxnOffsetCommit's
+offsets — in their own system topic ``RMQ_SYS_KAFKA_TXN_STAGED`` (so it is replicated with
+their log and survives their failover), invisible to every consumer, keyed by producer id and
+epoch.  Nothing reaches a partition until the coordinator's WriteTxnMarkers says how the
+transaction ended (:mod:`markers`):
+
+- a *commit* marker (producer id, epoch, transaction number) first writes a marker record
+  here (the decision, now durable in this group too), then appends every staged record of
+  that producer id and epoch to its partition in one ``put_chain`` (each carrying the marker
+  record's commitlog offset in ``prepared_transaction_offset``), sets the staged offsets, and
+  writes a done record;
+- an *abort* marker drops what is staged (one marker record, so a replay drops it too);
+- a marker is idempotent: the transaction number of the last marker of each producer id is
+  kept, so a marker sent again (a lost answer, a resend at the coordinator's recovery, a
+  delayed duplicate) changes nothing, or finishes an apply a crash interrupted; staged
+  batches of an older epoch than a marker's are a fenced producer's and never applied.
+
+Recovery replays the topic: what is still staged, the last transaction and epoch of each
+producer id, and how far an interrupted commit got (the records tied to its marker record),
+which :meth:`TxnStaging.start` finishes without waiting for the coordinator to ask again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from txbroker.config import BrokerConfig
+from txbroker.remoting.kafka.errors import ErrorCode
+from txbroker.remoting.kafka.records import RecordBatch, RecordsError, read_batches
+from txbroker.service.kafka.coordinator import BORN_HOST, OFFSET_FILE_GRACE_MS
+from txbroker.service.kafka.mapping import record_to_message
+from txbroker.service.kafka.producers import BatchMeta, ProducerStates
+from txbroker.service.kafka.txn_log import read_queue
+from txbroker.service.topics import is_system_topic
+from txbroker.store.message_store import MessageStore
+from txbroker.store.record import Message
+
+log = logging.getLogger("txbroker.kafka")
+
+STAGED_TOPIC = "RMQ_SYS_KAFKA_TXN_STAGED"
+
+P_KIND = "KKIND"
+P_PID = "KPID"
+P_EPOCH = "KEPOCH"
+P_TXN = "KTXN"
+P_TOPIC = "KTOPIC"
+P_QUEUE = "KQUEUE"
+P_GROUP = "KGROUP"
+BATCH, OFFSETS, COMMIT, ABORT, DONE = "batch", "offsets", "commit", "abort", "done"
+
+#: (consumer group, topic, broker group owning the queue, queue id, offset)
+StagedOffset = tuple[str, str, str, int, int]
+#: Stores a consumer offset in another broker group: (broker group, group, topic, queue,
+#: offset) -> stored.
+RemoteCommit = Callable[[str, str, str, int, int], Awaitable[bool]]
+
+
+class StagingUnavailable(Exception):
+    """A record could not be stored or an offset not set: the marker is answered with a
+    retriable error and the coordinator sends it again."""
+
+    def __init__(self, code: ErrorCode) -> None:
+        super().__init__(code.name)
+        self.code = code
+
+
+@dataclass(slots=True)
+class _Entry:
+    epoch: int
+    topic: str = ""
+    queue: int = -1
+    batch: RecordBatch | None = None
+    offsets: list[StagedOffset] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Apply:
+    """A commit decided here (its marker record is stored) and not yet fully applied."""
+
+    pid: int
+    txn: int
+    marker: int
+    entries: list[_Entry]
+    #: Records of the commit already appended (they follow the marker record).
+    applied: int = 0
+
+
+@dataclass
+class _Producer:
+    #: Transaction number of the last marker (-1: none yet).
+    last_txn: int = -1
+    #: Highest epoch a marker named: staged batches below it are a fenced producer's.
+    fence_epoch: int = -1
+    staged: list[_Entry] = field(default_factory=list)
+    applying: _Apply | None = None
+    #: Staging and markers of one producer id take turns (a marker sees a settled list).
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class TxnStaging:
+    """Staged transactional data of producers whose coordinator is in another group (or
+    whose consumer group is coordinated here), applied or dropped on their markers."""
+
+    def __init__(self, config: BrokerConfig, store: MessageStore, *,
+                 commit_remote: RemoteCommit, coordinates: Callable[[str], bool],
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.clock = clock
+        #: Whether this broker coordinates a transactional id (then its batches go to the
+        #: coordinator, not here).
+        self.coordinates = coordinates
+        self.store = store
+        self.commit_remote = commit_remote
+        self.producers = ProducerStates()
+        self._by_pid: dict[int, _Producer] = {}
+        #: Only a master stages and applies (see :meth:`recover`).
+        self.ready = False
+
+    # --- recovery and lifecycle ---------------------------------------------------------------
+    def recover(self) -> None:
+        """Rebuild what is staged, each producer id's last marker, and the commits a crash
+        interrupted, from the (replicated) topic."""
+        self._by_pid.clear()
+        self.producers = ProducerStates()
+        done_offsets: list[tuple[int, list[StagedOffset]]] = []
+        for _, m in read_queue(self.store, STAGED_TOPIC):
+            p = m.properties
+            kind, pid = p.get(P_KIND), int(p.get(P_PID, "-1"))
+            epoch = int(p.get(P_EPOCH, "-1"))
+            prod = self._producer(pid)
+            if kind == BATCH:
+                batch = read_batches(m.body, check_crc=False)[0]
+                prod.staged.append(_Entry(epoch, p[P_TOPIC], int(p[P_QUEUE]), batch))
+            elif kind == OFFSETS:
+                prod.staged.append(_Entry(epoch, offsets=[tuple(o) for o in orjson.loads(m.body)]))
+            elif kind in (COMMIT, ABORT):
+                txn = int(p[P_TXN])
+                prod.last_txn, prod.fence_epoch = txn, max(prod.fence_epoch, epoch)
+                settled, prod.staged = _split(prod.staged, epoch)
+                if kind == COMMIT:
+                    prod.applying = _Apply(pid, txn, m.physical_offset,
+                                           [e for e in settled if e.epoch == epoch])
+            elif kind == DONE:
+                if prod.applying is not None and prod.applying.txn == int(p[P_TXN]):
+                    prod.applying = None
+                if m.body:
+                    done_offsets.append((m.store_timestamp,
+                                         [tuple(o) for o in orjson.loads(m.body)]))
+        now = self.now_ms()
+        for pid, prod in self._by_pid.items():
+            if prod.applying is not None:
+                prod.applying.applied = self._count_applied(prod.applying.marker)
+            for e in prod.staged:
+                if e.batch is not None:
+                    self.producers.record(pid, e.epoch, e.topic, e.queue, BatchMeta(
+                        e.batch.base_sequence, e.batch.last_sequence, -1, e.batch.max_timestamp), now)
+        self._reapply_offsets(done_offsets)
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def _count_applied(self, marker: int) -> int:
+        n = 0
+        for m in self.store.scan(marker):
+            if m.prepared_transaction_offset == marker and not is_system_topic(m.topic):
+                n += 1
+        return n
+
+    def _reapply_offsets(self, done: list[tuple[int, list[StagedOffset]]]) -> None:
+        """Offsets applied shortly before a crash may be newer than the offset file (it is
+        written periodically): set them again, forward only (the coordinator's rule)."""
+        path = Path(self.config.data_dir) / "consumerOffset.json"
+        try:
+            written_ms = int(path.stat().st_mtime * 1000)
+        except FileNotFoundError:
+            written_ms = 0
+        for ts, offsets in done:
+            if ts + OFFSET_FILE_GRACE_MS < written_ms:
+                continue
+            for group, topic, broker, queue, offset in offsets:
+                current = self.store.offsets.get(group, topic, queue)
+                if broker == self.config.broker_name and (current is None or current < offset):
+                    self.store.offsets.set(group, topic, queue, offset)
+
+    async def start(self) -> None:
+        """Finish the commits recovery found interrupted (their decision is stored here)."""
+        self.ready = True
+        for prod in list(self._by_pid.values()):
+            if prod.applying is None:
+                continue
+            async with prod.lock:
+                try:
+                    await self._finish(prod)
+                except StagingUnavailable as exc:
+                    log.error("staged kafka commit of txn %d: not finished at start (%s); the "
+                              "coordinator's next marker retries", prod.applying.txn, exc)
+
+    async def suspend(self) -> None:
+        """No longer the master: keep nothing (the next master replays the log)."""
+        self.ready = False
+        self._by_pid.clear()
+        self.producers = ProducerStates()
+
+    def _producer(self, pid: int) -> _Producer:
+        prod = self._by_pid.get(pid)
+        if prod is None:
+            prod = self._by_pid[pid] = _Producer()
+        return prod
+
+    def staged_count(self) -> int:
+        """Batches and offset commits waiting for a marker (operators and tests)."""
+        return sum(len(p.staged) for p in self._by_pid.values())
+
+    # --- staging ------------------------------------------------------------------------------
+    def takes(self, transactional_id: str | None) -> bool:
+        """A transactional batch is staged here when another broker group coordinates it."""
+        return bool(transactional_id) and not self.coordinates(transactional_id)
+
+    async def stage_batch(self, topic: str, queue: int, batch: RecordBatch) -> tuple[ErrorCode, int]:
+        """Stage a transactional batch for this group's queue: (error, -1); a retried batch
+        already staged is answered NONE and not stored twice."""
+        pid, epoch = batch.producer_id, batch.producer_epoch
+        prod = self._producer(pid)
+        async with prod.lock:
+            if epoch < prod.fence_epoch:
+                return ErrorCode.INVALID_PRODUCER_EPOCH, -1
+            err, dup = self.producers.check(pid, epoch, topic, queue, batch.base_sequence,
+                                            batch.last_sequence)
+            if err is not ErrorCode.NONE or dup is not None:
+                return err, -1
+            meta = BatchMeta(batch.base_sequence, batch.last_sequence, -1, batch.max_timestamp)
+            self.producers.record(pid, epoch, topic, queue, meta, self.now_ms())
+            result = await self.store.put(Message(
+                topic=STAGED_TOPIC, queue_id=0, body=batch.data,
+                properties={P_KIND: BATCH, P_PID: str(pid), P_EPOCH: str(epoch),
+                            P_TOPIC: topic, P_QUEUE: str(queue)}))
+            if not result.ok:
+                self.producers.forget(pid, topic, queue, meta)
+                return ErrorCode.KAFKA_STORAGE_ERROR, -1
+            prod.staged.append(_Entry(epoch, topic, queue, batch))
+        return ErrorCode.NONE, -1
+
+    async def stage_offsets(self, pid: int, epoch: int, offsets: list[StagedOffset]) -> ErrorCode:
+        """Stage a TxnOffsetCommit's offsets (set when the commit marker arrives)."""
+        prod = self._producer(pid)
+        async with prod.lock:
+            if epoch < prod.fence_epoch:
+                return ErrorCode.INVALID_PRODUCER_EPOCH
+            result = await self.store.put(Message(
+                topic=STAGED_TOPIC, queue_id=0, body=orjson.dumps(offsets),
+                properties={P_KIND: OFFSETS, P_PID: str(pid), P_EPOCH: str(epoch)}))
+            if not result.ok:
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE
+            prod.staged.append(_Entry(epoch, offsets=list(offsets)))
+        return ErrorCode.NONE
+
+    # --- markers ------------------------------------------------------------------------------
+    async def apply(self, pid: int, epoch: int, txn: int, commit: bool) -> ErrorCode:
+        """One WriteTxnMarkers entry: commit or drop what ``pid`` staged, once."""
+        prod = self._producer(pid)
+        async with prod.lock:
+            try:
+                if txn <= prod.last_txn:  # sent again: finish it if a crash interrupted it
+                    if prod.applying is not None and prod.applying.txn == txn:
+                        await self._finish(prod)
+                    return ErrorCode.NONE
+                if prod.applying is not None:  # an older commit first (never left behind)
+                    await self._finish(prod)
+                settled, rest = _split(prod.staged, epoch)
+                if not settled:  # nothing here for it: nothing to write
+                    prod.last_txn, prod.fence_epoch = txn, max(prod.fence_epoch, epoch)
+                    prod.staged = rest
+                    return ErrorCode.NONE
+                result = await self.store.put(Message(
+                    topic=STAGED_TOPIC, queue_id=0, body=b"",
+                    properties={P_KIND: COMMIT if commit else ABORT, P_PID: str(pid),
+                                P_EPOCH: str(epoch), P_TXN: str(txn)}))
+                if not result.ok:
+                    raise StagingUnavailable(ErrorCode.KAFKA_STORAGE_ERROR)
+                prod.last_txn, prod.fence_epoch = txn, max(prod.fence_epoch, epoch)
+                prod.staged = rest
+                for e in settled:
+                    if e.batch is not None:
+                        self.producers.forget(pid, e.topic, e.queue, BatchMeta(
+                            e.batch.base_sequence, e.batch.last_sequence, -1,
+                            e.batch.max_timestamp))
+                if commit:
+                    prod.applying = _Apply(pid, txn, result.physical_offset,
+                                           [e for e in settled if e.epoch == epoch])
+                    await self._finish(prod)
+            except StagingUnavailable as exc:
+                return exc.code
+        return ErrorCode.NONE
+
+    async def _finish(self, prod: _Producer) -> None:
+        """Append the records of ``prod``'s decided commit not appended yet, set its offsets,
+        write the done record.  Idempotent: ``applied`` says where the last attempt stopped."""
+        a = prod.applying
+        assert a is not None
+        msgs: list[Message] = []
+        offsets: list[StagedOffset] = []
+        for e in a.entries:
+            offsets.extend(e.offsets)
+            if e.batch is None:
+                continue
+            try:
+                for record in e.batch.records():
+                    msgs.append(record_to_message(e.topic, e.queue, record, born_host=BORN_HOST))
+            except RecordsError as exc:  # checked at produce; the decision cannot be undone
+                log.error("staged batch of %s-%d does not decode (%s): skipped", e.topic,
+                          e.queue, exc)
+        for m in msgs:
+            m.prepared_transaction_offset = a.marker
+        rest = msgs[a.applied:]
+        if rest:
+            results = await self.store.put_chain(rest)
+            a.applied += sum(1 for r in results if r.ok)
+            if a.applied < len(msgs):
+                raise StagingUnavailable(ErrorCode.KAFKA_STORAGE_ERROR)
+        local = []
+        for group, topic, broker, queue, offset in offsets:
+            if broker == self.config.broker_name:
+                self.store.offsets.set(group, topic, queue, offset)
+                local.append((group, topic, broker, queue, offset))
+            elif not await self.commit_remote(broker, group, topic, queue, offset):
+                raise StagingUnavailable(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        result = await self.store.put(Message(
+            topic=STAGED_TOPIC, queue_id=0, body=orjson.dumps(local) if local else b"",
+            properties={P_KIND: DONE, P_PID: str(a.pid), P_TXN: str(a.txn)}))
+        if not result.ok:
+            raise StagingUnavailable(ErrorCode.KAFKA_STORAGE_ERROR)
+        prod.applying = None
+
+
+def _split(staged: list[_Entry], epoch: int) -> tuple[list[_Entry], list[_Entry]]:
+    """(what a marker of ``epoch`` settles, what stays staged for a later marker).  A commit
+    applies the settled entries of its own epoch and drops older ones (a fenced producer's);
+    an abort drops them all."""
+    return [e for e in staged if e.epoch <= epoch], [e for e in staged if e.epoch > epoch]
