@@ -53,6 +53,7 @@ from txbroker.service.clients import ClientRegistry
 from txbroker.service.kafka.coordinator import TransactionCoordinator
 from txbroker.service.kafka.data import KafkaData
 from txbroker.service.kafka.group_api import group_handlers
+from txbroker.service.kafka.group_log import GroupLog
 from txbroker.service.kafka.groups import GroupCoordinator
 from txbroker.service.kafka.listener import KafkaListener
 from txbroker.service.kafka.metadata import KafkaMetadata
@@ -365,8 +366,12 @@ class Broker:
         """The Kafka listener and its coordinators (docs/kafka.md)."""
         cfg = self.config
         assert self.kafka_txn is not None and self._kafka_sock is not None
-        self.groups = GroupCoordinator(cfg, self.metrics)
+        group_log = GroupLog(self.store, reserved_time=cfg.file_reserved_time, clock=self.clock)
+        self.groups = GroupCoordinator(cfg, self.metrics, clock=self.clock, log=group_log,
+                                       offsets=self.store.offsets)
         await self.groups.start()
+        if not cfg.namesrv_addr:  # in a cluster the role decides (recover_master_state)
+            self.groups.load()
         await self.kafka_txn.start()
         kafka_data = KafkaData(cfg, self.store, self.topics, self.metrics, self.kafka_txn,
                                self.holds)
@@ -386,6 +391,8 @@ class Broker:
         """Becoming the master, still fenced: the transaction state from the (final) log."""
         assert self.tx is not None
         self.tx.recover()
+        if self.groups is not None:
+            self.groups.load()
 
     async def resume_master_services(self) -> None:
         """Becoming the master, fence lifted: checks (whose start rewrites the op records
@@ -399,6 +406,8 @@ class Broker:
         assert self.tx is not None and self.schedule is not None
         await self.tx.suspend()
         await self.schedule.close()
+        if self.groups is not None:
+            await self.groups.suspend()
 
     def registration_changed(self) -> None:
         """A role change: the name servers learn the new id at once."""

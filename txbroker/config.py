@@ -188,6 +188,13 @@ class BrokerConfig:
     #: Bounds on a Kafka consumer's session timeout (``group.min/max.session.timeout.ms``).
     kafka_group_min_session_timeout: float = 6.0
     kafka_group_max_session_timeout: float = 1800.0
+    #: Committed offsets of a Kafka group with no members are deleted this long after it
+    #: became empty (a group without members ever: this long after each commit), and the group
+    #: with them (Kafka's ``offsets.retention.minutes``, 7 days).
+    kafka_offsets_retention: float = 7 * 24 * 3600.0
+    #: How often expired Kafka offsets and groups are looked for
+    #: (``offsets.retention.check.interval.ms``, 10 min).
+    kafka_offsets_retention_check_interval: float = 600.0
 
     # --- shutdown ------------------------------------------------------------------------
     shutdown_grace: float = 5.0
@@ -265,7 +272,8 @@ def _validate(c: BrokerConfig) -> None:
                  "shutdown_grace", "register_interval", "metadata_sync_interval",
                  "controller_heartbeat_interval", "controller_lease",
                  "kafka_transaction_max_timeout", "kafka_transaction_scan_interval",
-                 "kafka_group_min_session_timeout"):
+                 "kafka_group_min_session_timeout", "kafka_offsets_retention",
+                 "kafka_offsets_retention_check_interval"):
         need(getattr(c, name) > 0, name, "must be > 0")
     need(c.kafka_group_initial_rebalance_delay >= 0, "kafka_group_initial_rebalance_delay",
          "must be >= 0")

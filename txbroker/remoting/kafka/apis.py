@@ -23,6 +23,8 @@ class ApiKey(enum.IntEnum):
     HEARTBEAT = 12
     LEAVE_GROUP = 13
     SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     INIT_PRODUCER_ID = 22
@@ -30,6 +32,7 @@ class ApiKey(enum.IntEnum):
     ADD_OFFSETS_TO_TXN = 25
     END_TXN = 26
     TXN_OFFSET_COMMIT = 28
+    DELETE_GROUPS = 42
     DESCRIBE_TRANSACTIONS = 65
     LIST_TRANSACTIONS = 66
 
@@ -56,6 +59,9 @@ ADVERTISED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.TXN_OFFSET_COMMIT: (0, 2),
     ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
     ApiKey.LIST_TRANSACTIONS: (0, 1),
+    ApiKey.DESCRIBE_GROUPS: (0, 5),
+    ApiKey.LIST_GROUPS: (0, 5),
+    ApiKey.DELETE_GROUPS: (0, 2),
 }
 
 #: api key -> (min, max) actually served; a request outside it closes the connection
@@ -84,6 +90,9 @@ FLEXIBLE_FROM: dict[ApiKey, int] = {
     ApiKey.TXN_OFFSET_COMMIT: 3,
     ApiKey.DESCRIBE_TRANSACTIONS: 0,
     ApiKey.LIST_TRANSACTIONS: 0,
+    ApiKey.DESCRIBE_GROUPS: 5,
+    ApiKey.LIST_GROUPS: 3,
+    ApiKey.DELETE_GROUPS: 2,
 }
 
 
