@@ -242,7 +242,9 @@ class GroupCoordinator:
         self._gauge()
 
     async def _run(self) -> None:
-        while True:
+        # ``_closed`` ends the loop too: Python 3.11's wait_for swallows a cancellation that
+        # arrives as the event is set, so cancelling alone may not stop it
+        while not self._closed:
             due = self.next_deadline()
             delay = _MAX_SLEEP if due is None else min(_MAX_SLEEP, max(0.0, due - self.clock()))
             with contextlib.suppress(TimeoutError):
