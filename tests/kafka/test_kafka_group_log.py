@@ -149,11 +149,11 @@ async def test_loading_reads_the_last_snapshot_and_what_followed(node, clock):
     await form(node.coord, 1)
     coord = node.coord
     for _ in range(COMPACT_MIN + 5):          # many generations of one group
-        coord._record(coord.groups[G])        # noqa: SLF001 - what each SyncGroup writes
+        coord._record(coord.groups[G])
     await asyncio.sleep(0.1)
     assert coord.log.snapshot_due(len(coord.groups))
     coord.snapshot()
-    coord._record(coord.groups[G])            # noqa: SLF001
+    coord._record(coord.groups[G])
     await asyncio.sleep(0.1)
     coord = await node.restart()
     assert coord.log.since_snapshot == 2      # the snapshot's record and the one after it
