@@ -55,9 +55,9 @@ class Node:
 
 
 def join(coord: GroupCoordinator, member_id: str = "", *, instance: str | None = None,
-         protocols=(("range", b"meta"),)) -> asyncio.Future:
+         protocols=(("range", b"meta"),), group: str = G) -> asyncio.Future:
     return asyncio.ensure_future(coord.join(
-        G, member_id, client_id="cli", api_version=5, session_timeout_ms=SESSION_MS,
+        group, member_id, client_id="cli", api_version=5, session_timeout_ms=SESSION_MS,
         rebalance_timeout_ms=20_000, protocol_type="consumer", protocols=list(protocols),
         group_instance_id=instance, client_host="/127.0.0.1"))
 
