@@ -53,11 +53,12 @@ def group_handlers(groups: GroupCoordinator, store: MessageStore,
                 "groups": rows if not types or "classic" in types else []}
 
     async def describe_groups(ctx: KafkaRequestContext, body: dict) -> dict:
-        return {"groups": [groups.describe(g) for g in body.get("groups") or ()]}
+        return {"groups": groups.describe(list(body.get("groups") or ()))}
 
     async def delete_groups(ctx: KafkaRequestContext, body: dict) -> dict:
-        return {"results": [{"group_id": g, "error_code": await groups.delete(g)}
-                            for g in body.get("groups_names") or ()]}
+        names = list(body.get("groups_names") or ())
+        return {"results": [{"group_id": g, "error_code": e}
+                            for g, e in zip(names, await groups.delete(names), strict=True)]}
 
     async def leave_group(ctx: KafkaRequestContext, body: dict) -> dict:
         return {"error_code": groups.leave(body["group_id"], body["member_id"])}

@@ -680,12 +680,17 @@ class GroupCoordinator:
                          "group_state": state, "group_type": "classic"})
         return rows
 
-    def describe(self, group_id: str) -> dict:
+    def describe(self, group_ids: list[str]) -> list[dict]:
+        """DescribeGroups entries (the groups are looked up once per request, however many
+        it names)."""
+        known = self._known() if self.active else {}
+        return [self._describe(gid, known) for gid in group_ids]
+
+    def _describe(self, group_id: str, known: dict[str, Group | None]) -> dict:
         """One DescribeGroups entry: an unknown group is Dead with no members, as Kafka
         answers below v6; member metadata and assignments are given in Stable only."""
         if not self.active:
             return {"error_code": ErrorCode.NOT_COORDINATOR, "group_id": group_id}
-        known = self._known()
         if group_id not in known:
             return {"error_code": ErrorCode.NONE, "group_id": group_id, "group_state": DEAD}
         g = known[group_id]
@@ -702,27 +707,35 @@ class GroupCoordinator:
                              "member_assignment": m.assignment if stable else b""}
                             for m in g.members.values()]}
 
-    async def delete(self, group_id: str) -> ErrorCode:
-        """DeleteGroups for one group: only an Empty group; its record and offsets go, for
-        good (a tombstone in the log; the offsets file may lag, so loading removes the
-        offsets again)."""
-        if self._closed:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        if not self.active:
-            return ErrorCode.NOT_COORDINATOR
-        if not group_id:
-            return ErrorCode.INVALID_GROUP_ID
-        known = self._known()
-        if group_id not in known:
-            return ErrorCode.GROUP_ID_NOT_FOUND
-        g = known[group_id]
-        if g is not None and (g.members or g.pending or g.state != EMPTY):
-            return ErrorCode.NON_EMPTY_GROUP
-        stored = self._forget(group_id)
+    async def delete(self, group_ids: list[str]) -> list[ErrorCode]:
+        """DeleteGroups: only an Empty group goes; its record and offsets go for good (a
+        tombstone in the log; the offsets file may lag, so loading removes the offsets
+        again).  One error code per group, in order."""
+        known = self._known() if self.active else {}
+        verdicts: list[ErrorCode | asyncio.Future[bool] | None] = []
+        for gid in group_ids:
+            if self._closed:
+                verdicts.append(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            elif not self.active:
+                verdicts.append(ErrorCode.NOT_COORDINATOR)
+            elif not gid:
+                verdicts.append(ErrorCode.INVALID_GROUP_ID)
+            elif gid not in known:
+                verdicts.append(ErrorCode.GROUP_ID_NOT_FOUND)
+            elif (g := known[gid]) is not None and (g.members or g.pending or g.state != EMPTY):
+                verdicts.append(ErrorCode.NON_EMPTY_GROUP)
+            else:
+                del known[gid]
+                verdicts.append(self._forget(gid))
         self._gauge()
-        if stored is not None and not await stored:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        return ErrorCode.NONE
+        out = []
+        for v in verdicts:
+            if isinstance(v, ErrorCode):
+                out.append(v)
+            else:   # a tombstone (None: no log to write to)
+                out.append(ErrorCode.NONE if v is None or await v
+                           else ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        return out
 
     # --- pruning ---------------------------------------------------------------------------------
     def prune(self) -> int:
