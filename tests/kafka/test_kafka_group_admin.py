@@ -188,3 +188,33 @@ async def test_confluent_admin_lists_describes_and_deletes_groups(kafka_broker):
     assert states["rd-live"] == "STABLE" and states["rd-simple"] == "EMPTY"
     assert described["rd-live"] == ("STABLE", [("member-1", "/127.0.0.1")])
     assert deleted == {"rd-live": "NON_EMPTY_GROUP", "rd-simple": "ok"}
+
+
+# --- a deletion the offsets file has not caught up with -----------------------------------------
+async def test_a_deletion_newer_than_the_offsets_file_is_redone_at_load(group_node, group_clock):
+    import os
+    import time
+
+    group_clock.now = time.time()          # tombstones and the file's mtime on one clock
+    offsets = group_node.store.offsets
+    offsets.set("gone", "T", 0, 4, kafka=("m", int(group_clock.now * 1000)))
+    offsets.set("kept", "T", 0, 6, kafka=("", int(group_clock.now * 1000)))
+    offsets.persist()
+    path = offsets.path
+    before, stat = path.read_bytes(), path.stat()
+    await asyncio.sleep(0.01)
+    group_clock.now = time.time()            # the deletion comes after the file's last write
+    assert await group_node.coord.delete(["gone"]) == [0]
+    assert "gone" in group_node.coord.tombstones
+    await group_node.close()
+    # as after a crash before the next offsets write: the file still holds the group
+    path.write_bytes(before)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    coord = await group_node.open()
+    offsets = group_node.store.offsets
+    assert offsets.get("gone", "T", 0) is None and offsets.get("kept", "T", 0) == 6
+    # once the file is written after the deletion, the tombstone is no longer carried
+    await asyncio.sleep(0.01)
+    offsets.persist()
+    coord.snapshot()
+    assert coord.tombstones == {}

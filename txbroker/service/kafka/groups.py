@@ -45,9 +45,6 @@ log = logging.getLogger(__name__)
 #: The longest the timer task sleeps without looking at its deadlines (a safety net only:
 #: every change that moves a deadline closer wakes it).
 _MAX_SLEEP = 1.0
-#: How long (s) a deleted group's tombstone is carried into snapshots: until the offsets file
-#: has surely been written without the group's offsets (see :meth:`GroupCoordinator.load`).
-_TOMBSTONE_KEEP = 3600.0
 
 
 @dataclass(eq=False)
@@ -164,8 +161,10 @@ class GroupCoordinator:
         #: Coordinator of the groups: after :meth:`load` (at once without a log); a broker
         #: that is not the master answers NOT_COORDINATOR.
         self.active = log is None
-        #: Groups deleted or pruned lately -> when (ms): their tombstones go into snapshots.
+        #: Groups deleted or pruned lately -> when (ms): their tombstones go into snapshots
+        #: until the offsets file has been written after them.
         self.tombstones: dict[str, int] = {}
+        self._tombstones_checked = 0.0
         self._closed = False
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
@@ -256,7 +255,9 @@ class GroupCoordinator:
                     self._next_prune = (self.clock()
                                         + self.config.kafka_offsets_retention_check_interval)
                     self.prune()
-                if self.active and self.log is not None and self.log.snapshot_due(len(self.groups)):
+                self._settle_tombstones()
+                if self.active and self.log is not None and self.log.snapshot_due(
+                        len(self.groups)):
                     self.snapshot()
             except Exception:           # a bug in one pass must not stop every later deadline
                 log.exception("kafka group deadlines: tick failed")
@@ -793,14 +794,24 @@ class GroupCoordinator:
             fut.add_done_callback(lambda f: then(f.result()))
 
     def snapshot(self) -> None:
-        """Compact the log: every live group's record and the recent tombstones again."""
+        """Compact the log: every live group's record again, and the tombstones the offsets
+        file may not reflect yet (not written since the deletion: see :meth:`load`)."""
         assert self.log is not None
-        limit = int((self.clock() - _TOMBSTONE_KEEP) * 1000)
-        self.tombstones = {g: ms for g, ms in self.tombstones.items()
-                           if ms >= limit and g not in self.groups}
+        self._settle_tombstones(force=True)
         docs = [g.doc() for g in self.groups.values() if g.persisted]
         docs += [{"group": g, "deleted": ms} for g, ms in self.tombstones.items()]
         self.log.snapshot(docs)
+
+    def _settle_tombstones(self, *, force: bool = False) -> None:
+        """Forget the tombstones the offsets file reflects (written after them): no snapshot
+        needs them any more.  At most once a second unless ``force``."""
+        now = self.clock()
+        if not self.tombstones or (not force and now < self._tombstones_checked + 1.0):
+            return
+        self._tombstones_checked = now
+        written_ms = self._offsets_written_ms()
+        self.tombstones = {g: ms for g, ms in self.tombstones.items()
+                           if ms >= written_ms and g not in self.groups}
 
     def _forget(self, group_id: str, *, offsets_left: bool = True) -> asyncio.Future[bool] | None:
         """Remove a group, its offsets (``offsets_left``: some may remain) and metadata, with
