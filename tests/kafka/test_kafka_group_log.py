@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from support.kafka_groups import SESSION_MS, G, answer, form
+from support.kafka_groups import SESSION_MS, G, answer, form, join
 
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.service.kafka.group_log import COMPACT_MIN
@@ -62,3 +62,16 @@ async def test_loading_reads_the_last_snapshot_and_what_followed(group_node, gro
     coord = await group_node.restart()
     assert coord.log.since_snapshot == 2      # the snapshot's record and the one after it
     assert coord.groups[G].state == STABLE
+
+
+async def test_suspend_then_load_as_a_master_change_does(group_node):
+    coord = group_node.coord
+    joined = await form(coord, 1)
+    gen, mid = joined[0]["generation_id"], joined[0]["member_id"]
+    await coord.suspend()               # no longer the master: nothing kept, nothing answered
+    assert coord.groups == {}
+    assert coord.heartbeat(G, gen, mid) == ErrorCode.NOT_COORDINATOR
+    assert (await answer(join(coord)))["error_code"] == ErrorCode.NOT_COORDINATOR
+    assert coord.validate_commit(G, gen, mid) == ErrorCode.NOT_COORDINATOR
+    assert coord.load() == 1            # the master again: the group as the log has it
+    assert coord.heartbeat(G, gen, mid) == ErrorCode.NONE
