@@ -36,11 +36,8 @@ def report_rebalance(kind: str, partitions) -> None:
         print(f"rebalance {time.time():.3f} {kind} {len(partitions)}", flush=True)
 
 
-#: librdkafka 2.16 re-bootstraps when every broker is down (KIP-899: the one broker restarting
-#: is that) and decommissions the old broker handle; a send_offsets_to_transaction that then
-#: finds the decommissioned handle cached as group coordinator waits until some other broker
-#: changes state (confluentinc/librdkafka#5511, open).  Without re-bootstrap the handle just
-#: reconnects, which is what a client of a one-broker cluster wants anyway.
+#: No re-bootstrap: with it, librdkafka's send_offsets_to_transaction can wait indefinitely
+#: after the only broker restarts (docs/kafka.md, "Consumer groups", "What is durable").
 RDKAFKA_COMMON = {"metadata.recovery.strategy": "none"}
 
 
