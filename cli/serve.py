@@ -162,6 +162,11 @@ _OPTIONS: dict[str, _Opt] = {
                                                        "stops reading from it"),
     "kafka_max_queued_bytes": _Opt("BYTES", "bytes of Kafka requests waiting their turn per "
                                             "connection before the broker stops reading from it"),
+    "kafka_offsets_retention": _Opt("SECONDS", "offsets of a Kafka group without members are "
+                                               "deleted this long after it became empty, and "
+                                               "the group with them"),
+    "kafka_offsets_retention_check_interval": _Opt("SECONDS", "how often expired Kafka offsets "
+                                                              "and groups are looked for"),
     "acl_file": _Opt("PATH", "RocketMQ plain_acl.yml; setting it turns access control on",
                      "unset: access control off"),
     "acl_access_key": _Opt("KEY", "this broker's account in --acl-file: it signs the requests "

@@ -61,6 +61,7 @@ from txbroker.service.kafka.cluster_view import (
 from txbroker.service.kafka.coordinator import TransactionCoordinator
 from txbroker.service.kafka.data import KafkaData
 from txbroker.service.kafka.group_api import group_handlers
+from txbroker.service.kafka.group_log import GroupLog
 from txbroker.service.kafka.groups import GroupCoordinator
 from txbroker.service.kafka.listener import KafkaListener
 from txbroker.service.kafka.markers import MarkerSender, marker_handler
@@ -384,9 +385,12 @@ class Broker:
         """The Kafka listener and its coordinators (docs/kafka.md)."""
         cfg = self.config
         assert self.kafka_txn is not None and self._kafka_sock is not None
-        self.groups = GroupCoordinator(cfg, self.metrics)
+        group_log = GroupLog(self.store, reserved_time=cfg.file_reserved_time, clock=self.clock)
+        self.groups = GroupCoordinator(cfg, self.metrics, clock=self.clock, log=group_log,
+                                       offsets=self.store.offsets)
         await self.groups.start()
-        if not cfg.namesrv_addr:  # in a cluster the role starts it (resume_master_services)
+        if not cfg.namesrv_addr:  # in a cluster the role decides (recover_master_state,
+            self.groups.load()    # resume_master_services)
             await self.kafka_txn.start()
         kafka_data = KafkaData(cfg, self.store, self.topics, self.metrics, self.kafka_txn,
                                self.holds)
@@ -433,6 +437,8 @@ class Broker:
             self.kafka_txn.recover()  # the replicated log is final: decisions, pid floor
         if self.kafka_staging is not None:
             self.kafka_staging.recover()  # what other groups' transactions staged here
+        if self.groups is not None:
+            self.groups.load()
 
     async def resume_master_services(self) -> None:
         """Becoming the master, fence lifted: checks (whose start rewrites the op records
@@ -454,6 +460,8 @@ class Broker:
             await self.kafka_txn.suspend()
         if self.kafka_staging is not None:
             await self.kafka_staging.suspend()
+        if self.groups is not None:
+            await self.groups.suspend()
 
     def registration_changed(self) -> None:
         """A role change: the name servers learn the new id at once."""

@@ -218,6 +218,13 @@ class BrokerConfig:
     #: go out: a pipelining client is slowed down, not disconnected.
     kafka_max_inflight_per_connection: int = 16
     kafka_max_queued_bytes: int = 8 * 1024 * 1024
+    #: Committed offsets of a Kafka group with no members are deleted this long after it
+    #: became empty (a group without members ever: this long after each commit), and the group
+    #: with them (Kafka's ``offsets.retention.minutes``, 7 days).
+    kafka_offsets_retention: float = 7 * 24 * 3600.0
+    #: How often expired Kafka offsets and groups are looked for
+    #: (``offsets.retention.check.interval.ms``, 10 min).
+    kafka_offsets_retention_check_interval: float = 600.0
 
     # --- shutdown ------------------------------------------------------------------------
     shutdown_grace: float = 5.0
@@ -296,7 +303,8 @@ def _validate(c: BrokerConfig) -> None:
                  "controller_heartbeat_interval", "controller_lease",
                  "kafka_transaction_max_timeout", "kafka_transaction_scan_interval",
                  "kafka_group_min_session_timeout", "kafka_transactional_id_expiration",
-                 "kafka_snapshot_interval", "kafka_cluster_refresh_interval"):
+                 "kafka_snapshot_interval", "kafka_cluster_refresh_interval",
+                 "kafka_offsets_retention", "kafka_offsets_retention_check_interval"):
         need(getattr(c, name) > 0, name, "must be > 0")
     need(c.kafka_transaction_max_bytes >= c.max_message_size, "kafka_transaction_max_bytes",
          "must be >= max_message_size (one batch must fit)")

@@ -5,6 +5,8 @@
 * ``kafka_broker`` — a started in-process :class:`txbroker.broker.Broker` from ``kafka_config``
   (``.kafka_port`` is the bound port); stopped after the test.
 * ``kafka_bootstrap`` — ``"127.0.0.1:<kafka port>"``, what Kafka clients are given.
+* ``group_clock``, ``group_node`` — a manual wall clock and a store + durable group coordinator
+  on it (tests/support/kafka_groups.py), restartable on the same data directory.
 """
 
 from __future__ import annotations
@@ -36,3 +38,22 @@ async def kafka_broker(kafka_config: BrokerConfig):
 @pytest.fixture
 def kafka_bootstrap(kafka_broker) -> str:
     return f"127.0.0.1:{kafka_broker.kafka_port}"
+
+
+@pytest.fixture
+def group_clock():
+    from support.kafka_groups import Clock
+
+    return Clock()
+
+
+@pytest.fixture
+async def group_node(broker_config: BrokerConfig, group_clock):
+    from support.kafka_groups import Node
+
+    n = Node(broker_config.replace(kafka_group_initial_rebalance_delay=0.0), group_clock)
+    await n.open()
+    try:
+        yield n
+    finally:
+        await n.close()

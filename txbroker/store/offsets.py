@@ -4,6 +4,10 @@ Kept in memory and persisted as one JSON file, atomically: write a temp file, fs
 it over the old one, fsync the directory.  A crash at any point leaves either the old or the new
 file whole, never a torn one — so a consumer's committed position never moves back past what
 was last persisted.
+
+Offsets committed by Kafka clients also keep their commit metadata string and commit time
+(``kafka`` in the file): OffsetFetch returns the string, and the time decides when the offset
+of a group without members expires.  Any other write of the offset drops them.
 """
 
 from __future__ import annotations
@@ -14,12 +18,15 @@ from pathlib import Path
 import orjson
 
 OffsetKey = tuple[str, str, int]
+#: A Kafka commit's metadata string and commit time (ms).
+KafkaCommit = tuple[str, int]
 
 
 class ConsumerOffsetStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._offsets: dict[OffsetKey, int] = {}
+        self._kafka: dict[OffsetKey, KafkaCommit] = {}
         self._dirty = False
         if path.exists():
             self._load(path.read_bytes())
@@ -36,6 +43,12 @@ class ConsumerOffsetStore:
                         if not isinstance(offset, int) or offset < 0:
                             raise ValueError(f"offset {offset!r} of {group}/{topic}/{qid} is not an int >= 0")
                         self._offsets[(str(group), str(topic), int(qid))] = offset
+            for group, topics in doc.get("kafka", {}).items():
+                for topic, queues in topics.items():
+                    for qid, (metadata, commit_ms) in queues.items():
+                        key = (str(group), str(topic), int(qid))
+                        if key in self._offsets:
+                            self._kafka[key] = (str(metadata), int(commit_ms))
         except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError) as exc:
             raise ValueError(f"consumer offsets file {self.path} is damaged ({exc}); "
                              "repair or remove it to start") from None
@@ -43,19 +56,52 @@ class ConsumerOffsetStore:
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
         return self._offsets.get((group, topic, queue_id))
 
-    def set(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+    def set(self, group: str, topic: str, queue_id: int, offset: int, *,
+            kafka: KafkaCommit | None = None) -> None:
+        """``kafka``: (metadata, commit time ms) of a Kafka OffsetCommit; None drops them."""
         if offset < 0:
             raise ValueError("consumer offset must be >= 0")
         key = (group, topic, queue_id)
         if self._offsets.get(key) != offset:
             self._offsets[key] = offset
             self._dirty = True
+        if kafka is not None:
+            if self._kafka.get(key) != kafka:
+                self._kafka[key] = kafka
+                self._dirty = True
+        elif self._kafka.pop(key, None) is not None:
+            self._dirty = True
+
+    def kafka_commit(self, group: str, topic: str, queue_id: int) -> KafkaCommit | None:
+        return self._kafka.get((group, topic, queue_id))
+
+    def kafka_groups(self) -> set[str]:
+        """Groups with at least one offset committed through Kafka."""
+        return {group for group, _, _ in self._kafka}
+
+    def group_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        """``group``'s offsets: (topic, queue id) -> offset."""
+        return {(t, q): o for (g, t, q), o in self._offsets.items() if g == group}
+
+    def forget(self, group: str, topic: str, queue_id: int) -> None:
+        key = (group, topic, queue_id)
+        if self._offsets.pop(key, None) is not None:
+            self._dirty = True
+        self._kafka.pop(key, None)
+
+    def forget_group(self, group: str) -> int:
+        """Drop every offset of ``group`` (the group was deleted); returns how many."""
+        keys = [k for k in self._offsets if k[0] == group]
+        for key in keys:
+            self.forget(*key)
+        return len(keys)
 
     def forget_topic(self, topic: str) -> int:
         """Drop every group's offsets in ``topic`` (the topic was deleted); returns how many."""
         keys = [k for k in self._offsets if k[1] == topic]
         for key in keys:
             del self._offsets[key]
+            self._kafka.pop(key, None)
         self._dirty = self._dirty or bool(keys)
         return len(keys)
 
@@ -72,6 +118,11 @@ class ConsumerOffsetStore:
         self._dirty = False
         doc = {"offsets": {g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()}
                            for g, ts in self.groups().items()}}
+        if self._kafka:
+            kafka: dict[str, dict[str, dict[str, list]]] = {}
+            for (g, t, q), (metadata, commit_ms) in self._kafka.items():
+                kafka.setdefault(g, {}).setdefault(t, {})[str(q)] = [metadata, commit_ms]
+            doc["kafka"] = kafka
         return orjson.dumps(doc)
 
     def write(self, data: bytes) -> None:

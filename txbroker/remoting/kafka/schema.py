@@ -262,6 +262,16 @@ _REQUESTS: dict[ApiKey, list[F]] = {
     ],
     ApiKey.DESCRIBE_PRODUCERS: [
         F("topics", [F("name", "string"), F("partition_indexes", "[int32]")]),
+    ApiKey.DESCRIBE_GROUPS: [
+        F("groups", "[string]"),
+        F("include_authorized_operations", "bool", "3+"),
+    ],
+    ApiKey.LIST_GROUPS: [
+        F("states_filter", "[string]", "4+"),
+        F("types_filter", "[string]", "5+"),
+    ],
+    ApiKey.DELETE_GROUPS: [
+        F("groups_names", "[string]"),
     ],
 }
 
@@ -555,6 +565,38 @@ _RESPONSES: dict[ApiKey, list[F]] = {
                 ]),
             ]),
         ]),
+    ApiKey.DESCRIBE_GROUPS: [
+        F("throttle_time_ms", "int32", "1+"),
+        F("groups", [
+            F("error_code", "int16"),
+            F("group_id", "string"),
+            F("group_state", "string"),
+            F("protocol_type", "string"),
+            F("protocol_data", "string"),
+            F("members", [
+                F("member_id", "string"),
+                F("group_instance_id", "string", "4+", nullable="4+", default=None),
+                F("client_id", "string"),
+                F("client_host", "string"),
+                F("member_metadata", "bytes"),
+                F("member_assignment", "bytes"),
+            ]),
+            F("authorized_operations", "int32", "3+", default=-2147483648),
+        ]),
+    ],
+    ApiKey.LIST_GROUPS: [
+        F("throttle_time_ms", "int32", "1+"),
+        F("error_code", "int16"),
+        F("groups", [
+            F("group_id", "string"),
+            F("protocol_type", "string"),
+            F("group_state", "string", "4+"),
+            F("group_type", "string", "5+"),
+        ]),
+    ],
+    ApiKey.DELETE_GROUPS: [
+        F("throttle_time_ms", "int32"),
+        F("results", [F("group_id", "string"), F("error_code", "int16")]),
     ],
 }
 

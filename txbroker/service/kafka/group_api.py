@@ -1,10 +1,11 @@
-"""Kafka's group APIs: JoinGroup, SyncGroup, Heartbeat, LeaveGroup (over the
-:class:`GroupCoordinator`) and OffsetCommit, OffsetFetch (over the store's consumer-offset
-table, the one RocketMQ consumers use: a group's position is the same through either protocol).
+"""Kafka's group APIs: JoinGroup, SyncGroup, Heartbeat, LeaveGroup, ListGroups,
+DescribeGroups, DeleteGroups (over the :class:`GroupCoordinator`) and OffsetCommit,
+OffsetFetch (over the store's consumer-offset table, the one RocketMQ consumers use: a group's
+position is the same through either protocol).
 
-The offset table holds the next offset to consume per (group, topic, queue id) and nothing
-else: commit metadata strings and retention times are accepted and not kept (OffsetFetch
-answers metadata ""), as docs/kafka.md ("Consumer groups") says."""
+The offset table keeps a Kafka commit's metadata string (OffsetFetch returns it) and commit
+time (offset expiry); a request's retention time is ignored, as Kafka does from v5 on
+(docs/kafka.md, "Consumer groups")."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ MAX_METADATA_BYTES = 4096
 
 def group_handlers(groups: GroupCoordinator, store: MessageStore,
                    topics: TopicManager) -> dict[int, Handler]:
-    """The handlers of the six group APIs, keyed by API key."""
+    """The handlers of the group APIs, keyed by API key."""
 
     async def join_group(ctx: KafkaRequestContext, body: dict) -> dict:
         return await groups.join(
@@ -30,16 +31,34 @@ def group_handlers(groups: GroupCoordinator, store: MessageStore,
             rebalance_timeout_ms=body.get("rebalance_timeout_ms", -1),
             protocol_type=body["protocol_type"],
             protocols=[(p["name"], p["metadata"]) for p in body["protocols"]],
-            group_instance_id=body.get("group_instance_id"))
+            group_instance_id=body.get("group_instance_id"),
+            client_host="/" + ctx.peer.rsplit(":", 1)[0])
 
     async def sync_group(ctx: KafkaRequestContext, body: dict) -> dict:
         return await groups.sync(
             body["group_id"], body["generation_id"], body["member_id"],
-            [(a["member_id"], a["assignment"]) for a in body.get("assignments") or ()])
+            [(a["member_id"], a["assignment"]) for a in body.get("assignments") or ()],
+            body.get("group_instance_id"))
 
     async def heartbeat(ctx: KafkaRequestContext, body: dict) -> dict:
         return {"error_code": groups.heartbeat(body["group_id"], body["generation_id"],
-                                               body["member_id"])}
+                                               body["member_id"], body.get("group_instance_id"))}
+
+    async def list_groups(ctx: KafkaRequestContext, body: dict) -> dict:
+        if not groups.active:
+            return {"error_code": ErrorCode.NOT_COORDINATOR, "groups": []}
+        types = {t.lower() for t in body.get("types_filter") or ()}
+        rows = groups.list_groups(body.get("states_filter"))
+        return {"error_code": ErrorCode.NONE,
+                "groups": rows if not types or "classic" in types else []}
+
+    async def describe_groups(ctx: KafkaRequestContext, body: dict) -> dict:
+        return {"groups": groups.describe(list(body.get("groups") or ()))}
+
+    async def delete_groups(ctx: KafkaRequestContext, body: dict) -> dict:
+        names = list(body.get("groups_names") or ())
+        return {"results": [{"group_id": g, "error_code": e}
+                            for g, e in zip(names, await groups.delete(names), strict=True)]}
 
     async def leave_group(ctx: KafkaRequestContext, body: dict) -> dict:
         return {"error_code": groups.leave(body["group_id"], body["member_id"])}
@@ -55,13 +74,14 @@ def group_handlers(groups: GroupCoordinator, store: MessageStore,
             verdict = ErrorCode.INVALID_GROUP_ID
         else:
             verdict = groups.validate_commit(group_id, generation, body["member_id"])
+        now_ms = int(groups.clock() * 1000)
         out = []
         for t in body.get("topics") or ():
             parts = []
             for p in t.get("partitions") or ():
                 err = verdict
                 if err == ErrorCode.NONE:
-                    err = _commit_one(store, partition_exists, group_id, t["name"], p)
+                    err = _commit_one(store, partition_exists, group_id, t["name"], p, now_ms)
                 parts.append({"partition_index": p["partition_index"], "error_code": err})
             out.append({"name": t["name"], "partitions": parts})
         return {"topics": out}
@@ -69,8 +89,8 @@ def group_handlers(groups: GroupCoordinator, store: MessageStore,
     async def offset_fetch(ctx: KafkaRequestContext, body: dict) -> dict:
         group_id = body["group_id"]
         wanted = body.get("topics")
-        if not group_id:
-            err = ErrorCode.INVALID_GROUP_ID
+        if not group_id or not groups.active:
+            err = ErrorCode.INVALID_GROUP_ID if not group_id else ErrorCode.NOT_COORDINATOR
             return {"error_code": err, "topics": [
                 {"name": t["name"], "partitions": [
                     {"partition_index": i, "committed_offset": -1, "metadata": "",
@@ -85,19 +105,23 @@ def group_handlers(groups: GroupCoordinator, store: MessageStore,
             parts = []
             for i in t.get("partition_indexes") or ():
                 offset = store.offsets.get(group_id, t["name"], i)
+                commit = store.offsets.kafka_commit(group_id, t["name"], i)
                 parts.append({"partition_index": i,
                               "committed_offset": -1 if offset is None else offset,
-                              "metadata": "", "error_code": ErrorCode.NONE})
+                              "metadata": commit[0] if commit is not None else "",
+                              "error_code": ErrorCode.NONE})
             out.append({"name": t["name"], "partitions": parts})
         return {"error_code": ErrorCode.NONE, "topics": out}
 
     return {ApiKey.JOIN_GROUP: join_group, ApiKey.SYNC_GROUP: sync_group,
             ApiKey.HEARTBEAT: heartbeat, ApiKey.LEAVE_GROUP: leave_group,
-            ApiKey.OFFSET_COMMIT: offset_commit, ApiKey.OFFSET_FETCH: offset_fetch}
+            ApiKey.OFFSET_COMMIT: offset_commit, ApiKey.OFFSET_FETCH: offset_fetch,
+            ApiKey.LIST_GROUPS: list_groups, ApiKey.DESCRIBE_GROUPS: describe_groups,
+            ApiKey.DELETE_GROUPS: delete_groups}
 
 
 def _commit_one(store: MessageStore, partition_exists, group_id: str, topic: str,
-                p: dict) -> ErrorCode:
+                p: dict, now_ms: int) -> ErrorCode:
     """Store one partition's committed offset; the error code for it."""
     if not partition_exists(topic, p["partition_index"]):
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -106,5 +130,6 @@ def _commit_one(store: MessageStore, partition_exists, group_id: str, topic: str
         return ErrorCode.OFFSET_METADATA_TOO_LARGE
     if p["committed_offset"] < 0:
         return ErrorCode.INVALID_REQUEST      # the offset table holds positions >= 0 only
-    store.offsets.set(group_id, topic, p["partition_index"], p["committed_offset"])
+    store.offsets.set(group_id, topic, p["partition_index"], p["committed_offset"],
+                      kafka=(metadata or "", now_ms))
     return ErrorCode.NONE

@@ -11,7 +11,11 @@ timeouts, the initial rebalance delay, pending member ids) is checked by :meth:`
 coordinator's task runs whenever the next deadline is due.  Unit tests call ``tick()`` after
 moving a manual clock, with no task and no sleeping.
 
-Group state is memory only: after a restart consumers rejoin (offsets are in the store)."""
+Group state is durable (``group_log.py``): a generation's members and assignment are written
+when SyncGroup completes it, and a static member's new id, an emptied group and a deletion
+too; a restarted broker (or a new master) loads them, so consumers go on heartbeating across
+it.  A file over 450 lines because the state machine, its persistence points and its pruning
+all read and change one ``Group`` and must be read together."""
 
 from __future__ import annotations
 
@@ -26,7 +30,9 @@ from dataclasses import dataclass, field
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.errors import ErrorCode
+from txbroker.service.kafka.group_log import GroupLog, b64, unb64
 from txbroker.service.metrics import BrokerMetrics
+from txbroker.store.offsets import ConsumerOffsetStore
 
 EMPTY = "Empty"
 PREPARING = "PreparingRebalance"
@@ -51,6 +57,7 @@ class Member:
     protocols: list[tuple[str, bytes]]
     last_seen: float
     assignment: bytes = b""
+    client_host: str = ""
     #: The parked JoinGroup / SyncGroup answer, while one is awaited.
     join: asyncio.Future | None = None
     sync: asyncio.Future | None = None
@@ -78,6 +85,49 @@ class Group:
     #: before ``initial_until`` (the initial delay of a group that was empty).
     join_deadline: float = 0.0
     initial_until: float | None = None
+    #: When the group entered its state (clock seconds): an Empty group's offsets expire
+    #: ``kafka_offsets_retention`` after it.
+    state_since: float = 0.0
+    #: A record of the group exists in the log (its removal needs a tombstone).
+    persisted: bool = False
+    #: The generation whose assignment is being written (the leader's SyncGroup arrived).
+    storing: int = -1
+
+    def static_member(self, instance_id: str) -> Member | None:
+        for m in self.members.values():
+            if m.group_instance_id == instance_id:
+                return m
+        return None
+
+    def doc(self) -> dict:
+        """The durable record of the group (group_log.py): what a loaded group needs."""
+        proto = self.protocol_name
+        return {"group": self.group_id, "generation": self.generation,
+                "protocol_type": self.protocol_type, "protocol": proto, "leader": self.leader,
+                "state_since": self.state_since,
+                "members": [{"id": m.member_id, "instance": m.group_instance_id,
+                             "client_id": m.client_id, "client_host": m.client_host,
+                             "session": m.session_timeout, "rebalance": m.rebalance_timeout,
+                             "metadata": b64(dict(m.protocols).get(proto or "", b"")),
+                             "assignment": b64(m.assignment)}
+                            for m in self.members.values()]}
+
+    @classmethod
+    def from_doc(cls, doc: dict, now: float) -> Group:
+        """A loaded group: Stable with its members (each with a whole session timeout from
+        ``now``, as Kafka schedules them on load), or Empty."""
+        g = cls(doc["group"], generation=doc["generation"], protocol_type=doc["protocol_type"],
+                protocol_name=doc["protocol"], leader=doc["leader"],
+                state_since=doc["state_since"], persisted=True)
+        for d in doc["members"]:
+            g.members[d["id"]] = Member(
+                d["id"], d["client_id"], d["instance"], d["session"], d["rebalance"],
+                [(doc["protocol"], unb64(d["metadata"]))], now,
+                assignment=unb64(d["assignment"]), client_host=d["client_host"])
+        g.state = STABLE if g.members else EMPTY
+        if not g.members:
+            g.protocol_name = g.leader = None
+        return g
 
     def common_protocols(self) -> set[str]:
         """Protocol names every member supports."""
@@ -98,18 +148,80 @@ class GroupCoordinator:
     """Every classic consumer group of this broker.  Used from the event loop only."""
 
     def __init__(self, config: BrokerConfig, metrics: BrokerMetrics, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.time, log: GroupLog | None = None,
+                 offsets: ConsumerOffsetStore | None = None) -> None:
+        """``log``: where group metadata is kept (None: memory only, the unit tests);
+        ``offsets``: the offset table, for DeleteGroups and offset expiry."""
         self.config = config
         self.metrics = metrics
         self.clock = clock
+        self.log = log
+        self.offsets = offsets
         self.groups: dict[str, Group] = {}
+        #: Coordinator of the groups: after :meth:`load` (at once without a log); a broker
+        #: that is not the master answers NOT_COORDINATOR.
+        self.active = log is None
+        #: Groups deleted or pruned lately -> when (ms): their tombstones go into snapshots
+        #: until the offsets file has been written after them.
+        self.tombstones: dict[str, int] = {}
+        self._tombstones_checked = 0.0
         self._closed = False
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
+        self._next_prune = clock() + config.kafka_offsets_retention_check_interval
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
+        if self.log is not None:
+            self.log.start()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="kafka-groups")
+
+    def load(self) -> int:
+        """Become the groups' coordinator: every group as the log last recorded it (a broker
+        start, or a broker that becomes the master).  A deleted group's offsets are removed
+        again when the offsets file may predate the deletion.  Returns the groups loaded."""
+        self._drop_all(ErrorCode.NOT_COORDINATOR)
+        now = self.clock()
+        docs = self.log.replay() if self.log is not None else {}
+        written_ms = self._offsets_written_ms()
+        table = self.offsets.groups() if self.offsets is not None else {}
+        for gid, doc in docs.items():
+            if "deleted" in doc:
+                self.tombstones[gid] = doc["deleted"]
+                if self.offsets is not None and written_ms <= doc["deleted"]:
+                    for topic, queues in table.get(gid, {}).items():
+                        for q in queues:
+                            self.offsets.forget(gid, topic, q)
+                continue
+            self.groups[gid] = Group.from_doc(doc, now)
+        self.active = True
+        self._gauge()
+        self._wake.set()
+        return len(self.groups)
+
+    async def suspend(self) -> None:
+        """No longer the master: every group is dropped from memory (the log keeps them) and
+        requests are answered NOT_COORDINATOR until :meth:`load`."""
+        self.active = False
+        self._drop_all(ErrorCode.NOT_COORDINATOR)
+        self._gauge()
+
+    def _offsets_written_ms(self) -> int:
+        if self.offsets is None:
+            return 0
+        try:
+            return int(self.offsets.path.stat().st_mtime * 1000)
+        except FileNotFoundError:
+            return 0
+
+    def _drop_all(self, code: ErrorCode) -> None:
+        """Forget every group; parked answers get ``code``."""
+        for group in self.groups.values():
+            group.state = DEAD
+            for m in group.members.values():
+                self._resolve(m.join, _error(code, m.member_id))
+                self._resolve(m.sync, {"error_code": code})
+        self.groups.clear()
 
     async def close(self) -> None:
         """Stop the timer task; every parked answer gets COORDINATOR_NOT_AVAILABLE."""
@@ -124,10 +236,14 @@ class GroupCoordinator:
             for m in group.members.values():
                 self._resolve(m.join, _error(ErrorCode.COORDINATOR_NOT_AVAILABLE, m.member_id))
                 self._resolve(m.sync, {"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE})
+        if self.log is not None:
+            await self.log.close()
         self._gauge()
 
     async def _run(self) -> None:
-        while True:
+        # ``_closed`` ends the loop too: Python 3.11's wait_for swallows a cancellation that
+        # arrives as the event is set, so cancelling alone may not stop it
+        while not self._closed:
             due = self.next_deadline()
             delay = _MAX_SLEEP if due is None else min(_MAX_SLEEP, max(0.0, due - self.clock()))
             with contextlib.suppress(TimeoutError):
@@ -135,6 +251,14 @@ class GroupCoordinator:
             self._wake.clear()
             try:
                 self.tick()
+                if self.active and self.clock() >= self._next_prune:
+                    self._next_prune = (self.clock()
+                                        + self.config.kafka_offsets_retention_check_interval)
+                    self.prune()
+                self._settle_tombstones()
+                if self.active and self.log is not None and self.log.snapshot_due(
+                        len(self.groups)):
+                    self.snapshot()
             except Exception:           # a bug in one pass must not stop every later deadline
                 log.exception("kafka group deadlines: tick failed")
 
@@ -164,17 +288,21 @@ class GroupCoordinator:
                         and now >= m.last_seen + m.session_timeout):
                     self._remove(g, m, ErrorCode.UNKNOWN_MEMBER_ID)
             self._maybe_complete_join(g)
+            if g.state == EMPTY and not g.pending and not g.persisted:
+                # only member ids were handed out, never used: nothing to keep
+                del self.groups[g.group_id]
         self._gauge()
 
     # --- JoinGroup ------------------------------------------------------------------------
     async def join(self, group_id: str, member_id: str, *, client_id: str, api_version: int,
                    session_timeout_ms: int, rebalance_timeout_ms: int, protocol_type: str,
                    protocols: list[tuple[str, bytes]],
-                   group_instance_id: str | None = None) -> dict:
+                   group_instance_id: str | None = None, client_host: str = "") -> dict:
         """A JoinGroup answer (snake_case JoinGroup response fields), awaited until the join
         phase completes when the member is parked."""
         result = self._join(group_id, member_id, client_id, api_version, session_timeout_ms,
-                            rebalance_timeout_ms, protocol_type, protocols, group_instance_id)
+                            rebalance_timeout_ms, protocol_type, protocols, group_instance_id,
+                            client_host)
         self._gauge()
         self._wake.set()
         return await result if isinstance(result, asyncio.Future) else result
@@ -182,7 +310,7 @@ class GroupCoordinator:
     def _join(self, group_id: str, member_id: str, client_id: str, api_version: int,
               session_timeout_ms: int, rebalance_timeout_ms: int, protocol_type: str,
               protocols: list[tuple[str, bytes]],
-              group_instance_id: str | None) -> dict | asyncio.Future:
+              group_instance_id: str | None, client_host: str) -> dict | asyncio.Future:
         if not group_id:
             return _error(ErrorCode.INVALID_GROUP_ID, member_id)
         session = session_timeout_ms / 1000
@@ -191,19 +319,26 @@ class GroupCoordinator:
             return _error(ErrorCode.INVALID_SESSION_TIMEOUT, member_id)
         if self._closed:
             return _error(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id)
-        group = self.groups.get(group_id)
-        if group is None:
-            group = self.groups[group_id] = Group(group_id)
+        if not self.active:
+            return _error(ErrorCode.NOT_COORDINATOR, member_id)
+        group = self.groups.get(group_id) or Group(group_id, state_since=self.clock())
         if not self._protocols_fit(group, protocol_type, protocols):
             return _error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
+        self.groups[group_id] = group
         now = self.clock()
         # rebalance timeout: -1 from old clients means "the session timeout"
         rebalance = rebalance_timeout_ms / 1000 if rebalance_timeout_ms > 0 else session
+        static = group.static_member(group_instance_id) if group_instance_id is not None else None
         if not member_id:
             member_id = f"{group_instance_id or client_id}-{uuid.uuid4()}"
-            if api_version >= 4:
+            if static is not None:      # KIP-345: the instance's new id replaces its old one
+                return self._replace_static(group, static, member_id, protocols, session,
+                                            rebalance, client_id, client_host)
+            if api_version >= 4 and group_instance_id is None:
                 group.pending[member_id] = now + session
                 return _error(ErrorCode.MEMBER_ID_REQUIRED, member_id)
+        elif static is not None and static.member_id != member_id:
+            return _error(ErrorCode.FENCED_INSTANCE_ID, member_id)
         elif member_id in group.pending:
             del group.pending[member_id]
         elif member_id not in group.members:
@@ -212,7 +347,7 @@ class GroupCoordinator:
             return self._rejoin(group, group.members[member_id], protocols, session, rebalance)
         group.protocol_type = protocol_type
         member = Member(member_id, client_id, group_instance_id, session, rebalance,
-                        list(protocols), now)
+                        list(protocols), now, client_host=client_host)
         group.members[member_id] = member
         member.join = asyncio.get_running_loop().create_future()
         if group.state == PREPARING:
@@ -243,6 +378,54 @@ class GroupCoordinator:
         else:
             self._prepare_rebalance(group)
         return member.join
+
+    def _replace_static(self, group: Group, old: Member, new_id: str,
+                        protocols: list[tuple[str, bytes]], session: float, rebalance: float,
+                        client_id: str, client_host: str) -> dict | asyncio.Future:
+        """A static member rejoined with no member id (it restarted): it takes its old id's
+        place, assignment included, and the old id is fenced (FENCED_INSTANCE_ID).  In a
+        Stable group whose protocol choice does not change this is no rebalance: the new id
+        is recorded, then answered from the current generation.  Otherwise the group
+        rebalances (in CompletingRebalance the leader may have assigned the old id)."""
+        old_id = old.member_id
+        self._resolve(old.join, _error(ErrorCode.FENCED_INSTANCE_ID, old_id))
+        self._resolve(old.sync, {"error_code": ErrorCode.FENCED_INSTANCE_ID})
+        before = (old.protocols, old.session_timeout, old.rebalance_timeout, old.client_id,
+                  old.client_host)
+        self._rename(group, old, new_id)
+        old.protocols, old.session_timeout, old.rebalance_timeout = list(protocols), session, rebalance
+        old.client_id, old.client_host, old.last_seen = client_id, client_host, self.clock()
+        member = old
+        member.join = asyncio.get_running_loop().create_future()
+        if group.state == STABLE and self._select_protocol(group) == group.protocol_name:
+            generation = group.generation
+
+            def recorded(ok: bool) -> None:
+                if ok:
+                    self._resolve(member.join, {**self._join_answer(group, member),
+                                                "members": []})
+                    return
+                if group.generation == generation and member.member_id == new_id:
+                    (member.protocols, member.session_timeout, member.rebalance_timeout,
+                     member.client_id, member.client_host) = before
+                    self._rename(group, member, old_id)
+                self._resolve(member.join, _error(ErrorCode.COORDINATOR_NOT_AVAILABLE))
+
+            self._record(group, recorded)
+        elif group.state == PREPARING:
+            self._maybe_complete_join(group)
+        else:
+            self._prepare_rebalance(group)
+        return member.join
+
+    @staticmethod
+    def _rename(group: Group, member: Member, new_id: str) -> None:
+        """Give ``member`` a new id, keeping its place in the join order (and the lead)."""
+        old_id = member.member_id
+        group.members = {(new_id if k == old_id else k): m for k, m in group.members.items()}
+        member.member_id = new_id
+        if group.leader == old_id:
+            group.leader = new_id
 
     @staticmethod
     def _protocols_fit(group: Group, protocol_type: str,
@@ -300,8 +483,10 @@ class GroupCoordinator:
         group.generation += 1
         group.initial_until = None
         if not group.members:
-            group.state, group.protocol_type, group.protocol_name, group.leader = (
-                EMPTY, None, None, None)
+            group.state, group.protocol_name, group.leader = EMPTY, None, None
+            group.state_since = self.clock()
+            if group.persisted:
+                self._record(group)
             return
         group.state = COMPLETING
         group.protocol_name = self._select_protocol(group)
@@ -334,13 +519,19 @@ class GroupCoordinator:
                 "member_id": member.member_id, "members": members}
 
     # --- SyncGroup, Heartbeat, LeaveGroup ---------------------------------------------------
-    def _check_member(self, group_id: str, generation_id: int,
-                      member_id: str) -> tuple[ErrorCode, Group | None, Member | None]:
+    def _check_member(self, group_id: str, generation_id: int, member_id: str,
+                      instance_id: str | None = None) -> tuple[ErrorCode, Group | None, Member | None]:
+        if not self.active and not self._closed:
+            return ErrorCode.NOT_COORDINATOR, None, None
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID, None, None
         if group.state == DEAD or self._closed:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, group, None
+        if instance_id is not None:
+            static = group.static_member(instance_id)
+            if static is not None and static.member_id != member_id:
+                return ErrorCode.FENCED_INSTANCE_ID, group, None
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.UNKNOWN_MEMBER_ID, group, None
@@ -349,16 +540,19 @@ class GroupCoordinator:
         return ErrorCode.NONE, group, member
 
     async def sync(self, group_id: str, generation_id: int, member_id: str,
-                   assignments: list[tuple[str, bytes]]) -> dict:
+                   assignments: list[tuple[str, bytes]], group_instance_id: str | None = None) -> dict:
         """A SyncGroup answer (``error_code``, ``assignment``); a member's answer waits for
-        the leader's assignment while the group is CompletingRebalance."""
-        result = self._sync(group_id, generation_id, member_id, assignments)
+        the leader's assignment while the group is CompletingRebalance, and the leader's
+        assignment is answered once it is recorded."""
+        result = self._sync(group_id, generation_id, member_id, assignments, group_instance_id)
         self._wake.set()
         return await result if isinstance(result, asyncio.Future) else result
 
     def _sync(self, group_id: str, generation_id: int, member_id: str,
-              assignments: list[tuple[str, bytes]]) -> dict | asyncio.Future:
-        err, group, member = self._check_member(group_id, generation_id, member_id)
+              assignments: list[tuple[str, bytes]],
+              group_instance_id: str | None) -> dict | asyncio.Future:
+        err, group, member = self._check_member(group_id, generation_id, member_id,
+                                                group_instance_id)
         if err != ErrorCode.NONE:
             return {"error_code": err}
         assert group is not None and member is not None
@@ -370,18 +564,37 @@ class GroupCoordinator:
         if member.awaiting_sync():
             self._resolve(member.sync, {"error_code": ErrorCode.REBALANCE_IN_PROGRESS})
         member.sync = asyncio.get_running_loop().create_future()
-        if member_id == group.leader:
+        if member_id == group.leader and group.storing != group.generation:
             given = dict(assignments)
-            now = self.clock()
-            group.state = STABLE
             for m in group.members.values():
                 m.assignment = given.get(m.member_id, b"")
-                m.last_seen = now
-                self._resolve(m.sync, {"error_code": ErrorCode.NONE, "assignment": m.assignment})
+            group.storing = generation = group.generation
+
+            def recorded(ok: bool) -> None:
+                """Kafka answers SyncGroup once the generation is stored: a restart after
+                the answer finds the group as its members know it."""
+                if group.generation != generation or group.state != COMPLETING:
+                    return          # a rebalance started meanwhile: the members were told
+                group.storing = -1
+                if not ok:
+                    for m in group.members.values():
+                        self._resolve(m.sync, {"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE})
+                    self._prepare_rebalance(group)
+                    return
+                now = self.clock()
+                group.state, group.state_since = STABLE, now
+                for m in group.members.values():
+                    m.last_seen = now
+                    self._resolve(m.sync, {"error_code": ErrorCode.NONE,
+                                           "assignment": m.assignment})
+
+            self._record(group, recorded)
         return member.sync
 
-    def heartbeat(self, group_id: str, generation_id: int, member_id: str) -> ErrorCode:
-        err, group, member = self._check_member(group_id, generation_id, member_id)
+    def heartbeat(self, group_id: str, generation_id: int, member_id: str,
+                  group_instance_id: str | None = None) -> ErrorCode:
+        err, group, member = self._check_member(group_id, generation_id, member_id,
+                                                group_instance_id)
         if err != ErrorCode.NONE:
             return err
         assert group is not None and member is not None
@@ -391,6 +604,8 @@ class GroupCoordinator:
         return ErrorCode.NONE
 
     def leave(self, group_id: str, member_id: str) -> ErrorCode:
+        if not self.active and not self._closed:
+            return ErrorCode.NOT_COORDINATOR
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
@@ -428,6 +643,8 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if self._closed or (group is not None and group.state == DEAD):
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if not self.active:
+            return ErrorCode.NOT_COORDINATOR
         if group is None:
             return ErrorCode.NONE if generation_id < 0 else ErrorCode.ILLEGAL_GENERATION
         if generation_id < 0 and not member_id:
@@ -439,6 +656,174 @@ class GroupCoordinator:
         if group.state == COMPLETING:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
+
+    # --- admin: ListGroups, DescribeGroups, DeleteGroups ---------------------------------------
+    def _known(self) -> dict[str, Group | None]:
+        """Every group Kafka clients use: those with members or a record, and those known
+        only by offsets committed through Kafka (None: a "simple" group, Empty)."""
+        known: dict[str, Group | None] = {}
+        if self.offsets is not None:
+            known = dict.fromkeys(self.offsets.kafka_groups())
+        known.update((gid, g) for gid, g in self.groups.items() if g.state != DEAD)
+        return known
+
+    def list_groups(self, states: list[str] | None = None) -> list[dict]:
+        """ListGroups rows (``group_id``, ``protocol_type``, ``group_state``, ``group_type``:
+        every group here is a classic one), filtered by state names (any case) when
+        ``states`` is non-empty."""
+        wanted = {s.lower() for s in states or ()}
+        rows = []
+        for gid, g in sorted(self._known().items()):
+            state = g.state if g is not None else EMPTY
+            if wanted and state.lower() not in wanted:
+                continue
+            rows.append({"group_id": gid, "protocol_type": (g.protocol_type if g else "") or "",
+                         "group_state": state, "group_type": "classic"})
+        return rows
+
+    def describe(self, group_ids: list[str]) -> list[dict]:
+        """DescribeGroups entries (the groups are looked up once per request, however many
+        it names)."""
+        known = self._known() if self.active else {}
+        return [self._describe(gid, known) for gid in group_ids]
+
+    def _describe(self, group_id: str, known: dict[str, Group | None]) -> dict:
+        """One DescribeGroups entry: an unknown group is Dead with no members, as Kafka
+        answers below v6; member metadata and assignments are given in Stable only."""
+        if not self.active:
+            return {"error_code": ErrorCode.NOT_COORDINATOR, "group_id": group_id}
+        if group_id not in known:
+            return {"error_code": ErrorCode.NONE, "group_id": group_id, "group_state": DEAD}
+        g = known[group_id]
+        if g is None:
+            return {"error_code": ErrorCode.NONE, "group_id": group_id, "group_state": EMPTY}
+        stable = g.state == STABLE
+        return {"error_code": ErrorCode.NONE, "group_id": group_id, "group_state": g.state,
+                "protocol_type": g.protocol_type or "",
+                "protocol_data": (g.protocol_name or "") if stable else "",
+                "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                             "client_id": m.client_id, "client_host": m.client_host,
+                             "member_metadata": (dict(m.protocols).get(g.protocol_name or "", b"")
+                                                 if stable else b""),
+                             "member_assignment": m.assignment if stable else b""}
+                            for m in g.members.values()]}
+
+    async def delete(self, group_ids: list[str]) -> list[ErrorCode]:
+        """DeleteGroups: only an Empty group goes; its record and offsets go for good (a
+        tombstone in the log; the offsets file may lag, so loading removes the offsets
+        again).  One error code per group, in order."""
+        known = self._known() if self.active else {}
+        verdicts: list[ErrorCode | asyncio.Future[bool] | None] = []
+        for gid in group_ids:
+            if self._closed:
+                verdicts.append(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            elif not self.active:
+                verdicts.append(ErrorCode.NOT_COORDINATOR)
+            elif not gid:
+                verdicts.append(ErrorCode.INVALID_GROUP_ID)
+            elif gid not in known:
+                verdicts.append(ErrorCode.GROUP_ID_NOT_FOUND)
+            elif (g := known[gid]) is not None and (g.members or g.pending or g.state != EMPTY):
+                verdicts.append(ErrorCode.NON_EMPTY_GROUP)
+            else:
+                del known[gid]
+                verdicts.append(self._forget(gid))
+        self._gauge()
+        out = []
+        for v in verdicts:
+            if isinstance(v, ErrorCode):
+                out.append(v)
+            else:   # a tombstone (None: no log to write to)
+                out.append(ErrorCode.NONE if v is None or await v
+                           else ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        return out
+
+    # --- pruning ---------------------------------------------------------------------------------
+    def prune(self) -> int:
+        """Kafka's offset expiry and group cleanup (docs/kafka.md): offsets of an Empty group
+        expire ``kafka_offsets_retention`` after it became Empty; offsets of a group that
+        never had members (simple commits), each that long after its commit; an Empty group
+        left with no offset is removed.  Offsets written through RocketMQ have no commit time
+        and never expire here.  Returns the groups removed."""
+        if self.offsets is None:
+            return 0
+        now = self.clock()
+        retention = self.config.kafka_offsets_retention
+        table = self.offsets.groups()
+        removed = 0
+        for gid, g in self._known().items():
+            if g is not None and (g.members or g.pending or g.state != EMPTY):
+                continue
+            offsets = table.get(gid, {})
+            if g is not None and g.protocol_type:
+                if now - g.state_since >= retention:
+                    for topic, queues in offsets.items():
+                        for q in queues:
+                            self.offsets.forget(gid, topic, q)
+                    offsets = {}
+            else:
+                kept = 0
+                for topic, queues in offsets.items():
+                    for q in queues:
+                        commit = self.offsets.kafka_commit(gid, topic, q)
+                        if commit is not None and now - commit[1] / 1000 >= retention:
+                            self.offsets.forget(gid, topic, q)
+                        else:
+                            kept += 1
+                offsets = {} if not kept else offsets
+            if not offsets:
+                self._forget(gid, offsets_left=False)
+                removed += 1
+        if removed:
+            log.info("kafka groups: %d expired group(s) removed", removed)
+            self._gauge()
+        return removed
+
+    # --- persistence ------------------------------------------------------------------------
+    def _record(self, group: Group, then: Callable[[bool], None] | None = None) -> None:
+        """Write ``group``'s record as it is now; ``then(stored)`` runs once the log has it
+        (at once without a log)."""
+        group.persisted = True
+        doc = group.doc()
+        if self.log is None:
+            if then is not None:
+                then(True)
+            return
+        fut = self.log.submit(doc)
+        if then is not None:
+            fut.add_done_callback(lambda f: then(f.result()))
+
+    def snapshot(self) -> None:
+        """Compact the log: every live group's record again, and the tombstones the offsets
+        file may not reflect yet (not written since the deletion: see :meth:`load`)."""
+        assert self.log is not None
+        self._settle_tombstones(force=True)
+        docs = [g.doc() for g in self.groups.values() if g.persisted]
+        docs += [{"group": g, "deleted": ms} for g, ms in self.tombstones.items()]
+        self.log.snapshot(docs)
+
+    def _settle_tombstones(self, *, force: bool = False) -> None:
+        """Forget the tombstones the offsets file reflects (written after them): no snapshot
+        needs them any more.  At most once a second unless ``force``."""
+        now = self.clock()
+        if not self.tombstones or (not force and now < self._tombstones_checked + 1.0):
+            return
+        self._tombstones_checked = now
+        written_ms = self._offsets_written_ms()
+        self.tombstones = {g: ms for g, ms in self.tombstones.items()
+                           if ms >= written_ms and g not in self.groups}
+
+    def _forget(self, group_id: str, *, offsets_left: bool = True) -> asyncio.Future[bool] | None:
+        """Remove a group, its offsets (``offsets_left``: some may remain) and metadata, with
+        a tombstone.  The future (None without a log) says whether the tombstone is stored."""
+        self.groups.pop(group_id, None)
+        if self.offsets is not None and offsets_left:
+            self.offsets.forget_group(group_id)
+        ms = int(self.clock() * 1000)
+        self.tombstones[group_id] = ms
+        if self.log is None:
+            return None
+        return self.log.submit({"group": group_id, "deleted": ms})
 
     # --- helpers -----------------------------------------------------------------------------
     @staticmethod
