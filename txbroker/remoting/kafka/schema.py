@@ -262,6 +262,7 @@ _REQUESTS: dict[ApiKey, list[F]] = {
     ],
     ApiKey.DESCRIBE_PRODUCERS: [
         F("topics", [F("name", "string"), F("partition_indexes", "[int32]")]),
+    ],
     ApiKey.DESCRIBE_GROUPS: [
         F("groups", "[string]"),
         F("include_authorized_operations", "bool", "3+"),
@@ -565,6 +566,7 @@ _RESPONSES: dict[ApiKey, list[F]] = {
                 ]),
             ]),
         ]),
+    ],
     ApiKey.DESCRIBE_GROUPS: [
         F("throttle_time_ms", "int32", "1+"),
         F("groups", [
