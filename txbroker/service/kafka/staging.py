@@ -240,6 +240,12 @@ class TxnStaging:
                                             batch.last_sequence)
             if err is not ErrorCode.NONE or dup is not None:
                 return err, -1
+            try:  # a bomb or bad records refused now, not at the marker; the output is not kept
+                batch.records(self.config.max_message_size)
+            except RecordsError as exc:
+                log.info("staged kafka batch for %s-%d of producer %d refused: %s", topic, queue,
+                         pid, exc)
+                return exc.error_code, -1
             meta = BatchMeta(batch.base_sequence, batch.last_sequence, -1, batch.max_timestamp)
             self.producers.record(pid, epoch, topic, queue, meta, self.now_ms())
             result = await self.store.put(Message(
@@ -316,9 +322,9 @@ class TxnStaging:
             if e.batch is None:
                 continue
             try:
-                for record in e.batch.records():
+                for record in e.batch.records(self.config.max_message_size):
                     msgs.append(record_to_message(e.topic, e.queue, record, born_host=BORN_HOST))
-            except RecordsError as exc:  # checked at produce; the decision cannot be undone
+            except RecordsError as exc:  # checked when staged; the decision cannot be undone
                 log.error("staged batch of %s-%d does not decode (%s): skipped", e.topic,
                           e.queue, exc)
         for m in msgs:
