@@ -17,6 +17,7 @@ from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.compression import GZIP, ZSTD
 from txbroker.remoting.kafka.errors import ErrorCode
+from txbroker.remoting.kafka.records import Record, encode_batch
 
 LIMIT = 1024 * 1024
 
@@ -74,3 +75,57 @@ async def test_a_participant_refuses_a_bomb_and_bad_records_when_they_arrive(
         finally:
             coord.close()
             part.close()
+
+
+async def test_a_producer_staging_without_end_is_refused_at_the_caps(
+        broker_config: BrokerConfig, tmp_path) -> None:
+    """A hostile client sends batch after batch to a participant and never ends its
+    transaction: the participant holds at most ``kafka_transaction_max_bytes`` of it, and all
+    producers together at most ``kafka_transactions_max_bytes``."""
+    cap, total = 2 * LIMIT, 3 * LIMIT
+    config = broker_config.replace(max_message_size=LIMIT, segment_size=16 * LIMIT,
+                                   kafka_transaction_max_bytes=cap,
+                                   kafka_transactions_max_bytes=total)
+    value = bytes(range(256)) * 1024  # 256 KiB, uncompressed
+    async with InProcessCluster(config, tmp_path) as c:
+        a, b = await two_groups(c)
+        on_a = [k for k in (f"hostile-{n}" for n in range(200))
+                if a.kafka_view.coordinator(k)[1]][:2]
+        coord, part = await Wire.open(a.kafka_port), await Wire.open(b.kafka_port)
+        try:
+            first = Client(coord, part, on_a[0])
+            await first.init()
+            assert await first.add(4) == ErrorCode.NONE
+            answers = []
+            for seq in range(12):  # 3 MiB offered, 2 MiB allowed
+                answers.append(await first.produce(4, _plain(first, value, seq)))
+                assert b.kafka_staging.staged_count() * len(value) <= cap
+            assert answers[:7] == [ErrorCode.NONE] * 7
+            assert set(answers[7:]) == {ErrorCode.RECORD_LIST_TOO_LARGE}
+            # A second producer fills what is left of the total, then is refused retriably.
+            second = Client(coord, part, on_a[1])
+            await second.init()
+            assert await second.add(4) == ErrorCode.NONE
+            answers = []
+            for seq in range(6):  # a retriable refusal ends it (the same sequence comes again)
+                answers.append(await second.produce(4, _plain(second, value, seq)))
+                if answers[-1] != ErrorCode.NONE:
+                    break
+            assert answers == [ErrorCode.NONE] * (len(answers) - 1) + [ErrorCode.KAFKA_STORAGE_ERROR]
+            assert len(answers) > 1
+            assert b.kafka_staging.staged_count() * len(value) <= total
+            assert b.kafka_staging.staged_bytes <= total
+            # The broker goes on: an abort frees what the first producer staged.
+            end = await coord.call(ApiKey.END_TXN, 0, 99, {**first.ids, "committed": False})
+            assert end["error_code"] == ErrorCode.NONE
+            assert b.kafka_staging.staged_bytes <= total - 7 * len(value)
+        finally:
+            coord.close()
+            part.close()
+
+
+def _plain(client: Client, value: bytes, sequence: int) -> bytes:
+    return encode_batch(0, [Record(0, 1_700_000_000_000, None, value, [])],
+                        producer_id=client.ids["producer_id"],
+                        producer_epoch=client.ids["producer_epoch"], base_sequence=sequence,
+                        transactional=True)
