@@ -5,7 +5,8 @@ their own on the master, so a slave asks for them with ordinary remoting request
 ``metadata_sync_interval`` (RocketMQ's SlaveSynchronize: GET_ALL_TOPIC_CONFIG 21 and
 GET_ALL_CONSUMER_OFFSET 43, docs/cluster.md "Metadata sync").  Topics replace the slave's table
 when they differ; offsets are merged (an offset is never moved back by a sync, and one the
-master no longer has is kept), so a promoted slave resumes consumers where the master last
+master no longer has is kept), each with the Kafka commit metadata and time the master holds
+for it (so OffsetFetch answers the same metadata after a failover), so a promoted slave resumes consumers where the master last
 reported them, at most one interval behind: a consumer may see up to that much again after a
 failover, never miss anything.
 
@@ -28,7 +29,7 @@ from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.signing import SessionCredentials
 from txbroker.service.repeating import Repeating
 from txbroker.service.topics import TopicConfig, TopicManager
-from txbroker.store.offsets import ConsumerOffsetStore
+from txbroker.store.offsets import ConsumerOffsetStore, KafkaCommit
 
 log = logging.getLogger(__name__)
 
@@ -51,19 +52,27 @@ def parse_topic_table(body: bytes) -> list[TopicConfig]:
     return out
 
 
-def parse_offset_table(body: bytes) -> list[tuple[str, str, int, int]]:
-    """A GET_ALL_CONSUMER_OFFSET body → (group, topic, queue id, offset) rows."""
+def parse_offset_table(body: bytes) -> list[tuple[str, str, int, int, KafkaCommit | None]]:
+    """A GET_ALL_CONSUMER_OFFSET body → (group, topic, queue id, offset, Kafka commit) rows;
+    the Kafka commit (metadata, commit time ms) comes from ``kafkaCommitTable``, which a
+    RocketMQ broker does not send (None then)."""
     doc = orjson.loads(body)
     table = doc.get("offsetTable")
     if not isinstance(table, dict):
         raise TypeError("no offsetTable")
+    kafka = doc.get("kafkaCommitTable") or {}
+    if not isinstance(kafka, dict):
+        raise TypeError("kafkaCommitTable is not an object")
     rows = []
     for key, queues in table.items():
         topic, sep, group = str(key).rpartition("@")
         if not sep:
             raise ValueError(f"offset key {key!r} is not topic@group")
+        commits = kafka.get(key) or {}
         for qid, offset in queues.items():
-            rows.append((group, topic, int(qid), int(offset)))
+            commit = commits.get(qid)
+            rows.append((group, topic, int(qid), int(offset),
+                         None if commit is None else (str(commit[0]), int(commit[1]))))
     return rows
 
 
@@ -119,10 +128,11 @@ class SlaveSync:
         topics = await self._ask(RequestCode.GET_ALL_TOPIC_CONFIG, addr)
         offsets = await self._ask(RequestCode.GET_ALL_CONSUMER_OFFSET, addr)
         await self.topics.replace_all(parse_topic_table(topics))
-        for group, topic, qid, offset in parse_offset_table(offsets):
+        for group, topic, qid, offset, commit in parse_offset_table(offsets):
             have = self.offsets.get(group, topic, qid)
-            if have is None or offset > have:
-                self.offsets.set(group, topic, qid, offset)
+            if have is None or offset > have or (
+                    offset == have and commit != self.offsets.kafka_commit(group, topic, qid)):
+                self.offsets.set(group, topic, qid, offset, kafka=commit)
         return True
 
     async def _ask(self, code: int, addr: str) -> bytes:

@@ -75,6 +75,10 @@ class ConsumerOffsetStore:
     def kafka_commit(self, group: str, topic: str, queue_id: int) -> KafkaCommit | None:
         return self._kafka.get((group, topic, queue_id))
 
+    def kafka_commits(self) -> dict[OffsetKey, KafkaCommit]:
+        """Every offset's Kafka commit metadata and time (a copy: the master's sync answer)."""
+        return dict(self._kafka)
+
     def kafka_groups(self) -> set[str]:
         """Groups with at least one offset committed through Kafka."""
         return {group for group, _, _ in self._kafka}

@@ -623,6 +623,12 @@ class TransactionCoordinator:
         assert transactional_id is not None
         t = self._txns[transactional_id]
         txn = t.txn
+        try:  # a bomb or bad records refused now, not at EndTxn; the output is not kept
+            batch.records(self.config.max_message_size)
+        except RecordsError as exc:
+            log.info("kafka transaction %r: batch for %s-%d refused: %s", transactional_id,
+                     topic, partition, exc)
+            return exc.error_code
         size = len(batch.data)
         if t.staged_bytes + size > self.config.kafka_transaction_max_bytes:
             log.warning("kafka transaction %r: batch for %s-%d refused: the transaction would stage "

@@ -83,6 +83,8 @@ class _Entry:
     queue: int = -1
     batch: RecordBatch | None = None
     offsets: list[StagedOffset] = field(default_factory=list)
+    #: Bytes this entry holds (its record's body), counted against the caps.
+    size: int = 0
 
 
 @dataclass(slots=True)
@@ -104,6 +106,8 @@ class _Producer:
     #: Highest epoch a marker named: staged batches below it are a fenced producer's.
     fence_epoch: int = -1
     staged: list[_Entry] = field(default_factory=list)
+    #: Bytes of ``staged`` (capped by ``kafka_transaction_max_bytes``).
+    staged_bytes: int = 0
     applying: _Apply | None = None
     #: Staging and markers of one producer id take turns (a marker sees a settled list).
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -125,6 +129,8 @@ class TxnStaging:
         self.commit_remote = commit_remote
         self.producers = ProducerStates()
         self._by_pid: dict[int, _Producer] = {}
+        #: Bytes staged by every producer (capped by ``kafka_transactions_max_bytes``).
+        self.staged_bytes = 0
         #: Only a master stages and applies (see :meth:`recover`).
         self.ready = False
 
@@ -134,6 +140,7 @@ class TxnStaging:
         interrupted, from the (replicated) topic."""
         self._by_pid.clear()
         self.producers = ProducerStates()
+        self.staged_bytes = 0
         done_offsets: list[tuple[int, list[StagedOffset]]] = []
         for _, m in read_queue(self.store, STAGED_TOPIC):
             p = m.properties
@@ -142,13 +149,16 @@ class TxnStaging:
             prod = self._producer(pid)
             if kind == BATCH:
                 batch = read_batches(m.body, check_crc=False)[0]
-                prod.staged.append(_Entry(epoch, p[P_TOPIC], int(p[P_QUEUE]), batch))
+                self._add(prod, _Entry(epoch, p[P_TOPIC], int(p[P_QUEUE]), batch,
+                                       size=len(m.body)))
             elif kind == OFFSETS:
-                prod.staged.append(_Entry(epoch, offsets=[tuple(o) for o in orjson.loads(m.body)]))
+                self._add(prod, _Entry(epoch, offsets=[tuple(o) for o in orjson.loads(m.body)],
+                                       size=len(m.body)))
             elif kind in (COMMIT, ABORT):
                 txn = int(p[P_TXN])
                 prod.last_txn, prod.fence_epoch = txn, max(prod.fence_epoch, epoch)
-                settled, prod.staged = _split(prod.staged, epoch)
+                settled, rest = _split(prod.staged, epoch)
+                self._keep(prod, rest)
                 if kind == COMMIT:
                     prod.applying = _Apply(pid, txn, m.physical_offset,
                                            [e for e in settled if e.epoch == epoch])
@@ -212,6 +222,7 @@ class TxnStaging:
         self.ready = False
         self._by_pid.clear()
         self.producers = ProducerStates()
+        self.staged_bytes = 0
 
     def _producer(self, pid: int) -> _Producer:
         prod = self._by_pid.get(pid)
@@ -222,6 +233,35 @@ class TxnStaging:
     def staged_count(self) -> int:
         """Batches and offset commits waiting for a marker (operators and tests)."""
         return sum(len(p.staged) for p in self._by_pid.values())
+
+    def _add(self, prod: _Producer, entry: _Entry) -> None:
+        prod.staged.append(entry)
+        prod.staged_bytes += entry.size
+        self.staged_bytes += entry.size
+
+    def _keep(self, prod: _Producer, rest: list[_Entry]) -> None:
+        """``prod`` now stages ``rest`` only (a marker settled the others)."""
+        size = sum(e.size for e in rest)
+        self.staged_bytes += size - prod.staged_bytes
+        prod.staged, prod.staged_bytes = rest, size
+
+    def _over_cap(self, prod: _Producer, pid: int, size: int, what: str) -> ErrorCode:
+        """The coordinator's bounds, here too: one producer may stage
+        ``kafka_transaction_max_bytes`` (beyond: RECORD_LIST_TOO_LARGE, not retriable: the
+        transaction may only abort), all of them ``kafka_transactions_max_bytes`` (beyond:
+        KAFKA_STORAGE_ERROR, retriable, as for a full disk)."""
+        cfg = self.config
+        if prod.staged_bytes + size > cfg.kafka_transaction_max_bytes:
+            log.warning("staged kafka %s of producer %d refused: it would stage %d bytes, above "
+                        "kafka_transaction_max_bytes %d", what, pid, prod.staged_bytes + size,
+                        cfg.kafka_transaction_max_bytes)
+            return ErrorCode.RECORD_LIST_TOO_LARGE
+        if self.staged_bytes + size > cfg.kafka_transactions_max_bytes:
+            log.warning("staged kafka %s of producer %d refused: %d bytes are staged, "
+                        "kafka_transactions_max_bytes is %d", what, pid, self.staged_bytes,
+                        cfg.kafka_transactions_max_bytes)
+            return ErrorCode.KAFKA_STORAGE_ERROR
+        return ErrorCode.NONE
 
     # --- staging ------------------------------------------------------------------------------
     def takes(self, transactional_id: str | None) -> bool:
@@ -240,7 +280,21 @@ class TxnStaging:
                                             batch.last_sequence)
             if err is not ErrorCode.NONE or dup is not None:
                 return err, -1
+            try:  # a bomb or bad records refused now, not at the marker; the output is not kept
+                batch.records(self.config.max_message_size)
+            except RecordsError as exc:
+                log.info("staged kafka batch for %s-%d of producer %d refused: %s", topic, queue,
+                         pid, exc)
+                return exc.error_code, -1
             meta = BatchMeta(batch.base_sequence, batch.last_sequence, -1, batch.max_timestamp)
+            size = len(batch.data)
+            if (err := self._over_cap(prod, pid, size, f"batch for {topic}-{queue}")) \
+                    is not ErrorCode.NONE:
+                if err is ErrorCode.RECORD_LIST_TOO_LARGE:
+                    # Its sequence counts as used (the coordinator's rule): a client that does
+                    # not bump its epoch at the abort goes on after it.
+                    self.producers.record(pid, epoch, topic, queue, meta, self.now_ms())
+                return err, -1
             self.producers.record(pid, epoch, topic, queue, meta, self.now_ms())
             result = await self.store.put(Message(
                 topic=STAGED_TOPIC, queue_id=0, body=batch.data,
@@ -249,7 +303,7 @@ class TxnStaging:
             if not result.ok:
                 self.producers.forget(pid, topic, queue, meta)
                 return ErrorCode.KAFKA_STORAGE_ERROR, -1
-            prod.staged.append(_Entry(epoch, topic, queue, batch))
+            self._add(prod, _Entry(epoch, topic, queue, batch, size=size))
         return ErrorCode.NONE, -1
 
     async def stage_offsets(self, pid: int, epoch: int, offsets: list[StagedOffset]) -> ErrorCode:
@@ -258,12 +312,15 @@ class TxnStaging:
         async with prod.lock:
             if epoch < prod.fence_epoch:
                 return ErrorCode.INVALID_PRODUCER_EPOCH
+            body = orjson.dumps(offsets)
+            if (err := self._over_cap(prod, pid, len(body), "offsets")) is not ErrorCode.NONE:
+                return err
             result = await self.store.put(Message(
-                topic=STAGED_TOPIC, queue_id=0, body=orjson.dumps(offsets),
+                topic=STAGED_TOPIC, queue_id=0, body=body,
                 properties={P_KIND: OFFSETS, P_PID: str(pid), P_EPOCH: str(epoch)}))
             if not result.ok:
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE
-            prod.staged.append(_Entry(epoch, offsets=list(offsets)))
+            self._add(prod, _Entry(epoch, offsets=list(offsets), size=len(body)))
         return ErrorCode.NONE
 
     # --- markers ------------------------------------------------------------------------------
@@ -281,7 +338,7 @@ class TxnStaging:
                 settled, rest = _split(prod.staged, epoch)
                 if not settled:  # nothing here for it: nothing to write
                     prod.last_txn, prod.fence_epoch = txn, max(prod.fence_epoch, epoch)
-                    prod.staged = rest
+                    self._keep(prod, rest)
                     return ErrorCode.NONE
                 result = await self.store.put(Message(
                     topic=STAGED_TOPIC, queue_id=0, body=b"",
@@ -290,7 +347,7 @@ class TxnStaging:
                 if not result.ok:
                     raise StagingUnavailable(ErrorCode.KAFKA_STORAGE_ERROR)
                 prod.last_txn, prod.fence_epoch = txn, max(prod.fence_epoch, epoch)
-                prod.staged = rest
+                self._keep(prod, rest)
                 for e in settled:
                     if e.batch is not None:
                         self.producers.forget(pid, e.topic, e.queue, BatchMeta(
@@ -316,9 +373,9 @@ class TxnStaging:
             if e.batch is None:
                 continue
             try:
-                for record in e.batch.records():
+                for record in e.batch.records(self.config.max_message_size):
                     msgs.append(record_to_message(e.topic, e.queue, record, born_host=BORN_HOST))
-            except RecordsError as exc:  # checked at produce; the decision cannot be undone
+            except RecordsError as exc:  # checked when staged; the decision cannot be undone
                 log.error("staged batch of %s-%d does not decode (%s): skipped", e.topic,
                           e.queue, exc)
         for m in msgs:

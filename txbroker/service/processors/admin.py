@@ -92,12 +92,19 @@ class AdminProcessor:
 
     async def all_consumer_offsets(self, conn, cmd: RemotingCommand) -> RemotingCommand:
         """RocketMQ's ConsumerOffsetSerializeWrapper: ``{"offsetTable": {"topic@group":
-        {queueId: offset}}}``; a slave copies it (docs/cluster.md, metadata sync)."""
+        {queueId: offset}}}``, plus ``kafkaCommitTable`` (``{"topic@group": {queueId:
+        [metadata, commit ms]}}``); a slave copies both (docs/cluster.md, metadata sync)."""
         table: dict[str, dict[str, int]] = {}
         for group, topics in self.store.offsets.groups().items():
             for topic, queues in topics.items():
                 table[f"{topic}@{group}"] = {str(q): o for q, o in queues.items()}
-        return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps({"offsetTable": table}))
+        # Kafka commits' metadata and commit time, in a field of its own: RocketMQ's tools
+        # read offsetTable only, a txbroker slave copies both (a failover keeps them).
+        kafka: dict[str, dict[str, list]] = {}
+        for (group, topic, q), (metadata, commit_ms) in self.store.offsets.kafka_commits().items():
+            kafka.setdefault(f"{topic}@{group}", {})[str(q)] = [metadata, commit_ms]
+        return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(
+            {"offsetTable": table, "kafkaCommitTable": kafka}))
 
     async def view_message(self, conn, cmd: RemotingCommand) -> RemotingCommand:
         offset = ViewMessageByIdRequestHeader.from_ext(cmd.ext_fields).offset
