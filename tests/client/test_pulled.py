@@ -73,11 +73,16 @@ def test_a_compressed_body_that_does_not_inflate_is_refused_at_pull_time() -> No
 
 
 def test_a_compressed_body_that_inflates_past_the_limit_is_refused_at_pull_time() -> None:
-    # A few KiB from a broker (or anything that answers a pull) that claim 64 MiB: refused
-    # before it is held in memory, not inflated whole.
+    # A few KiB from a broker (or anything that answers a pull) that claim more than the SDK
+    # ever sends: refused before it is held in memory, not inflated whole.
     import zlib
 
-    bomb = zlib.compress(b"\0" * (64 * 1024 * 1024), 9)
+    bomb = zlib.compress(b"\0" * (rec.MAX_SDK_BODY + 1), 9)
     raw = _record(bomb, {}, phys=1, qoff=0, sys_flag=rec.COMPRESSED_FLAG)
     with pytest.raises(rec.RecordError, match="inflates past"):
         decode_pulled(raw, "b")
+
+
+def test_a_body_the_sdk_could_not_inflate_again_is_refused_before_sending() -> None:
+    with pytest.raises(ValueError, match="over the 67,108,864-byte limit of a body before compression"):
+        wire_body(b"\0" * (rec.MAX_SDK_BODY + 1), 4096, 1 << 22)

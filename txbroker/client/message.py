@@ -251,6 +251,9 @@ def wire_body(body: bytes, compress_threshold: int, max_size: int) -> tuple[byte
     a body over it raises ValueError naming its size, the compressed size and the limit.
     """
     raw = bytes(body)
+    if len(raw) > rec.MAX_SDK_BODY:  # a consumer would refuse to inflate it
+        raise ValueError(f"message body is {len(raw):,} bytes, over the {rec.MAX_SDK_BODY:,}-byte "
+                         "limit of a body before compression")
     sent, flag, packed_size = raw, 0, None
     if 0 < compress_threshold <= len(raw):
         packed = zlib.compress(raw, 5)

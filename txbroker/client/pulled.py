@@ -129,9 +129,9 @@ def decode_pulled(raw: bytes, broker_name: str) -> list[PulledMessage]:
             raise rec.RecordError(f"record text is not UTF-8: {exc}") from None
         msg = PulledMessage(raw, body_at, body_len, props_text, topic, head, broker_name)
         if sys_flag & rec.COMPRESSED_FLAG:
-            # Bounded like the broker's own inflation: a body from the wire never inflates
-            # past MAX_INFLATED_BODY (RecordError, as for any malformed record).
-            msg.body = rec.inflate_body(raw[body_at:body_at + body_len])
+            # Bounded: a body from the wire never inflates past what the SDK sends at most
+            # (MAX_SDK_BODY; RecordError, as for any malformed record).
+            msg.body = rec.inflate_body(raw[body_at:body_at + body_len], rec.MAX_SDK_BODY)
         out.append(msg)
         pos = stop
     return out

@@ -367,6 +367,11 @@ def view_record(raw: bytes) -> RecordView:
 #: default ``max_message_size``, which is also the RocketMQ client's own limit on a body
 #: before it compresses it (``maxMessageSize``, 4 MiB), so no honest body is larger.
 MAX_INFLATED_BODY = 4 * 1024 * 1024
+#: The largest body the SDK sends (before compression) and inflates when it pulls.  The SDK
+#: checks the broker's limit on the bytes sent, compressed, so an honest body may inflate
+#: past MAX_INFLATED_BODY (a 5 MiB text sent as 1 MiB); this bounds it so a consumer is
+#: never asked to hold more for one message, whoever answered its pull.
+MAX_SDK_BODY = 64 * 1024 * 1024
 
 
 def inflate_body(body: bytes, limit: int = MAX_INFLATED_BODY) -> bytes:
