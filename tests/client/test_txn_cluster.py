@@ -22,6 +22,7 @@ from txbroker.client import (
     TransactionProducer,
 )
 from txbroker.client.instance import ClientInstance
+from txbroker.service.kafka.cluster_view import coordinator_index
 
 GROUPS = ["broker-a", "broker-b"]
 TOPIC = "TTxGroups"
@@ -97,11 +98,14 @@ async def test_kafka_transactions_name_their_broker_group(tmp_path, broker_confi
                                  kafka_transaction_scan_interval=3600.0)
     async with InProcessCluster(base, tmp_path) as c:
         await c.namesrv()
-        brokers = [await c.broker(name) for name in GROUPS]
+        # one Kafka node per group; the transaction's coordinator is the group Kafka's hash
+        # of its id names, whichever node the client bootstraps from
+        brokers = [await c.broker(name, kafka_node_id=n + 1) for n, name in enumerate(GROUPS)]
         ns = ("--namesrv", c.namesrv_addr)
-        target = brokers[1]
+        target = brokers[coordinator_index("groups-app", len(brokers))]
+        other = next(b for b in brokers if b is not target)
         cli_ok(await run_cli("topic", "create", "kgroups", "--queues", "1", *ns))
-        producer = aiokafka.AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{target.kafka_port}",
+        producer = aiokafka.AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{other.kafka_port}",
                                              transactional_id="groups-app")
         await producer.start()
         try:
