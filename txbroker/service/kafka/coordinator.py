@@ -59,7 +59,9 @@ from txbroker.service.kafka.producers import (
 )
 from txbroker.service.kafka.snapshot import Snapshot, read_latest, snapshot_messages
 from txbroker.service.kafka.txn_log import (
+    BORN_HOST,
     DATA_TOPIC,
+    OFFSET_FILE_GRACE_MS,
     STATE_TOPIC,
     Offset,
     Replayed,
@@ -91,15 +93,10 @@ EPOCH_EXHAUSTED = 32766
 PID_BLOCK = 1000
 #: Width of one broker group's producer-id range on a cluster (2**40 ids each).
 PID_RANGE_BITS = 40
-#: Committed offsets are re-applied at recovery unless the offset file was written at least
-#: this long after the commit (so it holds the commit, or a later commit of the group).
-OFFSET_FILE_GRACE_MS = 2000
 #: Largest part of a snapshot (below ``max_message_size`` when that is larger).
 SNAPSHOT_PART_SIZE = 1024 * 1024
 #: AddPartitionsToTxn's answer key for the request as a whole (only other groups' partitions).
 WHOLE_REQUEST = ("", -1)
-#: Kafka records are born at the client; the commitlog's born host is not known here.
-BORN_HOST = ("127.0.0.1", 0)
 
 
 @dataclass

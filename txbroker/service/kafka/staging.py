@@ -39,10 +39,9 @@ import orjson
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.records import RecordBatch, RecordsError, read_batches
-from txbroker.service.kafka.coordinator import BORN_HOST, OFFSET_FILE_GRACE_MS
 from txbroker.service.kafka.mapping import record_to_message
 from txbroker.service.kafka.producers import BatchMeta, ProducerStates
-from txbroker.service.kafka.txn_log import read_queue
+from txbroker.service.kafka.txn_log import BORN_HOST, OFFSET_FILE_GRACE_MS, read_queue
 from txbroker.service.topics import is_system_topic
 from txbroker.store.message_store import MessageStore
 from txbroker.store.record import Message

@@ -31,6 +31,12 @@ P_TOPIC = "KTOPIC"
 P_PARTITION = "KPART"
 P_GROUP = "KGROUP"
 
+#: Committed offsets are re-applied at recovery unless the offset file was written at least
+#: this long after the commit (so it holds the commit, or a later commit of the group).
+OFFSET_FILE_GRACE_MS = 2000
+#: Kafka records are born at the client; the commitlog's born host is not known here.
+BORN_HOST = ("127.0.0.1", 0)
+
 #: (group, topic, partition, offset)
 Offset = tuple[str, str, int, int]
 
