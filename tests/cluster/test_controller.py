@@ -189,6 +189,11 @@ async def test_a_controller_cut_off_from_every_broker_changes_no_master(tmp_path
                                                                     master_epoch=1),
                                      encode_sync_state_set({0, 1}, 1))
             assert resp.code == ResponseCode.SUCCESS, resp.remark
+            # The last words before the cut: the slave's, then the master's, so the master's
+            # lease ends last (a slave outliving a dead master would rightly be elected; the
+            # cut silences both, in whichever order their leases run out on a busy machine).
+            assert (await slave.heartbeat()).code == ResponseCode.SUCCESS
+            assert (await master.heartbeat()).code == ResponseCode.SUCCESS
             before = await slave.replica_info()
             master.notified.clear()
             slave.notified.clear()
