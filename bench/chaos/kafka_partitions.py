@@ -65,6 +65,9 @@ GROUP_OF = {p: GROUPS[p // QUEUES].name for p in range(PARTITIONS)}
 LEADERS = [GROUPS[p // QUEUES].kafka_node_id for p in range(PARTITIONS)]
 #: Seconds any one client call may take before it counts as indeterminate.
 CALL_TIMEOUT = 15.0
+#: Seconds a sender waits for one record's acknowledgement before it counts as indeterminate
+#: (the client keeps retrying it meanwhile; a little above the clients' request time-out).
+RECORD_TIMEOUT = 6.0
 #: The idempotent producer is replaced after this many failed records in a row.
 IDEM_FAILURES_BEFORE_NEW_PRODUCER = 4
 #: After the heal, every producer gets this long to have a record or transaction acknowledged
@@ -150,7 +153,7 @@ class Load:
                     p = await producer()
                     fut = await asyncio.wait_for(
                         p.send(self.topics[IDEM], value.encode(), partition=partition), CALL_TIMEOUT)
-                    md = await asyncio.wait_for(asyncio.shield(fut), CALL_TIMEOUT)
+                    md = await asyncio.wait_for(asyncio.shield(fut), RECORD_TIMEOUT)
                 except Exception as exc:  # noqa: BLE001 - any failure is indeterminate here
                     self.rec(type="info", wl=IDEM, key=value, error=repr(exc)[:300])
                     failures += 1
