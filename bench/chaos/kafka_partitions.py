@@ -69,7 +69,7 @@ CALL_TIMEOUT = 15.0
 #: (the client keeps retrying it meanwhile; a little above the clients' request time-out).
 RECORD_TIMEOUT = 6.0
 #: The idempotent producer is replaced after this many failed records in a row.
-IDEM_FAILURES_BEFORE_NEW_PRODUCER = 4
+IDEM_FAILURES_BEFORE_NEW_PRODUCER = 2
 #: After the heal, every producer gets this long to have a record or transaction acknowledged
 #: again before the load stops.
 RESUME_TIMEOUT = 30.0
@@ -121,7 +121,9 @@ class Load:
     async def idempotent(self) -> None:
         holder: dict[str, AIOKafkaProducer | None] = {"p": None}
         lock = asyncio.Lock()
-        failures = 0
+        #: Failed records in a row per partition: one partition's sender may be wedged in the
+        #: client (aiokafka 0.14 can lose a batch it re-enqueues twice) while the others run.
+        failures = [0] * PARTITIONS
 
         async def producer() -> AIOKafkaProducer:
             async with lock:
@@ -142,7 +144,6 @@ class Load:
             await _quietly_stop(old)
 
         async def sender(partition: int) -> None:
-            nonlocal failures
             group = GROUP_OF[partition]
             for i in range(1_000_000):
                 if self.stop.is_set():
@@ -156,13 +157,13 @@ class Load:
                     md = await asyncio.wait_for(asyncio.shield(fut), RECORD_TIMEOUT)
                 except Exception as exc:  # noqa: BLE001 - any failure is indeterminate here
                     self.rec(type="info", wl=IDEM, key=value, error=repr(exc)[:300])
-                    failures += 1
-                    if failures >= IDEM_FAILURES_BEFORE_NEW_PRODUCER:
-                        failures = 0
+                    failures[partition] += 1
+                    if failures[partition] >= IDEM_FAILURES_BEFORE_NEW_PRODUCER:
+                        failures[partition] = 0
                         await renew()
                     await asyncio.sleep(0.2)
                     continue
-                failures = 0
+                failures[partition] = 0
                 self.rec(type="ok", wl=IDEM, key=value, offset=md.offset)
                 self.last_ok[f"idem-{partition}"] = time.monotonic()
                 await asyncio.sleep(0.005)
