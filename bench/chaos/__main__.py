@@ -94,7 +94,9 @@ def _partitions(args: argparse.Namespace) -> int:
         cfg = PartitionsConfig(scenarios=tuple(s.strip() for s in args.scenario.split(",") if s.strip()),
                                runs=args.runs, seed=args.seed, lease=args.lease,
                                producers=args.producers, settle_timeout=args.settle_timeout,
-                               work_dir=args.data_dir, kafka=args.kafka)
+                               work_dir=args.data_dir, kafka=args.kafka,
+                               # Kafka runs wait for the clients to resume and the pipelines to drain
+                               run_timeout=300.0 if args.kafka else PartitionsConfig.run_timeout)
     except ValueError as exc:
         print(f"--partitions: {exc}", file=sys.stderr)
         return 2
