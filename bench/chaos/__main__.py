@@ -2,7 +2,8 @@
 report table, exit 1 when an invariant was violated.  ``--cluster``: the master of a SYNC_MASTER
 broker group is killed instead (:mod:`txbroker.bench.chaos.cluster`).  ``--partitions``: partitions,
 pauses and lost replies on a SYNC_MASTER and an ASYNC_MASTER group in network namespaces
-(:mod:`txbroker.bench.chaos.partitions`; needs root)."""
+(:mod:`txbroker.bench.chaos.partitions`; needs root); with ``--kafka`` the same scenarios driven by
+Kafka clients (:mod:`txbroker.bench.chaos.kafka_partitions`)."""
 
 from __future__ import annotations
 
@@ -36,12 +37,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenario", default="a,b,c,d,e,f,g",
                     help="--partitions: comma-separated scenarios a..g (default: all)")
     ap.add_argument("--runs", type=int, default=5, help="--partitions: runs per scenario")
+    ap.add_argument("--kafka", action="store_true",
+                    help="--partitions: every broker's Kafka listener open, the load from Kafka clients "
+                         "(idempotent, transactional over both groups, an exactly-once pipeline)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
     if args.cluster:
         return _cluster(args)
     if args.partitions:
         return _partitions(args)
+    if args.kafka:
+        print("--kafka: only with --partitions (the Kafka clients drive the partition scenarios)",
+              file=sys.stderr)
+        return 2
     cfg = ChaosConfig(seed=args.seed, kills=args.kills, producers=args.producers,
                       flush_mode=args.flush, min_kill_interval=args.min_interval,
                       max_kill_interval=args.max_interval, settle_timeout=args.settle_timeout,
@@ -86,7 +94,9 @@ def _partitions(args: argparse.Namespace) -> int:
         cfg = PartitionsConfig(scenarios=tuple(s.strip() for s in args.scenario.split(",") if s.strip()),
                                runs=args.runs, seed=args.seed, lease=args.lease,
                                producers=args.producers, settle_timeout=args.settle_timeout,
-                               work_dir=args.data_dir)
+                               work_dir=args.data_dir, kafka=args.kafka,
+                               # Kafka runs wait for the clients to resume and the pipelines to drain
+                               run_timeout=300.0 if args.kafka else PartitionsConfig.run_timeout)
     except ValueError as exc:
         print(f"--partitions: {exc}", file=sys.stderr)
         return 2
@@ -100,9 +110,14 @@ def _partitions(args: argparse.Namespace) -> int:
     except NetnsUnavailable as exc:
         print(f"--partitions skipped: {exc}", file=sys.stderr)
         return 2
-    print(f"partitions run: seed={cfg.seed} runs={cfg.runs} scenarios={','.join(cfg.scenarios)} "
-          f"lease={cfg.lease}s wall={time.monotonic() - t0:.1f}s")
-    print(report(results))
+    print(f"partitions run{' (Kafka clients)' if cfg.kafka else ''}: seed={cfg.seed} runs={cfg.runs} "
+          f"scenarios={','.join(cfg.scenarios)} lease={cfg.lease}s wall={time.monotonic() - t0:.1f}s")
+    if cfg.kafka:
+        from txbroker.bench.chaos.kafka_partitions import report as kafka_report
+
+        print(kafka_report(results))
+    else:
+        print(report(results))
     return 0 if all(r.ok for r in results) else 1
 
 

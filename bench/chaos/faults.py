@@ -31,6 +31,11 @@ from txbroker.bench.chaos.process import BrokerProcess
 from txbroker.service.controller_link import MasterInfo
 
 BROKER_PORT, HA_PORT, NAMESRV_PORT, CONTROLLER_PORT = 10911, 10912, 9876, 9878
+#: The Kafka listener of every broker when :attr:`ClusterSettings.kafka` is on.
+KAFKA_PORT = 9092
+#: With Kafka on, both groups join one cluster: a Kafka view spans the groups of its broker's
+#: cluster only (docs/kafka.md, "Kafka on a cluster").
+KAFKA_CLUSTER = "KafkaCluster"
 SERVICES = ("ctl", "ns1", "ns2")
 CLIENT = "cli"
 
@@ -41,10 +46,12 @@ class GroupSpec:
     role: str
     cluster: str
     nodes: tuple[str, str]  # broker ids 0 and 1
+    #: The group's Kafka node id (the same on both replicas, so it survives a failover).
+    kafka_node_id: int
 
 
-GROUPS = (GroupSpec("broker-a", "SYNC_MASTER", "SyncCluster", ("a0", "a1")),
-          GroupSpec("broker-b", "ASYNC_MASTER", "AsyncCluster", ("b0", "b1")))
+GROUPS = (GroupSpec("broker-a", "SYNC_MASTER", "SyncCluster", ("a0", "a1"), 1),
+          GroupSpec("broker-b", "ASYNC_MASTER", "AsyncCluster", ("b0", "b1"), 2))
 NODES = [*SERVICES, *(n for g in GROUPS for n in g.nodes), CLIENT]
 
 
@@ -65,6 +72,17 @@ class ClusterSettings:
     heartbeat_interval: float = 0.3
     register_interval: float = 1.0
     slave_timeout: float = 1.0
+    #: Open every broker's Kafka listener on :data:`KAFKA_PORT` (node id per group), with
+    #: group and transaction timings short enough for runs of seconds.
+    kafka: bool = False
+
+
+def kafka_settings(group: GroupSpec) -> dict[str, object]:
+    """What a broker of ``group`` adds to serve Kafka clients in the fault runs."""
+    return {"cluster_name": KAFKA_CLUSTER, "kafka_port": KAFKA_PORT,
+            "kafka_node_id": group.kafka_node_id,
+            "kafka_cluster_refresh_interval": 0.3, "kafka_transaction_scan_interval": 0.2,
+            "kafka_group_initial_rebalance_delay": 0.2, "kafka_group_min_session_timeout": 1.0}
 
 
 class NsCluster:
@@ -97,6 +115,8 @@ class NsCluster:
                        "controller_heartbeat_interval": settings.heartbeat_interval,
                        "metadata_sync_interval": 0.2, "register_interval": settings.register_interval,
                        "slave_timeout": settings.slave_timeout}
+                if settings.kafka:
+                    cfg.update(kafka_settings(group))
                 self.brokers[name] = NsBrokerProcess(node, root / name, cfg, root / f"{name}.log")
 
     def _service(self, node: Node, args: list[str], ready: str) -> ServiceProcess:
@@ -111,6 +131,11 @@ class NsCluster:
     @property
     def namesrv_addr(self) -> str:
         return ";".join(f"{self.net[n].addr}:{NAMESRV_PORT}" for n in ("ns1", "ns2"))
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """Every broker's Kafka listener, masters and slaves (clients find the leaders)."""
+        return ",".join(f"{self.net[n].addr}:{KAFKA_PORT}" for n in self.brokers)
 
     def node_of(self, addr: str) -> str | None:
         host = addr.rsplit(":", 1)[0]

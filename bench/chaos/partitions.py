@@ -65,6 +65,7 @@ from txbroker.bench.chaos.faults import (
     NsCluster,
 )
 from txbroker.bench.chaos.history import GroupVerdict, check
+from txbroker.bench.chaos.kafka_history import KafkaGroupVerdict
 from txbroker.bench.chaos.ledger import DECIDED, KINDS, Ledger
 from txbroker.bench.chaos.netns import Network
 from txbroker.client import Consumer, Message, TransactionProducer
@@ -99,6 +100,8 @@ class PartitionsConfig:
     run_timeout: float = 150.0
     send_timeout: float = 2.0
     work_dir: str | None = None
+    #: Kafka clients instead of the RocketMQ SDK (:mod:`txbroker.bench.chaos.kafka_partitions`).
+    kafka: bool = False
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.scenarios if s not in SCENARIOS]
@@ -114,7 +117,7 @@ class RunResult:
     scenario: str
     run: int
     detail: str = ""
-    verdicts: dict[str, GroupVerdict] = field(default_factory=dict)
+    verdicts: dict[str, GroupVerdict | KafkaGroupVerdict] = field(default_factory=dict)
     cuts_proved: int = 0
     cuts_unproved: int = 0
     error: str | None = None
@@ -249,6 +252,20 @@ FAULTS: dict[str, Callable[[FaultCtx], Awaitable[str]]] = {
 
 
 # --- one run -----------------------------------------------------------------------------------
+async def poll_masters(cluster: NsCluster, rec: Recorder, stop: asyncio.Event) -> None:
+    """Record a ``master`` event each time the controller names another master or epoch."""
+    last_seen: dict[str, tuple[str, int]] = {}
+    while not stop.is_set():
+        for g, info in (await cluster.masters()).items():
+            if info is None:
+                continue
+            seen = (info.master_addr if info.master_id is not None else "", info.master_epoch)
+            if last_seen.get(g) != seen:
+                last_seen[g] = seen
+                rec(type="master", group=g, master=seen[0], epoch=seen[1])
+        await asyncio.sleep(0.1)
+
+
 async def _settle(namesrv: str, timeout: float) -> dict[str, int | None]:
     """Pending halves per group once none is left, or at the deadline."""
     deadline = time.monotonic() + timeout
@@ -315,19 +332,6 @@ async def _run_once(cfg: PartitionsConfig, cluster: NsCluster, net: Network, sce
             await asyncio.sleep(0.2)
 
     stop_poll = asyncio.Event()
-    last_seen: dict[str, tuple[str, int]] = {}
-
-    async def poll_masters() -> None:
-        while not stop_poll.is_set():
-            for g, info in (await cluster.masters()).items():
-                if info is None:
-                    continue
-                seen = (info.master_addr if info.master_id is not None else "", info.master_epoch)
-                if last_seen.get(g) != seen:
-                    last_seen[g] = seen
-                    rec(type="master", group=g, master=seen[0], epoch=seen[1])
-            await asyncio.sleep(0.1)
-
     ledger = Ledger()
     stop_load = asyncio.Event()
     producers: list[tuple[str, TransactionProducer]] = []
@@ -366,7 +370,7 @@ async def _run_once(cfg: PartitionsConfig, cluster: NsCluster, net: Network, sce
                     status=res.send_status.name, decision=t.truth if t.state == DECIDED else None)
             await asyncio.sleep(0.01)
 
-    poller = asyncio.ensure_future(poll_masters())
+    poller = asyncio.ensure_future(poll_masters(cluster, rec, stop_poll))
     tasks: list[asyncio.Future] = []
     try:
         for _, p in producers:
@@ -428,7 +432,12 @@ def run_partitions(cfg: PartitionsConfig, progress: Callable[[str], None] = prin
 async def _all(cfg: PartitionsConfig, net: Network, root: Path, results: list[RunResult],
                progress: Callable[[str], None]) -> None:
     rng = random.Random(cfg.seed)
-    settings = ClusterSettings(lease=cfg.lease)
+    settings = ClusterSettings(lease=cfg.lease, kafka=cfg.kafka)
+    run_once, line = _run_once, _progress_line
+    if cfg.kafka:
+        from txbroker.bench.chaos import kafka_partitions  # it builds on this module
+
+        run_once, line = kafka_partitions.run_once, kafka_partitions.progress_line
     for scenario in cfg.scenarios:
         cluster = NsCluster(net, root / f"scenario-{scenario}", settings)
         progress(f"[{scenario}] {SCENARIOS[scenario]}: starting the cluster")
@@ -437,14 +446,14 @@ async def _all(cfg: PartitionsConfig, net: Network, root: Path, results: list[Ru
             for run in range(cfg.runs):
                 rec = Recorder()
                 try:
-                    r = await asyncio.wait_for(_run_once(cfg, cluster, net, scenario, run, rng, rec),
+                    r = await asyncio.wait_for(run_once(cfg, cluster, net, scenario, run, rng, rec),
                                                cfg.run_timeout)
                 except TimeoutError:
                     r = RunResult(scenario, run, error=f"run cut short after {cfg.run_timeout:.0f}s")
                     net.heal_all()
                 rec.write(cluster.root / f"history-{scenario}{run}.jsonl")
                 results.append(r)
-                progress(_progress_line(r, cfg.runs))
+                progress(line(r, cfg.runs))
                 if r.error == UNHEALTHY and run + 1 < cfg.runs:
                     # The group did not recover from the last fault (a finding in itself,
                     # kept in this run's result): the next runs get a fresh cluster.
