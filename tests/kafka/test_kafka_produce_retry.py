@@ -122,3 +122,23 @@ async def test_a_connection_dropped_mid_produce_then_the_retry_stores_every_batc
     assert retry == {p: (0, sent[p]) for p in range(queues)}
     for p in range(queues):
         assert kafka_broker.store.max_offset(topic, p) == sent[p] + RECORDS, f"partition {p}"
+
+
+async def test_a_fenced_master_answers_not_leader_so_clients_refresh_their_metadata(kafka_broker) -> None:
+    # A master whose lease lapsed (or that is demoted or stopping) is not where the partition
+    # can be written: Kafka's answer for that is NOT_LEADER_OR_FOLLOWER (6), which makes
+    # clients refresh metadata and find the new master.  KAFKA_STORAGE_ERROR (56) made
+    # aiokafka retry the fenced broker for as long as the fence stood (20-27 s after a heal
+    # in the partition harness).
+    from txbroker.store.results import Fence
+
+    handler = kafka_broker.kafka.handlers[ApiKey.PRODUCE]
+    await handler(context(0), produce_body("Fenced", {0: batch(30_000, "before")}))
+    kafka_broker.store.set_write_gate(lambda: Fence.LEASE_NOT_VALID)
+    try:
+        for producer_id in (-1, 30_001):  # a plain and an idempotent batch
+            answer = partitions(await asyncio.wait_for(
+                handler(context(1), produce_body("Fenced", {0: batch(producer_id, "fenced")})), T))
+            assert answer == {0: (6, -1)}, producer_id
+    finally:
+        kafka_broker.store.set_write_gate(None)

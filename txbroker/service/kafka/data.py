@@ -223,7 +223,16 @@ class KafkaData:
             PutResult(PutStatus.OK, physical_offset=store.max_physical_offset))
         if result.status is PutStatus.OK or (result.ok and acks != -1):
             return ErrorCode.NONE, offset
-        return _PUT_ERRORS[result.status], -1
+        return self._put_error(result.status), -1
+
+    def _put_error(self, status: PutStatus) -> ErrorCode:
+        """The Kafka error of a refused put.  A fenced store (its lease lapsed, a demotion, a
+        stop) answers NOT_LEADER_OR_FOLLOWER, as a Kafka broker that lost leadership does:
+        clients then refresh their metadata and find the group's master, where
+        KAFKA_STORAGE_ERROR made aiokafka retry this broker until the fence lifted."""
+        if status is PutStatus.SERVICE_NOT_AVAILABLE and self.store.fenced is not None:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        return _PUT_ERRORS[status]
 
     def _answer(self, ctx: KafkaRequestContext, topic: str, partition: int,
                 results: list[PutResult], acks: int) -> tuple[ErrorCode, int]:
@@ -237,7 +246,7 @@ class KafkaData:
                         partition, ctx.peer, bad.status.name, bad.reason)
         elif acks != -1:
             return ErrorCode.NONE, results[0].queue_offset
-        return _PUT_ERRORS[bad.status], -1
+        return self._put_error(bad.status), -1
 
     # --- Fetch --------------------------------------------------------------------------------
     async def fetch(self, ctx: KafkaRequestContext, body: dict) -> dict:
