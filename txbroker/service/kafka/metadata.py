@@ -171,9 +171,14 @@ class KafkaMetadata:
             error = ErrorCode.NONE
             if hidden_topic(name, self.config):
                 error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            elif not view.ready():
+                # A partial view would number the partitions as no other broker does.
+                error = ErrorCode.LEADER_NOT_AVAILABLE
             elif not view.known(name):
-                _, error = await lookup_topic(self.topics, self.config, name,
-                                              auto_create=auto and view.leads())
+                tc, error = await lookup_topic(self.topics, self.config, name,
+                                               auto_create=auto and view.leads())
+                if tc is not None:  # created now: numbered once the view's next round has it
+                    error = ErrorCode.LEADER_NOT_AVAILABLE
             partitions = []
             for s in view.slots(name) if error == ErrorCode.NONE else ():
                 leader = s.leader.node_id if s.leader is not None else -1
@@ -239,6 +244,10 @@ class KafkaMetadata:
                     f"key type {key_type}", "node_id": -1, "host": "", "port": -1}
         if self.view is not None:  # the key's broker group, by Kafka's hash
             node, _ = self.view.coordinator(body.get("key") or "")
+            if not self.view.ready():
+                return {"throttle_time_ms": 0, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                        "error_message": f"the cluster view is not complete: {self.view.incomplete}",
+                        "node_id": -1, "host": "", "port": -1}
             if node is None:
                 return {"throttle_time_ms": 0, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
                         "error_message": "the coordinator's broker group has no master now",
