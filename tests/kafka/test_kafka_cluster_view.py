@@ -22,6 +22,7 @@ from txbroker.bench.chaos.process import free_port
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
+from txbroker.remoting.kafka.records import Record, encode_batch
 from txbroker.service.kafka.cluster_view import NodeIdClash
 from txbroker.service.topics import TopicConfig
 
@@ -51,14 +52,15 @@ async def test_a_broker_that_never_learned_a_listed_group_offers_no_numbering(
     queue 0 — not queue 2."""
     async with InProcessCluster(broker_config, tmp_path) as c:
         ns = await c.namesrv()
-        b = broker_process(tmp_path / "broker-b", namesrv_port=-1, namesrv_addr=ns.addr,
-                           broker_name="broker-b", broker_port=free_port(), ha_port=free_port(),
-                           kafka_port=free_port(), kafka_node_id=1,
-                           kafka_cluster_refresh_interval=0.1)
+        # In a thread: the name server on this loop answers broker-b meanwhile.
+        b = await asyncio.to_thread(
+            broker_process, tmp_path / "broker-b", namesrv_port=-1, namesrv_addr=ns.addr,
+            broker_name="broker-b", broker_port=free_port(), ha_port=free_port(),
+            kafka_port=free_port(), kafka_node_id=1, kafka_cluster_refresh_interval=0.1)
         created = await call(b.kafka_port, ApiKey.CREATE_TOPICS, 2, {
             "topics": [{"name": TOPIC, "num_partitions": 2, "replication_factor": -1}],
             "timeout_ms": 5000})
-        assert created["topics"][0]["error_code"] == 0
+        assert created["topics"][0]["error_code"] == 0, created
         os.kill(b.pid, signal.SIGSTOP)
         try:
             await frozen_b_meets_a(c, b, ns.addr)
@@ -152,3 +154,44 @@ async def test_serve_refuses_a_node_id_another_group_has_with_one_line(
     assert "kafka_node_id=1" in errors[0] and "broker-a" in errors[0] \
         and first.broker_addr in errors[0], text
     assert "Traceback" not in text
+
+
+async def test_a_group_added_later_moves_no_partition(broker_config: BrokerConfig,
+                                                      tmp_path) -> None:
+    """A topic created through Kafka keeps its numbering when a broker group joins, even one
+    with a lower node id (it holds no block of the topic): a Produce numbered before the join
+    lands in the same queue after it, and one sent to a broker that does not lead the
+    partition is refused, not stored."""
+    async with InProcessCluster(broker_config, tmp_path) as c:
+        await c.namesrv()
+        a = await c.broker("broker-a", kafka_node_id=1, **CLUSTER_KAFKA)
+        b = await c.broker("broker-b", kafka_node_id=2, **CLUSTER_KAFKA)
+        await eventually(lambda: a.kafka_view.ready() and len(a.kafka_view.nodes()) == 2)
+        created = await call(a.kafka_port, ApiKey.CREATE_TOPICS, 2, {
+            "topics": [{"name": "kept", "num_partitions": 4, "replication_factor": -1}],
+            "timeout_ms": 5000})
+        assert created["topics"][0]["error_code"] == 0, created
+        zero = await c.broker("broker-0", kafka_node_id=0, **CLUSTER_KAFKA)
+        await zero.topics.create_or_update(TopicConfig("other", 2, 2))
+
+        async def numbered() -> bool:
+            for x in (a, b, zero):
+                if not x.kafka_view.ready() or len(x.kafka_view.nodes()) != 3:
+                    return False
+                meta = await metadata(x.kafka_port, "kept")
+                if [p["leader_id"] for p in meta["partitions"]] != [1, 1, 2, 2]:
+                    return False
+            return True
+        await eventually(numbered, msg="every view has three nodes and kept's old numbering")
+        batch = encode_batch(0, [Record(0, 1_700_000_000_000, None, b"x", [])])
+        for port, expected in ((b.kafka_port, ErrorCode.NONE),
+                               (a.kafka_port, ErrorCode.NOT_LEADER_OR_FOLLOWER),
+                               (zero.kafka_port, ErrorCode.NOT_LEADER_OR_FOLLOWER)):
+            answer = await call(port, ApiKey.PRODUCE, 7, {
+                "acks": 1, "timeout_ms": 1000, "topic_data": [{"name": "kept", "partition_data": [
+                    {"index": 2, "records": batch}]}]})
+            assert answer["responses"][0]["partition_responses"][0]["error_code"] == expected
+        # Partition 2 is broker-b's queue 0, before the join and after it.
+        assert [b.store.max_offset("kept", q) for q in range(2)] == [1, 0]
+        assert [a.store.max_offset("kept", q) for q in range(2)] == [0, 0]
+        assert zero.topics.get("kept") is None
