@@ -578,19 +578,22 @@ class KafkaAdmin:
                                         f"topic {name!r} appears more than once")
                 if self.view is None or peer is True:
                     await self._delete_here(name, ctx.peer)
-                # From the highest node id down: the blocks left keep their numbers.
-                for group, leader in [] if self.view is None or peer is True else \
-                        self._holders(name, descending=True):
-                    if self._is_here(group):
-                        await self._delete_here(name, ctx.peer)
-                    else:
-                        await self._forward_one(ctx, group, leader,
-                                                {"topic_names": [name], "timeout_ms": 5000},
-                                                "responses", "name")
+                else:
+                    await self._delete_across(ctx, name)
             except ConfigRefused as exc:
                 answer.update(error_code=exc.code, error_message=exc.message)
             out.append(answer)
         return {"responses": out}
+
+    async def _delete_across(self, ctx: KafkaRequestContext, name: str) -> None:
+        """From the highest node id down: the blocks left keep their numbers."""
+        for group, leader in self._holders(name, descending=True):
+            if self._is_here(group):
+                await self._delete_here(name, ctx.peer)
+            else:
+                await self._forward_one(ctx, group, leader,
+                                        {"topic_names": [name], "timeout_ms": 5000},
+                                        "responses", "name")
 
     async def _delete_here(self, name: str, peer: str) -> None:
         self._topic(name)
