@@ -10,9 +10,10 @@ topics share one commitlog), ``cleanup.policy`` (``delete`` only: there is no co
 ``max.message.bytes`` (the broker's ``max_message_size``, read-only).  Every other name is
 refused with Kafka's INVALID_CONFIG, never silently accepted.
 
-One file of a little over 450 lines: seven handlers that share the topic lookup, the per-resource
-refusal (:class:`ConfigRefused`) and the config catalogue; split, each part would import the
-others' internals."""
+One file of over 450 lines: seven handlers that share the topic lookup, the per-resource
+refusal (:class:`ConfigRefused`) and the config catalogue, and on a cluster the same handlers
+spread each change over the groups holding the topic (the transport and signature are
+``cluster_admin.py``); split, each part would import the others' internals."""
 
 from __future__ import annotations
 
