@@ -412,7 +412,7 @@ class Broker:
         handlers.update(group_handlers(self.groups, self.store, self.topics))
         handlers.update(txn_handlers(self.kafka_txn))
         self.kafka_admin = KafkaAdmin(cfg, self.topics, self.store, self.kafka_txn, host=self.host,
-                                      port=self.kafka_port)
+                                      port=self.kafka_port, view=self.kafka_view)
         await self.kafka_admin.start()
         handlers.update(self.kafka_admin.handlers())
         handlers[ApiKey.WRITE_TXN_MARKERS] = marker_handler(

@@ -123,7 +123,7 @@ async def test_retention_ms_moves_the_start_of_the_partitions(kafka_broker, kafk
         await _with_admin(kafka_bootstrap, lambda a: _alter(a, "ret-t", {"retention.ms": "300"}))
         admin = kafka_broker.kafka_admin
         # the records were stored more than 300 ms ago once the pass moves the start past them
-        await eventually(lambda: admin.apply_retention() or
+        await eventually(lambda: admin.apply_retention() >= 0 and
                          kafka_broker.store.min_offset("ret-t", 0) == 3, timeout=20,
                          msg="retention.ms did not move the partition's start")
         await producer.send_and_wait("ret-t", b"new", partition=0)

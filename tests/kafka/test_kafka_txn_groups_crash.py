@@ -76,7 +76,7 @@ async def queue_end(proc: BrokerProcess, queue: int) -> int:
 
 
 async def create_topic(proc: BrokerProcess, topic: str, partitions: int) -> None:
-    """``partitions`` queues of ``topic`` in ``proc``'s group (CreateTopics creates them there)."""
+    """``topic`` with ``partitions`` partitions, spread over the groups by CreateTopics."""
     created = await call(proc.kafka_port, ApiKey.CREATE_TOPICS, 2, {
         "topics": [{"name": topic, "num_partitions": partitions, "replication_factor": -1}],
         "timeout_ms": 5000})
@@ -104,13 +104,18 @@ async def namesrv(tmp_path):
         server.kill()
 
 
+async def seen_groups(proc: BrokerProcess) -> bool:
+    meta = await call(proc.kafka_port, ApiKey.METADATA, 8, {"topics": []})
+    return len(meta["brokers"]) == 2
+
+
 @pytest.fixture
 async def groups(tmp_path, broker_process, namesrv):
     """broker-a (node 1) and broker-b (node 2), two queues of TOPIC each."""
     a = group_process(broker_process, tmp_path, "broker-a", 1, namesrv.addr)
     b = group_process(broker_process, tmp_path, "broker-b", 2, namesrv.addr)
-    for p in (a, b):
-        await create_topic(p, TOPIC, 2)
+    await eventually(lambda: seen_groups(a), timeout=20, msg="broker-a's view sees both groups")
+    await create_topic(a, TOPIC, 4)  # two queues in each group
     await seen_everywhere([a, b], TOPIC, [1, 1, 2, 2])
     return a, b
 

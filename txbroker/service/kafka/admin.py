@@ -10,9 +10,10 @@ topics share one commitlog), ``cleanup.policy`` (``delete`` only: there is no co
 ``max.message.bytes`` (the broker's ``max_message_size``, read-only).  Every other name is
 refused with Kafka's INVALID_CONFIG, never silently accepted.
 
-One file of a little over 450 lines: seven handlers that share the topic lookup, the per-resource
-refusal (:class:`ConfigRefused`) and the config catalogue; split, each part would import the
-others' internals."""
+One file of over 450 lines: seven handlers that share the topic lookup, the per-resource
+refusal (:class:`ConfigRefused`) and the config catalogue, and on a cluster the same handlers
+spread each change over the groups holding the topic (the transport and signature are
+``cluster_admin.py``); split, each part would import the others' internals."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from dataclasses import dataclass, replace
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
+from txbroker.service.kafka.cluster_admin import UNREACHABLE, forward, from_peer
+from txbroker.service.kafka.cluster_view import ClusterView
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.kafka.coordinator import TransactionCoordinator
 from txbroker.service.kafka.metadata import (
@@ -104,13 +107,17 @@ class KafkaAdmin:
     """Handlers of the admin APIs, and the task that applies per-topic ``retention.ms``."""
 
     def __init__(self, config: BrokerConfig, topics: TopicManager, store: MessageStore,
-                 coordinator: TransactionCoordinator, *, host: str, port: int) -> None:
+                 coordinator: TransactionCoordinator, *, host: str, port: int,
+                 view: ClusterView | None = None) -> None:
         self.config = config
         self.topics = topics
         self.store = store
         self.coordinator = coordinator
         self.host = host
         self.port = port
+        #: On a cluster: the groups a topic's changes reach (cluster_admin.py).
+        self.view = view
+        self.node_id = config.kafka_node_id if config.kafka_node_id >= 0 else NODE_ID
         self._task: asyncio.Task[None] | None = None
 
     def handlers(self) -> dict[int, Handler]:
@@ -164,10 +171,64 @@ class KafkaAdmin:
             return {"error_code": ErrorCode.UNSUPPORTED_ENDPOINT_TYPE, "error_message":
                     f"endpoint type {body.get('endpoint_type')}: this is a broker endpoint (1)",
                     "cluster_id": self.config.cluster_name}
+        if self.view is not None:  # every group's master; the controller as Metadata names it
+            nodes = self.view.nodes()
+            return {"error_code": 0, "cluster_id": self.config.cluster_name, "endpoint_type": 1,
+                    "controller_id": nodes[0].node_id if nodes else -1,
+                    "brokers": [{"broker_id": n.node_id, "host": n.host, "port": n.port,
+                                 "rack": None, "is_fenced": False} for n in nodes]}
         return {"error_code": 0, "cluster_id": self.config.cluster_name, "endpoint_type": 1,
                 "controller_id": NODE_ID,
                 "brokers": [{"broker_id": NODE_ID, "host": self.host, "port": self.port,
                              "rack": None, "is_fenced": False}]}
+
+    # --- the same change in every group holding a topic (cluster_admin.py) ----------------------
+    def _peer(self, ctx: KafkaRequestContext, body: dict) -> bool | str:
+        """False: a client's request (acts on the cluster); True: a forwarded one (acts
+        here only); a string: a forwarded one refused, and why."""
+        if self.view is None:
+            return False
+        peer = from_peer(ctx, body, self.config.cluster_secret)
+        if isinstance(peer, str):
+            log.warning("%s from %s refused: %s", ApiKey(ctx.api_key).name, ctx.peer, peer)
+        return peer
+
+    def _holders(self, name: str, descending: bool = False) -> list[tuple[str, object]]:
+        """(group, its master's Kafka node) of every group holding topic ``name``; refused when
+        the view is not complete, no group holds it or one of them has no master now."""
+        assert self.view is not None
+        if not self.view.ready():
+            raise ConfigRefused(UNREACHABLE,
+                                f"the cluster view is not complete: {self.view.incomplete}")
+        holders = self.view.holders(name)
+        if not holders or hidden_topic(name, self.config):
+            raise ConfigRefused(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                f"topic {name!r} does not exist")
+        out = []
+        for _, group, _ in sorted(holders, reverse=descending):
+            leader = self.view.leader_of(group)
+            if leader is None:
+                raise ConfigRefused(UNREACHABLE, f"broker group {group} of topic {name!r} has "
+                                    f"no master now")
+            out.append((group, leader))
+        return out
+
+    def _is_here(self, group: str) -> bool:
+        return group == self.config.broker_name and self.view is not None and self.view.leads()
+
+    async def _forward_one(self, ctx: KafkaRequestContext, group: str, leader, body: dict,
+                           results: str, name_key: str) -> None:
+        """Forward ``body`` (one resource) to ``group``'s master; ConfigRefused on its error."""
+        try:
+            answer = await forward(leader, ctx.api_key, ctx.api_version, body,
+                                   self.config.cluster_secret)
+            got = answer[results][0]
+        except (OSError, TimeoutError, ValueError, KeyError, IndexError) as exc:
+            raise ConfigRefused(UNREACHABLE, f"broker group {group} ({leader.host}:"
+                                f"{leader.port}): {exc or type(exc).__name__}") from exc
+        if got["error_code"] != ErrorCode.NONE:
+            raise ConfigRefused(ErrorCode(got["error_code"]), f"broker group {group}: "
+                                f"{got.get('error_message') or got[name_key]}")
 
     # --- configs ----------------------------------------------------------------------------
     def _broker_retention_ms(self) -> int:
@@ -220,9 +281,9 @@ class KafkaAdmin:
         if rtype == RESOURCE_TOPIC:
             return self._topic_configs(self._topic(name))
         if rtype == RESOURCE_BROKER:
-            if name not in ("", str(NODE_ID)):
+            if name not in ("", str(self.node_id)):
                 raise ConfigRefused(ErrorCode.INVALID_REQUEST, f"unexpected broker id {name!r}: "
-                                    f"this broker is {NODE_ID} (or the empty default)")
+                                    f"this broker is {self.node_id} (or the empty default)")
             return self._broker_configs()
         raise ConfigRefused(ErrorCode.INVALID_REQUEST,
                             f"config resource type {rtype} is not supported (topics 2, broker 4)")
@@ -234,6 +295,11 @@ class KafkaAdmin:
         for r in body.get("resources") or ():
             out = {"resource_type": r["resource_type"], "resource_name": r["resource_name"],
                    "error_code": 0, "error_message": None, "configs": []}
+            if (self.view is not None and r["resource_type"] == RESOURCE_TOPIC
+                    and self.topics.get(r["resource_name"]) is None
+                    and self.view.holders(r["resource_name"])):
+                results.append(await self._describe_elsewhere(ctx, body, r, out))
+                continue
             try:
                 values = self._resource_configs(r["resource_type"], r["resource_name"])
             except ConfigRefused as exc:
@@ -244,6 +310,21 @@ class KafkaAdmin:
                                   if keys is None or v.name in keys]
             results.append(out)
         return {"results": results}
+
+    async def _describe_elsewhere(self, ctx: KafkaRequestContext, body: dict, r: dict,
+                                  out: dict) -> dict:
+        """A topic this group does not hold is described by the first group that does (every
+        holder has the same configs: the alter APIs change them all)."""
+        try:
+            group, leader = self._holders(r["resource_name"])[0]
+            answer = await forward(leader, ctx.api_key, ctx.api_version, {**body, "resources": [r]},
+                                   self.config.cluster_secret)
+            return answer["results"][0]
+        except ConfigRefused as exc:
+            return {**out, "error_code": exc.code, "error_message": exc.message}
+        except (OSError, TimeoutError, ValueError, KeyError, IndexError) as exc:
+            return {**out, "error_code": UNREACHABLE,
+                    "error_message": f"broker group {group}: {exc or type(exc).__name__}"}
 
     def _check(self, tc: TopicConfig, name: str, value: str) -> dict:
         """The TopicConfig fields a valid ``name=value`` sets; ConfigRefused otherwise."""
@@ -272,6 +353,43 @@ class KafkaAdmin:
                 f"max.message.bytes is read-only on this broker (its max_message_size, "
                 f"{self.config.max_message_size})"))
         raise ConfigRefused(ErrorCode.INVALID_CONFIG, f"Unknown topic config name: {name}")
+
+    async def _alter_across(self, ctx: KafkaRequestContext, body: dict,
+                            changes_of: Callable[[TopicConfig, list[dict]], dict]) -> dict:
+        """A client's alter on a cluster: each topic resource applied in every group holding
+        the topic (checked first where it is held here, or by the first holder), the rest
+        here."""
+        peer = self._peer(ctx, body)
+        if self.view is None or peer is not False:
+            if isinstance(peer, str):
+                return {"responses": [{"resource_type": r["resource_type"],
+                                       "resource_name": r["resource_name"],
+                                       "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                                       "error_message": peer} for r in body.get("resources") or ()]}
+            return await self._alter(body, changes_of)
+        resources = list(body.get("resources") or ())
+        keys = [(r["resource_type"], r["resource_name"]) for r in resources]
+        out = []
+        for i, r in enumerate(resources):
+            one = {**body, "resources": [r]}
+            if r["resource_type"] != RESOURCE_TOPIC or keys.count(keys[i]) > 1:
+                out.append((await self._alter(body, changes_of))["responses"][i])
+                continue
+            answer = {"resource_type": r["resource_type"], "resource_name": r["resource_name"],
+                      "error_code": 0, "error_message": None}
+            try:
+                for group, leader in self._holders(r["resource_name"]):
+                    if self._is_here(group):
+                        got = (await self._alter(one, changes_of))["responses"][0]
+                        if got["error_code"] != ErrorCode.NONE:
+                            raise ConfigRefused(ErrorCode(got["error_code"]), got["error_message"])
+                    else:
+                        await self._forward_one(ctx, group, leader, one, "responses",
+                                                "resource_name")
+            except ConfigRefused as exc:
+                answer.update(error_code=exc.code, error_message=exc.message)
+            out.append(answer)
+        return {"responses": out}
 
     async def _alter(self, body: dict, changes_of: Callable[[TopicConfig, list[dict]], dict]
                      ) -> dict:
@@ -329,7 +447,7 @@ class KafkaAdmin:
                                         f"Null value not supported for : {e['name']}")
                 changes.update(self._check(tc, e["name"], e["value"]))
             return changes
-        return await self._alter(body, changes_of)
+        return await self._alter_across(ctx, body, changes_of)
 
     async def incremental_alter_configs(self, ctx: KafkaRequestContext, body: dict) -> dict:
         """SET and DELETE on every config; APPEND and SUBTRACT on the list one only."""
@@ -359,7 +477,7 @@ class KafkaAdmin:
                     value = ",".join(sorted(current | given if op == OP_APPEND else current - given))
                 changes.update(self._check(tc, name, value))
             return changes
-        return await self._alter(body, changes_of)
+        return await self._alter_across(ctx, body, changes_of)
 
     def _default_of(self, name: str) -> str:
         """A valid value of an alterable config (to check a name before DELETE/APPEND)."""
@@ -370,18 +488,51 @@ class KafkaAdmin:
     async def create_partitions(self, ctx: KafkaRequestContext, body: dict) -> dict:
         topics = body.get("topics") or ()
         names = [t["name"] for t in topics]
+        peer = self._peer(ctx, body)
         results = []
         for t in topics:
             name = t["name"]
             try:
+                if isinstance(peer, str):
+                    raise ConfigRefused(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, peer)
                 if names.count(name) > 1:
                     raise ConfigRefused(ErrorCode.INVALID_REQUEST,
                                         f"topic {name!r} appears more than once")
-                await self._grow(t, bool(body.get("validate_only")), ctx.peer)
+                if self.view is not None and peer is False:
+                    await self._grow_across(ctx, t, bool(body.get("validate_only")))
+                else:
+                    await self._grow(t, bool(body.get("validate_only")), ctx.peer)
                 results.append({"name": name, "error_code": 0, "error_message": None})
             except ConfigRefused as exc:
                 results.append({"name": name, "error_code": exc.code, "error_message": exc.message})
         return {"results": results}
+
+    async def _grow_across(self, ctx: KafkaRequestContext, t: dict, validate_only: bool) -> None:
+        """The new partitions go to the group whose block of the topic is last (the highest
+        node id holding it): numbered after every existing partition, so none moves."""
+        assert self.view is not None
+        name, count = t["name"], t["count"]
+        holders = self._holders(name)
+        current = sum(n for _, _, n in self.view.holders(name))
+        if count <= current:
+            raise ConfigRefused(ErrorCode.INVALID_PARTITIONS, (
+                f"Topic already has {current} partitions." if count == current else
+                f"Topic currently has {current} partitions, which is higher than the requested "
+                f"{count}: partitions cannot be removed"))
+        node_id, group, local = self.view.holders(name)[-1]
+        assignments = t.get("assignments")
+        if assignments is not None and (len(assignments) != count - current or any(
+                a["broker_ids"] != [node_id] for a in assignments)):
+            raise ConfigRefused(ErrorCode.INVALID_REPLICA_ASSIGNMENT, (
+                f"one assignment [{node_id}] per new partition ({count - current}): new "
+                f"partitions go to node {node_id} (broker group {group}), the topic's last"))
+        part = {"name": name, "count": local + count - current, "assignments": None}
+        if self._is_here(group):
+            await self._grow(part, validate_only, ctx.peer)
+        else:
+            await self._forward_one(ctx, group, holders[-1][1],
+                                    {"topics": [part], "timeout_ms": 5000,
+                                     "validate_only": validate_only}, "results", "name")
 
     async def _grow(self, t: dict, validate_only: bool, peer: str) -> None:
         tc = self._topic(t["name"])
@@ -416,25 +567,44 @@ class KafkaAdmin:
         """As the RocketMQ DELETE_TOPIC request: the topic's config, consume queues and
         consumer offsets go; its records stay in the commitlog, unreachable, until retention."""
         names = list(body.get("topic_names") or ())
+        peer = self._peer(ctx, body)
         out = []
         for name in names:
             answer = {"name": name, "error_code": 0, "error_message": None}
             try:
+                if isinstance(peer, str):
+                    raise ConfigRefused(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, peer)
                 if names.count(name) > 1:
                     raise ConfigRefused(ErrorCode.INVALID_REQUEST,
                                         f"topic {name!r} appears more than once")
-                self._topic(name)
-                try:
-                    await self.topics.delete(name)
-                except TopicError as exc:
-                    raise ConfigRefused(ErrorCode.KAFKA_STORAGE_ERROR, exc.remark) from exc
-                queues = await self.store.delete_topic(name)
-                log.warning("topic %s deleted through Kafka by %s (%d queues held messages)",
-                            name, ctx.peer, queues)
+                if self.view is None or peer is True:
+                    await self._delete_here(name, ctx.peer)
+                else:
+                    await self._delete_across(ctx, name)
             except ConfigRefused as exc:
                 answer.update(error_code=exc.code, error_message=exc.message)
             out.append(answer)
         return {"responses": out}
+
+    async def _delete_across(self, ctx: KafkaRequestContext, name: str) -> None:
+        """From the highest node id down: the blocks left keep their numbers."""
+        for group, leader in self._holders(name, descending=True):
+            if self._is_here(group):
+                await self._delete_here(name, ctx.peer)
+            else:
+                await self._forward_one(ctx, group, leader,
+                                        {"topic_names": [name], "timeout_ms": 5000},
+                                        "responses", "name")
+
+    async def _delete_here(self, name: str, peer: str) -> None:
+        self._topic(name)
+        try:
+            await self.topics.delete(name)
+        except TopicError as exc:
+            raise ConfigRefused(ErrorCode.KAFKA_STORAGE_ERROR, exc.remark) from exc
+        queues = await self.store.delete_topic(name)
+        log.warning("topic %s deleted through Kafka by %s (%d queues held messages)",
+                    name, peer, queues)
 
     # --- producers ------------------------------------------------------------------------------
     async def describe_producers(self, ctx: KafkaRequestContext, body: dict) -> dict:

@@ -23,6 +23,17 @@ its Kafka address and node id (GET_BROKER_RUNTIME_INFO's ``kafkaAddr`` and ``kaf
 This broker's own group is read locally: its own role decides whether it leads, and its
 topic table is its own (a slave's is copied from its master).  A group whose master is gone
 keeps the node id and the topic table last seen, so its partitions keep their numbers.
+
+**One numbering or none.**  A numbering depends on every group's table, so a view that lacks
+one (before its first round, a group listed whose node id or table it never learned, two
+groups claiming one node id) would number partitions differently from the other brokers; a
+client that read it would send a batch numbered for one queue to another.  Until the view is
+*complete* (:meth:`ClusterView.ready`) the handlers offer no numbering at all (Metadata
+LEADER_NOT_AVAILABLE, partitions NOT_LEADER_OR_FOLLOWER, coordinators NOT_COORDINATOR), which
+clients retry.  Within a round the tables are read from the highest node id down, this
+group's own included, and take effect together at the round's end: a topic created group by
+group from the lowest node id up (``cluster_admin.py``) is therefore seen as a prefix of its
+groups, and no group's block of partitions moves while it is being created.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from txbroker.config import BrokerConfig, parse_address_list
+from txbroker.config import BrokerConfig, ConfigError, parse_address_list
 from txbroker.remoting.bodies import ClusterInfo, KVTable
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
@@ -102,6 +113,14 @@ class _Group:
     master_addr: str = ""
     #: topic -> read queue count, as the group's master last reported it.
     topics: dict[str, int] = field(default_factory=dict)
+    #: Whether ``topics`` was ever read (an empty table and an unknown one differ).
+    table_seen: bool = False
+    #: Every broker of the group answered and none has a Kafka listener: not a Kafka node.
+    no_kafka: bool = False
+
+
+class NodeIdClash(ConfigError):
+    """Two broker groups claim one Kafka node id (``str()`` is the one line that says so)."""
 
 
 class ClusterView:
@@ -119,8 +138,8 @@ class ClusterView:
         self.is_master = is_master
         self.credentials = credentials
         self._groups: dict[str, _Group] = {}
-        #: broker address -> (node id, Kafka node or None when its Kafka port is off).
-        self._kafka_of: dict[str, tuple[int, KafkaNode | None]] = {}
+        #: broker address -> (node id, Kafka node); (None, None) when it has no Kafka listener.
+        self._kafka_of: dict[str, tuple[int | None, KafkaNode | None]] = {}
         self._clients: dict[str, RemotingClient] = {}
         self._namesrvs = parse_address_list(config.namesrv_addr)
         self._rounds = Repeating(self.refresh, config.kafka_cluster_refresh_interval,
@@ -128,10 +147,22 @@ class ClusterView:
                                  errors=(OSError, TimeoutError, ValueError, HeaderError))
         #: Completed refresh rounds (tests wait on it).
         self.rounds = 0
+        #: Why the view offers no numbering now ("" once it is complete).
+        self.incomplete = "no refresh round has completed yet"
+        #: Set while another group claims this broker's own node id: the line saying so.
+        self.own_clash = ""
+        self._clashes_logged: set[str] = set()
 
     async def start(self) -> None:
+        """The first round, then one every ``kafka_cluster_refresh_interval``.  A first round
+        that finds this broker's node id claimed by another group raises :class:`NodeIdClash`:
+        the broker does not start."""
         try:
             await self.refresh()
+            if self.own_clash:
+                raise NodeIdClash(self.own_clash)
+        except NodeIdClash:
+            raise
         except (OSError, TimeoutError, ValueError, HeaderError) as exc:
             log.warning("Kafka cluster view: first refresh failed (%s); retrying every %g s",
                         exc, self.config.kafka_cluster_refresh_interval)
@@ -146,6 +177,11 @@ class ClusterView:
     def leads(self) -> bool:
         return self.is_master()
 
+    def ready(self) -> bool:
+        """Whether the view knows every group's node id and table: only then does it number
+        partitions or place coordinators (see the module docstring)."""
+        return not self.incomplete
+
     def nodes(self) -> list[KafkaNode]:
         """Every node with a known leader now, by node id (this broker's when it leads)."""
         out = {g.leader.node_id: g.leader for g in self._groups.values() if g.leader is not None}
@@ -159,15 +195,14 @@ class ClusterView:
     def slots(self, topic: str) -> list[Slot]:
         """The topic's partitions in global order (empty: no group has it)."""
         counts: list[tuple[int, str, int, KafkaNode | None, bool]] = []
-        own = self.topics.get(topic)
-        if own is not None and own.read_queue_nums > 0:
-            counts.append((self.node.node_id, self.config.broker_name, own.read_queue_nums,
-                           self.node if self.leads() else self._own_leader(), self.leads()))
         for g in self._groups.values():
-            if g.name == self.config.broker_name or g.node_id is None:
-                continue
             n = g.topics.get(topic, 0)
-            if n > 0:
+            if g.name == self.config.broker_name:
+                if n > 0:
+                    counts.append((self.node.node_id, g.name, n,
+                                   self.node if self.leads() else self._own_leader(),
+                                   self.leads()))
+            elif g.node_id is not None and n > 0:
                 counts.append((g.node_id, g.name, n, g.leader, False))
         counts.sort(key=lambda c: c[0])
         out: list[Slot] = []
@@ -188,11 +223,27 @@ class ClusterView:
         return queue_id
 
     def topic_names(self) -> set[str]:
-        names = {tc.name for tc in self.topics.all()}
+        names: set[str] = set()
         for g in self._groups.values():
-            if g.name != self.config.broker_name:
-                names.update(g.topics)
+            names.update(g.topics)
         return names
+
+    def holders(self, topic: str) -> list[tuple[int, str, int]]:
+        """(node id, broker group, queue count) of every group holding ``topic``, by node id."""
+        out = [(self.node.node_id if g.name == self.config.broker_name else g.node_id, g.name,
+                g.topics[topic]) for g in self._groups.values()
+               if g.topics.get(topic, 0) > 0
+               and (g.node_id is not None or g.name == self.config.broker_name)]
+        return sorted(out)  # type: ignore[arg-type]
+
+    def groups(self) -> list[tuple[int, str, KafkaNode | None]]:
+        """(node id, broker group, its master's Kafka node now or None) of every Kafka node."""
+        out = {self.node.node_id: (self.node.node_id, self.config.broker_name,
+                                   self.node if self.leads() else self._own_leader())}
+        for g in self._groups.values():
+            if g.name != self.config.broker_name and g.node_id is not None:
+                out.setdefault(g.node_id, (g.node_id, g.name, g.leader))
+        return [out[k] for k in sorted(out)]
 
     def coordinator(self, key: str) -> tuple[KafkaNode | None, bool]:
         """The node coordinating group or transactional id ``key`` (None while its group has
@@ -269,36 +320,52 @@ class ClusterView:
 
     # --- refresh ----------------------------------------------------------------------------
     async def refresh(self) -> None:
-        """One round: the groups and their masters from a name server, then each master's
-        topic table and (once per address) its Kafka listener."""
+        """One round: the groups and their masters from the name servers, each address's
+        Kafka listener (once), then every group's topic table from the highest node id down,
+        applied together at the end (see the module docstring)."""
         info = await self._cluster_info()
         names = set(info.cluster_addr_table.get(self.config.cluster_name, ()))
-        for name in names:
+        names.add(self.config.broker_name)
+        for name in sorted(names):
             data = info.broker_addr_table.get(name)
+            g = self._groups.setdefault(name, _Group(name))
+            if name == self.config.broker_name:
+                g.node_id = self.node.node_id
             if data is None:
                 continue
-            g = self._groups.setdefault(name, _Group(name))
-            master = data.master_addr()
-            leader = None
+            answered = True
             for addr in sorted(data.broker_addrs.values()):
                 if addr not in self._kafka_of:
                     await self._learn(addr)
                 known = self._kafka_of.get(addr)
-                if known is not None:
+                if known is None:
+                    answered = False
+                elif known[0] is not None and name != self.config.broker_name:
                     g.node_id = known[0]
-            if master is not None and master in self._kafka_of:
-                leader = self._kafka_of[master][1]
-                if name != self.config.broker_name:
-                    try:
-                        body = await self._ask(master, RequestCode.GET_ALL_TOPIC_CONFIG)
-                        g.topics = {tc.name: tc.read_queue_nums for tc in parse_topic_table(body)}
-                    except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:
-                        log.debug("topic table of %s from %s: %s", name, master, exc)
+            g.no_kafka = answered and g.node_id is None and name != self.config.broker_name
+            master = data.master_addr()
+            leader = self._kafka_of[master][1] if master in self._kafka_of else None
             if leader != g.leader:
                 log.info("Kafka node %s (group %s) is now %s", g.node_id, name,
                          f"{leader.host}:{leader.port}" if leader else "without a leader")
             g.leader = leader
             g.master_addr = master or ""
+        tables: dict[str, dict[str, int]] = {}
+        for g in sorted(self._groups.values(), key=lambda g: -1 if g.node_id is None else g.node_id,
+                        reverse=True):
+            if g.name == self.config.broker_name:
+                tables[g.name] = {tc.name: tc.read_queue_nums for tc in self.topics.all()}
+            elif g.node_id is not None and g.master_addr and g.leader is not None:
+                try:
+                    body = await self._ask(g.master_addr, RequestCode.GET_ALL_TOPIC_CONFIG)
+                    tables[g.name] = {tc.name: tc.read_queue_nums
+                                      for tc in parse_topic_table(body)}
+                except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+                    log.debug("topic table of %s from %s: %s", g.name, g.master_addr, exc)
+        for name, table in tables.items():  # no await from here on: one consistent picture
+            self._groups[name].topics = table
+            self._groups[name].table_seen = True
+        self.incomplete = self._why_incomplete(names)
         # Addresses no group lists any more: a restarted broker may come back with other ports.
         listed = {a for d in info.broker_addr_table.values() for a in d.broker_addrs.values()}
         for addr in [a for a in self._kafka_of if a not in listed]:
@@ -308,14 +375,59 @@ class ClusterView:
                 await client.close()
         self.rounds += 1
 
+    def _why_incomplete(self, listed: set[str]) -> str:
+        """"" when every listed group's node id and table are known and no two groups claim
+        one node id; else why not (a clash is logged once, as an error: an operator's fix)."""
+        claims: dict[int, list[str]] = {}
+        for g in self._groups.values():
+            if g.node_id is not None and g.name in listed:
+                claims.setdefault(g.node_id, []).append(g.name)
+        self.own_clash = ""
+        for node_id, groups in sorted(claims.items()):
+            if len(groups) > 1:
+                who = ", ".join(f"{n} (master {self._groups[n].master_addr or 'unknown'})"
+                                for n in sorted(groups))
+                line = (f"kafka_node_id={node_id} is claimed by broker groups {who} of cluster "
+                        f"{self.config.cluster_name!r}: give each group its own kafka_node_id "
+                        f"(the same on its replicas)")
+                if line not in self._clashes_logged:
+                    self._clashes_logged.add(line)
+                    log.error("%s", line)
+                if self.config.broker_name in groups:
+                    self.own_clash = line
+                return line
+        self._clashes_logged.clear()
+        for name in sorted(listed):
+            g = self._groups[name]
+            if g.no_kafka:
+                continue
+            if g.node_id is None:
+                return f"the Kafka node id of broker group {name} is not known yet"
+            if not g.table_seen:
+                return f"the topic table of broker group {name} is not known yet"
+        return ""
+
     async def _cluster_info(self) -> ClusterInfo:
+        """Every name server's answer merged: a name server that restarted lists only the
+        groups that registered since, so one answer alone may leave a group out."""
         last: Exception | None = None
+        merged = ClusterInfo()
+        answered = False
         for addr in self._namesrvs:
             try:
-                return ClusterInfo.decode(await self._ask(addr, RequestCode.GET_BROKER_CLUSTER_INFO))
+                info = ClusterInfo.decode(await self._ask(addr, RequestCode.GET_BROKER_CLUSTER_INFO))
             except (OSError, TimeoutError, ValueError, HeaderError) as exc:
                 last = exc
-        raise last if last is not None else ValueError("no name server configured")
+                continue
+            answered = True
+            for name, data in info.broker_addr_table.items():
+                merged.broker_addr_table.setdefault(name, data)
+            for cluster, groups in info.cluster_addr_table.items():
+                have = merged.cluster_addr_table.setdefault(cluster, [])
+                have.extend(n for n in groups if n not in have)
+        if not answered:
+            raise last if last is not None else ValueError("no name server configured")
+        return merged
 
     async def _learn(self, addr: str) -> None:
         """The Kafka node id and address a broker publishes (nothing when it cannot say)."""
@@ -326,7 +438,8 @@ class ClusterView:
             return
         node = table.get(KAFKA_NODE_KEY, "")
         if not node.lstrip("-").isdigit() or int(node) < 0:
-            return  # no Kafka listener, or a broker that does not publish one
+            self._kafka_of[addr] = (None, None)  # no Kafka listener (or one not published)
+            return
         host, _, port = table.get(KAFKA_ADDR_KEY, "").rpartition(":")
         kafka = KafkaNode(int(node), host, int(port)) if host and port.isdigit() else None
         self._kafka_of[addr] = (int(node), kafka)

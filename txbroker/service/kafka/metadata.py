@@ -19,6 +19,7 @@ import re
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.apis import ADVERTISED, ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
+from txbroker.service.kafka.cluster_admin import UNREACHABLE, forward, from_peer, spread
 from txbroker.service.kafka.cluster_view import ClusterView
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.topics import (
@@ -171,9 +172,14 @@ class KafkaMetadata:
             error = ErrorCode.NONE
             if hidden_topic(name, self.config):
                 error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            elif not view.ready():
+                # A partial view would number the partitions as no other broker does.
+                error = ErrorCode.LEADER_NOT_AVAILABLE
             elif not view.known(name):
-                _, error = await lookup_topic(self.topics, self.config, name,
-                                              auto_create=auto and view.leads())
+                tc, error = await lookup_topic(self.topics, self.config, name,
+                                               auto_create=auto and view.leads())
+                if tc is not None:  # created now: numbered once the view's next round has it
+                    error = ErrorCode.LEADER_NOT_AVAILABLE
             partitions = []
             for s in view.slots(name) if error == ErrorCode.NONE else ():
                 leader = s.leader.node_id if s.leader is not None else -1
@@ -193,13 +199,61 @@ class KafkaMetadata:
                 "controller_id": nodes[0].node_id if nodes else -1, "topics": out}
 
     async def create_topics(self, ctx: KafkaRequestContext, body: dict) -> dict:
+        """On a cluster a client's topic is created in every broker group with a master, its
+        partitions spread over them (``cluster_admin.py``); a forwarded request creates this
+        group's part only."""
         results = []
         validate_only = bool(body.get("validate_only"))
+        peer = from_peer(ctx, body, self.config.cluster_secret) if self.view else False
         for t in body.get("topics") or []:
             name = t["name"]
-            error, message = await self._create(t, validate_only)
+            if isinstance(peer, str):
+                log.warning("CreateTopics from %s refused: %s", ctx.peer, peer)
+                error, message = ErrorCode.CLUSTER_AUTHORIZATION_FAILED, peer
+            elif self.view is None or peer is True:
+                error, message = await self._create(t, validate_only)
+            else:
+                error, message = await self._create_across(ctx, t, validate_only, self.view)
             results.append({"name": name, "error_code": error, "error_message": message})
         return {"throttle_time_ms": 0, "topics": results}
+
+    async def _create_across(self, ctx: KafkaRequestContext, t: dict, validate_only: bool,
+                             view: ClusterView) -> tuple[ErrorCode, str | None]:
+        """Group by group from the lowest node id up: every view then sees a prefix of the
+        groups holding the new topic, never a block out of place."""
+        name = t["name"]
+        if not view.ready():
+            return UNREACHABLE, f"the cluster view is not complete: {view.incomplete}"
+        if view.known(name):
+            return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+        error, message = await self._create(t, validate_only=True)
+        if error != ErrorCode.NONE or validate_only:
+            return error, message
+        groups = [(g, leader) for _, g, leader in view.groups() if leader is not None]
+        n = t.get("num_partitions", -1)
+        n = self.config.default_queue_nums if n == -1 else n
+        for (group, leader), share in zip(groups, spread(n, len(groups)), strict=True):
+            if share == 0:
+                continue
+            part = {**t, "num_partitions": share, "replication_factor": -1, "assignments": []}
+            if group == self.config.broker_name and view.leads():
+                error, message = await self._create(part, validate_only=False)
+            else:
+                try:
+                    answer = await forward(leader, ApiKey.CREATE_TOPICS, ctx.api_version,
+                                           {"topics": [part], "timeout_ms": 5000},
+                                           self.config.cluster_secret)
+                    got = answer["topics"][0]
+                    error, message = ErrorCode(got["error_code"]), got.get("error_message")
+                except (OSError, TimeoutError, ValueError, KeyError, IndexError) as exc:
+                    error, message = UNREACHABLE, str(exc) or type(exc).__name__
+            if error != ErrorCode.NONE:
+                log.warning("topic %r from %s not created in broker group %s: %s", name,
+                            ctx.peer, group, message)
+                return error, f"broker group {group} ({leader.host}:{leader.port}): {message}"
+        log.info("topic %r created by %s with %d partitions over %d broker groups", name,
+                 ctx.peer, n, sum(1 for s in spread(n, len(groups)) if s))
+        return ErrorCode.NONE, None
 
     async def _create(self, t: dict, validate_only: bool) -> tuple[ErrorCode, str | None]:
         name = t["name"]
@@ -239,6 +293,10 @@ class KafkaMetadata:
                     f"key type {key_type}", "node_id": -1, "host": "", "port": -1}
         if self.view is not None:  # the key's broker group, by Kafka's hash
             node, _ = self.view.coordinator(body.get("key") or "")
+            if not self.view.ready():
+                return {"throttle_time_ms": 0, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                        "error_message": f"the cluster view is not complete: {self.view.incomplete}",
+                        "node_id": -1, "host": "", "port": -1}
             if node is None:
                 return {"throttle_time_ms": 0, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
                         "error_message": "the coordinator's broker group has no master now",

@@ -6,9 +6,11 @@ broker.  On a cluster a client names a *global* partition (:mod:`cluster_view`);
 made here translates each partition this broker leads to its queue, answers every other one
 NOT_LEADER_OR_FOLLOWER (another group's partition, or any partition while this broker is not
 its group's master: the client refreshes its metadata and goes to the leader), or
-UNKNOWN_TOPIC_OR_PARTITION past the topic's last partition, calls the handler with what is
-left, and translates its answer back.  A topic no group has yet is passed through unchanged
-while this broker leads (Produce's auto-create makes it here, with this group's numbering).
+UNKNOWN_TOPIC_OR_PARTITION past the topic's last partition (or for a topic the view does not
+hold yet), calls the handler with what is left, and translates its answer back.  While the
+view is not complete every partition is NOT_LEADER_OR_FOLLOWER and every coordinator request
+NOT_COORDINATOR: a numbering from a partial view could put a batch in another queue than the
+one its client meant.
 """
 
 from __future__ import annotations
@@ -58,13 +60,11 @@ SHAPES = {
 
 def refusal(view: ClusterView, topic: str, partition: int) -> tuple[ErrorCode, int]:
     """(NONE, queue id) when this broker serves ``topic``/``partition`` now, else the error."""
+    if not view.ready():
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
     slot = view.slot(topic, partition)
     if slot is None:
-        if view.known(topic):
-            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1
-        # Nowhere yet: the leader may create it (auto-create) with its own numbering.
-        return (ErrorCode.NONE, partition) if view.leads() else \
-            (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1)
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1
     if not slot.local:
         return ErrorCode.NOT_LEADER_OR_FOLLOWER, -1
     return ErrorCode.NONE, slot.queue_id
@@ -160,7 +160,9 @@ def coordinated(api: ApiKey, handler: Handler, view: ClusterView) -> Handler:
 
     async def handle(ctx: KafkaRequestContext, body: dict) -> dict | None:
         key = body.get(field)
-        if api == ApiKey.INIT_PRODUCER_ID and key is None:
+        if not view.ready():  # the key's coordinator is not known for sure yet
+            here = False
+        elif api == ApiKey.INIT_PRODUCER_ID and key is None:
             here = view.leads()
         else:
             here = view.coordinator(key or "")[1]
