@@ -389,8 +389,10 @@ class Broker:
         self.groups = GroupCoordinator(cfg, self.metrics, clock=self.clock, log=group_log,
                                        offsets=self.store.offsets)
         await self.groups.start()
-        if not cfg.namesrv_addr:  # in a cluster the role decides (recover_master_state,
-            self.groups.load()    # resume_master_services)
+        # A single broker loads its Kafka state now; in a cluster the role does, on becoming
+        # the master (recover_master_state, resume_master_services).
+        if not cfg.namesrv_addr:
+            self.groups.load()
             await self.kafka_txn.start()
         kafka_data = KafkaData(cfg, self.store, self.topics, self.metrics, self.kafka_txn,
                                self.holds)
