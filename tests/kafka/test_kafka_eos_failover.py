@@ -85,8 +85,7 @@ async def test_pipeline_outputs_exactly_once_through_a_failover_to_the_slave(
     await eventually(lambda: master_of(controller.addr, "broker-b", [b]), timeout=30,
                      msg="broker-b has a master")
     for topic in ("eos-in", "eos-out"):
-        for p in (master, b):
-            await create_topic(p, topic, 2)
+        await create_topic(master, topic, 4)  # two partitions in each group
         await seen_everywhere([master, b], topic, [1, 1, 2, 2])
     tid, group = keys_by_coordinator(2)  # transactions on broker-a, the consumer group on broker-b
     bootstrap = ",".join(p.kafka_addr for p in (*a, b))

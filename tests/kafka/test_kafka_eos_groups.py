@@ -13,6 +13,7 @@ import pytest
 from support.kafka_e2e import per_input, produce_inputs, read_topic, start_app
 from test_kafka_cluster import keys_by_coordinator
 from test_kafka_txn_groups_crash import (
+    create_in_group,
     create_topic,
     group_process,
     namesrv,
@@ -43,9 +44,8 @@ async def test_pipeline_outputs_exactly_once_through_master_kills_on_two_groups(
                       kafka_group_initial_rebalance_delay=0.2, kafka_group_min_session_timeout=1.0)
     # Input on broker-b only (the consumer group's coordinator: its offsets stay in its own
     # group); output over both groups.
-    await create_topic(b, "eos-in", 2)
-    for p in (a, b):
-        await create_topic(p, "eos-out", 2)
+    await create_in_group(b, "eos-in", 2)
+    await create_topic(a, "eos-out", 4)  # two partitions in each group
     await seen_everywhere([a, b], "eos-in", [2, 2])
     await seen_everywhere([a, b], "eos-out", [1, 1, 2, 2])
     tid, group = keys_by_coordinator(2)  # transactions on broker-a, the consumer group on broker-b

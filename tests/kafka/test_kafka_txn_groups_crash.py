@@ -75,12 +75,32 @@ async def queue_end(proc: BrokerProcess, queue: int) -> int:
     return int(resp.ext_fields["offset"])
 
 
-async def create_topic(proc: BrokerProcess, topic: str, partitions: int) -> None:
-    """``topic`` with ``partitions`` partitions, spread over the groups by CreateTopics."""
+async def create_topic(proc: BrokerProcess, topic: str, partitions: int, groups: int = 2) -> None:
+    """``topic`` with ``partitions`` partitions, spread over the groups by CreateTopics, once
+    ``proc``'s view holds ``groups`` groups (a view that does not know a group yet is complete
+    without it, and would put every partition in the groups it knows)."""
+    async def knows_all() -> bool:
+        meta = await call(proc.kafka_port, ApiKey.METADATA, 8, {
+            "topics": [], "allow_auto_topic_creation": False})
+        return len(meta["brokers"]) >= groups
+    await eventually(knows_all, timeout=20, msg=f"{proc.kafka_addr} sees {groups} groups")
     created = await call(proc.kafka_port, ApiKey.CREATE_TOPICS, 2, {
         "topics": [{"name": topic, "num_partitions": partitions, "replication_factor": -1}],
         "timeout_ms": 5000})
     assert created["topics"][0]["error_code"] == 0
+
+
+async def create_in_group(proc: BrokerProcess, topic: str, queues: int) -> None:
+    """``topic`` in ``proc``'s group only (RocketMQ's UPDATE_AND_CREATE_TOPIC): its Kafka
+    partitions are that group's queues."""
+    client = RemotingClient(proc.broker_addr, reconnect=False)
+    try:
+        resp = await client.invoke(RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
+            "topic": topic, "readQueueNums": str(queues), "writeQueueNums": str(queues),
+            "perm": "6"}), 5.0)
+    finally:
+        await client.close()
+    assert resp.code == ResponseCode.SUCCESS, resp.remark
 
 
 async def seen_everywhere(procs: list[BrokerProcess], topic: str, leaders: list[int]) -> None:

@@ -27,12 +27,14 @@ class Repeating:
         self._errors = errors
         self._task: asyncio.Task | None = None
         self._failing = False
+        self._closed = False
 
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"txbroker-{self.what}")
 
     async def close(self) -> None:
+        self._closed = True  # the loop ends even if ``fn`` swallowed the cancel below
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -40,7 +42,7 @@ class Repeating:
                 await task
 
     async def _run(self) -> None:
-        while True:
+        while not self._closed:
             try:
                 await self._fn()
                 if self._failing:

@@ -454,7 +454,10 @@ class ClusterView:
         if client is None:
             client = self._clients[addr] = RemotingClient(addr, connect_timeout=REQUEST_TIMEOUT,
                                                           credentials=self.credentials)
-        resp = await asyncio.wait_for(client.invoke(cmd, REQUEST_TIMEOUT), REQUEST_TIMEOUT)
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that meets
+        # the answer, and the refresh loop would then outlive close().
+        async with asyncio.timeout(REQUEST_TIMEOUT):
+            resp = await client.invoke(cmd, REQUEST_TIMEOUT)
         if resp.code not in ok:
             raise ValueError(f"{addr} answered request {cmd.code} with {resp.code}: "
                              f"{resp.remark or ''}")
