@@ -80,6 +80,11 @@ async def test_head_closing_the_pipe_commits_only_printed_lines(broker, namesrv,
         os.close(write_end)
     try:
         shown, _ = await asyncio.wait_for(head.communicate(), 30)
+        # A follower learns that its reader left only on its next write (as `tail -f | head`
+        # does): if every line fit in the pipe before head exited (a slow head on a busy
+        # machine), that write needs one more message.
+        async with Producer("PG_ACK", namesrv) as producer:
+            await producer.send(Message(topic, b"one more"))
         _, err_bytes = await asyncio.wait_for(consume.communicate(), 30)
     finally:
         for proc in (consume, head):
