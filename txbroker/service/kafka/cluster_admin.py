@@ -90,8 +90,7 @@ async def forward(node: KafkaNode, api_key: int, version: int, body: dict,
             writer.close()
 
     try:
-        async with asyncio.timeout(FORWARD_TIMEOUT):  # not wait_for: it can lose a cancel on 3.11
-            answer = await exchange()
+        answer = await asyncio.wait_for(exchange(), FORWARD_TIMEOUT)
         got, out = decode_response(api_key, version, answer)
     except (asyncio.IncompleteReadError, KafkaDecodeError) as exc:
         raise ValueError(f"no whole answer from {node.host}:{node.port}: {exc}") from exc

@@ -454,10 +454,10 @@ class ClusterView:
         if client is None:
             client = self._clients[addr] = RemotingClient(addr, connect_timeout=REQUEST_TIMEOUT,
                                                           credentials=self.credentials)
-        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that meets
-        # the answer, and the refresh loop would then outlive close().
-        async with asyncio.timeout(REQUEST_TIMEOUT):
-            resp = await client.invoke(cmd, REQUEST_TIMEOUT)
+        # wait_for, not asyncio.timeout: a Kafka handler's first step runs inline, outside any
+        # task, where asyncio.timeout refuses to work.  (On 3.11 wait_for can swallow a cancel;
+        # the refresh loop still ends at close: Repeating checks its closed flag.)
+        resp = await asyncio.wait_for(client.invoke(cmd, REQUEST_TIMEOUT), REQUEST_TIMEOUT)
         if resp.code not in ok:
             raise ValueError(f"{addr} answered request {cmd.code} with {resp.code}: "
                              f"{resp.remark or ''}")

@@ -122,8 +122,8 @@ class MarkerSender:
                                {"markers": markers})
         addr = f"{leader.host}:{leader.port}"
         try:
-            async with asyncio.timeout(MARKER_TIMEOUT):  # not wait_for: it can lose a cancel on 3.11
-                answer = await self._call(leader.host, leader.port, frame)
+            answer = await asyncio.wait_for(self._call(leader.host, leader.port, frame),
+                                            MARKER_TIMEOUT)
             got_corr, body = decode_response(ApiKey.WRITE_TXN_MARKERS, VERSION, answer)
         except (OSError, TimeoutError, asyncio.IncompleteReadError, KafkaDecodeError,
                 ValueError) as exc:
