@@ -4,6 +4,7 @@ after a crash at each point of a commit (fault injection: a store that dies mid-
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 
@@ -467,3 +468,26 @@ async def test_a_snapshot_is_written_before_retention_can_take_the_last_one(env)
     assert again.describe(TID).state == "CompleteCommit"
     assert again.describe(TID).producer_id == pid
     assert await again.allocate_pid() > pid
+
+
+async def test_close_ends_the_scan_even_when_a_pass_swallows_the_cancel(tmp_path) -> None:
+    # A marker send under asyncio.wait_for can lose a cancel on Python 3.11 (the answer and
+    # the cancel arrive together): the scan pass then returns normally.  The loop must still
+    # end, or the broker's stop waits for it forever.
+    class LosesACancel(TransactionCoordinator):
+        async def scan(self) -> None:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                return
+
+    config = store_config(tmp_path, kafka_transaction_scan_interval=0.01)
+    store = await opened(config)
+    try:
+        coord = LosesACancel(config, store, TopicManager(config), BrokerMetrics(), clock=Clock())
+        coord.recover()
+        await coord.start()
+        await asyncio.sleep(0.1)  # a pass is under way
+        await asyncio.wait_for(coord.close(), 5.0)
+    finally:
+        await store.close()

@@ -408,10 +408,11 @@ class TransactionCoordinator:
     async def _stop_scan(self) -> None:
         self.ready = False
         if self._task is not None:
-            self._task.cancel()
+            # The loop also ends on this: a marker send's wait_for can swallow the cancel (3.11).
+            task, self._task = self._task, None
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
 
     async def _settle(self) -> None:
         """Wait (bounded by ``shutdown_grace``) for transitions and stores in progress."""
@@ -420,7 +421,8 @@ class TransactionCoordinator:
             await asyncio.sleep(0.01)
 
     async def _scan_loop(self, interval: float) -> None:
-        while True:
+        me = asyncio.current_task()
+        while self._task is me:
             await asyncio.sleep(interval)
             try:
                 await self.scan()
