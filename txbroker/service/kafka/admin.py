@@ -17,8 +17,6 @@ spread each change over the groups holding the topic (the transport and signatur
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -36,6 +34,7 @@ from txbroker.service.kafka.metadata import (
     hidden_topic,
     topic_name_error,
 )
+from txbroker.service.repeating import Repeating
 from txbroker.service.topics import (
     TopicConfig,
     TopicError,
@@ -118,7 +117,8 @@ class KafkaAdmin:
         #: On a cluster: the groups a topic's changes reach (cluster_admin.py).
         self.view = view
         self.node_id = config.kafka_node_id if config.kafka_node_id >= 0 else NODE_ID
-        self._task: asyncio.Task[None] | None = None
+        self._retention = Repeating(self._retention_pass, RETENTION_PASS_INTERVAL,
+                                    what="kafka topic retention", errors=(OSError,))
 
     def handlers(self) -> dict[int, Handler]:
         return {ApiKey.DESCRIBE_CLUSTER: self.describe_cluster,
@@ -131,23 +131,16 @@ class KafkaAdmin:
 
     # --- per-topic retention -------------------------------------------------------------------
     async def start(self) -> None:
-        """Apply the topics' retention at once (a queue's start is not kept across a restart),
-        then every RETENTION_PASS_INTERVAL."""
+        """Apply the topics' retention at once (a queue's start is not kept across a restart,
+        and this runs before the listener serves), then every RETENTION_PASS_INTERVAL."""
         self.apply_retention()
-        self._task = asyncio.get_running_loop().create_task(self._retention_loop(),
-                                                            name="txbroker-kafka-retention")
+        self._retention.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._retention.close()
 
-    async def _retention_loop(self) -> None:
-        while True:
-            await asyncio.sleep(RETENTION_PASS_INTERVAL)
-            self.apply_retention()
+    async def _retention_pass(self) -> None:
+        self.apply_retention()
 
     def apply_retention(self) -> int:
         """Move the start of every queue of a topic with ``retention.ms`` past the records
