@@ -47,12 +47,11 @@ from txbroker.bench.chaos.history import SYNC
 from txbroker.bench.chaos.kafka_history import IDEM, OUT_SUFFIX, PIPE, TXN, check
 from txbroker.bench.chaos.netns import Network
 from txbroker.bench.chaos.partitions import (
-    FAULTS,
     UNHEALTHY,
-    FaultCtx,
     PartitionsConfig,
     Recorder,
     RunResult,
+    apply_fault,
     poll_masters,
 )
 from txbroker.bench.kafka_cluster import key_on, metadata_leaders
@@ -380,17 +379,8 @@ async def run_once(cfg: PartitionsConfig, cluster: NsCluster, net: Network, scen
     tasks = [asyncio.ensure_future(w) for w in work]
     try:
         await asyncio.sleep(rng.uniform(*cfg.warmup))
-        ctx = FaultCtx(cluster, net, rng, cfg.lease, run, masters, slaves)
-        t_fault = time.monotonic()
-        try:
-            result.detail = await FAULTS[scenario](ctx)
-        finally:
-            net.heal_all()
-            for m in masters.values():
-                cluster.resume(m)
-        t_heal = time.monotonic()
-        rec(type="fault", scenario=scenario, mono=t_fault, until=t_heal + 2 * cfg.lease)
-        result.cuts_proved, result.cuts_unproved = ctx.proved, ctx.unproved
+        t_heal = await apply_fault(cfg, cluster, net, rng, run, masters, slaves, scenario, rec,
+                                   result)
         behind = await load.resumed(t_heal, RESUME_TIMEOUT)
         resumed = time.monotonic() - t_heal
         result.detail += (f"; producers resumed {resumed:.1f}s after the heal" if not behind else

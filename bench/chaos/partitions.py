@@ -252,6 +252,25 @@ FAULTS: dict[str, Callable[[FaultCtx], Awaitable[str]]] = {
 
 
 # --- one run -----------------------------------------------------------------------------------
+async def apply_fault(cfg: PartitionsConfig, cluster: NsCluster, net: Network, rng: random.Random,
+                      run: int, masters: dict[str, str], slaves: dict[str, str], scenario: str,
+                      rec: Recorder, result: RunResult) -> float:
+    """Run ``scenario``'s fault, then heal everything whatever happened (cuts, paused
+    masters); records the fault's window and the cuts proved.  Returns the heal's time."""
+    ctx = FaultCtx(cluster, net, rng, cfg.lease, run, masters, slaves)
+    t_fault = time.monotonic()
+    try:
+        result.detail = await FAULTS[scenario](ctx)
+    finally:
+        net.heal_all()
+        for m in masters.values():
+            cluster.resume(m)
+    t_heal = time.monotonic()
+    rec(type="fault", scenario=scenario, mono=t_fault, until=t_heal + 2 * cfg.lease)
+    result.cuts_proved, result.cuts_unproved = ctx.proved, ctx.unproved
+    return t_heal
+
+
 async def poll_masters(cluster: NsCluster, rec: Recorder, stop: asyncio.Event) -> None:
     """Record a ``master`` event each time the controller names another master or epoch."""
     last_seen: dict[str, tuple[str, int]] = {}
@@ -377,17 +396,7 @@ async def _run_once(cfg: PartitionsConfig, cluster: NsCluster, net: Network, sce
             await p.start()
         tasks = [asyncio.ensure_future(produce(i, g, p)) for i, (g, p) in enumerate(producers)]
         await asyncio.sleep(rng.uniform(*cfg.warmup))
-        ctx = FaultCtx(cluster, net, rng, cfg.lease, run, masters, slaves)
-        t_fault = time.monotonic()
-        try:
-            result.detail = await FAULTS[scenario](ctx)
-        finally:
-            net.heal_all()
-            for m in masters.values():
-                cluster.resume(m)
-        t_heal = time.monotonic()
-        rec(type="fault", scenario=scenario, mono=t_fault, until=t_heal + 2 * cfg.lease)
-        result.cuts_proved, result.cuts_unproved = ctx.proved, ctx.unproved
+        await apply_fault(cfg, cluster, net, rng, run, masters, slaves, scenario, rec, result)
         await asyncio.sleep(cfg.after_heal)
         stop_load.set()
         await asyncio.gather(*tasks, return_exceptions=True)
