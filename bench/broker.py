@@ -237,7 +237,8 @@ class Result:
 # --- raw load: RemotingClient ------------------------------------------------------------------
 
 
-def _send_request(producer: int, seq: int, born: str, tx: bool) -> tuple[RemotingCommand, str]:
+def _send_request(producer: int, seq: int, born: str, tx: bool,
+                  body: bytes = _BODY) -> tuple[RemotingCommand, str]:
     """A message as a RocketMQ Java client sends it (SEND_MESSAGE_V2): a half (sysFlag 4) when
     ``tx``, else a plain message (sysFlag 0)."""
     uniq = f"{os.getpid():08X}{producer:08X}{seq:016X}"
@@ -248,7 +249,7 @@ def _send_request(producer: int, seq: int, born: str, tx: bool) -> tuple[Remotin
         "a": GROUP, "b": TOPIC, "c": "TBW102", "d": "4", "e": str(seq % QUEUES),
         "f": "4" if tx else "0", "g": born, "h": "0", "i": props, "j": "0", "k": "false",
         "m": "false",
-    }, _BODY), uniq
+    }, body), uniq
 
 
 def count_records(body: bytes) -> int:
@@ -355,8 +356,8 @@ class RawLoad:
     """Producers on RemotingClient connections and one raw long-polling consumer."""
 
     def __init__(self, broker: BrokerProc, producers: int, shared: bool, tally: Tally,
-                 tx: bool) -> None:
-        self.tally, self.tx = tally, tx
+                 tx: bool, body: bytes = _BODY) -> None:
+        self.tally, self.tx, self.body = tally, tx, body
         self.clients = [RemotingClient(broker.addr) for _ in range(1 if shared else producers)]
         self.consumer = RawConsumer(broker.addr, tally, 512)
 
@@ -371,7 +372,7 @@ class RawLoad:
         seq = 0
         while tally.may_start(stop_at):
             t0 = time.perf_counter()
-            cmd, uniq = _send_request(idx, seq, str(int(time.time() * 1000)), tx)
+            cmd, uniq = _send_request(idx, seq, str(int(time.time() * 1000)), tx, self.body)
             resp = await client.invoke(cmd, 10.0)
             if resp.code != ResponseCode.SUCCESS:
                 raise RuntimeError(f"send failed: {resp.code} {resp.remark}")
@@ -413,8 +414,8 @@ class SdkLoad:
     one shared) and one Consumer."""
 
     def __init__(self, broker: BrokerProc, producers: int, shared: bool, tally: Tally,
-                 tx: bool) -> None:
-        self.tally, self.tx = tally, tx
+                 tx: bool, body: bytes = _BODY) -> None:
+        self.tally, self.tx, self.body = tally, tx, body
         listener = _Commit()
         count = 1 if shared else producers
         self.producers: list[Producer] = (
@@ -432,7 +433,7 @@ class SdkLoad:
         tally = self.tally
         while tally.may_start(stop_at):
             t0 = time.perf_counter()
-            msg = Message(TOPIC, _BODY, tags="bench")
+            msg = Message(TOPIC, self.body, tags="bench")
             if self.tx:
                 result = await producer.send_message_in_transaction(msg)
                 if result.local_transaction_state != LocalTransactionState.COMMIT_MESSAGE:
@@ -489,15 +490,18 @@ def _result(tally: Tally, elapsed: float, broker_s: float, client_s: float,
 
 
 async def run_row(broker: BrokerProc, kind: str, client: str, producers: int, shared: bool,
-                  seconds: float, max_tx: int, echo: tuple[float, float]) -> Result:
+                  seconds: float, max_tx: int, echo: tuple[float, float],
+                  body: bytes = _BODY) -> Result:
     """Load ``broker`` with sends (``kind`` "tx": committed transactions, "plain": plain
     sends) for one row and measure it; ``echo`` is (round trips/s, CPU µs per round trip) of
-    the raw echo of the same pass.  Connections, instances and the consumer are set up before
-    the measured window opens and closed after it ends."""
+    the raw echo of the same pass; ``body`` is every message's body (``bench.peers`` sends
+    256 B, as it does to RabbitMQ and NATS).  Connections, instances and the consumer are set up
+    before the measured window opens and closed after it ends."""
     loop = asyncio.get_running_loop()
     await _create_topic(broker.addr)
     tally = Tally(max_tx)
-    load = (RawLoad if client == "raw" else SdkLoad)(broker, producers, shared, tally, kind == "tx")
+    load = (RawLoad if client == "raw" else SdkLoad)(broker, producers, shared, tally, kind == "tx",
+                                                     body)
     await load.start()
     try:
         broker0, client0 = broker.cpu(), time.process_time()

@@ -1,8 +1,8 @@
 """The benchmarks' optional dependencies, and the one error line a missing one becomes.
 
 ``pip install -e .`` installs the broker, the SDK and the CLI; the Spark trace bench
-(``txbroker bench ...``), the Kafka bench and the profiler need the ``bench`` extra, and the
-large codec fuzz run needs hypothesis from the ``test`` extra.  A command run without them
+(``txbroker bench ...``), the Kafka and peers benches and the profiler need the ``bench`` extra,
+and the large codec fuzz run needs hypothesis from the ``test`` extra.  A command run without them
 should say which install command fixes it, in one line, before it starts any work, rather
 than die in a traceback from the first module that imports one (numpy, deep inside report
 drawing, was the usual one).  Commands name what they need with :func:`require`; the CLI and
@@ -25,6 +25,7 @@ T = TypeVar("T")
 EXTRA_OF = {
     "pyspark": "bench", "py4j": "bench", "pyarrow": "bench", "pandas": "bench",
     "numpy": "bench", "matplotlib": "bench", "aiokafka": "bench", "py-spy": "bench",
+    "aio_pika": "bench", "nats": "bench",
     "hypothesis": "test",
 }
 #: What every Spark command imports (the session, Arrow transfers), dependencies before the
