@@ -60,7 +60,12 @@ import orjson
 
 from txbroker.bench.broker import BrokerProc, Tally, _percentile, run_row
 from txbroker.bench.extras import require, run_main
-from txbroker.bench.peer_servers import NatsServer, RabbitServer, find_server, missing_line
+from txbroker.bench.peer_servers import (
+    NatsServer,
+    RabbitServer,
+    find_server,
+    missing_line,
+)
 
 BODY = b"p" * 256
 QUEUE = "txbroker-peers"
@@ -69,6 +74,7 @@ STREAM, SUBJECT = "TXBROKER_PEERS", "txbroker.peers"
 NO_ECHO = (1.0, 1.0)
 #: Seconds to set up or tear down a case's connections (outside the measured window).
 SETUP_SECONDS = 60.0
+PROG = "python -m txbroker.bench.peers"
 
 
 @dataclass(frozen=True)
@@ -304,8 +310,9 @@ def _select(spec: str) -> list[Case]:
 
 
 def _stop_on_sigterm(signum: int, frame: object) -> None:
-    """A terminated benchmark unwinds like an interrupted one: every server it started stops."""
-    raise SystemExit(128 + signum)
+    """A terminated benchmark unwinds as an interrupted one does (the running case cancelled,
+    then every server it started stopped): SIGTERM becomes the SIGINT that Ctrl-C sends."""
+    signal.raise_signal(signal.SIGINT)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -372,5 +379,15 @@ def main(argv: list[str] | None = None) -> dict:
     return doc
 
 
+def _main() -> None:
+    """``main`` for the command line: an interrupted or terminated run says so in one line
+    once every server it started has stopped (the ``with`` blocks have run by then)."""
+    try:
+        run_main(main, PROG)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; every server it started is stopped", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
 if __name__ == "__main__":
-    run_main(main, "python -m txbroker.bench.peers")
+    _main()
