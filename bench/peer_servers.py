@@ -100,11 +100,14 @@ def _stop_session(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _log_tail(path: Path, chars: int = 600) -> str:
+def _log_tail(path: Path, lines: int = 3) -> str:
+    """The server log's last lines on one line, for an error that must stay one line."""
     try:
-        return path.read_text(errors="replace")[-chars:]
+        text = path.read_text(errors="replace")
     except OSError:
-        return ""
+        return "(no log)"
+    tail = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    return " / ".join(tail) or "(empty log)"
 
 
 class _Server:
@@ -141,7 +144,8 @@ class _Server:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerError(f"{self.name} exited with {self.proc.returncode} before it was "
-                                  f"ready on 127.0.0.1:{self.port}: {_log_tail(self.log)}")
+                                  f"ready on 127.0.0.1:{self.port}; its log ends: "
+                                  f"{_log_tail(self.log)}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sock:
                     sock.settimeout(5)
@@ -153,7 +157,7 @@ class _Server:
                 pass
             time.sleep(0.2)
         raise ServerError(f"{self.name} not ready on 127.0.0.1:{self.port} after "
-                          f"{START_SECONDS:g} s: {_log_tail(self.log)}")
+                          f"{START_SECONDS:g} s; its log ends: {_log_tail(self.log)}")
 
     def _start(self) -> None:
         raise NotImplementedError

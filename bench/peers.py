@@ -63,6 +63,7 @@ from txbroker.bench.extras import require, run_main
 from txbroker.bench.peer_servers import (
     NatsServer,
     RabbitServer,
+    ServerError,
     find_server,
     missing_line,
 )
@@ -380,10 +381,14 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _main() -> None:
-    """``main`` for the command line: an interrupted or terminated run says so in one line
-    once every server it started has stopped (the ``with`` blocks have run by then)."""
+    """``main`` for the command line: a server that does not start, and an interrupted or
+    terminated run, is one line once every server it started has stopped (the ``with`` blocks
+    have run by then)."""
     try:
         run_main(main, PROG)
+    except ServerError as exc:
+        print(f"error: {PROG}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; every server it started is stopped", file=sys.stderr)
         raise SystemExit(130) from None
