@@ -15,7 +15,7 @@ import importlib.machinery
 import os
 import sys
 
-#: Modules compiled by setup.py: the code every transaction runs (docs/performance.md).
+#: Modules compiled by setup.py: the code every transaction runs (docs/bench.md, "Compiled hot path").
 COMPILED = (
     "txbroker.remoting.codec",
     "txbroker.remoting.command",
