@@ -33,6 +33,7 @@ from typing import Any
 
 import uvloop
 
+from txbroker._compiled import ENV, in_use
 from txbroker.broker import Broker
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codec import FrameDecoder, encode
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     end = statistics.median(e for _, e in runs) / args.tx * 1e6
     total = statistics.median(h + e for h, e in runs) / args.tx * 1e6
     print(f"broker CPU per transaction, in process, {args.tx:,} tx, {args.batch} frame(s) per "
-          f"read, median of {args.repeat}")
+          f"read, median of {args.repeat}, hot path {in_use()} ({ENV}=1: pure Python)")
     print(f"{'half send + answer':<24}{half:>8.1f} µs")
     print(f"{'END_TRANSACTION commit':<24}{end:>8.1f} µs")
     print(f"{'transaction':<24}{total:>8.1f} µs")

@@ -448,10 +448,16 @@ class RemotingConnection(ConnectionCore):
                                                f" request type {cmd.code} not supported"), None)
                 return
             coro = handler(self, cmd)
-            if coro.__class__ is not CoroutineType:
-                if isinstance(coro, Awaitable):
+            cls = coro.__class__
+            if cls not in _COROUTINE_TYPES:
+                if cls is RemotingCommand or coro is None:  # a plain function's answer
+                    self._finish(cmd, coro, None)
+                    return
+                if isinstance(coro, Coroutine):  # a compiled module's coroutine type
+                    _COROUTINE_TYPES.add(cls)
+                elif isinstance(coro, Awaitable):
                     coro = _await(coro)
-                else:  # a plain function's result
+                else:
                     self._finish(cmd, coro, None)
                     return
             # First step inline (see _flow): most handlers finish without waiting.
@@ -547,6 +553,12 @@ class RemotingConnection(ConnectionCore):
         if self._prepare is not None:
             self._prepare(cmd)
         self._write(encode_parts(cmd))
+
+
+#: Classes of the coroutine objects handlers return: Python's, and those of compiled modules
+#: (Cython's coroutine type registers as a ``Coroutine`` but is not ``CoroutineType``), added
+#: when first seen, so a coroutine is stepped directly and not through :func:`_await`.
+_COROUTINE_TYPES: set[type] = {CoroutineType}
 
 
 async def _await(fut: Awaitable[Any]) -> Any:

@@ -309,6 +309,28 @@ class MessageStore:
             for r in stored:
                 r.status = PutStatus.FLUSH_DISK_TIMEOUT
 
+    @property
+    def answers_at_once(self) -> bool:
+        """True when a put is answered as soon as it is appended (asynchronous flush, no
+        replicas to wait for), as on a single broker by default: the transaction fast paths
+        then call :meth:`put_now` / :meth:`put_chain_now` and create no coroutine."""
+        return self._flush is None and self._replication is None
+
+    def put_now(self, msg: Message) -> PutResult:
+        """:meth:`put` for a store that :attr:`answers_at_once` (the caller checked)."""
+        return self._appender.append(msg)
+
+    def put_chain_now(self, msgs: list[Message]) -> list[PutResult]:
+        """:meth:`put_chain` for a store that :attr:`answers_at_once` (the caller checked)."""
+        results = []
+        append = self._appender.append
+        for m in msgs:
+            result = append(m)
+            results.append(result)
+            if result.status is not PutStatus.OK:
+                break
+        return results
+
     async def put(self, msg: Message) -> PutResult:
         result = self._appender.append(msg)
         if result.status is not PutStatus.OK:
@@ -340,12 +362,7 @@ class MessageStore:
         (sync mode).  The results stop at the first refusal (which is the last result): a
         record that must not exist without the one before it (a commit's op record after its
         final message) is never written alone."""
-        results = []
-        for m in msgs:
-            result = self._appender.append(m)
-            results.append(result)
-            if result.status is not PutStatus.OK:
-                break
+        results = self.put_chain_now(msgs)
         await self._await_flush(results)
         if self._replication is not None:
             await self._await_replicas(results)
@@ -359,14 +376,22 @@ class MessageStore:
         end (which covers the record), with the gate checked again before the answer leaves.
         Without this, a retry would acknowledge a record no in-sync replica may hold, from a
         master that may no longer speak for its group."""
-        fence = self.fenced
-        if fence is not None:
-            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=fence.text)
-        result.size = max(result.size, self.max_physical_offset - result.physical_offset)
+        result = self.confirm_stored_now(result)
+        if not result.ok:
+            return result
         await self._await_flush([result])
         if self._replication is not None:
             await self._await_replicas([result])
         self._recheck_gate([result])
+        return result
+
+    def confirm_stored_now(self, result: PutResult) -> PutResult:
+        """:meth:`confirm_stored` for a store that :attr:`answers_at_once` (and its first
+        step otherwise): refused while the gate is up, else taken up to this log's end."""
+        fence = self.fenced
+        if fence is not None:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, reason=fence.text)
+        result.size = max(result.size, self.max_physical_offset - result.physical_offset)
         return result
 
     def _recheck_gate(self, results: list[PutResult]) -> None:

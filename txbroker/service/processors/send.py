@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Coroutine
+from typing import Any
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.codes import RequestCode, ResponseCode
@@ -26,6 +28,7 @@ from txbroker.service.processors.statuses import PUT_ANSWERS
 from txbroker.service.schedule import ScheduleService
 from txbroker.service.topics import (
     PERM_WRITE,
+    TopicConfig,
     TopicManager,
     is_system_topic,
     validate_group_name,
@@ -75,6 +78,27 @@ def is_true(value: str | None) -> bool:
     return value is not None and value.strip().lower() in ("true", "1")
 
 
+class _Send:
+    """A send request past the checks that need no topic config: what the rest uses."""
+
+    __slots__ = ("body", "born_host", "group", "h", "queue_id", "tc", "topic", "tx_bits")
+
+    def __init__(self, h: SendMessageRequestHeader, group: str, topic: str,
+                 tc: TopicConfig | None, queue_id: int, tx_bits: int, body: bytes) -> None:
+        self.h = h
+        self.group = group
+        #: the topic stored to (a %RETRY% message past its maximum goes to the %DLQ%)
+        self.topic = topic
+        #: its config, None until it exists (created on the slow path)
+        self.tc = tc
+        #: the queue asked for (-1: any)
+        self.queue_id = queue_id
+        self.tx_bits = tx_bits
+        self.body = body
+        #: the producer's host, once the target queue is known
+        self.born_host: tuple[str, int] = ("127.0.0.1", 0)
+
+
 class SendProcessor:
     def __init__(self, config: BrokerConfig, store, topics: TopicManager,
                  registry: ClientRegistry, tx, schedule: ScheduleService, metrics=None) -> None:
@@ -94,18 +118,53 @@ class SendProcessor:
             RequestCode.SEND_BATCH_MESSAGE: self.handle,
         }
 
-    async def handle(self, conn, cmd: RemotingCommand) -> RemotingCommand:
+    def handle(self, conn, cmd: RemotingCommand) -> RemotingCommand | Coroutine[Any, Any, RemotingCommand]:
         """Store the message; a refusal (header, topic, transaction, store) is raised for the
-        transport to answer, after logging it: producers retry refused sends elsewhere."""
+        transport to answer, after logging it: producers retry refused sends elsewhere.
+
+        The common send (one message to a known topic, on a store that answers at once) is
+        answered right here, with no coroutine; the others return one for the transport to
+        run (a topic to create, a batch, a flush or replica to wait for)."""
         try:
-            return await self._send(conn, cmd)
+            send = self._check(conn, cmd)
+            if send.tc is not None and not send.h.batch and self.store.answers_at_once:
+                return self._store_now(conn, cmd, send)
+        except RecordError as exc:  # an undecodable batch body
+            raise Refusal(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
+        except Refusal as exc:
+            log.info("send refused from %s: %s", getattr(conn, "peer", "?"), exc.remark)
+            raise
+        return self._store_later(conn, cmd, send)
+
+    async def _store_later(self, conn, cmd: RemotingCommand, send: _Send) -> RemotingCommand:
+        try:
+            if send.tc is None:
+                send.tc = await self.topics.get_or_create(send.topic, queue_nums=send.h.default_topic_queue_nums)
+            queue_id = self._target(conn, send)
+            if send.h.batch:
+                return await self._send_batch(cmd, send, queue_id)
+            msg, transactional = self._message(send, queue_id)
+            if transactional:
+                # RocketMQ answers with the *requested* queue id and the half's ids and offset.
+                return self._response(cmd, await self.tx.prepare(msg, conn), queue_id=queue_id)
+            return self._response(cmd, await self.store.put(self._delayed(msg)), queue_id=queue_id)
         except RecordError as exc:  # an undecodable batch body
             raise Refusal(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
         except Refusal as exc:
             log.info("send refused from %s: %s", getattr(conn, "peer", "?"), exc.remark)
             raise
 
-    async def _send(self, conn, cmd: RemotingCommand) -> RemotingCommand:
+    def _store_now(self, conn, cmd: RemotingCommand, send: _Send) -> RemotingCommand:
+        """:meth:`_store_later` for a known topic on a store that answers at once."""
+        queue_id = self._target(conn, send)
+        msg, transactional = self._message(send, queue_id)
+        if transactional:
+            return self._response(cmd, self.tx.prepare_now(msg, conn), queue_id=queue_id)
+        return self._response(cmd, self.store.put_now(self._delayed(msg)), queue_id=queue_id)
+
+    def _check(self, conn, cmd: RemotingCommand) -> _Send:
+        """Decode and validate what does not depend on the topic's config (which may not
+        exist yet), and note the producer."""
         h = SendMessageRequestHeader.from_command(cmd.code, cmd.ext_fields)
         # The group becomes the half's PGROUP and names the connections asked for check-backs.
         group = validate_group_name(h.producer_group, "producer group")
@@ -120,7 +179,6 @@ class SendProcessor:
             self._check_retry_group(topic[len(RETRY_GROUP_TOPIC_PREFIX):])
         queue_id = h.queue_id
         sys_flag = h.sys_flag
-        born_ts = h.born_timestamp
         reconsume = h.reconsume_times
         max_reconsume = h.max_reconsume_times
         if sys_flag & ~_ALLOWED_SYS_FLAG:
@@ -145,42 +203,46 @@ class SendProcessor:
             if reconsume >= max_reconsume:
                 topic = DLQ_GROUP_TOPIC_PREFIX + topic[len(RETRY_GROUP_TOPIC_PREFIX):]
                 tc, queue_id = None, 0
-        if tc is None:
-            tc = await self.topics.get_or_create(topic, queue_nums=h.default_topic_queue_nums)
+        return _Send(h, group, topic, tc, queue_id, tx_bits, body)
+
+    def _target(self, conn, send: _Send) -> int:
+        """The queue the message goes to, once the topic's config is known; notes the
+        producer (for check-backs) and the connection's host (the record's born host)."""
+        tc = send.tc
         if not tc.perm & PERM_WRITE:
-            raise Refusal(ResponseCode.NO_PERMISSION, f"topic[{topic}] is not writable")
+            raise Refusal(ResponseCode.NO_PERMISSION, f"topic[{send.topic}] is not writable")
+        queue_id = send.queue_id
         if queue_id < 0:
             queue_id = next(self._rr) % tc.write_queue_nums
         elif queue_id >= tc.write_queue_nums:
             raise Refusal(ResponseCode.SYSTEM_ERROR,
-                          f"request queueId[{queue_id}] is illegal, topic {topic} has "
+                          f"request queueId[{queue_id}] is illegal, topic {send.topic} has "
                           f"{tc.write_queue_nums} write queues")
-        self.registry.note_producer(group, conn)
+        self.registry.note_producer(send.group, conn)
         born_host = conn.attributes.get("born_host")
         if born_host is None:
             born_host = conn.attributes["born_host"] = parse_peer(conn.peer)
-        if h.batch:
-            return await self._send_batch(cmd, topic, queue_id, sys_flag, born_ts, born_host,
-                                          reconsume, body)
+        send.born_host = born_host
+        return queue_id
+
+    def _message(self, send: _Send, queue_id: int) -> tuple[Message, bool]:
+        """The message to store, and whether it is a half (TRAN_MSG true)."""
+        h = send.h
         props_text = h.properties or ""
         props = string_to_properties(props_text)
         self._fix_properties(props, len(props_text))
         transactional = is_true(props.get(PROPERTY_TRANSACTION_PREPARED))
-        if tx_bits == TRANSACTION_PREPARED_TYPE and not transactional:
+        if send.tx_bits == TRANSACTION_PREPARED_TYPE and not transactional:
             raise Refusal(ResponseCode.MESSAGE_ILLEGAL,
                           "sysFlag marks a transactional message but property TRAN_MSG is not true")
-        msg = Message(topic=topic, queue_id=queue_id, body=body, flag=h.flag, properties=props,
-                      sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
-                      reconsume_times=reconsume)
-        if transactional:
-            # RocketMQ answers with the *requested* queue id and the half's ids and offset.
-            result = await self.tx.prepare(msg, conn)
-            return self._response(cmd, result, queue_id=queue_id)
-        level = self._delay_level(props)
-        if level:
-            msg = self.schedule.wrap(msg, level)
-        result = await self.store.put(msg)
-        return self._response(cmd, result, queue_id=queue_id)
+        return Message(topic=send.topic, queue_id=queue_id, body=send.body, flag=h.flag,
+                       properties=props, sys_flag=h.sys_flag, born_timestamp=h.born_timestamp,
+                       born_host=send.born_host, reconsume_times=h.reconsume_times), transactional
+
+    def _delayed(self, msg: Message) -> Message:
+        """A plain message with a DELAY level goes through the schedule service."""
+        level = self._delay_level(msg.properties)
+        return self.schedule.wrap(msg, level) if level else msg
 
     def _check_retry_group(self, group: str) -> None:
         """A retry topic is written for its consumer group only, so the group must exist:
@@ -217,11 +279,12 @@ class SendProcessor:
             raise Refusal(ResponseCode.MESSAGE_ILLEGAL, f"property DELAY={level} is negative")
         return min(level, self.schedule.max_level)
 
-    async def _send_batch(self, cmd, topic, queue_id, sys_flag, born_ts, born_host, reconsume,
-                          body) -> RemotingCommand:
+    async def _send_batch(self, cmd: RemotingCommand, send: _Send, queue_id: int) -> RemotingCommand:
+        h = send.h
+        sys_flag = h.sys_flag
         if sys_flag & TRANSACTION_MASK:
             raise Refusal(ResponseCode.MESSAGE_ILLEGAL, "a batch cannot be transactional")
-        entries = decode_batch(body)
+        entries = decode_batch(send.body)
         if not entries:
             raise Refusal(ResponseCode.MESSAGE_ILLEGAL, "batch body holds no messages")
         msgs = []
@@ -231,10 +294,10 @@ class SendProcessor:
             if props.get(PROPERTY_DELAY_TIME_LEVEL, "0") not in ("", "0"):
                 raise Refusal(ResponseCode.MESSAGE_ILLEGAL, f"batch entry {i} has a delay level")
             self._fix_properties(props)
-            msgs.append(Message(topic=topic, queue_id=queue_id, body=entry_body, flag=flag,
+            msgs.append(Message(topic=send.topic, queue_id=queue_id, body=entry_body, flag=flag,
                                 properties=props, sys_flag=sys_flag & ~TRANSACTION_MASK,
-                                born_timestamp=born_ts, born_host=born_host,
-                                reconsume_times=reconsume))
+                                born_timestamp=h.born_timestamp, born_host=send.born_host,
+                                reconsume_times=h.reconsume_times))
         results = await self.store.put_batch(msgs)
         bad = next((r for r in results if not r.ok), None)
         if bad is not None:

@@ -24,7 +24,7 @@ which bumps the producer's epoch: the running producer is fenced, as a zombie wo
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -68,28 +68,54 @@ def kafka_txn_doc(view: TxnView, now_ms: int) -> dict:
             "age_ms": max(now_ms - since, 0), "hanging": view.hanging(now_ms)}
 
 
+def _ended(cmd: RemotingCommand) -> RemotingCommand | None:
+    """A one-way END (every producer's) gets no answer: build none."""
+    return None if cmd.flag & FLAG_ONEWAY else cmd.response(ResponseCode.SUCCESS)
+
+
+def _log_end_refusal(conn: Any, cmd: RemotingCommand, exc: Refusal) -> None:
+    """Logged: a Java producer's END_TRANSACTION is never answered."""
+    log.info("END_TRANSACTION from %s refused: %s (ext %s)", getattr(conn, "peer", "?"),
+             exc.remark, {k: v for k, v in cmd.ext_fields.items() if k != "Signature"})
+
+
 def transaction_handlers(tx: TransactionalMessageService,
                          kafka: TransactionCoordinator | None = None) -> dict[int, Handler]:
     """Request code → handler, for ``RemotingServer.register``; ``kafka`` is the Kafka
     listener's transaction coordinator (None when the listener is off)."""
 
-    async def end_transaction(conn: Any, cmd: RemotingCommand) -> RemotingCommand | None:
+    def end_transaction(conn: Any, cmd: RemotingCommand) -> RemotingCommand | None | Coroutine:
+        """Applied right here when the service can (:meth:`can_end_now`: no coroutine);
+        otherwise the rest is a coroutine for the transport to run."""
         try:
             if not tx.active:  # a slave (RocketMQ answers SLAVE_NOT_AVAILABLE too)
                 raise Refusal(ResponseCode.SLAVE_NOT_AVAILABLE,
                               "this broker is not its group's master: END_TRANSACTION refused")
             h = EndTransactionRequestHeader.from_ext(cmd.ext_fields)
+            if tx.can_end_now(h.commit_log_offset):
+                tx.end_transaction_now(
+                    commit_log_offset=h.commit_log_offset,
+                    tran_state_table_offset=h.tran_state_table_offset,
+                    producer_group=h.producer_group, commit_or_rollback=h.commit_or_rollback,
+                    from_check=h.from_transaction_check)
+                return _ended(cmd)
+        except Refusal as exc:
+            _log_end_refusal(conn, cmd, exc)
+            raise
+        return _end_later(conn, cmd, h)
+
+    async def _end_later(conn: Any, cmd: RemotingCommand,
+                         h: EndTransactionRequestHeader) -> RemotingCommand | None:
+        try:
             await tx.end_transaction(
                 commit_log_offset=h.commit_log_offset,
                 tran_state_table_offset=h.tran_state_table_offset,
                 producer_group=h.producer_group, commit_or_rollback=h.commit_or_rollback,
                 from_check=h.from_transaction_check)
-        except Refusal as exc:  # logged: a Java producer's END_TRANSACTION is never answered
-            log.info("END_TRANSACTION from %s refused: %s (ext %s)", getattr(conn, "peer", "?"),
-                     exc.remark, {k: v for k, v in cmd.ext_fields.items() if k != "Signature"})
+        except Refusal as exc:
+            _log_end_refusal(conn, cmd, exc)
             raise
-        # A one-way END (every producer's) gets no answer: build none.
-        return None if cmd.flag & FLAG_ONEWAY else cmd.response(ResponseCode.SUCCESS)
+        return _ended(cmd)
 
     async def resume_check(conn: Any, cmd: RemotingCommand) -> RemotingCommand:
         h = ResumeCheckHalfMessageRequestHeader.from_ext(cmd.ext_fields)

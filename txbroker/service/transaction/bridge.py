@@ -4,7 +4,9 @@ every put and read of halves, op records, discard copies and final messages goes
 
 Keeping the I/O in one class gives tests one seam: a crash test passes in a subclass whose
 ``put_commit`` stops the process after the final message is stored, which is how a broker dies
-between a commit's two writes.
+between a commit's two writes.  Each write has a ``*_now`` twin, used instead when the store
+answers as soon as it appends (no flush or replica wait): the END and send handlers then run
+without a coroutine.
 """
 
 from __future__ import annotations
@@ -57,11 +59,20 @@ class TransactionalMessageBridge:
     async def put_half(self, half: Message) -> PutResult:
         return await self.store.put(half)
 
+    def put_half_now(self, half: Message) -> PutResult:
+        """:meth:`put_half` on a store that answers at once (``store.answers_at_once``)."""
+        return self.store.put_now(half)
+
     async def put_commit(self, final: Message, op: Message) -> tuple[PutResult, PutResult | None]:
         """A commit's two records: the final message, then (only if it was stored) its op
         record, appended together and covered by one flush wait.  The op is None when the
         final was refused.  Recovery handles a crash between the two (see service.py)."""
         results = await self.store.put_chain([final, op])
+        return results[0], results[1] if len(results) > 1 else None
+
+    def put_commit_now(self, final: Message, op: Message) -> tuple[PutResult, PutResult | None]:
+        """:meth:`put_commit` on a store that answers at once."""
+        results = self.store.put_chain_now([final, op])
         return results[0], results[1] if len(results) > 1 else None
 
     async def put_discard(self, copy: Message) -> PutResult:
@@ -80,6 +91,11 @@ class TransactionalMessageBridge:
     async def put_op(self, tag: str, body: str, extra: dict[str, str], *,
                      born_ms: int | None = None) -> PutResult:
         return await self.store.put(self.op_message(tag, body, extra, born_ms=born_ms))
+
+    def put_op_now(self, tag: str, body: str, extra: dict[str, str], *,
+                   born_ms: int | None = None) -> PutResult:
+        """:meth:`put_op` on a store that answers at once."""
+        return self.store.put_now(self.op_message(tag, body, extra, born_ms=born_ms))
 
     def write_refusal(self) -> str:
         """Why the store refuses writes now ("" if it accepts them): its fence (a master whose

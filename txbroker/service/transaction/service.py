@@ -303,26 +303,46 @@ class TransactionalMessageService:
     # --- prepare ---------------------------------------------------------------------------
     async def prepare(self, msg: Message, conn: Any | None) -> PutResult:
         """Store ``msg`` as a half message and index it as PENDING."""
+        group, half, retried = self._to_prepare(msg, conn)
+        if retried is not None:
+            return await self.bridge.store.confirm_stored(retried)
+        return self._prepared(msg, half, group, await self.bridge.put_half(half), conn)
+
+    def prepare_now(self, msg: Message, conn: Any | None) -> PutResult:
+        """:meth:`prepare` when the store :attr:`~MessageStore.answers_at_once`: the same
+        steps, nothing awaited (the send handler's fast path)."""
+        group, half, retried = self._to_prepare(msg, conn)
+        if retried is not None:
+            return self.bridge.store.confirm_stored_now(retried)
+        return self._prepared(msg, half, group, self.bridge.put_half_now(half), conn)
+
+    def _to_prepare(self, msg: Message, conn: Any | None) -> tuple[str, Message, PutResult | None]:
+        """The half's group and record, and for a producer's retry of a half still pending,
+        the first half's result to confirm instead of storing it again."""
         group = producer_group(msg)
         retried = self._retried_half(msg.properties.get(PROPERTY_UNIQ_KEY), group, msg)
         if retried is not None:
             retried.conn = conn or retried.conn  # the retrying connection is the live one
             self.metrics.retried_halves.inc()
-            return await self.bridge.store.confirm_stored(PutResult(
+            return group, msg, PutResult(
                 PutStatus.OK, physical_offset=retried.phys, queue_offset=retried.queue_offset,
-                msg_id=retried.msg_id, store_timestamp=retried.store_ts))
-        half = half_message(msg)
-        result = await self.bridge.put_half(half)
+                msg_id=retried.msg_id, store_timestamp=retried.store_ts)
+        return group, half_message(msg), None
+
+    def _prepared(self, msg: Message, half: Message, group: str, result: PutResult,
+                  conn: Any | None) -> PutResult:
+        """Index a half the store took (see :meth:`prepare`)."""
         if not result.ok and result.status is not PutStatus.OUTCOME_UNKNOWN:
             return result
         # OUTCOME_UNKNOWN: stored here, not acknowledged.  The half is in the log, so it is
         # indexed like any other: the producer's retry is answered from it (not stored twice,
         # which the check-back would then commit as well), and if no retry comes it is checked.
+        props = half.properties
         self._open.add(
             phys=result.physical_offset, queue_offset=result.queue_offset,
             store_ts=result.store_timestamp,
-            immunity_ms=immunity_ms(half.properties, self._default_immunity_ms()), group=group,
-            uniq=half.properties.get(PROPERTY_UNIQ_KEY), topic=msg.topic, queue_id=msg.queue_id,
+            immunity_ms=immunity_ms(props, self._default_immunity_ms()), group=group,
+            uniq=props.get(PROPERTY_UNIQ_KEY), topic=msg.topic, queue_id=msg.queue_id,
             body_size=len(msg.body), msg_id=result.msg_id, conn=conn)
         self._remember(result.physical_offset, half)
         self.metrics.halves.inc()
@@ -370,8 +390,48 @@ class TransactionalMessageService:
         Raises :class:`TransactionError` for a request naming no half of that group (the
         RocketMQ remarks) and :class:`ConflictError` for a contradicting decision.
         """
-        kind = {TRANSACTION_COMMIT_TYPE: "commit", TRANSACTION_ROLLBACK_TYPE: "rollback",
-                TRANSACTION_NOT_TYPE: "unknown"}.get(commit_or_rollback)
+        decision = self._end_decision(commit_or_rollback, from_check)
+        if decision is None:
+            return None
+        async with self._locks.hold(commit_log_offset):
+            state, entry = self._validate_end(commit_log_offset, tran_state_table_offset,
+                                              producer_group)
+            return await self._apply(commit_log_offset, state, decision,
+                                     source="check" if from_check else "producer", entry=entry)
+
+    def can_end_now(self, commit_log_offset: int) -> bool:
+        """True when :meth:`end_transaction_now` may apply an END on this half: the store
+        :attr:`~MessageStore.answers_at_once` and no other decision on it is under way."""
+        return self.bridge.store.answers_at_once and commit_log_offset not in self._locks
+
+    def end_transaction_now(self, *, commit_log_offset: int, tran_state_table_offset: int,
+                            producer_group: str, commit_or_rollback: int,
+                            from_check: bool = False) -> Outcome | None:
+        """:meth:`end_transaction` without awaiting, when :meth:`can_end_now` (the END
+        handler's fast path).  Nothing else runs until it returns, so it takes no lock."""
+        decision = self._end_decision(commit_or_rollback, from_check)
+        if decision is None:
+            return None
+        state, entry = self._validate_end(commit_log_offset, tran_state_table_offset,
+                                          producer_group)
+        plan = self._plan(commit_log_offset, state, decision,
+                          source="check" if from_check else "producer", operator=None, name=None,
+                          entry=entry)
+        if plan.__class__ is Outcome:
+            return plan
+        entry, decided, extra = plan
+        if decision is Decision.COMMIT:
+            final, op = self._commit_records(commit_log_offset, entry, decided, extra)
+            result, op_result = self.bridge.put_commit_now(final, op)
+            self._committed(commit_log_offset, entry, decided, result, op_result)
+        else:
+            self._rolled_back(entry, decided, self.bridge.put_op_now(
+                OP_TAG_DONE, str(entry.queue_offset), extra, born_ms=decided.decided_at))
+        return Outcome.APPLY
+
+    def _end_decision(self, commit_or_rollback: int, from_check: bool) -> Decision | None:
+        """The decision an END asks for (None: "unknown"), counted."""
+        kind = _END_KINDS.get(commit_or_rollback)
         if kind is None:
             raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                    f"commitOrRollback={commit_or_rollback} must be 0, 8 or 12")
@@ -380,12 +440,7 @@ class TransactionalMessageService:
         if kind == "unknown":
             self.metrics.unknown_ends.inc()
             return None
-        decision = Decision.COMMIT if kind == "commit" else Decision.ROLLBACK
-        async with self._locks.hold(commit_log_offset):
-            state, entry = self._validate_end(commit_log_offset, tran_state_table_offset,
-                                              producer_group)
-            return await self._apply(commit_log_offset, state, decision,
-                                     source="check" if from_check else "producer", entry=entry)
+        return Decision.COMMIT if kind == "commit" else Decision.ROLLBACK
 
     def _validate_end(self, phys: int, queue_offset: int,
                       group: str) -> tuple[HalfState, HalfEntry | None]:
@@ -443,6 +498,26 @@ class TransactionalMessageService:
         """Write ``decision`` (or nothing, for a repeat; or refuse a contradiction, naming
         the transaction ``name`` or, for a producer's END, the half's commitlog offset).
         ``entry`` is the half's index entry when the caller already looked it up."""
+        plan = self._plan(phys, state, decision, source=source, operator=operator, name=name,
+                          entry=entry)
+        if plan.__class__ is Outcome:
+            return plan
+        entry, decided, extra = plan
+        if decision is Decision.COMMIT:
+            final, op = self._commit_records(phys, entry, decided, extra)
+            result, op_result = await self.bridge.put_commit(final, op)
+            self._committed(phys, entry, decided, result, op_result)
+        else:
+            self._rolled_back(entry, decided, await self.bridge.put_op(
+                OP_TAG_DONE, str(entry.queue_offset), extra, born_ms=decided.decided_at))
+        return Outcome.APPLY
+
+    def _plan(self, phys: int, state: HalfState, decision: Decision, *, source: str,
+              operator: str | None, name: str | None,
+              entry: HalfEntry | None) -> Outcome | tuple[HalfEntry, Decided, dict[str, str]]:
+        """What :meth:`_apply` writes: the outcome when there is nothing to write (a repeat),
+        else the half's entry, the decision and the op record's properties.  Refuses a
+        contradiction."""
         outcome, target = decide(state, decision, operator=operator is not None)
         if outcome is Outcome.DUPLICATE:
             self.metrics.duplicate_ends.inc()
@@ -458,42 +533,47 @@ class TransactionalMessageService:
         assert entry is not None  # APPLY only from PENDING/DISCARDED, which are indexed
         decided = Decided(entry.queue_offset, target, source, operator, self._now_ms(), entry.uniq,
                           entry.checks)
-        extra = {PROPERTY_STATE: target.value, **decision_properties(decided)}
-        if decision is Decision.COMMIT:
-            half = self._recall(phys) or self.bridge.read_half(phys)
-            if half is None:
-                raise TransactionError(ResponseCode.SYSTEM_ERROR,
-                                       "Find prepared transaction message failed")
-            result, op = await self.bridge.put_commit(
-                final_message(half, phys, entry.store_ts),
+        return entry, decided, {PROPERTY_STATE: target.value, **decision_properties(decided)}
+
+    def _commit_records(self, phys: int, entry: HalfEntry, decided: Decided,
+                        extra: dict[str, str]) -> tuple[Message, Message]:
+        """A commit's final message and op record."""
+        half = self._recall(phys) or self.bridge.read_half(phys)
+        if half is None:
+            raise TransactionError(ResponseCode.SYSTEM_ERROR,
+                                   "Find prepared transaction message failed")
+        return (final_message(half, phys, entry.store_ts),
                 self.bridge.op_message(OP_TAG_DONE, str(entry.queue_offset), extra,
                                        born_ms=decided.decided_at))
-            if not _in_log(result):
-                raise TransactionError(ResponseCode.SYSTEM_ERROR,
-                                       f"commit failed, the store refused the message: "
-                                       f"{result.status.name} {result.reason}".strip())
-            # The final message is stored: the half is committed whatever happened to the op.
-            # Also when it was answered OUTCOME_UNKNOWN (the write gate went up while it
-            # waited): it is in this log, so a check-back must not commit the half again (two
-            # final messages, one transaction delivered twice).  Should another replica take
-            # over without it, that master recovers the half as pending and checks it.
-            self._settle(entry, decided)
-            assert op is not None  # attempted whenever the final message was stored
-            if not _in_log(op):
-                self._missing_ops.append((phys, entry.queue_offset))
-                log.error("op record of committed half %d not written (%s); it is rewritten at "
-                          "the next start", phys, op.status.name)
-            _raise_if_unknown(result, "commit")
-        else:
-            op = await self.bridge.put_op(OP_TAG_DONE, str(entry.queue_offset), extra,
-                                          born_ms=decided.decided_at)
-            if not _in_log(op):
-                raise TransactionError(ResponseCode.SYSTEM_ERROR,
-                                       f"rollback failed, the store refused the op record: "
-                                       f"{op.status.name} {op.reason}".strip())
-            self._settle(entry, decided)
-            _raise_if_unknown(op, "rollback")
-        return Outcome.APPLY
+
+    def _committed(self, phys: int, entry: HalfEntry, decided: Decided, result: PutResult,
+                   op: PutResult | None) -> None:
+        """Settle a commit whose records the store took, or raise why it did not."""
+        if not _in_log(result):
+            raise TransactionError(ResponseCode.SYSTEM_ERROR,
+                                   f"commit failed, the store refused the message: "
+                                   f"{result.status.name} {result.reason}".strip())
+        # The final message is stored: the half is committed whatever happened to the op.
+        # Also when it was answered OUTCOME_UNKNOWN (the write gate went up while it
+        # waited): it is in this log, so a check-back must not commit the half again (two
+        # final messages, one transaction delivered twice).  Should another replica take
+        # over without it, that master recovers the half as pending and checks it.
+        self._settle(entry, decided)
+        assert op is not None  # attempted whenever the final message was stored
+        if not _in_log(op):
+            self._missing_ops.append((phys, entry.queue_offset))
+            log.error("op record of committed half %d not written (%s); it is rewritten at "
+                      "the next start", phys, op.status.name)
+        _raise_if_unknown(result, "commit")
+
+    def _rolled_back(self, entry: HalfEntry, decided: Decided, op: PutResult) -> None:
+        """Settle a rollback whose op record the store took, or raise why it did not."""
+        if not _in_log(op):
+            raise TransactionError(ResponseCode.SYSTEM_ERROR,
+                                   f"rollback failed, the store refused the op record: "
+                                   f"{op.status.name} {op.reason}".strip())
+        self._settle(entry, decided)
+        _raise_if_unknown(op, "rollback")
 
     def _settle(self, entry: HalfEntry, decided: Decided) -> None:
         target = decided.state
@@ -595,6 +675,11 @@ class TransactionalMessageService:
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
+
+
+#: commitOrRollback -> what an END asks for.
+_END_KINDS = {TRANSACTION_COMMIT_TYPE: "commit", TRANSACTION_ROLLBACK_TYPE: "rollback",
+              TRANSACTION_NOT_TYPE: "unknown"}
 
 
 def _in_log(result: PutResult) -> bool:

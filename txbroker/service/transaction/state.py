@@ -28,6 +28,10 @@ from txbroker.remoting.errors import Refusal
 
 
 class HalfState(enum.Enum):
+    #: Members are singletons compared by identity, so the identity hash will do (Enum's own
+    #: hashes the name in Python, a measurable share of a transaction's dict lookups).
+    __hash__ = object.__hash__
+
     PENDING = "pending"
     COMMITTED = "committed"
     ROLLED_BACK = "rolled_back"
@@ -40,6 +44,10 @@ class HalfState(enum.Enum):
 
 
 class Decision(enum.Enum):
+    #: Members are singletons compared by identity, so the identity hash will do (Enum's own
+    #: hashes the name in Python, a measurable share of a transaction's dict lookups).
+    __hash__ = object.__hash__
+
     COMMIT = "commit"
     ROLLBACK = "rollback"
     #: The check service gave up after transaction_check_max checks.
@@ -49,6 +57,10 @@ class Decision(enum.Enum):
 
 
 class Outcome(enum.Enum):
+    #: Members are singletons compared by identity, so the identity hash will do (Enum's own
+    #: hashes the name in Python, a measurable share of a transaction's dict lookups).
+    __hash__ = object.__hash__
+
     APPLY = "apply"
     DUPLICATE = "duplicate"
     CONFLICT = "conflict"
