@@ -13,6 +13,9 @@ or touching anything.  Once every port listens, exactly one line
 listener is on) goes to stdout (tests and scripts wait for it; with ``--namesrv-addr`` the broker registers with those name servers instead of
 embedding one, and ``namesrv=`` shows that list); logs go to stderr.  A port clash or a data directory held by another broker is one
 ``error:`` line naming the address or the directory (and the holder's pid), exit 1.
+With ``--workers N`` (N > 1) this process supervises N broker processes behind the embedded
+name server instead (txbroker/workers.py, docs/workers.md); its ready line adds
+`` workers=ADDR;ADDR...``.
 """
 
 from __future__ import annotations
