@@ -16,6 +16,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from support.cli_runner import cli_ok, run_cli
 from support.consuming import collect
 from support.waiting import eventually
@@ -209,3 +210,37 @@ async def test_status_and_txn_list_show_the_workers_as_one_broker(broker_process
             assert re.search(rf"worker w{i} broker-a-w{i}@\S+: master", out), out
         rows = re.findall(rf"^│ {TOPIC}\s+│ (w\d)\s+│", out, re.MULTILINE)
         assert rows == ["w0", "w1"], out  # one topics table, a row per worker
+
+
+async def test_kafka_clients_see_one_node_per_worker(broker_process) -> None:
+    proc = await start_workers(broker_process, kafka_port=0, kafka_cluster_refresh_interval=0.1)
+    producer = AIOKafkaProducer(bootstrap_servers=proc.kafka_addr, acks="all")
+    await producer.start()
+    try:
+        async def four_partitions() -> bool:
+            return len(await producer.partitions_for(TOPIC) or ()) == 4
+        await eventually(four_partitions, timeout=30, msg="2 x 2 queues as 4 partitions")
+        nodes = {b.nodeId for b in producer.client.cluster.brokers()}
+        assert nodes == {0, 1}  # one Kafka node per worker
+        leaders = {p: producer.client.cluster.leader_for_partition(TopicPartition(TOPIC, p))
+                   for p in range(4)}
+        assert set(leaders.values()) == {0, 1}, leaders
+        for i in range(8):
+            await producer.send_and_wait(TOPIC, f"k{i}".encode(), partition=i % 4)
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(bootstrap_servers=proc.kafka_addr, auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(TOPIC, p) for p in range(4)])
+        got: list[str] = []
+
+        async def all_read() -> bool:
+            batches = await consumer.getmany(timeout_ms=500)
+            got.extend(r.value.decode() for rs in batches.values() for r in rs)
+            return len(got) >= 8
+        await eventually(all_read, timeout=30, msg=lambda: f"8 records, got {got}")
+        assert sorted(got) == sorted(f"k{i}" for i in range(8))
+    finally:
+        await consumer.stop()
