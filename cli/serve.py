@@ -336,7 +336,13 @@ async def _run_workers(config: BrokerConfig, log_level: str) -> int:
     except DataDirInUseError as exc:
         click.echo(f"error: {exc}; stop it or use another --data-dir", err=True)
         return 1
-    except (ListenError, WorkerStartError) as exc:
+    except ListenError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 1
+    except WorkerStartError as exc:
+        if exc.returncode in (1, 2):  # the worker printed its own error line: one is enough
+            log.error("%s; the other workers were stopped", exc)
+            return exc.returncode
         click.echo(f"error: {exc}", err=True)
         return 1
     stop = asyncio.Event()

@@ -91,7 +91,7 @@ class WorkerStartError(Exception):
 
     def __init__(self, index: int, returncode: int | None) -> None:
         super().__init__(f"worker {index} exited with {describe_exit(returncode)} before it "
-                         f"was ready (its error is above)")
+                         f"was ready")
         self.index = index
         self.returncode = returncode
 
@@ -399,4 +399,6 @@ class Supervisor:
         if self.namesrv is not None:
             await self.namesrv.stop()
         self.lock.release()
-        log.info("%d workers and the name server stopped", len(self.workers))
+        started = sum(w.proc is not None for w in self.workers)
+        if started:
+            log.info("%d workers and the name server stopped", started)

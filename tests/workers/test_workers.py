@@ -13,6 +13,9 @@ import asyncio
 import os
 import re
 import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,7 @@ from support.cli_runner import cli_ok, run_cli
 from support.consuming import collect
 from support.waiting import eventually
 
+from txbroker.bench.chaos.process import free_port
 from txbroker.client import (
     Consumer,
     LocalTransactionState,
@@ -30,6 +34,7 @@ from txbroker.client import (
 )
 from txbroker.client.admin import AdminClient
 from txbroker.client.instance import ClientInstance
+from txbroker.workers import PORT_STEP
 
 pytestmark = pytest.mark.slow
 
@@ -244,3 +249,40 @@ async def test_kafka_clients_see_one_node_per_worker(broker_process) -> None:
         assert sorted(got) == sorted(f"k{i}" for i in range(8))
     finally:
         await consumer.stop()
+
+
+def _held_port_pair() -> tuple[socket.socket, int]:
+    """A listening socket on some port P + 10 while P and P + 1 are free (bounded tries)."""
+    for _ in range(50):
+        base = free_port()
+        held = socket.socket()
+        try:
+            held.bind(("127.0.0.1", base + PORT_STEP))
+            held.listen()
+        except OSError:
+            held.close()
+            continue
+        return held, base
+    raise AssertionError("no free port pair found in 50 tries")
+
+
+async def test_a_worker_that_cannot_start_fails_the_start_with_one_error_line(tmp_path) -> None:
+    held, base = _held_port_pair()  # worker 1's broker port is taken
+    try:
+        argv = [sys.executable, "-P", "-m", "txbroker", "serve", "--workers", "2",
+                "--broker-port", str(base), "--namesrv-port", "0",
+                "--data-dir", str(tmp_path / "d"), "--segment-size", "1MiB",
+                "--max-message-size", "256KiB"]
+        done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, timeout=60,
+                                       env={k: v for k, v in os.environ.items()
+                                            if not k.startswith("TXBROKER_")})
+    finally:
+        held.close()
+    err = done.stderr.decode(errors="replace")
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert done.returncode == 1, err
+    want = f"error: cannot listen on 127.0.0.1:{base + PORT_STEP} (broker port): address already in use"
+    assert errors == [want], err
+    assert "Traceback" not in err and done.stdout == b""
+    assert "worker 1 exited with code 1 before it was ready; the other workers were stopped" in err
+    assert "2 workers and the name server stopped" in err  # worker 0 was stopped, not orphaned
