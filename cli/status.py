@@ -29,6 +29,7 @@ from txbroker.workers import split_worker_name
 #: Metrics worth a glance; the full table is in --json.
 KEY_METRICS = ("commitLogMaxOffset", "pendingHalfMessages", "connections", "heldPulls",
                "flushMode", "brokerVersionDesc")
+WORKER_METRICS = KEY_METRICS[:4]
 
 
 @click.command()
@@ -120,11 +121,10 @@ def print_workers(console: Console, base: str, members: list[tuple[str, dict]],
             state = down_text(d, time.time())
         elif "error" in d:
             state = d["error"]
-        else:
+        else:  # flush mode and version are the heading's: the same for every worker
             metrics = d.get("metrics") or {}
-            state = (f"{d.get('role')}, uptime={(d.get('broker') or {}).get('uptimeSeconds', '')}s, "
-                     f"pending half messages: {d.get('pendingHalfMessages', 0)}  " +
-                     "  ".join(f"{k}={metrics[k]}" for k in KEY_METRICS if k in metrics))
+            state = (f"{d.get('role')}, uptime={(d.get('broker') or {}).get('uptimeSeconds', '')}s  " +
+                     "  ".join(f"{k}={metrics[k]}" for k in WORKER_METRICS if k in metrics))
         console.print(f"  worker {w} {d.get('label')}: {state}", highlight=False)
     console.print(topics_table(up, system))
     console.print(groups_table(up, system))
@@ -218,5 +218,9 @@ def totals_line(docs: dict[str, dict], system: bool) -> str:
                    if system or not is_system_topic(topic) for q in t.get("queues") or [])
     up = sum("error" not in d and d.get("role") != "down" for d in docs.values())
     groups = len({d.get("brokerName") for d in docs.values()})
+    workers = [split_worker_name(d.get("brokerName", "")) for d in docs.values()]
+    if all(workers) and len({w[0] for w in workers if w}) == 1:  # one broker's workers only
+        return (f"total: {up} of {len(docs)} workers up  pending half messages: {pending}  "
+                f"messages: {messages}")
     return (f"total: {up} of {len(docs)} broker(s) reachable in {groups} group(s)  "
             f"pending half messages: {pending}  messages: {messages}")

@@ -215,6 +215,8 @@ async def test_status_and_txn_list_show_the_workers_as_one_broker(broker_process
             assert re.search(rf"worker w{i} broker-a-w{i}@\S+: master", out), out
         rows = re.findall(rf"^│ {TOPIC}\s+│ (w\d)\s+│", out, re.MULTILINE)
         assert rows == ["w0", "w1"], out  # one topics table, a row per worker
+        assert re.search(rf"^total: 2 of 2 workers up  pending half messages: {total}\b", out,
+                         re.MULTILINE), out
 
 
 async def test_kafka_clients_see_one_node_per_worker(broker_process) -> None:
