@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from support.cli_runner import cli_ok, run_cli
+from support.cluster import InProcessCluster, cluster_info
 from support.waiting import eventually
 
 from txbroker.bench.chaos.process import free_port
@@ -33,6 +34,7 @@ from txbroker.client import (
 )
 from txbroker.client.admin import AdminClient
 from txbroker.client.instance import ClientInstance
+from txbroker.config import BrokerConfig
 from txbroker.workers import PORT_STEP
 
 pytestmark = pytest.mark.slow
@@ -299,3 +301,14 @@ async def test_a_worker_that_cannot_start_fails_the_start_with_one_error_line(tm
     assert "Traceback" not in err and done.stdout == b""
     assert "worker 1 exited with code 1 before it was ready; the other workers were stopped" in err
     assert "2 workers and the name server stopped" in err  # worker 0 was stopped, not orphaned
+
+
+async def test_workers_join_the_name_servers_they_are_given(broker_process, tmp_path) -> None:
+    async with InProcessCluster(BrokerConfig(), tmp_path) as cluster:
+        ns = await cluster.namesrv()
+        proc = await asyncio.to_thread(broker_process, workers=2, namesrv_addr=ns.addr)
+        assert proc.namesrv_addr == ns.addr  # no name server of its own
+        info = await cluster_info(ns.addr)
+        assert set(info.broker_addr_table) == WORKERS
+        assert {info.broker_addr_table[w].master_addr() for w in WORKERS} == set(proc.worker_addrs)
+        await asyncio.to_thread(proc.stop)
