@@ -87,11 +87,12 @@ class WorkerStateError(RuntimeError):
 
 
 class WorkerStartError(Exception):
-    """A worker exited before its first ready line; its own error line is on stderr."""
+    """A worker exited before its first ready line (its own error line is then on stderr), or
+    its process could not be created (``reason``; ``returncode`` None)."""
 
-    def __init__(self, index: int, returncode: int | None) -> None:
-        super().__init__(f"worker {index} exited with {describe_exit(returncode)} before it "
-                         f"was ready")
+    def __init__(self, index: int, returncode: int | None, reason: str = "") -> None:
+        super().__init__(f"worker {index}: {reason}" if reason else
+                         f"worker {index} exited with {describe_exit(returncode)} before it was ready")
         self.index = index
         self.returncode = returncode
 
@@ -307,11 +308,16 @@ class Supervisor:
     async def _spawn(self, w: Worker) -> bool:
         """Start ``w``'s process and wait for its ready line: True once serving, False when
         it exited first."""
-        w.proc = await asyncio.create_subprocess_exec(
-            self.python, "-P", "-m", "txbroker", "serve", "--log-level", self.log_level,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            env=worker_environ(w.config, dict(os.environ)), start_new_session=True,
-            preexec_fn=self._preexec)
+        try:
+            w.proc = await asyncio.create_subprocess_exec(
+                self.python, "-P", "-m", "txbroker", "serve", "--log-level", self.log_level,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                env=worker_environ(w.config, dict(os.environ)), start_new_session=True,
+                preexec_fn=self._preexec)
+        except OSError as exc:  # no process at all: nothing of the worker's own on stderr
+            w.proc = None
+            raise WorkerStartError(w.index, None, f"cannot run {self.python}: "
+                                                  f"{exc.strerror or exc}") from None
         if self._stopping.is_set():  # stop() came while this one was being spawned
             w.proc.terminate()
             await w.proc.wait()
@@ -339,20 +345,26 @@ class Supervisor:
         log.info("worker %d (%s) serving at %s, pid %d, data dir %s", w.index, w.name, w.addr,
                  w.pid, w.config.data_dir)
 
+    @staticmethod
+    async def _exit_of(w: Worker) -> str:
+        """Wait until ``w``'s process has ended; how it ended, for the log."""
+        if w.proc is None or w.proc.stdout is None:
+            return "could not be started"
+        await w.proc.stdout.read()  # drained to the end: the worker writes only its ready line
+        code = await w.proc.wait()
+        return f"pid {w.proc.pid} exited with {describe_exit(code)}"
+
     async def _watch(self, w: Worker) -> None:
         """Restart ``w`` whenever it exits unasked, until the supervisor stops."""
         backoff = BACKOFF_FIRST
         while True:
-            assert w.proc is not None and w.proc.stdout is not None
-            await w.proc.stdout.read()  # drained to the end: the worker writes only its ready line
-            code = await w.proc.wait()
+            ended = await self._exit_of(w)
             if self._stopping.is_set():
                 return
             if w.state is WorkerState.SERVING and time.monotonic() - w.ready_at >= STABLE_AFTER:
                 backoff = BACKOFF_FIRST
             w.to(WorkerState.BACKOFF)
-            log.warning("worker %d (%s, pid %d) exited with %s; restarting it in %g s", w.index,
-                        w.name, w.pid, describe_exit(code), backoff)
+            log.warning("worker %d (%s): %s; restarting it in %g s", w.index, w.name, ended, backoff)
             try:
                 await asyncio.wait_for(self._stopping.wait(), backoff)
                 return  # stopped during the back-off
@@ -361,7 +373,12 @@ class Supervisor:
             backoff = min(backoff * 2, BACKOFF_MAX)
             w.to(WorkerState.STARTING)
             w.restarts += 1
-            if await self._spawn(w) and not self._stopping.is_set():
+            try:
+                ready = await self._spawn(w)
+            except WorkerStartError as exc:
+                log.error("%s", exc)
+                continue
+            if ready and not self._stopping.is_set():
                 w.to(WorkerState.SERVING)
                 log.warning("worker %d (%s) restarted: serving at %s again, pid %d (restart %d)",
                             w.index, w.name, w.addr, w.pid, w.restarts)

@@ -1,6 +1,6 @@
 """``txbroker serve --workers N`` without starting a worker: the worker state table, each
-worker's derived settings, and the settings refused before anything binds (one ``error:``
-line, exit 2, through the real CLI)."""
+worker's derived settings, the settings refused before anything binds (one ``error:`` line,
+exit 2, through the real CLI), and a worker process that cannot be created."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ from click.testing import CliRunner
 
 from txbroker.cli.main import main
 from txbroker.config import BrokerConfig, ConfigError, load_config
+from txbroker.store.lock import DataDirLock
 from txbroker.workers import (
     PORT_STEP,
     TRANSITIONS,
+    Supervisor,
     Worker,
+    WorkerStartError,
     WorkerState,
     WorkerStateError,
     plan,
@@ -95,3 +98,16 @@ def test_workers_setting_from_the_environment(tmp_path) -> None:
     result = _serve("--print-config", env={"TXBROKER_WORKERS": "auto"})
     assert result.exit_code == 0, result.output
     assert f"workers = {os.cpu_count() or 1}\n" in result.stdout
+
+
+async def test_a_worker_process_that_cannot_be_created_is_one_error_line(tmp_path) -> None:
+    """The supervisor's own failure (no interpreter to run) names the worker and the program,
+    and leaves nothing running: its name server is stopped and the data dir unlocked."""
+    config = BrokerConfig(data_dir=str(tmp_path / "d"), workers=2, broker_port=0, namesrv_port=0)
+    supervisor = Supervisor(config, python=str(tmp_path / "no-such-python"))
+    with pytest.raises(WorkerStartError, match=r"^worker \d: cannot run .*no-such-python: "
+                                               r"No such file or directory$"):
+        await supervisor.start()
+    lock = DataDirLock(tmp_path / "d")
+    lock.acquire()  # released by the failed start
+    lock.release()
