@@ -109,6 +109,15 @@ def describe_exit(code: int | None) -> str:
     return f"code {code}"
 
 
+def next_backoff(previous: float | None, served: float) -> float:
+    """The wait before restarting a worker that exited: :data:`BACKOFF_FIRST` after its first
+    exit or after it served :data:`STABLE_AFTER` seconds, else double the ``previous`` wait,
+    at most :data:`BACKOFF_MAX` (a worker that cannot stay up is not restarted in a loop)."""
+    if previous is None or served >= STABLE_AFTER:
+        return BACKOFF_FIRST
+    return min(previous * 2, BACKOFF_MAX)
+
+
 def worker_name(broker_name: str, index: int) -> str:
     return f"{broker_name}-w{index}"
 
@@ -304,6 +313,7 @@ class Supervisor:
             raise
         for w in self.workers:
             self._watches.append(asyncio.create_task(self._watch(w), name=f"txbroker-worker-{w.index}"))
+        log.info("%d workers serving behind name server %s", len(self.workers), self.namesrv_addr)
 
     async def _spawn(self, w: Worker) -> bool:
         """Start ``w``'s process and wait for its ready line: True once serving, False when
@@ -356,13 +366,13 @@ class Supervisor:
 
     async def _watch(self, w: Worker) -> None:
         """Restart ``w`` whenever it exits unasked, until the supervisor stops."""
-        backoff = BACKOFF_FIRST
+        backoff: float | None = None
         while True:
             ended = await self._exit_of(w)
             if self._stopping.is_set():
                 return
-            if w.state is WorkerState.SERVING and time.monotonic() - w.ready_at >= STABLE_AFTER:
-                backoff = BACKOFF_FIRST
+            served = time.monotonic() - w.ready_at if w.state is WorkerState.SERVING else 0.0
+            backoff = next_backoff(backoff, served)
             w.to(WorkerState.BACKOFF)
             log.warning("worker %d (%s): %s; restarting it in %g s", w.index, w.name, ended, backoff)
             try:
@@ -370,7 +380,6 @@ class Supervisor:
                 return  # stopped during the back-off
             except TimeoutError:
                 pass
-            backoff = min(backoff * 2, BACKOFF_MAX)
             w.to(WorkerState.STARTING)
             w.restarts += 1
             try:

@@ -13,13 +13,17 @@ from txbroker.cli.main import main
 from txbroker.config import BrokerConfig, ConfigError, load_config
 from txbroker.store.lock import DataDirLock
 from txbroker.workers import (
+    BACKOFF_FIRST,
+    BACKOFF_MAX,
     PORT_STEP,
+    STABLE_AFTER,
     TRANSITIONS,
     Supervisor,
     Worker,
     WorkerStartError,
     WorkerState,
     WorkerStateError,
+    next_backoff,
     plan,
     split_worker_name,
     worker_environ,
@@ -111,3 +115,12 @@ async def test_a_worker_process_that_cannot_be_created_is_one_error_line(tmp_pat
     lock = DataDirLock(tmp_path / "d")
     lock.acquire()  # released by the failed start
     lock.release()
+
+
+def test_restart_backoff_doubles_up_to_its_cap_and_starts_afresh_after_a_stable_run() -> None:
+    waits = [next_backoff(None, 0.0)]
+    for _ in range(10):
+        waits.append(next_backoff(waits[-1], 1.0))
+    assert waits[:4] == [BACKOFF_FIRST, 2 * BACKOFF_FIRST, 4 * BACKOFF_FIRST, 8 * BACKOFF_FIRST]
+    assert waits[-1] == BACKOFF_MAX and max(waits) == BACKOFF_MAX
+    assert next_backoff(BACKOFF_MAX, STABLE_AFTER) == BACKOFF_FIRST
