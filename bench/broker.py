@@ -37,6 +37,14 @@ is close to 1 / (broker + client CPU per message), since neither side saturates 
 CPU columns are the ones to move.  The broker's CPU is counted in 10 ms clock ticks, so a
 delivery row needs a backlog that takes well over that to drain.
 
+``--workers 1,2`` runs every send row against ``txbroker serve --workers N`` as well
+(docs/workers.md): the topic is created on every worker, the row starts once the name server
+routes it to all of them, raw producers are spread over the workers' addresses (producer ``i``
+on worker ``i mod N``; ``shared``: one connection per worker) with one raw consumer per worker,
+SDK clients spread through the routes, and the broker CPU is that of the supervisor and every
+worker process together.  The load generator shares the machine's cores with the workers, so
+compare rows of one run.  A delivery row runs on one broker only.
+
 ``--repeat N`` runs every row N times, interleaved (fresh broker each time), and prints the
 median of each figure.  ``--profile DIR`` samples the broker of every run's measured window
 with py-spy (``pip install -e '.[bench]'``) into ``DIR/<row>-<pass>.txt`` (collapsed stacks:
@@ -45,7 +53,7 @@ figures of a profiled run are for finding the cost, not for quoting.
 
 Usage: ``python -m txbroker.bench.broker [--seconds 3] [--kind tx,plain,delivery]
 [--producers 1,64] [--flush async,sync] [--client raw,sdk] [--connections each,shared]
-[--backlog 1000000] [--pull-batch 32] [--repeat 3] [--profile DIR]``
+[--backlog 1000000] [--pull-batch 32] [--workers 1,2] [--repeat 3] [--profile DIR]``
 """
 
 from __future__ import annotations
@@ -78,6 +86,7 @@ from txbroker.client import (
     TransactionListener,
     TransactionProducer,
 )
+from txbroker.remoting.bodies import TopicRouteData
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
@@ -87,7 +96,7 @@ TOPIC = "BenchTx"
 GROUP = "PG_BENCH"
 CONSUMER_GROUP = "CG_BENCH"
 QUEUES = 4
-READY = re.compile(rb"txbroker ready broker=(\S+) namesrv=(\S+)")
+READY = re.compile(rb"txbroker ready broker=(\S+) namesrv=(\S+)(?: kafka=\S+)?(?: workers=(\S+))?")
 REPO = Path(__file__).resolve().parent.parent
 _SIZE_MAGIC = struct.Struct(">iI")
 _BODY = b"x" * 200
@@ -114,15 +123,34 @@ def proc_cpu_seconds(pid: int) -> float:
     return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class BrokerProc:
-    """A ``txbroker serve`` subprocess with its own name server (the SDK finds routes there)."""
+def children_of(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (a ``serve --workers`` supervisor's workers)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # exited meanwhile
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+            out.append(int(entry.name))
+    return out
 
-    def __init__(self, flush: str, data_dir: str) -> None:
+
+class BrokerProc:
+    """A ``txbroker serve`` subprocess with its own name server (the SDK finds routes there);
+    with ``workers`` > 1 a ``serve --workers N`` supervisor, ``addrs`` every worker's address."""
+
+    def __init__(self, flush: str, data_dir: str, workers: int = 1) -> None:
         self.flush = flush
         self.data_dir = data_dir
+        self.workers = workers
         self.proc: subprocess.Popen | None = None
         self.addr = ""
+        self.addrs: list[str] = []
         self.namesrv = ""
+        self.worker_pids: list[int] = []
 
     def __enter__(self) -> Self:
         cmd = [sys.executable, "-P", "-m", "txbroker", "serve",
@@ -130,6 +158,8 @@ class BrokerProc:
                "--flush-mode", self.flush, "--default-queue-nums", str(QUEUES),
                "--segment-size", str(256 * 1024 * 1024), "--log-level", "WARNING",
                "--transaction-check-interval", "60", "--transaction-timeout", "60"]
+        if self.workers > 1:
+            cmd += ["--workers", str(self.workers)]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         line = b""
@@ -139,6 +169,8 @@ class BrokerProc:
             if m:
                 self.addr = m.group(1).decode()
                 self.namesrv = m.group(2).decode()
+                self.addrs = m.group(3).decode().split(";") if m.group(3) else [self.addr]
+                self.worker_pids = children_of(self.proc.pid) if self.workers > 1 else []
                 return self
             if not line and self.proc.poll() is not None:
                 break
@@ -146,7 +178,8 @@ class BrokerProc:
         raise RuntimeError(f"broker did not start: {line!r}")
 
     def cpu(self) -> float:
-        return proc_cpu_seconds(self.proc.pid)
+        """CPU seconds of the broker: with workers, the supervisor's and every worker's."""
+        return sum(proc_cpu_seconds(pid) for pid in [self.proc.pid, *self.worker_pids])
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -358,13 +391,17 @@ class RawLoad:
     def __init__(self, broker: BrokerProc, producers: int, shared: bool, tally: Tally,
                  tx: bool, body: bytes = _BODY) -> None:
         self.tally, self.tx, self.body = tally, tx, body
-        self.clients = [RemotingClient(broker.addr) for _ in range(1 if shared else producers)]
-        self.consumer = RawConsumer(broker.addr, tally, 512)
+        addrs = broker.addrs or [broker.addr]
+        # producer i on worker i mod N (its half and its END on one connection)
+        self.clients = [RemotingClient(addrs[i % len(addrs)])
+                        for i in range(len(addrs) if shared else producers)]
+        self.consumers = [RawConsumer(addr, tally, 512) for addr in addrs]
 
     async def start(self) -> None:
         for client in self.clients:
             await client.connect()
-        await self.consumer.start()
+        for consumer in self.consumers:
+            await consumer.start()
 
     async def produce(self, idx: int, stop_at: float) -> None:
         client = self.clients[idx % len(self.clients)]
@@ -390,7 +427,8 @@ class RawLoad:
 
     async def close(self) -> None:
         try:
-            await self.consumer.close()
+            for consumer in self.consumers:
+                await consumer.close()
         finally:
             for client in self.clients:
                 await client.close()
@@ -476,6 +514,30 @@ async def _create_topic(addr: str) -> None:
         await admin.close()
 
 
+async def _create_routed_topic(broker: BrokerProc) -> None:
+    """The topic on every worker, then wait (bounded) until the name server routes it to all
+    of them, so that SDK clients spread over every worker from their first route."""
+    for addr in broker.addrs or [broker.addr]:
+        await _create_topic(addr)
+    if len(broker.addrs) <= 1:
+        return
+    client = RemotingClient(broker.namesrv)
+    await client.connect()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            resp = await client.invoke(RemotingCommand.request(
+                RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": TOPIC}), 10)
+            if resp.code == ResponseCode.SUCCESS and \
+                    len(TopicRouteData.decode(resp.body).broker_datas) == len(broker.addrs):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{TOPIC} not routed to all {len(broker.addrs)} workers in 30 s")
+            await asyncio.sleep(0.1)
+    finally:
+        await client.close()
+
+
 def _result(tally: Tally, elapsed: float, broker_s: float, client_s: float,
             echo: tuple[float, float]) -> Result:
     """The figures of one run: rates over ``elapsed``, CPU seconds spread over what was seen."""
@@ -498,7 +560,7 @@ async def run_row(broker: BrokerProc, kind: str, client: str, producers: int, sh
     256 B, as it does to RabbitMQ and NATS).  Connections, instances and the consumer are set up
     before the measured window opens and closed after it ends."""
     loop = asyncio.get_running_loop()
-    await _create_topic(broker.addr)
+    await _create_routed_topic(broker)
     tally = Tally(max_tx)
     load = (RawLoad if client == "raw" else SdkLoad)(broker, producers, shared, tally, kind == "tx",
                                                      body)
@@ -608,10 +670,12 @@ class Row:
     client: str
     producers: int
     sharing: str
+    workers: int = 1
 
     @property
     def label(self) -> str:
-        return f"{self.flush}-{self.kind}-{self.client}-{self.producers}-{self.sharing}"
+        label = f"{self.flush}-{self.kind}-{self.client}-{self.producers}-{self.sharing}"
+        return label + (f"-w{self.workers}" if self.workers > 1 else "")
 
 
 def rows_of(args: argparse.Namespace) -> list[Row]:
@@ -619,19 +683,21 @@ def rows_of(args: argparse.Namespace) -> list[Row]:
     is one row per flush mode and client."""
     rows = []
     sharings = args.connections.split(",")
+    workers = [int(w) for w in args.workers.split(",")]
     for kind in args.kind.split(","):
         if kind not in KINDS:
             raise SystemExit(f"error: --kind {kind!r}: not one of {', '.join(KINDS)}")
         for flush in args.flush.split(","):
             for client in args.client.split(","):
-                if kind == "delivery":
+                if kind == "delivery":  # one broker's drain
                     rows.append(Row(flush, kind, client, 1, "-"))
                     continue
                 for producers in (int(p) for p in args.producers.split(",")):
                     for sharing in sharings:
                         if producers == 1 and sharing != sharings[0]:
                             continue  # one producer: each and shared are the same
-                        rows.append(Row(flush, kind, client, producers, sharing))
+                        for n in workers:  # side by side: compared within one pass
+                            rows.append(Row(flush, kind, client, producers, sharing, n))
     return rows
 
 
@@ -640,7 +706,7 @@ def median_result(results: list[Result]) -> Result:
                      for f in fields(Result)})
 
 
-HEADER = (f"{'flush':<6} {'kind':<8} {'client':<6} {'producers':>9} {'sharing':<7} "
+HEADER = (f"{'flush':<6} {'kind':<8} {'client':<6} {'producers':>9} {'sharing':<7} {'workers':>7} "
           f"{'messages':>10} {'msgs/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'broker µs/msg':>13} "
           f"{'client µs/msg':>13} {'× echo rate':>11} {'× echo CPU':>10}")
 
@@ -650,6 +716,7 @@ def format_row(row: Row, r: Result) -> str:
     p50, p99 = ((f"{r.p50_ms:>7.2f}", f"{r.p99_ms:>7.2f}") if row.kind != "delivery"
                 else (f"{'-':>7}", f"{'-':>7}"))
     return (f"{row.flush:<6} {row.kind:<8} {row.client:<6} {row.producers:>9} {row.sharing:<7} "
+            f"{row.workers:>7} "
             f"{r.seen:>10,.0f} {r.tps:>8,.0f} {p50} {p99} {r.broker_us:>13.1f} "
             f"{r.client_us:>13.1f} {r.echo_rate:>11.3f} {r.echo_cpu:>10.1f}")
 
@@ -674,6 +741,9 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"messages ({DELIVERY_BODY} B) preloaded for a delivery row")
     ap.add_argument("--pull-batch", type=int, default=32,
                     help="messages per pull in a delivery row (32: the SDK's default)")
+    ap.add_argument("--workers", default="1",
+                    help="broker processes (txbroker serve --workers N), comma-separated for "
+                         "side-by-side rows: 1,2")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved passes; medians printed")
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="sample the broker of every run with py-spy into DIR")
@@ -695,7 +765,7 @@ def main(argv: list[str] | None = None) -> None:
                   "per round trip", file=sys.stderr)
             for row in rows:
                 with tempfile.TemporaryDirectory(prefix="txbroker-bench-") as d, \
-                        BrokerProc(row.flush, d) as broker:
+                        BrokerProc(row.flush, d, row.workers) as broker:
                     window = ProfileWindow(broker.proc.pid, None if args.profile is None
                                            else args.profile / f"{row.label}-{rep + 1}.txt")
                     if row.kind == "delivery":

@@ -13,6 +13,9 @@ or touching anything.  Once every port listens, exactly one line
 listener is on) goes to stdout (tests and scripts wait for it; with ``--namesrv-addr`` the broker registers with those name servers instead of
 embedding one, and ``namesrv=`` shows that list); logs go to stderr.  A port clash or a data directory held by another broker is one
 ``error:`` line naming the address or the directory (and the holder's pid), exit 1.
+With ``--workers N`` (N > 1) this process supervises N broker processes behind the embedded
+name server instead (txbroker/workers.py, docs/workers.md); its ready line adds
+`` workers=ADDR;ADDR...``.
 """
 
 from __future__ import annotations
@@ -97,6 +100,9 @@ _OPTIONS: dict[str, _Opt] = {
     "max_reconsume_times": _Opt("COUNT", "redeliveries before a message goes to the group's "
                                          "dead-letter topic"),
     "shutdown_grace": _Opt("SECONDS", "at stop, how long in-flight requests may finish"),
+    "workers": _Opt("COUNT", "broker processes on this machine, one broker group each behind the "
+                             "name server, worker i on every port + 10*i and in DATA_DIR/worker-i "
+                             "('auto' = one per CPU; docs/workers.md)"),
     "namesrv_addr": _Opt("ADDRS", "name servers to register with, 'h1:9876;h2:9876'; empty = the "
                                   "embedded name server (one process is the whole installation)",
                           "empty: embedded name server"),
@@ -267,7 +273,7 @@ def serve(config_file: str | None, log_level: str, print_config: bool, **options
     except ImportError:
         runner = asyncio.Runner()
     with runner:
-        code = runner.run(_run(config))
+        code = runner.run(_run(config) if config.workers == 1 else _run_workers(config, log_level))
     sys.exit(code)
 
 
@@ -310,4 +316,43 @@ async def _run(config: BrokerConfig) -> int:
     await stop.wait()
     log.info("shutting down (grace %.1fs)", config.shutdown_grace)
     await broker.stop()
+    return 0
+
+
+async def _run_workers(config: BrokerConfig, log_level: str) -> int:
+    """``--workers N`` (N > 1): the name server and N broker processes (txbroker/workers.py),
+    one ready line for them all (`` workers=ADDR;ADDR`` added), stopped together."""
+    from txbroker.broker import ListenError
+    from txbroker.store.lock import DataDirInUseError
+    from txbroker.workers import Supervisor, WorkerStartError
+
+    try:
+        supervisor = Supervisor(config, log_level=log_level.upper())
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    try:
+        await supervisor.start()
+    except DataDirInUseError as exc:
+        click.echo(f"error: {exc}; stop it or use another --data-dir", err=True)
+        return 1
+    except ListenError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 1
+    except WorkerStartError as exc:
+        if exc.returncode in (1, 2):  # the worker printed its own error line: one is enough
+            log.error("%s; the other workers were stopped", exc)
+            return exc.returncode
+        click.echo(f"error: {exc}", err=True)
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    click.echo(supervisor.ready_line())
+    sys.stdout.flush()
+    await stop.wait()
+    log.info("shutting down %d workers (grace %.1fs)", len(supervisor.workers),
+             config.shutdown_grace)
+    await supervisor.stop()
     return 0

@@ -24,10 +24,12 @@ from txbroker.cli.common import (
     run,
 )
 from txbroker.client.admin import AdminClient
+from txbroker.workers import split_worker_name
 
 #: Metrics worth a glance; the full table is in --json.
 KEY_METRICS = ("commitLogMaxOffset", "pendingHalfMessages", "connections", "heldPulls",
                "flushMode", "brokerVersionDesc")
+WORKER_METRICS = KEY_METRICS[:4]
 
 
 @click.command()
@@ -49,9 +51,16 @@ def status(as_json: bool, system: bool, namesrv: str, credentials: dict[str, str
         return
     console = Console(width=160)
     shown_groups: set[str] = set()
+    sets = worker_sets(docs)
     # Sorted by group (stably: members keep their order), so a down member follows its group.
     for doc in sorted(docs.values(), key=lambda d: d.get("brokerName", "")):
         group = doc.get("brokerName", "")
+        worker = split_worker_name(group)
+        if worker is not None:  # one machine's workers: shown once, as one broker
+            if worker[0] not in shown_groups:
+                shown_groups.add(worker[0])
+                print_workers(console, worker[0], sets[worker[0]], system)
+            continue
         if group not in shown_groups:
             shown_groups.add(group)
             line = group_line(group, docs.values())
@@ -73,28 +82,8 @@ def status(as_json: bool, system: bool, namesrv: str, credentials: dict[str, str
         trouble = (doc.get("replication") or {}).get("replicationError")
         if trouble:
             console.print(f"[bold red]replication stopped:[/bold red] {trouble}", highlight=False)
-        topics = Table(title="topics")
-        for col in ("topic", "queues", "messages", "queue offsets (min..max)"):
-            topics.add_column(col, overflow="fold")
-        for topic, t in sorted((doc.get("topics") or {}).items()):
-            if not system and is_system_topic(topic):
-                continue
-            queues = t.get("queues") or []
-            total = sum(int(q.get("maxOffset", 0)) - int(q.get("minOffset", 0)) for q in queues)
-            offsets = " ".join(f"{q.get('queueId')}:{q.get('minOffset')}..{q.get('maxOffset')}"
-                               for q in queues)
-            topics.add_row(topic, str(t.get("readQueueNums", len(queues))), str(total), offsets)
-        console.print(topics)
-        groups = Table(title="consumer groups")
-        for col in ("group", "members", "committed offsets"):
-            groups.add_column(col, overflow="fold")
-        for group, g in sorted((doc.get("consumerGroups") or {}).items()):
-            offsets = "; ".join(
-                f"{topic} " + " ".join(f"{q}:{o}" for q, o in sorted(qs.items()))
-                for topic, qs in sorted((g.get("offsets") or {}).items())
-                if system or not is_system_topic(topic))
-            groups.add_row(group, str(len(g.get("consumers") or [])), offsets)
-        console.print(groups)
+        console.print(topics_table([("", doc)], system))
+        console.print(groups_table([("", doc)], system))
         producers = doc.get("producerGroups") or {}
         if producers:
             console.print("producer groups: " + ", ".join(f"{g} ({n})" for g, n in sorted(producers.items())))
@@ -103,6 +92,89 @@ def status(as_json: bool, system: bool, namesrv: str, credentials: dict[str, str
 
     if len(docs) > 1:
         console.print(totals_line(docs, system))
+
+
+def worker_sets(docs: dict[str, dict]) -> dict[str, list[tuple[str, dict]]]:
+    """The workers of each ``txbroker serve --workers N`` (broker names ``<name>-w<i>``,
+    txbroker/workers.py): base name -> [(``w<i>``, document)] in worker order."""
+    sets: dict[str, list[tuple[int, dict]]] = {}
+    for doc in docs.values():
+        worker = split_worker_name(doc.get("brokerName", ""))
+        if worker is not None:
+            sets.setdefault(worker[0], []).append((worker[1], doc))
+    return {base: [(f"w{i}", d) for i, d in sorted(members, key=lambda m: m[0])]
+            for base, members in sets.items()}
+
+
+def print_workers(console: Console, base: str, members: list[tuple[str, dict]],
+                  system: bool) -> None:
+    """One broker run as workers: a heading with the summed pending halves, a line per
+    worker, then the topics and groups of all workers in one table each (a worker column)."""
+    up = [(w, d) for w, d in members if "error" not in d and d.get("role") != "down"]
+    pending = sum(int(d.get("pendingHalfMessages", 0) or 0) for _, d in up)
+    info = next(((d.get("broker") or {}) for _, d in up), {})
+    console.print(f"[bold]broker {base}[/bold]  {len(up)} of {len(members)} workers up  "
+                  f"cluster={info.get('cluster', '')} flush={info.get('flushMode', '')}  "
+                  f"pending half messages: [bold]{pending}[/bold]", highlight=False)
+    for w, d in members:
+        if d.get("role") == "down":
+            state = down_text(d, time.time())
+        elif "error" in d:
+            state = d["error"]
+        else:  # flush mode and version are the heading's: the same for every worker
+            metrics = d.get("metrics") or {}
+            state = (f"{d.get('role')}, uptime={(d.get('broker') or {}).get('uptimeSeconds', '')}s  " +
+                     "  ".join(f"{k}={metrics[k]}" for k in WORKER_METRICS if k in metrics))
+        console.print(f"  worker {w} {d.get('label')}: {state}", highlight=False)
+    console.print(topics_table(up, system))
+    console.print(groups_table(up, system))
+    producers: dict[str, int] = {}
+    for _, d in up:
+        for g, n in (d.get("producerGroups") or {}).items():
+            producers[g] = max(producers.get(g, 0), int(n))
+    if producers:
+        console.print("producer groups: " + ", ".join(f"{g} ({n})" for g, n in sorted(producers.items())))
+
+
+def topics_table(rows: list[tuple[str, dict]], system: bool) -> Table:
+    """Topics with queue offsets; with ``rows`` from workers, a worker column."""
+    workers = any(w for w, _ in rows)
+    table = Table(title="topics")
+    for col in ("topic",) + (("worker",) if workers else ()) + (
+            "queues", "messages", "queue offsets (min..max)"):
+        table.add_column(col, overflow="fold")
+    cells = []
+    for w, doc in rows:
+        for topic, t in (doc.get("topics") or {}).items():
+            if not system and is_system_topic(topic):
+                continue
+            queues = t.get("queues") or []
+            total = sum(int(q.get("maxOffset", 0)) - int(q.get("minOffset", 0)) for q in queues)
+            offsets = " ".join(f"{q.get('queueId')}:{q.get('minOffset')}..{q.get('maxOffset')}"
+                               for q in queues)
+            cells.append((topic, w, str(t.get("readQueueNums", len(queues))), str(total), offsets))
+    for topic, w, *rest in sorted(cells, key=lambda c: (c[0], c[1])):
+        table.add_row(topic, *((w,) if workers else ()), *rest)
+    return table
+
+
+def groups_table(rows: list[tuple[str, dict]], system: bool) -> Table:
+    """Consumer groups with committed offsets; with ``rows`` from workers, a worker column."""
+    workers = any(w for w, _ in rows)
+    table = Table(title="consumer groups")
+    for col in ("group",) + (("worker",) if workers else ()) + ("members", "committed offsets"):
+        table.add_column(col, overflow="fold")
+    cells = []
+    for w, doc in rows:
+        for group, g in (doc.get("consumerGroups") or {}).items():
+            offsets = "; ".join(
+                f"{topic} " + " ".join(f"{q}:{o}" for q, o in sorted(qs.items()))
+                for topic, qs in sorted((g.get("offsets") or {}).items())
+                if system or not is_system_topic(topic))
+            cells.append((group, w, str(len(g.get("consumers") or [])), offsets))
+    for group, w, *rest in sorted(cells, key=lambda c: (c[0], c[1])):
+        table.add_row(group, *((w,) if workers else ()), *rest)
+    return table
 
 
 def down_text(doc: dict, now: float) -> str:
@@ -146,5 +218,9 @@ def totals_line(docs: dict[str, dict], system: bool) -> str:
                    if system or not is_system_topic(topic) for q in t.get("queues") or [])
     up = sum("error" not in d and d.get("role") != "down" for d in docs.values())
     groups = len({d.get("brokerName") for d in docs.values()})
+    workers = [split_worker_name(d.get("brokerName", "")) for d in docs.values()]
+    if all(workers) and len({w[0] for w in workers if w}) == 1:  # one broker's workers only
+        return (f"total: {up} of {len(docs)} workers up  pending half messages: {pending}  "
+                f"messages: {messages}")
     return (f"total: {up} of {len(docs)} broker(s) reachable in {groups} group(s)  "
             f"pending half messages: {pending}  messages: {messages}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import getpass
 import time
+from collections.abc import Callable
 from datetime import datetime
 
 import click
@@ -37,6 +38,7 @@ from txbroker.cli.common import (
     run,
 )
 from txbroker.client.admin import AdminClient, KafkaTransactionalIdError
+from txbroker.workers import split_worker_name
 
 
 def _pick(row: dict, *names: str, default: object = "") -> object:
@@ -84,17 +86,18 @@ def _ms_age(ms: object) -> str:
     return _age({"age_s": ms / 1000}, 0) if isinstance(ms, int) else ""
 
 
-def _kafka_table(rows: list[dict], title: str, with_group: bool) -> Table:
+def _kafka_table(rows: list[dict], title: str, with_group: bool, column: str = "broker group",
+                 cell: Callable[[object], str] = str) -> Table:
     """Kafka transactions, one row per transactional id (``with_group``: first, the broker
-    group whose coordinator holds it)."""
+    group whose coordinator holds it, in ``column``, written by ``cell``)."""
     table = Table(title=title)
-    for col in (("broker group",) if with_group else ()) + (
+    for col in ((column,) if with_group else ()) + (
             "transactional id", "producer id", "epoch", "state", "partitions", "age",
             "timeout", "hanging"):
         table.add_column(col, overflow="fold")
     for row in rows:
         parts = ", ".join(f"{t}-{p}" for t, p in row.get("partitions") or [])
-        table.add_row(*((str(row.get("broker")),) if with_group else ()),
+        table.add_row(*((cell(row.get("broker")),) if with_group else ()),
                       str(row.get("transactional_id")), str(row.get("producer_id")),
                       str(row.get("producer_epoch")), str(row.get("state")), parts,
                       _ms_age(row.get("age_ms")), _ms_age(row.get("timeout_ms")),
@@ -139,32 +142,40 @@ def list_(state: str, kafka_all: bool, hanging: bool, as_json: bool, namesrv: st
     # the group column depends on the cluster, not on the rows: a cluster whose transactions
     # all sit in one group still says which
     several = len(groups) > 1
+    # one broker run as workers (txbroker/workers.py) is one broker: its column names the worker
+    parsed = [split_worker_name(g) for g in groups]
+    as_workers = several and all(parsed) and len({p[0] for p in parsed if p}) == 1
+    column = "worker" if as_workers else "broker group"
+
+    def cell(group: object) -> str:
+        worker = split_worker_name(str(group)) if as_workers else None
+        return f"w{worker[1]}" if worker else str(group)
     console = Console(width=160)
     if hanging:
         console.print(_kafka_table(kafka_rows, f"{len(kafka_rows)} hanging Kafka transaction(s)",
-                                   several))
+                                   several, column, cell))
         return
     if kafka_rows:
         console.print(_kafka_table(kafka_rows, f"{len(kafka_rows)} Kafka transaction(s)" if
                                    kafka_all else f"{len(kafka_rows)} open Kafka transaction(s)",
-                                   several))
+                                   several, column, cell))
     now_ms = int(time.time() * 1000)
     by_group = dict.fromkeys(groups, 0)
     for row in rows:
         by_group[str(row.get("broker"))] = by_group.get(str(row.get("broker")), 0) + 1
     table = Table(title=f"{len(rows)} {state} half message(s)" if state != "all"
                   else f"{len(rows)} pending or discarded half message(s)")
-    for col in (("broker group",) if several else ()) + (
+    for col in ((column,) if several else ()) + (
             "id", "topic", "keys", "producer group", "age", "checks", "state"):
         table.add_column(col, overflow="fold")
     for row in rows:
-        table.add_row(*((str(row.get("broker")),) if several else ()),
+        table.add_row(*((cell(row.get("broker")),) if several else ()),
                       str(_pick(row, "id", "offset_msg_id")), str(_pick(row, "topic")),
                       str(_pick(row, "keys")), str(_pick(row, "producer_group")), _age(row, now_ms),
                       str(_pick(row, "checks", default=0)), str(_pick(row, "state")))
     console.print(table)
     if several:  # per broker group, then the total (the table title)
-        console.print("per broker group: " + "  ".join(f"{b}={n}" for b, n in by_group.items()))
+        console.print(f"per {column}: " + "  ".join(f"{cell(b)}={n}" for b, n in by_group.items()))
 
 
 def _words(state: object) -> str:

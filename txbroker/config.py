@@ -229,6 +229,11 @@ class BrokerConfig:
     # --- shutdown ------------------------------------------------------------------------
     shutdown_grace: float = 5.0
 
+    # --- worker processes (docs/workers.md) ---------------------------------------------
+    #: Broker processes run by ``txbroker serve`` on this machine, one broker group each
+    #: behind one name server (``auto`` = the CPU count); 1 = one broker in this process.
+    workers: int = 1
+
     # --- access control ------------------------------------------------------------------
     #: A RocketMQ 4.x ``plain_acl.yml``; when set, every broker-port request must pass it
     #: (RocketMQ's ``aclEnable=true``).  Unset = no access control, as in RocketMQ.
@@ -317,7 +322,7 @@ def _validate(c: BrokerConfig) -> None:
          "kafka_group_max_session_timeout", "must be >= kafka_group_min_session_timeout")
     need(c.transaction_timeout >= 0, "transaction_timeout", "must be >= 0")
     for name in ("transaction_check_max", "check_concurrency", "default_queue_nums",
-                 "kafka_snapshot_records",
+                 "kafka_snapshot_records", "workers",
                  "max_connections", "max_inflight_per_connection",
                  "kafka_max_inflight_per_connection", "kafka_max_queued_bytes"):
         need(getattr(c, name) >= 1, name, "must be >= 1")
@@ -502,6 +507,8 @@ def _coerce(name: str, kind: type, raw: Any) -> Any:
     field or its ``TXBROKER_*`` variable: either way a size field takes a unit."""
     if kind is int and name.removeprefix(ENV_PREFIX).lower() in SIZE_FIELDS:
         return parse_size(name, raw)
+    if name.removeprefix(ENV_PREFIX).lower() == "workers" and str(raw).strip().lower() == "auto":
+        return os.cpu_count() or 1
     if kind is bool:
         if isinstance(raw, bool):
             return raw

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-READY_RE = re.compile(r"^txbroker ready broker=(\S+) namesrv=(\S+)(?: kafka=(\S+))?$")
+READY_RE = re.compile(r"^txbroker ready broker=(\S+) namesrv=(\S+)(?: kafka=(\S+))?(?: workers=(\S+))?$")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -46,6 +46,7 @@ class BrokerProcess:
         self.broker_addr = ""
         self.namesrv_addr = ""
         self.kafka_addr = ""  # "H:P" of the Kafka listener, "" when it is off
+        self.worker_addrs: list[str] = []  # with workers > 1: every worker's broker address
 
     def argv(self) -> list[str]:
         # -P: the current directory is not put on sys.path, so a ``txbroker``, ``cli`` or
@@ -79,6 +80,7 @@ class BrokerProcess:
             if m:
                 self.broker_addr, self.namesrv_addr = m.group(1), m.group(2)
                 self.kafka_addr = m.group(3) or ""
+                self.worker_addrs = m.group(4).split(";") if m.group(4) else []
                 return time.monotonic() - t0
             self.kill()
             printed = self._log_from(log_start)

@@ -25,9 +25,9 @@ pytestmark = pytest.mark.slow  # several broker processes and an echo process: a
 
 
 def _figures(line: str, row: Row) -> list[str]:
-    flush, kind, client, producers, sharing, *figures = line.split()
-    assert (flush, kind, client, producers, sharing) == (
-        row.flush, row.kind, row.client, str(row.producers), row.sharing)
+    flush, kind, client, producers, sharing, workers, *figures = line.split()
+    assert (flush, kind, client, producers, sharing, workers) == (
+        row.flush, row.kind, row.client, str(row.producers), row.sharing, str(row.workers))
     return figures
 
 
@@ -95,7 +95,7 @@ async def test_preload_stores_the_backlog_in_every_queue(tmp_path) -> None:
 
 def test_rows_cover_every_kind_and_delivery_has_one_consumer() -> None:
     args = argparse.Namespace(kind="tx,plain,delivery", flush="async", client="raw,sdk",
-                              producers="1,64", connections="each,shared")
+                              producers="1,64", connections="each,shared", workers="1")
     rows = rows_of(args)
     assert {r.kind for r in rows} == {"tx", "plain", "delivery"}
     assert [r for r in rows if r.kind == "delivery"] == [
@@ -103,3 +103,42 @@ def test_rows_cover_every_kind_and_delivery_has_one_consumer() -> None:
     assert len([r for r in rows if r.kind == "plain"]) == 6  # 2 clients × (1, 64 each, 64 shared)
     with pytest.raises(SystemExit):
         main(["--kind", "nonsense"])
+
+
+@pytest.mark.parametrize("client", ["raw", "sdk"])
+async def test_two_workers_row_loads_both_and_counts_their_cpu(tmp_path, client: str) -> None:
+    """--workers 2: producers reach both workers (each worker's queues hold messages) and the
+    broker CPU is the supervisor's and both workers'."""
+    from txbroker.bench import broker as bench
+    from txbroker.remoting.client import RemotingClient
+    from txbroker.remoting.codes import RequestCode
+    from txbroker.remoting.command import RemotingCommand
+
+    echo = await echo_ceiling(4, 1, 0.2)
+    with BrokerProc("async", str(tmp_path), workers=2) as broker:
+        assert len(broker.addrs) == 2 and len(broker.worker_pids) == 2
+        result = await run_row(broker, "tx", client, 4, False, 0.5, 2000, echo)
+        stored = []
+        for addr in broker.addrs:
+            conn = RemotingClient(addr)
+            await conn.connect()
+            try:
+                ends = [int((await conn.invoke(RemotingCommand.request(
+                    RequestCode.GET_MAX_OFFSET, {"topic": bench.TOPIC, "queueId": str(q)}), 5)
+                ).ext_fields["offset"]) for q in range(bench.QUEUES)]
+            finally:
+                await conn.close()
+            stored.append(sum(ends))
+        own = bench.proc_cpu_seconds(broker.proc.pid)
+        assert broker.cpu() > own  # the workers' CPU is counted too
+    assert 0 < result.seen == result.sent == sum(stored)
+    assert all(n > 0 for n in stored), stored  # both workers took transactions
+    assert result.broker_us > 0
+
+
+def test_rows_with_workers_side_by_side_and_delivery_on_one_broker() -> None:
+    args = argparse.Namespace(kind="tx,delivery", flush="async", client="raw",
+                              producers="64", connections="each", workers="1,2")
+    assert rows_of(args) == [Row("async", "tx", "raw", 64, "each", 1),
+                             Row("async", "tx", "raw", 64, "each", 2),
+                             Row("async", "delivery", "raw", 1, "-")]
