@@ -6,10 +6,13 @@ import click
 
 from txbroker import __version__
 from txbroker.cli.common import OneLineErrors
+from txbroker.remoting.codec import IMPLEMENTATION as CODEC_IMPLEMENTATION
 
 
 @click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="txbroker")
+# The codec named: the compiled twin, or the pure-Python one (not built, or switched off).
+@click.version_option(__version__, prog_name="txbroker",
+                      message=f"%(prog)s, version %(version)s (codec: {CODEC_IMPLEMENTATION})")
 def main() -> None:
     """txbroker: a transactional message broker speaking the RocketMQ 4.x protocol."""
 

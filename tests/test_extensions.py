@@ -1,0 +1,222 @@
+"""The compiled twins against their pure-Python references: same results, same errors.
+
+``txbroker/remoting/_codec.pyx`` stands in for ``codec.py``'s ``FrameDecoder``,
+``encode_parts`` and ``_decode_json_header`` when it was built.  These tests feed both the
+same random valid and invalid input (whole frames, frames cut anywhere, garbage headers,
+lying prefixes) and require equal commands, equal buffered bytes and, on a refusal, the same
+exception type and message.  They skip when the extension was not built or is switched off
+(``TXBROKER_NO_EXTENSIONS``), except the test that says which implementation is in use.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from txbroker.remoting import codec
+from txbroker.remoting.codes import SerializeType
+from txbroker.remoting.command import RemotingCommand
+
+_compiled = codec.IMPLEMENTATION == "compiled"
+needs_extension = pytest.mark.skipif(not _compiled, reason="the compiled codec is not in use")
+if _compiled:
+    from txbroker.remoting import _codec
+_PROFILE = settings(max_examples=300, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+_int32 = st.integers(-(1 << 31), (1 << 31) - 1)
+_text = st.text(max_size=30)
+# JSON values a peer may put anywhere: the lenient and the refused kinds alike.
+_json_scalar = (st.none() | st.booleans() | st.integers(-(1 << 40), 1 << 40) | _text
+                | st.floats(allow_nan=False, allow_infinity=False, width=32))
+#: Values at and beyond the edges of what a header field may hold.
+_EDGES = [1 << 31, -(1 << 31) - 1, (1 << 31) - 1, -(1 << 31), 1 << 63, 1.0, 2.5, True, None, "1",
+          [], {}, 7]
+_json_value = st.recursive(_json_scalar, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6)
+
+
+@st.composite
+def _headers(draw: st.DrawFn) -> bytes:
+    """A JSON header: mostly the fields a client writes, sometimes ill-typed or missing ones,
+    sometimes not JSON (or not UTF-8) at all."""
+    kind = draw(st.integers(0, 9))
+    if kind == 0:
+        return draw(st.binary(max_size=40))
+    spoil = kind > 5  # else every field well-typed, as real clients write them
+    doc: dict[str, object] = {}
+    for name, good in (("code", _int32), ("opaque", _int32), ("flag", st.integers(0, 3)),
+                       ("version", _int32), ("language", st.sampled_from(["JAVA", "CPP"])),
+                       ("remark", st.none() | _text),
+                       ("serializeTypeCurrentRPC", st.just("JSON"))):
+        roll = draw(st.integers(0, 9)) if spoil else 9
+        if roll == 0:
+            continue  # missing
+        if roll == 1:
+            doc[name] = draw(st.sampled_from(_EDGES))
+        else:
+            doc[name] = draw(_json_value) if roll == 2 else draw(good)
+    roll = draw(st.integers(0, 9)) if spoil else draw(st.integers(1, 5))
+    if roll == 0:
+        doc["extFields"] = draw(_json_value)
+    elif roll < 8:
+        values = _text if roll < 6 else _json_scalar
+        doc["extFields"] = draw(st.dictionaries(st.text(min_size=1, max_size=8), values,
+                                                max_size=6))
+    raw = orjson.dumps(doc)
+    return raw + b"\n" if draw(st.booleans()) else raw
+
+
+@st.composite
+def _frames(draw: st.DrawFn) -> bytes:
+    """One frame: right prefixes mostly, lying lengths, unknown types and binary headers too."""
+    header = draw(_headers())
+    body = draw(st.binary(max_size=64))
+    total = 4 + len(header) + len(body)
+    mark = len(header)
+    roll = draw(st.integers(0, 14))
+    if roll == 0:
+        total = draw(st.integers(-(1 << 31), (1 << 31) - 1))
+    elif roll == 1:
+        mark = draw(st.integers(-(1 << 31), (1 << 31) - 1))
+    elif roll == 2:
+        cmd = RemotingCommand(draw(st.integers(-(1 << 15), (1 << 15) - 1)), draw(_int32),
+                              ext_fields=draw(st.dictionaries(_text, _text, max_size=3)),
+                              body=body, serialize_type=SerializeType.ROCKETMQ)
+        return codec.encode(cmd)
+    return struct.pack(">ii", total, mark) + header + body
+
+
+def _outcome(feed, chunks: list[bytes]) -> list[object]:
+    """What each feed returned (commands, buffered count) or raised (type and message)."""
+    seen: list[object] = []
+    for chunk in chunks:
+        try:
+            seen.append(("ok", feed(chunk)))
+        except Exception as exc:  # noqa: BLE001 - the exception itself is what is compared
+            seen.append(("raised", type(exc), str(exc)))
+    return seen
+
+
+def _cut(stream: bytes, cuts: list[int]) -> list[bytes]:
+    points = [0, *sorted(c % (len(stream) + 1) for c in cuts), len(stream)]
+    return [stream[a:b] for a, b in zip(points, points[1:], strict=False)]
+
+
+@needs_extension
+@_PROFILE
+@given(st.lists(_frames(), min_size=1, max_size=5), st.lists(st.integers(0, 1 << 16), max_size=6),
+       st.sampled_from([64, 4096, codec.DEFAULT_MAX_FRAME_SIZE, -1, 0, 1]), st.booleans())
+def test_decoders_agree_on_any_stream_cut_anywhere(frames, cuts, limit, as_views) -> None:
+    if limit <= 1:  # the first frame's size, a byte less or a byte more: the limit's edge
+        limit = max(codec.PREFIX_SIZE, len(frames[0]) + limit)
+    chunks = _cut(b"".join(frames), cuts)
+    if as_views:
+        chunks = [memoryview(bytearray(c)) for c in chunks]
+    pure, compiled = codec.PyFrameDecoder(limit), _codec.FrameDecoder(limit)
+
+    def pure_feed(chunk):
+        return pure.feed(chunk), pure.buffered
+
+    def compiled_feed(chunk):
+        return compiled.feed(chunk), compiled.buffered
+    assert _outcome(compiled_feed, chunks) == _outcome(pure_feed, chunks)
+
+
+@needs_extension
+@_PROFILE
+@given(_headers())
+def test_json_header_decoders_agree(raw: bytes) -> None:
+    assert (_outcome(_codec._decode_json_header, [raw])
+            == _outcome(codec.py_decode_json_header, [raw]))
+
+
+_FIELDS = ["code", "opaque", "flag", "version", "language", "remark", "extFields",
+           "serializeTypeCurrentRPC"]
+
+
+@needs_extension
+@pytest.mark.parametrize("name", _FIELDS)
+@pytest.mark.parametrize("value", _EDGES + [{"k": 1}, {"k": 1.5}, {"k": None}, {"k": [1]}],
+                         ids=repr)
+def test_json_header_decoders_agree_on_every_field_at_its_edges(name: str, value) -> None:
+    doc = {"code": 10, "opaque": 3, "flag": 0, "language": "JAVA", "version": 1,
+           "extFields": {"a": "b"}, name: value}
+    raw = orjson.dumps(doc)
+    assert (_outcome(_codec._decode_json_header, [raw])
+            == _outcome(codec.py_decode_json_header, [raw]))
+
+
+@st.composite
+def _commands(draw: st.DrawFn) -> RemotingCommand:
+    """Commands as handlers build them: string or loose ext values, any body size, parts."""
+    ext = draw(st.dictionaries(st.text(min_size=1, max_size=8),
+                               _text | st.integers() | st.booleans() | st.none(), max_size=6))
+    body = draw(st.binary(max_size=64) | st.just(b"\x01" * codec.SEPARATE_BODY_FROM))
+    cmd = RemotingCommand(draw(_int32), draw(_int32), draw(st.integers(0, 3)),
+                          draw(st.sampled_from(["JAVA", "PYTHON"])), draw(_int32),
+                          draw(st.none() | _text), ext, body,
+                          draw(st.sampled_from([SerializeType.JSON, SerializeType.ROCKETMQ])))
+    roll = draw(st.integers(0, 5))
+    if roll == 0:
+        cmd.body = bytearray(body)
+    elif roll == 1:
+        cmd.body, cmd.body_parts = b"", draw(st.lists(st.binary(max_size=20), max_size=3))
+    return cmd
+
+
+@needs_extension
+@_PROFILE
+@given(_commands())
+def test_encoders_agree(cmd: RemotingCommand) -> None:
+    assert _outcome(_codec.encode_parts, [cmd]) == _outcome(codec.py_encode_parts, [cmd])
+
+
+@needs_extension
+def test_encoders_agree_on_an_oversize_header() -> None:
+    cmd = RemotingCommand(10, remark="x" * codec.MAX_HEADER_SIZE)
+    got = _outcome(_codec.encode_parts, [cmd])
+    assert got == _outcome(codec.py_encode_parts, [cmd])
+    assert got[0][:2] == ("raised", ValueError)
+
+
+@needs_extension
+def test_a_failed_compiled_decoder_refuses_more_input_like_the_reference() -> None:
+    bad = struct.pack(">ii", 2, 0)
+    chunks = [bad, struct.pack(">ii", 4, 0)]
+    got = _outcome(_codec.FrameDecoder().feed, chunks)
+    assert got == _outcome(codec.PyFrameDecoder().feed, chunks)
+    assert got[1][2].startswith("decoder already failed: frame length 2 is below")
+
+
+def _version(env_value: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "TXBROKER_NO_EXTENSIONS"}
+    if env_value is not None:
+        env["TXBROKER_NO_EXTENSIONS"] = env_value
+    cli = Path(sys.executable).with_name("txbroker")
+    run = subprocess.run([str(cli), "--version"], env=env,
+                         capture_output=True, text=True, timeout=60, check=True)
+    return run.stdout
+
+
+def test_version_says_which_codec_is_in_use() -> None:
+    assert "codec: python" in _version("1")
+    # An empty value does not switch the extension off.
+    assert f"codec: {'compiled' if _built() else 'python'}" in _version("")
+
+
+def _built() -> bool:
+    """Whether the extension exists on this machine, whatever this process uses."""
+    try:
+        from txbroker.remoting import _codec as built  # noqa: F401
+    except ImportError:
+        return False
+    return True
