@@ -34,7 +34,7 @@ class OptionalBuildExt(build_ext):
         except Exception as exc:  # noqa: BLE001 - any compiler/toolchain failure means "no extension"
             _warn(exc)
 
-    def build_extension(self, ext) -> None:  # noqa: ANN001 - setuptools' Extension
+    def build_extension(self, ext) -> None:
         try:
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001 - as in run(): this extension is optional

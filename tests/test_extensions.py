@@ -10,6 +10,7 @@ exception type and message.  They skip when the extension was not built or is sw
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 import subprocess
@@ -108,7 +109,7 @@ def _outcome(feed, chunks: list[bytes]) -> list[object]:
 
 def _cut(stream: bytes, cuts: list[int]) -> list[bytes]:
     points = [0, *sorted(c % (len(stream) + 1) for c in cuts), len(stream)]
-    return [stream[a:b] for a, b in zip(points, points[1:], strict=False)]
+    return [stream[a:b] for a, b in itertools.pairwise(points)]
 
 
 @needs_extension
