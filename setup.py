@@ -17,6 +17,7 @@ from setuptools.command.build_ext import build_ext
 #: module name -> its Cython source.
 EXTENSIONS = {
     "txbroker.remoting._codec": "txbroker/remoting/_codec.pyx",
+    "txbroker.remoting._header_codec": "txbroker/remoting/_header_codec.pyx",
 }
 
 

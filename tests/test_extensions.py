@@ -1,10 +1,11 @@
 """The compiled twins against their pure-Python references: same results, same errors.
 
 ``txbroker/remoting/_codec.pyx`` stands in for ``codec.py``'s ``FrameDecoder``,
-``encode_parts`` and ``_decode_json_header`` when it was built.  These tests feed both the
-same random valid and invalid input (whole frames, frames cut anywhere, garbage headers,
-lying prefixes) and require equal commands, equal buffered bytes and, on a refusal, the same
-exception type and message.  They skip when the extension was not built or is switched off
+``encode_parts`` and ``_decode_json_header`` when it was built, and ``_header_codec.pyx`` for
+the header decoders ``header_codec.py`` generates.  These tests feed both the same random
+valid and invalid input (whole frames, frames cut anywhere, garbage headers, lying prefixes,
+extFields at and beyond each field's limits) and require equal commands and headers, equal
+buffered bytes and, on a refusal, the same exception type, message and response code.  They skip when the extension was not built or is switched off
 (``TXBROKER_NO_EXTENSIONS``), except the test that says which implementation is in use.
 """
 
@@ -22,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from txbroker.remoting import codec
+import txbroker.remoting.controller_headers  # noqa: F401 - its Header classes are tested too
+from txbroker.remoting import codec, header_codec, headers
 from txbroker.remoting.codes import SerializeType
 from txbroker.remoting.command import RemotingCommand
 
@@ -103,7 +105,7 @@ def _outcome(feed, chunks: list[bytes]) -> list[object]:
         try:
             seen.append(("ok", feed(chunk)))
         except Exception as exc:  # noqa: BLE001 - the exception itself is what is compared
-            seen.append(("raised", type(exc), str(exc)))
+            seen.append(("raised", type(exc), str(exc), getattr(exc, "code", None)))
     return seen
 
 
@@ -196,6 +198,65 @@ def test_a_failed_compiled_decoder_refuses_more_input_like_the_reference() -> No
     got = _outcome(_codec.FrameDecoder().feed, chunks)
     assert got == _outcome(codec.PyFrameDecoder().feed, chunks)
     assert got[1][2].startswith("decoder already failed: frame length 2 is below")
+
+
+# --- header decoders ---------------------------------------------------------------------------
+
+
+def _header_classes() -> list[type[header_codec.Header]]:
+    found, todo = [], list(header_codec.Header.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls._specs():
+            found.append(cls)
+    return sorted(found, key=lambda c: c.__qualname__)
+
+
+_HEADERS = [(cls, None) for cls in _header_classes()] + [(headers.SendMessageRequestHeader,
+                                                          headers.SEND_V1_KEYS)]
+#: Field values at the edges of what the converters accept, and beyond.
+_RAW_EDGES = ["", "0", "1", "-1", "8", "12", "2147483647", "2147483648", "-2147483649",
+              "9223372036854775807", "9223372036854775808", "1_000", " 7", "+5", "\u0663",
+              "1.5", "true", "FALSE", " True ", "yes", "pending", "commit", "x" * 50]
+_raw = st.sampled_from(_RAW_EDGES) | st.text(max_size=12) | st.integers(-3, 3).map(str)
+
+
+@st.composite
+def _header_input(draw: st.DrawFn):
+    cls, keys = draw(st.sampled_from(_HEADERS))
+    ext = {}
+    for attr, wire, fallback, *_ in cls._plan(keys):
+        roll = draw(st.integers(0, 9))
+        if roll == 0:
+            continue
+        key = fallback if fallback is not None and roll == 1 else wire
+        ext[key] = draw(_raw) if roll < 9 else draw(st.integers() | st.none() | st.booleans())
+    return cls, keys, ext
+
+
+@needs_extension
+@_PROFILE
+@given(_header_input())
+def test_header_decoders_agree(case) -> None:
+    cls, keys, ext = case
+    pure = header_codec.python_decoder(cls, keys)
+    compiled = header_codec.compiled_decoder(cls, keys)
+    assert _outcome(compiled, [ext]) == _outcome(pure, [ext])
+
+
+@needs_extension
+@pytest.mark.parametrize("cls, keys", _HEADERS, ids=lambda v: getattr(v, "__name__", "keys"))
+def test_header_decoders_agree_on_every_field_at_its_edges(cls, keys) -> None:
+    pure = header_codec.python_decoder(cls, keys)
+    compiled = header_codec.compiled_decoder(cls, keys)
+    good = {wire: "1" for _, wire, *_ in cls._plan(keys)}
+    cases = [good, {}]
+    for _, wire, *_ in cls._plan(keys):
+        cases += [{**good, wire: raw} for raw in _RAW_EDGES]
+        cases.append({k: v for k, v in good.items() if k != wire})
+    for ext in cases:
+        assert _outcome(compiled, [ext]) == _outcome(pure, [ext]), ext
 
 
 def _version(env_value: str | None) -> str:
