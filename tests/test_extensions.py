@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import struct
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import orjson
@@ -282,3 +284,45 @@ def _built() -> bool:
     except ImportError:
         return False
     return True
+
+
+# --- the build -------------------------------------------------------------------------------
+
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def _build_wheel(tmp_path: Path, cc: str | None) -> tuple[list[str], str]:
+    """Build a wheel from a copy of the sources (``cc``: the C compiler to use); its file
+    names and pip's verbose output."""
+    src = tmp_path / "src"
+    skip = shutil.ignore_patterns("*.so", "*.c", "__pycache__", "*.egg-info")
+    for name in ("txbroker", "cli", "bench"):
+        shutil.copytree(_REPO / name, src / name, ignore=skip)
+    for name in ("setup.py", "setup.cfg", "pyproject.toml", "MANIFEST.in", "README.md"):
+        shutil.copy(_REPO / name, src / name)
+    env = dict(os.environ)
+    if cc is not None:
+        env["CC"] = cc
+    run = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w",
+                          str(tmp_path / "wheel"), str(src)], env=env, capture_output=True,
+                         text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    [wheel] = (tmp_path / "wheel").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.namelist(), run.stdout + run.stderr
+
+
+@pytest.mark.slow
+def test_without_a_compiler_the_build_installs_the_pure_package_with_a_warning(tmp_path) -> None:
+    names, output = _build_wheel(tmp_path, "/bin/false")
+    assert "txbroker/remoting/codec.py" in names
+    assert not [n for n in names if n.endswith((".so", ".c", ".pyx"))], names
+    assert "WARNING: txbroker's compiled codec was not built" in output
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here")
+def test_with_a_compiler_the_wheel_carries_the_extensions(tmp_path) -> None:
+    names, _ = _build_wheel(tmp_path, None)
+    built = sorted(n.split(".")[0] for n in names if n.endswith(".so"))
+    assert built == ["txbroker/remoting/_codec", "txbroker/remoting/_header_codec"]
