@@ -18,6 +18,7 @@ from setuptools.command.build_ext import build_ext
 EXTENSIONS = {
     "txbroker.remoting._codec": "txbroker/remoting/_codec.pyx",
     "txbroker.remoting._header_codec": "txbroker/remoting/_header_codec.pyx",
+    "txbroker.store._record": "txbroker/store/_record.pyx",
 }
 
 

@@ -11,12 +11,15 @@ buffered bytes and, on a refusal, the same exception type, message and response 
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import itertools
 import os
 import shutil
 import struct
 import subprocess
 import sys
+import types
 import zipfile
 from pathlib import Path
 
@@ -29,6 +32,7 @@ import txbroker.remoting.controller_headers  # noqa: F401 - its Header classes a
 from txbroker.remoting import codec, header_codec, headers
 from txbroker.remoting.codes import SerializeType
 from txbroker.remoting.command import RemotingCommand
+from txbroker.store import record
 
 _compiled = codec.IMPLEMENTATION == "compiled"
 needs_extension = pytest.mark.skipif(not _compiled, reason="the compiled codec is not in use")
@@ -261,6 +265,105 @@ def test_header_decoders_agree_on_every_field_at_its_edges(cls, keys) -> None:
         assert _outcome(compiled, [ext]) == _outcome(pure, [ext]), ext
 
 
+# --- record decode -----------------------------------------------------------------------------
+
+
+def _pure_module(name: str) -> types.ModuleType:
+    """A private copy of module ``name`` loaded with the extensions off: the reference whole,
+    even where the module itself calls a function the compiled twin replaced."""
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.loader is not None
+    before = os.environ.get("TXBROKER_NO_EXTENSIONS")
+    os.environ["TXBROKER_NO_EXTENSIONS"] = "1"
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if before is None:
+            del os.environ["TXBROKER_NO_EXTENSIONS"]
+        else:
+            os.environ["TXBROKER_NO_EXTENSIONS"] = before
+    return module
+
+
+_pure_record = _pure_module("txbroker.store.record")
+_record_compiled = record.decode_record.__module__ == "txbroker.store._record"
+needs_record_extension = pytest.mark.skipif(not _record_compiled,
+                                            reason="the compiled record codec is not in use")
+
+
+def _plain(value: object) -> object:
+    """``value`` comparable across the two module copies (their classes are distinct)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return type(value).__name__, dataclasses.asdict(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _record_outcome(func, *args, **kwargs) -> tuple[object, ...]:
+    try:
+        return ("ok", _plain(func(*args, **kwargs)))
+    except Exception as exc:  # noqa: BLE001 - the exception itself is what is compared
+        return ("raised", type(exc).__name__, str(exc))
+
+
+_prop_text = st.text(alphabet=st.sampled_from("ab\x01\x02\u00e9\U0001f600 "), max_size=24)
+_int64 = st.integers(0, (1 << 63) - 1)
+
+
+@st.composite
+def _records(draw: st.DrawFn) -> bytes:
+    """A stored record: well-formed, or damaged (bytes changed, cut short, lengthened)."""
+    ip = ".".join(str(draw(st.integers(0, 255))) for _ in range(4))
+    msg = record.Message(
+        topic=draw(st.text(min_size=1, max_size=12)), queue_id=draw(_int32),
+        body=draw(st.binary(max_size=40)), flag=draw(_int32),
+        properties=draw(st.dictionaries(st.text(alphabet="kKé", min_size=1, max_size=4),
+                                        st.text(alphabet="vV ü", min_size=0, max_size=6),
+                                        max_size=4)),
+        sys_flag=draw(st.integers(0, 0xFF)), born_timestamp=draw(_int64),
+        born_host=(ip, draw(_int32)), reconsume_times=draw(_int32),
+        prepared_transaction_offset=draw(_int64))
+    raw = bytearray(record.encode_record(
+        msg, physical_offset=draw(_int64), queue_offset=draw(_int64),
+        store_timestamp=draw(_int64), store_host=(ip, draw(_int32))))
+    roll = draw(st.integers(0, 9))
+    if roll == 0:
+        for _ in range(draw(st.integers(1, 3))):
+            raw[draw(st.integers(0, len(raw) - 1))] = draw(st.integers(0, 255))
+    elif roll == 1:
+        del raw[draw(st.integers(0, len(raw) - 1)):]
+    elif roll == 2:
+        raw += draw(st.binary(min_size=1, max_size=8))
+    elif roll == 3:
+        # A sys flag with an IPv6 host bit: the store writes none, a peer might.
+        raw[39] |= draw(st.sampled_from([0x10, 0x20]))
+    return bytes(raw)
+
+
+@needs_record_extension
+@_PROFILE
+@given(st.lists(_records(), min_size=1, max_size=3), st.booleans(), st.integers(0, 3),
+       st.booleans())
+def test_record_decoders_agree(records, check_crc, pos, as_view) -> None:
+    buf: bytes | memoryview = b"".join(records)
+    if as_view:
+        buf = memoryview(buf)
+    for name in ("decode_records", "decode_record"):
+        args = (buf,) if name == "decode_records" else (buf, pos if pos < 3 else len(records[0]))
+        assert (_record_outcome(getattr(record, name), *args, check_crc=check_crc)
+                == _record_outcome(getattr(_pure_record, name), *args, check_crc=check_crc))
+
+
+@needs_record_extension
+@_PROFILE
+@given(_prop_text | st.none() | st.just(""))
+def test_properties_parsers_agree(text) -> None:
+    assert (_record_outcome(record.string_to_properties, text)
+            == _record_outcome(_pure_record.string_to_properties, text))
+
+
 def _version(env_value: str | None) -> str:
     env = {k: v for k, v in os.environ.items() if k != "TXBROKER_NO_EXTENSIONS"}
     if env_value is not None:
@@ -325,4 +428,5 @@ def test_without_a_compiler_the_build_installs_the_pure_package_with_a_warning(t
 def test_with_a_compiler_the_wheel_carries_the_extensions(tmp_path) -> None:
     names, _ = _build_wheel(tmp_path, None)
     built = sorted(n.split(".")[0] for n in names if n.endswith(".so"))
-    assert built == ["txbroker/remoting/_codec", "txbroker/remoting/_header_codec"]
+    assert built == ["txbroker/remoting/_codec", "txbroker/remoting/_header_codec",
+                     "txbroker/store/_record"]

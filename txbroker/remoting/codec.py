@@ -373,8 +373,9 @@ class FrameDecoder:
 # The functions above are the reference.  ``_codec.pyx`` is their compiled twin (built by
 # ``pip install`` when a C compiler is there): it decodes well-formed JSON frames and encodes
 # JSON headers in C and hands every other case to the functions above, so both give the same
-# results and the same errors.  The reference stays reachable under these names whichever is
-# in use; tests/test_extensions.py compares the two.
+# results and the same errors.  Only the public FrameDecoder and encode_parts are replaced, so
+# the reference stays whole under these names whichever is in use; tests/test_extensions.py
+# compares the two.
 PyFrameDecoder = FrameDecoder
 py_encode_parts = encode_parts
 py_decode_json_header = _decode_json_header
@@ -386,7 +387,6 @@ if not os.environ.get("TXBROKER_NO_EXTENSIONS"):
     try:
         from txbroker.remoting._codec import (  # type: ignore[no-redef]
             FrameDecoder,
-            _decode_json_header,
             encode_parts,
         )
     except ImportError:
