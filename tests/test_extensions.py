@@ -380,6 +380,16 @@ def test_version_says_which_codec_is_in_use() -> None:
     assert f"codec: {'compiled' if _built() else 'python'}" in _version("")
 
 
+def test_the_switch_is_a_variable_the_servers_know() -> None:
+    """``txbroker serve`` refuses unknown TXBROKER_* variables; the switch is not one."""
+    env = {**os.environ, "TXBROKER_NO_EXTENSIONS": "1"}
+    cli = Path(sys.executable).with_name("txbroker")
+    run = subprocess.run([str(cli), "serve", "--print-config"], env=env, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("[broker]")
+
+
 def _built() -> bool:
     """Whether the extension exists on this machine, whatever this process uses."""
     try:
