@@ -5,11 +5,14 @@ from __future__ import annotations
 import click
 
 from txbroker import __version__
+from txbroker._compiled import in_use
 from txbroker.cli.common import OneLineErrors
 
 
 @click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="txbroker")
+# The hot path named: compiled, or pure Python (not built, or switched off).
+@click.version_option(__version__, prog_name="txbroker",
+                      message=f"%(prog)s, version %(version)s (hot path: {in_use()})")
 def main() -> None:
     """txbroker: a transactional message broker speaking the RocketMQ 4.x protocol."""
 

@@ -267,6 +267,8 @@ def serve(config_file: str | None, log_level: str, print_config: bool, **options
         return
     for key, value in config.as_dict().items():
         log.debug("config %s = %r", key, value)
+    from txbroker._compiled import in_use
+    log.debug("hot path: %s", in_use())  # compiled, or pure Python (not built / switched off)
     try:
         import uvloop
         runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)

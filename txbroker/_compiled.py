@@ -1,26 +1,41 @@
-"""Which implementation of the hot-path modules runs: compiled or pure Python.
+"""Which implementation of the hot path runs: compiled or pure Python.
 
-The modules listed in :data:`COMPILED` are plain Python, and the build also compiles them
-with Cython into extension modules of the same name (``setup.py``; skipped with a warning
-when no C compiler is there).  Python's import system prefers the extension when both exist,
-so a built tree runs compiled.  ``TXBROKER_NO_EXTENSIONS=1`` makes every ``txbroker`` module
-load from its ``.py`` source instead, so the same source runs interpreted: the suite runs
-against both (README), and a suspected compiler problem can be ruled out without a rebuild.
+Two kinds of extension modules are built by ``setup.py`` (with Cython; skipped with one warning
+line when no C compiler is there):
+
+* :data:`TWINS`, ``_x.pyx`` twins of the hottest pure functions of a reference module (frame
+  split, JSON header, typed header decoders, record decode), which the reference module loads
+  itself and falls back from;
+* :data:`COMPILED`, plain Python modules of the transaction path compiled as they are into an
+  extension of the same name: Python's import system prefers the extension when both exist,
+  so the same source runs compiled, or interpreted.
+
+``TXBROKER_NO_EXTENSIONS=1`` makes every ``txbroker`` module load from its ``.py`` source and the
+references skip their twins, so the suite can run against both (the README's test command) and
+a suspected compiler problem can be ruled out without a rebuild.  Measured gains are in
+docs/bench.md, "Compiled hot path".
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import os
 import sys
 
-#: Modules compiled by setup.py: the code every transaction runs (docs/bench.md, "Compiled hot path").
+#: Cython twins (``.pyx``) of functions of a reference module.
+TWINS = (
+    "txbroker.remoting._codec",
+    "txbroker.remoting._header_codec",
+    "txbroker.store._record",
+)
+
+#: Plain modules compiled whole: the code every transaction runs (send and END handlers, the
+#: transaction service and its index, the connection core, the store's put path).
 COMPILED = (
-    "txbroker.remoting.codec",
     "txbroker.remoting.command",
     "txbroker.remoting.connection",
-    "txbroker.remoting.header_codec",
     "txbroker.remoting.headers",
     "txbroker.service.processors.send",
     "txbroker.service.processors.transaction",
@@ -35,7 +50,6 @@ COMPILED = (
     "txbroker.store.append",
     "txbroker.store.consumequeue",
     "txbroker.store.message_store",
-    "txbroker.store.record",
     "txbroker.store.results",
     "txbroker.store.segment",
 )
@@ -66,11 +80,21 @@ def install() -> None:
 
 
 def in_use() -> str:
-    """"compiled" when the hot path runs as extension modules, else "pure Python" (for the
-    start-up log line and ``txbroker --version``)."""
-    compiled = [name for name in COMPILED
-                if isinstance(getattr(sys.modules.get(name), "__loader__", None),
-                              importlib.machinery.ExtensionFileLoader)]
-    if not compiled:
-        return "pure Python"
-    return "compiled" if len(compiled) == len(COMPILED) else f"compiled ({len(compiled)} of {len(COMPILED)} modules)"
+    """"compiled" when every extension is there and chosen, "pure Python" when none is (not
+    built, or switched off), else how many of them (for ``txbroker --version``, the start-up log
+    and the benchmarks).  Looks the modules up without importing them."""
+    names = TWINS + COMPILED
+    compiled = sum(1 for name in names if _is_extension(name))
+    if compiled == len(names):
+        return "compiled"
+    return "pure Python" if not compiled else f"compiled ({compiled} of {len(names)} modules)"
+
+
+def _is_extension(name: str) -> bool:
+    if os.environ.get(ENV):
+        return False
+    try:
+        spec = importlib.util.find_spec(name)
+    except ImportError:
+        return False
+    return spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader)

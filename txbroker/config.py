@@ -25,6 +25,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 ENV_PREFIX = "TXBROKER_"
+#: Variables read when a module is imported, before any configuration exists, so they are
+#: not settings: ``TXBROKER_NO_EXTENSIONS`` (non-empty: the pure-Python codec even when the
+#: compiled one was built).  :func:`check_environ` knows them.
+IMPORT_VARIABLES = frozenset({"TXBROKER_NO_EXTENSIONS"})
 
 FlushMode = Literal["async", "sync"]
 #: How a master acknowledges a send (RocketMQ's brokerRole): after its own write, or once
@@ -595,7 +599,7 @@ def check_environ(environ: Mapping[str, str], also_known: Collection[str] = ()) 
                    | {v[len(ENV_PREFIX):] for v in also_known if v.startswith(ENV_PREFIX)})
     for key in sorted(environ):
         if not key.startswith(ENV_PREFIX) or key[len(ENV_PREFIX):].lower() in settings \
-                or key in also_known:
+                or key in also_known or key in IMPORT_VARIABLES:
             continue
         close = difflib.get_close_matches(key[len(ENV_PREFIX):].upper(), known, n=1)
         hint = f"; did you mean {ENV_PREFIX}{close[0]}?" if close else ""

@@ -21,6 +21,7 @@ crashes without the object and silently ignores numeric values.
 
 from __future__ import annotations
 
+import os
 import struct
 from typing import Any
 
@@ -366,3 +367,29 @@ class FrameDecoder:
         elif pos < end:
             self._buf = bytearray(src[pos:])
         return out
+
+
+# --- implementation in use ----------------------------------------------------------------------
+# The functions above are the reference.  ``_codec.pyx`` is their compiled twin (built by
+# ``pip install`` when a C compiler is there): it decodes well-formed JSON frames and encodes
+# JSON headers in C and hands every other case to the functions above, so both give the same
+# results and the same errors.  Only the public FrameDecoder and encode_parts are replaced, so
+# the reference stays whole under these names whichever is in use; tests/test_extensions.py
+# compares the two.
+PyFrameDecoder = FrameDecoder
+py_encode_parts = encode_parts
+py_decode_json_header = _decode_json_header
+
+#: ``"compiled"`` when the Cython twin is in use, ``"python"`` otherwise (not built, or
+#: ``TXBROKER_NO_EXTENSIONS`` set to a non-empty value); ``txbroker --version`` says which.
+IMPLEMENTATION = "python"
+if not os.environ.get("TXBROKER_NO_EXTENSIONS"):
+    try:
+        from txbroker.remoting._codec import (  # type: ignore[no-redef]
+            FrameDecoder,
+            encode_parts,
+        )
+    except ImportError:
+        pass
+    else:
+        IMPLEMENTATION = "compiled"

@@ -29,6 +29,7 @@ strings only: the C++ client ignores values that are JSON numbers (docs/protocol
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Self, TypeVar
@@ -197,9 +198,32 @@ def _absent(cls: type[Header], raw: str | None, name: str) -> None:
 
 
 def _compile_decoder(cls: type[Header], keys: Mapping[str, str] | None) -> Callable[[Mapping[str, str]], Any]:
+    """The decoder of ``cls`` (and ``keys``), made once: the compiled twin's when it is in use
+    (see the end of this module), else the generated Python code of :func:`python_decoder`."""
+    decode = python_decoder(cls, keys) if _CompiledDecoder is None else compiled_decoder(cls, keys)
+    _DECODERS[(cls, None if keys is None else id(keys))] = decode
+    return decode
+
+
+def compiled_decoder(cls: type[Header], keys: Mapping[str, str] | None) -> Callable[[Mapping[str, str]], Any]:
+    """:func:`python_decoder`'s steps run by ``_header_codec.Decoder`` (the compiled twin):
+    the same values and, through the same ``_absent`` and converters, the same refusals."""
+    assert _CompiledDecoder is not None, "the compiled header codec is not in use"
+    defaults = {f.name: f.default for f in fields(cls)}  # type: ignore[arg-type]
+    specs = {spec.attr: spec for spec in cls._specs()}
+    steps = []
+    for attr, wire, fallback, convert, required, allow_empty, name in cls._plan(keys):
+        spec = specs[attr]
+        lo, hi = _bounds(spec) if spec.kind in _BOUNDS else (None, None)
+        steps.append((attr, wire, fallback, convert, spec.kind, required, allow_empty, name,
+                      defaults[attr], lo, hi))
+    return _CompiledDecoder(cls, _absent, _BOOLS, steps)
+
+
+def python_decoder(cls: type[Header], keys: Mapping[str, str] | None) -> Callable[[Mapping[str, str]], Any]:
     """``ext -> header``: each field read, checked and converted as :func:`_converter` says
     (integers and booleans inline, the converter only to word a refusal); an absent or empty
-    optional field takes its declared default."""
+    optional field takes its declared default.  The reference the compiled twin follows."""
     env: dict[str, Any] = {"cls": cls, "_absent": _absent, "_BOOLS": _BOOLS}
     defaults = {f.name: f.default for f in fields(cls)}  # type: ignore[arg-type]
     lines = ["def decode(ext):", "    get = ext.get"]
@@ -230,9 +254,7 @@ def _compile_decoder(cls: type[Header], keys: Mapping[str, str] | None) -> Calla
     lines.append(f"    return cls({', '.join(args)})")
     env["empty"] = ""
     exec("\n".join(lines), env)  # noqa: S102 - code built from the class's own declarations
-    decode = env["decode"]
-    _DECODERS[(cls, None if keys is None else id(keys))] = decode
-    return decode
+    return env["decode"]
 
 
 def _compile_encoder(cls: type[Header], keys: Mapping[str, str] | None) -> Callable[[Any], dict[str, str]]:
@@ -316,3 +338,13 @@ def _converter(cls: type[Header], spec: _Spec, name: str) -> Callable[[str], Any
 
 #: The decorator every header class takes: a keyword-only, slotted dataclass.
 wire_header = dataclass(kw_only=True, slots=True)
+
+
+#: The compiled twin of the generated decoders (``_header_codec.pyx``), when it was built and
+#: ``TXBROKER_NO_EXTENSIONS`` is not set to a non-empty value; None: the generated Python code.
+_CompiledDecoder: Any = None
+if not os.environ.get("TXBROKER_NO_EXTENSIONS"):
+    try:
+        from txbroker.remoting._header_codec import Decoder as _CompiledDecoder
+    except ImportError:
+        pass

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import os
 import socket
 import struct
 import zlib
@@ -457,3 +458,23 @@ def decode_offset_msg_id(msg_id: str) -> tuple[str, int, int]:
     if offset < 0:
         raise ValueError("offsetMsgId carries a negative offset")
     return socket.inet_ntoa(raw[:4]), port, offset
+
+
+# --- implementation in use ----------------------------------------------------------------------
+# The decode functions above are the reference.  ``_record.pyx`` is their compiled twin (built
+# by ``pip install`` when a C compiler is there): it decodes whole, valid records from bytes
+# and hands everything else to the functions above, so both give the same messages and
+# errors (tests/test_extensions.py).  The reference stays reachable under these names.
+py_string_to_properties = string_to_properties
+py_decode_record = decode_record
+py_decode_records = decode_records
+
+if not os.environ.get("TXBROKER_NO_EXTENSIONS"):
+    try:
+        from txbroker.store._record import (  # type: ignore[no-redef]
+            decode_record,
+            decode_records,
+            string_to_properties,
+        )
+    except ImportError:
+        pass
