@@ -15,6 +15,15 @@ fdatasync releases the GIL and the loop keeps all of it (120-135% of the idle ba
 quiet machine; 64% vs msync's 54% in a run where other processes took most of the CPU).
 Flushes must not stall the loop that serves every connection, so fdatasync it is.
 
+With sync flush (``write_through``) appends are ``os.pwrite`` calls on the descriptor instead:
+the mapping sees the same page-cache pages, so reads, the file's bytes and recovery are
+unchanged, but a page written through the mapping is write-protected again by every flush
+that cleans it, so the loop thread takes a write fault (and the filesystem's page-mkwrite
+work) on the next record that touches it — every flush, on the page records are being added
+to.  A ``pwrite`` copies into the page with no fault, and the group commit then makes it
+durable with the same ``fdatasync``.  Async mode flushes rarely, so it keeps the cheaper
+slice assignment.
+
 Task-safety contract: all mutation happens on one thread (the event loop); :meth:`sync` may run
 concurrently in an executor because it only asks the kernel to write pages back.
 """
@@ -38,10 +47,14 @@ class SegmentFullError(Exception):
 class MappedSegment:
     """A fixed-size file named after the absolute offset of its first byte."""
 
-    def __init__(self, path: Path, start: int, size: int, *, create: bool) -> None:
+    def __init__(self, path: Path, start: int, size: int, *, create: bool,
+                 write_through: bool = False) -> None:
         self.path = path
         self.start = start
         self.size = size
+        #: Appends go through ``os.pwrite`` on the descriptor rather than into the mapping
+        #: (sync flush: see the module docstring).  Reads still slice the mapping.
+        self.write_through = write_through
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         self._fd = os.open(path, flags, 0o644)
         try:
@@ -82,9 +95,21 @@ class MappedSegment:
         if n > self.size - self.wrote:
             raise SegmentFullError(f"{n} bytes do not fit in {self.size - self.wrote}")
         pos = self.wrote
-        self._mm[pos:pos + n] = data
+        if self.write_through:
+            self._pwrite_all(data, pos)
+        else:
+            self._mm[pos:pos + n] = data
         self.wrote = pos + n
         return self.start + pos
+
+    def _pwrite_all(self, data: bytes | memoryview, pos: int) -> None:
+        """``data`` at ``pos`` through the descriptor; a short write (the kernel may stop early)
+        is continued, an error raises with nothing counted as written."""
+        done = os.pwrite(self._fd, data, pos)
+        if done < len(data):
+            view = memoryview(data)
+            while done < len(view):
+                done += os.pwrite(self._fd, view[done:], pos + done)
 
     def write_at(self, rel: int, data: bytes) -> None:
         """Overwrite bytes in place (consume-queue repair during recovery)."""
