@@ -68,11 +68,11 @@ class WalkResult:
 class CommitLog:
     """Ordered segments plus the write position; single-threaded (the event loop)."""
 
-    def __init__(self, directory: Path, segment_size: int, *, write_through: bool = False) -> None:
+    def __init__(self, directory: Path, segment_size: int, *, sync_flush: bool = False) -> None:
         self.dir = directory
         self.segment_size = segment_size
-        #: Sync flush: records are written with ``os.pwrite`` (see :mod:`txbroker.store.segment`).
-        self.write_through = write_through
+        #: Sync flush: segments write zeros ahead of their data (see :mod:`txbroker.store.segment`).
+        self.sync_flush = sync_flush
         self.dir.mkdir(parents=True, exist_ok=True)
         #: Makes the next segment's file ahead of need, once the store starts.
         self.allocator = SegmentAllocator(self.dir, segment_size)
@@ -86,7 +86,7 @@ class CommitLog:
                 raise SegmentSizeError(self.dir, found, segment_size)
         for path in paths:
             self.segments.append(MappedSegment(path, int(path.name), segment_size, create=False,
-                                               write_through=write_through))
+                                               zero_ahead=sync_flush))
         for seg in self.segments:
             # Until recovery says otherwise, closed segments are full; the last is refined.
             seg.wrote = seg.flushed = seg.size
@@ -190,7 +190,7 @@ class CommitLog:
         path = self.dir / MappedSegment.file_name(start)
         self.allocator.take(path)
         seg = MappedSegment(path, start, self.segment_size, create=True,
-                            write_through=self.write_through)
+                            zero_ahead=self.sync_flush)
         self.segments.append(seg)
         self.allocator.request()
         return seg
