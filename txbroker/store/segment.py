@@ -21,13 +21,11 @@ extent: the first write-back of a block in it converts the extent, a metadata wr
 fdatasync must also wait for, on every flush.  So a sync-flush segment (``zero_ahead``) writes
 zeros ahead of its data, :data:`ZERO_AHEAD` at a time (one ``pwrite`` per MiB of records):
 the conversion is then paid once per MiB, by the flush that writes the zeros back, and every
-other flush writes only data blocks.  Measured here (30 KB per flush, write + fdatasync,
-medians of 5 interleaved runs): 0.17 ms per flush into unwritten extents, 0.10 ms ahead of
-written zeros; in the broker with 64 halves per flush, a flush's p50 fell from ~0.6 ms to
-~0.2 ms.  Content is unchanged (zeros over zeros, past the data).  Appending through the
-mapping was measured against ``os.pwrite`` per record for this mode too and kept: a pwrite
-costs a system call per record (~3 µs from Python, three per transaction) and gave no
-shorter flushes.
+other flush writes only data blocks.  In the broker with 64 halves per flush a flush's p50
+went from 0.29-1.38 ms to 0.20-0.28 ms (docs/bench.md, "Machine limits", has the runs).
+Content is unchanged (zeros over zeros, past the data).  Appending through the mapping was
+measured against ``os.pwrite`` per record for this mode too and kept: a pwrite costs a system
+call per record (~3 µs from Python, three per transaction) and gave no shorter flushes.
 
 Task-safety contract: all mutation happens on one thread (the event loop); :meth:`sync` may run
 concurrently in an executor because it only asks the kernel to write pages back.
