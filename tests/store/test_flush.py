@@ -95,3 +95,32 @@ async def test_close_flushes_for_waiters_left_and_then_answers_no_more():
     await svc.close()
     assert await asyncio.gather(first, second) == [True, True]
     assert disk.flushed_targets[-1] == disk.end
+
+
+async def test_puts_of_one_loop_turn_share_one_flush():
+    # As requests read in one turn do: each appends, then waits, before the next one runs.
+    # The first waiter must not start a flush that covers only its own record.
+    disk = FakeDisk()
+    disk.gate.set()
+    svc = service(disk)
+
+    async def put() -> bool:
+        return await svc.wait_flushed(disk.append(), 5)
+
+    waits = [asyncio.ensure_future(put()) for _ in range(20)]
+    assert await asyncio.wait_for(asyncio.gather(*waits), 5) == [True] * 20
+    assert disk.flushed_targets == [disk.end] and svc.flushes == 1
+    await svc.close()
+
+
+async def test_waiters_arriving_during_a_flush_share_the_next_one():
+    disk = FakeDisk()
+    svc = service(disk)
+    first = asyncio.ensure_future(svc.wait_flushed(disk.append(), 5))
+    await asyncio.sleep(0.01)  # its flush is in progress, blocked on the gate
+    later = [asyncio.ensure_future(svc.wait_flushed(disk.append(), 5)) for _ in range(10)]
+    await asyncio.sleep(0.01)
+    disk.gate.set()
+    assert await asyncio.wait_for(asyncio.gather(first, *later), 5) == [True] * 11
+    assert disk.flushed_targets == [10, disk.end] and svc.flushes == 2
+    await svc.close()

@@ -68,9 +68,11 @@ class WalkResult:
 class CommitLog:
     """Ordered segments plus the write position; single-threaded (the event loop)."""
 
-    def __init__(self, directory: Path, segment_size: int) -> None:
+    def __init__(self, directory: Path, segment_size: int, *, sync_flush: bool = False) -> None:
         self.dir = directory
         self.segment_size = segment_size
+        #: Sync flush: segments write zeros ahead of their data (see :mod:`txbroker.store.segment`).
+        self.sync_flush = sync_flush
         self.dir.mkdir(parents=True, exist_ok=True)
         #: Makes the next segment's file ahead of need, once the store starts.
         self.allocator = SegmentAllocator(self.dir, segment_size)
@@ -83,7 +85,8 @@ class CommitLog:
             if found and found != segment_size:
                 raise SegmentSizeError(self.dir, found, segment_size)
         for path in paths:
-            self.segments.append(MappedSegment(path, int(path.name), segment_size, create=False))
+            self.segments.append(MappedSegment(path, int(path.name), segment_size, create=False,
+                                               zero_ahead=sync_flush))
         for seg in self.segments:
             # Until recovery says otherwise, closed segments are full; the last is refined.
             seg.wrote = seg.flushed = seg.size
@@ -186,7 +189,8 @@ class CommitLog:
         (opening it then reserves nothing), else a file allocated here, on the caller's thread."""
         path = self.dir / MappedSegment.file_name(start)
         self.allocator.take(path)
-        seg = MappedSegment(path, start, self.segment_size, create=True)
+        seg = MappedSegment(path, start, self.segment_size, create=True,
+                            zero_ahead=self.sync_flush)
         self.segments.append(seg)
         self.allocator.request()
         return seg

@@ -7,6 +7,10 @@ tagged with the offset its record ends at; one flusher thread performs a single 
 everything appended so far (``os.fdatasync`` releases the GIL, the loop keeps serving) and the
 loop resolves every future that flush covers.  Requests arriving during a flush form the next
 batch, so the batch size grows with the load and the flush rate stays at what the disk allows.
+An idle service does not start a flush for the first put that waits but at the end of that
+loop turn: the requests of one read (producers answering the last flush tend to arrive
+together) append first, and one flush covers them all instead of one for the first record
+and another for the rest.
 
 Every put in sync mode pays for its wait, and a lone producer pays a whole flush round trip
 per put, so both are kept to what the loop cannot avoid:
@@ -49,6 +53,8 @@ class FlushService:
         self._inflight: list[Waiter] = []
         #: A flush was handed to the thread and its outcome has not reached the loop yet.
         self._busy = False
+        #: A flush is due at the end of this loop turn (:meth:`_begin` is scheduled).
+        self._due = False
         self._closing = False
         self._requests: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -78,14 +84,18 @@ class FlushService:
         self._waiting.append((end, deadline, fut))
         if deadline < self._timer_at:
             self._arm(deadline)
-        if not self._busy:
-            self._begin()
+        if not self._busy and not self._due:
+            # Not now: at the end of this loop turn, so that the puts of every request read in
+            # this turn (a burst of producers answering the last flush) share one flush.
+            self._due = True
+            loop.call_soon(self._begin)
         return await fut
 
     # --- flushing -------------------------------------------------------------------------------
     def _begin(self) -> None:
         """Hand the thread one flush covering every waiter so far (all appended before it)."""
-        if self._closing:
+        self._due = False
+        if self._closing or self._busy or not self._waiting:
             return
         self._busy = True
         self._inflight, self._waiting = self._waiting, []

@@ -141,7 +141,7 @@ class MessageStore:
     def _recover(self) -> RecoveryReport:
         """Load segments and queues; after an unclean stop, validate the tail and repair."""
         started = time.perf_counter()
-        self.commitlog = CommitLog(self.root / "commitlog", self.config.segment_size)
+        self.commitlog = CommitLog(self.root / "commitlog", self.config.segment_size, sync_flush=self.config.flush_mode == "sync")
         self.queues_.update(load_queues(self.root / "consumequeue", self.config.consume_queue_entries))
         report = recover(self.commitlog, self.queues_, self._checkpoint, self._queue)
         self._checkpoint.mark_open()
