@@ -23,6 +23,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import warnings
 
 #: Cython twins (``.pyx``) of functions of a reference module.
 TWINS = (
@@ -57,26 +58,60 @@ COMPILED = (
 ENV = "TXBROKER_NO_EXTENSIONS"
 
 
-class _SourceOnly(importlib.abc.MetaPathFinder):
-    """Finds ``txbroker.*`` modules among source files only, so an extension module built
-    beside a ``.py`` file is never picked."""
+_SOURCE = ((importlib.machinery.SourceFileLoader, importlib.machinery.SOURCE_SUFFIXES),)
 
-    _loaders = ((importlib.machinery.SourceFileLoader, importlib.machinery.SOURCE_SUFFIXES),)
+
+class _Chooser(importlib.abc.MetaPathFinder):
+    """Finds ``txbroker`` modules: from source only when :data:`ENV` is set; otherwise it
+    steps in only for an extension older than the source it was built from (an editable
+    install whose ``.py`` or ``.pyx`` was edited since ``pip install -e .``), which would run
+    code that is no longer the source: then the source runs, with one warning.  A compiled
+    twin's reference module skips the twin by itself (its import fails here)."""
+
+    def __init__(self, source_only: bool) -> None:
+        self.source_only = source_only
+        self.stale: list[str] = []
 
     def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
         if not name.startswith("txbroker.") or not path:
             return None
-        for entry in path:
-            spec = importlib.machinery.FileFinder(entry, *self._loaders).find_spec(name, target)
-            if spec is not None:
-                return spec
-        return None
+        if self.source_only:
+            return _source_spec(name, path, target)
+        if name not in _BUILT:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or not isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
+            return None
+        built = os.stat(spec.origin).st_mtime
+        source = spec.origin.split(".", 1)[0] + _BUILT[name]
+        if not os.path.exists(source) or os.stat(source).st_mtime <= built:
+            return None
+        if not self.stale:
+            warnings.warn(f"txbroker: {spec.origin} is older than {source}; running the "
+                          "source modules of stale builds (pip install -e . rebuilds them)",
+                          RuntimeWarning, stacklevel=2)
+        self.stale.append(name)
+        if _BUILT[name] == ".pyx":
+            raise ImportError(f"{name} is older than its source")
+        return _source_spec(name, path, target)
+
+
+#: Every extension module -> the suffix of the source it is built from.
+_BUILT = {**{name: ".pyx" for name in TWINS}, **{name: ".py" for name in COMPILED}}
+
+
+def _source_spec(name, path, target):  # type: ignore[no-untyped-def]
+    for entry in path:
+        spec = importlib.machinery.FileFinder(entry, *_SOURCE).find_spec(name, target)
+        if spec is not None:
+            return spec
+    return None
 
 
 def install() -> None:
-    """Called first thing by ``txbroker/__init__``: with :data:`ENV` set, source only."""
-    if os.environ.get(ENV) and not any(isinstance(f, _SourceOnly) for f in sys.meta_path):
-        sys.meta_path.insert(0, _SourceOnly())
+    """Called first thing by ``txbroker/__init__``: puts :class:`_Chooser` first."""
+    if not any(isinstance(f, _Chooser) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Chooser(bool(os.environ.get(ENV))))
 
 
 def in_use() -> str:

@@ -316,12 +316,19 @@ class MessageStore:
         then call :meth:`put_now` / :meth:`put_chain_now` and create no coroutine."""
         return self._flush is None and self._replication is None
 
+    @property
+    def replicated(self) -> bool:
+        """True while puts wait for slaves to hold them (a SYNC_MASTER)."""
+        return self._replication is not None
+
     def put_now(self, msg: Message) -> PutResult:
         """:meth:`put` for a store that :attr:`answers_at_once` (the caller checked)."""
         return self._appender.append(msg)
 
     def put_chain_now(self, msgs: list[Message]) -> list[PutResult]:
-        """:meth:`put_chain` for a store that :attr:`answers_at_once` (the caller checked)."""
+        """:meth:`put_chain` without its waits: for a store that :attr:`answers_at_once`, or
+        records nobody waits for (with sync flush, the group commit or the interval flush
+        makes them durable later)."""
         results = []
         append = self._appender.append
         for m in msgs:

@@ -71,7 +71,7 @@ class TransactionalMessageBridge:
         return results[0], results[1] if len(results) > 1 else None
 
     def put_commit_now(self, final: Message, op: Message) -> tuple[PutResult, PutResult | None]:
-        """:meth:`put_commit` on a store that answers at once."""
+        """:meth:`put_commit` without waiting for the disk (see ``can_end_now``)."""
         results = self.store.put_chain_now([final, op])
         return results[0], results[1] if len(results) > 1 else None
 
@@ -94,7 +94,7 @@ class TransactionalMessageBridge:
 
     def put_op_now(self, tag: str, body: str, extra: dict[str, str], *,
                    born_ms: int | None = None) -> PutResult:
-        """:meth:`put_op` on a store that answers at once."""
+        """:meth:`put_op` without waiting for the disk (see ``can_end_now``)."""
         return self.store.put_now(self.op_message(tag, body, extra, born_ms=born_ms))
 
     def write_refusal(self) -> str:

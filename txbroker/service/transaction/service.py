@@ -400,9 +400,15 @@ class TransactionalMessageService:
                                      source="check" if from_check else "producer", entry=entry)
 
     def can_end_now(self, commit_log_offset: int) -> bool:
-        """True when :meth:`end_transaction_now` may apply an END on this half: the store
-        :attr:`~MessageStore.answers_at_once` and no other decision on it is under way."""
-        return self.bridge.store.answers_at_once and commit_log_offset not in self._locks
+        """True when :meth:`end_transaction_now` may apply an END on this half: no slave must
+        hold its records first and no other decision on it is under way.
+
+        With sync flush too: a producer's END is one-way, nobody waits for its answer, so it
+        does not wait for the disk either (the group commit of the next send, or the interval
+        flush, makes it durable within ``flush_interval``).  Should the machine lose power
+        first, the half is pending again after the restart and its check-back decides it, as
+        it would if the END had been lost on the way."""
+        return not self.bridge.store.replicated and commit_log_offset not in self._locks
 
     def end_transaction_now(self, *, commit_log_offset: int, tran_state_table_offset: int,
                             producer_group: str, commit_or_rollback: int,
