@@ -37,6 +37,7 @@ from txbroker.client.errors import (
     code_name,
 )
 from txbroker.client.faults import FaultTracker
+from txbroker.client.frames import FilledRequest, FrameTemplate
 from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
 from txbroker.client.message import (
     DEFAULT_COMPRESS_THRESHOLD,
@@ -50,7 +51,7 @@ from txbroker.client.message import (
 )
 from txbroker.client.namesrv import TopicRoute
 from txbroker.client.rebalance import MessageQueue
-from txbroker.remoting.codes import FLAG_ONEWAY, RequestCode, ResponseCode
+from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
     SEND_V1_KEYS,
@@ -70,10 +71,9 @@ DEFAULT_TOPIC_QUEUE_NUMS = 4
 RETRY_CODES = frozenset({ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY,
                          ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.TOPIC_NOT_EXIST})
 _STATUS_BY_CODE = {s.value: s for s in SendStatus}
-#: A send's header is its (topic, flags) template with these three fields filled in: encoding
-#: the whole header class per send cost more than the rest of building the request.
-_QUEUE_ID_KEY, _BORN_KEY, _PROPERTIES_KEY = (
-    SEND_V1_KEYS[k] for k in ("queueId", "bornTimestamp", "properties"))
+#: A send is its (topic, flags) frame template with these three fields filled in
+#: (``frames.py``): encoding the whole header per send cost more than the rest of the send.
+SEND_HOLES = tuple(SEND_V1_KEYS[k] for k in ("queueId", "bornTimestamp", "properties"))
 #: Templates kept per producer (a producer writing to many topics starts over past this).
 MAX_HEADER_TEMPLATES = 256
 
@@ -141,8 +141,8 @@ class Producer:
         #: topic -> (the name server's route object, its writable queues): a send reuses the
         #: queue list while that route is the cached one; a refreshed route is a new object.
         self._write_queues: dict[str, tuple[TopicRoute, list[MessageQueue]]] = {}
-        #: (topic, sys flag, batch) -> the send header encoded with every per-send field blank.
-        self._send_headers: dict[tuple[str, int, bool], dict[str, str]] = {}
+        #: (topic, sys flag, batch, one-way) -> the send's frame, encoded but for its holes.
+        self._send_frames: dict[tuple[str, int, bool, bool], FrameTemplate] = {}
         self._state = "new"
 
     @property
@@ -258,23 +258,21 @@ class Producer:
         return queues
 
     def _request(self, mq: MessageQueue, body: bytes, props: dict[str, str], sys_flag: int,
-                 *, batch: bool, oneway: bool = False) -> RemotingCommand:
-        code = int(RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2)
-        key = (mq.topic, sys_flag, batch)
-        template = self._send_headers.get(key)
+                 *, batch: bool, oneway: bool = False) -> FilledRequest:
+        key = (mq.topic, sys_flag, batch, oneway)
+        template = self._send_frames.get(key)
         if template is None:
-            if len(self._send_headers) >= MAX_HEADER_TEMPLATES:
-                self._send_headers.clear()
-            template = self._send_headers[key] = SendMessageRequestHeader(
+            if len(self._send_frames) >= MAX_HEADER_TEMPLATES:
+                self._send_frames.clear()
+            code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
+            ext = SendMessageRequestHeader(
                 producer_group=self.group, topic=mq.topic, default_topic=DEFAULT_TOPIC,
                 default_topic_queue_nums=DEFAULT_TOPIC_QUEUE_NUMS, queue_id=0,
                 sys_flag=sys_flag, born_timestamp=0, flag=0, properties="", reconsume_times=0,
                 unit_mode=False, batch=batch).to_ext_v2()
-        ext = template.copy()  # the fields that differ per send overwrite theirs, in place
-        ext[_QUEUE_ID_KEY] = str(mq.queue_id)
-        ext[_BORN_KEY] = str(int(time.time() * 1000))
-        ext[_PROPERTIES_KEY] = rec.properties_to_string(props)
-        return RemotingCommand(code, flag=FLAG_ONEWAY if oneway else 0, ext_fields=ext, body=body)
+            template = self._send_frames[key] = FrameTemplate(code, ext, SEND_HOLES, oneway=oneway)
+        return FilledRequest(template, (str(mq.queue_id), str(int(time.time() * 1000)),
+                                        rec.properties_to_string(props)), body)
 
     async def _send(self, topic: str, body: bytes, props: dict[str, str], sys_flag: int,
                     msg_id: str, *, batch: bool = False) -> SendResult:

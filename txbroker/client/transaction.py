@@ -28,6 +28,7 @@ import inspect
 import logging
 
 from txbroker.client.errors import ClientError, ClientStateError, RouteError
+from txbroker.client.frames import FilledRequest, FrameTemplate
 from txbroker.client.instance import DEFAULT_NAMESRV
 from txbroker.client.message import (
     LocalTransactionState,
@@ -37,7 +38,7 @@ from txbroker.client.message import (
     wire_body,
 )
 from txbroker.client.producer import Producer
-from txbroker.remoting.codes import FLAG_ONEWAY, RequestCode
+from txbroker.remoting.codes import RequestCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
     CheckTransactionStateRequestHeader,
@@ -49,6 +50,9 @@ from txbroker.store import record as rec
 log = logging.getLogger(__name__)
 
 _END_TRANSACTION = int(RequestCode.END_TRANSACTION)
+#: The fields of END_TRANSACTION that differ per half.
+END_HOLES = ("tranStateTableOffset", "commitLogOffset", "commitOrRollback", "msgId",
+             "transactionId")
 #: Check-backs waiting for a slot, per check_concurrency slot, before new ones are dropped.
 BACKLOG_PER_SLOT = 16
 
@@ -109,6 +113,12 @@ class TransactionProducer(Producer):
         self._check_slots = asyncio.Semaphore(check_concurrency)
         self._checks: dict[str, asyncio.Task] = {}
         self._instance.on_request(RequestCode.CHECK_TRANSACTION_STATE, self._on_check)
+        #: fromTransactionCheck -> this group's one-way END_TRANSACTION, encoded but for
+        #: the half's offsets, the decision and its ids (``frames.py``).
+        self._end_frames = {from_check: FrameTemplate(_END_TRANSACTION, EndTransactionRequestHeader(
+            producer_group=self.group, tran_state_table_offset=0, commit_log_offset=0,
+            commit_or_rollback=0, from_transaction_check=from_check, msg_id="-",
+            transaction_id="-").to_ext(), END_HOLES, oneway=True) for from_check in (False, True)}
 
     async def shutdown(self) -> None:
         checks = list(self._checks.values())
@@ -181,19 +191,21 @@ class TransactionProducer(Producer):
 
     def _end_command(self, offset_msg_id: str, queue_offset: int, uniq: str,
                      state: LocalTransactionState, *, from_check: bool,
-                     remark: str | None) -> RemotingCommand:
-        """The one-way END_TRANSACTION for the half ``offset_msg_id`` names."""
+                     remark: str | None) -> RemotingCommand | FilledRequest:
+        """The one-way END_TRANSACTION for the half ``offset_msg_id`` names: the group's END
+        frame filled in (a remark, after a failed listener, makes it a command)."""
         try:
             commit_log_offset = rec.decode_offset_msg_id(offset_msg_id)[2]
         except ValueError as exc:
             raise ClientError(f"cannot end transaction {uniq}: bad offsetMsgId "
                               f"{offset_msg_id!r}: {exc}") from None
-        ext = EndTransactionRequestHeader(
-            producer_group=self.group, tran_state_table_offset=queue_offset,
-            commit_log_offset=commit_log_offset, commit_or_rollback=state.value,
-            from_transaction_check=from_check, msg_id=uniq, transaction_id=uniq).to_ext()
-        return RemotingCommand(_END_TRANSACTION, flag=FLAG_ONEWAY,
-                               remark=remark[:512] if remark else None, ext_fields=ext)
+        end = self._end_frames[from_check].fill(
+            (str(queue_offset), str(commit_log_offset), str(state.value), uniq, uniq))
+        if remark:
+            cmd = end.command()
+            cmd.remark = remark[:512]
+            return cmd
+        return end
 
     async def _end(self, broker_name: str, offset_msg_id: str, queue_offset: int, uniq: str,
                    state: LocalTransactionState, *, from_check: bool, remark: str | None = None,
