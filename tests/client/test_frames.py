@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from txbroker.client.frames import FrameTemplate
-from txbroker.client.producer import SEND_HOLES, Producer
+from txbroker.client.message import Message
+from txbroker.client.producer import SEND_HOLES, SEND_INT_HOLES, Producer
 from txbroker.client.rebalance import MessageQueue
-from txbroker.client.transaction import END_HOLES
+from txbroker.client.transaction import END_HOLES, END_INT_HOLES
 from txbroker.remoting.codec import SEPARATE_BODY_FROM, FrameDecoder, encode
 from txbroker.remoting.codes import FLAG_ONEWAY, RequestCode
 from txbroker.remoting.command import RemotingCommand
@@ -23,6 +24,7 @@ from txbroker.remoting.headers import (
     EndTransactionRequestHeader,
     SendMessageRequestHeader,
 )
+from txbroker.store import record as rec
 
 names = st.text(st.sampled_from("abcXYZ09_-%|"), min_size=1, max_size=40)
 # Any text at all: control characters, quotes, backslashes, non-BMP characters.
@@ -49,8 +51,9 @@ def test_send_template_writes_the_generic_encoders_bytes(group, topic, sys_flag,
     code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
     generic = RemotingCommand(int(code), opaque, FLAG_ONEWAY if oneway else 0,
                               ext_fields=header.to_ext_v2(), body=body)
-    template = FrameTemplate(code, header.to_ext_v2(), SEND_HOLES, oneway=oneway)
-    values = (str(queue_id), str(born), properties)
+    template = FrameTemplate(code, header.to_ext_v2(), SEND_HOLES, ints=SEND_INT_HOLES,
+                             oneway=oneway)
+    values = (queue_id, born, properties)
     assert _wire(template.frame(opaque, values, body)) == encode(generic)
     (decoded,) = FrameDecoder().feed(_wire(template.fill(values, body).frame(opaque)))
     assert decoded.opaque == opaque and decoded.body == body
@@ -75,8 +78,9 @@ def test_end_template_writes_the_generic_encoders_bytes(group, from_check, queue
     blank = EndTransactionRequestHeader(
         producer_group=group, tran_state_table_offset=0, commit_log_offset=0,
         commit_or_rollback=0, from_transaction_check=from_check, msg_id="-", transaction_id="-")
-    template = FrameTemplate(RequestCode.END_TRANSACTION, blank.to_ext(), END_HOLES, oneway=True)
-    values = (str(queue_offset), str(commit_log_offset), str(state), msg_id, msg_id)
+    template = FrameTemplate(RequestCode.END_TRANSACTION, blank.to_ext(), END_HOLES,
+                             ints=END_INT_HOLES, oneway=True)
+    values = (queue_offset, commit_log_offset, state, msg_id, msg_id)
     assert _wire(template.frame(opaque, values, b"")) == encode(generic)
 
 
@@ -84,10 +88,10 @@ def test_a_producers_send_is_the_generic_encoders_frame():
     """The producer's own request for a message, against the header class's encoding."""
     producer = Producer("PG_FRAMES")
     mq = MessageQueue("FramesTopic", "broker-a", 3)
-    props = {"TAGS": "t", "UNIQ_KEY": "0A" * 16, "WAIT": "true"}
+    props = rec.properties_to_string({"TAGS": "t", "UNIQ_KEY": "0A" * 16, "WAIT": "true"})
     req = producer._request(mq, b"body", props, 4, batch=False)
     queue_id, born, properties = req.values
-    assert (queue_id, properties) == ("3", "TAGS\x01t\x02UNIQ_KEY\x01" + "0A" * 16 + "\x02WAIT\x01true")
+    assert (queue_id, properties) == (3, "TAGS\x01t\x02UNIQ_KEY\x01" + "0A" * 16 + "\x02WAIT\x01true")
     header = SendMessageRequestHeader(
         producer_group="PG_FRAMES", topic="FramesTopic", default_topic="TBW102",
         default_topic_queue_nums=4, queue_id=3, sys_flag=4, born_timestamp=int(born), flag=0,
@@ -100,3 +104,32 @@ def test_a_producers_send_is_the_generic_encoders_frame():
 def test_a_hole_that_is_no_field_is_refused():
     with pytest.raises(ValueError, match="'zz'"):
         FrameTemplate(RequestCode.SEND_MESSAGE_V2, {"a": "x"}, ("zz",))
+
+
+def test_holes_out_of_the_headers_order_are_refused():
+    with pytest.raises(ValueError, match="key order"):
+        FrameTemplate(RequestCode.SEND_MESSAGE_V2, {"a": "x", "b": "y"}, ("b", "a"))
+
+
+def test_a_percent_sign_in_a_fixed_field_stays_as_it_is():
+    """The template is a bytes format: a group or topic with '%' (a retry topic) is escaped."""
+    ext = {"a": "%RETRY%g", "b": "%d%b%%", "e": "0"}
+    template = FrameTemplate(RequestCode.SEND_MESSAGE_V2, ext, ("e",), ints=frozenset({"e"}))
+    generic = RemotingCommand(int(RequestCode.SEND_MESSAGE_V2), 5, ext_fields={**ext, "e": "7"})
+    assert _wire(template.frame(5, (7,), b"")) == encode(generic)
+
+
+#: Text that fits in a properties string (no \x01 / \x02) and is non-empty, no spaces (keys).
+words = st.text(st.characters(blacklist_characters="\x01\x02 "), min_size=1, max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(tags=st.none() | words, keys=st.none() | words | st.lists(words, max_size=3),
+       properties=st.none() | st.dictionaries(words.map(lambda w: "u" + w), words, max_size=4),
+       delay=st.integers(0, 18), uniq=words, extra=st.sampled_from(["", "\x02TRAN_MSG\x01true"]))
+def test_properties_text_is_the_joined_properties_map(tags, keys, properties, delay, uniq, extra):
+    """A send's properties string is built without the map; it must be the map's string."""
+    msg = Message("T", b"body", tags=tags, keys=keys, properties=properties, delay_level=delay)
+    msg.validate()
+    assert msg.wire_properties_text(uniq, extra) == \
+        rec.properties_to_string(msg.wire_properties(uniq)) + extra

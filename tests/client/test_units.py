@@ -235,7 +235,8 @@ def test_send_request_header_is_the_header_class_encoding() -> None:
     for topic, qid, flag, batch, props in (("T", 3, 4, False, {"a": "b", "UNIQ_KEY": "X"}),
                                            ("T", 1, 4, False, {"c": "d"}),
                                            ("U", 0, 0, True, {"WAIT": "true"})):
-        req = p._request(MessageQueue(topic, "broker-a", qid), b"body", props, flag, batch=batch)
+        req = p._request(MessageQueue(topic, "broker-a", qid), b"body",
+                         rec.properties_to_string(props), flag, batch=batch)
         cmd = req.command()  # the request as a command; its frame is checked in test_frames.py
         born = int(cmd.ext_fields["g"])
         expected = SendMessageRequestHeader(

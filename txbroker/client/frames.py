@@ -33,7 +33,7 @@ _PREFIX = struct.Struct(">ii")
 #: The opaque the template is encoded with, found and cut out afterwards; any int32 works,
 #: one with many digits cannot be mistaken for a field's value followed by the opaque key.
 _PROBE_OPAQUE = 1987654321
-_OPAQUE = -1  # in ``FrameTemplate._slots``: this hole takes the opaque
+_dumps = orjson.dumps
 
 
 class FrameTemplate:
@@ -41,70 +41,65 @@ class FrameTemplate:
 
     ``ext`` holds every field of the request, the holes' values included (any value: each
     request brings its own); the template keeps the key order of ``ext``, as the generic
-    encoder does.  Immutable once built; shared by every request of its kind.
+    encoder does, and ``holes`` must be listed in that order.  A hole named in ``ints``
+    takes an ``int`` (written as its decimal string, as the header classes write integers),
+    any other a ``str``.  Immutable once built; shared by every request of its kind.
     """
 
-    __slots__ = ("_pieces", "_slots", "code", "ext", "flag", "holes")
+    __slots__ = ("_format", "code", "ext", "flag", "holes", "ints")
 
     def __init__(self, code: int, ext: dict[str, str], holes: tuple[str, ...], *,
-                 oneway: bool = False) -> None:
+                 ints: frozenset[str] = frozenset(), oneway: bool = False) -> None:
         self.code = int(code)
         self.flag = FLAG_ONEWAY if oneway else 0
         self.ext = dict(ext)
         self.holes = holes
+        self.ints = ints
         probe = dict(ext)
-        markers: list[tuple[bytes, int]] = [(b'"opaque":%d' % _PROBE_OPAQUE, _OPAQUE)]
+        markers = []
         for i, key in enumerate(holes):
             if key not in probe:
                 raise ValueError(f"hole {key!r} is not a field of the request")
             # NUL cannot occur in an encoded header (JSON escapes it), so the marker is unique.
             probe[key] = f"\x00{i}\x00"
-            markers.append((orjson.dumps(probe[key]), i))
+            markers.append(orjson.dumps(probe[key]))
         header = encode(RemotingCommand(self.code, _PROBE_OPAQUE, self.flag, ext_fields=probe))
         header = header[_PREFIX.size:]
-        found = []
-        for marker, slot in markers:
-            at = header.find(marker)
+        opaque = b'"opaque":%d' % _PROBE_OPAQUE
+        pieces, pos = [], 0
+        for key, marker in (*zip(holes, markers, strict=True), (None, opaque)):
+            at = header.find(marker, pos)
             if at < 0 or header.find(marker, at + 1) >= 0:
-                raise ValueError(f"placeholder {marker!r} not found once in the encoded header")
-            if slot == _OPAQUE:  # keep the key, cut the number
-                at += len(b'"opaque":')
-                marker = marker[len(b'"opaque":'):]
-            found.append((at, len(marker), slot))
-        found.sort()
-        pieces, slots, pos = [], [], 0
-        for at, length, slot in found:
-            pieces.append(header[pos:at])
-            slots.append(slot)
-            pos = at + length
-        pieces.append(header[pos:])
-        self._pieces = tuple(pieces)
-        self._slots = tuple(slots)
+                raise ValueError(f"placeholder {marker!r} not found once after the previous "
+                                 "hole (holes are listed in the header's key order)")
+            if key is None:  # keep the key, leave the number out
+                pieces.append(header[pos:at + len(b'"opaque":')].replace(b"%", b"%%") + b"%d")
+            elif key in ints:  # inside the quotes, as orjson writes str(int)
+                pieces.append(header[pos:at + 1].replace(b"%", b"%%") + b'%d"')
+            else:
+                pieces.append(header[pos:at].replace(b"%", b"%%") + b"%b")
+            pos = at + len(marker)
+        pieces.append(header[pos:].replace(b"%", b"%%"))
+        #: The header as a bytes format: ``%b`` takes a JSON-encoded string, ``%d`` an int.
+        self._format = b"".join(pieces)
 
-    def fill(self, values: tuple[str, ...], body: bytes = b"") -> FilledRequest:
+    def fill(self, values: tuple, body: bytes = b"") -> FilledRequest:
         """This request with ``values`` in its holes (in the order of ``holes``)."""
         return FilledRequest(self, values, body)
 
-    def frame(self, opaque: int, values: tuple[str, ...], body: bytes) -> list[bytes]:
+    def frame(self, opaque: int, values: tuple, body: bytes) -> list[bytes]:
         """The frame's buffers, as :func:`txbroker.remoting.codec.encode_parts` returns them."""
-        pieces = self._pieces
-        out = [pieces[0]]
-        i = 1
-        for slot in self._slots:
-            out.append(str(opaque).encode() if slot < 0 else orjson.dumps(values[slot]))
-            out.append(pieces[i])
-            i += 1
-        header = b"".join(out)
+        header = self._format % (*[v if v.__class__ is int else _dumps(v) for v in values], opaque)
         header_len = len(header)
         if len(body) < SEPARATE_BODY_FROM:
             return [_PREFIX.pack(4 + header_len + len(body), header_len) + header + body]
         return [_PREFIX.pack(4 + header_len + len(body), header_len) + header, body]
 
-    def command(self, values: tuple[str, ...], body: bytes = b"") -> RemotingCommand:
+    def command(self, values: tuple, body: bytes = b"") -> RemotingCommand:
         """The same request as a command, for the generic encoder (and a signing end)."""
         ext = self.ext.copy()
         for key, value in zip(self.holes, values, strict=True):
-            ext[key] = value
+            ext[key] = str(value) if key in self.ints else value
         return RemotingCommand(self.code, flag=self.flag, ext_fields=ext, body=body)
 
 
@@ -113,7 +108,7 @@ class FilledRequest:
 
     __slots__ = ("body", "template", "values")
 
-    def __init__(self, template: FrameTemplate, values: tuple[str, ...], body: bytes) -> None:
+    def __init__(self, template: FrameTemplate, values: tuple, body: bytes) -> None:
         self.template = template
         self.values = values
         self.body = body

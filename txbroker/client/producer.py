@@ -74,6 +74,9 @@ _STATUS_BY_CODE = {s.value: s for s in SendStatus}
 #: A send is its (topic, flags) frame template with these three fields filled in
 #: (``frames.py``): encoding the whole header per send cost more than the rest of the send.
 SEND_HOLES = tuple(SEND_V1_KEYS[k] for k in ("queueId", "bornTimestamp", "properties"))
+SEND_INT_HOLES = frozenset(SEND_HOLES[:2])
+#: A batch request's own properties (each message carries its own inside the body).
+_BATCH_PROPERTIES = rec.properties_to_string({rec.PROPERTY_WAIT_STORE_MSG_OK: "true"})
 #: Templates kept per producer (a producer writing to many topics starts over past this).
 MAX_HEADER_TEMPLATES = 256
 
@@ -189,7 +192,7 @@ class Producer:
         msg.validate()
         body, sys_flag = wire_body(msg.body, self.compress_threshold, self.max_message_size)
         uniq = self._ids.next()
-        return await self._send(msg.topic, body, msg.wire_properties(uniq), sys_flag, uniq)
+        return await self._send(msg.topic, body, msg.wire_properties_text(uniq), sys_flag, uniq)
 
     async def send_oneway(self, msg: Message) -> None:
         """Send without waiting for the broker (no result, no retry: delivery is best effort)."""
@@ -199,7 +202,8 @@ class Producer:
         uniq = self._ids.next()
         queues = await self._queues(msg.topic)
         mq = self.faults.select(queues, next(self._rr), None)
-        cmd = self._request(mq, body, msg.wire_properties(uniq), sys_flag, batch=False, oneway=True)
+        cmd = self._request(mq, body, msg.wire_properties_text(uniq), sys_flag, batch=False,
+                            oneway=True)
         await self._instance.invoke_oneway(self._instance.namesrv.broker_addr(mq.broker_name), cmd)
 
     async def send_batch(self, msgs: list[Message]) -> SendResult:
@@ -226,8 +230,7 @@ class Producer:
         if len(body) > self.max_message_size:  # batches go uncompressed, as in RocketMQ
             raise ValueError(f"batch body is {len(body):,} bytes, over the "
                              f"{self.max_message_size:,}-byte limit")
-        return await self._send(topic, body, {rec.PROPERTY_WAIT_STORE_MSG_OK: "true"}, 0,
-                                ",".join(uniqs), batch=True)
+        return await self._send(topic, body, _BATCH_PROPERTIES, 0, ",".join(uniqs), batch=True)
 
     # --- internals ---------------------------------------------------------------------------
     def _cached_queues(self, topic: str) -> list[MessageQueue] | None:
@@ -257,7 +260,7 @@ class Producer:
             self._template_routed.add(topic)
         return queues
 
-    def _request(self, mq: MessageQueue, body: bytes, props: dict[str, str], sys_flag: int,
+    def _request(self, mq: MessageQueue, body: bytes, props: str, sys_flag: int,
                  *, batch: bool, oneway: bool = False) -> FilledRequest:
         key = (mq.topic, sys_flag, batch, oneway)
         template = self._send_frames.get(key)
@@ -270,11 +273,11 @@ class Producer:
                 default_topic_queue_nums=DEFAULT_TOPIC_QUEUE_NUMS, queue_id=0,
                 sys_flag=sys_flag, born_timestamp=0, flag=0, properties="", reconsume_times=0,
                 unit_mode=False, batch=batch).to_ext_v2()
-            template = self._send_frames[key] = FrameTemplate(code, ext, SEND_HOLES, oneway=oneway)
-        return FilledRequest(template, (str(mq.queue_id), str(int(time.time() * 1000)),
-                                        rec.properties_to_string(props)), body)
+            template = self._send_frames[key] = FrameTemplate(
+                code, ext, SEND_HOLES, ints=SEND_INT_HOLES, oneway=oneway)
+        return FilledRequest(template, (mq.queue_id, int(time.time() * 1000), props), body)
 
-    async def _send(self, topic: str, body: bytes, props: dict[str, str], sys_flag: int,
+    async def _send(self, topic: str, body: bytes, props: str, sys_flag: int,
                     msg_id: str, *, batch: bool = False) -> SendResult:
         """Send, retrying on another queue.
 

@@ -53,6 +53,7 @@ _END_TRANSACTION = int(RequestCode.END_TRANSACTION)
 #: The fields of END_TRANSACTION that differ per half.
 END_HOLES = ("tranStateTableOffset", "commitLogOffset", "commitOrRollback", "msgId",
              "transactionId")
+END_INT_HOLES = frozenset(END_HOLES[:3])
 #: Check-backs waiting for a slot, per check_concurrency slot, before new ones are dropped.
 BACKLOG_PER_SLOT = 16
 
@@ -113,12 +114,17 @@ class TransactionProducer(Producer):
         self._check_slots = asyncio.Semaphore(check_concurrency)
         self._checks: dict[str, asyncio.Task] = {}
         self._instance.on_request(RequestCode.CHECK_TRANSACTION_STATE, self._on_check)
+        #: A half's properties after the message's own, up to the transaction id's value.
+        self._half_tail = rec.PROPERTY_SEPARATOR + rec.properties_to_string({
+            rec.PROPERTY_TRANSACTION_PREPARED: "true", rec.PROPERTY_PRODUCER_GROUP: self.group,
+            rec.PROPERTY_TRANSACTION_ID: ""})
         #: fromTransactionCheck -> this group's one-way END_TRANSACTION, encoded but for
         #: the half's offsets, the decision and its ids (``frames.py``).
         self._end_frames = {from_check: FrameTemplate(_END_TRANSACTION, EndTransactionRequestHeader(
             producer_group=self.group, tran_state_table_offset=0, commit_log_offset=0,
             commit_or_rollback=0, from_transaction_check=from_check, msg_id="-",
-            transaction_id="-").to_ext(), END_HOLES, oneway=True) for from_check in (False, True)}
+            transaction_id="-").to_ext(), END_HOLES, ints=END_INT_HOLES, oneway=True)
+            for from_check in (False, True)}
 
     async def shutdown(self) -> None:
         checks = list(self._checks.values())
@@ -141,14 +147,15 @@ class TransactionProducer(Producer):
         if msg.delay_level:
             raise ValueError("a transactional message cannot have a delay level")
         uniq = self._ids.next()
-        props = msg.wire_properties(uniq)
+        props = msg.wire_properties(uniq)  # the listener's copy; the wire gets the string
         props[rec.PROPERTY_TRANSACTION_PREPARED] = "true"
         props[rec.PROPERTY_PRODUCER_GROUP] = self.group
         # The transaction id is the UNIQ_KEY; carried on the half so every broker version
         # hands it to check-backs and consumers (5.x brokers add it themselves).
         props[rec.PROPERTY_TRANSACTION_ID] = uniq
         body, sys_flag = wire_body(msg.body, self.compress_threshold, self.max_message_size)
-        result = await self._send(msg.topic, body, props, sys_flag | rec.TRANSACTION_PREPARED_TYPE, uniq)
+        result = await self._send(msg.topic, body, msg.wire_properties_text(uniq, self._half_tail + uniq),
+                                  sys_flag | rec.TRANSACTION_PREPARED_TYPE, uniq)
 
         half = MessageExt(topic=msg.topic, body=bytes(msg.body), tags=msg.tags,
                           keys=" ".join(msg.key_list()) or None, properties=props, msg_id=uniq,
@@ -200,7 +207,7 @@ class TransactionProducer(Producer):
             raise ClientError(f"cannot end transaction {uniq}: bad offsetMsgId "
                               f"{offset_msg_id!r}: {exc}") from None
         end = self._end_frames[from_check].fill(
-            (str(queue_offset), str(commit_log_offset), str(state.value), uniq, uniq))
+            (queue_offset, commit_log_offset, state.value, uniq, uniq))
         if remark:
             cmd = end.command()
             cmd.remark = remark[:512]
