@@ -172,7 +172,10 @@ class TransactionProducer(Producer):
         try:
             end = self._end_command(result.offset_msg_id, result.queue_offset, uniq, state,
                                     from_check=False, remark=error)
-            addr = await self._end_addr(result.broker_name, msg.topic)
+            try:  # the master as the route names it now; no coroutine while it names one
+                addr = self._instance.namesrv.broker_addr(result.broker_name)
+            except RouteError:
+                addr = await self._end_addr(result.broker_name, msg.topic)
             if not self._instance.send_oneway_now(addr, end):  # sent at once when connected
                 await self._instance.invoke_oneway(addr, end)
         except (ClientError, OSError, TimeoutError) as exc:
@@ -185,16 +188,13 @@ class TransactionProducer(Producer):
             broker_name=result.broker_name, transaction_id=uniq, local_transaction_state=state)
 
     async def _end_addr(self, broker_name: str, topic: str) -> str:
-        """The master of the group that stored the half, as the route names it *now* (after
-        a failover the group's new master holds the half at the same commitlog offset).
-        A group with no master listed gets one route refresh before giving up: then the
-        END is not sent, and that group's master checks the half back later."""
+        """The master of the group that stored the half when the route names none now: one
+        route refresh (after a failover the group's new master holds the half at the same
+        commitlog offset), else RouteError: then the END is not sent, and that group's
+        master checks the half back later."""
         namesrv = self._instance.namesrv
-        try:
-            return namesrv.broker_addr(broker_name)
-        except RouteError:
-            await namesrv.route(topic, refresh=True)
-            return namesrv.broker_addr(broker_name)
+        await namesrv.route(topic, refresh=True)
+        return namesrv.broker_addr(broker_name)
 
     def _end_command(self, offset_msg_id: str, queue_offset: int, uniq: str,
                      state: LocalTransactionState, *, from_check: bool,
