@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from txbroker.client.frames import FrameTemplate
 from txbroker.client.message import Message
 from txbroker.client.producer import SEND_HOLES, SEND_INT_HOLES, Producer
+from txbroker.client.pull import PULL_HOLES
 from txbroker.client.rebalance import MessageQueue
 from txbroker.client.transaction import END_HOLES, END_INT_HOLES
 from txbroker.remoting.codec import SEPARATE_BODY_FROM, FrameDecoder, encode
@@ -22,6 +23,7 @@ from txbroker.remoting.codes import FLAG_ONEWAY, RequestCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
     EndTransactionRequestHeader,
+    PullMessageRequestHeader,
     SendMessageRequestHeader,
 )
 from txbroker.store import record as rec
@@ -133,3 +135,25 @@ def test_properties_text_is_the_joined_properties_map(tags, keys, properties, de
     msg.validate()
     assert msg.wire_properties_text(uniq, extra) == \
         rec.properties_to_string(msg.wire_properties(uniq)) + extra
+
+
+@settings(max_examples=200, deadline=None)
+@given(group=names, topic=names, queue_id=st.integers(0, 1023), batch=st.integers(1, 1024),
+       suspend=st.integers(0, 2**40), subscription=texts, version=st.integers(0, 2**62),
+       offset=st.integers(0, 2**63 - 1), flag=st.integers(0, 31),
+       commit=st.integers(-1, 2**63 - 1), opaque=opaques)
+def test_pull_template_writes_the_generic_encoders_bytes(group, topic, queue_id, batch, suspend,
+                                                         subscription, version, offset, flag,
+                                                         commit, opaque):
+    def header(queue_offset: int, sys_flag: int, commit_offset: int) -> PullMessageRequestHeader:
+        return PullMessageRequestHeader(
+            consumer_group=group, topic=topic, queue_id=queue_id, queue_offset=queue_offset,
+            max_msg_nums=batch, sys_flag=sys_flag, commit_offset=commit_offset,
+            suspend_timeout_millis=suspend, subscription=subscription, sub_version=version,
+            expression_type="TAG")
+
+    template = FrameTemplate(RequestCode.PULL_MESSAGE, header(0, 0, -1).to_ext(), PULL_HOLES,
+                             ints=frozenset(PULL_HOLES))
+    generic = RemotingCommand(int(RequestCode.PULL_MESSAGE), opaque,
+                              ext_fields=header(offset, flag, commit).to_ext())
+    assert _wire(template.fill((offset, flag, commit)).frame(opaque)) == encode(generic)
