@@ -23,6 +23,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from txbroker.client.delivery import DeliveryBuffer
 from txbroker.client.errors import ClientError
 from txbroker.client.frames import FrameTemplate
 from txbroker.client.instance import ClientInstance
@@ -84,7 +85,7 @@ class OwnedQueue:
 class Puller:
     """Pulls owned queues into ``buffer`` as ``(tracker, PulledMessage)`` items."""
 
-    def __init__(self, instance: ClientInstance, group: str, buffer: asyncio.Queue, *,
+    def __init__(self, instance: ClientInstance, group: str, buffer: DeliveryBuffer, *,
                  batch_size: int, long_poll_timeout: float, request_timeout: float,
                  error_backoff: float) -> None:
         self._instance = instance
@@ -198,12 +199,8 @@ class Puller:
             else:
                 wanted = [m for m in msgs if m.queue_offset >= first and selected.matches(m.tags)]
             tracker.pulled([m.queue_offset for m in wanted], next_begin)
-            buffer = self.buffer
-            for m in wanted:
-                if buffer.full():
-                    await buffer.put((tracker, m))  # back-pressure: waits while full
-                else:
-                    buffer.put_nowait((tracker, m))
+            # The whole pull in one call; back-pressure: waits while the buffer is full.
+            await self.buffer.put_all([(tracker, m) for m in wanted])
             return True
         if resp.code in (ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY):
             tracker.moved(next_begin)
