@@ -25,7 +25,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from typing import Self
+from typing import Self, TypeVar
 
 from txbroker.client.errors import (
     BrokerError,
@@ -62,6 +62,9 @@ from txbroker.remoting.headers import (
 from txbroker.store import record as rec
 
 log = logging.getLogger(__name__)
+
+#: The result class a send builds (SendResult, or a transaction's TransactionSendResult).
+R = TypeVar("R", bound=SendResult)
 
 #: Template topic for auto-created topics (RocketMQ's TBW102) and its queue count.
 DEFAULT_TOPIC = rec.DEFAULT_TOPIC
@@ -278,7 +281,8 @@ class Producer:
         return FilledRequest(template, (mq.queue_id, int(time.time() * 1000), props), body)
 
     async def _send(self, topic: str, body: bytes, props: str, sys_flag: int,
-                    msg_id: str, *, batch: bool = False) -> SendResult:
+                    msg_id: str, *, batch: bool = False,
+                    result_type: type[R] = SendResult) -> R:  # type: ignore[assignment]
         """Send, retrying on another queue.
 
         A transaction's half whose outcome is unknown (sent, then no answer, a dropped
@@ -337,7 +341,7 @@ class Producer:
                     self.faults.update(mq.broker_name, (time.monotonic() - began) * 1000)
                     if topic in self._template_routed:
                         self.created_topics.add(topic)
-                    return self._result(topic, mq, resp, status, msg_id)
+                    return self._result(topic, mq, resp, status, msg_id, result_type)
                 last = BrokerError("send", resp.code, resp.remark, addr)
                 attempts.append(f"attempt {attempt + 1} queue {mq.queue_id} on {addr}: "
                                 f"{code_name(resp.code)} ({resp.code}): {resp.remark or ''}".rstrip(": "))
@@ -357,11 +361,13 @@ class Producer:
 
     @staticmethod
     def _result(topic: str, mq: MessageQueue, resp: RemotingCommand, status: SendStatus,
-                msg_id: str) -> SendResult:
+                msg_id: str, result_type: type[R]) -> R:
+        """The stored send as ``result_type`` (a transaction's result is built at once, not
+        copied from a SendResult)."""
         try:
             header = SendMessageResponseHeader.from_ext(resp.ext_fields)
         except HeaderError as exc:
             raise ClientError(f"send to {topic!r}: malformed response header: {exc.remark}") from None
-        return SendResult(send_status=status, msg_id=msg_id, offset_msg_id=header.msg_id,
-                          queue_id=header.queue_id, queue_offset=header.queue_offset, topic=topic,
-                          broker_name=mq.broker_name)
+        return result_type(send_status=status, msg_id=msg_id, offset_msg_id=header.msg_id,
+                           queue_id=header.queue_id, queue_offset=header.queue_offset,
+                           topic=topic, broker_name=mq.broker_name)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from functools import cached_property
 
 from txbroker.client.errors import ClientError, ClientStateError, RouteError
 from txbroker.client.frames import FilledRequest, FrameTemplate
@@ -88,12 +89,42 @@ async def _call(fn, *args, in_thread: bool = False) -> LocalTransactionState:
         result = fn(*args)
         if result.__class__ is LocalTransactionState:  # a plain method's answer: done
             return result
+    return await _settle(fn, result)
+
+
+async def _settle(fn, result: object) -> LocalTransactionState:
+    """What a listener method returned, awaited if it is awaitable, as its state."""
     if inspect.isawaitable(result):
         result = await result
     if not isinstance(result, LocalTransactionState):
         raise TypeError(f"{getattr(fn, '__name__', fn)} returned {result!r}, "
                         "not a LocalTransactionState")
     return result
+
+
+class _HalfMessage(MessageExt):
+    """The half as ``execute_local_transaction`` sees it: a :class:`MessageExt` whose
+    properties map is parsed from the string sent on first read (listeners rarely read it,
+    and building it per transaction cost more than the listener call)."""
+
+    def __init__(self, msg: Message, uniq: str, props_text: str,
+                 result: TransactionSendResult) -> None:
+        # Not the dataclass __init__: the fields a send sets now, the others keep their
+        # class defaults, the properties wait (as PulledMessage does).
+        self.topic = msg.topic
+        self.body = bytes(msg.body)
+        self.tags = msg.tags
+        self.keys = " ".join(msg.key_list()) or None
+        self.msg_id = self.transaction_id = uniq
+        self.offset_msg_id = result.offset_msg_id
+        self.queue_id = result.queue_id
+        self.queue_offset = result.queue_offset
+        self.broker_name = result.broker_name
+        self._props_text = props_text
+
+    @cached_property
+    def properties(self) -> dict[str, str]:  # type: ignore[override]
+        return rec.string_to_properties(self._props_text)
 
 
 class TransactionProducer(Producer):
@@ -147,28 +178,25 @@ class TransactionProducer(Producer):
         if msg.delay_level:
             raise ValueError("a transactional message cannot have a delay level")
         uniq = self._ids.next()
-        props = msg.wire_properties(uniq)  # the listener's copy; the wire gets the string
-        props[rec.PROPERTY_TRANSACTION_PREPARED] = "true"
-        props[rec.PROPERTY_PRODUCER_GROUP] = self.group
-        # The transaction id is the UNIQ_KEY; carried on the half so every broker version
-        # hands it to check-backs and consumers (5.x brokers add it themselves).
-        props[rec.PROPERTY_TRANSACTION_ID] = uniq
         body, sys_flag = wire_body(msg.body, self.compress_threshold, self.max_message_size)
-        result = await self._send(msg.topic, body, msg.wire_properties_text(uniq, self._half_tail + uniq),
-                                  sys_flag | rec.TRANSACTION_PREPARED_TYPE, uniq)
-
-        half = MessageExt(topic=msg.topic, body=bytes(msg.body), tags=msg.tags,
-                          keys=" ".join(msg.key_list()) or None, properties=props, msg_id=uniq,
-                          offset_msg_id=result.offset_msg_id, queue_id=result.queue_id,
-                          queue_offset=result.queue_offset, transaction_id=uniq,
-                          broker_name=result.broker_name)
+        # The transaction id is the UNIQ_KEY; carried on the half (in the group's tail) so
+        # every broker version hands it to check-backs and consumers (5.x brokers add it).
+        props = msg.wire_properties_text(uniq, self._half_tail + uniq)
+        result = await self._send(msg.topic, body, props, sys_flag | rec.TRANSACTION_PREPARED_TYPE,
+                                  uniq, result_type=TransactionSendResult)
+        result.transaction_id = uniq
+        half = _HalfMessage(msg, uniq, props, result)
         state, error = LocalTransactionState.UNKNOW, None
         try:
-            state = await _call(self.listener.execute_local_transaction, half, arg)
+            # A plain listener's answer needs no coroutine (_call for the other kinds).
+            state = self.listener.execute_local_transaction(half, arg)
+            if state.__class__ is not LocalTransactionState:
+                state = await _settle(self.listener.execute_local_transaction, state)
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            state, error = LocalTransactionState.UNKNOW, f"{type(exc).__name__}: {exc}"
             log.exception("producer %s: local transaction of %s failed; state UNKNOW "
                           "(the broker will check back)", self.group, uniq)
+        result.local_transaction_state = state
         try:
             end = self._end_command(result.offset_msg_id, result.queue_offset, uniq, state,
                                     from_check=False, remark=error)
@@ -182,10 +210,7 @@ class TransactionProducer(Producer):
             # The half is stored and the broker will check back: not the caller's error.
             log.warning("producer %s: END_TRANSACTION for %s not sent (%s); the broker will "
                         "check back", self.group, uniq, exc)
-        return TransactionSendResult(
-            send_status=result.send_status, msg_id=uniq, offset_msg_id=result.offset_msg_id,
-            queue_id=result.queue_id, queue_offset=result.queue_offset, topic=msg.topic,
-            broker_name=result.broker_name, transaction_id=uniq, local_transaction_state=state)
+        return result
 
     async def _end_addr(self, broker_name: str, topic: str) -> str:
         """The master of the group that stored the half when the route names none now: one
