@@ -157,3 +157,26 @@ def test_pull_template_writes_the_generic_encoders_bytes(group, topic, queue_id,
     generic = RemotingCommand(int(RequestCode.PULL_MESSAGE), opaque,
                               ext_fields=header(offset, flag, commit).to_ext())
     assert _wire(template.fill((offset, flag, commit)).frame(opaque)) == encode(generic)
+
+
+async def test_filled_requests_through_a_connection_wrap_their_opaques(broker) -> None:
+    """An encoded request takes the connection's next opaque and wraps past the last one
+    as a command does; each answer still finds its request."""
+    import itertools
+
+    from txbroker.remoting.client import RemotingClient
+    from txbroker.remoting.codes import ResponseCode
+
+    client = RemotingClient(broker.broker_addr)
+    try:
+        await client.connect()
+        proto = client._proto
+        last = proto.OPAQUE_LAST
+        proto._opaques = itertools.count(last)
+        template = FrameTemplate(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "-"}, ("topic",))
+        first = await client.invoke(template.fill(("TBW102",)), 5.0)
+        second = await client.invoke(template.fill(("TBW102",)), 5.0)
+        assert (first.opaque, second.opaque) == (last, proto.OPAQUE_FIRST)
+        assert first.code == second.code == ResponseCode.SUCCESS
+    finally:
+        await client.close()

@@ -94,7 +94,9 @@ class _ClientProtocol(RemotingConnection):
             raise ConnectionError(f"connection to {self.peer} is closed")
         if self._write_paused:
             await self.wait_writable()
-        opaque = self._next_opaque()
+        opaque = next(self._opaques)  # _next_opaque's common case inline
+        if opaque > self.OPAQUE_LAST:
+            opaque = self._next_opaque()  # wraps
         parts = req.frame(opaque)
         fut = self._loop.create_future()
         self._pending[opaque] = fut
