@@ -256,15 +256,19 @@ class Consumer:
     async def _next(self, timeout: float | None) -> MessageExt | None:
         if self._state == "new":
             raise ClientStateError(f"consumer {self.group} is not started")
-        self._ack_delivered()
-        if self._state == "closed" and (self._buffer is None or not self._buffer.items):
-            return None
+        delivered = self._delivered
+        if delivered:  # _ack_delivered inline: this runs once per delivered message
+            for tracker, offset in delivered:
+                tracker.ack(offset)
+            delivered.clear()
         buffer = self._buffer
-        assert buffer is not None
+        if buffer is None or (self._state == "closed" and not buffer.items):
+            return None
+        items = buffer.items
         deadline = None
         while True:
-            if buffer.items:
-                item = buffer.get_nowait()  # a backlog is delivered without a timer or a wait
+            if items:  # a backlog is delivered without a timer or a wait
+                tracker, msg = buffer.get_nowait()
             else:
                 loop = asyncio.get_running_loop()
                 if deadline is None and timeout is not None:
@@ -277,12 +281,12 @@ class Consumer:
                         item = await buffer.get()
                 except TimeoutError:
                     return None
-            if item is None:  # closed: the consumer shut down
-                return None
-            tracker, msg = item
+                if item is None:  # closed: the consumer shut down
+                    return None
+                tracker, msg = item
             if tracker.dropped:
                 continue  # its queue moved to another member, which re-delivers from the offset
-            self._delivered.append((tracker, msg.queue_offset))
+            delivered.append((tracker, msg.queue_offset))
             return msg
 
     # --- rebalance -----------------------------------------------------------------------
