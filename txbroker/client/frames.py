@@ -9,7 +9,7 @@ a :class:`FrameTemplate` encodes the request once, with the generic encoder
 and keeps the constant bytes between the placeholders.  A request then is those pieces
 joined with the varying values, JSON-encoded one by one exactly as the generic encoder
 encodes them inside the header: the bytes on the wire are the generic encoder's, which the
-tests check for random values.  END_TRANSACTION gets the same treatment.
+tests check for random values.  END_TRANSACTION and a consumer's PULL get the same treatment.
 
 Sans-IO: bytes in, bytes out; the connection assigns the opaque and writes the buffers
 (:meth:`txbroker.remoting.client.RemotingClient.invoke` takes a :class:`FilledRequest` as
@@ -29,7 +29,7 @@ from txbroker.remoting.codes import FLAG_ONEWAY
 from txbroker.remoting.command import RemotingCommand
 
 #: A frame's length prefix: total length after this field, then the serialize type (JSON: 0)
-#: and header length in one int (docs/protocol.md §3).
+#: and header length in one int (docs/protocol.md §1).
 _PREFIX = struct.Struct(">ii")
 #: The opaque the template is encoded with, found and cut out afterwards; any int32 works,
 #: one with many digits cannot be mistaken for a field's value followed by the opaque key.
