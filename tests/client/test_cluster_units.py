@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from txbroker.client.delivery import DeliveryBuffer
 from txbroker.client.errors import RouteError
 from txbroker.client.faults import FaultTracker, not_available_ms
 from txbroker.client.instance import ClientInstance
@@ -152,7 +153,7 @@ def test_disabled_fault_tolerance_only_avoids_the_last_failed_broker() -> None:
 async def test_pull_follows_suggest_which_broker_id() -> None:
     instance = ClientInstance("127.0.0.1:9876")  # never started: no I/O
     instance.namesrv.groups.update({"broker-a": {0: A0, 1: A1}, "broker-b": {1: B1}})
-    puller = Puller(instance, "G", asyncio.Queue(8), batch_size=4, long_poll_timeout=1.0,
+    puller = Puller(instance, "G", DeliveryBuffer(8), batch_size=4, long_poll_timeout=1.0,
                     request_timeout=1.0, error_backoff=0.1)
     owned = OwnedQueue(MessageQueue("T", "broker-a", 0), A0, OffsetTracker(0))
     assert puller.pull_addr(owned) == A0

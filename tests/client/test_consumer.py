@@ -138,7 +138,7 @@ async def test_poll_and_lifecycle_errors(broker, namesrv) -> None:
     assert await consumer.poll(0.2) is None
     assert time.monotonic() - t0 < 5
     waiter = asyncio.create_task(consumer.poll())
-    # the poll is waiting on the consumer's buffer (asyncio.Queue keeps its waiters in _getters)
+    # the poll is waiting on the consumer's buffer (DeliveryBuffer keeps its waiters in _getters)
     await eventually(lambda: consumer._buffer._getters, 5, "poll() waiting")
     await consumer.shutdown()
     assert await asyncio.wait_for(waiter, 5) is None  # shutdown wakes a waiting poll

@@ -204,3 +204,42 @@ async def test_check_back_reaches_a_producer_whose_connection_dropped(broker, na
         listener.decided[result.transaction_id] = COMMIT
         await eventually(lambda: broker.tx.pending_count() == 0, msg="half resolved by check-back")
     assert result.transaction_id in listener.checked
+
+
+class RecordingListener(TransactionListener):
+    """Keeps the half it was given, and returns what it is told to (a state or not)."""
+
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+        self.halves: list = []
+
+    def execute_local_transaction(self, msg, arg):
+        self.halves.append(msg)
+        return self.answer
+
+    def check_local_transaction(self, msg):
+        return COMMIT
+
+
+async def test_the_listeners_half_and_the_result_carry_every_field(broker, namesrv) -> None:
+    """The half handed to execute_local_transaction is built lazily; every field a listener
+    may read must still be there: the properties map as sent, ids, offsets, body, keys."""
+    listener = RecordingListener(COMMIT)
+    async with TransactionProducer("PG_TXF", namesrv, listener=listener) as producer:
+        result = await producer.send_message_in_transaction(Message(
+            "TTxFields", b"payload", tags="TagA", keys=["k1", "k2"], properties={"color": "red"}))
+        (half,) = listener.halves
+        uniq = result.transaction_id
+        assert half.properties == {"color": "red", "KEYS": "k1 k2", "TAGS": "TagA",
+                                   "UNIQ_KEY": uniq, "WAIT": "true", "TRAN_MSG": "true",
+                                   "PGROUP": "PG_TXF", "__transactionId__": uniq}
+        assert (half.topic, half.body, half.tags, half.keys) == ("TTxFields", b"payload", "TagA", "k1 k2")
+        assert half.msg_id == half.transaction_id == uniq == result.msg_id
+        assert (half.offset_msg_id, half.queue_id, half.queue_offset, half.broker_name) == (
+            result.offset_msg_id, result.queue_id, result.queue_offset, result.broker_name)
+        assert decode_offset_msg_id(half.offset_msg_id)[2] >= 0
+        assert result.local_transaction_state is COMMIT and result.topic == "TTxFields"
+        # a listener answering something that is no state: UNKNOW, the broker checks back
+        listener.answer = "yes"
+        unknown = await producer.send_message_in_transaction(Message("TTxFields", b"x"))
+        assert unknown.local_transaction_state is UNKNOW

@@ -8,6 +8,8 @@ import zlib
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from txbroker.client import Consumer, Producer, TransactionListener, TransactionProducer
 from txbroker.client.message import (
@@ -93,6 +95,28 @@ def test_offset_tracker_commits_smallest_unacked() -> None:
     t.pulled([15, 16], 17)
     t.reset(16)
     assert t.committable() == 16 and t.next_pull == 16
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.just("pull"), st.lists(st.integers(0, 60), max_size=6)),
+    st.tuples(st.just("ack"), st.integers(0, 60)),
+    st.tuples(st.just("ack_oldest"), st.just(0))), max_size=40))
+def test_offset_tracker_matches_a_sorted_list(steps) -> None:
+    """In-order pulls and oldest-first acks take shortcuts; any order must give what a plain
+    sorted list of in-flight offsets gives."""
+    t, model, next_pull = OffsetTracker(0), [], 0
+    for op, arg in steps:
+        if op == "pull":
+            t.pulled(arg, 61)
+            model, next_pull = sorted(model + arg), 61
+        else:
+            offset = model[0] if op == "ack_oldest" and model else arg
+            t.ack(offset)
+            if offset in model:
+                model.remove(offset)
+        assert t._in_flight == model
+        assert t.committable() == (model[0] if model else next_pull)
 
 
 def test_subscribe_reads_expressions_as_rocketmq() -> None:
@@ -235,7 +259,9 @@ def test_send_request_header_is_the_header_class_encoding() -> None:
     for topic, qid, flag, batch, props in (("T", 3, 4, False, {"a": "b", "UNIQ_KEY": "X"}),
                                            ("T", 1, 4, False, {"c": "d"}),
                                            ("U", 0, 0, True, {"WAIT": "true"})):
-        cmd = p._request(MessageQueue(topic, "broker-a", qid), b"body", props, flag, batch=batch)
+        req = p._request(MessageQueue(topic, "broker-a", qid), b"body",
+                         rec.properties_to_string(props), flag, batch=batch)
+        cmd = req.command()  # the request as a command; its frame is checked in test_frames.py
         born = int(cmd.ext_fields["g"])
         expected = SendMessageRequestHeader(
             producer_group="PG", topic=topic, default_topic="TBW102", default_topic_queue_nums=4,

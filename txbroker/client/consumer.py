@@ -37,6 +37,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, Self
 
+from txbroker.client.delivery import DeliveryBuffer
 from txbroker.client.errors import (
     ClientError,
     ClientStateError,
@@ -113,7 +114,7 @@ class Consumer:
         self._puller: Puller | None = None
         self._subs: dict[str, Subscription] = {}
         self._owned: dict[MessageQueue, OwnedQueue] = {}
-        self._buffer: asyncio.Queue | None = None
+        self._buffer: DeliveryBuffer | None = None
         self._buffer_size = buffer_size
         self._delivered: list[tuple[OffsetTracker, int]] = []
         self._rebalance_needed: asyncio.Event | None = None
@@ -161,7 +162,7 @@ class Consumer:
         if not self._subs:
             raise ClientStateError(f"consumer {self.group}: subscribe() to a topic before start()")
         self._state = "starting"
-        self._buffer = asyncio.Queue(self._buffer_size)
+        self._buffer = DeliveryBuffer(self._buffer_size)
         self._puller = Puller(self._instance, self.group, self._buffer,
                               batch_size=self.pull_batch_size,
                               long_poll_timeout=self.long_poll_timeout,
@@ -210,9 +211,7 @@ class Consumer:
         await self._commit_all(oneway=False)
         self._owned.clear()
         if self._buffer is not None:
-            while not self._buffer.empty():
-                self._buffer.get_nowait()
-            self._buffer.put_nowait(None)  # wakes anyone waiting in poll() / async for
+            self._buffer.close()  # wakes anyone waiting in poll() / async for
         await self._instance.shutdown()
 
     async def _stop_pullers(self) -> None:
@@ -257,15 +256,19 @@ class Consumer:
     async def _next(self, timeout: float | None) -> MessageExt | None:
         if self._state == "new":
             raise ClientStateError(f"consumer {self.group} is not started")
-        self._ack_delivered()
-        if self._state == "closed" and (self._buffer is None or self._buffer.empty()):
-            return None
+        delivered = self._delivered
+        if delivered:  # _ack_delivered inline: this runs once per delivered message
+            for tracker, offset in delivered:
+                tracker.ack(offset)
+            delivered.clear()
         buffer = self._buffer
-        assert buffer is not None
+        if buffer is None or (self._state == "closed" and not buffer.items):
+            return None
+        items = buffer.items
         deadline = None
         while True:
-            if buffer.qsize():
-                item = buffer.get_nowait()  # a backlog is delivered without a timer or a wait
+            if items:  # a backlog is delivered without a timer or a wait
+                tracker, msg = buffer.get_nowait()
             else:
                 loop = asyncio.get_running_loop()
                 if deadline is None and timeout is not None:
@@ -278,13 +281,12 @@ class Consumer:
                         item = await buffer.get()
                 except TimeoutError:
                     return None
-            if item is None:
-                buffer.put_nowait(None)  # keep the shutdown marker for other waiters
-                return None
-            tracker, msg = item
+                if item is None:  # closed: the consumer shut down
+                    return None
+                tracker, msg = item
             if tracker.dropped:
                 continue  # its queue moved to another member, which re-delivers from the offset
-            self._delivered.append((tracker, msg.queue_offset))
+            delivered.append((tracker, msg.queue_offset))
             return msg
 
     # --- rebalance -----------------------------------------------------------------------

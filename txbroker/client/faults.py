@@ -29,8 +29,16 @@ NOT_AVAILABLE_MS = (0, 0, 2000, 5000, 6000, 10000, 30000)
 ISOLATION_LATENCY_MS = 10_000
 
 
+#: Latencies below this get no back-off: every attempt that went well is checked against it
+#: first, so the common case does not walk the table.
+NO_BACKOFF_BELOW_MS = min(limit for limit, duration in zip(LATENCY_MAX_MS, NOT_AVAILABLE_MS,
+                                                          strict=True) if duration)
+
+
 def not_available_ms(latency_ms: float) -> int:
     """The back-off for ``latency_ms`` (``MQFaultStrategy.computeNotAvailableDuration``)."""
+    if latency_ms < NO_BACKOFF_BELOW_MS:
+        return 0
     for limit, duration in zip(reversed(LATENCY_MAX_MS), reversed(NOT_AVAILABLE_MS), strict=True):
         if latency_ms >= limit:
             return duration

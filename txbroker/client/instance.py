@@ -37,7 +37,7 @@ from txbroker.client.errors import BrokerError, ClientError
 from txbroker.client.namesrv import NameServerClient
 from txbroker.client.reachability import Reachability, is_connection_loss
 from txbroker.remoting.bodies import ConsumerData, HeartbeatData, ProducerData
-from txbroker.remoting.client import RemotingClient
+from txbroker.remoting.client import Encoded, RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import UnregisterClientRequestHeader
@@ -227,7 +227,8 @@ class ClientInstance:
             task = asyncio.get_running_loop().create_task(conn.close())
             task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
-    async def invoke(self, addr: str, cmd: RemotingCommand, timeout: float | None = None) -> RemotingCommand:
+    async def invoke(self, addr: str, cmd: RemotingCommand | Encoded,
+                     timeout: float | None = None) -> RemotingCommand:
         conn = self._conns.get(addr)
         if conn is None or conn.closed:  # an open connection needs no await to be found
             conn = await self.connection(addr)
@@ -242,7 +243,7 @@ class ClientInstance:
         self._answered(addr)
         return resp
 
-    def send_oneway_now(self, addr: str, cmd: RemotingCommand) -> bool:
+    def send_oneway_now(self, addr: str, cmd: RemotingCommand | Encoded) -> bool:
         """Send a one-way request to ``addr`` if that needs no wait (connected, broker
         reading): True when sent; False when the caller must await :meth:`invoke_oneway`."""
         conn = self._conns.get(addr)
@@ -251,7 +252,7 @@ class ClientInstance:
         self._check_reconnected(addr, conn)
         return True
 
-    async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
+    async def invoke_oneway(self, addr: str, cmd: RemotingCommand | Encoded) -> None:
         if self.send_oneway_now(addr, cmd):
             return
         conn = await self.connection(addr)

@@ -45,6 +45,12 @@ RESERVED_PROPERTIES = frozenset({
     rec.PROPERTY_TRANSACTION_ID,
 })
 
+#: The system entries of a send's properties string, name and separator joined once.
+_KEYS, _TAGS, _DELAY, _UNIQ_KEY = (
+    f"{name}{rec.NAME_VALUE_SEPARATOR}" for name in (
+        rec.PROPERTY_KEYS, rec.PROPERTY_TAGS, rec.PROPERTY_DELAY_TIME_LEVEL, rec.PROPERTY_UNIQ_KEY))
+_WAIT_TRUE = f"{rec.PROPERTY_SEPARATOR}{rec.PROPERTY_WAIT_STORE_MSG_OK}{rec.NAME_VALUE_SEPARATOR}true"
+
 
 class SendStatus(enum.Enum):
     """Outcome of a stored send (RocketMQ ``SendStatus``); anything else raises."""
@@ -148,6 +154,28 @@ class Message:
         props[rec.PROPERTY_UNIQ_KEY] = uniq_key
         props[rec.PROPERTY_WAIT_STORE_MSG_OK] = "true"
         return props
+
+    def wire_properties_text(self, uniq_key: str, extra: str = "") -> str:
+        """:meth:`wire_properties` as the properties string a send carries, with ``extra``
+        (more entries, each led by the ``\\x02`` separator) at the end.
+
+        Built as a string directly: a dict built per send only to be joined into this
+        string cost a third of building the request.  Equal to
+        ``properties_to_string(wire_properties(uniq_key)) + extra`` (the tests check it).
+        """
+        text = f"{_UNIQ_KEY}{uniq_key}{_WAIT_TRUE}{extra}"
+        if self.delay_level:
+            text = f"{_DELAY}{self.delay_level}{rec.PROPERTY_SEPARATOR}{text}"
+        if self.tags:
+            text = f"{_TAGS}{self.tags}{rec.PROPERTY_SEPARATOR}{text}"
+        if self.keys is not None:
+            keys = self.key_list()
+            if keys:
+                text = f"{_KEYS}{' '.join(keys)}{rec.PROPERTY_SEPARATOR}{text}"
+        if self.properties:
+            text = "".join([f"{k}{rec.NAME_VALUE_SEPARATOR}{v}{rec.PROPERTY_SEPARATOR}"
+                            for k, v in self.properties.items()]) + text
+        return text
 
 
 @dataclass

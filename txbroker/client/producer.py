@@ -25,7 +25,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from typing import Self
+from typing import Self, TypeVar
 
 from txbroker.client.errors import (
     BrokerError,
@@ -37,6 +37,7 @@ from txbroker.client.errors import (
     code_name,
 )
 from txbroker.client.faults import FaultTracker
+from txbroker.client.frames import FilledRequest, FrameTemplate
 from txbroker.client.instance import DEFAULT_NAMESRV, ClientInstance
 from txbroker.client.message import (
     DEFAULT_COMPRESS_THRESHOLD,
@@ -50,7 +51,7 @@ from txbroker.client.message import (
 )
 from txbroker.client.namesrv import TopicRoute
 from txbroker.client.rebalance import MessageQueue
-from txbroker.remoting.codes import FLAG_ONEWAY, RequestCode, ResponseCode
+from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
     SEND_V1_KEYS,
@@ -62,6 +63,9 @@ from txbroker.store import record as rec
 
 log = logging.getLogger(__name__)
 
+#: The result class a send builds (SendResult, or a transaction's TransactionSendResult).
+R = TypeVar("R", bound=SendResult)
+
 #: Template topic for auto-created topics (RocketMQ's TBW102) and its queue count.
 DEFAULT_TOPIC = rec.DEFAULT_TOPIC
 DEFAULT_TOPIC_QUEUE_NUMS = 4
@@ -70,10 +74,12 @@ DEFAULT_TOPIC_QUEUE_NUMS = 4
 RETRY_CODES = frozenset({ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY,
                          ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.TOPIC_NOT_EXIST})
 _STATUS_BY_CODE = {s.value: s for s in SendStatus}
-#: A send's header is its (topic, flags) template with these three fields filled in: encoding
-#: the whole header class per send cost more than the rest of building the request.
-_QUEUE_ID_KEY, _BORN_KEY, _PROPERTIES_KEY = (
-    SEND_V1_KEYS[k] for k in ("queueId", "bornTimestamp", "properties"))
+#: A send is its (topic, flags) frame template with these three fields filled in
+#: (``frames.py``): encoding the whole header per send cost more than the rest of the send.
+SEND_HOLES = tuple(SEND_V1_KEYS[k] for k in ("queueId", "bornTimestamp", "properties"))
+SEND_INT_HOLES = frozenset(SEND_HOLES[:2])
+#: A batch request's own properties (each message carries its own inside the body).
+_BATCH_PROPERTIES = rec.properties_to_string({rec.PROPERTY_WAIT_STORE_MSG_OK: "true"})
 #: Templates kept per producer (a producer writing to many topics starts over past this).
 MAX_HEADER_TEMPLATES = 256
 
@@ -141,8 +147,8 @@ class Producer:
         #: topic -> (the name server's route object, its writable queues): a send reuses the
         #: queue list while that route is the cached one; a refreshed route is a new object.
         self._write_queues: dict[str, tuple[TopicRoute, list[MessageQueue]]] = {}
-        #: (topic, sys flag, batch) -> the send header encoded with every per-send field blank.
-        self._send_headers: dict[tuple[str, int, bool], dict[str, str]] = {}
+        #: (topic, sys flag, batch, one-way) -> the send's frame, encoded but for its holes.
+        self._send_frames: dict[tuple[str, int, bool, bool], FrameTemplate] = {}
         self._state = "new"
 
     @property
@@ -189,7 +195,7 @@ class Producer:
         msg.validate()
         body, sys_flag = wire_body(msg.body, self.compress_threshold, self.max_message_size)
         uniq = self._ids.next()
-        return await self._send(msg.topic, body, msg.wire_properties(uniq), sys_flag, uniq)
+        return await self._send(msg.topic, body, msg.wire_properties_text(uniq), sys_flag, uniq)
 
     async def send_oneway(self, msg: Message) -> None:
         """Send without waiting for the broker (no result, no retry: delivery is best effort)."""
@@ -199,7 +205,8 @@ class Producer:
         uniq = self._ids.next()
         queues = await self._queues(msg.topic)
         mq = self.faults.select(queues, next(self._rr), None)
-        cmd = self._request(mq, body, msg.wire_properties(uniq), sys_flag, batch=False, oneway=True)
+        cmd = self._request(mq, body, msg.wire_properties_text(uniq), sys_flag, batch=False,
+                            oneway=True)
         await self._instance.invoke_oneway(self._instance.namesrv.broker_addr(mq.broker_name), cmd)
 
     async def send_batch(self, msgs: list[Message]) -> SendResult:
@@ -226,8 +233,7 @@ class Producer:
         if len(body) > self.max_message_size:  # batches go uncompressed, as in RocketMQ
             raise ValueError(f"batch body is {len(body):,} bytes, over the "
                              f"{self.max_message_size:,}-byte limit")
-        return await self._send(topic, body, {rec.PROPERTY_WAIT_STORE_MSG_OK: "true"}, 0,
-                                ",".join(uniqs), batch=True)
+        return await self._send(topic, body, _BATCH_PROPERTIES, 0, ",".join(uniqs), batch=True)
 
     # --- internals ---------------------------------------------------------------------------
     def _cached_queues(self, topic: str) -> list[MessageQueue] | None:
@@ -257,27 +263,26 @@ class Producer:
             self._template_routed.add(topic)
         return queues
 
-    def _request(self, mq: MessageQueue, body: bytes, props: dict[str, str], sys_flag: int,
-                 *, batch: bool, oneway: bool = False) -> RemotingCommand:
-        code = int(RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2)
-        key = (mq.topic, sys_flag, batch)
-        template = self._send_headers.get(key)
+    def _request(self, mq: MessageQueue, body: bytes, props: str, sys_flag: int,
+                 *, batch: bool, oneway: bool = False) -> FilledRequest:
+        key = (mq.topic, sys_flag, batch, oneway)
+        template = self._send_frames.get(key)
         if template is None:
-            if len(self._send_headers) >= MAX_HEADER_TEMPLATES:
-                self._send_headers.clear()
-            template = self._send_headers[key] = SendMessageRequestHeader(
+            if len(self._send_frames) >= MAX_HEADER_TEMPLATES:
+                self._send_frames.clear()
+            code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
+            ext = SendMessageRequestHeader(
                 producer_group=self.group, topic=mq.topic, default_topic=DEFAULT_TOPIC,
                 default_topic_queue_nums=DEFAULT_TOPIC_QUEUE_NUMS, queue_id=0,
                 sys_flag=sys_flag, born_timestamp=0, flag=0, properties="", reconsume_times=0,
                 unit_mode=False, batch=batch).to_ext_v2()
-        ext = template.copy()  # the fields that differ per send overwrite theirs, in place
-        ext[_QUEUE_ID_KEY] = str(mq.queue_id)
-        ext[_BORN_KEY] = str(int(time.time() * 1000))
-        ext[_PROPERTIES_KEY] = rec.properties_to_string(props)
-        return RemotingCommand(code, flag=FLAG_ONEWAY if oneway else 0, ext_fields=ext, body=body)
+            template = self._send_frames[key] = FrameTemplate(
+                code, ext, SEND_HOLES, ints=SEND_INT_HOLES, oneway=oneway)
+        return FilledRequest(template, (mq.queue_id, int(time.time() * 1000), props), body)
 
-    async def _send(self, topic: str, body: bytes, props: dict[str, str], sys_flag: int,
-                    msg_id: str, *, batch: bool = False) -> SendResult:
+    async def _send(self, topic: str, body: bytes, props: str, sys_flag: int,
+                    msg_id: str, *, batch: bool = False,
+                    result_type: type[R] = SendResult) -> R:  # type: ignore[assignment]
         """Send, retrying on another queue.
 
         A transaction's half whose outcome is unknown (sent, then no answer, a dropped
@@ -336,7 +341,7 @@ class Producer:
                     self.faults.update(mq.broker_name, (time.monotonic() - began) * 1000)
                     if topic in self._template_routed:
                         self.created_topics.add(topic)
-                    return self._result(topic, mq, resp, status, msg_id)
+                    return self._result(topic, mq, resp, status, msg_id, result_type)
                 last = BrokerError("send", resp.code, resp.remark, addr)
                 attempts.append(f"attempt {attempt + 1} queue {mq.queue_id} on {addr}: "
                                 f"{code_name(resp.code)} ({resp.code}): {resp.remark or ''}".rstrip(": "))
@@ -356,11 +361,13 @@ class Producer:
 
     @staticmethod
     def _result(topic: str, mq: MessageQueue, resp: RemotingCommand, status: SendStatus,
-                msg_id: str) -> SendResult:
+                msg_id: str, result_type: type[R]) -> R:
+        """The stored send as ``result_type`` (a transaction's result is built at once, not
+        copied from a SendResult)."""
         try:
             header = SendMessageResponseHeader.from_ext(resp.ext_fields)
         except HeaderError as exc:
             raise ClientError(f"send to {topic!r}: malformed response header: {exc.remark}") from None
-        return SendResult(send_status=status, msg_id=msg_id, offset_msg_id=header.msg_id,
-                          queue_id=header.queue_id, queue_offset=header.queue_offset, topic=topic,
-                          broker_name=mq.broker_name)
+        return result_type(send_status=status, msg_id=msg_id, offset_msg_id=header.msg_id,
+                           queue_id=header.queue_id, queue_offset=header.queue_offset,
+                           topic=topic, broker_name=mq.broker_name)

@@ -23,7 +23,9 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from txbroker.client.delivery import DeliveryBuffer
 from txbroker.client.errors import ClientError
+from txbroker.client.frames import FrameTemplate
 from txbroker.client.instance import ClientInstance
 from txbroker.client.pulled import decode_pulled
 from txbroker.client.reachability import is_connection_loss
@@ -46,6 +48,10 @@ log = logging.getLogger(__name__)
 
 #: Seconds a pull address whose connection failed is passed over (when the group lists another).
 AVOID_FAILED_FOR = 10.0
+#: The fields of a queue's PULL that differ per pull.
+PULL_HOLES = ("queueOffset", "sysFlag", "commitOffset")
+#: PULL templates kept per consumer (one per owned queue and subscription version).
+MAX_PULL_TEMPLATES = 1024
 
 
 @dataclass
@@ -79,7 +85,7 @@ class OwnedQueue:
 class Puller:
     """Pulls owned queues into ``buffer`` as ``(tracker, PulledMessage)`` items."""
 
-    def __init__(self, instance: ClientInstance, group: str, buffer: asyncio.Queue, *,
+    def __init__(self, instance: ClientInstance, group: str, buffer: DeliveryBuffer, *,
                  batch_size: int, long_poll_timeout: float, request_timeout: float,
                  error_backoff: float) -> None:
         self._instance = instance
@@ -91,6 +97,25 @@ class Puller:
         self.error_backoff = error_backoff
         #: Address -> loop time until which it is passed over (its connection failed).
         self.avoid: dict[str, float] = {}
+        #: (queue, subscription, its version) -> the queue's PULL frame template.
+        self._pull_frames: dict[tuple[MessageQueue, str, int], FrameTemplate] = {}
+
+    def _pull_frame(self, mq: MessageQueue, sub: Subscription) -> FrameTemplate:
+        """The PULL of ``mq`` for ``sub``'s current version, encoded but for the offsets and
+        flags each pull fills in (``frames.py``)."""
+        key = (mq, sub.selected.sub_string, sub.version)
+        template = self._pull_frames.get(key)
+        if template is None:
+            if len(self._pull_frames) >= MAX_PULL_TEMPLATES:
+                self._pull_frames.clear()
+            template = self._pull_frames[key] = FrameTemplate(
+                RequestCode.PULL_MESSAGE, PullMessageRequestHeader(
+                    consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id,
+                    queue_offset=0, max_msg_nums=self.batch_size, sys_flag=0, commit_offset=-1,
+                    suspend_timeout_millis=int(self.long_poll_timeout * 1000),
+                    subscription=sub.selected.sub_string, sub_version=sub.version,
+                    expression_type="TAG").to_ext(), PULL_HOLES, ints=frozenset(PULL_HOLES))
+        return template
 
     def pull_addr(self, owned: OwnedQueue) -> str:
         """Where to pull ``owned`` now (see the module docstring)."""
@@ -127,13 +152,9 @@ class Puller:
             # A slave never stores a pull's commit offset: only a master gets the flag.
             if commit > tracker.committed >= -1 and commit > 0 and namesrv.is_master(mq.broker_name, addr):
                 sys_flag |= PULL_FLAG_COMMIT_OFFSET
-            cmd = RemotingCommand.request(RequestCode.PULL_MESSAGE, PullMessageRequestHeader(
-                consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id,
-                queue_offset=tracker.next_pull, max_msg_nums=self.batch_size,
-                sys_flag=sys_flag, commit_offset=commit if sys_flag & PULL_FLAG_COMMIT_OFFSET else -1,
-                suspend_timeout_millis=int(self.long_poll_timeout * 1000),
-                subscription=sub.selected.sub_string, sub_version=sub.version,
-                expression_type="TAG").to_ext())
+            cmd = self._pull_frame(mq, sub).fill((
+                tracker.next_pull, sys_flag,
+                commit if sys_flag & PULL_FLAG_COMMIT_OFFSET else -1))
             try:
                 resp = await self._instance.invoke(addr, cmd,
                                                    self.long_poll_timeout + self.request_timeout)
@@ -178,12 +199,8 @@ class Puller:
             else:
                 wanted = [m for m in msgs if m.queue_offset >= first and selected.matches(m.tags)]
             tracker.pulled([m.queue_offset for m in wanted], next_begin)
-            buffer = self.buffer
-            for m in wanted:
-                if buffer.full():
-                    await buffer.put((tracker, m))  # back-pressure: waits while full
-                else:
-                    buffer.put_nowait((tracker, m))
+            # The whole pull in one call; back-pressure: waits while the buffer is full.
+            await self.buffer.put_all([(tracker, m) for m in wanted])
             return True
         if resp.code in (ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY):
             tracker.moved(next_begin)

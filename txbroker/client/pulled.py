@@ -31,17 +31,48 @@ class PulledMessage(MessageExt):
 
     def __init__(self, raw: bytes, body_at: int, body_len: int, props_text: str, topic: str,
                  head: tuple, broker_name: str) -> None:
-        # Not the dataclass __init__: the cheap fields now, the rest as cached properties.
-        (_size, _magic, _crc, self.queue_id, self.flag, self.queue_offset,
-         self.commit_log_offset, self.sys_flag, self.born_timestamp, self._born_ip,
-         self._born_port, self.store_timestamp, self._store_ip, self._store_port,
-         self.reconsume_times, self.prepared_transaction_offset, _body_len) = head
+        # Not the dataclass __init__: what delivery reads now, the rest of the record's fixed
+        # part (``head``) as cached properties.
+        self.queue_id = head[3]
+        self.queue_offset = head[5]
         self.topic = topic
         self.broker_name = broker_name
+        self._head = head
         self._raw = raw
         self._body_at = body_at
         self._body_len = body_len
         self._props_text = props_text
+
+    # The record's fixed fields (``RECORD_HEAD``: size, magic, crc, queue id, flag, queue
+    # offset, physical offset, sys flag, born timestamp, born ip, born port, store timestamp,
+    # store ip, store port, reconsume times, prepared offset, body length), read on demand.
+    @cached_property
+    def flag(self) -> int:  # type: ignore[override]
+        return self._head[4]
+
+    @cached_property
+    def commit_log_offset(self) -> int:  # type: ignore[override]
+        return self._head[6]
+
+    @cached_property
+    def sys_flag(self) -> int:  # type: ignore[override]
+        return self._head[7]
+
+    @cached_property
+    def born_timestamp(self) -> int:  # type: ignore[override]
+        return self._head[8]
+
+    @cached_property
+    def store_timestamp(self) -> int:  # type: ignore[override]
+        return self._head[11]
+
+    @cached_property
+    def reconsume_times(self) -> int:  # type: ignore[override]
+        return self._head[14]
+
+    @cached_property
+    def prepared_transaction_offset(self) -> int:  # type: ignore[override]
+        return self._head[15]
 
     @cached_property
     def properties(self) -> dict[str, str]:  # type: ignore[override]
@@ -57,8 +88,8 @@ class PulledMessage(MessageExt):
 
     @cached_property
     def offset_msg_id(self) -> str:  # type: ignore[override]
-        return (self._store_ip + struct.pack(">iq", self._store_port,
-                                             self.commit_log_offset)).hex().upper()
+        head = self._head
+        return (head[12] + struct.pack(">iq", head[13], self.commit_log_offset)).hex().upper()
 
     @cached_property
     def msg_id(self) -> str:  # type: ignore[override]
@@ -73,11 +104,11 @@ class PulledMessage(MessageExt):
 
     @cached_property
     def born_host(self) -> str:  # type: ignore[override]
-        return f"{socket.inet_ntoa(self._born_ip)}:{self._born_port}"
+        return f"{socket.inet_ntoa(self._head[9])}:{self._head[10]}"
 
     @cached_property
     def store_host(self) -> str:  # type: ignore[override]
-        return f"{socket.inet_ntoa(self._store_ip)}:{self._store_port}"
+        return f"{socket.inet_ntoa(self._head[12])}:{self._head[13]}"
 
     @cached_property
     def body(self) -> bytes:  # type: ignore[override]
@@ -88,50 +119,57 @@ class PulledMessage(MessageExt):
 def decode_pulled(raw: bytes, broker_name: str) -> list[PulledMessage]:
     """The records of a PULL answer body; :class:`~txbroker.store.record.RecordError` for
     one that is not a whole, well-formed record (a compressed body that does not inflate
-    included)."""
+    included).
+
+    Each record's checks are one condition on the way through (the loop runs per delivered
+    message); only a record that fails it is looked at again, to say what is wrong.
+    """
     out: list[PulledMessage] = []
     pos, end = 0, len(raw)
     unpack, min_size = _HEAD.unpack_from, rec.MIN_RECORD_SIZE
+    props_len_at = _PROPS_LEN.unpack_from
     topics: dict[bytes, str] = {}
     while pos < end:
-        avail = end - pos
-        if avail < min_size:
-            raise rec.RecordError(f"truncated record: {avail} bytes left, need at least {min_size}")
+        if end - pos < min_size:
+            raise rec.RecordError(f"truncated record: {end - pos} bytes left, need at least {min_size}")
         head = unpack(raw, pos)
-        size, magic, sys_flag, body_len = head[0], head[1], head[7], head[16]
-        if magic != rec.MESSAGE_MAGIC:
-            raise rec.RecordError(f"bad magic 0x{magic:08X} at {pos}")
-        if size < min_size or size > avail:
-            raise rec.RecordError(f"record size {size} out of bounds (available {avail})")
-        if sys_flag & _V6:
-            raise rec.RecordError("IPv6 host fields are not supported")
-        stop = pos + size
+        stop = pos + head[0]
         body_at = pos + _HEAD_SIZE
-        p = body_at + body_len
-        if body_len < 0 or p + 3 > stop:
-            raise rec.RecordError(f"body length {body_len} exceeds the record")
-        topic_len = raw[p]
-        p += 1
-        if p + topic_len + 2 > stop:
-            raise rec.RecordError(f"topic length {topic_len} exceeds the record")
-        topic_raw = raw[p:p + topic_len]
-        p += topic_len
-        props_len = _PROPS_LEN.unpack_from(raw, p)[0]
-        p += 2
-        if props_len < 0 or p + props_len != stop:
-            raise rec.RecordError(f"properties length {props_len} does not end the record")
+        p = body_at + head[16]  # the topic's length byte
+        if (head[1] != rec.MESSAGE_MAGIC or head[0] < min_size or stop > end
+                or head[7] & _V6 or head[16] < 0 or p + 3 > stop):
+            _refuse(head, pos, end)
+        t = p + 1 + raw[p]  # the properties' length
+        if t + 2 > stop:
+            raise rec.RecordError(f"topic length {raw[p]} exceeds the record")
+        if t + 2 + props_len_at(raw, t)[0] != stop:
+            raise rec.RecordError(f"properties length {props_len_at(raw, t)[0]} does not end "
+                                  "the record")
+        topic_raw = raw[p + 1:t]
         try:
             topic = topics.get(topic_raw)
             if topic is None:
                 topic = topics[topic_raw] = topic_raw.decode()
-            props_text = raw[p:stop].decode()
+            props_text = raw[t + 2:stop].decode()
         except UnicodeDecodeError as exc:
             raise rec.RecordError(f"record text is not UTF-8: {exc}") from None
-        msg = PulledMessage(raw, body_at, body_len, props_text, topic, head, broker_name)
-        if sys_flag & rec.COMPRESSED_FLAG:
+        msg = PulledMessage(raw, body_at, head[16], props_text, topic, head, broker_name)
+        if head[7] & rec.COMPRESSED_FLAG:
             # Bounded: a body from the wire never inflates past what the SDK sends at most
             # (MAX_SDK_BODY; RecordError, as for any malformed record).
-            msg.body = rec.inflate_body(raw[body_at:body_at + body_len], rec.MAX_SDK_BODY)
+            msg.body = rec.inflate_body(raw[body_at:p], rec.MAX_SDK_BODY)
         out.append(msg)
         pos = stop
     return out
+
+
+def _refuse(head: tuple, pos: int, end: int) -> None:
+    """Raise the RecordError that says which check the record at ``pos`` failed."""
+    size, magic, sys_flag, body_len = head[0], head[1], head[7], head[16]
+    if magic != rec.MESSAGE_MAGIC:
+        raise rec.RecordError(f"bad magic 0x{magic:08X} at {pos}")
+    if size < rec.MIN_RECORD_SIZE or size > end - pos:
+        raise rec.RecordError(f"record size {size} out of bounds (available {end - pos})")
+    if sys_flag & _V6:
+        raise rec.RecordError("IPv6 host fields are not supported")
+    raise rec.RecordError(f"body length {body_len} exceeds the record")

@@ -71,8 +71,12 @@ class OffsetTracker:
 
     def pulled(self, offsets: list[int], next_begin: int) -> None:
         """A pull returned ``offsets`` (delivered to the user later) and moved to ``next_begin``."""
-        for off in offsets:
-            bisect.insort(self._in_flight, off)
+        in_flight = self._in_flight
+        if offsets and (not in_flight or offsets[0] > in_flight[-1]) and offsets == sorted(offsets):
+            in_flight += offsets  # a pull's offsets ascend past those in flight: no search
+        else:
+            for off in offsets:
+                bisect.insort(in_flight, off)
         self.next_pull = next_begin
 
     def moved(self, next_begin: int) -> None:
@@ -81,9 +85,13 @@ class OffsetTracker:
 
     def ack(self, offset: int) -> None:
         """The user finished the message at ``offset``."""
-        i = bisect.bisect_left(self._in_flight, offset)
-        if i < len(self._in_flight) and self._in_flight[i] == offset:
-            del self._in_flight[i]
+        in_flight = self._in_flight
+        if in_flight and in_flight[0] == offset:  # delivery in queue order: the oldest
+            del in_flight[0]
+            return
+        i = bisect.bisect_left(in_flight, offset)
+        if i < len(in_flight) and in_flight[i] == offset:
+            del in_flight[i]
 
     @property
     def in_flight(self) -> int:

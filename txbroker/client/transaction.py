@@ -26,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+from functools import cached_property
 
 from txbroker.client.errors import ClientError, ClientStateError, RouteError
+from txbroker.client.frames import FilledRequest, FrameTemplate
 from txbroker.client.instance import DEFAULT_NAMESRV
 from txbroker.client.message import (
     LocalTransactionState,
@@ -37,7 +39,7 @@ from txbroker.client.message import (
     wire_body,
 )
 from txbroker.client.producer import Producer
-from txbroker.remoting.codes import FLAG_ONEWAY, RequestCode
+from txbroker.remoting.codes import RequestCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
     CheckTransactionStateRequestHeader,
@@ -49,6 +51,10 @@ from txbroker.store import record as rec
 log = logging.getLogger(__name__)
 
 _END_TRANSACTION = int(RequestCode.END_TRANSACTION)
+#: The fields of END_TRANSACTION that differ per half.
+END_HOLES = ("tranStateTableOffset", "commitLogOffset", "commitOrRollback", "msgId",
+             "transactionId")
+END_INT_HOLES = frozenset(END_HOLES[:3])
 #: Check-backs waiting for a slot, per check_concurrency slot, before new ones are dropped.
 BACKLOG_PER_SLOT = 16
 
@@ -83,12 +89,42 @@ async def _call(fn, *args, in_thread: bool = False) -> LocalTransactionState:
         result = fn(*args)
         if result.__class__ is LocalTransactionState:  # a plain method's answer: done
             return result
+    return await _settle(fn, result)
+
+
+async def _settle(fn, result: object) -> LocalTransactionState:
+    """What a listener method returned, awaited if it is awaitable, as its state."""
     if inspect.isawaitable(result):
         result = await result
     if not isinstance(result, LocalTransactionState):
         raise TypeError(f"{getattr(fn, '__name__', fn)} returned {result!r}, "
                         "not a LocalTransactionState")
     return result
+
+
+class _HalfMessage(MessageExt):
+    """The half as ``execute_local_transaction`` sees it: a :class:`MessageExt` whose
+    properties map is parsed from the string sent on first read (listeners rarely read it,
+    and building it per transaction cost more than the listener call)."""
+
+    def __init__(self, msg: Message, uniq: str, props_text: str,
+                 result: TransactionSendResult) -> None:
+        # Not the dataclass __init__: the fields a send sets now, the others keep their
+        # class defaults, the properties wait (as PulledMessage does).
+        self.topic = msg.topic
+        self.body = bytes(msg.body)
+        self.tags = msg.tags
+        self.keys = " ".join(msg.key_list()) or None
+        self.msg_id = self.transaction_id = uniq
+        self.offset_msg_id = result.offset_msg_id
+        self.queue_id = result.queue_id
+        self.queue_offset = result.queue_offset
+        self.broker_name = result.broker_name
+        self._props_text = props_text
+
+    @cached_property
+    def properties(self) -> dict[str, str]:  # type: ignore[override]
+        return rec.string_to_properties(self._props_text)
 
 
 class TransactionProducer(Producer):
@@ -109,6 +145,17 @@ class TransactionProducer(Producer):
         self._check_slots = asyncio.Semaphore(check_concurrency)
         self._checks: dict[str, asyncio.Task] = {}
         self._instance.on_request(RequestCode.CHECK_TRANSACTION_STATE, self._on_check)
+        #: A half's properties after the message's own, up to the transaction id's value.
+        self._half_tail = rec.PROPERTY_SEPARATOR + rec.properties_to_string({
+            rec.PROPERTY_TRANSACTION_PREPARED: "true", rec.PROPERTY_PRODUCER_GROUP: self.group,
+            rec.PROPERTY_TRANSACTION_ID: ""})
+        #: fromTransactionCheck -> this group's one-way END_TRANSACTION, encoded but for
+        #: the half's offsets, the decision and its ids (``frames.py``).
+        self._end_frames = {from_check: FrameTemplate(_END_TRANSACTION, EndTransactionRequestHeader(
+            producer_group=self.group, tran_state_table_offset=0, commit_log_offset=0,
+            commit_or_rollback=0, from_transaction_check=from_check, msg_id="-",
+            transaction_id="-").to_ext(), END_HOLES, ints=END_INT_HOLES, oneway=True)
+            for from_check in (False, True)}
 
     async def shutdown(self) -> None:
         checks = list(self._checks.values())
@@ -131,69 +178,66 @@ class TransactionProducer(Producer):
         if msg.delay_level:
             raise ValueError("a transactional message cannot have a delay level")
         uniq = self._ids.next()
-        props = msg.wire_properties(uniq)
-        props[rec.PROPERTY_TRANSACTION_PREPARED] = "true"
-        props[rec.PROPERTY_PRODUCER_GROUP] = self.group
-        # The transaction id is the UNIQ_KEY; carried on the half so every broker version
-        # hands it to check-backs and consumers (5.x brokers add it themselves).
-        props[rec.PROPERTY_TRANSACTION_ID] = uniq
         body, sys_flag = wire_body(msg.body, self.compress_threshold, self.max_message_size)
-        result = await self._send(msg.topic, body, props, sys_flag | rec.TRANSACTION_PREPARED_TYPE, uniq)
-
-        half = MessageExt(topic=msg.topic, body=bytes(msg.body), tags=msg.tags,
-                          keys=" ".join(msg.key_list()) or None, properties=props, msg_id=uniq,
-                          offset_msg_id=result.offset_msg_id, queue_id=result.queue_id,
-                          queue_offset=result.queue_offset, transaction_id=uniq,
-                          broker_name=result.broker_name)
+        # The transaction id is the UNIQ_KEY; carried on the half (in the group's tail) so
+        # every broker version hands it to check-backs and consumers (5.x brokers add it).
+        props = msg.wire_properties_text(uniq, self._half_tail + uniq)
+        result = await self._send(msg.topic, body, props, sys_flag | rec.TRANSACTION_PREPARED_TYPE,
+                                  uniq, result_type=TransactionSendResult)
+        result.transaction_id = uniq
+        half = _HalfMessage(msg, uniq, props, result)
         state, error = LocalTransactionState.UNKNOW, None
         try:
-            state = await _call(self.listener.execute_local_transaction, half, arg)
+            # A plain listener's answer needs no coroutine (_call for the other kinds).
+            state = self.listener.execute_local_transaction(half, arg)
+            if state.__class__ is not LocalTransactionState:
+                state = await _settle(self.listener.execute_local_transaction, state)
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            state, error = LocalTransactionState.UNKNOW, f"{type(exc).__name__}: {exc}"
             log.exception("producer %s: local transaction of %s failed; state UNKNOW "
                           "(the broker will check back)", self.group, uniq)
+        result.local_transaction_state = state
         try:
             end = self._end_command(result.offset_msg_id, result.queue_offset, uniq, state,
                                     from_check=False, remark=error)
-            addr = await self._end_addr(result.broker_name, msg.topic)
+            try:  # the master as the route names it now; no coroutine while it names one
+                addr = self._instance.namesrv.broker_addr(result.broker_name)
+            except RouteError:
+                addr = await self._end_addr(result.broker_name, msg.topic)
             if not self._instance.send_oneway_now(addr, end):  # sent at once when connected
                 await self._instance.invoke_oneway(addr, end)
         except (ClientError, OSError, TimeoutError) as exc:
             # The half is stored and the broker will check back: not the caller's error.
             log.warning("producer %s: END_TRANSACTION for %s not sent (%s); the broker will "
                         "check back", self.group, uniq, exc)
-        return TransactionSendResult(
-            send_status=result.send_status, msg_id=uniq, offset_msg_id=result.offset_msg_id,
-            queue_id=result.queue_id, queue_offset=result.queue_offset, topic=msg.topic,
-            broker_name=result.broker_name, transaction_id=uniq, local_transaction_state=state)
+        return result
 
     async def _end_addr(self, broker_name: str, topic: str) -> str:
-        """The master of the group that stored the half, as the route names it *now* (after
-        a failover the group's new master holds the half at the same commitlog offset).
-        A group with no master listed gets one route refresh before giving up: then the
-        END is not sent, and that group's master checks the half back later."""
+        """The master of the group that stored the half when the route names none now: one
+        route refresh (after a failover the group's new master holds the half at the same
+        commitlog offset), else RouteError: then the END is not sent, and that group's
+        master checks the half back later."""
         namesrv = self._instance.namesrv
-        try:
-            return namesrv.broker_addr(broker_name)
-        except RouteError:
-            await namesrv.route(topic, refresh=True)
-            return namesrv.broker_addr(broker_name)
+        await namesrv.route(topic, refresh=True)
+        return namesrv.broker_addr(broker_name)
 
     def _end_command(self, offset_msg_id: str, queue_offset: int, uniq: str,
                      state: LocalTransactionState, *, from_check: bool,
-                     remark: str | None) -> RemotingCommand:
-        """The one-way END_TRANSACTION for the half ``offset_msg_id`` names."""
+                     remark: str | None) -> RemotingCommand | FilledRequest:
+        """The one-way END_TRANSACTION for the half ``offset_msg_id`` names: the group's END
+        frame filled in (a remark, after a failed listener, makes it a command)."""
         try:
             commit_log_offset = rec.decode_offset_msg_id(offset_msg_id)[2]
         except ValueError as exc:
             raise ClientError(f"cannot end transaction {uniq}: bad offsetMsgId "
                               f"{offset_msg_id!r}: {exc}") from None
-        ext = EndTransactionRequestHeader(
-            producer_group=self.group, tran_state_table_offset=queue_offset,
-            commit_log_offset=commit_log_offset, commit_or_rollback=state.value,
-            from_transaction_check=from_check, msg_id=uniq, transaction_id=uniq).to_ext()
-        return RemotingCommand(_END_TRANSACTION, flag=FLAG_ONEWAY,
-                               remark=remark[:512] if remark else None, ext_fields=ext)
+        end = self._end_frames[from_check].fill(
+            (queue_offset, commit_log_offset, state.value, uniq, uniq))
+        if remark:
+            cmd = end.command()
+            cmd.remark = remark[:512]
+            return cmd
+        return end
 
     async def _end(self, broker_name: str, offset_msg_id: str, queue_offset: int, uniq: str,
                    state: LocalTransactionState, *, from_check: bool, remark: str | None = None,

@@ -13,6 +13,8 @@ Used by the Python SDK, the CLI, benchmarks and tests.  Design points:
 * When the connection drops, every pending call fails with :class:`ConnectionError`; the next
   call reconnects, with exponential back-off between failed attempts so that a dead broker is
   not hammered.  :meth:`close` is final.
+* A request may come encoded ahead of time but for its opaque (an :class:`Encoded`, the
+  SDK's frame templates): the connection numbers it and writes its buffers as they are.
 * With ``credentials`` every request leaving through :meth:`invoke` / :meth:`invoke_oneway` is
   signed (``AccessKey`` + ``Signature``, RocketMQ's ``AclClientRPCHook``) as the last step
   before encoding, so no caller can add a field the signature does not cover.
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 from txbroker.remoting.codec import DEFAULT_MAX_FRAME_SIZE
 from txbroker.remoting.command import RemotingCommand
@@ -48,6 +50,19 @@ def parse_addr(addr: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+class Encoded(Protocol):
+    """A request encoded but for its opaque (``txbroker.client.frames``): what the SDK sends
+    most, built without a command or a JSON encoding per request."""
+
+    def frame(self, opaque: int) -> list[bytes]:
+        """The frame's buffers with ``opaque`` in place (the request's flag is its own)."""
+        ...
+
+    def command(self) -> RemotingCommand:
+        """The same request as a command, for an end that signs what it sends."""
+        ...
+
+
 class _ClientProtocol(RemotingConnection):
     """The connection core for one connection attempt; a new one is made per reconnect.
 
@@ -69,6 +84,37 @@ class _ClientProtocol(RemotingConnection):
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
         self.client._lost(self)
+
+    async def request_encoded(self, req: Encoded, timeout: float) -> RemotingCommand:
+        """:meth:`request` for a request encoded ahead: the same steps, with the frame's
+        buffers from ``req`` instead of the codec (a signing end encodes its command)."""
+        if self._prepare is not None:
+            return await self.request(req.command(), timeout)
+        if self._closed:
+            raise ConnectionError(f"connection to {self.peer} is closed")
+        if self._write_paused:
+            await self.wait_writable()
+        opaque = next(self._opaques)  # _next_opaque's common case inline
+        if opaque > self.OPAQUE_LAST:
+            opaque = self._next_opaque()  # wraps
+        parts = req.frame(opaque)
+        fut = self._loop.create_future()
+        self._pending[opaque] = fut
+        self._timeouts.add(fut, opaque, timeout)
+        self._write(parts)
+        try:
+            return await fut
+        finally:
+            self._pending.pop(opaque, None)
+
+    def send_oneway_encoded(self, req: Encoded) -> None:
+        """:meth:`send_oneway` for a one-way request encoded ahead."""
+        if self._prepare is not None:
+            self.send_oneway(req.command())
+            return
+        if self._closed:
+            raise ConnectionError(f"connection to {self.peer} is closed")
+        self._write(req.frame(self._next_opaque()))
 
 
 class RemotingClient:
@@ -193,7 +239,8 @@ class RemotingClient:
             await proto.shutdown(grace=0.0)
 
     # --- calls ---------------------------------------------------------------------------
-    def invoke(self, cmd: RemotingCommand, timeout: float) -> Coroutine[Any, Any, RemotingCommand]:
+    def invoke(self, cmd: RemotingCommand | Encoded,
+               timeout: float) -> Coroutine[Any, Any, RemotingCommand]:
         """Send a request and wait for its answer; TimeoutError fails this call only.
 
         Await the result, as of a coroutine function: it is the connection's own
@@ -203,29 +250,40 @@ class RemotingClient:
         proto = self._proto
         if proto is None or proto._closed:  # the attribute: a property costs a call
             return self._connect_and_invoke(cmd, timeout)
-        return proto.request(cmd, timeout)
+        if cmd.__class__ is RemotingCommand:
+            return proto.request(cmd, timeout)  # type: ignore[arg-type]
+        return proto.request_encoded(cmd, timeout)  # type: ignore[arg-type]
 
-    async def _connect_and_invoke(self, cmd: RemotingCommand, timeout: float) -> RemotingCommand:
+    async def _connect_and_invoke(self, cmd: RemotingCommand | Encoded,
+                                  timeout: float) -> RemotingCommand:
         proto = await self._ensure()
-        return await proto.request(cmd, timeout)
+        if isinstance(cmd, RemotingCommand):
+            return await proto.request(cmd, timeout)
+        return await proto.request_encoded(cmd, timeout)
 
-    def send_oneway_now(self, cmd: RemotingCommand) -> bool:
+    def send_oneway_now(self, cmd: RemotingCommand | Encoded) -> bool:
         """Send a one-way request if that needs no wait (connected, peer reading): True when
         sent; False when the caller must use :meth:`invoke_oneway`, which connects or waits."""
         proto = self._proto
         if proto is None or proto._closed or proto._write_paused:
             return False
-        proto.send_oneway(cmd)
+        if cmd.__class__ is RemotingCommand:
+            proto.send_oneway(cmd)  # type: ignore[arg-type]
+        else:
+            proto.send_oneway_encoded(cmd)  # type: ignore[arg-type]
         return True
 
-    async def invoke_oneway(self, cmd: RemotingCommand) -> None:
+    async def invoke_oneway(self, cmd: RemotingCommand | Encoded) -> None:
         """Send a one-way request (flag bit 1): no answer is expected or awaited."""
         proto = self._proto
         if proto is None or proto.closed:
             proto = await self._ensure()
         if not proto.writable:
             await proto.wait_writable()
-        proto.send_oneway(cmd)
+        if isinstance(cmd, RemotingCommand):
+            proto.send_oneway(cmd)
+        else:
+            proto.send_oneway_encoded(cmd)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "connected" if self.connected else "idle"
