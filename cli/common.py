@@ -29,6 +29,7 @@ from txbroker.client.errors import (
     code_name,
 )
 from txbroker.config import ConfigError, check_environ
+from txbroker.remoting.tls import ClientTLS
 
 DEFAULT_NAMESRV = "127.0.0.1:9876"
 T = TypeVar("T")
@@ -42,19 +43,37 @@ namesrv_option = click.option(
 
 
 def credentials_options(fn: Callable) -> Callable:
-    """``--access-key``/``--secret-key`` for brokers with access control.
+    """``--access-key``/``--secret-key`` for brokers with access control, and ``--tls``,
+    ``--tls-ca``, ``--tls-insecure`` for brokers with TLS (docs/security.md "TLS").
 
     The command receives them as one ``credentials`` argument: keyword arguments for the SDK
     client (empty when unset), so each command passes ``**credentials`` and nothing else.
+    ``--tls-ca`` or ``--tls-insecure`` imply ``--tls``.
     """
     @functools.wraps(fn)
-    def wrapper(*args: object, access_key: str | None, secret_key: str | None, **kwargs: object):
+    def wrapper(*args: object, access_key: str | None, secret_key: str | None, tls: bool,
+                tls_ca: str | None, tls_insecure: bool, **kwargs: object):
         if (access_key is None) != (secret_key is None):
             raise click.UsageError("--access-key and --secret-key must be given together")
-        credentials = {} if access_key is None else {"access_key": access_key,
-                                                      "secret_key": secret_key}
+        credentials: dict[str, Any] = {} if access_key is None else {"access_key": access_key,
+                                                                      "secret_key": secret_key}
+        if tls or tls_ca is not None or tls_insecure:
+            if tls_ca is not None and tls_insecure:
+                raise click.UsageError("--tls-ca and --tls-insecure contradict each other")
+            credentials["tls"] = ClientTLS(ca=tls_ca, insecure=tls_insecure)
         return fn(*args, credentials=credentials, **kwargs)
 
+    wrapper = click.option("--tls-insecure", is_flag=True, envvar="TXBROKER_TLS_INSECURE",
+                           help="TLS without verifying the broker's certificate or host name: "
+                                "for tests and development only (env TXBROKER_TLS_INSECURE)."
+                           )(wrapper)
+    wrapper = click.option("--tls-ca", envvar="TXBROKER_TLS_CA", default=None, metavar="PATH",
+                           help="PEM CA file the broker's certificate is verified against "
+                                "(implies --tls; default: the system store) "
+                                "(env TXBROKER_TLS_CA).")(wrapper)
+    wrapper = click.option("--tls", is_flag=True, envvar="TXBROKER_TLS",
+                           help="Connect to name servers and brokers with TLS, verifying their "
+                                "certificates (env TXBROKER_TLS).")(wrapper)
     wrapper = click.option("--secret-key", envvar="TXBROKER_SECRET_KEY", default=None,
                            help="Secret of --access-key (env TXBROKER_SECRET_KEY).")(wrapper)
     return click.option("--access-key", envvar="TXBROKER_ACCESS_KEY", default=None,

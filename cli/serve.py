@@ -183,6 +183,16 @@ _OPTIONS: dict[str, _Opt] = {
                                      "TXBROKER_CLUSTER_SECRET or --config: a command line is "
                                      "visible to every user of the machine)",
                            "unset: peers are trusted"),
+    "tls_mode": _Opt("MODE", "TLS on the broker port (and the embedded name server's): "
+                             "permissive also accepts plaintext on the same port, enforcing "
+                             "closes plaintext connections"),
+    "tls_cert": _Opt("PATH", "PEM server certificate (chain); re-read when the file changes",
+                     "unset"),
+    "tls_key": _Opt("PATH", "PEM key of --tls-cert; re-read when the file changes", "unset"),
+    "tls_ca": _Opt("PATH", "PEM CA that client certificates are verified against",
+                   "unset"),
+    "tls_client_auth": _Opt("MODE", "client certificates: none, optional (verified when sent) "
+                                    "or required (mTLS; needs --tls-ca)"),
 }
 _missing = {f.name for f in fields(BrokerConfig)} ^ set(_OPTIONS)
 if _missing:

@@ -47,6 +47,7 @@ from txbroker.config import (
 from txbroker.remoting.bodies import DataVersion
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.server import RemotingServer
+from txbroker.remoting.tls import ServerTLS, server_tls
 from txbroker.roles import Roles, broker_credentials
 from txbroker.service.acl import AclGuard
 from txbroker.service.acl_rules import load_acl_file
@@ -160,6 +161,8 @@ class Broker:
         self.store: MessageStore | None = None
         #: The ACL gate of the broker port (None when ``acl_file`` is unset).
         self.acl: AclGuard | None = None
+        #: TLS of the broker port and the embedded name server's (None with ``tls_mode=off``).
+        self.tls: ServerTLS | None = None
         self.tx: TransactionalMessageService | None = None
         self.schedule: ScheduleService | None = None
         self.server: RemotingServer | None = None
@@ -194,6 +197,8 @@ class Broker:
             self.acl = AclGuard(rules)
             acl = (f"on: {len(rules.accounts)} account(s), {len(rules.global_white)} globally "
                    f"white-listed pattern(s) from {cfg.acl_file}")
+        # Likewise a certificate or key that cannot be loaded (TLSConfigError names the file).
+        self.tls = server_tls(cfg)
         broker_sock, ns_sock, metrics_sock = self._bind_listeners()
         socks = [s for s in (broker_sock, ns_sock, metrics_sock, self._ha_sock, self._kafka_sock)
                  if s is not None]
@@ -315,6 +320,9 @@ class Broker:
             ("topics", topics),
             ("retention", retention),
             ("access control", acl),
+            ("tls", "off" if cfg.tls_mode == "off" else
+             f"{cfg.tls_mode}, certificate {cfg.tls_cert}, client certificates "
+             f"{cfg.tls_client_auth}"),
         ]
         lines = [f"broker {cfg.broker_name} (cluster {cfg.cluster_name}) started"]
         lines += [f"  {label:<17}{value}" for label, value in rows]
@@ -349,14 +357,14 @@ class Broker:
         handlers.update(self.admin.handlers())
         handlers.update(transaction_handlers(self.tx, kafka=self.kafka_txn))
 
-        self.server = RemotingServer(cfg, before_request=self.acl)
+        self.server = RemotingServer(cfg, before_request=self.acl, tls=self.tls)
         for code, handler in handlers.items():
             self.server.register(int(code), handler)
         self.server.on_disconnect(self.registry.connection_closed)
         self.server.on_disconnect(self.holds.connection_closed)
         await self.server.start(cfg.listen_host, self.broker_port, sock=broker_sock)
         if ns_sock is not None:
-            self.namesrv_server = RemotingServer(cfg)
+            self.namesrv_server = RemotingServer(cfg, tls=self.tls)
             for code, handler in namesrv.handlers().items():
                 self.namesrv_server.register(int(code), handler)
             await self.namesrv_server.start(cfg.listen_host, self.namesrv_port, sock=ns_sock)

@@ -35,6 +35,9 @@ FlushMode = Literal["async", "sync"]
 #: ``min_in_sync_replicas`` slaves hold the bytes.  A slave is ``broker_id`` >= 1 and keeps
 #: this setting for the day it is promoted.
 BrokerRole = Literal["ASYNC_MASTER", "SYNC_MASTER"]
+#: TLS on the remoting listeners (txbroker/remoting/tls.py) and client-certificate checking.
+TlsMode = Literal["off", "permissive", "enforcing"]
+TlsClientAuth = Literal["none", "optional", "required"]
 
 
 class ConfigError(ValueError):
@@ -251,6 +254,19 @@ class BrokerConfig:
     #: in RocketMQ.  Never logged, printed or shown in the status document.
     cluster_secret: str | None = field(default=None, repr=False)
 
+    # --- TLS (docs/security.md "TLS") ---------------------------------------------------
+    #: The broker port (and the embedded name server's) speaks TLS: ``off`` (plaintext, as
+    #: the quick start), ``permissive`` (plaintext and TLS on one port, told apart by the
+    #: first byte, for a migration) or ``enforcing`` (plaintext connections are closed).
+    tls_mode: TlsMode = "off"
+    #: PEM server certificate (chain) and its key; re-read when the files change.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    #: PEM CA that client certificates are verified against (with ``tls_client_auth``).
+    tls_ca: str | None = None
+    #: Client certificates: ``none``, ``optional`` (verified when sent) or ``required`` (mTLS).
+    tls_client_auth: TlsClientAuth = "none"
+
     def __post_init__(self) -> None:
         _validate(self)
 
@@ -355,6 +371,20 @@ def _validate(c: BrokerConfig) -> None:
     if c.cluster_secret is not None and len(c.cluster_secret) < MIN_SECRET_LENGTH:
         # Never echo the value itself.
         raise ConfigError(f"cluster_secret: must be at least {MIN_SECRET_LENGTH} characters")
+    _check_tls(c)
+
+
+def _check_tls(c: BrokerConfig) -> None:
+    if c.tls_mode not in ("off", "permissive", "enforcing"):
+        raise ConfigError(f"tls_mode={c.tls_mode!r}: must be off, permissive or enforcing")
+    if c.tls_client_auth not in ("none", "optional", "required"):
+        raise ConfigError(f"tls_client_auth={c.tls_client_auth!r}: must be none, optional or "
+                          f"required")
+    if c.tls_mode != "off" and not (c.tls_cert and c.tls_key):
+        raise ConfigError(f"tls_mode={c.tls_mode}: needs tls_cert and tls_key (PEM files)")
+    if c.tls_client_auth != "none" and not c.tls_ca:
+        raise ConfigError(f"tls_client_auth={c.tls_client_auth}: needs tls_ca, the CA file "
+                          f"client certificates are verified against")
 
 
 def _check_kafka_cluster(c: BrokerConfig) -> None:

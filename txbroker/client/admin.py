@@ -16,6 +16,7 @@ or its lowest slave while the group has no master (a slave holds the replicated 
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterable
 from typing import Self
 
@@ -53,6 +54,7 @@ from txbroker.remoting.headers import (
     TxnListRequestHeader,
     TxnShowRequestHeader,
 )
+from txbroker.remoting.tls import ClientTLS
 
 PERM_READ_WRITE = PERM_READ | PERM_WRITE
 DECISIONS = TXN_DECISIONS
@@ -60,12 +62,14 @@ DECISIONS = TXN_DECISIONS
 
 class AdminClient:
     """Operator requests to every broker; ``access_key``/``secret_key`` sign them (topic
-    creation and transaction decisions need an ``admin`` account when the broker runs ACL)."""
+    creation and transaction decisions need an ``admin`` account when the broker runs ACL);
+    ``tls`` as for :class:`~txbroker.client.producer.Producer`."""
 
     def __init__(self, namesrv: str = DEFAULT_NAMESRV, timeout: float = 5.0, *,
-                 access_key: str | None = None, secret_key: str | None = None) -> None:
+                 access_key: str | None = None, secret_key: str | None = None,
+                 tls: ClientTLS | ssl.SSLContext | None = None) -> None:
         self._instance = ClientInstance(namesrv, request_timeout=timeout,
-                                        access_key=access_key, secret_key=secret_key)
+                                        access_key=access_key, secret_key=secret_key, tls=tls)
 
     async def start(self) -> None:
         await self._instance.start()

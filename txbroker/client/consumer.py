@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Coroutine
 from typing import Any, Self
@@ -64,6 +65,7 @@ from txbroker.remoting.headers import (
     HeaderError,
     NotifyConsumerIdsChangedRequestHeader,
 )
+from txbroker.remoting.tls import ClientTLS
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,8 @@ class Consumer:
 
     ``access_key``/``secret_key`` (RocketMQ's SessionCredentials) sign every request, for
     brokers that run access control; leave them unset otherwise.
+    ``tls`` (a :class:`~txbroker.remoting.tls.ClientTLS` or an ``ssl.SSLContext``) makes every
+    connection TLS, verifying the broker's certificate and host name (docs/security.md "TLS").
     """
 
     def __init__(self, group: str, namesrv: str = DEFAULT_NAMESRV, from_where: object = "last", *,
@@ -87,7 +91,8 @@ class Consumer:
                  buffer_size: int = 1024, request_timeout: float = 3.0,
                  heartbeat_interval: float = 30.0, pull_error_backoff: float = 1.0,
                  instance_name: str | None = None, access_key: str | None = None,
-                 secret_key: str | None = None) -> None:
+                 secret_key: str | None = None,
+                 tls: ClientTLS | ssl.SSLContext | None = None) -> None:
         self.group = validate_group(group, "consumer group")
         self.from_where = normalise_from_where(from_where)
         if not 1 <= pull_batch_size <= 1024:
@@ -107,7 +112,8 @@ class Consumer:
         self._instance = ClientInstance(namesrv, request_timeout=request_timeout,
                                         heartbeat_interval=heartbeat_interval,
                                         instance_name=instance_name,
-                                        access_key=access_key, secret_key=secret_key)
+                                        access_key=access_key, secret_key=secret_key,
+                                        tls=tls)
         self._instance.consumer_data[self.group] = self._consumer_data
         self._instance.on_request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_ids_changed)
         self._offsets = GroupOffsets(self._instance, self.group, self.from_where)

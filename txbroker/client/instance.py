@@ -31,6 +31,7 @@ import contextlib
 import logging
 import os
 import secrets
+import ssl
 from collections.abc import Awaitable, Callable
 
 from txbroker.client.errors import BrokerError, ClientError
@@ -42,6 +43,7 @@ from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import UnregisterClientRequestHeader
 from txbroker.remoting.signing import SessionCredentials, credentials
+from txbroker.remoting.tls import ClientTLS, client_context
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +61,18 @@ class ClientInstance:
     def __init__(self, namesrv: str = DEFAULT_NAMESRV, *, request_timeout: float = 3.0,
                  heartbeat_interval: float = 30.0, route_refresh_interval: float = 30.0,
                  instance_name: str | None = None, access_key: str | None = None,
-                 secret_key: str | None = None) -> None:
+                 secret_key: str | None = None,
+                 tls: ClientTLS | ssl.SSLContext | None = None) -> None:
+        #: TLS for every connection, name servers and brokers alike (None: plaintext).  Built
+        #: here, so a CA or certificate file that cannot be loaded fails the constructor.
+        self.ssl = client_context(tls)
         #: Signs every request to name servers and brokers (brokers with ACL require it).
         self.credentials: SessionCredentials | None = credentials(access_key, secret_key)
         if request_timeout <= 0 or heartbeat_interval <= 0 or route_refresh_interval <= 0:
             raise ValueError("timeouts and intervals must be positive")
         #: Routes and broker addresses (``namesrv.route(topic)``, ``namesrv.broker_addr(name)``).
         self.namesrv = NameServerClient(namesrv, request_timeout=request_timeout,
-                                        credentials=self.credentials)
+                                        credentials=self.credentials, ssl=self.ssl)
         self.request_timeout = request_timeout
         self.heartbeat_interval = heartbeat_interval
         self.route_refresh_interval = route_refresh_interval
@@ -184,7 +190,7 @@ class ClientInstance:
         fut = asyncio.get_running_loop().create_future()
         self._connecting[addr] = fut
         conn = RemotingClient(addr, connect_timeout=self.request_timeout,
-                              credentials=self.credentials,
+                              credentials=self.credentials, ssl=self.ssl,
                               on_lost=lambda: self._schedule_rejoin(addr))
         try:
             for code, handler in self._handlers.items():

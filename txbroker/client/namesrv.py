@@ -15,6 +15,7 @@ instance opens the broker connections itself.
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -105,8 +106,10 @@ class NameServerClient:
     Event-loop only."""
 
     def __init__(self, namesrv: str, *, request_timeout: float,
-                 credentials: SessionCredentials | None) -> None:
+                 credentials: SessionCredentials | None,
+                 ssl: ssl.SSLContext | None = None) -> None:
         self.addrs = parse_addresses(namesrv)
+        self.ssl = ssl
         self.request_timeout = request_timeout
         self.credentials = credentials
         self._ns: RemotingClient | None = None
@@ -127,7 +130,7 @@ class NameServerClient:
         for i in range(len(self.addrs)):
             addr = self.addrs[(self._index + i) % len(self.addrs)]
             client = RemotingClient(addr, connect_timeout=self.request_timeout,
-                                    credentials=self.credentials)
+                                    credentials=self.credentials, ssl=self.ssl)
             try:
                 await client.connect()
             except (OSError, TimeoutError) as exc:

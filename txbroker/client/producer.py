@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from typing import Self, TypeVar
@@ -59,6 +60,7 @@ from txbroker.remoting.headers import (
     SendMessageRequestHeader,
     SendMessageResponseHeader,
 )
+from txbroker.remoting.tls import ClientTLS
 from txbroker.store import record as rec
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,8 @@ class Producer:
 
     ``access_key``/``secret_key`` (RocketMQ's SessionCredentials) sign every request, for
     brokers that run access control; leave them unset otherwise.
+    ``tls`` (a :class:`~txbroker.remoting.tls.ClientTLS` or an ``ssl.SSLContext``) makes every
+    connection TLS, verifying the broker's certificate and host name (docs/security.md "TLS").
 
     ``send_latency_fault`` (on by default, unlike RocketMQ) avoids a broker group for a
     back-off after it failed or answered slowly (``faults.py``); ``fault_clock`` is the
@@ -119,7 +123,8 @@ class Producer:
                  instance_name: str | None = None, access_key: str | None = None,
                  secret_key: str | None = None, send_latency_fault: bool = True,
                  fault_clock: Callable[[], float] = time.monotonic,
-                 create_topics: bool = True) -> None:
+                 create_topics: bool = True,
+                 tls: ClientTLS | ssl.SSLContext | None = None) -> None:
         self.group = validate_group(group, "producer group")
         if not isinstance(retries, int) or retries < 0:
             raise ValueError("retries must be a non-negative integer")
@@ -138,7 +143,8 @@ class Producer:
         self._instance = ClientInstance(namesrv, request_timeout=self.send_timeout,
                                         heartbeat_interval=heartbeat_interval,
                                         instance_name=instance_name,
-                                        access_key=access_key, secret_key=secret_key)
+                                        access_key=access_key, secret_key=secret_key,
+                                        tls=tls)
         self._instance.producer_groups.add(self.group)
         self._ids = UniqKeyGenerator(self._instance.ip)
         self._rr = itertools.count()

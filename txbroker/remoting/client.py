@@ -18,12 +18,17 @@ Used by the Python SDK, the CLI, benchmarks and tests.  Design points:
 * With ``credentials`` every request leaving through :meth:`invoke` / :meth:`invoke_oneway` is
   signed (``AccessKey`` + ``Signature``, RocketMQ's ``AclClientRPCHook``) as the last step
   before encoding, so no caller can add a field the signature does not cover.
+* With ``ssl`` (an ``ssl.SSLContext``, see :mod:`txbroker.remoting.tls`) the connection is
+  TLS, the server's certificate checked against the address's host name as the context says.
+  A plaintext connection the broker closes before answering anything says that the broker may
+  require TLS: that is how an enforcing TLS port refuses a plaintext client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
@@ -80,8 +85,23 @@ class _ClientProtocol(RemotingConnection):
                          client._handlers,
                          prepare=credentials.sign if credentials is not None else None)
         self.client = client
+        #: Whether the peer ever sent a byte (see :meth:`connection_lost`).
+        self.heard = False
+
+    def data_received(self, data: bytes) -> None:
+        self.heard = True
+        super().data_received(data)
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if not self.heard and self._pending and self.client.ssl is None:
+            # Closed on the first request without a word: an enforcing TLS port does that.
+            reason = f" ({exc})" if exc else ""
+            error = ConnectionError(f"connection to {self.peer} closed before any answer"
+                                    f"{reason}; if that broker requires TLS, connect with TLS "
+                                    f"(the SDK's tls=, the CLI's --tls)")
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(error)
         super().connection_lost(exc)
         self.client._lost(self)
 
@@ -123,9 +143,12 @@ class RemotingClient:
     def __init__(self, addr: str, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
                  reconnect: bool = True, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
                  on_lost: Callable[[], None] | None = None,
-                 credentials: SessionCredentials | None = None) -> None:
+                 credentials: SessionCredentials | None = None,
+                 ssl: ssl.SSLContext | None = None) -> None:
         self.addr = addr
         self.credentials = credentials
+        #: TLS context (None: plaintext); the server is verified as the context says.
+        self.ssl = ssl
         #: Called when the connection drops (not on :meth:`close`): an owner that must stay
         #: reachable by the server, as a transactional producer must for check-backs, uses it
         #: to reconnect at once instead of at its next call.
@@ -187,7 +210,9 @@ class RemotingClient:
         self._connecting = fut
         try:
             _, proto = await asyncio.wait_for(
-                loop.create_connection(lambda: _ClientProtocol(self), self.host, self.port),
+                loop.create_connection(lambda: _ClientProtocol(self), self.host, self.port,
+                                       ssl=self.ssl,
+                                       server_hostname=self.host if self.ssl else None),
                 self.connect_timeout)
         except (TimeoutError, OSError) as exc:
             self._backoff = min(max(self._backoff * 2, RECONNECT_BACKOFF_MIN), RECONNECT_BACKOFF_MAX)
