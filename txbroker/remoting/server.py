@@ -249,7 +249,8 @@ class RemotingServer:
             except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
                 self.tls_failures += 1
                 if self._refusal_log.should_log(peer.rpartition(":")[0], self._loop.time()):
-                    log.warning("TLS handshake with %s failed: %s", peer, exc)
+                    log.warning("TLS handshake with %s failed: %s", peer,
+                                str(exc) or type(exc).__name__)
         finally:
             if not handed:
                 conn.close()
