@@ -47,9 +47,14 @@ def _serve(tmp_path, *args: str) -> subprocess.CompletedProcess:
         capture_output=True, text=True, timeout=60, check=False)
 
 
-@pytest.mark.parametrize("which", ["key path", "mismatched key"])
+@pytest.mark.parametrize("which", ["key path", "mismatched key", "CA path"])
 def test_serve_with_a_bad_key_is_one_error_line(tmp_path, pki, which) -> None:
-    if which == "key path":
+    extra: tuple[str, ...] = ()
+    if which == "CA path":
+        key, ca = pki.key_file, tmp_path / "missing-ca.pem"
+        extra = ("--tls-client-auth", "required", "--tls-ca", str(ca))
+        expected = f"error: TLS CA file {ca}: cannot be loaded"
+    elif which == "key path":
         key = tmp_path / "missing.key"
         expected = f"error: TLS key file {key}: not found"
     else:
@@ -57,7 +62,7 @@ def test_serve_with_a_bad_key_is_one_error_line(tmp_path, pki, which) -> None:
         pki.issue_server(tmp_path / "other.pem", key)
         expected = f"error: TLS certificate {pki.cert_file} with key {key}: cannot be loaded"
     run = _serve(tmp_path, "--tls-mode", "enforcing", "--tls-cert", str(pki.cert_file),
-                 "--tls-key", str(key))
+                 "--tls-key", str(key), *extra)
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(expected), run.stderr

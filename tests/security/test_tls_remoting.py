@@ -115,6 +115,17 @@ async def test_permissive_serves_plaintext_and_tls_on_one_port(tls_broker, pki) 
     assert b.server.tls_refusals == 0
 
 
+async def test_a_tls_client_on_a_plaintext_port_is_closed(broker, pki) -> None:
+    """tls_mode=off: a ClientHello is no frame, so the connection is closed (RocketMQ's
+    disabled mode closes it too) and the port goes on serving plaintext."""
+    producer = Producer("PG_WRONG", broker.namesrv_addr, tls=ClientTLS(insecure=True), retries=0)
+    with pytest.raises((ConnectionError, RouteError)):
+        await producer.start()
+    await producer.shutdown()
+    async with Producer("PG_RIGHT", broker.namesrv_addr) as producer:
+        await producer.send(Message("TOff", b"plain"))
+
+
 async def test_client_refuses_an_untrusted_certificate(tls_broker, pki, tmp_path) -> None:
     import trustme
 
