@@ -44,25 +44,37 @@ namesrv_option = click.option(
 
 def credentials_options(fn: Callable) -> Callable:
     """``--access-key``/``--secret-key`` for brokers with access control, and ``--tls``,
-    ``--tls-ca``, ``--tls-insecure`` for brokers with TLS (docs/security.md "TLS").
+    ``--tls-ca``, ``--tls-insecure``, ``--tls-client-cert``/``--tls-client-key`` for brokers
+    with TLS (docs/security.md "TLS").
 
     The command receives them as one ``credentials`` argument: keyword arguments for the SDK
     client (empty when unset), so each command passes ``**credentials`` and nothing else.
-    ``--tls-ca`` or ``--tls-insecure`` imply ``--tls``.
+    Any of the ``--tls-*`` options implies ``--tls``.
     """
     @functools.wraps(fn)
     def wrapper(*args: object, access_key: str | None, secret_key: str | None, tls: bool,
-                tls_ca: str | None, tls_insecure: bool, **kwargs: object):
+                tls_ca: str | None, tls_insecure: bool, tls_client_cert: str | None,
+                tls_client_key: str | None, **kwargs: object):
         if (access_key is None) != (secret_key is None):
             raise click.UsageError("--access-key and --secret-key must be given together")
         credentials: dict[str, Any] = {} if access_key is None else {"access_key": access_key,
                                                                       "secret_key": secret_key}
-        if tls or tls_ca is not None or tls_insecure:
+        if (tls_client_cert is None) != (tls_client_key is None):
+            raise click.UsageError("--tls-client-cert and --tls-client-key must be given together")
+        if tls or tls_ca is not None or tls_insecure or tls_client_cert is not None:
             if tls_ca is not None and tls_insecure:
                 raise click.UsageError("--tls-ca and --tls-insecure contradict each other")
-            credentials["tls"] = ClientTLS(ca=tls_ca, insecure=tls_insecure)
+            credentials["tls"] = ClientTLS(ca=tls_ca, insecure=tls_insecure,
+                                           cert=tls_client_cert, key=tls_client_key)
         return fn(*args, credentials=credentials, **kwargs)
 
+    wrapper = click.option("--tls-client-key", envvar="TXBROKER_TLS_CLIENT_KEY", default=None,
+                           metavar="PATH", help="PEM key of --tls-client-cert "
+                                                "(env TXBROKER_TLS_CLIENT_KEY).")(wrapper)
+    wrapper = click.option("--tls-client-cert", envvar="TXBROKER_TLS_CLIENT_CERT", default=None,
+                           metavar="PATH", help="PEM client certificate, for brokers with "
+                                                "--tls-client-auth (env TXBROKER_TLS_CLIENT_CERT)."
+                           )(wrapper)
     wrapper = click.option("--tls-insecure", is_flag=True, envvar="TXBROKER_TLS_INSECURE",
                            help="TLS without verifying the broker's certificate or host name: "
                                 "for tests and development only (env TXBROKER_TLS_INSECURE)."

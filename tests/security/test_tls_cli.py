@@ -39,6 +39,17 @@ async def test_cli_errors_are_one_line(tls_broker, pki, tmp_path) -> None:
     assert "TTls" not in b.store.queues()
 
 
+async def test_cli_presents_a_client_certificate(tls_broker, pki) -> None:
+    b = await tls_broker(tls_client_auth="required", tls_ca=str(pki.ca_file))
+    ns = ("--namesrv", b.namesrv_addr, "--tls-ca", str(pki.ca_file))
+    refused = cli_one_line_error(await run_cli("produce", "--topic", "TCliMtls", "--body", "x", *ns))
+    assert b.namesrv_addr in refused
+    cert, key = pki.issue_client("cli")
+    cli_ok(await run_cli("produce", "--topic", "TCliMtls", "--body", "x", *ns,
+                         "--tls-client-cert", cert, "--tls-client-key", key))
+    assert "TCliMtls" in b.store.queues()
+
+
 def _serve(tmp_path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-P", "-m", "txbroker", "serve", "--data-dir", str(tmp_path / "data"),
