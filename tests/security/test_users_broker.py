@@ -8,7 +8,6 @@ import logging
 import subprocess
 import sys
 
-import pytest
 from support.cli_runner import cli_ok, run_cli
 from support.waiting import eventually
 
@@ -35,7 +34,6 @@ async def _send(namesrv: str, key: str, secret: str, body: bytes) -> str | None:
     return None
 
 
-@pytest.mark.slow
 async def test_access_key_works_without_restart_and_dies_with_its_user(broker_config, tmp_path,
                                                                         caplog) -> None:
     users_file = str(tmp_path / "users.json")
