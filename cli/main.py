@@ -44,3 +44,7 @@ main.add_command(_topic.topic)
 from txbroker.cli import bench as _bench
 
 main.add_command(_bench.bench)
+
+from txbroker.cli import user as _user
+
+main.add_command(_user.user)

@@ -178,6 +178,9 @@ _OPTIONS: dict[str, _Opt] = {
     "acl_access_key": _Opt("KEY", "this broker's account in --acl-file: it signs the requests "
                                   "this broker sends to other brokers (a slave's metadata sync)",
                            "unset: unsigned"),
+    "users_file": _Opt("PATH", "the user store written by 'txbroker user' (passwords as SCRAM "
+                               "credentials, access keys, roles), read again when it changes",
+                       "unset: no user store"),
     "cluster_secret": _Opt("SECRET", "shared by every broker and controller of the cluster: "
                                      "replication and controller requests must prove it (prefer "
                                      "TXBROKER_CLUSTER_SECRET or --config: a command line is "

@@ -81,6 +81,7 @@ from txbroker.service.registration import BrokerRegistrar
 from txbroker.service.schedule import ScheduleService
 from txbroker.service.topics import TopicConfig, TopicManager
 from txbroker.service.transaction.service import TransactionalMessageService
+from txbroker.service.users import UserStore
 from txbroker.store.message_store import DiskUsage, MessageStore, RecoveryReport
 from txbroker.store.record import DEFAULT_TOPIC
 
@@ -163,6 +164,8 @@ class Broker:
         self.acl: AclGuard | None = None
         #: TLS of the broker port and the embedded name server's (None with ``tls_mode=off``).
         self.tls: ServerTLS | None = None
+        #: The user store (None when ``users_file`` is unset), read again when the file changes.
+        self.users: UserStore | None = None
         self.tx: TransactionalMessageService | None = None
         self.schedule: ScheduleService | None = None
         self.server: RemotingServer | None = None
@@ -191,14 +194,20 @@ class Broker:
     async def start(self) -> None:
         cfg = self.config
         acl = "off"
+        if cfg.users_file is not None:
+            # Like the ACL file: a bad users file stops the start with its reason.
+            self.users = UserStore(cfg.users_file)
         if cfg.acl_file is not None:
             # Before anything binds or opens: a bad ACL file stops the start with its reason.
             rules = load_acl_file(cfg.acl_file)
-            self.acl = AclGuard(rules)
+            self.acl = AclGuard(rules, self.users)
             acl = (f"on: {len(rules.accounts)} account(s), {len(rules.global_white)} globally "
                    f"white-listed pattern(s) from {cfg.acl_file}")
         # Likewise a certificate or key that cannot be loaded (TLSConfigError names the file).
         self.tls = server_tls(cfg)
+        if self.users is not None:
+            acl += (f"; users file {cfg.users_file}: {len(self.users.current().users)} user(s)"
+                    + ("" if self.acl else " (their access keys count once acl_file is set)"))
         broker_sock, ns_sock, metrics_sock = self._bind_listeners()
         socks = [s for s in (broker_sock, ns_sock, metrics_sock, self._ha_sock, self._kafka_sock)
                  if s is not None]

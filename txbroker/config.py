@@ -249,6 +249,9 @@ class BrokerConfig:
     #: requests it sends to another broker's port (a slave's metadata sync) are signed with
     #: it, as RocketMQ 5 signs broker-to-broker calls with ``innerClientAuthenticationCredentials``.
     acl_access_key: str | None = None
+    #: The user store (docs/security.md "Users"): users with SCRAM credentials, access keys
+    #: and roles, edited with ``txbroker user`` and read again when it changes.  Unset = none.
+    users_file: str | None = None
     #: Shared by every broker and controller of the cluster: HA peers and controller requests
     #: prove they know it (docs/cluster.md "Authentication").  Unset = peers are trusted, as
     #: in RocketMQ.  Never logged, printed or shown in the status document.
@@ -366,6 +369,8 @@ def _validate(c: BrokerConfig) -> None:
     need(bool(c.data_dir), "data_dir", "must not be empty")
     need(c.acl_file is None or bool(c.acl_file.strip()), "acl_file",
          "must be the path of a plain_acl.yml file (leave it unset to turn access control off)")
+    need(c.users_file is None or bool(c.users_file.strip()), "users_file",
+         "must name a file (or be unset)")
     need(c.acl_access_key is None or (bool(c.acl_access_key.strip()) and c.acl_file is not None),
          "acl_access_key", "names an account of acl_file, so acl_file must be set too")
     if c.cluster_secret is not None and len(c.cluster_secret) < MIN_SECRET_LENGTH:

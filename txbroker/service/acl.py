@@ -47,6 +47,7 @@ from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import HeaderError
 from txbroker.remoting.signing import ACCESS_KEY, SIGNATURE, signature
 from txbroker.service.acl_rules import AclRules, Perm, retry_topic
+from txbroker.service.users import Users, UsersFileError, UserStore
 from txbroker.store.record import RETRY_GROUP_TOPIC_PREFIX
 
 log = logging.getLogger(__name__)
@@ -176,16 +177,38 @@ def validate(rules: AclRules, code: int, ext: Mapping[str, str], body: bytes,
 
 
 class AclGuard:
-    """The broker port's ``before_request`` hook: refuses (and logs) what :func:`validate` refuses."""
+    """The broker port's ``before_request`` hook: refuses (and logs) what :func:`validate` refuses.
 
-    def __init__(self, rules: AclRules) -> None:
+    With a user store, its users' access keys are accounts too (``Users.acl_rules``), as the
+    store has them now: a key made by ``txbroker user access-key`` works without a restart.
+    """
+
+    def __init__(self, rules: AclRules, users: UserStore | None = None) -> None:
         self.rules = rules
+        self.users = users
         self.refused = 0
+        self._merged_from: Users | None = None
+        self._merged = rules
+        if users is not None:  # an access key in both files stops the start (UsersFileError)
+            self._merged_from = users.current()
+            self._merged = self._merged_from.acl_rules(rules)
+
+    def _rules_now(self) -> AclRules:
+        if self.users is None:
+            return self.rules
+        users = self.users.current()
+        if users is not self._merged_from:
+            self._merged_from = users
+            try:
+                self._merged = users.acl_rules(self.rules)
+            except UsersFileError as exc:
+                log.error("%s; the previous users stay in force", exc)
+        return self._merged
 
     def __call__(self, conn: Any, cmd: RemotingCommand) -> None:
         peer = getattr(conn, "peer", "")
         host = peer.rpartition(":")[0] or peer
-        denied = validate(self.rules, cmd.code, cmd.ext_fields, cmd.body, host)
+        denied = validate(self._rules_now(), cmd.code, cmd.ext_fields, cmd.body, host)
         if denied is None:
             return
         self.refused += 1

@@ -1,0 +1,340 @@
+"""The user store: one file of accounts for both protocols (docs/security.md "Users").
+
+A user has a name, roles, SCRAM credentials (for Kafka clients' SCRAM-SHA-256/512) and any
+number of RocketMQ access keys (for clients that sign requests as RocketMQ's plain ACL asks).
+The password itself is never stored: only the salted SCRAM credentials of ``scram.py``, from
+which nobody can log in.  An access key's secret *is* stored, because RocketMQ's signature is an
+HMAC keyed with it and the broker must compute the same HMAC; that is why the file is written
+with mode 0600 and why nothing here logs or prints a secret.
+
+The file is JSON, written only by :func:`edit_users` (``txbroker user ...``): under an
+exclusive lock, to a temporary file made 0600 from its first byte, synced, then renamed over
+the old one, so a reader sees the old file or the new one, never half of one.  A broker holds a
+:class:`UserStore`, which looks at the file's identity (inode, size, mtime) at most once per
+``check_interval`` and reads it again when it changed: no restart after ``txbroker user add``.
+A file that turns bad while the broker runs leaves the previous users in force, with one error
+line naming the file.
+
+Roles are deliberately few (``ROLES``); ``acl_accounts`` turns them into the RocketMQ plain-ACL
+accounts ``service/acl.py`` checks requests against, so that check needs nothing new to serve
+the users of this file.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import fcntl
+import logging
+import os
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from txbroker.config import ConfigError
+from txbroker.service.acl_rules import Account, AclRules, Perm
+from txbroker.service.scram import MECHANISMS, ScramCredentials, make_credentials
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+#: What each role lets a user do.  RocketMQ: ``admin`` is the plain ACL's ``admin: true`` (admin
+#: request codes, every topic and group); ``producer`` may publish to every topic; ``consumer``
+#: may subscribe to every topic and consume in every group.  Roles add up.
+ROLES = ("admin", "producer", "consumer")
+_ROLE_PERMS = {  # role -> (default topic perm, default group perm)
+    "admin": (Perm.PUB | Perm.SUB, Perm.PUB | Perm.SUB),
+    "producer": (Perm.PUB, Perm(0)),
+    "consumer": (Perm.SUB, Perm.SUB),
+}
+#: User names: what Kafka and RocketMQ tools accept without escaping (no ``,`` or ``=``, which
+#: SCRAM's ``saslname`` would have to escape).
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
+
+
+class UsersFileError(ConfigError):
+    """The users file cannot be used; the message names the file and the entry."""
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    roles: tuple[str, ...] = ()
+    #: mechanism -> credentials (empty: no password set, no Kafka login)
+    scram: Mapping[str, ScramCredentials] = field(default_factory=dict)
+    #: RocketMQ access key -> its secret key
+    access_keys: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class Users:
+    """One version of the file: an immutable snapshot, edited by building a new one."""
+
+    users: Mapping[str, User] = field(default_factory=dict)
+
+    def scram_credentials(self, user: str, mechanism: str) -> ScramCredentials | None:
+        """The SASL/SCRAM server's lookup: None for an unknown user or mechanism, so the
+        caller answers both the same way (no user enumeration)."""
+        found = self.users.get(user)
+        return None if found is None else found.scram.get(mechanism)
+
+    def acl_accounts(self) -> dict[str, Account]:
+        """Access key -> the plain-ACL account its user's roles amount to."""
+        out = {}
+        for user in self.users.values():
+            topic, group = Perm(0), Perm(0)
+            for role in user.roles:
+                topic |= _ROLE_PERMS[role][0]
+                group |= _ROLE_PERMS[role][1]
+            for key, secret in user.access_keys.items():
+                out[key] = Account(access_key=key, secret_key=secret, admin="admin" in user.roles,
+                                   default_topic_perm=topic or Perm.DENY,
+                                   default_group_perm=group or Perm.DENY)
+        return out
+
+    def acl_rules(self, base: AclRules) -> AclRules:
+        """``base`` (a ``plain_acl.yml``'s rules) with this file's access keys added.
+
+        An access key in both is refused rather than one silently winning.
+        """
+        mine = self.acl_accounts()
+        both = sorted(set(mine) & set(base.accounts))
+        if both:
+            raise UsersFileError(f"access key(s) {', '.join(both)} are in the ACL file and the "
+                                 f"users file")
+        return AclRules(base.global_white, {**base.accounts, **mine})
+
+    # --- edits (pure: each returns a new snapshot) ---------------------------------------------
+
+    def with_password(self, name: str, password: str,
+                      roles: tuple[str, ...] | None = None) -> Users:
+        """``name`` created or updated with fresh credentials for every mechanism."""
+        check_name(name)
+        if not password:
+            raise ValueError("the password must not be empty")
+        old = self.users.get(name, User(name))
+        scram = {m: make_credentials(m, password) for m in MECHANISMS}
+        user = replace(old, scram=scram, roles=old.roles if roles is None else check_roles(roles))
+        return Users({**self.users, name: user})
+
+    def with_access_key(self, name: str) -> tuple[Users, str, str]:
+        """A new access key and secret for ``name``: (new snapshot, key, secret)."""
+        user = self._existing(name)
+        taken = {k for u in self.users.values() for k in u.access_keys}
+        key = "AK" + secrets.token_hex(10).upper()
+        while key in taken:
+            key = "AK" + secrets.token_hex(10).upper()
+        secret = secrets.token_urlsafe(30)
+        user = replace(user, access_keys={**user.access_keys, key: secret})
+        return Users({**self.users, name: user}), key, secret
+
+    def without(self, name: str) -> Users:
+        self._existing(name)
+        return Users({n: u for n, u in self.users.items() if n != name})
+
+    def _existing(self, name: str) -> User:
+        try:
+            return self.users[name]
+        except KeyError:
+            raise ValueError(f"no user {name!r}") from None
+
+
+def check_name(name: str) -> str:
+    if not NAME.fullmatch(name):
+        raise ValueError(f"user name {name!r}: 1-128 letters, digits, '.', '_', '@' or '-', "
+                         f"starting with a letter or digit")
+    return name
+
+
+def check_roles(roles: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    unknown = sorted(set(roles) - set(ROLES))
+    if unknown:
+        raise ValueError(f"unknown role(s) {', '.join(unknown)} (known: {', '.join(ROLES)})")
+    return tuple(r for r in ROLES if r in roles)  # one order, no repeats
+
+
+# --- the file's form (pure) ----------------------------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def encode_users(users: Users) -> bytes:
+    doc = {"version": FORMAT_VERSION, "users": {
+        name: {
+            "roles": list(u.roles),
+            "scram": {m: {"salt": _b64(c.salt), "iterations": c.iterations,
+                          "stored_key": _b64(c.stored_key), "server_key": _b64(c.server_key)}
+                      for m, c in u.scram.items()},
+            "access_keys": dict(u.access_keys),
+        } for name, u in sorted(users.users.items())}}
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def decode_users(data: bytes) -> Users:
+    """The users of a file's bytes; ValueError (TypeError for a wrong shape) naming the entry
+    for anything else."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:
+        raise ValueError(f"not a users file of version {FORMAT_VERSION} "
+                         f"(a JSON object with \"version\": {FORMAT_VERSION} and \"users\")")
+    entries = doc.get("users")
+    if not isinstance(entries, dict):
+        raise TypeError("\"users\" must be an object of name -> user")
+    users = {}
+    seen_keys: set[str] = set()
+    for name, entry in entries.items():
+        try:
+            user = _decode_user(name, entry)
+        except (ValueError, TypeError, KeyError, binascii.Error) as exc:
+            raise ValueError(f"user {name!r}: {exc}") from None
+        again = seen_keys & set(user.access_keys)
+        if again:
+            raise ValueError(f"user {name!r}: access key {min(again)} belongs to two users")
+        seen_keys |= set(user.access_keys)
+        users[name] = user
+    return Users(users)
+
+
+def _decode_user(name: str, entry: Any) -> User:
+    check_name(name)
+    if not isinstance(entry, dict):
+        raise TypeError("must be an object with roles, scram and access_keys")
+    roles = entry.get("roles", [])
+    if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+        raise TypeError("roles must be a list of role names")
+    scram = {}
+    for mechanism, c in dict(entry.get("scram", {})).items():
+        if mechanism not in MECHANISMS:
+            raise ValueError(f"unknown SCRAM mechanism {mechanism!r}")
+        if not isinstance(c, dict) or not isinstance(c.get("iterations"), int):
+            raise TypeError(f"{mechanism}: needs salt, iterations, stored_key and server_key")
+        scram[mechanism] = ScramCredentials(
+            mechanism, base64.b64decode(c["salt"], validate=True), c["iterations"],
+            base64.b64decode(c["stored_key"], validate=True),
+            base64.b64decode(c["server_key"], validate=True))
+    keys = entry.get("access_keys", {})
+    if not isinstance(keys, dict) or not all(isinstance(k, str) and isinstance(s, str) and k and s
+                                             for k, s in keys.items()):
+        raise TypeError("access_keys must be an object of access key -> secret key")
+    return User(name, check_roles(roles), scram, keys)
+
+
+# --- the file on disk ----------------------------------------------------------------------------
+
+
+def load_users(path: str | os.PathLike[str], missing_ok: bool = False) -> Users:
+    """Read and check the users file; :class:`UsersFileError` names the file and the fault."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        if missing_ok:
+            return Users()
+        raise UsersFileError(f"users file {path}: no such file "
+                             f"(create it with 'txbroker user add')") from None
+    except OSError as exc:
+        raise UsersFileError(f"users file {path}: {exc.strerror or exc}") from None
+    try:
+        return decode_users(data)
+    except (ValueError, TypeError) as exc:
+        raise UsersFileError(f"users file {path}: {exc}") from None
+
+
+def write_users(path: str | os.PathLike[str], users: Users) -> None:
+    """Replace the file atomically; the new file is 0600 from its first byte."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # an old leftover keeps its mode through O_CREAT
+        os.write(fd, encode_users(users))
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.replace(tmp, target)
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+@contextmanager
+def edit_users(path: str | os.PathLike[str]) -> Iterator[list[Users]]:
+    """Read-modify-write under an exclusive lock (two ``txbroker user`` commands at once
+    both land).  Yields a one-item list: put the new snapshot in it to have it written."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock_fd = os.open(target.with_name(f".{target.name}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        before = load_users(target, missing_ok=True)
+        box = [before]
+        yield box
+        if box[0] is not before:
+            write_users(target, box[0])
+    finally:
+        os.close(lock_fd)
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class UserStore:
+    """The users file as a running broker sees it: read at once, read again when it changes.
+
+    Not thread-safe; call it from the event loop.  ``current()`` costs one ``stat`` per
+    ``check_interval`` at most, so it can sit on a request path.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], check_interval: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = Path(path)
+        self.check_interval = check_interval
+        self._clock = clock
+        self._seen = _identity(self.path)
+        self._users = load_users(self.path)  # a bad file at start is the caller's error
+        self._checked = clock()
+        #: Times the file was read again after a change (successfully or not).
+        self.reloads = 0
+
+    def current(self) -> Users:
+        now = self._clock()
+        if now - self._checked < self.check_interval:
+            return self._users
+        self._checked = now
+        seen = _identity(self.path)
+        if seen == self._seen:
+            return self._users
+        self._seen = seen
+        self.reloads += 1
+        try:
+            self._users = load_users(self.path)
+        except UsersFileError as exc:
+            log.error("%s; the previous users stay in force", exc)
+        else:
+            log.info("users file %s reloaded: %d user(s)", self.path, len(self._users.users))
+        return self._users
+
+    def scram_credentials(self, user: str, mechanism: str) -> ScramCredentials | None:
+        """The SASL/SCRAM server's lookup, on the file as it is now."""
+        return self.current().scram_credentials(user, mechanism)
