@@ -35,7 +35,7 @@ class F:
 
 
 def _in(spec: str | None, version: int) -> bool:
-    if spec is None:
+    if spec is None or spec == "none":  # Kafka writes "none" where no version qualifies
         return False
     if spec.endswith("+"):
         return version >= int(spec[:-1])
