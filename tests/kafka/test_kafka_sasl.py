@@ -201,13 +201,26 @@ async def test_handshake_v0_raw_plain_token(sasl_broker) -> None:
         wire.close()
 
 
-async def test_large_frame_before_authentication_closes(sasl_broker) -> None:
+async def test_large_frame_before_authentication_closes(sasl_broker, caplog) -> None:
+    caplog.set_level(logging.WARNING, "txbroker.kafka")
     wire = await Wire.open(sasl_broker.kafka_port)
     try:
         size = sasl_broker.config.kafka_sasl_max_receive_size + 1
         assert size < sasl_broker.config.max_frame_size
         wire.writer.write(size.to_bytes(4, "big") + b"\0" * 64)
         assert await wire.closed()
+    finally:
+        wire.close()
+    assert "larger than kafka_sasl_max_receive_size (not authenticated yet)" in caplog.text
+    assert "127.0.0.1:" in caplog.text
+    # once authenticated, the frame bound is max_frame_size again
+    wire = await Wire.open(sasl_broker.kafka_port)
+    try:
+        assert (await wire.scram("SCRAM-SHA-256", "alice", "alice-secret"))["error_code"] == 0
+        names = [f"{i:02d}" + "t" * 30000 for i in range(20)]  # 600 KB in one request
+        answer = await wire.call(ApiKey.METADATA, 1, {"topics": [{"name": n} for n in names]})
+        assert len(answer["topics"]) == 20  # answered, not closed
+        assert all(t["error_code"] != 0 for t in answer["topics"])  # names too long
     finally:
         wire.close()
 

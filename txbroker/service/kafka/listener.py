@@ -84,20 +84,23 @@ class KafkaFraming:
     """Kafka's framing as the connection core uses it: int32-size-prefixed frames; a size
     above ``max_frame_size`` (or negative) is a :class:`ProtocolError`.  Sans-IO."""
 
-    __slots__ = ("_splitter",)
+    __slots__ = ("_limit_name", "_splitter")
 
-    def __init__(self, max_frame_size: int) -> None:
+    def __init__(self, max_frame_size: int, limit_name: str = "max_frame_size") -> None:
         self._splitter = FrameSplitter(max_frame_size)
+        #: The setting the bound comes from, named in the error.
+        self._limit_name = limit_name
 
-    def set_max_frame_size(self, size: int) -> None:
+    def set_max_frame_size(self, size: int, limit_name: str) -> None:
         """Frames from now on may be this large (raised once a connection authenticated)."""
         self._splitter.max_size = size
+        self._limit_name = limit_name
 
     def feed(self, data: bytes) -> list[bytes]:
         try:
             return self._splitter.feed(data)
         except FrameTooLarge as exc:
-            raise ProtocolError(f"frame of {exc.size} bytes is larger than max_frame_size "
+            raise ProtocolError(f"frame of {exc.size} bytes is larger than {self._limit_name} "
                                 f"{exc.max_size}") from None
 
 
@@ -109,8 +112,9 @@ class KafkaConnection(ConnectionCore):
         config = listener.config
         #: None when the port needs no authentication.
         self.sasl = listener.new_sasl_session()
-        self._framing = KafkaFraming(config.kafka_sasl_max_receive_size if self.sasl
-                                     else config.max_frame_size)
+        self._framing = (KafkaFraming(config.kafka_sasl_max_receive_size,
+                                      "kafka_sasl_max_receive_size (not authenticated yet)")
+                         if self.sasl else KafkaFraming(config.max_frame_size))
         super().__init__(listener.loop, self._framing, "?", limited=True)
         self.listener = listener
         self.id = conn_id
@@ -306,7 +310,8 @@ class KafkaConnection(ConnectionCore):
         throttle = self.listener.throttle
         if sasl.authenticated:
             throttle.succeeded(address)
-            self._framing.set_max_frame_size(self.listener.config.max_frame_size)
+            self._framing.set_max_frame_size(self.listener.config.max_frame_size,
+                                             "max_frame_size")
             log.debug("Kafka connection %d from %s authenticated as %r (%s)", self.id,
                      self.peer, sasl.user, sasl.mechanism)
         elif sasl.state is SaslState.FAILED and throttle.failed(address):
