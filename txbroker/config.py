@@ -237,7 +237,7 @@ class BrokerConfig:
     #: this is set (Kafka clients print the same warning).
     kafka_sasl_plain_over_plaintext: bool = False
     #: The users Kafka clients authenticate as: a JSON file of SCRAM credentials
-    #: (``txbroker.service.kafka.sasl.FileCredentials``; no password is stored in clear).
+    #: (``txbroker.service.kafka.sasl_credentials.FileCredentials``; no password is stored in clear).
     kafka_sasl_credentials: str | None = None
     #: Largest frame read from a Kafka connection that has not authenticated yet (Kafka's
     #: ``sasl.server.max.receive.size``): an unauthenticated peer cannot make the broker buffer

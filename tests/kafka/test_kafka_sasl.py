@@ -17,7 +17,7 @@ from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.framing import decode_response, encode_request
-from txbroker.service.kafka.sasl import credentials_entry
+from txbroker.service.kafka.sasl_credentials import credentials_entry
 
 WAIT = 10.0
 MECHS = "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN"

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.framing import decode_response, encode_request
-from txbroker.service.kafka.sasl import credentials_entry
+from txbroker.service.kafka.sasl_credentials import credentials_entry
 
 pytestmark = pytest.mark.slow
 

@@ -21,10 +21,9 @@ from txbroker.service.kafka.sasl import (
     SaslFailure,
     SaslSession,
     SaslState,
-    ScramCredential,
     ScramServer,
-    scram_credential,
 )
+from txbroker.service.kafka.sasl_credentials import ScramCredential, scram_credential
 
 SECRET = b"s" * 32
 

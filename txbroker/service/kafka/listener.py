@@ -57,13 +57,12 @@ from txbroker.remoting.kafka.primitives import KafkaDecodeError
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.kafka.sasl import (
     AuthThrottle,
-    CredentialLookup,
-    FileCredentials,
     SaslFailure,
     SaslSession,
     SaslState,
     authenticated_handlers,
 )
+from txbroker.service.kafka.sasl_credentials import CredentialLookup, FileCredentials
 from txbroker.service.metrics import BrokerMetrics
 
 log = logging.getLogger("txbroker.kafka")
