@@ -173,6 +173,15 @@ _OPTIONS: dict[str, _Opt] = {
                                                "the group with them"),
     "kafka_offsets_retention_check_interval": _Opt("SECONDS", "how often expired Kafka offsets "
                                                               "and groups are looked for"),
+    "kafka_sasl_mechanisms": _Opt("LIST", "SASL mechanisms Kafka clients must authenticate "
+                                          "with, comma-separated: PLAIN, SCRAM-SHA-256, "
+                                          "SCRAM-SHA-512", "empty: no authentication"),
+    "kafka_sasl_plain_over_plaintext": _Opt("", "offer PLAIN (the password in the clear) on "
+                                                "the Kafka port without TLS"),
+    "kafka_sasl_credentials": _Opt("PATH", "JSON file of the Kafka users' SCRAM credentials",
+                                   "unset"),
+    "kafka_sasl_max_receive_size": _Opt("BYTES", "largest frame read from a Kafka connection "
+                                                 "before it authenticated"),
     "acl_file": _Opt("PATH", "RocketMQ plain_acl.yml; setting it turns access control on",
                      "unset: access control off"),
     "acl_access_key": _Opt("KEY", "this broker's account in --acl-file: it signs the requests "

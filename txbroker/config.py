@@ -232,6 +232,20 @@ class BrokerConfig:
     #: How often expired Kafka offsets and groups are looked for
     #: (``offsets.retention.check.interval.ms``, 10 min).
     kafka_offsets_retention_check_interval: float = 600.0
+    #: SASL mechanisms Kafka clients must authenticate with before any other request
+    #: (docs/security.md, "Kafka SASL"), comma-separated among PLAIN, SCRAM-SHA-256 and
+    #: SCRAM-SHA-512; empty = no authentication on the Kafka port.
+    kafka_sasl_mechanisms: str = ""
+    #: PLAIN sends the password itself; with no TLS on the Kafka port it is offered only when
+    #: this is set (Kafka clients print the same warning).
+    kafka_sasl_plain_over_plaintext: bool = False
+    #: The users Kafka clients authenticate as: a JSON file of SCRAM credentials
+    #: (``txbroker.service.kafka.sasl_credentials.FileCredentials``; no password is stored in clear).
+    kafka_sasl_credentials: str | None = None
+    #: Largest frame read from a Kafka connection that has not authenticated yet (Kafka's
+    #: ``sasl.server.max.receive.size``): an unauthenticated peer cannot make the broker buffer
+    #: ``max_frame_size``.
+    kafka_sasl_max_receive_size: int = 524288
 
     # --- shutdown ------------------------------------------------------------------------
     shutdown_grace: float = 5.0
@@ -272,6 +286,10 @@ class BrokerConfig:
 
     def __post_init__(self) -> None:
         _validate(self)
+
+    def kafka_sasl_mechanism_list(self) -> tuple[str, ...]:
+        """``kafka_sasl_mechanisms`` as a tuple (empty: no authentication)."""
+        return tuple(m.strip().upper() for m in self.kafka_sasl_mechanisms.split(",") if m.strip())
 
     def timing(self) -> ClusterTiming:
         """The cluster's time limits in force, the derived ones (0 = derived) worked out."""
@@ -373,6 +391,7 @@ def _validate(c: BrokerConfig) -> None:
          "must name a file (or be unset)")
     need(c.acl_access_key is None or (bool(c.acl_access_key.strip()) and c.acl_file is not None),
          "acl_access_key", "names an account of acl_file, so acl_file must be set too")
+    _check_kafka_sasl(c)
     if c.cluster_secret is not None and len(c.cluster_secret) < MIN_SECRET_LENGTH:
         # Never echo the value itself.
         raise ConfigError(f"cluster_secret: must be at least {MIN_SECRET_LENGTH} characters")
@@ -390,6 +409,29 @@ def _check_tls(c: BrokerConfig) -> None:
     if c.tls_client_auth != "none" and not c.tls_ca:
         raise ConfigError(f"tls_client_auth={c.tls_client_auth}: needs tls_ca, the CA file "
                           f"client certificates are verified against")
+
+
+KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def _check_kafka_sasl(c: BrokerConfig) -> None:
+    """Kafka SASL needs known mechanisms and somewhere to find the users."""
+    mechs = c.kafka_sasl_mechanism_list()
+    unknown = [m for m in mechs if m not in KAFKA_SASL_MECHANISMS]
+    if unknown:
+        raise ConfigError(f"kafka_sasl_mechanisms={c.kafka_sasl_mechanisms!r}: unknown "
+                          f"{', '.join(unknown)} (comma-separated among "
+                          f"{', '.join(KAFKA_SASL_MECHANISMS)}, or empty for none)")
+    if "PLAIN" in mechs and not c.kafka_sasl_plain_over_plaintext:
+        raise ConfigError(f"kafka_sasl_mechanisms={c.kafka_sasl_mechanisms!r}: PLAIN sends the "
+                          "password in the clear and the Kafka port has no TLS; set "
+                          "kafka_sasl_plain_over_plaintext to offer it anyway, or use SCRAM")
+    if mechs and not c.kafka_sasl_credentials:
+        raise ConfigError(f"kafka_sasl_mechanisms={c.kafka_sasl_mechanisms!r}: needs "
+                          "kafka_sasl_credentials (the users' file)")
+    if c.kafka_sasl_max_receive_size < 1024:
+        raise ConfigError(f"kafka_sasl_max_receive_size={c.kafka_sasl_max_receive_size}: "
+                          "must be >= 1024")
 
 
 def _check_kafka_cluster(c: BrokerConfig) -> None:

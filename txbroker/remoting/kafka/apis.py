@@ -43,6 +43,8 @@ class ApiKey(enum.IntEnum):
     INCREMENTAL_ALTER_CONFIGS = 44
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
+    SASL_HANDSHAKE = 17
+    SASL_AUTHENTICATE = 36
 
 
 #: api key -> (min, max) as advertised in ApiVersions.
@@ -80,6 +82,9 @@ ADVERTISED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.DESCRIBE_GROUPS: (0, 5),
     ApiKey.LIST_GROUPS: (0, 5),
     ApiKey.DELETE_GROUPS: (0, 2),
+    # Authentication (docs/security.md, "Kafka SASL"): Kafka 4's ranges.
+    ApiKey.SASL_HANDSHAKE: (0, 1),
+    ApiKey.SASL_AUTHENTICATE: (0, 2),
 }
 
 #: api key -> (min, max) actually served; a request outside it closes the connection
@@ -119,6 +124,7 @@ FLEXIBLE_FROM: dict[ApiKey, int] = {
     ApiKey.DESCRIBE_GROUPS: 5,
     ApiKey.LIST_GROUPS: 3,
     ApiKey.DELETE_GROUPS: 2,
+    ApiKey.SASL_AUTHENTICATE: 2,
 }
 
 

@@ -35,7 +35,7 @@ class F:
 
 
 def _in(spec: str | None, version: int) -> bool:
-    if spec is None:
+    if spec is None or spec == "none":  # Kafka writes "none" where no version qualifies
         return False
     if spec.endswith("+"):
         return version >= int(spec[:-1])
@@ -274,6 +274,8 @@ _REQUESTS: dict[ApiKey, list[F]] = {
     ApiKey.DELETE_GROUPS: [
         F("groups_names", "[string]"),
     ],
+    ApiKey.SASL_HANDSHAKE: [F("mechanism", "string")],
+    ApiKey.SASL_AUTHENTICATE: [F("auth_bytes", "bytes")],
 }
 
 _RESPONSES: dict[ApiKey, list[F]] = {
@@ -599,6 +601,13 @@ _RESPONSES: dict[ApiKey, list[F]] = {
     ApiKey.DELETE_GROUPS: [
         F("throttle_time_ms", "int32"),
         F("results", [F("group_id", "string"), F("error_code", "int16")]),
+    ],
+    ApiKey.SASL_HANDSHAKE: [F("error_code", "int16"), F("mechanisms", "[string]")],
+    ApiKey.SASL_AUTHENTICATE: [
+        F("error_code", "int16"),
+        F("error_message", "string", nullable="0+", default=None),
+        F("auth_bytes", "bytes"),
+        F("session_lifetime_ms", "int64", "1+"),
     ],
 }
 

@@ -19,6 +19,11 @@ the handlers decide.  What Kafka clients rely on (docs/kafka.md, "Listener"):
   requests read and not yet answered and ``kafka_max_queued_bytes`` of requests waiting their
   turn: at either limit, and while the client does not read its answers, the connection is
   not read, so a pipelining client is slowed down by TCP, not disconnected.
+* **Authenticated first, when SASL is on.**  Until a connection has authenticated
+  (``service/kafka/sasl.py``), only ApiVersions, SaslHandshake and SaslAuthenticate (or the
+  raw tokens after a SaslHandshake v0) are read, frames are bounded by
+  ``kafka_sasl_max_receive_size``, and anything else closes the connection, as Kafka does; a
+  failed authentication is answered, then the connection closes.
 * **Handlers finish.**  A dropped connection does not cancel the request being handled: a
   Produce whose client went away still completes its store write and its bookkeeping (only
   its answer is dropped), so the client's retry finds a consistent partition.  At stop, the
@@ -30,11 +35,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import socket
 from types import CoroutineType
 from typing import Any
 
-from txbroker.config import BrokerConfig
+from txbroker.config import BrokerConfig, ConfigError
 from txbroker.remoting.command import ProtocolError
 from txbroker.remoting.connection import ConnectionCore
 from txbroker.remoting.kafka.apis import ApiKey
@@ -49,6 +55,14 @@ from txbroker.remoting.kafka.framing import (
 )
 from txbroker.remoting.kafka.primitives import KafkaDecodeError
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
+from txbroker.service.kafka.sasl import (
+    AuthThrottle,
+    SaslFailure,
+    SaslSession,
+    SaslState,
+    authenticated_handlers,
+)
+from txbroker.service.kafka.sasl_credentials import CredentialLookup, FileCredentials
 from txbroker.service.metrics import BrokerMetrics
 
 log = logging.getLogger("txbroker.kafka")
@@ -69,16 +83,23 @@ class KafkaFraming:
     """Kafka's framing as the connection core uses it: int32-size-prefixed frames; a size
     above ``max_frame_size`` (or negative) is a :class:`ProtocolError`.  Sans-IO."""
 
-    __slots__ = ("_splitter",)
+    __slots__ = ("_limit_name", "_splitter")
 
-    def __init__(self, max_frame_size: int) -> None:
+    def __init__(self, max_frame_size: int, limit_name: str = "max_frame_size") -> None:
         self._splitter = FrameSplitter(max_frame_size)
+        #: The setting the bound comes from, named in the error.
+        self._limit_name = limit_name
+
+    def set_max_frame_size(self, size: int, limit_name: str) -> None:
+        """Frames from now on may be this large (raised once a connection authenticated)."""
+        self._splitter.max_size = size
+        self._limit_name = limit_name
 
     def feed(self, data: bytes) -> list[bytes]:
         try:
             return self._splitter.feed(data)
         except FrameTooLarge as exc:
-            raise ProtocolError(f"frame of {exc.size} bytes is larger than max_frame_size "
+            raise ProtocolError(f"frame of {exc.size} bytes is larger than {self._limit_name} "
                                 f"{exc.max_size}") from None
 
 
@@ -88,7 +109,12 @@ class KafkaConnection(ConnectionCore):
 
     def __init__(self, listener: KafkaListener, conn_id: int) -> None:
         config = listener.config
-        super().__init__(listener.loop, KafkaFraming(config.max_frame_size), "?", limited=True)
+        #: None when the port needs no authentication.
+        self.sasl = listener.new_sasl_session()
+        self._framing = (KafkaFraming(config.kafka_sasl_max_receive_size,
+                                      "kafka_sasl_max_receive_size (not authenticated yet)")
+                         if self.sasl else KafkaFraming(config.max_frame_size))
+        super().__init__(listener.loop, self._framing, "?", limited=True)
         self.listener = listener
         self.id = conn_id
         #: Requests read and not answered (the one running included) before reading pauses.
@@ -187,6 +213,10 @@ class KafkaConnection(ConnectionCore):
     # --- requests ---------------------------------------------------------------------------
     def _dispatch(self, frame: bytes) -> None:
         listener = self.listener
+        sasl = self.sasl
+        if sasl is not None and sasl.state is SaslState.RAW_TOKENS:
+            self._start_sasl(self._raw_token(sasl, frame), self._finish_raw)
+            return
         try:
             req = decode_request(frame)
         except UnsupportedVersion as exc:
@@ -201,6 +231,15 @@ class KafkaConnection(ConnectionCore):
             self.close(f"malformed {_api_name(key)} request: {exc}")
             return
         name = _api_name(req.api_key)
+        if sasl is not None and not sasl.authenticated:
+            if not sasl.allows(req.api_key):
+                self.close(f"{name} before SASL authentication ({sasl.state.value})")
+                return
+            if req.api_key != ApiKey.API_VERSIONS:
+                listener.metrics.kafka_requests.labels(api=name).inc()
+                self._start_sasl(self._sasl_request(sasl, req),
+                                 lambda value, exc: self._finish(req, name, value, exc))
+                return
         handler = listener.handlers.get(req.api_key)
         if handler is None:
             self.close(f"{name} is not handled")
@@ -223,6 +262,75 @@ class KafkaConnection(ConnectionCore):
             self._finish(req, name, None, exc)
             return
         self._spawn(coro, yielded, lambda value, exc: self._finish(req, name, value, exc))
+
+    # --- authentication (service/kafka/sasl.py) -------------------------------------------
+    def _start_sasl(self, coro: Any, on_done: Any) -> None:
+        """Run one authentication step as a request: in order, and finished even when the
+        connection drops."""
+        self._inflight += 1
+        self.requests += 1
+        try:
+            yielded = coro.send(None)
+        except StopIteration as stop:
+            on_done(stop.value, None)
+            return
+        except BaseException as exc:  # noqa: BLE001 - closes the connection in on_done
+            on_done(None, exc)
+            return
+        self._spawn(coro, yielded, on_done)
+
+    async def _throttled(self) -> None:
+        delay = self.listener.throttle.delay(self.peer.rpartition(":")[0])
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def _sasl_request(self, sasl: SaslSession, req: KafkaRequest) -> dict:
+        if req.api_key == ApiKey.SASL_HANDSHAKE:
+            answer = sasl.handshake(req.api_version, req.body)
+        else:
+            await self._throttled()
+            answer = sasl.authenticate(req.api_version, req.body)
+        self._sasl_outcome(sasl)
+        return answer
+
+    async def _raw_token(self, sasl: SaslSession, frame: bytes) -> bytes | None:
+        await self._throttled()
+        try:
+            reply: bytes | None = sasl.token(frame)
+        except SaslFailure:
+            reply = None  # a raw exchange has no way to say why: the connection closes
+        self._sasl_outcome(sasl)
+        return reply
+
+    def _sasl_outcome(self, sasl: SaslSession) -> None:
+        """Book a step's outcome: the frame limit rises once authenticated; a failure is
+        counted against the address and logged at most once a minute per address."""
+        address = self.peer.rpartition(":")[0]
+        throttle = self.listener.throttle
+        if sasl.authenticated:
+            throttle.succeeded(address)
+            self._framing.set_max_frame_size(self.listener.config.max_frame_size,
+                                             "max_frame_size")
+            log.debug("Kafka connection %d from %s authenticated as %r (%s)", self.id,
+                     self.peer, sasl.user, sasl.mechanism)
+        elif sasl.state is SaslState.FAILED and throttle.failed(address):
+            log.warning("Kafka authentication failed from %s, user %r, mechanism %s: %s "
+                        "(further failures from %s are not logged for a minute)", self.peer,
+                        sasl.user, sasl.mechanism, sasl.failure, address)
+
+    def _finish_raw(self, reply: bytes | None, exc: BaseException | None) -> None:
+        """A raw token step ended: its reply goes out size-prefixed, as Kafka writes it."""
+        self._inflight -= 1
+        if exc is not None and not isinstance(exc, Exception | asyncio.CancelledError):
+            raise exc
+        if exc is None and reply is not None and not self._closed:
+            self._write([len(reply).to_bytes(4, "big") + reply])
+        if self.sasl is not None and self.sasl.state is SaslState.FAILED:
+            self.close()
+        elif exc is not None:
+            self.close(f"SASL step failed: {exc!r}")
+        if not self._closed:
+            self._admit()
 
     def _finish(self, req: KafkaRequest, name: str, answer: dict | None,
                 exc: BaseException | None) -> None:
@@ -248,6 +356,8 @@ class KafkaConnection(ConnectionCore):
             self.close(f"{name} handler failed: {exc!r}", logged=True)
         else:
             raise exc  # KeyboardInterrupt / SystemExit
+        if self.sasl is not None and self.sasl.state is SaslState.FAILED:
+            self.close()  # after the failure answer, as Kafka does
         if not self._closed:
             self._admit()
 
@@ -263,9 +373,20 @@ class KafkaListener:
     """Listens on one socket and hands each Kafka request to the handler of its API key."""
 
     def __init__(self, config: BrokerConfig, handlers: dict[int, Handler],
-                 metrics: BrokerMetrics) -> None:
+                 metrics: BrokerMetrics, credentials: CredentialLookup | None = None) -> None:
         self.config = config
-        self.handlers = {int(k): h for k, h in handlers.items()}
+        self.handlers = {int(k): h for k, h in authenticated_handlers().items()}
+        self.handlers.update((int(k), h) for k, h in handlers.items())
+        self._mechanisms = config.kafka_sasl_mechanism_list()
+        if self._mechanisms and credentials is None:
+            try:
+                credentials = FileCredentials(config.kafka_sasl_credentials or "")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        self._credentials = credentials
+        #: Secret of this process for made-up SCRAM salts of unknown users.
+        self._sasl_secret = secrets.token_bytes(32)
+        self.throttle = AuthThrottle()
         self.metrics = metrics
         self.connections: set[KafkaConnection] = set()
         #: Connections already lost whose handler still runs: the stop waits for them too.
@@ -274,6 +395,13 @@ class KafkaListener:
         self.closing = False
         self._server: asyncio.AbstractServer | None = None
         self._ids = itertools.count(1)
+
+    def new_sasl_session(self) -> SaslSession | None:
+        """A new connection's authentication state; None when the port needs none."""
+        if not self._mechanisms or self._credentials is None:
+            return None
+        return SaslSession(self._mechanisms, self._credentials, self._sasl_secret,
+                           self.config.kafka_sasl_plain_over_plaintext)
 
     async def start(self, sock: socket.socket) -> None:
         """Serve on ``sock`` (bound and listening)."""

@@ -1,0 +1,391 @@
+"""SASL authentication of Kafka clients: PLAIN and SCRAM-SHA-256/512 (docs/security.md, "Kafka SASL").
+
+Sans-IO: :class:`SaslSession` takes the bodies of SaslHandshake and SaslAuthenticate requests
+(or, after a SaslHandshake v0, the raw tokens) and returns the answers; the listener moves the
+bytes, delays answers to an address that keeps failing (:class:`AuthThrottle`) and closes the
+connection after a failure, as Kafka's ``SaslServerAuthenticator`` does.
+
+A connection moves through :data:`TRANSITIONS` (Kafka's authenticator states):
+
+* ``HANDSHAKE``: ApiVersions and SaslHandshake only; any other request closes the connection.
+* ``TOKENS``: after SaslHandshake v1, SaslAuthenticate frames carry the tokens.
+* ``RAW_TOKENS``: after SaslHandshake v0, each frame is a bare token, answered by a bare one
+  (what clients older than KIP-152 send).
+* ``COMPLETE``: every API is served; a later SaslHandshake or SaslAuthenticate is answered
+  ILLEGAL_SASL_STATE, as Kafka does on an authenticated connection.
+* ``FAILED``: the failure answer is written, then the connection closes.
+
+Re-authentication (KIP-368) is not required: SaslAuthenticate v1+ answers a session lifetime
+of 0, which tells clients that the session never expires.
+
+Why SCRAM is written out here: RFC 5802 is three messages around PBKDF2 and HMAC, which
+``hashlib`` and ``hmac`` provide; every comparison of secrets goes through
+``hmac.compare_digest``.  An unknown user gets a made-up salt (stable per user name), so the
+exchange looks the same as for a known user with a wrong password and does not reveal who
+has an account.
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import hmac
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Protocol
+
+from txbroker.remoting.kafka.apis import ApiKey
+from txbroker.remoting.kafka.errors import ErrorCode
+from txbroker.service.kafka.context import Handler, KafkaRequestContext
+from txbroker.service.kafka.sasl_credentials import (
+    MIN_ITERATIONS,
+    CredentialLookup,
+    ScramCredential,
+    hmac_digest,
+    scram_hash,
+)
+
+#: Bytes of one SASL token.  A PLAIN token or a SCRAM message is a few hundred bytes; a longer
+#: one is refused before it is parsed.
+MAX_TOKEN_SIZE = 4096
+
+
+class SaslState(enum.Enum):
+    HANDSHAKE = "handshake"
+    TOKENS = "tokens"
+    RAW_TOKENS = "raw tokens"
+    COMPLETE = "complete"
+    FAILED = "failed"
+
+
+#: state -> the states it may move to.  COMPLETE and FAILED are final.
+TRANSITIONS: dict[SaslState, frozenset[SaslState]] = {
+    SaslState.HANDSHAKE: frozenset({SaslState.TOKENS, SaslState.RAW_TOKENS, SaslState.FAILED}),
+    SaslState.TOKENS: frozenset({SaslState.TOKENS, SaslState.COMPLETE, SaslState.FAILED}),
+    SaslState.RAW_TOKENS: frozenset({SaslState.RAW_TOKENS, SaslState.COMPLETE, SaslState.FAILED}),
+    SaslState.COMPLETE: frozenset(),
+    SaslState.FAILED: frozenset(),
+}
+
+
+class IllegalSaslTransition(Exception):
+    """A move the table does not allow: a bug in the caller, not the peer's fault."""
+
+
+class SaslFailure(Exception):
+    """The peer failed to authenticate (wrong credentials, a malformed token, a mechanism not
+    offered): answered with ``code`` and ``str(self)``, then the connection closes."""
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.SASL_AUTHENTICATION_FAILED,
+                 user: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.user = user
+
+
+# --- mechanisms --------------------------------------------------------------------------
+
+class _Mechanism(Protocol):
+    user: str | None
+
+    def step(self, token: bytes) -> tuple[bytes, bool]:
+        """(reply, done) for one client token; SaslFailure when refused."""
+
+
+class PlainServer:
+    """SASL PLAIN (RFC 4616): one token ``authzid NUL user NUL password``, an empty reply."""
+
+    def __init__(self, creds: CredentialLookup) -> None:
+        self._creds = creds
+        self.user: str | None = None
+
+    def step(self, token: bytes) -> tuple[bytes, bool]:
+        parts = token.split(b"\0")
+        if len(parts) != 3:
+            raise SaslFailure("Authentication failed: a PLAIN token is authzid NUL user NUL "
+                              "password")
+        try:
+            authzid, user, password = (p.decode() for p in parts)
+        except UnicodeDecodeError:
+            raise SaslFailure("Authentication failed: PLAIN token is not UTF-8") from None
+        self.user = user
+        if not user or not password:
+            raise SaslFailure("Authentication failed: username or password is empty", user=user)
+        if authzid and authzid != user:
+            raise SaslFailure("Authentication failed: Client requested an authorization id "
+                              "that is different from username", user=user)
+        if not self._creds.plain(user, password):
+            raise SaslFailure("Authentication failed: Invalid username or password", user=user)
+        return b"", True
+
+
+def _attributes(message: str, what: str) -> list[tuple[str, str]]:
+    """``a=..,b=..`` into pairs, refusing anything else."""
+    out = []
+    for part in message.split(","):
+        if len(part) < 2 or part[1] != "=" or not part[0].isalpha():
+            raise SaslFailure(f"Authentication failed: malformed SCRAM {what}")
+        out.append((part[0], part[2:]))
+    return out
+
+
+def _sasl_name(value: str) -> str:
+    """RFC 5802 saslname: '=2C' is ',' and '=3D' is '='; any other '=' is malformed."""
+    out = value.replace("=2C", ",").replace("=3D", "=")
+    if "=" in value.replace("=2C", "").replace("=3D", ""):
+        raise SaslFailure("Authentication failed: malformed SCRAM user name")
+    return out
+
+
+def _printable_nonce(nonce: str) -> bool:
+    return bool(nonce) and all(0x21 <= ord(ch) <= 0x7E and ch != "," for ch in nonce)
+
+
+class ScramServer:
+    """SCRAM-SHA-256/512 (RFC 5802, RFC 7677): client-first, server-first, client-final,
+    server-final; no channel binding (gs2 flag 'n' only, as Kafka)."""
+
+    def __init__(self, creds: CredentialLookup, mechanism: str, secret: bytes,
+                 nonce: Callable[[], str] = lambda: secrets.token_urlsafe(24)) -> None:
+        self._creds = creds
+        self._mech = mechanism
+        self._secret = secret
+        self._nonce = nonce
+        self._cred: ScramCredential | None = None
+        self._known = False
+        self._first_bare = ""
+        self._server_first = ""
+        self._full_nonce = ""
+        self._gs2 = ""
+        self.user: str | None = None
+
+    def step(self, token: bytes) -> tuple[bytes, bool]:
+        try:
+            text = token.decode()
+        except UnicodeDecodeError:
+            raise SaslFailure("Authentication failed: SCRAM message is not UTF-8",
+                              user=self.user) from None
+        if self._cred is None:
+            return self._client_first(text).encode(), False
+        return self._client_final(text).encode(), True
+
+    def _client_first(self, text: str) -> str:
+        if not text.startswith("n,"):
+            raise SaslFailure("Authentication failed: SCRAM client-first must start with the "
+                              "gs2 header 'n,' (channel binding is not supported)")
+        authz, sep, bare = text[2:].partition(",")
+        if not sep or (authz and not authz.startswith("a=")):
+            raise SaslFailure("Authentication failed: malformed SCRAM client-first message")
+        attrs = _attributes(bare, "client-first message")
+        if len(attrs) < 2 or attrs[0][0] != "n" or attrs[1][0] != "r":
+            raise SaslFailure("Authentication failed: malformed SCRAM client-first message")
+        user = _sasl_name(attrs[0][1])
+        self.user = user
+        client_nonce = attrs[1][1]
+        if not user or not _printable_nonce(client_nonce):
+            raise SaslFailure("Authentication failed: malformed SCRAM client-first message",
+                              user=user)
+        if authz and _sasl_name(authz[2:]) != user:
+            raise SaslFailure("Authentication failed: Client requested an authorization id "
+                              "that is different from username", user=user)
+        if any(k == "tokenauth" for k, _ in attrs[2:]):
+            raise SaslFailure("Authentication failed: delegation tokens are not supported",
+                              user=user)
+        cred = self._creds.scram(user, self._mech)
+        self._known = cred is not None
+        if cred is None:  # carry on with a made-up credential: the final step fails
+            salt = hmac.new(self._secret, user.encode(), "sha256").digest()
+            cred = ScramCredential(salt, MIN_ITERATIONS, secrets.token_bytes(32),
+                                   secrets.token_bytes(32))
+        self._cred = cred
+        self._first_bare = bare
+        self._full_nonce = client_nonce + self._nonce()
+        self._server_first = (f"r={self._full_nonce},s={base64.b64encode(cred.salt).decode()},"
+                              f"i={cred.iterations}")
+        self._gs2 = text[: len(text) - len(bare)]
+        return self._server_first
+
+    def _client_final(self, text: str) -> str:
+        assert self._cred is not None
+        attrs = _attributes(text, "client-final message")
+        if len(attrs) < 3 or attrs[0][0] != "c" or attrs[1][0] != "r" or attrs[-1][0] != "p":
+            raise SaslFailure("Authentication failed: malformed SCRAM client-final message",
+                              user=self.user)
+        try:
+            binding = base64.b64decode(attrs[0][1], validate=True)
+            proof = base64.b64decode(attrs[-1][1], validate=True)
+        except ValueError:
+            raise SaslFailure("Authentication failed: malformed SCRAM client-final message",
+                              user=self.user) from None
+        if not hmac.compare_digest(binding, self._gs2.encode()):
+            raise SaslFailure("Authentication failed: SCRAM channel binding does not match the "
+                              "gs2 header", user=self.user)
+        if not hmac.compare_digest(attrs[1][1].encode(), self._full_nonce.encode()):
+            raise SaslFailure("Authentication failed: SCRAM nonce does not match",
+                              user=self.user)
+        without_proof = text[: text.rindex(",p=")]
+        auth_message = f"{self._first_bare},{self._server_first},{without_proof}".encode()
+        mech = self._mech
+        signature = hmac_digest(mech, self._cred.stored_key, auth_message)
+        if len(proof) != len(signature):
+            raise SaslFailure("Authentication failed: malformed SCRAM client proof",
+                              user=self.user)
+        client_key = bytes(a ^ b for a, b in zip(proof, signature, strict=True))
+        if not (hmac.compare_digest(scram_hash(mech, client_key), self._cred.stored_key)
+                and self._known):
+            raise SaslFailure("Authentication failed during authentication due to invalid "
+                              f"credentials with SASL mechanism {mech}", user=self.user)
+        server_sig = hmac_digest(mech, self._cred.server_key, auth_message)
+        return "v=" + base64.b64encode(server_sig).decode()
+
+
+# --- one connection ----------------------------------------------------------------------
+
+class SaslSession:
+    """The authentication state of one Kafka connection (see the module docstring)."""
+
+    def __init__(self, mechanisms: tuple[str, ...], creds: CredentialLookup, secret: bytes,
+                 plain_allowed: bool) -> None:
+        self.mechanisms = mechanisms
+        self._creds = creds
+        self._secret = secret
+        self._plain_allowed = plain_allowed
+        self.state = SaslState.HANDSHAKE
+        self.mechanism: str | None = None
+        self._server: _Mechanism | None = None
+        #: The refusal that ended the session, for the log.
+        self.failure: SaslFailure | None = None
+
+    @property
+    def user(self) -> str | None:
+        return self._server.user if self._server is not None else None
+
+    @property
+    def authenticated(self) -> bool:
+        return self.state is SaslState.COMPLETE
+
+    def _move(self, to: SaslState) -> None:
+        if to not in TRANSITIONS[self.state]:
+            raise IllegalSaslTransition(f"SASL state {self.state.value} -> {to.value}")
+        self.state = to
+
+    def _fail(self, failure: SaslFailure) -> None:
+        self.failure = failure
+        self._move(SaslState.FAILED)
+
+    def allows(self, api_key: int) -> bool:
+        """Whether a request of ``api_key`` may be read in the current state (any other
+        closes the connection, as Kafka does)."""
+        if self.state is SaslState.COMPLETE:
+            return True
+        if self.state is SaslState.HANDSHAKE:
+            return api_key in (ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE)
+        return self.state is SaslState.TOKENS and api_key == ApiKey.SASL_AUTHENTICATE
+
+    def handshake(self, version: int, body: dict) -> dict:
+        """A SaslHandshake answer; a mechanism not offered is UNSUPPORTED_SASL_MECHANISM and
+        ends the session."""
+        mech = body["mechanism"]
+        offered = [m for m in self.mechanisms if m != "PLAIN" or self._plain_allowed]
+        if mech not in self.mechanisms:
+            self._fail(SaslFailure(f"Unsupported SASL mechanism {mech}",
+                                   ErrorCode.UNSUPPORTED_SASL_MECHANISM))
+            return {"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM, "mechanisms": offered}
+        if mech == "PLAIN" and not self._plain_allowed:
+            self._fail(SaslFailure("PLAIN sends the password in the clear: it is offered only "
+                                   "with kafka_sasl_plain_over_plaintext (no TLS on this port)",
+                                   ErrorCode.UNSUPPORTED_SASL_MECHANISM))
+            return {"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM, "mechanisms": offered}
+        self.mechanism = mech
+        self._server = (PlainServer(self._creds) if mech == "PLAIN"
+                        else ScramServer(self._creds, mech, self._secret))
+        self._move(SaslState.TOKENS if version >= 1 else SaslState.RAW_TOKENS)
+        return {"error_code": ErrorCode.NONE, "mechanisms": offered}
+
+    def token(self, token: bytes) -> bytes:
+        """The reply to one raw token (after SaslHandshake v0); SaslFailure ends the session."""
+        assert self._server is not None
+        if len(token) > MAX_TOKEN_SIZE:
+            self._fail(SaslFailure(f"Authentication failed: SASL token of {len(token)} bytes "
+                                   f"(maximum {MAX_TOKEN_SIZE})", user=self.user))
+            raise self.failure  # type: ignore[misc]
+        try:
+            reply, done = self._server.step(token)
+        except SaslFailure as failure:
+            self._fail(failure)
+            raise
+        self._move(SaslState.COMPLETE if done else self.state)
+        return reply
+
+    def authenticate(self, version: int, body: dict) -> dict:
+        """A SaslAuthenticate answer: the server token, or SASL_AUTHENTICATION_FAILED with the
+        reason (the session then ends).  Lifetime 0: no re-authentication required."""
+        try:
+            reply = self.token(body["auth_bytes"])
+        except SaslFailure as failure:
+            return {"error_code": failure.code, "error_message": str(failure),
+                    "auth_bytes": b"", "session_lifetime_ms": 0}
+        return {"error_code": ErrorCode.NONE, "error_message": None, "auth_bytes": reply,
+                "session_lifetime_ms": 0}
+
+
+def authenticated_handlers() -> dict[int, Handler]:
+    """SaslHandshake and SaslAuthenticate on a connection that needs no (more)
+    authentication: ILLEGAL_SASL_STATE, as Kafka answers them."""
+
+    async def handshake(ctx: KafkaRequestContext, body: dict) -> dict:
+        return {"error_code": ErrorCode.ILLEGAL_SASL_STATE, "mechanisms": []}
+
+    async def authenticate(ctx: KafkaRequestContext, body: dict) -> dict:
+        return {"error_code": ErrorCode.ILLEGAL_SASL_STATE,
+                "error_message": "SaslAuthenticate request received after successful "
+                                 "authentication", "auth_bytes": b"", "session_lifetime_ms": 0}
+
+    return {ApiKey.SASL_HANDSHAKE: handshake, ApiKey.SASL_AUTHENTICATE: authenticate}
+
+
+# --- brute force ---------------------------------------------------------------------------
+
+class AuthThrottle:
+    """Failed authentications per client address: an address that failed is answered later
+    each time (``base`` doubling up to ``ceiling``, forgotten after ``window`` without a
+    failure), and its failures are logged at most once per ``window``.  At most
+    ``max_addresses`` are remembered (the oldest are forgotten first)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, *, base: float = 0.1,
+                 ceiling: float = 5.0, window: float = 60.0, max_addresses: int = 10000) -> None:
+        self._clock = clock
+        self._base = base
+        self._ceiling = ceiling
+        self._window = window
+        self._max = max_addresses
+        #: address -> [failures, time of last failure, time of last log line]
+        self._seen: OrderedDict[str, list[float]] = OrderedDict()
+
+    def delay(self, address: str) -> float:
+        """Seconds to wait before answering an authentication attempt from ``address``."""
+        entry = self._seen.get(address)
+        if entry is None or self._clock() - entry[1] > self._window:
+            return 0.0
+        return min(self._base * 2 ** (entry[0] - 1), self._ceiling)
+
+    def failed(self, address: str) -> bool:
+        """Count a failure; True when it should be logged (the first in ``window``)."""
+        now = self._clock()
+        entry = self._seen.pop(address, None)
+        if entry is None or now - entry[1] > self._window:
+            entry = [0.0, now, -self._window - 1.0]
+        entry[0] += 1
+        entry[1] = now
+        log_it = now - entry[2] > self._window
+        if log_it:
+            entry[2] = now
+        self._seen[address] = entry
+        while len(self._seen) > self._max:
+            self._seen.popitem(last=False)
+        return log_it
+
+    def succeeded(self, address: str) -> None:
+        self._seen.pop(address, None)
