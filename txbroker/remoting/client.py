@@ -85,15 +85,11 @@ class _ClientProtocol(RemotingConnection):
                          client._handlers,
                          prepare=credentials.sign if credentials is not None else None)
         self.client = client
-        #: Whether the peer ever sent a byte (see :meth:`connection_lost`).
-        self.heard = False
-
-    def data_received(self, data: bytes) -> None:
-        self.heard = True
-        super().data_received(data)
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if not self.heard and self._pending and self.client.ssl is None:
+        # The first request of this connection still waits for its answer: the peer closed
+        # without answering anything (no per-read bookkeeping needed to know it).
+        if self.OPAQUE_FIRST in self._pending and self.client.ssl is None:
             # Closed on the first request without a word: an enforcing TLS port does that.
             reason = f" ({exc})" if exc else ""
             error = ConnectionError(f"connection to {self.peer} closed before any answer"
