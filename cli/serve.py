@@ -178,8 +178,6 @@ _OPTIONS: dict[str, _Opt] = {
                                           "SCRAM-SHA-512", "empty: no authentication"),
     "kafka_sasl_plain_over_plaintext": _Opt("", "offer PLAIN (the password in the clear) on "
                                                 "the Kafka port without TLS"),
-    "kafka_sasl_credentials": _Opt("PATH", "JSON file of the Kafka users' SCRAM credentials",
-                                   "unset"),
     "kafka_sasl_max_receive_size": _Opt("BYTES", "largest frame read from a Kafka connection "
                                                  "before it authenticated"),
     "acl_file": _Opt("PATH", "RocketMQ plain_acl.yml; setting it turns access control on",

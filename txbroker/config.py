@@ -239,9 +239,6 @@ class BrokerConfig:
     #: PLAIN sends the password itself; with no TLS on the Kafka port it is offered only when
     #: this is set (Kafka clients print the same warning).
     kafka_sasl_plain_over_plaintext: bool = False
-    #: The users Kafka clients authenticate as: a JSON file of SCRAM credentials
-    #: (``txbroker.service.kafka.sasl_credentials.FileCredentials``; no password is stored in clear).
-    kafka_sasl_credentials: str | None = None
     #: Largest frame read from a Kafka connection that has not authenticated yet (Kafka's
     #: ``sasl.server.max.receive.size``): an unauthenticated peer cannot make the broker buffer
     #: ``max_frame_size``.
@@ -426,9 +423,9 @@ def _check_kafka_sasl(c: BrokerConfig) -> None:
         raise ConfigError(f"kafka_sasl_mechanisms={c.kafka_sasl_mechanisms!r}: PLAIN sends the "
                           "password in the clear and the Kafka port has no TLS; set "
                           "kafka_sasl_plain_over_plaintext to offer it anyway, or use SCRAM")
-    if mechs and not c.kafka_sasl_credentials:
+    if mechs and not c.users_file:
         raise ConfigError(f"kafka_sasl_mechanisms={c.kafka_sasl_mechanisms!r}: needs "
-                          "kafka_sasl_credentials (the users' file)")
+                          "users_file (the user store that 'txbroker user add' writes)")
     if c.kafka_sasl_max_receive_size < 1024:
         raise ConfigError(f"kafka_sasl_max_receive_size={c.kafka_sasl_max_receive_size}: "
                           "must be >= 1024")

@@ -6,33 +6,26 @@ the back-off and the failure log line."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from pathlib import Path
 
 import pytest
-from support.kafka_sasl import scram_client
+from support.kafka_sasl import scram_client, users_file
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.framing import decode_response, encode_request
-from txbroker.service.kafka.sasl_credentials import credentials_entry
 
 WAIT = 10.0
 MECHS = "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN"
 
 
-def write_users(path: Path, **passwords: str) -> str:
-    path.write_text(json.dumps({"users": {u: credentials_entry(p) for u, p in passwords.items()}}))
-    return str(path)
-
-
 @pytest.fixture
 def sasl_config(kafka_config: BrokerConfig, tmp_path: Path) -> BrokerConfig:
     return kafka_config.replace(kafka_sasl_mechanisms=MECHS, kafka_sasl_plain_over_plaintext=True,
-                                kafka_sasl_credentials=write_users(tmp_path / "users.json",
-                                                                   alice="alice-secret"))
+                                users_file=users_file(tmp_path / "users.json",
+                                                      alice="alice-secret"))
 
 
 @pytest.fixture
@@ -154,6 +147,29 @@ async def test_scram_authenticates_then_every_api_is_served(sasl_broker, mech, v
         assert (await wire.call(ApiKey.API_VERSIONS, 0, {}))["error_code"] == 0
     finally:
         wire.close()
+
+
+async def test_the_user_store_is_read_again_a_user_added_or_deleted_counts(
+        sasl_broker, sasl_config: BrokerConfig) -> None:
+    """Kafka's users are the user store's: ``txbroker user add`` or ``delete`` on the running
+    broker's file takes effect with no restart (the store looks again at most once a second)."""
+    from txbroker.service.users import edit_users
+
+    async def logs_in(user: str, password: str) -> bool:
+        wire = await Wire.open(sasl_broker.kafka_port)
+        try:
+            return (await wire.scram("SCRAM-SHA-512", user, password))["error_code"] == 0
+        finally:
+            wire.close()
+
+    assert not await logs_in("bob", "bob-secret")
+    with edit_users(sasl_config.users_file) as box:
+        box[0] = box[0].with_password("bob", "bob-secret").without("alice")
+    deadline = asyncio.get_running_loop().time() + WAIT
+    while not await logs_in("bob", "bob-secret"):
+        assert asyncio.get_running_loop().time() < deadline, "bob never got in"
+        await asyncio.sleep(0.3)
+    assert not await logs_in("alice", "alice-secret")
 
 
 async def test_wrong_password_is_refused_logged_once_and_slowed(sasl_broker, caplog) -> None:

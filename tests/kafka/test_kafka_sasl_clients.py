@@ -6,7 +6,6 @@ password, a fuzz of the handshake that leaves the listener serving, and the star
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
 import subprocess
@@ -17,10 +16,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.kafka_sasl import users_file
 
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.framing import decode_response, encode_request
-from txbroker.service.kafka.sasl_credentials import credentials_entry
 
 pytestmark = pytest.mark.slow
 
@@ -31,12 +30,11 @@ USER, PASSWORD = "alice", "alice-secret"
 
 @pytest.fixture
 def sasl_process(broker_process, tmp_path: Path):
-    users = tmp_path / "users.json"
-    users.write_text(json.dumps({"users": {USER: credentials_entry(PASSWORD)}}))
+    users = users_file(tmp_path / "users.json", **{USER: PASSWORD})
     return broker_process(kafka_port=0, kafka_group_initial_rebalance_delay=0.2,
                           kafka_sasl_mechanisms="PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
                           kafka_sasl_plain_over_plaintext=True,
-                          kafka_sasl_credentials=str(users))
+                          users_file=users)
 
 
 async def _aiokafka_round_trip(bootstrap: str, mechanism: str, password: str = PASSWORD) -> bytes:
@@ -104,10 +102,9 @@ def test_kafka_python_wrong_mechanism_is_refused(broker_process, tmp_path: Path)
     from kafka import KafkaProducer
     from kafka.errors import KafkaError
 
-    users = tmp_path / "users.json"
-    users.write_text(json.dumps({"users": {USER: credentials_entry(PASSWORD)}}))
+    users = users_file(tmp_path / "users.json", **{USER: PASSWORD})
     proc = broker_process(kafka_port=0, kafka_sasl_mechanisms="SCRAM-SHA-512",
-                          kafka_sasl_credentials=str(users))
+                          users_file=users)
     with pytest.raises(KafkaError):
         KafkaProducer(bootstrap_servers=proc.kafka_addr, security_protocol="SASL_PLAINTEXT",
                       sasl_mechanism="PLAIN", sasl_plain_username=USER,
@@ -198,11 +195,11 @@ def _serve(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--kafka-sasl-mechanisms", "PLAIN", "--kafka-sasl-credentials", "u.json"),
+    (("--kafka-sasl-mechanisms", "PLAIN", "--users-file", "u.json"),
      "PLAIN sends the password in the clear"),
-    (("--kafka-sasl-mechanisms", "SCRAM-SHA-1", "--kafka-sasl-credentials", "u.json"),
+    (("--kafka-sasl-mechanisms", "SCRAM-SHA-1", "--users-file", "u.json"),
      "unknown SCRAM-SHA-1"),
-    (("--kafka-sasl-mechanisms", "SCRAM-SHA-256",), "needs kafka_sasl_credentials"),
+    (("--kafka-sasl-mechanisms", "SCRAM-SHA-256",), "needs users_file"),
 ])
 def test_serve_refuses_bad_sasl_settings_in_one_line(args, message) -> None:
     res = _serve(*args)
@@ -217,7 +214,7 @@ def test_serve_refuses_an_unreadable_credentials_file(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-P", "-m", "txbroker", "serve", "--data-dir",
                           str(tmp_path / "d"), "--broker-port", "0", "--namesrv-port", "0",
                           "--kafka-port", "0", "--kafka-sasl-mechanisms", "SCRAM-SHA-256",
-                          "--kafka-sasl-credentials", str(missing)], cwd=REPO_ROOT,
+                          "--users-file", str(missing)], cwd=REPO_ROOT,
                          capture_output=True, text=True, timeout=60, check=False, env=clean)
     assert res.returncode == 2, res
     err = res.stderr.strip().splitlines()[-1]

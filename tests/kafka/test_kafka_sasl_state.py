@@ -5,7 +5,6 @@ a fuzz of the tokens (a reply or a SaslFailure, never another exception)."""
 from __future__ import annotations
 
 import base64
-import hmac
 
 import pytest
 from hypothesis import given, settings
@@ -23,36 +22,30 @@ from txbroker.service.kafka.sasl import (
     SaslState,
     ScramServer,
 )
-from txbroker.service.kafka.sasl_credentials import ScramCredential, scram_credential
+from txbroker.service.scram import ScramCredentials, make_credentials
+from txbroker.service.users import Users as UserSnapshot
 
 SECRET = b"s" * 32
 
 
-class Users:
-    """A CredentialLookup over credentials made with the real SCRAM math."""
-
-    def __init__(self, **passwords: str) -> None:
-        self.creds = {(u, m): scram_credential(p, m) for u, p in passwords.items()
-                      for m in ("SCRAM-SHA-256", "SCRAM-SHA-512")}
-        self.passwords = passwords
-
-    def scram(self, user: str, mechanism: str) -> ScramCredential | None:
-        return self.creds.get((user, mechanism))
-
-    def plain(self, user: str, password: str) -> bool:
-        return user in self.passwords and hmac.compare_digest(self.passwords[user], password)
+def users_with(**passwords: str) -> UserSnapshot:
+    """The user store's snapshot with these passwords (the real SCRAM derivation)."""
+    out = UserSnapshot()
+    for user, password in passwords.items():
+        out = out.with_password(user, password)
+    return out
 
 
 def test_scram_sha256_matches_the_rfc7677_example() -> None:
     # RFC 7677 section 3: user "user", password "pencil"
-    cred = scram_credential("pencil", "SCRAM-SHA-256", 4096,
-                            base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ=="))
+    cred = make_credentials("SCRAM-SHA-256", "pencil", base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ=="),
+                            4096)
 
     class One:
-        def scram(self, user: str, mechanism: str) -> ScramCredential | None:
+        def scram_credentials(self, user: str, mechanism: str) -> ScramCredentials | None:
             return cred if user == "user" else None
 
-        def plain(self, user: str, password: str) -> bool:
+        def check_password(self, user: str, password: str) -> bool:
             return False
 
     server = ScramServer(One(), "SCRAM-SHA-256", SECRET, nonce=lambda: "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0")
@@ -67,7 +60,7 @@ def test_scram_sha256_matches_the_rfc7677_example() -> None:
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
 def test_scram_session_authenticates_and_refuses_a_wrong_password(mechanism: str) -> None:
-    users = Users(alice="right")
+    users = users_with(alice="right")
     for password, ok in (("right", True), ("wrong", False)):
         s = SaslSession((mechanism,), users, SECRET, plain_allowed=False)
         assert s.handshake(1, {"mechanism": mechanism})["error_code"] == ErrorCode.NONE
@@ -88,7 +81,7 @@ def test_scram_session_authenticates_and_refuses_a_wrong_password(mechanism: str
 
 
 def test_scram_unknown_user_looks_like_a_wrong_password() -> None:
-    s = SaslSession(("SCRAM-SHA-256",), Users(alice="right"), SECRET, plain_allowed=False)
+    s = SaslSession(("SCRAM-SHA-256",), users_with(alice="right"), SECRET, plain_allowed=False)
     s.handshake(1, {"mechanism": "SCRAM-SHA-256"})
     first = s.authenticate(1, {"auth_bytes": b"n,,n=mallory,r=abc"})
     assert first["error_code"] == ErrorCode.NONE and b",s=" in first["auth_bytes"]
@@ -96,7 +89,7 @@ def test_scram_unknown_user_looks_like_a_wrong_password() -> None:
     answer = s.authenticate(1, {"auth_bytes": final})
     assert answer["error_code"] == ErrorCode.SASL_AUTHENTICATION_FAILED
     # the made-up salt is stable per user name: asking twice does not tell who exists
-    s2 = SaslSession(("SCRAM-SHA-256",), Users(alice="right"), SECRET, plain_allowed=False)
+    s2 = SaslSession(("SCRAM-SHA-256",), users_with(alice="right"), SECRET, plain_allowed=False)
     s2.handshake(1, {"mechanism": "SCRAM-SHA-256"})
     again = s2.authenticate(1, {"auth_bytes": b"n,,n=mallory,r=abc"})["auth_bytes"]
     assert again.split(b",")[1] == first["auth_bytes"].split(b",")[1]
@@ -114,7 +107,7 @@ def test_scram_unknown_user_looks_like_a_wrong_password() -> None:
     b"",
 ])
 def test_scram_malformed_client_first_is_refused(token: bytes) -> None:
-    s = SaslSession(("SCRAM-SHA-512",), Users(alice="right"), SECRET, plain_allowed=False)
+    s = SaslSession(("SCRAM-SHA-512",), users_with(alice="right"), SECRET, plain_allowed=False)
     s.handshake(1, {"mechanism": "SCRAM-SHA-512"})
     answer = s.authenticate(2, {"auth_bytes": token})
     assert answer["error_code"] == ErrorCode.SASL_AUTHENTICATION_FAILED
@@ -122,7 +115,7 @@ def test_scram_malformed_client_first_is_refused(token: bytes) -> None:
 
 
 def test_scram_client_final_must_carry_the_same_nonce_and_binding() -> None:
-    users = Users(alice="right")
+    users = users_with(alice="right")
     for tamper in (lambda f: f.replace(b"c=biws", b"c=eSws"),
                    lambda f: f.replace(b"r=cn", b"r=xx"),
                    lambda f: f[: f.index(b",p=")] + b",p=AAAA"):
@@ -135,7 +128,7 @@ def test_scram_client_final_must_carry_the_same_nonce_and_binding() -> None:
 
 
 def test_plain_needs_the_flag_and_the_right_password() -> None:
-    users = Users(alice="right")
+    users = users_with(alice="right")
     s = SaslSession(("PLAIN", "SCRAM-SHA-256"), users, SECRET, plain_allowed=False)
     answer = s.handshake(1, {"mechanism": "PLAIN"})
     assert answer == {"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM,
@@ -157,7 +150,7 @@ def test_plain_needs_the_flag_and_the_right_password() -> None:
 
 
 def test_unknown_mechanism_and_requests_out_of_turn() -> None:
-    s = SaslSession(("SCRAM-SHA-256",), Users(), SECRET, plain_allowed=False)
+    s = SaslSession(("SCRAM-SHA-256",), users_with(), SECRET, plain_allowed=False)
     assert s.allows(ApiKey.API_VERSIONS) and s.allows(ApiKey.SASL_HANDSHAKE)
     assert not s.allows(ApiKey.SASL_AUTHENTICATE) and not s.allows(ApiKey.PRODUCE)
     answer = s.handshake(1, {"mechanism": "GSSAPI"})
@@ -170,14 +163,14 @@ def test_transition_table_final_states_and_illegal_moves() -> None:
     assert TRANSITIONS[SaslState.COMPLETE] == frozenset()
     assert TRANSITIONS[SaslState.FAILED] == frozenset()
     assert SaslState.COMPLETE not in TRANSITIONS[SaslState.HANDSHAKE]
-    s = SaslSession(("SCRAM-SHA-256",), Users(), SECRET, plain_allowed=False)
+    s = SaslSession(("SCRAM-SHA-256",), users_with(), SECRET, plain_allowed=False)
     s.handshake(1, {"mechanism": "nope"})
     with pytest.raises(IllegalSaslTransition):
         s.handshake(1, {"mechanism": "SCRAM-SHA-256"})
 
 
 def test_oversized_token_is_refused_before_parsing() -> None:
-    s = SaslSession(("SCRAM-SHA-256",), Users(alice="x"), SECRET, plain_allowed=False)
+    s = SaslSession(("SCRAM-SHA-256",), users_with(alice="x"), SECRET, plain_allowed=False)
     s.handshake(1, {"mechanism": "SCRAM-SHA-256"})
     answer = s.authenticate(1, {"auth_bytes": b"n,,n=alice,r=" + b"a" * 5000})
     assert answer["error_code"] == ErrorCode.SASL_AUTHENTICATION_FAILED
@@ -209,7 +202,7 @@ def test_throttle_doubles_per_address_and_logs_once_a_minute() -> None:
            [b"n,,n=alice,r=abc", b"c=biws,r=abc,p=AAAA", b"\0alice\0right", b"n,,n=,r=",
             b"c=,r=,p=", b"n,a=,n=a,r=b,x=y"]), min_size=1, max_size=3))
 def test_fuzz_tokens_give_replies_or_refusals(mechanism: str, tokens: list[bytes]) -> None:
-    s = SaslSession((mechanism,), Users(alice="right"), SECRET, plain_allowed=True)
+    s = SaslSession((mechanism,), users_with(alice="right"), SECRET, plain_allowed=True)
     s.handshake(1, {"mechanism": mechanism})
     for token in tokens:
         if s.state is not SaslState.TOKENS:

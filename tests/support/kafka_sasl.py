@@ -6,6 +6,19 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+from pathlib import Path
+
+from txbroker.service.users import Users, write_users
+
+
+def users_file(path: Path, **passwords: str) -> str:
+    """A user store at ``path`` with these users and passwords (as ``txbroker user add``
+    writes it); returns the path for ``users_file``."""
+    users = Users()
+    for user, password in passwords.items():
+        users = users.with_password(user, password)
+    write_users(path, users)
+    return str(path)
 
 
 def scram_client(mechanism: str, user: str, password: str, server_first: bytes,

@@ -96,3 +96,11 @@ def verify_client_proof(credentials: ScramCredentials, auth_message: bytes,
 def server_signature(credentials: ScramCredentials, auth_message: bytes) -> bytes:
     """The ``v=`` of server-final-message: proves to the client that we hold its ServerKey."""
     return hmac.digest(credentials.server_key, auth_message, _digest(credentials.mechanism))
+
+
+def verify_password(credentials: ScramCredentials, password: str) -> bool:
+    """Whether ``password`` derives ``credentials``: how SASL/PLAIN is checked with no password
+    kept (the salted derivation is recomputed and its StoredKey compared in constant time)."""
+    again = make_credentials(credentials.mechanism, password, credentials.salt,
+                             credentials.iterations)
+    return hmac.compare_digest(again.stored_key, credentials.stored_key)

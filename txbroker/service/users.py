@@ -40,7 +40,12 @@ import orjson
 
 from txbroker.config import ConfigError
 from txbroker.service.acl_rules import Account, AclRules, Perm
-from txbroker.service.scram import MECHANISMS, ScramCredentials, make_credentials
+from txbroker.service.scram import (
+    MECHANISMS,
+    ScramCredentials,
+    make_credentials,
+    verify_password,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +89,12 @@ class Users:
         caller answers both the same way (no user enumeration)."""
         found = self.users.get(user)
         return None if found is None else found.scram.get(mechanism)
+
+    def check_password(self, user: str, password: str) -> bool:
+        """SASL/PLAIN's lookup: True when ``password`` derives the user's SCRAM credentials."""
+        found = self.users.get(user)
+        return found is not None and any(verify_password(c, password)
+                                         for c in found.scram.values())
 
     def acl_accounts(self) -> dict[str, Account]:
         """Access key -> the plain-ACL account its user's roles amount to."""
@@ -338,3 +349,7 @@ class UserStore:
     def scram_credentials(self, user: str, mechanism: str) -> ScramCredentials | None:
         """The SASL/SCRAM server's lookup, on the file as it is now."""
         return self.current().scram_credentials(user, mechanism)
+
+    def check_password(self, user: str, password: str) -> bool:
+        """The SASL/PLAIN server's check, on the file as it is now."""
+        return self.current().check_password(user, password)

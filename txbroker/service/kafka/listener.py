@@ -57,12 +57,12 @@ from txbroker.remoting.kafka.primitives import KafkaDecodeError
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.kafka.sasl import (
     AuthThrottle,
+    CredentialLookup,
     SaslFailure,
     SaslSession,
     SaslState,
     authenticated_handlers,
 )
-from txbroker.service.kafka.sasl_credentials import CredentialLookup, FileCredentials
 from txbroker.service.metrics import BrokerMetrics
 
 log = logging.getLogger("txbroker.kafka")
@@ -379,10 +379,8 @@ class KafkaListener:
         self.handlers.update((int(k), h) for k, h in handlers.items())
         self._mechanisms = config.kafka_sasl_mechanism_list()
         if self._mechanisms and credentials is None:
-            try:
-                credentials = FileCredentials(config.kafka_sasl_credentials or "")
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
+            raise ConfigError(f"kafka_sasl_mechanisms={config.kafka_sasl_mechanisms!r}: needs "
+                              "users_file (the user store that 'txbroker user add' writes)")
         self._credentials = credentials
         #: Secret of this process for made-up SCRAM salts of unknown users.
         self._sasl_secret = secrets.token_bytes(32)

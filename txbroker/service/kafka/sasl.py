@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import enum
+import hashlib
 import hmac
 import secrets
 import time
@@ -39,17 +40,29 @@ from typing import Protocol
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
-from txbroker.service.kafka.sasl_credentials import (
+from txbroker.service.scram import (
+    MECHANISMS,
     MIN_ITERATIONS,
-    CredentialLookup,
-    ScramCredential,
-    hmac_digest,
-    scram_hash,
+    ScramCredentials,
+    server_signature,
+    verify_client_proof,
 )
 
 #: Bytes of one SASL token.  A PLAIN token or a SCRAM message is a few hundred bytes; a longer
 #: one is refused before it is parsed.
 MAX_TOKEN_SIZE = 4096
+
+
+class CredentialLookup(Protocol):
+    """Where the users come from: the user store (``service/users.py``, ``UserStore``), read
+    again when its file changes, so each lookup sees the file as it is now."""
+
+    def scram_credentials(self, user: str, mechanism: str) -> ScramCredentials | None:
+        """The user's credentials for a SCRAM mechanism; None for an unknown user or
+        mechanism alike."""
+
+    def check_password(self, user: str, password: str) -> bool:
+        """True when ``password`` is the user's password (SASL/PLAIN)."""
 
 
 class SaslState(enum.Enum):
@@ -116,7 +129,7 @@ class PlainServer:
         if authzid and authzid != user:
             raise SaslFailure("Authentication failed: Client requested an authorization id "
                               "that is different from username", user=user)
-        if not self._creds.plain(user, password):
+        if not self._creds.check_password(user, password):
             raise SaslFailure("Authentication failed: Invalid username or password", user=user)
         return b"", True
 
@@ -153,7 +166,7 @@ class ScramServer:
         self._mech = mechanism
         self._secret = secret
         self._nonce = nonce
-        self._cred: ScramCredential | None = None
+        self._cred: ScramCredentials | None = None
         self._known = False
         self._first_bare = ""
         self._server_first = ""
@@ -193,12 +206,12 @@ class ScramServer:
         if any(k == "tokenauth" for k, _ in attrs[2:]):
             raise SaslFailure("Authentication failed: delegation tokens are not supported",
                               user=user)
-        cred = self._creds.scram(user, self._mech)
+        cred = self._creds.scram_credentials(user, self._mech)
         self._known = cred is not None
         if cred is None:  # carry on with a made-up credential: the final step fails
             salt = hmac.new(self._secret, user.encode(), "sha256").digest()
-            cred = ScramCredential(salt, MIN_ITERATIONS, secrets.token_bytes(32),
-                                   secrets.token_bytes(32))
+            cred = ScramCredentials(self._mech, salt, MIN_ITERATIONS, secrets.token_bytes(32),
+                                    secrets.token_bytes(32))
         self._cred = cred
         self._first_bare = bare
         self._full_nonce = client_nonce + self._nonce()
@@ -228,17 +241,13 @@ class ScramServer:
         without_proof = text[: text.rindex(",p=")]
         auth_message = f"{self._first_bare},{self._server_first},{without_proof}".encode()
         mech = self._mech
-        signature = hmac_digest(mech, self._cred.stored_key, auth_message)
-        if len(proof) != len(signature):
+        if len(proof) != hashlib.new(MECHANISMS[mech]).digest_size:
             raise SaslFailure("Authentication failed: malformed SCRAM client proof",
                               user=self.user)
-        client_key = bytes(a ^ b for a, b in zip(proof, signature, strict=True))
-        if not (hmac.compare_digest(scram_hash(mech, client_key), self._cred.stored_key)
-                and self._known):
+        if not (verify_client_proof(self._cred, auth_message, proof) and self._known):
             raise SaslFailure("Authentication failed during authentication due to invalid "
                               f"credentials with SASL mechanism {mech}", user=self.user)
-        server_sig = hmac_digest(mech, self._cred.server_key, auth_message)
-        return "v=" + base64.b64encode(server_sig).decode()
+        return "v=" + base64.b64encode(server_signature(self._cred, auth_message)).decode()
 
 
 # --- one connection ----------------------------------------------------------------------
