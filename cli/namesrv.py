@@ -16,7 +16,8 @@ import sys
 
 import click
 
-from txbroker.cli.common import check_setting_variables
+from txbroker.cli.common import check_setting_variables, warn_exposure
+from txbroker.service.exposure import Listener
 
 
 @click.command("namesrv")
@@ -71,6 +72,9 @@ async def _run(listen_host: str, port: int, broker_expiry: float,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # Registrations need the cluster secret when one is set; the port is plaintext.
+    warn_exposure(listen_host, [Listener(server.port, "name server", False,
+                                         cluster_secret is not None)])
     click.echo(f"txbroker namesrv ready addr={server.addr}")
     sys.stdout.flush()
     await stop.wait()
