@@ -68,10 +68,10 @@ def test_serve_on_every_interface_warns_once_naming_the_ports(broker_process, tm
     namesrv_port = int(b.namesrv_addr.rsplit(":", 1)[1])
     kafka_port = int(b.kafka_addr.rsplit(":", 1)[1])
     lines = _warnings(tmp_path / "proc0.log")
-    assert lines == [
+    assert lines == [(
         f"warning: listening on 0.0.0.0 without TLS on ports {broker_port} (remoting), "
         f"{namesrv_port} (name server), {kafka_port} (kafka); without authentication on ports "
-        f"{broker_port} (remoting), {kafka_port} (kafka)"]
+        f"{broker_port} (remoting), {kafka_port} (kafka)")]
 
 
 def test_serve_on_loopback_prints_nothing_new(broker_process, tmp_path) -> None:
@@ -85,9 +85,9 @@ def test_name_server_and_controller_warn_on_every_interface(tmp_path) -> None:
                         tmp_path / "ns.log", "txbroker namesrv ready")
     _stop(proc)
     port = re.search(r":(\d+)$", line.strip()).group(1)
-    assert _warnings(tmp_path / "ns.log") == [
+    assert _warnings(tmp_path / "ns.log") == [(
         f"warning: listening on 0.0.0.0 without TLS on port {port} (name server); without "
-        f"authentication on port {port} (name server)"]
+        f"authentication on port {port} (name server)")]
 
     proc, line = _start(["controller", "--listen-host", "0.0.0.0", "--port", "0",
                          "--data-dir", str(tmp_path / "ctl")],
