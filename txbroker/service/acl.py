@@ -33,9 +33,9 @@ not in the file, a bad signature) is counted against its peer's address
 (:class:`~txbroker.service.auth_throttle.AuthThrottle`, the Kafka SASL policy): that address's
 next refusals are answered after a back-off doubling from 0.1 s to 5 s, forgotten after a
 minute without failure or at its first request that passes, and its failures are logged once a
-minute with the address and the access key (never the signature).  Requests the broker sends to clients
-(CHECK_TRANSACTION_STATE) are not validated.  The name-server port is not guarded either, as
-RocketMQ's name server has no ACL.
+minute with the address and the access key (never the signature).  Requests the broker sends
+to clients (CHECK_TRANSACTION_STATE) are not validated.  The name-server port is not guarded
+either, as RocketMQ's name server has no ACL.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any, NoReturn
 
 from txbroker.remoting.bodies import HeartbeatData
@@ -192,13 +192,12 @@ class AclGuard:
     store has them now: a key made by ``txbroker user access-key`` works without a restart.
     """
 
-    def __init__(self, rules: AclRules, users: UserStore | None = None,
-                 throttle: AuthThrottle | None = None) -> None:
+    def __init__(self, rules: AclRules, users: UserStore | None = None) -> None:
         self.rules = rules
         self.users = users
         self.refused = 0
         #: Addresses whose credentials failed, and how long their refusals wait.
-        self.throttle = throttle if throttle is not None else AuthThrottle()
+        self.throttle = AuthThrottle()
         self._merged_from: Users | None = None
         self._merged = rules
         if users is not None:  # an access key in both files stops the start (UsersFileError)
@@ -217,7 +216,7 @@ class AclGuard:
                 log.error("%s; the previous users stay in force", exc)
         return self._merged
 
-    def __call__(self, conn: Any, cmd: RemotingCommand) -> Any:
+    def __call__(self, conn: Any, cmd: RemotingCommand) -> Coroutine[Any, Any, NoReturn] | None:
         """None (the request may run), or raises the refusal, or returns the coroutine that
         raises it after the address's back-off (the connection answers when it ends)."""
         peer = getattr(conn, "peer", "")
