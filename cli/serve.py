@@ -194,8 +194,9 @@ _OPTIONS: dict[str, _Opt] = {
     "users_file": _Opt("PATH", "the user store written by 'txbroker user' (passwords as SCRAM "
                                "credentials, access keys, roles), read again when it changes",
                        "unset: no user store"),
-    "cluster_secret": _Opt("SECRET", "shared by every broker and controller of the cluster: "
-                                     "replication and controller requests must prove it (prefer "
+    "cluster_secret": _Opt("SECRET", "shared by every broker, controller and name server of the "
+                                     "cluster: replication, registration and controller requests "
+                                     "must prove it (prefer "
                                      "TXBROKER_CLUSTER_SECRET or --config: a command line is "
                                      "visible to every user of the machine)",
                            "unset: peers are trusted"),

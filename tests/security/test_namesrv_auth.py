@@ -196,12 +196,28 @@ def test_cli_refuses_a_short_secret_in_one_line() -> None:
         "error: --cluster-secret must be at least 8 characters"]
 
 
-def test_workers_name_server_holds_the_brokers_secret(broker_config) -> None:
-    """``serve --workers N`` runs its own name server: with a cluster secret the workers sign
-    their registrations (their configs carry the secret), so that name server checks them."""
-    from txbroker.workers import Supervisor
+def test_workers_register_signed_with_their_own_name_server(broker_process) -> None:
+    """``serve --workers 2`` with a secret: both workers are registered (signed) with the
+    supervisor's name server, which refuses a forged registration."""
+    import asyncio
 
-    sup = Supervisor(broker_config.replace(workers=2, cluster_secret=SECRET))
-    assert sup.namesrv is not None and sup.namesrv.guard is not None
-    assert all(w.config.cluster_secret == SECRET for w in sup.workers)
-    assert Supervisor(broker_config.replace(workers=2)).namesrv.guard is None
+    b = broker_process(workers=2, namesrv_port=0, cluster_secret=SECRET)
+
+    async def scenario() -> tuple[set[str], RemotingCommand]:
+        await eventually(lambda: _registered(b.namesrv_addr, 2), msg="both workers registered")
+        info = await cluster_info(b.namesrv_addr)
+        forger = RemotingClient(b.namesrv_addr)
+        try:
+            resp = await forger.invoke(_forged_register(next(iter(info.broker_addr_table)),
+                                                        "Orders"), 5.0)
+        finally:
+            await forger.close()
+        return set(info.broker_addr_table), resp
+
+    names, refused = asyncio.run(scenario())
+    assert len(names) == 2
+    assert refused.code == ResponseCode.NO_PERMISSION, (refused.code, refused.remark)
+
+
+async def _registered(addr: str, n: int) -> bool:
+    return len((await cluster_info(addr)).broker_addr_table) >= n
