@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import IO, Any, TypeVar
 
 import click
@@ -30,6 +30,7 @@ from txbroker.client.errors import (
 )
 from txbroker.config import ConfigError, check_environ
 from txbroker.remoting.tls import ClientTLS
+from txbroker.service.exposure import Listener, exposure_warning
 
 DEFAULT_NAMESRV = "127.0.0.1:9876"
 T = TypeVar("T")
@@ -288,3 +289,12 @@ def run(make: Callable[[], Awaitable[T]], what: str | None = None, address: str 
         logging.getLogger("txbroker.cli").debug("unexpected error", exc_info=exc)
         raise CommandError(what, address, f"unexpected {type(exc).__name__}: {exc}") from None
     return result["value"]  # type: ignore[return-value]
+
+
+def warn_exposure(host: str, listeners: Iterable[Listener]) -> None:
+    """Print the one ``warning:`` line of :func:`~txbroker.service.exposure.exposure_warning`
+    to stderr, when there is one (a port beyond loopback in plaintext or without
+    authentication)."""
+    line = exposure_warning(host, listeners)
+    if line is not None:
+        click.echo(line, err=True)

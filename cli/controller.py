@@ -16,8 +16,9 @@ import sys
 
 import click
 
-from txbroker.cli.common import check_setting_variables
+from txbroker.cli.common import check_setting_variables, warn_exposure
 from txbroker.remoting.server import new_event_loop
+from txbroker.service.exposure import Listener
 
 
 @click.command("controller")
@@ -80,6 +81,8 @@ async def _run(config) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    warn_exposure(config.listen_host, [Listener(process.port, "controller", False,
+                                                 config.cluster_secret is not None)])
     click.echo(f"txbroker controller ready addr={process.addr}")
     sys.stdout.flush()
     await stop.wait()

@@ -3,7 +3,8 @@
 Brokers started with ``--namesrv-addr`` register with it (with every name server of their
 list); clients take the same list.  Once listening, exactly one line
 ``txbroker namesrv ready addr=HOST:PORT`` goes to stdout (scripts and tests wait for it); logs
-go to stderr.  A port in use is one ``error:`` line naming the address, exit 1.
+go to stderr.  A port in use is one ``error:`` line naming the address, exit 1; a bad option
+value (a cluster secret too short) exits 2.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import sys
 
 import click
 
-from txbroker.cli.common import check_setting_variables
+from txbroker.cli.common import check_setting_variables, warn_exposure
+from txbroker.service.exposure import Listener
 
 
 @click.command("namesrv")
@@ -26,29 +28,41 @@ from txbroker.cli.common import check_setting_variables
 @click.option("--broker-expiry", default=120.0, show_default=True,
               type=click.FloatRange(0, min_open=True), metavar="SECONDS",
               help="a broker that has not registered for this long is dropped, with its routes")
+@click.option("--cluster-secret", envvar="TXBROKER_CLUSTER_SECRET", default=None, metavar="SECRET",
+              help="the brokers' --cluster-secret: their registrations must be signed with it "
+                   "(prefer the variable: a command line is visible to every user)  "
+                   "[default: unset: any registration is accepted]")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               help="stderr log level")
-def namesrv(listen_host: str, port: int, broker_expiry: float, log_level: str) -> None:
+def namesrv(listen_host: str, port: int, broker_expiry: float, cluster_secret: str | None,
+            log_level: str) -> None:
     """Run a name server: brokers register with it, clients ask it for routes."""
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check_setting_variables()  # a misspelt TXBROKER_* variable in the shell: said at once
+    from txbroker.config import MIN_SECRET_LENGTH
+    if cluster_secret is not None and len(cluster_secret) < MIN_SECRET_LENGTH:
+        click.echo(f"error: --cluster-secret must be at least {MIN_SECRET_LENGTH} characters",
+                   err=True)
+        sys.exit(2)
     try:
         import uvloop
         runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
     except ImportError:
         runner = asyncio.Runner()
     with runner:
-        code = runner.run(_run(listen_host, port, broker_expiry))
+        code = runner.run(_run(listen_host, port, broker_expiry, cluster_secret))
     sys.exit(code)
 
 
-async def _run(listen_host: str, port: int, broker_expiry: float) -> int:
+async def _run(listen_host: str, port: int, broker_expiry: float,
+               cluster_secret: str | None) -> int:
     from txbroker.broker import ListenError
     from txbroker.namesrv import NameServerProcess
 
-    server = NameServerProcess(listen_host=listen_host, port=port, broker_expiry=broker_expiry)
+    server = NameServerProcess(listen_host=listen_host, port=port, broker_expiry=broker_expiry,
+                               cluster_secret=cluster_secret)
     try:
         await server.start()
     except ListenError as exc:  # names the address
@@ -58,6 +72,9 @@ async def _run(listen_host: str, port: int, broker_expiry: float) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # Registrations need the cluster secret when one is set; the port is plaintext.
+    warn_exposure(listen_host, [Listener(server.port, "name server", False,
+                                         cluster_secret is not None)])
     click.echo(f"txbroker namesrv ready addr={server.addr}")
     sys.stdout.flush()
     await stop.wait()

@@ -16,6 +16,9 @@ embedding one, and ``namesrv=`` shows that list); logs go to stderr.  A port cla
 With ``--workers N`` (N > 1) this process supervises N broker processes behind the embedded
 name server instead (txbroker/workers.py, docs/workers.md); its ready line adds
 `` workers=ADDR;ADDR...``.
+Listening beyond loopback with a port in plaintext or without authentication, one
+``warning:`` line naming those ports goes to stderr before the ready line
+(:mod:`txbroker.service.exposure`); on loopback (the quick start) nothing is added.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import NamedTuple
 
 import click
 
-from txbroker.cli.common import check_setting_variables
+from txbroker.cli.common import check_setting_variables, warn_exposure
 from txbroker.config import (
     BrokerConfig,
     ConfigError,
@@ -40,6 +43,7 @@ from txbroker.config import (
     format_seconds,
     load_config,
 )
+from txbroker.service.exposure import Listener
 
 log = logging.getLogger("txbroker.serve")
 
@@ -188,8 +192,9 @@ _OPTIONS: dict[str, _Opt] = {
     "users_file": _Opt("PATH", "the user store written by 'txbroker user' (passwords as SCRAM "
                                "credentials, access keys, roles), read again when it changes",
                        "unset: no user store"),
-    "cluster_secret": _Opt("SECRET", "shared by every broker and controller of the cluster: "
-                                     "replication and controller requests must prove it (prefer "
+    "cluster_secret": _Opt("SECRET", "shared by every broker, controller and name server of the "
+                                     "cluster: replication, registration and controller requests "
+                                     "must prove it (prefer "
                                      "TXBROKER_CLUSTER_SECRET or --config: a command line is "
                                      "visible to every user of the machine)",
                            "unset: peers are trusted"),
@@ -330,6 +335,7 @@ async def _run(config: BrokerConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    warn_exposure(config.listen_host, broker_listeners(broker))
     ready = f"txbroker ready broker={broker.broker_addr} namesrv={broker.namesrv_addr}"
     if broker.kafka_port >= 0:
         ready += f" kafka={broker.host}:{broker.kafka_port}"
@@ -371,6 +377,9 @@ async def _run_workers(config: BrokerConfig, log_level: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if supervisor.namesrv is not None:  # each worker warns about its own ports
+        warn_exposure(config.listen_host, [Listener(supervisor.namesrv.port, "name server",
+                                                    False, config.cluster_secret is not None)])
     click.echo(supervisor.ready_line())
     sys.stdout.flush()
     await stop.wait()
@@ -378,3 +387,21 @@ async def _run_workers(config: BrokerConfig, log_level: str) -> int:
              config.shutdown_grace)
     await supervisor.stop()
     return 0
+
+
+def broker_listeners(broker: typing.Any) -> list[Listener]:
+    """A started broker's ports beyond loopback, as the exposure warning sees them: TLS is
+    the broker port's and the embedded name server's ``tls_mode`` (permissive still takes
+    plaintext); authentication is the ACL on the broker port, SASL on the Kafka port, the
+    cluster secret on the HA port.  The metrics port listens on loopback only."""
+    cfg = broker.config
+    tls = cfg.tls_mode == "enforcing"
+    out = [Listener(broker.broker_port, "remoting", tls, cfg.acl_file is not None)]
+    if broker.namesrv_port > 0:
+        out.append(Listener(broker.namesrv_port, "name server", tls, None))
+    if broker.kafka_port >= 0:
+        out.append(Listener(broker.kafka_port, "kafka", False,
+                            bool(cfg.kafka_sasl_mechanism_list())))
+    if broker.roles is not None:
+        out.append(Listener(broker.roles.ha_port, "HA", False, cfg.cluster_secret is not None))
+    return out

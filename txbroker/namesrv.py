@@ -8,6 +8,13 @@ may ask any.  A broker is dropped when the connection it registered over closes 
 been silent for ``broker_expiry`` seconds (checked every ``scan_interval``).  Requests other
 than the name server's own are answered REQUEST_CODE_NOT_SUPPORTED by the remoting server (a
 Java client sends END_TRANSACTION here when a group has no master; it must not crash anything).
+
+With ``cluster_secret`` set, the requests that change what this name server answers
+(:data:`BROKER_CODES`) must be signed with it, as the controller's are
+(:mod:`txbroker.service.cluster_auth`): anything else is refused NO_PERMISSION before a
+handler sees it, so a peer without the secret cannot rewrite routes.  Without a secret every
+registration is accepted, signed or not (RocketMQ's name server has no authentication, and a
+cluster's brokers may carry a secret for the controller only).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Self
 import orjson
 
 from txbroker.broker import bind_listener
-from txbroker.config import BrokerConfig
+from txbroker.config import MIN_SECRET_LENGTH, BrokerConfig
 from txbroker.remoting.bodies import (
     VERSION_REGISTER_BODY,
     DataVersion,
@@ -42,12 +49,18 @@ from txbroker.remoting.headers import (
     UnRegisterBrokerRequestHeader,
 )
 from txbroker.remoting.server import Connection, RemotingServer
+from txbroker.service.cluster_auth import ClusterGuard
 from txbroker.service.routeinfo import DEFAULT_BROKER_EXPIRY, RouteInfoManager
 
 log = logging.getLogger(__name__)
 
 #: RocketMQ scans every 10 s for a 120 s expiry; a shorter expiry is scanned proportionally.
 MAX_SCAN_INTERVAL = 5.0
+#: The codes of RocketMQ's ``DefaultRequestProcessor`` served here that change state: a
+#: registration, its removal, and QUERY_DATA_VERSION (an unchanged answer keeps a broker
+#: alive).  Signed when a cluster secret is set; the read codes stay open to clients.
+BROKER_CODES = frozenset({RequestCode.REGISTER_BROKER, RequestCode.UNREGISTER_BROKER,
+                          RequestCode.QUERY_DATA_VERSION})
 
 
 class NameServerProcess:
@@ -55,16 +68,23 @@ class NameServerProcess:
 
     def __init__(self, *, listen_host: str = "127.0.0.1", port: int = 9876,
                  broker_expiry: float = DEFAULT_BROKER_EXPIRY, scan_interval: float | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 cluster_secret: str | None = None) -> None:
         if broker_expiry <= 0:
             raise ValueError(f"broker_expiry={broker_expiry!r}: must be > 0")
+        if cluster_secret is not None and len(cluster_secret) < MIN_SECRET_LENGTH:
+            raise ValueError(f"cluster_secret must be at least {MIN_SECRET_LENGTH} characters")
         self.listen_host = listen_host
         self.port = port
         self.broker_expiry = broker_expiry
         self.scan_interval = scan_interval or min(MAX_SCAN_INTERVAL, broker_expiry / 4)
         self.routes = RouteInfoManager(clock=clock, expiry=broker_expiry)
+        #: Refuses unsigned registrations when a secret is set (None: none is checked).
+        self.guard = (ClusterGuard(cluster_secret, BROKER_CODES)
+                      if cluster_secret is not None else None)
         # The remoting limits (frame size, connections) are the broker's defaults.
-        self.server = RemotingServer(BrokerConfig(listen_host=listen_host))
+        self.server = RemotingServer(BrokerConfig(listen_host=listen_host),
+                                     before_request=self.guard)
         self._scan: asyncio.Task | None = None
 
     @property

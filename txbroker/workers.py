@@ -267,7 +267,8 @@ class Supervisor:
         self.log_level = log_level
         self.python = python
         self.lock = DataDirLock(Path(config.data_dir))
-        self.namesrv = (NameServerProcess(listen_host=config.listen_host, port=config.namesrv_port)
+        self.namesrv = (NameServerProcess(listen_host=config.listen_host, port=config.namesrv_port,
+                                          cluster_secret=config.cluster_secret)
                         if not config.namesrv_addr else None)
         self.workers = [Worker(i, c) for i, c in enumerate(plan(config))]
         self._stopping = asyncio.Event()

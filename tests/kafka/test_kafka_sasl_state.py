@@ -13,9 +13,9 @@ from support.kafka_sasl import scram_client
 
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
+from txbroker.service.auth_throttle import AuthThrottle
 from txbroker.service.kafka.sasl import (
     TRANSITIONS,
-    AuthThrottle,
     IllegalSaslTransition,
     SaslFailure,
     SaslSession,

@@ -61,7 +61,9 @@ log = logging.getLogger("txbroker.remoting.connection")
 #: A request handler: its answer, an awaitable of it, or None for no answer.
 Handler = Callable[[Any, RemotingCommand], Any]
 #: Runs before every request's handler; raising a refusal (``code``/``remark``) stops it.
-BeforeRequest = Callable[[Any, RemotingCommand], None]
+#: An awaitable it returns runs in the handler's place (a refusal answered after a back-off,
+#: without holding up the loop or other connections).
+BeforeRequest = Callable[[Any, RemotingCommand], Awaitable[Any] | None]
 #: The last change to an outgoing request before it is encoded (the client signs there).
 Prepare = Callable[[RemotingCommand], None]
 
@@ -438,16 +440,17 @@ class RemotingConnection(ConnectionCore):
         self._inflight += 1
         self.requests += 1
         try:
-            if self._before_request is not None:
-                # Runs before any handler, unknown codes included (RocketMQ's RPC hook); its
-                # refusal is answered like a HeaderError (one-way: not at all).
-                self._before_request(self, cmd)
-            handler = self._handlers.get(cmd.code) or self._default_handler
-            if handler is None:
-                self._finish(cmd, cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                                               f" request type {cmd.code} not supported"), None)
-                return
-            coro = handler(self, cmd)
+            # Runs before any handler, unknown codes included (RocketMQ's RPC hook); its
+            # refusal is answered like a HeaderError (one-way: not at all), at once when
+            # raised, when the awaitable it returns ends otherwise.
+            coro = None if self._before_request is None else self._before_request(self, cmd)
+            if coro is None:
+                handler = self._handlers.get(cmd.code) or self._default_handler
+                if handler is None:
+                    self._finish(cmd, cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                                                   f" request type {cmd.code} not supported"), None)
+                    return
+                coro = handler(self, cmd)
             cls = coro.__class__
             if cls not in _COROUTINE_TYPES:
                 if cls is RemotingCommand or coro is None:  # a plain function's answer

@@ -56,8 +56,9 @@ from txbroker.remoting.tls import (
 log = logging.getLogger("txbroker.remoting.server")
 
 Handler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
-#: Runs before every request's handler; raising a refusal (``code``/``remark``) stops it.
-BeforeRequest = Callable[["Connection", RemotingCommand], None]
+#: Runs before every request's handler; raising a refusal (``code``/``remark``) stops it, and
+#: an awaitable it returns runs in the handler's place (see remoting/connection.py).
+BeforeRequest = Callable[["Connection", RemotingCommand], Awaitable[Any] | None]
 DisconnectCallback = Callable[["Connection"], Any]
 
 

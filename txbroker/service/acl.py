@@ -28,17 +28,23 @@ start with the line's meaning spelled out.
 
 A refusal is answered as RocketMQ answers an ``AclException``: SYSTEM_ERROR with a remark
 starting ``AclException:``, here naming the access key, the resource and the permission
-needed; a one-way request is never answered.  Requests the broker sends to clients
-(CHECK_TRANSACTION_STATE) are not validated.  The name-server port is not guarded either, as
-RocketMQ's name server has no ACL.
+needed; a one-way request is never answered.  A request whose credentials fail (an access key
+not in the file, a bad signature) is counted against its peer's address
+(:class:`~txbroker.service.auth_throttle.AuthThrottle`, the Kafka SASL policy): that address's
+next refusals are answered after a back-off doubling from 0.1 s to 5 s, forgotten after a
+minute without failure or at its first request that passes, and its failures are logged once a
+minute with the address and the access key (never the signature).  Requests the broker sends
+to clients (CHECK_TRANSACTION_STATE) are not validated.  The name-server port is not guarded
+either, as RocketMQ's name server has no ACL.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Coroutine, Mapping
+from typing import Any, NoReturn
 
 from txbroker.remoting.bodies import HeartbeatData
 from txbroker.remoting.codes import RequestCode, ResponseCode
@@ -47,6 +53,7 @@ from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import HeaderError
 from txbroker.remoting.signing import ACCESS_KEY, SIGNATURE, signature
 from txbroker.service.acl_rules import AclRules, Perm, retry_topic
+from txbroker.service.auth_throttle import AuthThrottle
 from txbroker.service.users import Users, UsersFileError, UserStore
 from txbroker.store.record import RETRY_GROUP_TOPIC_PREFIX
 
@@ -82,10 +89,12 @@ def check_permission(needed: Perm, owned: Perm) -> bool:
 
 class AclDenied(Refusal):
     """A request the ACL refuses: SYSTEM_ERROR with remark ``AclException: <message>``, as
-    RocketMQ answers an AclException."""
+    RocketMQ answers an AclException.  ``credentials``: the access key or the signature was
+    wrong (what a guesser gets), as opposed to a known account lacking a permission."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, credentials: bool = False) -> None:
         super().__init__(ResponseCode.SYSTEM_ERROR, f"AclException: {message}")
+        self.credentials = credentials
 
 
 def _group(resources: dict[str, Perm], group: str | None) -> None:
@@ -150,12 +159,12 @@ def validate(rules: AclRules, code: int, ext: Mapping[str, str], body: bytes,
                          f"carries no AccessKey and the address is not white-listed)")
     account = rules.accounts.get(access_key)
     if account is None:
-        return AclDenied(f"No acl config for {access_key!r}")
+        return AclDenied(f"No acl config for {access_key!r}", credentials=True)
     if account.white_remote_address is not None and account.white_remote_address.matches(peer_host):
         return None
     expected = signature(account.secret_key, ext, body)
     if not hmac.compare_digest(expected.encode(), ext.get(SIGNATURE, "").encode()):
-        return AclDenied(f"Check signature failed for accessKey={access_key}")
+        return AclDenied(f"Check signature failed for accessKey={access_key}", credentials=True)
     if code in ADMIN_CODES and not account.admin:
         return AclDenied(f"Need admin permission for request code={code}, "
                          f"but accessKey={access_key} is not")
@@ -187,6 +196,8 @@ class AclGuard:
         self.rules = rules
         self.users = users
         self.refused = 0
+        #: Addresses whose credentials failed, and how long their refusals wait.
+        self.throttle = AuthThrottle()
         self._merged_from: Users | None = None
         self._merged = rules
         if users is not None:  # an access key in both files stops the start (UsersFileError)
@@ -205,13 +216,37 @@ class AclGuard:
                 log.error("%s; the previous users stay in force", exc)
         return self._merged
 
-    def __call__(self, conn: Any, cmd: RemotingCommand) -> None:
+    def __call__(self, conn: Any, cmd: RemotingCommand) -> Coroutine[Any, Any, NoReturn] | None:
+        """None (the request may run), or raises the refusal, or returns the coroutine that
+        raises it after the address's back-off (the connection answers when it ends)."""
         peer = getattr(conn, "peer", "")
         host = peer.rpartition(":")[0] or peer
         denied = validate(self._rules_now(), cmd.code, cmd.ext_fields, cmd.body, host)
+        if denied is None or (not denied.credentials and ACCESS_KEY in cmd.ext_fields):
+            # Passed, or signed right and short of a permission: the address holds valid
+            # credentials (an unsigned request proves nothing and forgets nothing).
+            self.throttle.succeeded(host)
         if denied is None:
-            return
+            return None
         self.refused += 1
-        log.warning("refused request code %d from %s%s: %s", cmd.code, peer,
-                    " (one-way, not answered)" if cmd.is_oneway else "", denied.remark)
-        raise denied
+        oneway = " (one-way, not answered)" if cmd.is_oneway else ""
+        if not denied.credentials:
+            log.warning("refused request code %d from %s%s: %s", cmd.code, peer, oneway,
+                        denied.remark)
+            raise denied
+        delay = self.throttle.delay(host)
+        if self.throttle.failed(host):
+            log.warning("authentication failed from %s, access key %r, request code %d%s: %s "
+                        "(further failures from %s are not logged for a minute)", peer,
+                        cmd.ext_fields.get(ACCESS_KEY), cmd.code, oneway, denied.remark, host)
+        else:
+            log.debug("refused request code %d from %s%s: %s", cmd.code, peer, oneway,
+                      denied.remark)
+        if delay <= 0:
+            raise denied
+        return _refuse_after(delay, denied)
+
+
+async def _refuse_after(delay: float, denied: AclDenied) -> NoReturn:
+    await asyncio.sleep(delay)
+    raise denied

@@ -13,6 +13,10 @@ once per change of state (down, then back), and the next round retries.  One
 :class:`RemotingClient` per name server keeps its connection open between rounds because the
 name server drops a broker whose registration connection closes; the client reconnects when a
 name server comes back.
+
+With ``cluster_secret`` set, REGISTER_BROKER and UNREGISTER_BROKER are signed with it
+(:mod:`.cluster_auth`), so a name server holding the same secret obeys this broker and no one
+without it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from txbroker.remoting.headers import (
     RegisterBrokerResponseHeader,
     UnRegisterBrokerRequestHeader,
 )
+from txbroker.service.cluster_auth import sign
 
 log = logging.getLogger(__name__)
 
@@ -162,9 +167,14 @@ class BrokerRegistrar:
                     self.on_master(answer.master_addr, answer.ha_server_addr or "")
                     break
 
+    def _signed(self, cmd: RemotingCommand) -> RemotingCommand:
+        if self.config.cluster_secret is not None:
+            sign(cmd, self.config.cluster_secret)
+        return cmd
+
     async def _register(self, addr: str, ext: dict[str, str],
                         body: bytes) -> RegisterBrokerResponseHeader | None:
-        cmd = RemotingCommand.request(RequestCode.REGISTER_BROKER, ext, body)
+        cmd = self._signed(RemotingCommand.request(RequestCode.REGISTER_BROKER, ext, body))
         try:
             resp = await asyncio.wait_for(self._clients[addr].invoke(cmd, REGISTER_TIMEOUT),
                                           REGISTER_TIMEOUT)
@@ -184,7 +194,8 @@ class BrokerRegistrar:
         return answer
 
     async def _unregister(self, client: RemotingClient, header: UnRegisterBrokerRequestHeader) -> None:
-        cmd = RemotingCommand.request(RequestCode.UNREGISTER_BROKER, header.to_ext())
+        cmd = self._signed(RemotingCommand.request(RequestCode.UNREGISTER_BROKER,
+                                                   header.to_ext()))
         try:
             await asyncio.wait_for(client.invoke(cmd, UNREGISTER_TIMEOUT), UNREGISTER_TIMEOUT)
         except (OSError, TimeoutError, ConnectionError) as exc:

@@ -54,9 +54,9 @@ from txbroker.remoting.kafka.framing import (
     encode_response,
 )
 from txbroker.remoting.kafka.primitives import KafkaDecodeError
+from txbroker.service.auth_throttle import AuthThrottle
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.kafka.sasl import (
-    AuthThrottle,
     CredentialLookup,
     SaslFailure,
     SaslSession,

@@ -2,7 +2,8 @@
 
 Sans-IO: :class:`SaslSession` takes the bodies of SaslHandshake and SaslAuthenticate requests
 (or, after a SaslHandshake v0, the raw tokens) and returns the answers; the listener moves the
-bytes, delays answers to an address that keeps failing (:class:`AuthThrottle`) and closes the
+bytes, delays answers to an address that keeps failing
+(:class:`~txbroker.service.auth_throttle.AuthThrottle`) and closes the
 connection after a failure, as Kafka's ``SaslServerAuthenticator`` does.
 
 A connection moves through :data:`TRANSITIONS` (Kafka's authenticator states):
@@ -32,8 +33,6 @@ import enum
 import hashlib
 import hmac
 import secrets
-import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
@@ -353,48 +352,3 @@ def authenticated_handlers() -> dict[int, Handler]:
                                  "authentication", "auth_bytes": b"", "session_lifetime_ms": 0}
 
     return {ApiKey.SASL_HANDSHAKE: handshake, ApiKey.SASL_AUTHENTICATE: authenticate}
-
-
-# --- brute force ---------------------------------------------------------------------------
-
-class AuthThrottle:
-    """Failed authentications per client address: an address that failed is answered later
-    each time (``base`` doubling up to ``ceiling``, forgotten after ``window`` without a
-    failure), and its failures are logged at most once per ``window``.  At most
-    ``max_addresses`` are remembered (the oldest are forgotten first)."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic, *, base: float = 0.1,
-                 ceiling: float = 5.0, window: float = 60.0, max_addresses: int = 10000) -> None:
-        self._clock = clock
-        self._base = base
-        self._ceiling = ceiling
-        self._window = window
-        self._max = max_addresses
-        #: address -> [failures, time of last failure, time of last log line]
-        self._seen: OrderedDict[str, list[float]] = OrderedDict()
-
-    def delay(self, address: str) -> float:
-        """Seconds to wait before answering an authentication attempt from ``address``."""
-        entry = self._seen.get(address)
-        if entry is None or self._clock() - entry[1] > self._window:
-            return 0.0
-        return min(self._base * 2 ** (entry[0] - 1), self._ceiling)
-
-    def failed(self, address: str) -> bool:
-        """Count a failure; True when it should be logged (the first in ``window``)."""
-        now = self._clock()
-        entry = self._seen.pop(address, None)
-        if entry is None or now - entry[1] > self._window:
-            entry = [0.0, now, -self._window - 1.0]
-        entry[0] += 1
-        entry[1] = now
-        log_it = now - entry[2] > self._window
-        if log_it:
-            entry[2] = now
-        self._seen[address] = entry
-        while len(self._seen) > self._max:
-            self._seen.popitem(last=False)
-        return log_it
-
-    def succeeded(self, address: str) -> None:
-        self._seen.pop(address, None)
