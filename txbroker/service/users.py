@@ -184,11 +184,13 @@ class Users:
         new = [check_binding(b) for b in bindings]
         have = set(self.acls)
         added = [b for b in dict.fromkeys(new) if b not in have]
-        return Users(self.users, (*self.acls, *added))
+        return Users(self.users, (*self.acls, *added)) if added else self
 
     def without_acls(self, selected: AclFilter) -> tuple[Users, list[AclBinding]]:
         """(the snapshot without the bindings ``selected`` matches, those bindings)."""
         gone = [b for b in self.acls if selected.matches(b)]
+        if not gone:
+            return self, []
         return Users(self.users, tuple(b for b in self.acls if not selected.matches(b))), gone
 
     def _existing(self, name: str) -> User:
