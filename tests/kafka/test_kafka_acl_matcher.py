@@ -182,10 +182,10 @@ def test_bindings_in_the_users_file_round_trip_and_version() -> None:
 @pytest.mark.parametrize("acls, fragment", [
     (b'"x"', '"acls" must be a list'),
     (b'[{"resource_type": "TOPIC"}]', "acls[0]: must be an object"),
-    (b'[{"resource_type": "TOPIK", "name": "t", "pattern": "LITERAL", "principal": "User:a", '
-     b'"host": "*", "operation": "READ", "permission": "ALLOW"}]', "resource_type 'TOPIK'"),
-    (b'[{"resource_type": "TOPIC", "name": "t", "pattern": "LITERAL", "principal": "a", '
-     b'"host": "*", "operation": "READ", "permission": "ALLOW"}]', "User:<name>"),
+    ((b'[{"resource_type": "TOPIK", "name": "t", "pattern": "LITERAL", "principal": "User:a", '
+      b'"host": "*", "operation": "READ", "permission": "ALLOW"}]'), "resource_type 'TOPIK'"),
+    ((b'[{"resource_type": "TOPIC", "name": "t", "pattern": "LITERAL", "principal": "a", '
+      b'"host": "*", "operation": "READ", "permission": "ALLOW"}]'), "User:<name>"),
 ])
 def test_bad_bindings_in_the_file_are_named(acls: bytes, fragment: str) -> None:
     with pytest.raises((ValueError, TypeError), match=fragment.replace("[", r"\[").replace("]", r"\]")):
