@@ -280,3 +280,124 @@ async def test_without_sasl_no_acl_applies_and_the_acl_apis_are_disabled(kafka_b
         assert answer["error_code"] == ErrorCode.SECURITY_DISABLED
     finally:
         wire.close()
+
+
+def _top(answer: dict) -> list:
+    return [answer["error_code"]]
+
+
+def _each(key: str, code_key: str = "error_code"):
+    return lambda answer: [e[code_key] for e in answer[key]]
+
+
+_PARTS = [{"name": TOPIC, "partitions": [{"partition_index": 0, "committed_offset": 1}]}]
+TX = {"transactional_id": "tx-1", "producer_id": 1, "producer_epoch": 0}
+
+# Every checked API, as a user with no binding and no role sends it: (api, version, body,
+# the error codes of the answer, the code expected for each).
+REFUSED = [
+    (ApiKey.LIST_OFFSETS, 2, {"topics": [{"name": TOPIC, "partitions": [
+        {"partition_index": 0, "timestamp": -1}]}]},
+     lambda a: _codes(a, "topics", "partitions"), ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+    (ApiKey.OFFSET_FETCH, 3, {"group_id": "g", "topics": None}, _top,
+     ErrorCode.GROUP_AUTHORIZATION_FAILED),
+    (ApiKey.FIND_COORDINATOR, 1, {"key": "tx-1", "key_type": 1}, _top,
+     ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+    (ApiKey.SYNC_GROUP, 1, {"group_id": "g", "generation_id": 1, "member_id": "m",
+                            "assignments": []}, _top, ErrorCode.GROUP_AUTHORIZATION_FAILED),
+    (ApiKey.HEARTBEAT, 1, {"group_id": "g", "generation_id": 1, "member_id": "m"}, _top,
+     ErrorCode.GROUP_AUTHORIZATION_FAILED),
+    (ApiKey.LEAVE_GROUP, 1, {"group_id": "g", "member_id": "m"}, _top,
+     ErrorCode.GROUP_AUTHORIZATION_FAILED),
+    (ApiKey.DESCRIBE_GROUPS, 5, {"groups": ["g", "h"]}, _each("groups"),
+     ErrorCode.GROUP_AUTHORIZATION_FAILED),
+    (ApiKey.DELETE_GROUPS, 2, {"groups_names": ["g"]}, _each("results"),
+     ErrorCode.GROUP_AUTHORIZATION_FAILED),
+    (ApiKey.CREATE_TOPICS, 4, {"topics": [{"name": "made", "num_partitions": 1,
+                                           "replication_factor": 1}], "timeout_ms": 1000},
+     _each("topics"), ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+    (ApiKey.DELETE_TOPICS, 5, {"topic_names": [TOPIC], "timeout_ms": 1000}, _each("responses"),
+     ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+    (ApiKey.CREATE_PARTITIONS, 3, {"topics": [{"name": TOPIC, "count": 4, "assignments": None}],
+                                   "timeout_ms": 1000}, _each("results"),
+     ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+    (ApiKey.DESCRIBE_CONFIGS, 4, {"resources": [
+        {"resource_type": 2, "resource_name": TOPIC, "configuration_keys": None}]},
+     _each("results"), ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+    (ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, {"resources": [
+        {"resource_type": 4, "resource_name": "0", "configs": []}]}, _each("responses"),
+     ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
+    (ApiKey.ALTER_CONFIGS, 2, {"resources": [
+        {"resource_type": 2, "resource_name": TOPIC, "configs": [
+            {"name": "retention.ms", "value": "1"}]}]}, _each("responses"),
+     ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+    (ApiKey.DESCRIBE_PRODUCERS, 0, {"topics": [{"name": TOPIC, "partition_indexes": [0]}]},
+     lambda a: _codes(a, "topics", "partitions"), ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+    (ApiKey.ADD_PARTITIONS_TO_TXN, 2, {**TX, "topics": [{"name": TOPIC, "partitions": [0]}]},
+     lambda a: _codes(a, "results", "results", "partition_error_code"),
+     ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+    (ApiKey.ADD_OFFSETS_TO_TXN, 2, {**TX, "group_id": "g"}, _top,
+     ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+    (ApiKey.END_TXN, 2, {**TX, "committed": True}, _top,
+     ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+    (ApiKey.TXN_OFFSET_COMMIT, 2, {**TX, "group_id": "g", "topics": _PARTS},
+     lambda a: _codes(a, "topics", "partitions"), ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+    (ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": ["tx-1"]},
+     _each("transaction_states"), ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+]
+
+
+@pytest.mark.parametrize("key, version, body, codes, expected", REFUSED,
+                         ids=[ApiKey(r[0]).name for r in REFUSED])
+async def test_every_checked_api_refuses_a_user_without_permission(acl_broker, key, version,
+                                                                   body, codes,
+                                                                   expected) -> None:
+    wire = await _login(acl_broker, BOB)
+    try:
+        got = codes(await wire.call(key, version, body))
+        assert got and set(got) == {expected}, got
+        # the connection stays usable after a refusal
+        assert (await wire.call(ApiKey.API_VERSIONS, 0, {}))["error_code"] == 0
+    finally:
+        wire.close()
+    assert acl_broker.topics.get("made") is None
+    assert acl_broker.topics.get(TOPIC).read_queue_nums == 1  # not deleted, not grown
+
+
+async def test_listings_leave_out_what_the_user_may_not_describe(acl_broker) -> None:
+    admin = await _login(acl_broker, ADMIN)
+    try:  # a simple commit makes group "g" known
+        await admin.call(ApiKey.OFFSET_COMMIT, 2, {"group_id": "g", "member_id": "",
+                                                   "topics": _PARTS})
+        assert [g["group_id"] for g in (await admin.call(ApiKey.LIST_GROUPS, 2, {}))["groups"]] \
+            == ["g"]
+    finally:
+        admin.close()
+    wire = await _login(acl_broker, BOB)
+    try:
+        assert (await wire.call(ApiKey.LIST_GROUPS, 2, {}))["groups"] == []
+        assert (await wire.call(ApiKey.LIST_TRANSACTIONS, 0, {}))["transaction_states"] == []
+        await _create_acls(acl_broker, _creation(ResourceType.GROUP, "g", AclOperation.READ))
+        answer = await wire.call(ApiKey.OFFSET_FETCH, 3, {"group_id": "g", "topics": None})
+        assert answer["error_code"] == 0 and answer["topics"] == []  # TOPIC not described
+        assert [g["group_id"] for g in (await wire.call(ApiKey.LIST_GROUPS, 2, {}))["groups"]] \
+            == ["g"]  # READ implies DESCRIBE
+    finally:
+        wire.close()
+
+
+async def test_a_mixed_request_serves_what_is_allowed(acl_broker) -> None:
+    await acl_broker.topics.create_or_update(TopicConfig("open", 1, 1))
+    await _create_acls(acl_broker, _creation(ResourceType.TOPIC, "open", AclOperation.WRITE))
+    wire = await _login(acl_broker, BOB)
+    try:
+        body = _produce("open")
+        body["topic_data"] += _produce(TOPIC)["topic_data"]
+        answer = await wire.call(ApiKey.PRODUCE, 7, body)
+        assert {t["name"]: t["partition_responses"][0]["error_code"]
+                for t in answer["responses"]} == {
+            "open": ErrorCode.NONE, TOPIC: ErrorCode.TOPIC_AUTHORIZATION_FAILED}
+        assert acl_broker.store.max_offset("open", 0) == 1
+        assert acl_broker.store.max_offset(TOPIC, 0) == 0
+    finally:
+        wire.close()
