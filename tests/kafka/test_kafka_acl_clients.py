@@ -87,3 +87,51 @@ def test_kafka_python_admin_client_manages_acls(acl_process) -> None:
         assert load_users(acl_process.users_file).acls == ()
     finally:
         admin.close()
+
+
+def test_confluent_kafka_admin_client_manages_acls(acl_process) -> None:
+    """librdkafka's AdminClient (CreateAcls / DescribeAcls / DeleteAcls at the versions it
+    picks); its producer refused TOPIC_AUTHORIZATION_FAILED until the topic's binding exists."""
+    import confluent_kafka as confluent
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    conf = {"bootstrap.servers": acl_process.kafka_addr, "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": MECH}
+    admin = AdminClient({**conf, "sasl.username": "alice", "sasl.password": PASSWORDS["alice"]})
+    topic = f"rd-{uuid.uuid4().hex[:6]}"
+    bindings = [AclBinding(ResourceType.TOPIC, "rd-", ResourcePatternType.PREFIXED, "User:bob",
+                           "*", AclOperation.WRITE, AclPermissionType.ALLOW),
+                AclBinding(ResourceType.GROUP, "cg", ResourcePatternType.LITERAL, "User:bob",
+                           "*", AclOperation.READ, AclPermissionType.ALLOW)]
+
+    def produced() -> int:
+        """The delivery report's error code (0: stored)."""
+        producer = confluent.Producer({**conf, "sasl.username": "bob",
+                                       "sasl.password": PASSWORDS["bob"],
+                                       "message.timeout.ms": TIMEOUT * 1000})
+        reports: list = []
+        producer.produce(topic, b"librdkafka", on_delivery=lambda err, msg: reports.append(err))
+        assert producer.flush(TIMEOUT) == 0
+        return 0 if reports[0] is None else reports[0].code()
+
+    admin.create_topics([confluent.admin.NewTopic(topic, 1, 1)])[topic].result(timeout=TIMEOUT)
+    assert produced() == confluent.KafkaError.TOPIC_AUTHORIZATION_FAILED
+    for future in admin.create_acls(bindings, request_timeout=TIMEOUT).values():
+        assert future.result(timeout=TIMEOUT) is None
+    assert len(load_users(acl_process.users_file).acls) == 2
+    assert produced() == 0
+    every = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None,
+                             AclOperation.ANY, AclPermissionType.ANY)
+    listed = admin.describe_acls(every, request_timeout=TIMEOUT).result(timeout=TIMEOUT)
+    assert sorted(b.name for b in listed) == ["cg", "rd-"]
+    deleted = admin.delete_acls([every], request_timeout=TIMEOUT)
+    assert len(next(iter(deleted.values())).result(timeout=TIMEOUT)) == 2
+    assert load_users(acl_process.users_file).acls == ()
