@@ -401,3 +401,19 @@ async def test_a_mixed_request_serves_what_is_allowed(acl_broker) -> None:
         assert acl_broker.store.max_offset(TOPIC, 0) == 0
     finally:
         wire.close()
+
+
+async def test_create_on_the_cluster_allows_every_topic(acl_broker) -> None:
+    body = {"topics": [{"name": "made", "num_partitions": 1, "replication_factor": 1}],
+            "timeout_ms": 1000}
+    wire = await _login(acl_broker, BOB)
+    try:
+        answer = await wire.call(ApiKey.CREATE_TOPICS, 4, body)
+        assert answer["topics"][0]["error_code"] == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        await _create_acls(acl_broker, _creation(ResourceType.CLUSTER, "kafka-cluster",
+                                                 AclOperation.CREATE))
+        answer = await wire.call(ApiKey.CREATE_TOPICS, 4, body)
+        assert answer["topics"][0]["error_code"] == ErrorCode.NONE
+        assert acl_broker.topics.get("made") is not None
+    finally:
+        wire.close()

@@ -223,11 +223,14 @@ async def find_coordinator(check: Check, handler: Handler, ctx: KafkaRequestCont
 
 
 def _listed(key: str, item: str, kind: ResourceType, op: AclOperation, code: int,
-            refusal: Callable[[str], dict], answer_key: str) -> Rule:
+            refusal: Callable[[str], dict], answer_key: str, on_cluster: bool = False) -> Rule:
     """A request naming several resources (``body[key]``, each ``item`` or a bare name):
-    those refused answered by ``refusal``, the rest handled."""
+    those refused answered by ``refusal``, the rest handled.  ``on_cluster``: ``op`` on the
+    cluster allows them all (CreateTopics, as Kafka)."""
     async def rule(check: Check, handler: Handler, ctx: KafkaRequestContext,
                    body: dict) -> dict | None:
+        if on_cluster and check.cluster(op):
+            return await handler(ctx, body)
         entries = body.get(key) or ()
         name = (lambda e: e) if not item else (lambda e: e[item])
         kept = [e for e in entries if check(op, kind, name(e))]
@@ -375,7 +378,7 @@ RULES: dict[ApiKey, Rule] = {
     ApiKey.DELETE_GROUPS: _listed("groups_names", "", GROUP, Op.DELETE, GROUP_DENIED,
                                   lambda g: {"group_id": g}, "results"),
     ApiKey.CREATE_TOPICS: _listed("topics", "name", TOPIC, Op.CREATE, TOPIC_DENIED,
-                                  lambda t: {"name": t, **_DENIED}, "topics"),
+                                  lambda t: {"name": t, **_DENIED}, "topics", on_cluster=True),
     ApiKey.DELETE_TOPICS: _listed("topic_names", "", TOPIC, Op.DELETE, TOPIC_DENIED,
                                   lambda t: {"name": t, **_DENIED}, "responses"),
     ApiKey.CREATE_PARTITIONS: _listed("topics", "name", TOPIC, Op.ALTER, TOPIC_DENIED,
