@@ -417,3 +417,34 @@ async def test_create_on_the_cluster_allows_every_topic(acl_broker) -> None:
         assert acl_broker.topics.get("made") is not None
     finally:
         wire.close()
+
+
+@pytest.mark.parametrize("secret", [None, "cluster-s3cret"])
+async def test_a_client_claiming_to_be_a_broker_gets_no_exemption(acl_config, secret) -> None:
+    """The cluster's client id without a valid signature (or without any cluster secret, where
+    there is no signature to check) is still authorized as the user it logged in as."""
+    from txbroker.broker import Broker
+    from txbroker.remoting.kafka.framing import decode_response, encode_request
+    from txbroker.service.kafka.cluster_admin import _signed_id
+
+    broker = Broker(acl_config.replace(cluster_secret=secret))
+    await broker.start()
+    try:
+        await broker.topics.create_or_update(TopicConfig(TOPIC, 1, 1))
+        wire = await _login(broker, BOB)
+        try:
+            for key, version, body in [
+                    (ApiKey.PRODUCE, 7, _produce(TOPIC)),
+                    (ApiKey.DELETE_TOPICS, 5, {"topic_names": [TOPIC], "timeout_ms": 1000})]:
+                client_id = _signed_id(key, body, None)  # what a broker sends without a secret
+                wire.corr += 1
+                wire.writer.write(encode_request(key, version, wire.corr, client_id, body))
+                _, answer = decode_response(key, version, await wire.frame())
+                codes = [p["error_code"] for t in answer.get("responses", ())
+                         for p in t.get("partition_responses", [t])]
+                assert codes == [ErrorCode.TOPIC_AUTHORIZATION_FAILED], (key, answer)
+        finally:
+            wire.close()
+        assert broker.store.max_offset(TOPIC, 0) == 0 and broker.topics.get(TOPIC) is not None
+    finally:
+        await broker.stop()

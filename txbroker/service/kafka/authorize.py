@@ -10,8 +10,11 @@ answers are merged.  The broker wraps only when Kafka SASL is on (a connection w
 authentication has no principal to check), so the hot path of an open broker is untouched.
 
 Requests between brokers of a cluster (forwarded admin requests, transaction markers) carry
-the cluster's signature instead of a user (``cluster_admin.py``): one whose signature checks
-goes straight to its handler, which keeps its own check; WriteTxnMarkers is only ever that.
+the cluster's signature instead of a user (``cluster_admin.py``): a request of an API that is
+forwarded (:data:`FORWARDED`) whose signature checks against ``cluster_secret`` goes straight
+to its handler, which keeps its own check (the broker that forwarded it authorized the client);
+WriteTxnMarkers is only ever that.  Without a secret there is no signature, only a client id
+anyone can send, so nothing is let through that way.
 """
 
 from __future__ import annotations
@@ -40,6 +43,12 @@ CONFIG_TOPIC = 2
 #: APIs with no ACL check: before or about authentication, or only between brokers (signed).
 UNCHECKED = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE,
                        ApiKey.WRITE_TXN_MARKERS, ApiKey.DESCRIBE_CLUSTER})
+
+
+#: APIs one broker sends another on a client's behalf (``admin.py``, ``metadata.py``).
+FORWARDED = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.CREATE_PARTITIONS,
+                       ApiKey.DESCRIBE_CONFIGS, ApiKey.ALTER_CONFIGS,
+                       ApiKey.INCREMENTAL_ALTER_CONFIGS})
 
 
 @dataclass(slots=True)
@@ -417,14 +426,16 @@ def authorize_handlers(handlers: dict[int, Handler], authorizer: Callable[[], Au
     missing = sorted(ApiKey(k).name for k in handlers if k not in RULES and k not in UNCHECKED)
     if missing:
         raise ValueError(f"no authorization rule for {', '.join(missing)}")
-    return {k: h if k in UNCHECKED else _wrap(RULES[ApiKey(k)], h, authorizer, cluster_secret)
+    return {k: h if k in UNCHECKED else
+            _wrap(RULES[ApiKey(k)], h, authorizer, cluster_secret if k in FORWARDED else None)
             for k, h in handlers.items()}
 
 
 def _wrap(rule: Rule, handler: Handler, authorizer: Callable[[], Authorizer],
           secret: str | None) -> Handler:
+    """``secret``: the cluster secret when the API is forwarded between brokers, else None."""
     async def authorized(ctx: KafkaRequestContext, body: dict) -> dict | None:
-        if ctx.principal is None or from_peer(ctx, body, secret) is True:
+        if ctx.principal is None or (secret is not None and from_peer(ctx, body, secret) is True):
             return await handler(ctx, body)
         host = ctx.peer.rpartition(":")[0]
         return await rule(Check(authorizer(), ctx.principal, host), handler, ctx, body)
