@@ -48,3 +48,7 @@ main.add_command(_bench.bench)
 from txbroker.cli import user as _user
 
 main.add_command(_user.user)
+
+from txbroker.cli import acl as _acl
+
+main.add_command(_acl.acl)

@@ -52,7 +52,9 @@ from txbroker.roles import Roles, broker_credentials
 from txbroker.service.acl import AclGuard
 from txbroker.service.acl_rules import load_acl_file
 from txbroker.service.clients import ClientRegistry
+from txbroker.service.kafka.acl_api import acl_handlers
 from txbroker.service.kafka.admin import KafkaAdmin
+from txbroker.service.kafka.authorize import authorize_handlers
 from txbroker.service.kafka.cluster_view import (
     KAFKA_ADDR_KEY,
     KAFKA_NODE_KEY,
@@ -440,6 +442,9 @@ class Broker:
             handlers = route_partitions(handlers, self.kafka_view)
             handlers = route_coordinators(handlers, self.kafka_view, self.groups.validate_commit,
                                           self.kafka_staging)
+        handlers.update(acl_handlers(self.users))
+        if cfg.kafka_sasl_mechanism_list() and self.users is not None:  # docs/security.md
+            handlers = authorize_handlers(handlers, self.users.authorizer, cfg.cluster_secret)
         self.kafka = KafkaListener(cfg, handlers, self.metrics, self.users)
         sock, self._kafka_sock = self._kafka_sock, None
         await self.kafka.start(sock)

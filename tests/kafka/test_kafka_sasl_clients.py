@@ -30,7 +30,8 @@ USER, PASSWORD = "alice", "alice-secret"
 
 @pytest.fixture
 def sasl_process(broker_process, tmp_path: Path):
-    users = users_file(tmp_path / "users.json", **{USER: PASSWORD})
+    # With SASL on, Kafka ACLs apply: the roles let the user produce and consume.
+    users = users_file(tmp_path / "users.json", ("producer", "consumer"), **{USER: PASSWORD})
     return broker_process(kafka_port=0, kafka_group_initial_rebalance_delay=0.2,
                           kafka_sasl_mechanisms="PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
                           kafka_sasl_plain_over_plaintext=True,

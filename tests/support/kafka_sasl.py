@@ -11,12 +11,12 @@ from pathlib import Path
 from txbroker.service.users import Users, write_users
 
 
-def users_file(path: Path, **passwords: str) -> str:
-    """A user store at ``path`` with these users and passwords (as ``txbroker user add``
-    writes it); returns the path for ``users_file``."""
+def users_file(path: Path, roles: tuple[str, ...] = (), **passwords: str) -> str:
+    """A user store at ``path`` with these users and passwords, each with ``roles`` (as
+    ``txbroker user add`` writes it); returns the path for ``users_file``."""
     users = Users()
     for user, password in passwords.items():
-        users = users.with_password(user, password)
+        users = users.with_password(user, password, roles)
     write_users(path, users)
     return str(path)
 

@@ -18,6 +18,11 @@ line naming the file.
 Roles are deliberately few (``ROLES``); ``acl_accounts`` turns them into the RocketMQ plain-ACL
 accounts ``service/acl.py`` checks requests against, so that check needs nothing new to serve
 the users of this file.
+
+The file also holds the Kafka ACL bindings (``"acls"``, ``service/kafka/acls.py``; docs/security.md
+"Kafka ACLs"), so users and what they may do change together under the one lock.  A file
+with bindings is written as version 2; one without stays version 1, readable by brokers that
+predate bindings.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +46,17 @@ import orjson
 
 from txbroker.config import ConfigError
 from txbroker.service.acl_rules import Account, AclRules, Perm
+from txbroker.service.kafka.acls import (
+    AclBinding,
+    AclFilter,
+    AclOperation,
+    AclPermission,
+    Authorizer,
+    PatternType,
+    ResourceType,
+    check_binding,
+    role_bindings,
+)
 from txbroker.service.scram import (
     MECHANISMS,
     ScramCredentials,
@@ -49,7 +66,9 @@ from txbroker.service.scram import (
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: The versions read: 1 has no "acls".
+READABLE_VERSIONS = (1, 2)
 #: What each role lets a user do.  RocketMQ: ``admin`` is the plain ACL's ``admin: true`` (admin
 #: request codes, every topic and group); ``producer`` may publish to every topic; ``consumer``
 #: may subscribe to every topic and consume in every group.  Roles add up.
@@ -83,6 +102,16 @@ class Users:
     """One version of the file: an immutable snapshot, edited by building a new one."""
 
     users: Mapping[str, User] = field(default_factory=dict)
+    #: Kafka ACL bindings, in the order they were added (no two equal).
+    acls: tuple[AclBinding, ...] = ()
+
+    @cached_property
+    def authorizer(self) -> Authorizer:
+        """Kafka's decision over this snapshot: the bindings, the roles' bindings, the
+        ``admin`` users as super users (built once per snapshot)."""
+        roles = [b for u in self.users.values() for b in role_bindings(u.name, u.roles)]
+        return Authorizer([*self.acls, *roles],
+                          [u.name for u in self.users.values() if "admin" in u.roles])
 
     def scram_credentials(self, user: str, mechanism: str) -> ScramCredentials | None:
         """The SASL/SCRAM server's lookup: None for an unknown user or mechanism, so the
@@ -133,7 +162,7 @@ class Users:
         old = self.users.get(name, User(name))
         scram = {m: make_credentials(m, password) for m in MECHANISMS}
         user = replace(old, scram=scram, roles=old.roles if roles is None else check_roles(roles))
-        return Users({**self.users, name: user})
+        return Users({**self.users, name: user}, self.acls)
 
     def with_access_key(self, name: str) -> tuple[Users, str, str]:
         """A new access key and secret for ``name``: (new snapshot, key, secret)."""
@@ -144,11 +173,25 @@ class Users:
             key = "AK" + secrets.token_hex(10).upper()
         secret = secrets.token_urlsafe(30)
         user = replace(user, access_keys={**user.access_keys, key: secret})
-        return Users({**self.users, name: user}), key, secret
+        return Users({**self.users, name: user}, self.acls), key, secret
 
     def without(self, name: str) -> Users:
         self._existing(name)
-        return Users({n: u for n, u in self.users.items() if n != name})
+        return Users({n: u for n, u in self.users.items() if n != name}, self.acls)
+
+    def with_acls(self, bindings: list[AclBinding]) -> Users:
+        """These bindings added (each checked; one already there is not added twice)."""
+        new = [check_binding(b) for b in bindings]
+        have = set(self.acls)
+        added = [b for b in dict.fromkeys(new) if b not in have]
+        return Users(self.users, (*self.acls, *added)) if added else self
+
+    def without_acls(self, selected: AclFilter) -> tuple[Users, list[AclBinding]]:
+        """(the snapshot without the bindings ``selected`` matches, those bindings)."""
+        gone = [b for b in self.acls if selected.matches(b)]
+        if not gone:
+            return self, []
+        return Users(self.users, tuple(b for b in self.acls if not selected.matches(b))), gone
 
     def _existing(self, name: str) -> User:
         try:
@@ -179,7 +222,7 @@ def _b64(data: bytes) -> str:
 
 
 def encode_users(users: Users) -> bytes:
-    doc = {"version": FORMAT_VERSION, "users": {
+    doc: dict[str, Any] = {"version": FORMAT_VERSION if users.acls else 1, "users": {
         name: {
             "roles": list(u.roles),
             "scram": {m: {"salt": _b64(c.salt), "iterations": c.iterations,
@@ -187,6 +230,11 @@ def encode_users(users: Users) -> bytes:
                       for m, c in u.scram.items()},
             "access_keys": dict(u.access_keys),
         } for name, u in sorted(users.users.items())}}
+    if users.acls:
+        doc["acls"] = [{"resource_type": b.resource_type.name, "name": b.name,
+                        "pattern": b.pattern.name, "principal": b.principal, "host": b.host,
+                        "operation": b.operation.name, "permission": b.permission.name}
+                       for b in users.acls]
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
 
 
@@ -197,9 +245,9 @@ def decode_users(data: bytes) -> Users:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION:
-        raise ValueError(f"not a users file of version {FORMAT_VERSION} "
-                         f"(a JSON object with \"version\": {FORMAT_VERSION} and \"users\")")
+    if not isinstance(doc, dict) or doc.get("version") not in READABLE_VERSIONS:
+        raise ValueError(f"not a users file of version 1 or {FORMAT_VERSION} "
+                         f"(a JSON object with \"version\" and \"users\")")
     entries = doc.get("users")
     if not isinstance(entries, dict):
         raise TypeError("\"users\" must be an object of name -> user")
@@ -215,7 +263,35 @@ def decode_users(data: bytes) -> Users:
             raise ValueError(f"user {name!r}: access key {min(again)} belongs to two users")
         seen_keys |= set(user.access_keys)
         users[name] = user
-    return Users(users)
+    acls = doc.get("acls", []) if doc["version"] >= 2 else []
+    if not isinstance(acls, list):
+        raise TypeError("\"acls\" must be a list of ACL bindings")
+    bindings = []
+    for i, entry in enumerate(acls):
+        try:
+            bindings.append(_decode_binding(entry))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ValueError(f"acls[{i}]: {exc}") from None
+    return Users(users, tuple(dict.fromkeys(bindings)))
+
+
+def _decode_binding(entry: Any) -> AclBinding:
+    if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) for k in (
+            "resource_type", "name", "pattern", "principal", "host", "operation",
+            "permission")):
+        raise TypeError("must be an object of resource_type, name, pattern, principal, host, "
+                        "operation and permission (strings)")
+    def member(kind: Any, key: str) -> Any:
+        try:
+            return kind[entry[key]]
+        except KeyError:
+            raise ValueError(f"{key} {entry[key]!r} (known: "
+                             f"{', '.join(m.name for m in kind)})") from None
+
+    return check_binding(AclBinding(
+        member(ResourceType, "resource_type"), entry["name"], member(PatternType, "pattern"),
+        entry["principal"], entry["host"], member(AclOperation, "operation"),
+        member(AclPermission, "permission")))
 
 
 def _decode_user(name: str, entry: Any) -> User:
@@ -345,6 +421,16 @@ class UserStore:
         else:
             log.info("users file %s reloaded: %d user(s)", self.path, len(self._users.users))
         return self._users
+
+    def refresh(self) -> Users:
+        """The file as it is now, looked at without waiting for ``check_interval`` (after an
+        edit this broker made: its next request is decided on the edit)."""
+        self._checked = self._clock() - self.check_interval
+        return self.current()
+
+    def authorizer(self) -> Authorizer:
+        """The Kafka ACL decision on the file as it is now."""
+        return self.current().authorizer
 
     def scram_credentials(self, user: str, mechanism: str) -> ScramCredentials | None:
         """The SASL/SCRAM server's lookup, on the file as it is now."""

@@ -45,6 +45,9 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_PRODUCERS = 61
     SASL_HANDSHAKE = 17
     SASL_AUTHENTICATE = 36
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
 
 
 #: api key -> (min, max) as advertised in ApiVersions.
@@ -85,6 +88,11 @@ ADVERTISED: dict[ApiKey, tuple[int, int]] = {
     # Authentication (docs/security.md, "Kafka SASL"): Kafka 4's ranges.
     ApiKey.SASL_HANDSHAKE: (0, 1),
     ApiKey.SASL_AUTHENTICATE: (0, 2),
+    # Kafka ACLs (docs/security.md, "Kafka ACLs"): Kafka 4's ranges (v0, without pattern
+    # types, is gone since Kafka 4).
+    ApiKey.DESCRIBE_ACLS: (1, 3),
+    ApiKey.CREATE_ACLS: (1, 3),
+    ApiKey.DELETE_ACLS: (1, 3),
 }
 
 #: api key -> (min, max) actually served; a request outside it closes the connection
@@ -125,6 +133,9 @@ FLEXIBLE_FROM: dict[ApiKey, int] = {
     ApiKey.LIST_GROUPS: 3,
     ApiKey.DELETE_GROUPS: 2,
     ApiKey.SASL_AUTHENTICATE: 2,
+    ApiKey.DESCRIBE_ACLS: 2,
+    ApiKey.CREATE_ACLS: 2,
+    ApiKey.DELETE_ACLS: 2,
 }
 
 

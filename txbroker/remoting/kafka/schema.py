@@ -276,6 +276,37 @@ _REQUESTS: dict[ApiKey, list[F]] = {
     ],
     ApiKey.SASL_HANDSHAKE: [F("mechanism", "string")],
     ApiKey.SASL_AUTHENTICATE: [F("auth_bytes", "bytes")],
+    ApiKey.DESCRIBE_ACLS: [
+        F("resource_type_filter", "int8"),
+        F("resource_name_filter", "string", nullable="0+", default=None),
+        F("pattern_type_filter", "int8", "1+", default=3),
+        F("principal_filter", "string", nullable="0+", default=None),
+        F("host_filter", "string", nullable="0+", default=None),
+        F("operation", "int8"),
+        F("permission_type", "int8"),
+    ],
+    ApiKey.CREATE_ACLS: [
+        F("creations", [
+            F("resource_type", "int8"),
+            F("resource_name", "string"),
+            F("resource_pattern_type", "int8", "1+", default=3),
+            F("principal", "string"),
+            F("host", "string"),
+            F("operation", "int8"),
+            F("permission_type", "int8"),
+        ]),
+    ],
+    ApiKey.DELETE_ACLS: [
+        F("filters", [
+            F("resource_type_filter", "int8"),
+            F("resource_name_filter", "string", nullable="0+", default=None),
+            F("pattern_type_filter", "int8", "1+", default=3),
+            F("principal_filter", "string", nullable="0+", default=None),
+            F("host_filter", "string", nullable="0+", default=None),
+            F("operation", "int8"),
+            F("permission_type", "int8"),
+        ]),
+    ],
 }
 
 _RESPONSES: dict[ApiKey, list[F]] = {
@@ -608,6 +639,47 @@ _RESPONSES: dict[ApiKey, list[F]] = {
         F("error_message", "string", nullable="0+", default=None),
         F("auth_bytes", "bytes"),
         F("session_lifetime_ms", "int64", "1+"),
+    ],
+    ApiKey.DESCRIBE_ACLS: [
+        F("throttle_time_ms", "int32"),
+        F("error_code", "int16"),
+        F("error_message", "string", nullable="0+", default=None),
+        F("resources", [
+            F("resource_type", "int8"),
+            F("resource_name", "string"),
+            F("pattern_type", "int8", "1+", default=3),
+            F("acls", [
+                F("principal", "string"),
+                F("host", "string"),
+                F("operation", "int8"),
+                F("permission_type", "int8"),
+            ]),
+        ]),
+    ],
+    ApiKey.CREATE_ACLS: [
+        F("throttle_time_ms", "int32"),
+        F("results", [
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+", default=None),
+        ]),
+    ],
+    ApiKey.DELETE_ACLS: [
+        F("throttle_time_ms", "int32"),
+        F("filter_results", [
+            F("error_code", "int16"),
+            F("error_message", "string", nullable="0+", default=None),
+            F("matching_acls", [
+                F("error_code", "int16"),
+                F("error_message", "string", nullable="0+", default=None),
+                F("resource_type", "int8"),
+                F("resource_name", "string"),
+                F("pattern_type", "int8", "1+", default=3),
+                F("principal", "string"),
+                F("host", "string"),
+                F("operation", "int8"),
+                F("permission_type", "int8"),
+            ]),
+        ]),
     ],
 }
 

@@ -23,6 +23,9 @@ class KafkaRequestContext:
     peer: str
     #: The listener's id of the connection (stable while it is open).
     conn_id: int
+    #: ``User:<name>`` of an authenticated (SASL) connection; None without authentication,
+    #: where no Kafka ACL applies (docs/security.md, "Kafka ACLs").
+    principal: str | None = None
 
 
 Handler = Callable[[KafkaRequestContext, dict], Awaitable[dict | None]]

@@ -246,7 +246,8 @@ class KafkaConnection(ConnectionCore):
             return
         listener.metrics.kafka_requests.labels(api=name).inc()
         ctx = KafkaRequestContext(req.api_key, req.api_version, req.correlation_id,
-                                  req.client_id, self.peer, self.id)
+                                  req.client_id, self.peer, self.id,
+                                  None if sasl is None else f"User:{sasl.user}")
         self._inflight += 1
         self.requests += 1
         try:

@@ -136,7 +136,7 @@ class KafkaMetadata:
             names = [tc.name for tc in self.topics.all() if not hidden_topic(tc.name, self.config)]
         else:
             names = [t["name"] for t in requested]
-        auto = body.get("allow_auto_topic_creation", True) if ctx.api_version >= 4 else True
+        auto = body.get("allow_auto_topic_creation", True)  # absent below v4: True
         out = []
         for name in names:
             tc, error = await lookup_topic(self.topics, self.config, name, auto_create=auto,
@@ -166,7 +166,7 @@ class KafkaMetadata:
             names = sorted(n for n in view.topic_names() if not hidden_topic(n, self.config))
         else:
             names = [t["name"] for t in requested]
-        auto = body.get("allow_auto_topic_creation", True) if ctx.api_version >= 4 else True
+        auto = body.get("allow_auto_topic_creation", True)  # absent below v4: True
         out = []
         for name in names:
             error = ErrorCode.NONE
