@@ -195,7 +195,7 @@ _OPTIONS: dict[str, _Opt] = {
                                      "TXBROKER_CLUSTER_SECRET or --config: a command line is "
                                      "visible to every user of the machine)",
                            "unset: peers are trusted"),
-    "tls_mode": _Opt("MODE", "TLS on the broker port (and the embedded name server's): "
+    "tls_mode": _Opt("MODE", "TLS on the broker, name-server, HA and metrics ports: "
                              "permissive also accepts plaintext on the same port, enforcing "
                              "closes plaintext connections"),
     "tls_cert": _Opt("PATH", "PEM server certificate (chain); re-read when the file changes",
@@ -205,6 +205,9 @@ _OPTIONS: dict[str, _Opt] = {
                    "unset"),
     "tls_client_auth": _Opt("MODE", "client certificates: none, optional (verified when sent) "
                                     "or required (mTLS; needs --tls-ca)"),
+    "tls_peers": _Opt("WHEN", "dial the name servers, the controller and the group's master "
+                              "with TLS, verified against --tls-ca, presenting --tls-cert "
+                              "(auto: when --tls-mode is enforcing)"),
 }
 _missing = {f.name for f in fields(BrokerConfig)} ^ set(_OPTIONS)
 if _missing:

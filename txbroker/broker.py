@@ -47,7 +47,8 @@ from txbroker.config import (
 from txbroker.remoting.bodies import DataVersion
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.server import RemotingServer
-from txbroker.remoting.tls import ServerTLS, server_tls
+from txbroker.remoting.tls import ServerTLS, peer_context, server_tls
+from txbroker.remoting.tls_listener import TLSListener, start_stream_server
 from txbroker.roles import Roles, broker_credentials
 from txbroker.service.acl import AclGuard
 from txbroker.service.acl_rules import load_acl_file
@@ -175,7 +176,7 @@ class Broker:
         #: Master or slave in its group (None without name servers: always its own master).
         self.roles: Roles | None = None
         self._ha_sock: socket.socket | None = None
-        self._metrics_server: asyncio.AbstractServer | None = None
+        self._metrics_server: asyncio.AbstractServer | TLSListener | None = None
         self._housekeeping: asyncio.Task | None = None
         self._started = False
 
@@ -205,6 +206,7 @@ class Broker:
                    f"white-listed pattern(s) from {cfg.acl_file}")
         # Likewise a certificate or key that cannot be loaded (TLSConfigError names the file).
         self.tls = server_tls(cfg)
+        peer_context(cfg)  # and the CA peers are verified against (tls_peers), before binding
         if self.users is not None:
             acl += (f"; users file {cfg.users_file}: {len(self.users.current().users)} user(s)"
                     + ("" if self.acl else " (their access keys count once acl_file is set)"))
@@ -373,12 +375,14 @@ class Broker:
         self.server.on_disconnect(self.holds.connection_closed)
         await self.server.start(cfg.listen_host, self.broker_port, sock=broker_sock)
         if ns_sock is not None:
-            self.namesrv_server = RemotingServer(cfg, tls=self.tls)
+            self.namesrv_server = RemotingServer(cfg, tls=self.tls, what="name-server port")
             for code, handler in namesrv.handlers().items():
                 self.namesrv_server.register(int(code), handler)
             await self.namesrv_server.start(cfg.listen_host, self.namesrv_port, sock=ns_sock)
         if metrics_sock is not None:
-            self._metrics_server = await asyncio.start_server(self._serve_metrics, sock=metrics_sock)
+            # HTTPS when the broker port speaks TLS: a request line never starts with 0x16.
+            self._metrics_server = await start_stream_server(self._serve_metrics, sock=metrics_sock,
+                                                             tls=self.tls, what="metrics port")
         if self._kafka_sock is not None:
             await self._start_kafka()
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txbroker-housekeeping")

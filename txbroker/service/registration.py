@@ -12,7 +12,9 @@ A name server that is down never holds the broker up: each call is bounded, fail
 once per change of state (down, then back), and the next round retries.  One
 :class:`RemotingClient` per name server keeps its connection open between rounds because the
 name server drops a broker whose registration connection closes; the client reconnects when a
-name server comes back.
+name server comes back.  With ``tls_peers`` the connections are TLS
+(:func:`~txbroker.remoting.tls.peer_context`); a name server whose certificate does not verify
+is one warning naming it and the reason, and is retried like one that is down.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from txbroker.remoting.headers import (
     RegisterBrokerResponseHeader,
     UnRegisterBrokerRequestHeader,
 )
+from txbroker.remoting.tls import link_failure, peer_context
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +81,8 @@ class BrokerRegistrar:
         self.epoch = epoch
         self.compressed = compressed
         self.namesrv_addrs = parse_address_list(config.namesrv_addr)
-        self._clients = {addr: RemotingClient(addr)
+        tls = peer_context(config)  # tls_peers: verified against tls_ca, our certificate sent
+        self._clients = {addr: RemotingClient(addr, ssl=tls)
                          for addr in self.namesrv_addrs}
         #: name-server address -> whether the last registration there succeeded (None = not yet).
         self.registered: dict[str, bool | None] = dict.fromkeys(self.namesrv_addrs)
@@ -174,7 +178,7 @@ class BrokerRegistrar:
         except (OSError, TimeoutError, ConnectionError) as exc:
             if self.registered[addr] is not False:
                 log.warning("cannot register with name server %s: %s (retrying every %g s)",
-                            addr, exc or type(exc).__name__, self.config.register_interval)
+                            addr, link_failure(exc), self.config.register_interval)
             self.registered[addr] = False
             return None
         if self.registered[addr] is not True:
