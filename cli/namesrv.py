@@ -3,7 +3,9 @@
 Brokers started with ``--namesrv-addr`` register with it (with every name server of their
 list); clients take the same list.  Once listening, exactly one line
 ``txbroker namesrv ready addr=HOST:PORT`` goes to stdout (scripts and tests wait for it); logs
-go to stderr.  A port in use is one ``error:`` line naming the address, exit 1.
+go to stderr.  A port in use is one ``error:`` line naming the address, exit 1; a TLS
+certificate or key that cannot be loaded (``--tls-mode``, the broker's TLS options) is one
+naming the file, exit 2.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import sys
 
 import click
 
-from txbroker.cli.common import check_setting_variables
+from txbroker.cli.common import check_setting_variables, server_tls_options
+from txbroker.remoting.tls import ServerTLS
 
 
 @click.command("namesrv")
@@ -29,26 +32,37 @@ from txbroker.cli.common import check_setting_variables
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               help="stderr log level")
-def namesrv(listen_host: str, port: int, broker_expiry: float, log_level: str) -> None:
+@server_tls_options
+def namesrv(listen_host: str, port: int, broker_expiry: float, log_level: str,
+            **tls_settings: str | None) -> None:
     """Run a name server: brokers register with it, clients ask it for routes."""
+    from txbroker.config import ConfigError, TlsSettings
+    from txbroker.remoting.tls import server_tls
+
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check_setting_variables()  # a misspelt TXBROKER_* variable in the shell: said at once
+    try:  # before binding: a certificate that cannot be loaded is one line naming the file
+        tls = server_tls(TlsSettings(**tls_settings))  # type: ignore[arg-type]
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     try:
         import uvloop
         runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
     except ImportError:
         runner = asyncio.Runner()
     with runner:
-        code = runner.run(_run(listen_host, port, broker_expiry))
+        code = runner.run(_run(listen_host, port, broker_expiry, tls))
     sys.exit(code)
 
 
-async def _run(listen_host: str, port: int, broker_expiry: float) -> int:
+async def _run(listen_host: str, port: int, broker_expiry: float, tls: ServerTLS | None) -> int:
     from txbroker.broker import ListenError
     from txbroker.namesrv import NameServerProcess
 
-    server = NameServerProcess(listen_host=listen_host, port=port, broker_expiry=broker_expiry)
+    server = NameServerProcess(listen_host=listen_host, port=port, broker_expiry=broker_expiry,
+                               tls=tls)
     try:
         await server.start()
     except ListenError as exc:  # names the address
