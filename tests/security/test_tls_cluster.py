@@ -131,7 +131,7 @@ async def test_ha_port_refuses_plaintext_and_replicates_over_tls(
         got = await asyncio.to_thread(_raw_exchange, ha_port, hello)
         assert got == b""
         assert master.roles.ha_master.slaves() == []
-        slave = await c.broker("broker-a", broker_id=1, **_tls(pki))
+        slave = await c.broker("broker-a", broker_id=1, metadata_sync_interval=0.2, **_tls(pki))
         await eventually(lambda: any(s.connected for s in master.roles.ha_master.slaves()),
                          msg="the slave follows over TLS")
         tls = ClientTLS(ca=str(pki.ca_file), cert=str(pki.cert_file), key=str(pki.key_file))
@@ -140,6 +140,9 @@ async def test_ha_port_refuses_plaintext_and_replicates_over_tls(
         assert result.send_status is SendStatus.SEND_OK  # SYNC_MASTER: the slave holds it
         await eventually(lambda: slave.store.max_physical_offset
                          == master.store.max_physical_offset)
+        # The metadata sync dials the master's broker port (enforcing) with TLS too.
+        await eventually(lambda: slave.topics.get("Repl") is not None, msg="topics synced")
+        assert slave.roles.sync.problem is None
 
 
 async def test_a_peer_with_an_untrusted_certificate_is_one_line(
