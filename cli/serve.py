@@ -201,7 +201,8 @@ _OPTIONS: dict[str, _Opt] = {
     "tls_cert": _Opt("PATH", "PEM server certificate (chain); re-read when the file changes",
                      "unset"),
     "tls_key": _Opt("PATH", "PEM key of --tls-cert; re-read when the file changes", "unset"),
-    "tls_ca": _Opt("PATH", "PEM CA that client certificates are verified against",
+    "tls_ca": _Opt("PATH", "PEM CA that client certificates (and, with --tls-peers, the "
+                           "peers this broker dials) are verified against",
                    "unset"),
     "tls_client_auth": _Opt("MODE", "client certificates: none, optional (verified when sent) "
                                     "or required (mTLS; needs --tls-ca)"),

@@ -47,7 +47,12 @@ from txbroker.config import (
 from txbroker.remoting.bodies import DataVersion
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.server import RemotingServer
-from txbroker.remoting.tls import ServerTLS, peer_context, server_tls
+from txbroker.remoting.tls import (
+    ServerTLS,
+    dials_peers_with_tls,
+    peer_context,
+    server_tls,
+)
 from txbroker.remoting.tls_listener import TLSListener, start_stream_server
 from txbroker.roles import Roles, broker_credentials
 from txbroker.service.acl import AclGuard
@@ -297,7 +302,13 @@ class Broker:
         else:
             namesrv = "the broker port (separate name-server port off)"
         seg = format_bytes(cfg.segment_size)
-        metrics = (f"http://{METRICS_HOST}:{self.metrics_port}/metrics" if self.metrics_port > 0
+        scheme = "https" if self.tls is not None else "http"
+        tls = ("off" if cfg.tls_mode == "off" else
+               f"{cfg.tls_mode}, certificate {cfg.tls_cert}, client certificates "
+               f"{cfg.tls_client_auth}")
+        if cfg.namesrv_addr and dials_peers_with_tls(cfg):
+            tls += "; name servers, controller and master dialled with TLS"
+        metrics = (f"{scheme}://{METRICS_HOST}:{self.metrics_port}/metrics" if self.metrics_port > 0
                    else "off")
         if cfg.flush_mode == "sync":
             flush = f"sync: acknowledged once on disk (flush timeout {format_seconds(cfg.sync_flush_timeout)})"
@@ -331,9 +342,7 @@ class Broker:
             ("topics", topics),
             ("retention", retention),
             ("access control", acl),
-            ("tls", "off" if cfg.tls_mode == "off" else
-             f"{cfg.tls_mode}, certificate {cfg.tls_cert}, client certificates "
-             f"{cfg.tls_client_auth}"),
+            ("tls", tls),
         ]
         lines = [f"broker {cfg.broker_name} (cluster {cfg.cluster_name}) started"]
         lines += [f"  {label:<17}{value}" for label, value in rows]

@@ -223,6 +223,12 @@ class ClientTLS:
         return ctx
 
 
+def dials_peers_with_tls(config: BrokerConfig) -> bool:
+    """``tls_peers`` worked out: ``on``, or ``auto`` with ``tls_mode=enforcing``."""
+    return config.tls_peers == "on" or (config.tls_peers == "auto"
+                                        and config.tls_mode == "enforcing")
+
+
 def peer_context(config: BrokerConfig) -> ssl.SSLContext | None:
     """How this node dials its peers (name servers, the controller, its group's master): None
     (plaintext) unless ``tls_peers`` is ``on``, or ``auto`` with ``tls_mode=enforcing``.  The
@@ -230,8 +236,7 @@ def peer_context(config: BrokerConfig) -> ssl.SSLContext | None:
     address dialled; the node's own ``tls_cert``/``tls_key`` go along as its client
     certificate, so peers with ``tls_client_auth=required`` accept it (mTLS between nodes).
     A file that cannot be loaded is a :class:`TLSConfigError` (at start)."""
-    if config.tls_peers == "off" or (config.tls_peers == "auto"
-                                     and config.tls_mode != "enforcing"):
+    if not dials_peers_with_tls(config):
         return None
     return ClientTLS(ca=config.tls_ca, cert=config.tls_cert, key=config.tls_key).context()
 
