@@ -184,6 +184,24 @@ async def test_a_peer_with_an_untrusted_certificate_is_one_line(
         assert len(lines) == 1, lines
 
 
+async def test_kafka_cluster_view_reads_name_servers_and_brokers_over_tls(
+        broker_config: BrokerConfig, tmp_path: Path, pki) -> None:
+    """The Kafka listener's view of the cluster comes from the name servers and the other
+    groups' broker ports: enforcing ones, dialled with TLS."""
+    from txbroker.service.topics import TopicConfig
+
+    kafka = {"kafka_port": 0, "kafka_cluster_refresh_interval": 0.1}
+    async with InProcessCluster(broker_config, tmp_path) as c:
+        await c.namesrv(tls=_server_tls(pki))
+        a = await c.broker("broker-a", kafka_node_id=1, **kafka, **_tls(pki))
+        b = await c.broker("broker-b", kafka_node_id=2, **kafka, **_tls(pki))
+        await a.topics.create_or_update(TopicConfig("spread", 4, 4))
+        await b.topics.create_or_update(TopicConfig("spread", 2, 2))
+        for broker in (a, b):
+            await eventually(lambda broker=broker: len(broker.kafka_view.slots("spread")) == 6
+                             and len(broker.kafka_view.nodes()) == 2, msg="views see both groups")
+
+
 async def test_metrics_endpoint_speaks_https(broker_config: BrokerConfig, pki) -> None:
     from txbroker.broker import Broker
 
