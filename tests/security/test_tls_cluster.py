@@ -242,3 +242,28 @@ def test_name_server_tls_settings_are_checked() -> None:
     assert result.exit_code == 2
     assert result.output == "error: tls_mode=enforcing: needs tls_cert and tls_key (PEM files)\n"
     assert NameServerProcess  # the process the options are for
+
+
+@pytest.mark.slow
+async def test_workers_register_with_their_supervisors_name_server_over_tls(
+        broker_process, pki) -> None:
+    """``serve --workers 2`` with enforcing TLS and mTLS: the supervisor's name server speaks
+    TLS, and the worker processes register with it over TLS, with their certificate."""
+    from txbroker.remoting.bodies import ClusterInfo
+    from txbroker.remoting.codec import encode
+
+    proc = await asyncio.to_thread(broker_process, workers=2, **_tls(pki))
+    assert len(proc.worker_addrs) == 2, proc.worker_addrs
+    port = int(proc.namesrv_addr.rpartition(":")[2])
+    ask = RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO)
+    assert await asyncio.to_thread(_raw_exchange, port, encode(ask)) == b""  # plaintext: closed
+    tls = ClientTLS(ca=str(pki.ca_file), cert=str(pki.cert_file), key=str(pki.key_file))
+    client = RemotingClient(proc.namesrv_addr, ssl=tls.context())
+    try:
+        async def both() -> bool:
+            answer = await client.invoke(RemotingCommand.request(
+                RequestCode.GET_BROKER_CLUSTER_INFO), 5.0)
+            return len(ClusterInfo.decode(answer.body).broker_addr_table) == 2
+        await eventually(both, timeout=30, msg="both workers registered over TLS")
+    finally:
+        await client.close()
