@@ -145,6 +145,25 @@ async def test_ha_port_refuses_plaintext_and_replicates_over_tls(
         assert slave.roles.sync.problem is None
 
 
+async def test_permissive_ha_port_serves_a_plaintext_and_a_tls_slave(
+        broker_config: BrokerConfig, tmp_path: Path, pki) -> None:
+    """During a migration one HA port takes both: a slave still dialling in plaintext and one
+    dialling with TLS (told apart by the first byte, as on the broker port)."""
+    async with InProcessCluster(broker_config, tmp_path) as c:
+        await c.namesrv(tls=ServerTLS("permissive", str(pki.cert_file), str(pki.key_file)))
+        master = await c.broker("broker-a", **_tls(pki, "permissive", tls_client_auth="none"))
+        plain = await c.broker("broker-a", broker_id=1)
+        secure = await c.broker("broker-a", broker_id=2, tls_peers="on", tls_ca=str(pki.ca_file))
+        await eventually(lambda: sum(s.connected for s in master.roles.ha_master.slaves()) == 2,
+                         msg="both slaves follow")
+        async with Producer("pg", c.namesrv_addr) as producer:
+            await producer.send(Message("Mixed", b"to both"))
+        for slave in (plain, secure):
+            await eventually(lambda slave=slave: slave.store.max_physical_offset
+                             == master.store.max_physical_offset)
+        assert master.roles.ha_master._server.refusals == 0
+
+
 async def test_a_peer_with_an_untrusted_certificate_is_one_line(
         broker_config: BrokerConfig, tmp_path: Path, pki, caplog) -> None:
     """A name server and an HA master whose certificates the cluster's CA did not sign: the
