@@ -201,6 +201,28 @@ async def test_a_peer_with_an_untrusted_certificate_is_one_line(
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("HA master")]
         assert len(lines) == 1, lines
 
+    # The controller link: a controller serving a certificate of another CA.
+    caplog.clear()
+    ctl = ControllerProcess(ControllerConfig(port=0, data_dir=str(tmp_path / "ctl"), lease=1.0,
+                                             tls_mode="enforcing", tls_cert=str(rogue_cert),
+                                             tls_key=str(rogue_key)))
+    await ctl.start()
+    try:
+        async with InProcessCluster(broker_config, tmp_path / "ctl-brokers") as c:
+            await c.namesrv(tls=_server_tls(pki))
+            b = await c.broker("broker-a", controller_addr=ctl.addr, controller_lease=1.0,
+                               controller_heartbeat_interval=0.1, **_tls(pki))
+            await asyncio.sleep(0.5)  # heartbeats keep failing meanwhile
+            assert not b.roles.is_master and ctl.state.groups() == []
+            lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING
+                     and ctl.addr in r.getMessage()]
+            assert lines and all("certificate verify failed" in line for line in lines), lines
+            # As for a controller that is down: once at start, once when heartbeats fail,
+            # not once per attempt.
+            assert len(lines) <= 2, lines
+    finally:
+        await ctl.stop()
+
 
 async def test_kafka_cluster_view_reads_name_servers_and_brokers_over_tls(
         broker_config: BrokerConfig, tmp_path: Path, pki) -> None:
