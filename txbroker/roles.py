@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from txbroker.config import ConfigError
 from txbroker.remoting.bodies import broker_label
 from txbroker.remoting.signing import SessionCredentials
-from txbroker.remoting.tls import peer_context
 from txbroker.remoting.tls_listener import start_stream_server
 from txbroker.role_state import Role, move
 from txbroker.service.controller_link import (
@@ -66,7 +65,7 @@ if TYPE_CHECKING:
     import socket
 
     from txbroker.config import BrokerConfig
-    from txbroker.remoting.tls import ServerTLS
+    from txbroker.remoting.tls import PeerTLS, ServerTLS
     from txbroker.service.processors.pull import PullHoldService
     from txbroker.service.topics import TopicManager
     from txbroker.store.message_store import MessageStore
@@ -82,6 +81,8 @@ class RoleHost(Protocol):
     holds: PullHoldService
     #: The broker's listeners' TLS (None: plaintext), which the HA port serves too.
     tls: ServerTLS | None
+    #: How the broker dials its peers (None: plaintext).
+    peer_tls: PeerTLS | None
 
     @property
     def broker_addr(self) -> str: ...
@@ -132,8 +133,8 @@ class Roles:
         self._ha_sock: socket.socket | None = ha_sock
         self._ha_host, self.ha_port = ha_sock.getsockname()[:2]
         self._bind = bind
-        #: How this broker dials its group's master (HA and metadata sync): ``tls_peers``.
-        self._peer_tls = peer_context(self.config)
+        #: How this broker dials its master (HA, metadata sync) and the controller.
+        self._peer_tls = broker.peer_tls.context if broker.peer_tls is not None else None
         #: The one state (:mod:`txbroker.role_state`); changed only through :meth:`_set`.
         self.role = Role.STARTING
         self.epoch = 0
@@ -268,7 +269,7 @@ class Roles:
             return
         self.link = ControllerLink(self.config, broker_addr=self.broker.broker_addr,
                                    ha_addr=self.ha_addr, state=self._replica_state,
-                                   on_master=self._apply)
+                                   on_master=self._apply, tls=self._peer_tls)
         try:
             await self.link.register()  # _apply asks for the first election if it is ours
         except ControllerError as exc:

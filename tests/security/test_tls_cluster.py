@@ -224,6 +224,42 @@ async def test_a_peer_with_an_untrusted_certificate_is_one_line(
         await ctl.stop()
 
 
+async def test_a_renewed_node_certificate_is_presented_on_the_next_link_without_restart(
+        broker_config: BrokerConfig, tmp_path: Path, pki) -> None:
+    """The broker's certificate files are replaced (renamed into place, as renewal tools do):
+    its next connection to a name server presents the new certificate; a broken replacement
+    keeps the previous one."""
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    cert, key = node_dir / "node.pem", node_dir / "node.key"
+    first = pki.issue_server(cert, key)
+    async with InProcessCluster(broker_config.replace(register_interval=0.2), tmp_path) as c:
+        ns = await c.namesrv(tls=_server_tls(pki))
+        b = await c.broker("broker-a", **_tls(pki, tls_cert=str(cert), tls_key=str(key)))
+
+        def presented() -> set[bytes]:
+            return {conn.transport.get_extra_info("ssl_object").getpeercert(binary_form=True)
+                    for conn in ns.server.connections}
+
+        def der(leaf) -> bytes:
+            return ssl.PEM_cert_to_DER_cert(leaf.cert_chain_pems[0].bytes().decode())
+
+        assert presented() == {der(first)}
+        # A half-written replacement: refused, the previous certificate stays.
+        (node_dir / "half.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+        (node_dir / "half.pem").rename(cert)
+        assert b.peer_tls.refresh() is False
+        # The renewal proper.
+        second = pki.issue_server(node_dir / "new.pem", node_dir / "new.key")
+        (node_dir / "new.key").rename(key)
+        (node_dir / "new.pem").rename(cert)
+        await eventually(lambda: b.peer_tls.reloads == 1, msg="the housekeeping reloads it")
+        for conn in list(ns.server.connections):
+            conn.close()  # the registration link reconnects on its next round
+        await eventually(lambda: presented() == {der(second)}, msg="the new certificate is used")
+        assert b.registrar.registered == {ns.addr: True}
+
+
 async def test_kafka_cluster_view_reads_name_servers_and_brokers_over_tls(
         broker_config: BrokerConfig, tmp_path: Path, pki) -> None:
     """The Kafka listener's view of the cluster comes from the name servers and the other

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -46,7 +47,7 @@ from txbroker.remoting.controller_headers import (
     encode_sync_state_set,
 )
 from txbroker.remoting.headers import HeaderError
-from txbroker.remoting.tls import link_failure, peer_context
+from txbroker.remoting.tls import link_failure
 from txbroker.service.cluster_auth import check, sign
 from txbroker.service.repeating import Repeating
 
@@ -130,12 +131,13 @@ class ControllerLink:
                  state: Callable[[], ReplicaState],
                  on_master: Callable[[MasterInfo], Awaitable[None]],
                  clock: Callable[[], float] = time.monotonic,
-                 request_timeout: float = REQUEST_TIMEOUT) -> None:
+                 request_timeout: float = REQUEST_TIMEOUT,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.config = config
         self.request_timeout = request_timeout
         self.addrs = parse_address_list(config.controller_addr)
-        #: TLS to the controller (``tls_peers``), its certificate checked against ``tls_ca``.
-        self._tls = peer_context(config)
+        #: TLS to the controller (the broker's ``PeerTLS`` context; None: plaintext).
+        self._tls = tls
         self.broker_addr = broker_addr
         self.ha_addr = ha_addr
         self._state = state

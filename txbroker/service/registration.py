@@ -12,8 +12,8 @@ A name server that is down never holds the broker up: each call is bounded, fail
 once per change of state (down, then back), and the next round retries.  One
 :class:`RemotingClient` per name server keeps its connection open between rounds because the
 name server drops a broker whose registration connection closes; the client reconnects when a
-name server comes back.  With ``tls_peers`` the connections are TLS
-(:func:`~txbroker.remoting.tls.peer_context`); a name server whose certificate does not verify
+name server comes back.  With ``tls`` (the broker's
+:class:`~txbroker.remoting.tls.PeerTLS` context) the connections are TLS; a name server whose certificate does not verify
 is one warning naming it and the reason, and is retried like one that is down.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -42,7 +43,7 @@ from txbroker.remoting.headers import (
     RegisterBrokerResponseHeader,
     UnRegisterBrokerRequestHeader,
 )
-from txbroker.remoting.tls import link_failure, peer_context
+from txbroker.remoting.tls import link_failure
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class BrokerRegistrar:
                  identity: Callable[[], int | None], topic_table: TopicTable,
                  on_master: Callable[[str, str], None] | None = None,
                  epoch: Callable[[], int] | None = None,
-                 compressed: bool = False) -> None:
+                 compressed: bool = False, tls: ssl.SSLContext | None = None) -> None:
         self.config = config
         self.broker_addr = broker_addr
         self.ha_addr = ha_addr
@@ -81,7 +82,6 @@ class BrokerRegistrar:
         self.epoch = epoch
         self.compressed = compressed
         self.namesrv_addrs = parse_address_list(config.namesrv_addr)
-        tls = peer_context(config)  # tls_peers: verified against tls_ca, our certificate sent
         self._clients = {addr: RemotingClient(addr, ssl=tls)
                          for addr in self.namesrv_addrs}
         #: name-server address -> whether the last registration there succeeded (None = not yet).
