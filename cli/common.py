@@ -94,6 +94,31 @@ def credentials_options(fn: Callable) -> Callable:
                              "(env TXBROKER_ACCESS_KEY).")(wrapper)
 
 
+def server_tls_options(fn: Callable) -> Callable:
+    """``--tls-mode``, ``--tls-cert``, ``--tls-key``, ``--tls-ca``, ``--tls-client-auth`` for
+    a server other than ``serve`` (namesrv, controller): the broker's settings, with the same
+    names and ``TXBROKER_*`` variables, passed to the command as they are."""
+    options = [
+        ("--tls-mode", "TXBROKER_TLS_MODE", click.Choice(["off", "permissive", "enforcing"]),
+         "off", ("TLS on this port: permissive also accepts plaintext, enforcing closes "
+                "plaintext connections")),
+        ("--tls-cert", "TXBROKER_TLS_CERT", None, None,
+         "PEM server certificate (chain); re-read when the file changes"),
+        ("--tls-key", "TXBROKER_TLS_KEY", None, None, "PEM key of --tls-cert"),
+        ("--tls-ca", "TXBROKER_TLS_CA", None, None,
+         "PEM CA that client certificates are verified against"),
+        ("--tls-client-auth", "TXBROKER_TLS_CLIENT_AUTH",
+         click.Choice(["none", "optional", "required"]), "none",
+         ("client certificates: none, optional (verified when sent) or required (mTLS; needs "
+         "--tls-ca)")),
+    ]
+    for flag, envvar, kind, default, help_text in reversed(options):
+        fn = click.option(flag, envvar=envvar, type=kind, default=default,
+                          show_default=default is not None, metavar=None if kind else "PATH",
+                          help=f"{help_text} (env {envvar})")(fn)
+    return fn
+
+
 def option_env_vars(command: click.Command) -> set[str]:
     """Every environment variable an option of ``command`` or of its sub-commands reads."""
     names: set[str] = set()

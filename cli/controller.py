@@ -4,7 +4,7 @@ foreground until SIGINT/SIGTERM.
 Once it listens, exactly one line ``txbroker controller ready addr=HOST:PORT`` goes to stdout
 (scripts wait for it); logs go to stderr.  A port in use, a data directory held by another
 controller or an unreadable state file is one ``error:`` line naming the address or the file,
-exit 1; a bad option value exits 2.
+exit 1; a bad option value, or a TLS certificate or key that cannot be loaded, exits 2.
 """
 
 from __future__ import annotations
@@ -16,7 +16,11 @@ import sys
 
 import click
 
-from txbroker.cli.common import check_setting_variables, warn_exposure
+from txbroker.cli.common import (
+    check_setting_variables,
+    server_tls_options,
+    warn_exposure,
+)
 from txbroker.remoting.server import new_event_loop
 from txbroker.service.exposure import Listener
 
@@ -39,8 +43,9 @@ from txbroker.service.exposure import Listener
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
               help="stderr log level")
+@server_tls_options
 def controller(listen_host: str, port: int, data_dir: str, lease: float,
-               cluster_secret: str | None, log_level: str) -> None:
+               cluster_secret: str | None, log_level: str, **tls_settings: str | None) -> None:
     """Run the controller that elects each broker group's master (controller mode)."""
     from txbroker.controller import ControllerConfig
 
@@ -49,7 +54,8 @@ def controller(listen_host: str, port: int, data_dir: str, lease: float,
     check_setting_variables()  # a misspelt TXBROKER_* variable in the shell: said at once
     try:
         config = ControllerConfig(listen_host=listen_host, port=port, data_dir=data_dir,
-                                  lease=lease, cluster_secret=cluster_secret)
+                                  lease=lease, cluster_secret=cluster_secret,
+                                  **tls_settings)  # type: ignore[arg-type]
     except ValueError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -60,10 +66,15 @@ def controller(listen_host: str, port: int, data_dir: str, lease: float,
 
 async def _run(config) -> int:
     from txbroker.broker import ListenError
+    from txbroker.config import ConfigError
     from txbroker.controller import ControllerProcess, ControllerStateError
     from txbroker.store.lock import DataDirInUseError
 
-    process = ControllerProcess(config)
+    try:  # a TLS certificate or key that cannot be loaded: one line naming the file
+        process = ControllerProcess(config)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        return 2
     try:
         await process.start()
     except ListenError as exc:
@@ -81,7 +92,8 @@ async def _run(config) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    warn_exposure(config.listen_host, [Listener(process.port, "controller", False,
+    warn_exposure(config.listen_host, [Listener(process.port, "controller",
+                                                 config.tls_mode == "enforcing",
                                                  config.cluster_secret is not None)])
     click.echo(f"txbroker controller ready addr={process.addr}")
     sys.stdout.flush()

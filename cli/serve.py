@@ -198,16 +198,20 @@ _OPTIONS: dict[str, _Opt] = {
                                      "TXBROKER_CLUSTER_SECRET or --config: a command line is "
                                      "visible to every user of the machine)",
                            "unset: peers are trusted"),
-    "tls_mode": _Opt("MODE", "TLS on the broker port (and the embedded name server's): "
+    "tls_mode": _Opt("MODE", "TLS on the broker, name-server, HA and metrics ports: "
                              "permissive also accepts plaintext on the same port, enforcing "
                              "closes plaintext connections"),
     "tls_cert": _Opt("PATH", "PEM server certificate (chain); re-read when the file changes",
                      "unset"),
     "tls_key": _Opt("PATH", "PEM key of --tls-cert; re-read when the file changes", "unset"),
-    "tls_ca": _Opt("PATH", "PEM CA that client certificates are verified against",
+    "tls_ca": _Opt("PATH", "PEM CA that client certificates (and, with --tls-peers, the "
+                           "peers this broker dials) are verified against",
                    "unset"),
     "tls_client_auth": _Opt("MODE", "client certificates: none, optional (verified when sent) "
                                     "or required (mTLS; needs --tls-ca)"),
+    "tls_peers": _Opt("WHEN", "dial the name servers, the controller and the group's master "
+                              "with TLS, verified against --tls-ca, presenting --tls-cert "
+                              "(auto: when --tls-mode is enforcing)"),
 }
 _missing = {f.name for f in fields(BrokerConfig)} ^ set(_OPTIONS)
 if _missing:
@@ -379,7 +383,8 @@ async def _run_workers(config: BrokerConfig, log_level: str) -> int:
         loop.add_signal_handler(sig, stop.set)
     if supervisor.namesrv is not None:  # each worker warns about its own ports
         warn_exposure(config.listen_host, [Listener(supervisor.namesrv.port, "name server",
-                                                    False, config.cluster_secret is not None)])
+                                                    config.tls_mode == "enforcing",
+                                                    config.cluster_secret is not None)])
     click.echo(supervisor.ready_line())
     sys.stdout.flush()
     await stop.wait()
@@ -391,7 +396,7 @@ async def _run_workers(config: BrokerConfig, log_level: str) -> int:
 
 def broker_listeners(broker: typing.Any) -> list[Listener]:
     """A started broker's ports beyond loopback, as the exposure warning sees them: TLS is
-    the broker port's and the embedded name server's ``tls_mode`` (permissive still takes
+    ``tls_mode`` on the broker, embedded name server and HA ports (permissive still takes
     plaintext); authentication is the ACL on the broker port, SASL on the Kafka port, the
     cluster secret on the HA port.  The metrics port listens on loopback only."""
     cfg = broker.config
@@ -403,5 +408,5 @@ def broker_listeners(broker: typing.Any) -> list[Listener]:
         out.append(Listener(broker.kafka_port, "kafka", False,
                             bool(cfg.kafka_sasl_mechanism_list())))
     if broker.roles is not None:
-        out.append(Listener(broker.roles.ha_port, "HA", False, cfg.cluster_secret is not None))
+        out.append(Listener(broker.roles.ha_port, "HA", tls, cfg.cluster_secret is not None))
     return out

@@ -147,3 +147,60 @@ def test_readme_cluster_section_runs_as_written(tmp_path):
     kib = [int(k) for k in re.findall(rf"{MARK} du (\d+)", output)]
     assert kib and max(kib) < 150 * 1024, max(kib)  # small preallocated files: the demo stays small
     assert not (cwd / "cluster-demo").exists()  # the last block removes the demo's files
+
+
+@pytest.mark.slow
+def test_readme_secure_cluster_runs_as_written(tmp_path):
+    """The "Secure cluster" variant as written (ports mapped to free ones): a name server, a
+    controller and one group of two brokers, every port TLS enforcing with mTLS and the cluster
+    secret; produce and consume over TLS, the master killed and its slave promoted over TLS
+    links, and what was acknowledged before the kill read from the new master."""
+    lines: list[str] = []
+    for line in commands("## Secure cluster"):  # a quoted argument over several lines is one
+        if lines and lines[-1].count('"') % 2 == 1:
+            lines[-1] += "\n" + line
+        else:
+            lines.append(line)
+    assert any("TXBROKER_TLS_MODE=enforcing" in line for line in lines)
+    taken: set[int] = set()
+    mapping: dict[str, str] = {}
+    for port in sorted({int(p) for line in lines for p in re.findall(r"\b(\d{4,5})\b", line)}):
+        if 1024 < port < 65536:
+            is_broker = any(f"--broker-port {port}" in line for line in lines)
+            mapping[str(port)] = str(_free_port(is_broker, taken))
+    script = ["set -u"]
+    for n, line in enumerate(lines):
+        mapped = re.sub(r"\b(\d{4,5})\b", lambda m: mapping.get(m.group(1), m.group(1)), line)
+        script += [f"echo '{MARK} {n}'; echo '{MARK} {n}' >&2", mapped,
+                   f"echo \"{MARK} rc $?\" >&2"]
+    cwd = scratch_checkout(tmp_path)
+    (cwd / "readme-secure.sh").write_text("\n".join(script) + "\n")
+    proc = subprocess.Popen(["bash", "readme-secure.sh"], cwd=cwd, env=_environment(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=SCRIPT_TIMEOUT)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    assert proc.returncode == 0, output
+    failed = [m for m in re.findall(rf"{MARK} rc (\d+)", output) if m != "0"]
+    assert not failed, output
+    per_line: dict[str, str] = {}
+    for chunk in output.split(f"{MARK} ")[1:]:
+        index, _, rest = chunk.partition("\n")
+        if index.isdigit():
+            per_line[lines[int(index)]] = per_line.get(lines[int(index)], "") + rest
+
+    def out(fragment: str) -> str:
+        matching = [per_line[line] for line in lines if fragment in line and line in per_line]
+        assert matching, (fragment, lines)
+        return matching[0]
+
+    assert "created on 1 of 1" in out("topic create"), output
+    assert "sent 4" in out("produce"), output
+    master = f"broker-s@127.0.0.1:{mapping['10951']}"
+    assert f"group broker-s: master {master}, epoch 1" in out("txbroker status"), output
+    assert "consumed 4 messages" in out("consume"), output
+    assert not (cwd / "secure-demo").exists()

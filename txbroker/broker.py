@@ -34,6 +34,7 @@ import logging
 import os
 import shutil
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from typing import Self
@@ -47,7 +48,14 @@ from txbroker.config import (
 from txbroker.remoting.bodies import DataVersion
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.server import RemotingServer
-from txbroker.remoting.tls import ServerTLS, server_tls
+from txbroker.remoting.tls import (
+    PeerTLS,
+    ServerTLS,
+    dials_peers_with_tls,
+    peer_tls,
+    server_tls,
+)
+from txbroker.remoting.tls_listener import TLSListener, start_stream_server
 from txbroker.roles import Roles, broker_credentials
 from txbroker.service.acl import AclGuard
 from txbroker.service.acl_rules import load_acl_file
@@ -166,6 +174,9 @@ class Broker:
         self.acl: AclGuard | None = None
         #: TLS of the broker port and the embedded name server's (None with ``tls_mode=off``).
         self.tls: ServerTLS | None = None
+        #: How this broker dials its peers (``tls_peers``; None: plaintext), shared by every
+        #: link and reloaded by the housekeeping when its files change.
+        self.peer_tls: PeerTLS | None = None
         #: The user store (None when ``users_file`` is unset), read again when the file changes.
         self.users: UserStore | None = None
         self.tx: TransactionalMessageService | None = None
@@ -177,7 +188,7 @@ class Broker:
         #: Master or slave in its group (None without name servers: always its own master).
         self.roles: Roles | None = None
         self._ha_sock: socket.socket | None = None
-        self._metrics_server: asyncio.AbstractServer | None = None
+        self._metrics_server: asyncio.AbstractServer | TLSListener | None = None
         self._housekeeping: asyncio.Task | None = None
         self._started = False
 
@@ -207,6 +218,8 @@ class Broker:
                    f"white-listed pattern(s) from {cfg.acl_file}")
         # Likewise a certificate or key that cannot be loaded (TLSConfigError names the file).
         self.tls = server_tls(cfg)
+        # And how peers are dialled (tls_peers): the CA they are verified against, our own.
+        self.peer_tls = peer_tls(cfg)
         if self.users is not None:
             acl += (f"; users file {cfg.users_file}: {len(self.users.current().users)} user(s)"
                     + ("" if self.acl else " (their access keys count once acl_file is set)"))
@@ -297,7 +310,13 @@ class Broker:
         else:
             namesrv = "the broker port (separate name-server port off)"
         seg = format_bytes(cfg.segment_size)
-        metrics = (f"http://{METRICS_HOST}:{self.metrics_port}/metrics" if self.metrics_port > 0
+        scheme = "https" if self.tls is not None else "http"
+        tls = ("off" if cfg.tls_mode == "off" else
+               f"{cfg.tls_mode}, certificate {cfg.tls_cert}, client certificates "
+               f"{cfg.tls_client_auth}")
+        if cfg.namesrv_addr and dials_peers_with_tls(cfg):
+            tls += "; name servers, controller and master dialled with TLS"
+        metrics = (f"{scheme}://{METRICS_HOST}:{self.metrics_port}/metrics" if self.metrics_port > 0
                    else "off")
         if cfg.flush_mode == "sync":
             flush = f"sync: acknowledged once on disk (flush timeout {format_seconds(cfg.sync_flush_timeout)})"
@@ -331,9 +350,7 @@ class Broker:
             ("topics", topics),
             ("retention", retention),
             ("access control", acl),
-            ("tls", "off" if cfg.tls_mode == "off" else
-             f"{cfg.tls_mode}, certificate {cfg.tls_cert}, client certificates "
-             f"{cfg.tls_client_auth}"),
+            ("tls", tls),
         ]
         lines = [f"broker {cfg.broker_name} (cluster {cfg.cluster_name}) started"]
         lines += [f"  {label:<17}{value}" for label, value in rows]
@@ -375,12 +392,14 @@ class Broker:
         self.server.on_disconnect(self.holds.connection_closed)
         await self.server.start(cfg.listen_host, self.broker_port, sock=broker_sock)
         if ns_sock is not None:
-            self.namesrv_server = RemotingServer(cfg, tls=self.tls)
+            self.namesrv_server = RemotingServer(cfg, tls=self.tls, what="name-server port")
             for code, handler in namesrv.handlers().items():
                 self.namesrv_server.register(int(code), handler)
             await self.namesrv_server.start(cfg.listen_host, self.namesrv_port, sock=ns_sock)
         if metrics_sock is not None:
-            self._metrics_server = await asyncio.start_server(self._serve_metrics, sock=metrics_sock)
+            # HTTPS when the broker port speaks TLS: a request line never starts with 0x16.
+            self._metrics_server = await start_stream_server(self._serve_metrics, sock=metrics_sock,
+                                                             tls=self.tls, what="metrics port")
         if self._kafka_sock is not None:
             await self._start_kafka()
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txbroker-housekeeping")
@@ -394,7 +413,8 @@ class Broker:
                                              ha_addr=roles.ha_addr, identity=roles.name_server_id,
                                              topic_table=self._registered_topics,
                                              on_master=roles.learned_master,
-                                             epoch=lambda: roles.epoch)
+                                             epoch=lambda: roles.epoch,
+                                             tls=self._peer_context())
             self.topics.add_listener(self.registrar.trigger)
             await self.registrar.start()
             if self.kafka_view is not None:  # after the first registration: it lists us
@@ -419,7 +439,7 @@ class Broker:
             self.kafka_view = ClusterView(
                 cfg, self.topics, node=KafkaNode(cfg.kafka_node_id, self.host, self.kafka_port),
                 is_master=lambda: self.roles is not None and self.roles.is_master,
-                credentials=broker_credentials(self))
+                credentials=broker_credentials(self), tls=self._peer_context())
             view = self.kafka_view
             # Transactions across broker groups: staged here, decided by markers.
             self.kafka_staging = TxnStaging(cfg, self.store, commit_remote=view.commit_offset,
@@ -520,12 +540,17 @@ class Broker:
                                        held_pulls=self.holds.held(),
                                        in_flight=sum(c.inflight for c in conns))
 
+    def _peer_context(self) -> ssl.SSLContext | None:
+        return self.peer_tls.context if self.peer_tls is not None else None
+
     async def _housekeep(self) -> None:
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL)
             try:
                 self.registry.expire()
                 self._update_gauges()
+                if self.peer_tls is not None:
+                    self.peer_tls.refresh()
             except Exception:
                 log.exception("housekeeping failed")
 

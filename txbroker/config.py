@@ -38,6 +38,9 @@ BrokerRole = Literal["ASYNC_MASTER", "SYNC_MASTER"]
 #: TLS on the remoting listeners (txbroker/remoting/tls.py) and client-certificate checking.
 TlsMode = Literal["off", "permissive", "enforcing"]
 TlsClientAuth = Literal["none", "optional", "required"]
+#: Whether a node dials its peers (name servers, controller, HA master, a master's broker port)
+#: with TLS: ``auto`` = when ``tls_mode`` is ``enforcing``.
+TlsPeers = Literal["auto", "on", "off"]
 
 
 class ConfigError(ValueError):
@@ -280,6 +283,10 @@ class BrokerConfig:
     tls_ca: str | None = None
     #: Client certificates: ``none``, ``optional`` (verified when sent) or ``required`` (mTLS).
     tls_client_auth: TlsClientAuth = "none"
+    #: This node dials its peers with TLS (``auto``: when ``tls_mode`` is ``enforcing``),
+    #: verifying them against ``tls_ca`` and their host name or IP address, and presenting
+    #: ``tls_cert``/``tls_key`` as its client certificate (mTLS between nodes).
+    tls_peers: TlsPeers = "auto"
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -392,10 +399,14 @@ def _validate(c: BrokerConfig) -> None:
     if c.cluster_secret is not None and len(c.cluster_secret) < MIN_SECRET_LENGTH:
         # Never echo the value itself.
         raise ConfigError(f"cluster_secret: must be at least {MIN_SECRET_LENGTH} characters")
-    _check_tls(c)
+    check_tls(c)
+    if c.tls_peers not in ("auto", "on", "off"):
+        raise ConfigError(f"tls_peers={c.tls_peers!r}: must be auto, on or off")
 
 
-def _check_tls(c: BrokerConfig) -> None:
+def check_tls(c: Any) -> None:
+    """The ``tls_*`` settings of a listener (a broker's, a controller's, a name server's)
+    agree with each other."""
     if c.tls_mode not in ("off", "permissive", "enforcing"):
         raise ConfigError(f"tls_mode={c.tls_mode!r}: must be off, permissive or enforcing")
     if c.tls_client_auth not in ("none", "optional", "required"):
@@ -406,6 +417,21 @@ def _check_tls(c: BrokerConfig) -> None:
     if c.tls_client_auth != "none" and not c.tls_ca:
         raise ConfigError(f"tls_client_auth={c.tls_client_auth}: needs tls_ca, the CA file "
                           f"client certificates are verified against")
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """A listener's TLS settings on their own, for a process with no other configuration (the
+    standalone name server); the fields are the broker's ``tls_*``."""
+
+    tls_mode: TlsMode = "off"
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_client_auth: TlsClientAuth = "none"
+
+    def __post_init__(self) -> None:
+        check_tls(self)
 
 
 KAFKA_SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")

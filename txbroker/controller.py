@@ -21,7 +21,8 @@ member itself opened (as CHECK_TRANSACTION_STATE goes to a producer).
 
 With ``cluster_secret`` set, the brokers' requests must be signed with it (anything else is
 refused NO_PERMISSION before a handler sees it) and the answers and notices are signed with it
-(:mod:`txbroker.service.cluster_auth`).
+(:mod:`txbroker.service.cluster_auth`).  With ``tls_mode`` set the port speaks TLS like the
+broker's (:mod:`txbroker.remoting.tls_listener`), so the notices do too.
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ from typing import Any, Self
 import orjson
 
 from txbroker.broker import bind_listener
-from txbroker.config import MIN_SECRET_LENGTH, BrokerConfig
+from txbroker.config import (
+    MIN_SECRET_LENGTH,
+    BrokerConfig,
+    TlsClientAuth,
+    TlsMode,
+    check_tls,
+)
 from txbroker.remoting.bodies import broker_label
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
@@ -60,6 +67,7 @@ from txbroker.remoting.controller_headers import (
 )
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.server import Connection, Handler, RemotingServer
+from txbroker.remoting.tls import server_tls
 from txbroker.service.cluster_auth import ClusterGuard, sign
 from txbroker.service.replicas import (
     ControllerError,
@@ -91,8 +99,17 @@ class ControllerConfig:
     shutdown_grace: float = 1.0
     #: The brokers' ``cluster_secret`` (None: any peer's request is obeyed).  Never logged.
     cluster_secret: str | None = field(default=None, repr=False)
+    #: TLS on the controller port: the broker's ``tls_*`` settings, with the same meaning
+    #: (docs/security.md "TLS").  Role-change notices travel on the brokers' own connections,
+    #: so they are TLS whenever those are.
+    tls_mode: TlsMode = "off"
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_client_auth: TlsClientAuth = "none"
 
     def __post_init__(self) -> None:
+        check_tls(self)
         if self.cluster_secret is not None and len(self.cluster_secret) < MIN_SECRET_LENGTH:
             raise ValueError(f"cluster_secret must be at least {MIN_SECRET_LENGTH} characters")
         if self.lease <= 0:
@@ -126,6 +143,9 @@ class ControllerProcess:
         self._scan_task: asyncio.Task | None = None
         #: Refuses brokers' requests not signed with the cluster secret (when one is set).
         self.guard = ClusterGuard(config.cluster_secret, BROKER_CODES)
+        #: The port's TLS (None: plaintext); a certificate or key that cannot be loaded is a
+        #: TLSConfigError here, before anything binds.
+        self.tls = server_tls(config)
 
     @property
     def addr(self) -> str:
@@ -151,7 +171,8 @@ class ControllerProcess:
             raise
         self.port = sock.getsockname()[1]
         self.server = RemotingServer(BrokerConfig(listen_host=cfg.listen_host),
-                                     before_request=self.guard)
+                                     before_request=self.guard, tls=self.tls,
+                                     what="controller port")
         for code, handler in {
             RequestCode.CONTROLLER_REGISTER_BROKER: self._register,
             RequestCode.BROKER_HEARTBEAT: self._heartbeat,

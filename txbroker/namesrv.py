@@ -15,6 +15,8 @@ With ``cluster_secret`` set, the requests that change what this name server answ
 handler sees it, so a peer without the secret cannot rewrite routes.  Without a secret every
 registration is accepted, signed or not (RocketMQ's name server has no authentication, and a
 cluster's brokers may carry a secret for the controller only).
+With ``tls`` (``txbroker namesrv --tls-mode ...``) the port speaks TLS as a broker's does:
+permissive or enforcing, a client certificate none, optional or required.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from txbroker.remoting.headers import (
     UnRegisterBrokerRequestHeader,
 )
 from txbroker.remoting.server import Connection, RemotingServer
+from txbroker.remoting.tls import ServerTLS
 from txbroker.service.cluster_auth import ClusterGuard
 from txbroker.service.routeinfo import DEFAULT_BROKER_EXPIRY, RouteInfoManager
 
@@ -69,7 +72,7 @@ class NameServerProcess:
     def __init__(self, *, listen_host: str = "127.0.0.1", port: int = 9876,
                  broker_expiry: float = DEFAULT_BROKER_EXPIRY, scan_interval: float | None = None,
                  clock: Callable[[], float] = time.time,
-                 cluster_secret: str | None = None) -> None:
+                 cluster_secret: str | None = None, tls: ServerTLS | None = None) -> None:
         if broker_expiry <= 0:
             raise ValueError(f"broker_expiry={broker_expiry!r}: must be > 0")
         if cluster_secret is not None and len(cluster_secret) < MIN_SECRET_LENGTH:
@@ -83,8 +86,8 @@ class NameServerProcess:
         self.guard = (ClusterGuard(cluster_secret, BROKER_CODES)
                       if cluster_secret is not None else None)
         # The remoting limits (frame size, connections) are the broker's defaults.
-        self.server = RemotingServer(BrokerConfig(listen_host=listen_host),
-                                     before_request=self.guard)
+        self.server = RemotingServer(BrokerConfig(listen_host=listen_host), tls=tls,
+                                     what="name-server port", before_request=self.guard)
         self._scan: asyncio.Task | None = None
 
     @property

@@ -42,11 +42,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from txbroker.config import ConfigError
 from txbroker.remoting.bodies import broker_label
 from txbroker.remoting.signing import SessionCredentials
+from txbroker.remoting.tls_listener import start_stream_server
 from txbroker.role_state import Role, move
 from txbroker.service.controller_link import (
     ControllerError,
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
     import socket
 
     from txbroker.config import BrokerConfig
+    from txbroker.remoting.tls import PeerTLS, ServerTLS
     from txbroker.service.processors.pull import PullHoldService
     from txbroker.service.topics import TopicManager
     from txbroker.store.message_store import MessageStore
@@ -76,6 +79,10 @@ class RoleHost(Protocol):
     store: MessageStore | None
     topics: TopicManager | None
     holds: PullHoldService
+    #: The broker's listeners' TLS (None: plaintext), which the HA port serves too.
+    tls: ServerTLS | None
+    #: How the broker dials its peers (None: plaintext).
+    peer_tls: PeerTLS | None
 
     @property
     def broker_addr(self) -> str: ...
@@ -126,6 +133,8 @@ class Roles:
         self._ha_sock: socket.socket | None = ha_sock
         self._ha_host, self.ha_port = ha_sock.getsockname()[:2]
         self._bind = bind
+        #: How this broker dials its master (HA, metadata sync) and the controller.
+        self._peer_tls = broker.peer_tls.context if broker.peer_tls is not None else None
         #: The one state (:mod:`txbroker.role_state`); changed only through :meth:`_set`.
         self.role = Role.STARTING
         self.epoch = 0
@@ -260,7 +269,7 @@ class Roles:
             return
         self.link = ControllerLink(self.config, broker_addr=self.broker.broker_addr,
                                    ha_addr=self.ha_addr, state=self._replica_state,
-                                   on_master=self._apply)
+                                   on_master=self._apply, tls=self._peer_tls)
         try:
             await self.link.register()  # _apply asks for the first election if it is ours
         except ControllerError as exc:
@@ -388,7 +397,9 @@ class Roles:
                                          group=self.config.broker_name,
                                          secret=self.config.cluster_secret,
                                          heartbeat=self.timing.ha_heartbeat,
-                                         idle_timeout=self.timing.ha_idle_timeout)
+                                         idle_timeout=self.timing.ha_idle_timeout,
+                                         start_server=partial(start_stream_server,
+                                                              tls=broker.tls, what="HA port"))
                 await self.ha_master.start()
             if epoch > store.epochs.last_epoch:
                 self.ha_master.become(epoch)
@@ -437,7 +448,7 @@ class Roles:
             self.ha_slave.start()
             self.sync = SlaveSync(broker.topics, store.offsets, self.config.metadata_sync_interval,
                                   lambda: self.master_addr or None,
-                                  credentials=broker_credentials(broker))
+                                  credentials=broker_credentials(broker), tls=self._peer_tls)
             self.sync.start()
             broker.registration_changed()
 
@@ -447,7 +458,8 @@ class Roles:
                        secret=self.config.cluster_secret,
                        master_name=lambda: broker_label(self.config.broker_name, self.master_addr)
                        if self.master_addr else "the master",
-                       heartbeat=self.timing.ha_heartbeat, idle_timeout=self.timing.ha_idle_timeout)
+                       heartbeat=self.timing.ha_heartbeat, idle_timeout=self.timing.ha_idle_timeout,
+                       tls=self._peer_tls)
 
     async def _stop_serving(self) -> None:
         """No HA service: a slave's, or a stopping broker's (the start-up socket too)."""

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from txbroker.config import ENV_PREFIX, BrokerConfig, ConfigError, parse_address_list
 from txbroker.namesrv import NameServerProcess
+from txbroker.remoting.tls import server_tls
 from txbroker.store.lock import DataDirLock
 
 log = logging.getLogger(__name__)
@@ -267,8 +268,11 @@ class Supervisor:
         self.log_level = log_level
         self.python = python
         self.lock = DataDirLock(Path(config.data_dir))
+        # The name server speaks TLS as the workers' ports do (a bad certificate: ConfigError);
+        # the workers register with it over TLS when they dial peers with it (tls_peers).
         self.namesrv = (NameServerProcess(listen_host=config.listen_host, port=config.namesrv_port,
-                                          cluster_secret=config.cluster_secret)
+                                          cluster_secret=config.cluster_secret,
+                                          tls=server_tls(config))
                         if not config.namesrv_addr else None)
         self.workers = [Worker(i, c) for i, c in enumerate(plan(config))]
         self._stopping = asyncio.Event()

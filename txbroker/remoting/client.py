@@ -214,7 +214,7 @@ class RemotingClient:
             self._backoff = min(max(self._backoff * 2, RECONNECT_BACKOFF_MIN), RECONNECT_BACKOFF_MAX)
             self._retry_at = loop.time() + self._backoff
             error = ConnectionError(f"cannot connect to {self.addr}: "
-                                    f"{exc or type(exc).__name__}")
+                                    f"{str(exc) or type(exc).__name__}")
             fut.set_exception(error)
             fut.exception()
             raise error from exc

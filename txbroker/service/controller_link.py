@@ -19,7 +19,8 @@ the first that answers and moves on when it fails.
 **Signed both ways.**  With ``cluster_secret`` set, every request carries the cluster signature
 and every answer and role-change notice must carry it too (:mod:`.cluster_auth`): an answer
 without it is an error naming the controller, and a notice without it is ignored, so nobody but
-the controller can tell this broker whom to follow.
+the controller can tell this broker whom to follow.  With ``tls_peers`` the link is TLS
+(verified against ``tls_ca``, this broker's certificate presented), so the notices are too.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -45,6 +47,7 @@ from txbroker.remoting.controller_headers import (
     encode_sync_state_set,
 )
 from txbroker.remoting.headers import HeaderError
+from txbroker.remoting.tls import link_failure
 from txbroker.service.cluster_auth import check, sign
 from txbroker.service.repeating import Repeating
 
@@ -128,10 +131,13 @@ class ControllerLink:
                  state: Callable[[], ReplicaState],
                  on_master: Callable[[MasterInfo], Awaitable[None]],
                  clock: Callable[[], float] = time.monotonic,
-                 request_timeout: float = REQUEST_TIMEOUT) -> None:
+                 request_timeout: float = REQUEST_TIMEOUT,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.config = config
         self.request_timeout = request_timeout
         self.addrs = parse_address_list(config.controller_addr)
+        #: TLS to the controller (the broker's ``PeerTLS`` context; None: plaintext).
+        self._tls = tls
         self.broker_addr = broker_addr
         self.ha_addr = ha_addr
         self._state = state
@@ -314,12 +320,13 @@ class ControllerLink:
         Calls run concurrently on one shared client; a call that fails closes the client *it*
         used and forgets it only if it is still the shared one, so two calls failing together
         neither close a newer client nor skip an address twice."""
-        last: BaseException | None = None
+        last: str | None = None
         for _ in range(len(self.addrs)):
             addr = self._addr()
             client = self._client
             if client is None:
-                client = self._client = RemotingClient(addr, connect_timeout=self.request_timeout)
+                client = self._client = RemotingClient(addr, connect_timeout=self.request_timeout,
+                                                       ssl=self._tls)
                 client.register(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, self._notified)
             request = RemotingCommand.request(code, ext, body)
             if self.config.cluster_secret is not None:
@@ -327,7 +334,7 @@ class ControllerLink:
             try:
                 resp = await client.invoke(request, self.request_timeout)
             except (OSError, TimeoutError) as exc:
-                last = exc
+                last = f"{addr}: {link_failure(exc)}"
                 if self._client is client:
                     self._client = None
                     self._index += 1

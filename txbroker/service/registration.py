@@ -12,7 +12,9 @@ A name server that is down never holds the broker up: each call is bounded, fail
 once per change of state (down, then back), and the next round retries.  One
 :class:`RemotingClient` per name server keeps its connection open between rounds because the
 name server drops a broker whose registration connection closes; the client reconnects when a
-name server comes back.
+name server comes back.  With ``tls`` (the broker's
+:class:`~txbroker.remoting.tls.PeerTLS` context) the connections are TLS; a name server whose certificate does not verify
+is one warning naming it and the reason, and is retried like one that is down.
 
 With ``cluster_secret`` set, REGISTER_BROKER and UNREGISTER_BROKER are signed with it
 (:mod:`.cluster_auth`), so a name server holding the same secret obeys this broker and no one
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -44,6 +47,7 @@ from txbroker.remoting.headers import (
     RegisterBrokerResponseHeader,
     UnRegisterBrokerRequestHeader,
 )
+from txbroker.remoting.tls import link_failure
 from txbroker.service.cluster_auth import sign
 
 log = logging.getLogger(__name__)
@@ -73,7 +77,7 @@ class BrokerRegistrar:
                  identity: Callable[[], int | None], topic_table: TopicTable,
                  on_master: Callable[[str, str], None] | None = None,
                  epoch: Callable[[], int] | None = None,
-                 compressed: bool = False) -> None:
+                 compressed: bool = False, tls: ssl.SSLContext | None = None) -> None:
         self.config = config
         self.broker_addr = broker_addr
         self.ha_addr = ha_addr
@@ -83,7 +87,7 @@ class BrokerRegistrar:
         self.epoch = epoch
         self.compressed = compressed
         self.namesrv_addrs = parse_address_list(config.namesrv_addr)
-        self._clients = {addr: RemotingClient(addr)
+        self._clients = {addr: RemotingClient(addr, ssl=tls)
                          for addr in self.namesrv_addrs}
         #: name-server address -> whether the last registration there succeeded (None = not yet).
         self.registered: dict[str, bool | None] = dict.fromkeys(self.namesrv_addrs)
@@ -184,7 +188,7 @@ class BrokerRegistrar:
         except (OSError, TimeoutError, ConnectionError) as exc:
             if self.registered[addr] is not False:
                 log.warning("cannot register with name server %s: %s (retrying every %g s)",
-                            addr, exc or type(exc).__name__, self.config.register_interval)
+                            addr, link_failure(exc), self.config.register_interval)
             self.registered[addr] = False
             return None
         if self.registered[addr] is not True:

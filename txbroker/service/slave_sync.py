@@ -12,13 +12,15 @@ failover, never miss anything.
 
 Under access control the master checks these requests like any other, so a slave signs them
 with its own ACL account (``acl_access_key``; RocketMQ 5 signs broker-to-broker calls with its
-``innerClientAuthenticationCredentials`` the same way).  A failing round is logged once per
+``innerClientAuthenticationCredentials`` the same way), over TLS when the broker dials its
+peers with TLS (``tls_peers``).  A failing round is logged once per
 cause (a refusal's remark names it) and kept in :attr:`SlaveSync.problem` until a round works.
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable
 
 import orjson
@@ -27,6 +29,7 @@ from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.signing import SessionCredentials
+from txbroker.remoting.tls import link_failure
 from txbroker.service.repeating import Repeating
 from txbroker.service.topics import TopicConfig, TopicManager
 from txbroker.store.offsets import ConsumerOffsetStore, KafkaCommit
@@ -81,9 +84,12 @@ class SlaveSync:
 
     def __init__(self, topics: TopicManager, offsets: ConsumerOffsetStore, interval: float,
                  master_addr: Callable[[], str | None],
-                 credentials: SessionCredentials | None = None) -> None:
+                 credentials: SessionCredentials | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.topics = topics
         self.credentials = credentials
+        #: TLS to the master's broker port (the broker's ``tls_peers``), None: plaintext.
+        self.tls = tls
         #: Why the last round failed (None: it worked, or none ran yet).
         self.problem: str | None = None
         self.offsets = offsets
@@ -107,7 +113,7 @@ class SlaveSync:
         try:
             await self.sync_once()
         except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:
-            why = str(exc) or type(exc).__name__
+            why = link_failure(exc)
             if why != self.problem:
                 log.warning("metadata sync from the master failed: %s", why)
             self.problem = why
@@ -124,7 +130,7 @@ class SlaveSync:
         if self._client is None or self._client.addr != addr:
             if self._client is not None:
                 await self._client.close()
-            self._client = RemotingClient(addr, connect_timeout=SYNC_TIMEOUT)
+            self._client = RemotingClient(addr, connect_timeout=SYNC_TIMEOUT, ssl=self.tls)
         topics = await self._ask(RequestCode.GET_ALL_TOPIC_CONFIG, addr)
         offsets = await self._ask(RequestCode.GET_ALL_CONSUMER_OFFSET, addr)
         await self.topics.replace_all(parse_topic_table(topics))

@@ -31,8 +31,9 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from txbroker.store.ha_codec import (
     NONCE_SIZE,
@@ -101,8 +102,14 @@ class HAMaster:
     def __init__(self, store: MessageStore, *, host: str = "127.0.0.1", port: int = 0,
                  sock: object | None = None, heartbeat: float = 5.0, idle_timeout: float = 20.0,
                  poll: float = 0.05, clock: Callable[[], float] = time.monotonic,
-                 group: str = "", secret: str | bytes | None = None) -> None:
+                 group: str = "", secret: str | bytes | None = None,
+                 start_server: Callable[..., Awaitable[Any]] | None = None) -> None:
         self.store = store
+        #: How the HA port serves on ``sock``: ``start_server(callback, sock=sock)``, by default
+        #: ``asyncio.start_server``; the broker passes one that speaks TLS
+        #: (``txbroker.remoting.tls_listener.start_stream_server``), the store knowing nothing
+        #: of certificates.
+        self._start_server = start_server or asyncio.start_server
         #: The cluster secret slaves must prove they know (None: any peer may follow).
         self._secret = secret.encode() if isinstance(secret, str) else secret
         #: The broker group's name, so log lines name a slave as ``<group> id <n>``.
@@ -112,7 +119,9 @@ class HAMaster:
         self.idle_timeout = idle_timeout
         self.poll = poll
         self.clock = clock
-        self._server: asyncio.base_events.Server | None = None
+        #: An ``asyncio.Server`` or what ``start_server`` returned (``sockets``, ``close``,
+        #: ``wait_closed``).
+        self._server: Any = None
         self._infos: dict[int, SlaveInfo] = {}
         self._writers: dict[int, asyncio.StreamWriter] = {}
         #: peer host -> the last reason it was dropped for (logged once per change).
@@ -129,7 +138,7 @@ class HAMaster:
     async def start(self) -> tuple[str, int]:
         """Listen (on the socket given, else ``(host, port)``); returns the bound address."""
         if self._sock is not None:
-            self._server = await asyncio.start_server(self._serve, sock=self._sock)
+            self._server = await self._start_server(self._serve, sock=self._sock)
         else:
             self._server = await asyncio.start_server(self._serve, self.host, self.port)
         if not self._listening:

@@ -24,6 +24,8 @@ for the status document, the same reason again only at DEBUG):
 * with a cluster ``secret``, a master that cannot prove it knows it, or that does not answer
   the authentication at all (see :mod:`.ha_codec`).
 The last three need an operator, so they are retried only every ``stalled_backoff``.
+A master whose TLS certificate does not verify (``tls``) is refused the same way, in one
+line naming its address and the reason, and retried at the normal back-off.
 
 A follower task that fails for any other reason logs it with its traceback and starts over
 after the back-off: it never dies silently.
@@ -35,6 +37,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import ssl
 import time
 from collections.abc import Callable
 
@@ -90,8 +93,12 @@ class HASlave:
     def __init__(self, store: MessageStore, master_addr: Callable[[], Address], *, slave_id: int = 1,
                  heartbeat: float = 5.0, idle_timeout: float = 20.0, backoff: float = 0.05,
                  max_backoff: float = 5.0, master_name: Callable[[], str] | None = None,
-                 secret: str | bytes | None = None, stalled_backoff: float = 30.0) -> None:
+                 secret: str | bytes | None = None, stalled_backoff: float = 30.0,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.store = store
+        #: TLS to the master's HA port (the broker's ``tls_peers``; None: plaintext), the
+        #: master's certificate checked against the host name or IP address dialled.
+        self.tls = tls
         #: The cluster secret the master must prove it knows (None: RocketMQ's plain stream).
         self._secret = secret.encode() if isinstance(secret, str) else secret
         self.stalled_backoff = stalled_backoff
@@ -168,7 +175,13 @@ class HASlave:
         self.problem = problem
 
     async def _session(self, addr: tuple[str, int]) -> None:
-        reader, writer = await asyncio.open_connection(*addr)
+        try:
+            reader, writer = await asyncio.open_connection(
+                *addr, ssl=self.tls, server_hostname=addr[0] if self.tls else None)
+        except ssl.SSLCertVerificationError as exc:
+            # Not a master to follow until its certificate changes: said once, retried.
+            raise FollowRefused(f"HA master {addr[0]}:{addr[1]}: certificate verify failed: "
+                                f"{exc.verify_message}", stalled=False) from None
         try:
             where = f"{addr[0]}:{addr[1]}"
             if self.master_name is not None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -131,7 +132,8 @@ class ClusterView:
 
     def __init__(self, config: BrokerConfig, topics: TopicManager, *, node: KafkaNode,
                  is_master: Callable[[], bool],
-                 credentials: SessionCredentials | None = None) -> None:
+                 credentials: SessionCredentials | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.config = config
         self.topics = topics
         self.node = node
@@ -141,6 +143,9 @@ class ClusterView:
         #: broker address -> (node id, Kafka node); (None, None) when it has no Kafka listener.
         self._kafka_of: dict[str, tuple[int | None, KafkaNode | None]] = {}
         self._clients: dict[str, RemotingClient] = {}
+        #: The name servers and brokers are dialled as the broker dials its peers (its
+        #: ``PeerTLS`` context; None: plaintext).
+        self._tls = tls
         self._namesrvs = parse_address_list(config.namesrv_addr)
         self._rounds = Repeating(self.refresh, config.kafka_cluster_refresh_interval,
                                  what="Kafka cluster view refresh",
@@ -453,7 +458,8 @@ class ClusterView:
         client = self._clients.get(addr)
         if client is None:
             client = self._clients[addr] = RemotingClient(addr, connect_timeout=REQUEST_TIMEOUT,
-                                                          credentials=self.credentials)
+                                                          credentials=self.credentials,
+                                                          ssl=self._tls)
         # wait_for, not asyncio.timeout: a Kafka handler's first step runs inline, outside any
         # task, where asyncio.timeout refuses to work.  (On 3.11 wait_for can swallow a cancel;
         # the refresh loop still ends at close: Repeating checks its closed flag.)
