@@ -44,11 +44,13 @@ def test_comparison_gives_ratio_cost_cpu_and_the_verdict() -> None:
     plain = Row("async", "tx", "sdk", 64, "shared")
     tls = Row("async", "tx", "sdk", 64, "shared", tls=True)
     lines = tls_comparison({plain: _result(10_000, 60.0, 30.0), tls: _result(8_000, 70.0, 35.0)})
+    # CPU: 90 µs per message in plaintext, 105 over TLS: 1 - 90/105 = 14.3 %
     assert lines[1].split()[6:] == ["10,000", "8,000", "0.800", "20.0%", "60.0", "/", "70.0",
-                                    "30.0", "/", "35.0"]
-    assert lines[-1] == "target: TLS costs <= 25% of plaintext msgs/s: met (largest cost 20.0%)"
+                                    "30.0", "/", "35.0", "14.3%"]
+    assert lines[-1] == ("target: TLS costs <= 25% of plaintext msgs/s: met (largest cost 20.0%; "
+                         "by CPU 14.3%)")
     lines = tls_comparison({plain: _result(10_000, 60.0, 30.0), tls: _result(7_000, 90.0, 40.0)})
-    assert lines[-1].endswith("not met (largest cost 30.0%)")
+    assert lines[-1].endswith("not met (largest cost 30.0%; by CPU 30.8%)")
     assert tls_comparison({plain: _result(10_000, 60.0, 30.0)}) == []  # nothing to compare
 
 
@@ -84,5 +86,6 @@ def test_tls_both_prints_both_rows_and_the_tls_cost(capsys) -> None:
     cost = table[2]
     assert float(cost[6].replace(",", "")) > 0 and float(cost[7].replace(",", "")) > 0
     assert re.fullmatch(r"-?\d+\.\d%", cost[9])
+    assert re.fullmatch(r"-?\d+\.\d%", cost[-1])
     assert re.match(r"target: TLS costs <= 25% of plaintext msgs/s: (met|not met) \(largest cost "
-                    r"-?\d+\.\d%\)$", out[-1])
+                    r"-?\d+\.\d%; by CPU -?\d+\.\d%\)$", out[-1])
