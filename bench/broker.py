@@ -716,7 +716,12 @@ def rows_of(args: argparse.Namespace) -> list[Row]:
     and TLS runs follow each other in every pass (the machine is noisy: interleaved, they see
     the same load)."""
     tls_modes = TLS_CHOICES[args.tls]
-    return [replace(row, tls=tls) for row in _plain_rows(args) for tls in tls_modes]
+    rows = _plain_rows(args)
+    if True in tls_modes and any(row.workers > 1 for row in rows):
+        # ``serve --workers`` runs a standalone name server, which has no TLS yet.
+        raise SystemExit(f"error: --tls {args.tls} with --workers {args.workers}: the name "
+                         "server of 'txbroker serve --workers N' does not speak TLS")
+    return [replace(row, tls=tls) for row in rows for tls in tls_modes]
 
 
 def _plain_rows(args: argparse.Namespace) -> list[Row]:
