@@ -64,6 +64,8 @@ class Deployment:
         self.brokers: list[BrokerProcess] = []
         self.namesrv = ""
         self.masters: list[str] = []
+        #: What ``SdkLoad`` gives its clients for TLS: these deployments are plaintext.
+        self.client_tls = None
 
     def start(self) -> None:
         if self.row == "single":

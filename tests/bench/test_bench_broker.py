@@ -25,9 +25,10 @@ pytestmark = pytest.mark.slow  # several broker processes and an echo process: a
 
 
 def _figures(line: str, row: Row) -> list[str]:
-    flush, kind, client, producers, sharing, workers, *figures = line.split()
-    assert (flush, kind, client, producers, sharing, workers) == (
-        row.flush, row.kind, row.client, str(row.producers), row.sharing, str(row.workers))
+    flush, kind, client, producers, sharing, workers, tls, *figures = line.split()
+    assert (flush, kind, client, producers, sharing, workers, tls) == (
+        row.flush, row.kind, row.client, str(row.producers), row.sharing, str(row.workers),
+        "on" if row.tls else "off")
     return figures
 
 
@@ -95,7 +96,8 @@ async def test_preload_stores_the_backlog_in_every_queue(tmp_path) -> None:
 
 def test_rows_cover_every_kind_and_delivery_has_one_consumer() -> None:
     args = argparse.Namespace(kind="tx,plain,delivery", flush="async", client="raw,sdk",
-                              producers="1,64", connections="each,shared", workers="1")
+                              producers="1,64", connections="each,shared", workers="1",
+                              tls="off")
     rows = rows_of(args)
     assert {r.kind for r in rows} == {"tx", "plain", "delivery"}
     assert [r for r in rows if r.kind == "delivery"] == [
@@ -138,7 +140,7 @@ async def test_two_workers_row_loads_both_and_counts_their_cpu(tmp_path, client:
 
 def test_rows_with_workers_side_by_side_and_delivery_on_one_broker() -> None:
     args = argparse.Namespace(kind="tx,delivery", flush="async", client="raw",
-                              producers="64", connections="each", workers="1,2")
+                              producers="64", connections="each", workers="1,2", tls="off")
     assert rows_of(args) == [Row("async", "tx", "raw", 64, "each", 1),
                              Row("async", "tx", "raw", 64, "each", 2),
                              Row("async", "delivery", "raw", 1, "-")]

@@ -11,7 +11,10 @@ connection, and as asyncpg's ``BaseProtocol`` and RocketMQ's ``NettyRemotingAbst
   task (see :mod:`txbroker.remoting._flow`); the tasks are kept, so a shutdown can wait for them.
 * **Writes.**  Frames are corked and leave with one ``transport.writelines`` per flush (at the
   end of a read, once per loop turn, or at :data:`CORK_LIMIT`).  Frames are lists of buffers
-  (:func:`encode_parts`), so a pulled batch reaches the socket without being joined.
+  (:func:`encode_parts`), so a pulled batch reaches the socket without being joined.  Over
+  TLS a flush is joined and written as one buffer instead: the TLS transport encrypts every
+  buffer it is given as a record of its own, which the peer then decrypts one by one, so
+  small frames written apart cost both ends a record each (measured in docs/bench.md, "TLS").
 * **Back-pressure.**  ``pause_writing``/``resume_writing`` drive :meth:`wait_writable`; an
   end with admission limits (a listener) also starts no request and stops reading meanwhile.
   Requests read beyond a protocol's limits wait in a backlog while reading pauses.
@@ -118,6 +121,7 @@ class ConnectionCore(asyncio.Protocol):
         "_gone",
         "_in_feed",
         "_inflight",
+        "_join_writes",
         "_limited",
         "_loop",
         "_out",
@@ -157,6 +161,8 @@ class ConnectionCore(asyncio.Protocol):
         self._in_feed = False
         self._write_paused = False
         self._writable: asyncio.Future | None = None
+        #: Set for a TLS transport: a flush leaves as one buffer (one record, not one per frame).
+        self._join_writes = False
         #: Counters: requests started, handlers that raised (not a refusal).
         self.requests = 0
         self.handler_errors = 0
@@ -185,6 +191,7 @@ class ConnectionCore(asyncio.Protocol):
     # --- lifecycle ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self._join_writes = transport.get_extra_info("ssl_object") is not None
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
@@ -315,7 +322,10 @@ class ConnectionCore(asyncio.Protocol):
         self._out = []
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            transport.writelines(out)
+            if self._join_writes and len(out) > 1:
+                transport.write(b"".join(out))
+            else:
+                transport.writelines(out)
 
     def pause_writing(self) -> None:
         self._write_paused = True
