@@ -717,10 +717,6 @@ def rows_of(args: argparse.Namespace) -> list[Row]:
     the same load)."""
     tls_modes = TLS_CHOICES[args.tls]
     rows = _plain_rows(args)
-    if True in tls_modes and any(row.workers > 1 for row in rows):
-        # ``serve --workers`` runs a standalone name server, which has no TLS yet.
-        raise SystemExit(f"error: --tls {args.tls} with --workers {args.workers}: the name "
-                         "server of 'txbroker serve --workers N' does not speak TLS")
     return [replace(row, tls=tls) for row in rows for tls in tls_modes]
 
 

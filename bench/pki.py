@@ -49,5 +49,8 @@ class ThrowawayPki:
         return self.client_tls().context()
 
     def serve_args(self) -> list[str]:
-        """``txbroker serve`` options for a broker that accepts TLS only."""
-        return ["--tls-mode", "enforcing", "--tls-cert", str(self.cert), "--tls-key", str(self.key)]
+        """``txbroker serve`` options for a broker that accepts TLS only; the CA is what it
+        verifies its peers with (``--workers``: the workers register with the supervisor's name
+        server over TLS)."""
+        return ["--tls-mode", "enforcing", "--tls-cert", str(self.cert), "--tls-key", str(self.key),
+                "--tls-ca", str(self.ca)]

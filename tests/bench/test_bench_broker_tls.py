@@ -40,13 +40,6 @@ def test_tls_is_the_innermost_choice_so_twins_run_side_by_side() -> None:
         Row("async", "tx", "sdk", 64, "shared")
 
 
-def test_tls_with_workers_is_refused_in_one_line(capsys) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["--kind", "tx", "--workers", "1,2", "--tls"])
-    assert str(exc.value) == ("error: --tls on with --workers 1,2: the name server of "
-                              "'txbroker serve --workers N' does not speak TLS")
-
-
 def test_comparison_gives_ratio_cost_cpu_and_the_verdict() -> None:
     plain = Row("async", "tx", "sdk", 64, "shared")
     tls = Row("async", "tx", "sdk", 64, "shared", tls=True)
