@@ -177,7 +177,8 @@ _OPTIONS: dict[str, _Opt] = {
                                           "with, comma-separated: PLAIN, SCRAM-SHA-256, "
                                           "SCRAM-SHA-512", "empty: no authentication"),
     "kafka_sasl_plain_over_plaintext": _Opt("", "offer PLAIN (the password in the clear) on "
-                                                "the Kafka port without TLS"),
+                                                "plaintext Kafka connections too (TLS ones "
+                                                "always offer it)"),
     "kafka_sasl_max_receive_size": _Opt("BYTES", "largest frame read from a Kafka connection "
                                                  "before it authenticated"),
     "acl_file": _Opt("PATH", "RocketMQ plain_acl.yml; setting it turns access control on",
@@ -193,7 +194,7 @@ _OPTIONS: dict[str, _Opt] = {
                                      "TXBROKER_CLUSTER_SECRET or --config: a command line is "
                                      "visible to every user of the machine)",
                            "unset: peers are trusted"),
-    "tls_mode": _Opt("MODE", "TLS on the broker port (and the embedded name server's): "
+    "tls_mode": _Opt("MODE", "TLS on the broker and Kafka ports (and the embedded name server's): "
                              "permissive also accepts plaintext on the same port, enforcing "
                              "closes plaintext connections"),
     "tls_cert": _Opt("PATH", "PEM server certificate (chain); re-read when the file changes",
@@ -203,6 +204,9 @@ _OPTIONS: dict[str, _Opt] = {
                    "unset"),
     "tls_client_auth": _Opt("MODE", "client certificates: none, optional (verified when sent) "
                                     "or required (mTLS; needs --tls-ca)"),
+    "tls_peers": _Opt("WHEN", "dial other brokers' Kafka ports with TLS, verified against "
+                              "--tls-ca, presenting --tls-cert "
+                              "(auto: when --tls-mode is enforcing)"),
 }
 _missing = {f.name for f in fields(BrokerConfig)} ^ set(_OPTIONS)
 if _missing:

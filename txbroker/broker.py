@@ -440,7 +440,7 @@ class Broker:
             handlers = route_partitions(handlers, self.kafka_view)
             handlers = route_coordinators(handlers, self.kafka_view, self.groups.validate_commit,
                                           self.kafka_staging)
-        self.kafka = KafkaListener(cfg, handlers, self.metrics, self.users)
+        self.kafka = KafkaListener(cfg, handlers, self.metrics, self.users, tls=self.tls)
         sock, self._kafka_sock = self._kafka_sock, None
         await self.kafka.start(sock)
 

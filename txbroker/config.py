@@ -38,6 +38,9 @@ BrokerRole = Literal["ASYNC_MASTER", "SYNC_MASTER"]
 #: TLS on the remoting listeners (txbroker/remoting/tls.py) and client-certificate checking.
 TlsMode = Literal["off", "permissive", "enforcing"]
 TlsClientAuth = Literal["none", "optional", "required"]
+#: Whether a node dials its peers (name servers, controller, HA master, a master's broker port)
+#: with TLS: ``auto`` = when ``tls_mode`` is ``enforcing``.
+TlsPeers = Literal["auto", "on", "off"]
 
 
 class ConfigError(ValueError):
@@ -236,8 +239,8 @@ class BrokerConfig:
     #: (docs/security.md, "Kafka SASL"), comma-separated among PLAIN, SCRAM-SHA-256 and
     #: SCRAM-SHA-512; empty = no authentication on the Kafka port.
     kafka_sasl_mechanisms: str = ""
-    #: PLAIN sends the password itself; with no TLS on the Kafka port it is offered only when
-    #: this is set (Kafka clients print the same warning).
+    #: PLAIN sends the password itself: it is offered on TLS connections (``tls_mode``), and
+    #: on plaintext ones only when this is set (Kafka clients print the same warning).
     kafka_sasl_plain_over_plaintext: bool = False
     #: Largest frame read from a Kafka connection that has not authenticated yet (Kafka's
     #: ``sasl.server.max.receive.size``): an unauthenticated peer cannot make the broker buffer
@@ -280,6 +283,10 @@ class BrokerConfig:
     tls_ca: str | None = None
     #: Client certificates: ``none``, ``optional`` (verified when sent) or ``required`` (mTLS).
     tls_client_auth: TlsClientAuth = "none"
+    #: This node dials its peers with TLS (``auto``: when ``tls_mode`` is ``enforcing``),
+    #: verifying them against ``tls_ca`` and their host name or IP address, and presenting
+    #: ``tls_cert``/``tls_key`` as its client certificate (mTLS between nodes).
+    tls_peers: TlsPeers = "auto"
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -321,6 +328,10 @@ SECRET_SETTINGS = ("cluster_secret",)
 HIDDEN = "(set, not shown)"
 #: The shortest cluster secret accepted (a short one is guessed offline from one exchange).
 MIN_SECRET_LENGTH = 8
+#: With TLS on, a connection whose first byte is 0x16 (a TLS handshake record) is taken for
+#: TLS; a RocketMQ or Kafka frame starts with its int32 size, whose first byte is 0x16 only
+#: from this size up, so ``max_frame_size`` stays below it (docs/security.md "TLS").
+TLS_FRAME_SIZE_LIMIT = 0x16 << 24
 
 
 def _validate(c: BrokerConfig) -> None:
@@ -333,6 +344,9 @@ def _validate(c: BrokerConfig) -> None:
     for name in ("namesrv_port", "metrics_port", "ha_port", "kafka_port"):
         need(-1 <= getattr(c, name) <= 65535, name, "must be -1 (off) or a port number 0..65535")
     _check_ports_apart(c)
+    need(c.tls_mode == "off" or c.max_frame_size < TLS_FRAME_SIZE_LIMIT, "max_frame_size",
+         f"must be below {TLS_FRAME_SIZE_LIMIT} bytes with TLS on: a frame that large starts "
+         "with 0x16, the first byte of a TLS handshake")
     need(c.flush_mode in ("async", "sync"), "flush_mode", "must be 'async' or 'sync'")
     need(c.segment_size >= 64 * 1024, "segment_size", "must be at least 64 KiB")
     need(c.consume_queue_entries >= 16, "consume_queue_entries", "must be at least 16")
@@ -392,10 +406,14 @@ def _validate(c: BrokerConfig) -> None:
     if c.cluster_secret is not None and len(c.cluster_secret) < MIN_SECRET_LENGTH:
         # Never echo the value itself.
         raise ConfigError(f"cluster_secret: must be at least {MIN_SECRET_LENGTH} characters")
-    _check_tls(c)
+    check_tls(c)
+    if c.tls_peers not in ("auto", "on", "off"):
+        raise ConfigError(f"tls_peers={c.tls_peers!r}: must be auto, on or off")
 
 
-def _check_tls(c: BrokerConfig) -> None:
+def check_tls(c: Any) -> None:
+    """The ``tls_*`` settings of a listener (a broker's, a controller's, a name server's)
+    agree with each other."""
     if c.tls_mode not in ("off", "permissive", "enforcing"):
         raise ConfigError(f"tls_mode={c.tls_mode!r}: must be off, permissive or enforcing")
     if c.tls_client_auth not in ("none", "optional", "required"):
@@ -419,10 +437,12 @@ def _check_kafka_sasl(c: BrokerConfig) -> None:
         raise ConfigError(f"kafka_sasl_mechanisms={c.kafka_sasl_mechanisms!r}: unknown "
                           f"{', '.join(unknown)} (comma-separated among "
                           f"{', '.join(KAFKA_SASL_MECHANISMS)}, or empty for none)")
-    if "PLAIN" in mechs and not c.kafka_sasl_plain_over_plaintext:
+    if "PLAIN" in mechs and not c.kafka_sasl_plain_over_plaintext and c.tls_mode == "off":
         raise ConfigError(f"kafka_sasl_mechanisms={c.kafka_sasl_mechanisms!r}: PLAIN sends the "
-                          "password in the clear and the Kafka port has no TLS; set "
-                          "kafka_sasl_plain_over_plaintext to offer it anyway, or use SCRAM")
+                          "password in the clear and the Kafka port has no TLS (tls_mode=off); "
+                          "turn TLS on (PLAIN is then offered on TLS connections), set "
+                          "kafka_sasl_plain_over_plaintext to offer it on plaintext ones anyway, "
+                          "or use SCRAM")
     if mechs and not c.users_file:
         raise ConfigError(f"kafka_sasl_mechanisms={c.kafka_sasl_mechanisms!r}: needs "
                           "users_file (the user store that 'txbroker user add' writes)")

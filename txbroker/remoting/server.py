@@ -21,9 +21,9 @@ wait in a backlog, so the bound is exact), ``max_frame_size``, and write back-pr
 transport is above its high-water mark, handlers wait before writing their answer, and because
 they stay in flight meanwhile, a client that does not read ends up not being read either.
 
-TLS (``tls=``, a :class:`~txbroker.remoting.tls.ServerTLS`): the server accepts connections
-itself, peeks at each one's first byte without reading it (a TLS ClientHello starts with
-0x16) and hands the socket to the loop with or without the current TLS context, so no byte is
+TLS (``tls=``, a :class:`~txbroker.remoting.tls.ServerTLS`): a
+:class:`~txbroker.remoting.tls_listener.TLSListener` accepts connections, peeks at each
+one's first byte without reading it (a TLS ClientHello starts with 0x16) and hands the socket to the loop with or without the current TLS context, so no byte is
 lost and plaintext and TLS share one port in ``permissive`` mode; in ``enforcing`` mode a
 plaintext connection is closed before any of its bytes is read (logged once per peer per
 minute).  A connection silent for :data:`~txbroker.remoting.tls.FIRST_BYTE_TIMEOUT` is closed.
@@ -38,20 +38,14 @@ import asyncio
 import itertools
 import logging
 import socket
-import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.command import ProtocolError, RemotingCommand
 from txbroker.remoting.connection import RemotingConnection
-from txbroker.remoting.tls import (
-    FIRST_BYTE_TIMEOUT,
-    HANDSHAKE_TIMEOUT,
-    RefusalLog,
-    ServerTLS,
-    starts_tls,
-)
+from txbroker.remoting.tls import ServerTLS
+from txbroker.remoting.tls_listener import TLSListener
 
 log = logging.getLogger("txbroker.remoting.server")
 
@@ -137,9 +131,11 @@ class RemotingServer:
 
     def __init__(self, config: BrokerConfig, *, default_handler: Handler | None = None,
                  before_request: BeforeRequest | None = None,
-                 tls: ServerTLS | None = None) -> None:
+                 tls: ServerTLS | None = None, what: str = "broker port") -> None:
         self.config = config
         self.tls = tls
+        #: How log lines name this port ("name-server port", "controller port").
+        self.what = what
         self._handlers: dict[int, Handler] = {}
         self._default_handler = default_handler
         self._before_request = before_request
@@ -150,15 +146,19 @@ class RemotingServer:
         self._closing = False
         self.connections: set[Connection] = set()
         self.protocol_errors = 0
-        #: Plaintext connections closed by an enforcing TLS listener, and failed handshakes.
-        self.tls_refusals = 0
-        self.tls_failures = 0
-        self._refusal_log = RefusalLog()
-        #: With TLS: the listening socket, its accept task, connections not yet handed over.
-        self._listen_sock: socket.socket | None = None
-        self._accept_task: asyncio.Task | None = None
-        self._admitting: set[asyncio.Task] = set()
+        #: With TLS: accepts, peeks at each connection's first byte and hands it over.
+        self._listener: TLSListener | None = None
         self.port = 0
+
+    @property
+    def tls_refusals(self) -> int:
+        """Plaintext connections closed by an enforcing TLS listener."""
+        return self._listener.refusals if self._listener is not None else 0
+
+    @property
+    def tls_failures(self) -> int:
+        """Failed TLS handshakes."""
+        return self._listener.failures if self._listener is not None else 0
 
     def register(self, code: int, handler: Handler) -> None:
         self._handlers[int(code)] = handler
@@ -185,86 +185,18 @@ class RemotingServer:
         return self.port
 
     def _start_tls(self, host: str, port: int, sock: socket.socket | None) -> int:
+        assert self.tls is not None
         if sock is None:
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
             sock = socket.create_server((host, port), family=family, backlog=1024)
-        sock.setblocking(False)
-        self._listen_sock = sock
-        self.port = sock.getsockname()[1]
-        self._accept_task = self._loop.create_task(self._accept_loop(sock),
-                                                   name=f"txbroker-accept-{self.port}")
+
+        def factory() -> Connection:
+            return Connection(self, next(self._ids))
+
+        self._listener = TLSListener(self.tls, factory, what=self.what,
+                                     max_pending=self.config.max_connections)
+        self.port = self._listener.start(sock)
         return self.port
-
-    async def _accept_loop(self, lsock: socket.socket) -> None:
-        while not self._closing:
-            try:
-                conn, addr = await self._loop.sock_accept(lsock)
-            except OSError as exc:
-                if self._closing:
-                    return
-                log.warning("accept on port %d failed: %s", self.port, exc)
-                await asyncio.sleep(0.1)  # e.g. out of file descriptors: do not spin
-                continue
-            task = self._loop.create_task(self._admit(conn, addr))
-            self._admitting.add(task)
-            task.add_done_callback(self._admitting.discard)
-
-    async def _admit(self, conn: socket.socket, addr: Any) -> None:
-        """Peek at the first byte, then hand ``conn`` over with TLS, without, or close it."""
-        assert self.tls is not None
-        peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
-        handed = False
-        try:
-            if len(self._admitting) > self.config.max_connections:
-                log.warning("refusing connection from %s: %d connections waiting for their "
-                            "first byte", peer, len(self._admitting))
-                return
-            try:
-                first = await asyncio.wait_for(self._peek(conn), FIRST_BYTE_TIMEOUT)
-            except (TimeoutError, OSError):
-                return  # silent or reset before deciding: nothing to serve
-            if not first:
-                return
-            if starts_tls(first):
-                ctx: ssl.SSLContext | None = self.tls.context()
-            elif self.tls.enforcing:
-                self.tls_refusals += 1
-                if self._refusal_log.should_log(peer.rpartition(":")[0], self._loop.time()):
-                    log.warning("closing plaintext connection from %s: port %d requires TLS "
-                                "(tls_mode=enforcing)", peer, self.port)
-                return
-            else:
-                ctx = None
-
-            def factory() -> Connection:
-                return Connection(self, next(self._ids))
-
-            try:
-                if ctx is None:
-                    await self._loop.connect_accepted_socket(factory, conn)
-                else:
-                    await self._loop.connect_accepted_socket(
-                        factory, conn, ssl=ctx, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
-                handed = True
-            except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
-                self.tls_failures += 1
-                if self._refusal_log.should_log(peer.rpartition(":")[0], self._loop.time()):
-                    log.warning("TLS handshake with %s failed: %s", peer,
-                                str(exc) or type(exc).__name__)
-        finally:
-            if not handed:
-                conn.close()
-
-    async def _peek(self, conn: socket.socket) -> bytes:
-        """The connection's first byte, left in the socket for whoever reads it next."""
-        readable = self._loop.create_future()
-        fd = conn.fileno()
-        self._loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
-        try:
-            await readable
-        finally:
-            self._loop.remove_reader(fd)
-        return conn.recv(1, socket.MSG_PEEK)
 
     async def close(self, grace: float) -> None:
         """Stop accepting, let in-flight handlers finish within ``grace`` seconds, then close.
@@ -278,13 +210,9 @@ class RemotingServer:
         self._closing = True
         if self._server is not None:
             self._server.close()
-        if self._accept_task is not None:
-            self._accept_task.cancel()
-            for task in list(self._admitting):
-                task.cancel()
-            await asyncio.gather(self._accept_task, *self._admitting, return_exceptions=True)
-            if self._listen_sock is not None:
-                self._listen_sock.close()
+        if self._listener is not None:
+            self._listener.close()
+            await self._listener.wait_closed()
         for conn in self.connections:
             conn.stop_reading()  # at once, not when its shutdown task first runs
         await asyncio.gather(*(conn.shutdown(grace) for conn in list(self.connections)))

@@ -1,7 +1,7 @@
 """TLS for txbroker's listeners and clients: SSL contexts from one config, no I/O of its own.
 
-Every listener that offers TLS (the RocketMQ remoting port first; the other ports reuse it)
-builds its context here, so certificate checks, the client-certificate rule and reloading are
+Every listener that offers TLS (RocketMQ remoting, name servers, the controller, HA, metrics;
+:mod:`txbroker.remoting.tls_listener` accepts for them) builds its context here, so certificate checks, the client-certificate rule and reloading are
 the same everywhere.  Python's :mod:`ssl` does the cryptography; this module only decides.
 
 * **Modes, as RocketMQ has them** (``TlsMode``): ``off`` (plaintext only, the default, so the
@@ -18,6 +18,8 @@ the same everywhere.  Python's :mod:`ssl` does the cryptography; this module onl
   :class:`TLSConfigError` saying which file and why.
 * **Clients verify the server by default** (:class:`ClientTLS`): the CA file given, else the
   system store, and the host name; ``insecure`` turns both off, for tests and development only.
+* **Nodes dial nodes the same way** (:func:`peer_context`, ``tls_peers``): verified against
+  the cluster's CA, presenting the node's own certificate.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import logging
 import os
 import ssl
 from dataclasses import dataclass
+from typing import Protocol
 
 from txbroker.config import BrokerConfig, ConfigError, TlsClientAuth, TlsMode
 
@@ -159,11 +162,28 @@ def _reason(exc: BaseException) -> str:
     return getattr(exc, "strerror", None) or str(exc)
 
 
-def server_tls(config: BrokerConfig) -> ServerTLS | None:
-    """The remoting listeners' TLS from ``config`` (None with ``tls_mode=off``)."""
+class TlsConfig(Protocol):
+    """The ``tls_*`` settings a listener reads: ``BrokerConfig``, ``ControllerConfig`` and the
+    name server's ``TlsSettings`` all have them."""
+
+    @property
+    def tls_mode(self) -> TlsMode: ...
+    @property
+    def tls_cert(self) -> str | None: ...
+    @property
+    def tls_key(self) -> str | None: ...
+    @property
+    def tls_ca(self) -> str | None: ...
+    @property
+    def tls_client_auth(self) -> TlsClientAuth: ...
+
+
+def server_tls(config: TlsConfig) -> ServerTLS | None:
+    """A process's listeners' TLS from ``config`` (None with ``tls_mode=off``): one object per
+    process, shared by its ports, so a renewed certificate reaches all of them."""
     if config.tls_mode == "off":
         return None
-    assert config.tls_cert and config.tls_key  # BrokerConfig checks it
+    assert config.tls_cert and config.tls_key  # check_tls (the config's own check) says so
     return ServerTLS(config.tls_mode, config.tls_cert, config.tls_key, config.tls_ca,
                      config.tls_client_auth)
 
@@ -201,6 +221,31 @@ class ClientTLS:
                 raise TLSConfigError(f"TLS client certificate {self.cert} with key {self.key}: "
                                      f"cannot be loaded ({_reason(exc)})") from None
         return ctx
+
+
+def peer_context(config: BrokerConfig) -> ssl.SSLContext | None:
+    """How this node dials its peers (name servers, the controller, its group's master): None
+    (plaintext) unless ``tls_peers`` is ``on``, or ``auto`` with ``tls_mode=enforcing``.  The
+    peer is verified against ``tls_ca`` (else the system store) and the host name or IP
+    address dialled; the node's own ``tls_cert``/``tls_key`` go along as its client
+    certificate, so peers with ``tls_client_auth=required`` accept it (mTLS between nodes).
+    A file that cannot be loaded is a :class:`TLSConfigError` (at start)."""
+    if config.tls_peers == "off" or (config.tls_peers == "auto"
+                                     and config.tls_mode != "enforcing"):
+        return None
+    return ClientTLS(ca=config.tls_ca, cert=config.tls_cert, key=config.tls_key).context()
+
+
+def link_failure(exc: BaseException) -> str:
+    """Why a link to a peer failed, in a few words for its one log line: a certificate the
+    peer presented that does not verify says so and why ("certificate verify failed:
+    self-signed certificate in certificate chain")."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"certificate verify failed: {exc.verify_message}"
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return f"certificate verify failed: {cause.verify_message}"
+    return str(exc) or type(exc).__name__
 
 
 def client_context(tls: ClientTLS | ssl.SSLContext | None) -> ssl.SSLContext | None:
