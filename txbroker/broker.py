@@ -47,7 +47,7 @@ from txbroker.config import (
 from txbroker.remoting.bodies import DataVersion
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.server import RemotingServer
-from txbroker.remoting.tls import ServerTLS, server_tls
+from txbroker.remoting.tls import ServerTLS, peer_context, server_tls
 from txbroker.roles import Roles, broker_credentials
 from txbroker.service.acl import AclGuard
 from txbroker.service.acl_rules import load_acl_file
@@ -205,6 +205,7 @@ class Broker:
                    f"white-listed pattern(s) from {cfg.acl_file}")
         # Likewise a certificate or key that cannot be loaded (TLSConfigError names the file).
         self.tls = server_tls(cfg)
+        peer_context(cfg)  # and the CA peers are verified against (tls_peers), before binding
         if self.users is not None:
             acl += (f"; users file {cfg.users_file}: {len(self.users.current().users)} user(s)"
                     + ("" if self.acl else " (their access keys count once acl_file is set)"))

@@ -8,6 +8,9 @@ may ask any.  A broker is dropped when the connection it registered over closes 
 been silent for ``broker_expiry`` seconds (checked every ``scan_interval``).  Requests other
 than the name server's own are answered REQUEST_CODE_NOT_SUPPORTED by the remoting server (a
 Java client sends END_TRANSACTION here when a group has no master; it must not crash anything).
+
+With ``tls`` (``txbroker namesrv --tls-mode ...``) the port speaks TLS as a broker's does:
+permissive or enforcing, a client certificate none, optional or required.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from txbroker.remoting.headers import (
     UnRegisterBrokerRequestHeader,
 )
 from txbroker.remoting.server import Connection, RemotingServer
+from txbroker.remoting.tls import ServerTLS
 from txbroker.service.routeinfo import DEFAULT_BROKER_EXPIRY, RouteInfoManager
 
 log = logging.getLogger(__name__)
@@ -55,7 +59,7 @@ class NameServerProcess:
 
     def __init__(self, *, listen_host: str = "127.0.0.1", port: int = 9876,
                  broker_expiry: float = DEFAULT_BROKER_EXPIRY, scan_interval: float | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, tls: ServerTLS | None = None) -> None:
         if broker_expiry <= 0:
             raise ValueError(f"broker_expiry={broker_expiry!r}: must be > 0")
         self.listen_host = listen_host
@@ -64,7 +68,8 @@ class NameServerProcess:
         self.scan_interval = scan_interval or min(MAX_SCAN_INTERVAL, broker_expiry / 4)
         self.routes = RouteInfoManager(clock=clock, expiry=broker_expiry)
         # The remoting limits (frame size, connections) are the broker's defaults.
-        self.server = RemotingServer(BrokerConfig(listen_host=listen_host))
+        self.server = RemotingServer(BrokerConfig(listen_host=listen_host), tls=tls,
+                                     what="name-server port")
         self._scan: asyncio.Task | None = None
 
     @property

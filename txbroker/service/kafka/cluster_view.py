@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -54,6 +55,7 @@ from txbroker.remoting.headers import (
     UpdateConsumerOffsetRequestHeader,
 )
 from txbroker.remoting.signing import SessionCredentials
+from txbroker.remoting.tls import peer_context
 from txbroker.service.repeating import Repeating
 from txbroker.service.slave_sync import parse_topic_table
 from txbroker.service.topics import TopicManager
@@ -141,6 +143,8 @@ class ClusterView:
         #: broker address -> (node id, Kafka node); (None, None) when it has no Kafka listener.
         self._kafka_of: dict[str, tuple[int | None, KafkaNode | None]] = {}
         self._clients: dict[str, RemotingClient] = {}
+        #: The name servers and brokers are dialled as the broker dials its peers (tls_peers).
+        self._tls = peer_context(config)
         self._namesrvs = parse_address_list(config.namesrv_addr)
         self._rounds = Repeating(self.refresh, config.kafka_cluster_refresh_interval,
                                  what="Kafka cluster view refresh",
@@ -167,6 +171,13 @@ class ClusterView:
             log.warning("Kafka cluster view: first refresh failed (%s); retrying every %g s",
                         exc, self.config.kafka_cluster_refresh_interval)
         self._rounds.start()
+
+    @property
+    def peer_tls(self) -> ssl.SSLContext | None:
+        """How this node dials its peers (``tls_peers``; None: plaintext): the name servers
+        and masters asked here, and the Kafka listeners that admin requests are forwarded to
+        (``cluster_admin.forward``) and markers sent to (``markers.py``)."""
+        return self._tls
 
     async def close(self) -> None:
         await self._rounds.close()
@@ -453,7 +464,8 @@ class ClusterView:
         client = self._clients.get(addr)
         if client is None:
             client = self._clients[addr] = RemotingClient(addr, connect_timeout=REQUEST_TIMEOUT,
-                                                          credentials=self.credentials)
+                                                          credentials=self.credentials,
+                                                          ssl=self._tls)
         # wait_for, not asyncio.timeout: a Kafka handler's first step runs inline, outside any
         # task, where asyncio.timeout refuses to work.  (On 3.11 wait_for can swallow a cancel;
         # the refresh loop still ends at close: Repeating checks its closed flag.)

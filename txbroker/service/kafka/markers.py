@@ -158,7 +158,7 @@ class MarkerSender:
                 return await self._exchange(idle, reader, writer, frame)
             except (OSError, asyncio.IncompleteReadError):
                 continue
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(host, port, ssl=self.view.peer_tls)
         return await self._exchange(idle, reader, writer, frame)
 
     async def _exchange(self, idle: list, reader: asyncio.StreamReader,
