@@ -34,6 +34,7 @@ import logging
 import os
 import shutil
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from typing import Self
@@ -47,7 +48,12 @@ from txbroker.config import (
 from txbroker.remoting.bodies import DataVersion
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.server import RemotingServer
-from txbroker.remoting.tls import ServerTLS, peer_context, server_tls
+from txbroker.remoting.tls import (
+    PeerTLS,
+    ServerTLS,
+    peer_tls,
+    server_tls,
+)
 from txbroker.roles import Roles, broker_credentials
 from txbroker.service.acl import AclGuard
 from txbroker.service.acl_rules import load_acl_file
@@ -164,6 +170,9 @@ class Broker:
         self.acl: AclGuard | None = None
         #: TLS of the broker port and the embedded name server's (None with ``tls_mode=off``).
         self.tls: ServerTLS | None = None
+        #: How this broker dials its peers (``tls_peers``; None: plaintext), shared by every
+        #: link and reloaded by the housekeeping when its files change.
+        self.peer_tls: PeerTLS | None = None
         #: The user store (None when ``users_file`` is unset), read again when the file changes.
         self.users: UserStore | None = None
         self.tx: TransactionalMessageService | None = None
@@ -205,7 +214,8 @@ class Broker:
                    f"white-listed pattern(s) from {cfg.acl_file}")
         # Likewise a certificate or key that cannot be loaded (TLSConfigError names the file).
         self.tls = server_tls(cfg)
-        peer_context(cfg)  # and the CA peers are verified against (tls_peers), before binding
+        # And how peers are dialled (tls_peers): the CA they are verified against, our own.
+        self.peer_tls = peer_tls(cfg)
         if self.users is not None:
             acl += (f"; users file {cfg.users_file}: {len(self.users.current().users)} user(s)"
                     + ("" if self.acl else " (their access keys count once acl_file is set)"))
@@ -418,7 +428,7 @@ class Broker:
             self.kafka_view = ClusterView(
                 cfg, self.topics, node=KafkaNode(cfg.kafka_node_id, self.host, self.kafka_port),
                 is_master=lambda: self.roles is not None and self.roles.is_master,
-                credentials=broker_credentials(self))
+                credentials=broker_credentials(self), tls=self._peer_context())
             view = self.kafka_view
             # Transactions across broker groups: staged here, decided by markers.
             self.kafka_staging = TxnStaging(cfg, self.store, commit_remote=view.commit_offset,
@@ -516,12 +526,17 @@ class Broker:
                                        held_pulls=self.holds.held(),
                                        in_flight=sum(c.inflight for c in conns))
 
+    def _peer_context(self) -> ssl.SSLContext | None:
+        return self.peer_tls.context if self.peer_tls is not None else None
+
     async def _housekeep(self) -> None:
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL)
             try:
                 self.registry.expire()
                 self._update_gauges()
+                if self.peer_tls is not None:
+                    self.peer_tls.refresh()
             except Exception:
                 log.exception("housekeeping failed")
 

@@ -44,7 +44,7 @@ async def test_brokers_forward_admin_requests_and_markers_over_tls(
                   "kafka_group_initial_rebalance_delay": 0.2, **files}
         a = await c.broker("broker-a", kafka_node_id=1, **common)
         b = await c.broker("broker-b", kafka_node_id=2, **common)
-        assert a.kafka_view.peer_tls is not None and b.kafka_view.peer_tls is not None
+        assert a.kafka_view.tls_context is not None and b.kafka_view.tls_context is not None
         for x in (a, b):
             await eventually(lambda x=x: x.kafka_view.ready() and len(x.kafka_view.nodes()) == 2,
                              timeout=TIMEOUT, msg=lambda x=x: f"view: {x.kafka_view.incomplete}")

@@ -18,8 +18,8 @@ the same everywhere.  Python's :mod:`ssl` does the cryptography; this module onl
   :class:`TLSConfigError` saying which file and why.
 * **Clients verify the server by default** (:class:`ClientTLS`): the CA file given, else the
   system store, and the host name; ``insecure`` turns both off, for tests and development only.
-* **Nodes dial nodes the same way** (:func:`peer_context`, ``tls_peers``): verified against
-  the cluster's CA, presenting the node's own certificate.
+* **Nodes dial nodes the same way** (:class:`PeerTLS`, ``tls_peers``): verified against the
+  cluster's CA, presenting the node's own certificate, reloaded in place when it changes.
 """
 
 from __future__ import annotations
@@ -223,17 +223,67 @@ class ClientTLS:
         return ctx
 
 
-def peer_context(config: BrokerConfig) -> ssl.SSLContext | None:
-    """How this node dials its peers (name servers, the controller, its group's master): None
-    (plaintext) unless ``tls_peers`` is ``on``, or ``auto`` with ``tls_mode=enforcing``.  The
-    peer is verified against ``tls_ca`` (else the system store) and the host name or IP
-    address dialled; the node's own ``tls_cert``/``tls_key`` go along as its client
-    certificate, so peers with ``tls_client_auth=required`` accept it (mTLS between nodes).
-    A file that cannot be loaded is a :class:`TLSConfigError` (at start)."""
-    if config.tls_peers == "off" or (config.tls_peers == "auto"
-                                     and config.tls_mode != "enforcing"):
+def dials_peers_with_tls(config: BrokerConfig) -> bool:
+    """``tls_peers`` worked out: ``on``, or ``auto`` with ``tls_mode=enforcing``."""
+    return config.tls_peers == "on" or (config.tls_peers == "auto"
+                                        and config.tls_mode == "enforcing")
+
+
+class PeerTLS:
+    """How a node dials its peers (name servers, the controller, its group's master): one
+    client context shared by every link, verifying the peer against ``ca`` (else the system
+    store) and the host name or IP address dialled, and presenting ``cert``/``key`` as the
+    node's client certificate, so peers with ``tls_client_auth=required`` accept it (mTLS
+    between nodes).
+
+    :meth:`refresh` (the broker's housekeeping calls it every second) loads the files again
+    into that same context when their inode, size or mtime changed, so a renewed node
+    certificate goes out on the next connection of every link without a restart; connections
+    open keep their session.  A replacement is first loaded into a context of its own, so one
+    that cannot be used (a half-written file, a key that does not match) leaves the shared
+    context as it was, logged once per change.  A CA file's new certificates are added to
+    those trusted; one removed from it stays trusted until a restart.  Event-loop only."""
+
+    def __init__(self, ca: str | None, cert: str | None, key: str | None) -> None:
+        self._tls = ClientTLS(ca=ca, cert=cert, key=key)
+        self.context = self._tls.context()  # raises TLSConfigError: a bad file stops the start
+        self._identity = self._files()
+        self._failed_identity: tuple | None = None
+        self.reloads = 0
+
+    def _files(self) -> tuple:
+        return tuple(_file_identity(p) for p in (self._tls.cert, self._tls.key, self._tls.ca))
+
+    def refresh(self) -> bool:
+        """Load changed files into the shared context; True when it did."""
+        files = self._files()
+        if files == self._identity or files == self._failed_identity:
+            return False
+        try:
+            self._tls.context()  # the whole set must load before the shared context changes
+        except TLSConfigError as exc:
+            self._failed_identity = files
+            log.error("TLS files for dialling peers changed but cannot be used, keeping the "
+                      "previous certificate: %s", exc)
+            return False
+        if self._tls.cert is not None:
+            self.context.load_cert_chain(self._tls.cert, self._tls.key)
+        if self._tls.ca is not None:
+            self.context.load_verify_locations(cafile=self._tls.ca)
+        self._identity = files
+        self._failed_identity = None
+        self.reloads += 1
+        log.info("TLS certificate %s reloaded for dialling peers", self._tls.cert)
+        return True
+
+
+def peer_tls(config: BrokerConfig) -> PeerTLS | None:
+    """This broker's :class:`PeerTLS` from ``tls_ca``/``tls_cert``/``tls_key``: None
+    (plaintext) unless ``tls_peers`` is ``on``, or ``auto`` with ``tls_mode=enforcing``.  A
+    file that cannot be loaded is a :class:`TLSConfigError` (at start)."""
+    if not dials_peers_with_tls(config):
         return None
-    return ClientTLS(ca=config.tls_ca, cert=config.tls_cert, key=config.tls_key).context()
+    return PeerTLS(config.tls_ca, config.tls_cert, config.tls_key)
 
 
 def link_failure(exc: BaseException) -> str:

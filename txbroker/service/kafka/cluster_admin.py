@@ -73,7 +73,7 @@ def from_peer(ctx: KafkaRequestContext, body: dict, secret: str | None) -> bool 
 async def forward(node: KafkaNode, api_key: int, version: int, body: dict,
                   secret: str | None, tls: ssl.SSLContext | None = None) -> dict:
     """Send ``body`` to ``node`` as a forwarded request; its answer's body.  ``tls`` is how
-    this node dials its peers (``ClusterView.peer_tls``; None: plaintext).  Raises OSError
+    this node dials its peers (``ClusterView.tls_context``; None: plaintext).  Raises OSError
     (a refused certificate included), TimeoutError or ValueError when there is no whole
     answer."""
     corr = next(_corr) & 0x7FFFFFFF

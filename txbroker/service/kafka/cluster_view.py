@@ -55,7 +55,6 @@ from txbroker.remoting.headers import (
     UpdateConsumerOffsetRequestHeader,
 )
 from txbroker.remoting.signing import SessionCredentials
-from txbroker.remoting.tls import peer_context
 from txbroker.service.repeating import Repeating
 from txbroker.service.slave_sync import parse_topic_table
 from txbroker.service.topics import TopicManager
@@ -133,7 +132,8 @@ class ClusterView:
 
     def __init__(self, config: BrokerConfig, topics: TopicManager, *, node: KafkaNode,
                  is_master: Callable[[], bool],
-                 credentials: SessionCredentials | None = None) -> None:
+                 credentials: SessionCredentials | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.config = config
         self.topics = topics
         self.node = node
@@ -143,8 +143,9 @@ class ClusterView:
         #: broker address -> (node id, Kafka node); (None, None) when it has no Kafka listener.
         self._kafka_of: dict[str, tuple[int | None, KafkaNode | None]] = {}
         self._clients: dict[str, RemotingClient] = {}
-        #: The name servers and brokers are dialled as the broker dials its peers (tls_peers).
-        self._tls = peer_context(config)
+        #: The name servers and brokers are dialled as the broker dials its peers (its
+        #: ``PeerTLS`` context; None: plaintext).
+        self._tls = tls
         self._namesrvs = parse_address_list(config.namesrv_addr)
         self._rounds = Repeating(self.refresh, config.kafka_cluster_refresh_interval,
                                  what="Kafka cluster view refresh",
@@ -173,9 +174,9 @@ class ClusterView:
         self._rounds.start()
 
     @property
-    def peer_tls(self) -> ssl.SSLContext | None:
-        """How this node dials its peers (``tls_peers``; None: plaintext): the name servers
-        and masters asked here, and the Kafka listeners that admin requests are forwarded to
+    def tls_context(self) -> ssl.SSLContext | None:
+        """How this node dials its peers (None: plaintext): the name servers and masters
+        asked here, and the Kafka listeners that admin requests are forwarded to
         (``cluster_admin.forward``) and markers sent to (``markers.py``)."""
         return self._tls
 
