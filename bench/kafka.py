@@ -29,10 +29,12 @@ Then the three targets of docs/kafka.md, each met or not met:
 ``--json`` prints the rows and targets as one JSON document instead of the table.
 
 ``--cluster`` runs ``bench.kafka_cluster`` instead: one broker vs two broker groups, and the
-produce stall through a failover.
+produce stall through a failover.  ``--tls`` runs ``bench.kafka_tls`` instead: plaintext vs TLS
+(``security.protocol=SSL``), interleaved, and the TLS cost in % of plaintext tx/s.
 
 Usage: ``python -m txbroker.bench.kafka [--seconds 3] [--max-messages 300000]
-[--in-flight 1000] [--rmq-producers 64] [--txn-producers 4] [--cluster] [--json]``
+[--in-flight 1000] [--rmq-producers 64] [--txn-producers 4] [--cluster | --tls [--rounds 3]]
+[--json]``
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import orjson
 
 from txbroker.bench.broker import REPO, BrokerProc, proc_cpu_seconds, run_row
 from txbroker.bench.extras import require, run_main
+from txbroker.bench.pki import ThrowawayPki
 from txbroker.client.admin import AdminClient
 
 TOPIC = "BenchKafka"
@@ -73,12 +76,17 @@ CONSUMER_MIN = 50_000.0
 class KafkaBroker:
     """A ``txbroker serve`` subprocess with its name server and its Kafka listener on
     ephemeral ports; ``addr``, ``namesrv`` and ``cpu()`` as ``bench.broker.BrokerProc`` has
-    them, so that module's rows run against it too."""
+    them, so that module's rows run against it too.  With ``pki`` every port speaks TLS only
+    (``tls_mode=enforcing``) and :attr:`client_options` make aiokafka verify it."""
 
-    def __init__(self, data_dir: str) -> None:
+    def __init__(self, data_dir: str, pki: ThrowawayPki | None = None) -> None:
         self.data_dir = data_dir
+        self.pki = pki
         self.proc: subprocess.Popen | None = None
         self.addr = self.namesrv = self.kafka = ""
+        #: What every aiokafka client of this broker is given besides its bootstrap address.
+        self.client_options: dict[str, object] = {} if pki is None else {
+            "security_protocol": "SSL", "ssl_context": pki.client_context()}
 
     def __enter__(self) -> Self:
         cmd = [sys.executable, "-P", "-m", "txbroker", "serve",
@@ -86,7 +94,7 @@ class KafkaBroker:
                "--data-dir", self.data_dir, "--flush-mode", "async",
                "--default-queue-nums", str(PARTITIONS), "--segment-size", str(256 * 1024 * 1024),
                "--log-level", "WARNING", "--transaction-check-interval", "60",
-               "--transaction-timeout", "60"]
+               "--transaction-timeout", "60", *(self.pki.serve_args() if self.pki else ())]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         line = b""
@@ -139,7 +147,8 @@ async def kafka_plain(broker: KafkaBroker, seconds: float, max_messages: int,
     """Pipelined plain sends; a message counts when its produce answer came back."""
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=broker.kafka, acks="all", linger_ms=5)
+    producer = AIOKafkaProducer(bootstrap_servers=broker.kafka, acks="all", linger_ms=5,
+                                **broker.client_options)
     await producer.start()
     try:
         loop = asyncio.get_running_loop()
@@ -169,7 +178,8 @@ async def kafka_txn(broker: KafkaBroker, per_txn: int, seconds: float, max_messa
     from aiokafka import AIOKafkaProducer
 
     clients = [AIOKafkaProducer(bootstrap_servers=broker.kafka, linger_ms=5,
-                                transactional_id=f"bench-txn-{per_txn}-{i}")
+                                transactional_id=f"bench-txn-{per_txn}-{i}",
+                                **broker.client_options)
                for i in range(producers)]
     await asyncio.gather(*(c.start() for c in clients))
     loop = asyncio.get_running_loop()
@@ -285,6 +295,10 @@ def main(argv: list[str] | None = None) -> dict:
                     help="producer coroutines of the RocketMQ rows (on one SDK producer)")
     ap.add_argument("--txn-producers", type=int, default=4,
                     help="transactional Kafka producers at once in the transaction rows")
+    ap.add_argument("--tls", action="store_true",
+                    help="plaintext vs TLS, interleaved, and the TLS cost (bench.kafka_tls)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="with --tls: rounds of the interleaved comparison (medians reported)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     ap.add_argument("--cluster", action="store_true",
                     help="one broker vs two broker groups, and a failover (bench.kafka_cluster)")
@@ -300,6 +314,16 @@ def main(argv: list[str] | None = None) -> dict:
             print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
         else:
             kafka_cluster.print_report(doc)
+        return doc
+    if args.tls:
+        from txbroker.bench import kafka_tls
+
+        doc = kafka_tls.run(args.seconds, args.max_messages, args.in_flight, args.txn_producers,
+                            args.rounds)
+        if args.json:
+            print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+        else:
+            kafka_tls.print_report(doc)
         return doc
     with tempfile.TemporaryDirectory(prefix="txbroker-bench-kafka-") as d, KafkaBroker(d) as broker, \
             asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

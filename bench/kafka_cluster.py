@@ -80,6 +80,8 @@ class Processes:
         self.namesrv = ServiceProcess(["namesrv", "--port", "0"],
                                       r"^txbroker namesrv ready addr=(\S+)$", root / "namesrv.log")
         self.brokers: list[BrokerProcess] = []
+        #: What ``bench.kafka``'s rows give their aiokafka clients: plaintext here.
+        self.client_options: dict[str, object] = {}
 
     def start(self) -> None:
         if self.controller is not None:

@@ -181,7 +181,8 @@ _OPTIONS: dict[str, _Opt] = {
                                           "with, comma-separated: PLAIN, SCRAM-SHA-256, "
                                           "SCRAM-SHA-512", "empty: no authentication"),
     "kafka_sasl_plain_over_plaintext": _Opt("", "offer PLAIN (the password in the clear) on "
-                                                "the Kafka port without TLS"),
+                                                "plaintext Kafka connections too (TLS ones "
+                                                "always offer it)"),
     "kafka_sasl_max_receive_size": _Opt("BYTES", "largest frame read from a Kafka connection "
                                                  "before it authenticated"),
     "acl_file": _Opt("PATH", "RocketMQ plain_acl.yml; setting it turns access control on",
@@ -198,7 +199,7 @@ _OPTIONS: dict[str, _Opt] = {
                                      "TXBROKER_CLUSTER_SECRET or --config: a command line is "
                                      "visible to every user of the machine)",
                            "unset: peers are trusted"),
-    "tls_mode": _Opt("MODE", "TLS on the broker, name-server, HA and metrics ports: "
+    "tls_mode": _Opt("MODE", "TLS on the broker, Kafka, name-server, HA and metrics ports: "
                              "permissive also accepts plaintext on the same port, enforcing "
                              "closes plaintext connections"),
     "tls_cert": _Opt("PATH", "PEM server certificate (chain); re-read when the file changes",
@@ -209,8 +210,9 @@ _OPTIONS: dict[str, _Opt] = {
                    "unset"),
     "tls_client_auth": _Opt("MODE", "client certificates: none, optional (verified when sent) "
                                     "or required (mTLS; needs --tls-ca)"),
-    "tls_peers": _Opt("WHEN", "dial the name servers, the controller and the group's master "
-                              "with TLS, verified against --tls-ca, presenting --tls-cert "
+    "tls_peers": _Opt("WHEN", "dial the name servers, the controller, the group's master and "
+                              "other brokers' Kafka ports with TLS, verified against --tls-ca, "
+                              "presenting --tls-cert "
                               "(auto: when --tls-mode is enforcing)"),
 }
 _missing = {f.name for f in fields(BrokerConfig)} ^ set(_OPTIONS)
@@ -396,7 +398,7 @@ async def _run_workers(config: BrokerConfig, log_level: str) -> int:
 
 def broker_listeners(broker: typing.Any) -> list[Listener]:
     """A started broker's ports beyond loopback, as the exposure warning sees them: TLS is
-    ``tls_mode`` on the broker, embedded name server and HA ports (permissive still takes
+    ``tls_mode`` on the broker, Kafka, embedded name server and HA ports (permissive still takes
     plaintext); authentication is the ACL on the broker port, SASL on the Kafka port, the
     cluster secret on the HA port.  The metrics port listens on loopback only."""
     cfg = broker.config
@@ -405,7 +407,7 @@ def broker_listeners(broker: typing.Any) -> list[Listener]:
     if broker.namesrv_port > 0:
         out.append(Listener(broker.namesrv_port, "name server", tls, None))
     if broker.kafka_port >= 0:
-        out.append(Listener(broker.kafka_port, "kafka", False,
+        out.append(Listener(broker.kafka_port, "kafka", tls,
                             bool(cfg.kafka_sasl_mechanism_list())))
     if broker.roles is not None:
         out.append(Listener(broker.roles.ha_port, "HA", tls, cfg.cluster_secret is not None))

@@ -465,7 +465,7 @@ class Broker:
         handlers.update(acl_handlers(self.users))
         if cfg.kafka_sasl_mechanism_list() and self.users is not None:  # docs/security.md
             handlers = authorize_handlers(handlers, self.users.authorizer, cfg.cluster_secret)
-        self.kafka = KafkaListener(cfg, handlers, self.metrics, self.users)
+        self.kafka = KafkaListener(cfg, handlers, self.metrics, self.users, tls=self.tls)
         sock, self._kafka_sock = self._kafka_sock, None
         await self.kafka.start(sock)
 

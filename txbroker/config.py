@@ -239,8 +239,8 @@ class BrokerConfig:
     #: (docs/security.md, "Kafka SASL"), comma-separated among PLAIN, SCRAM-SHA-256 and
     #: SCRAM-SHA-512; empty = no authentication on the Kafka port.
     kafka_sasl_mechanisms: str = ""
-    #: PLAIN sends the password itself; with no TLS on the Kafka port it is offered only when
-    #: this is set (Kafka clients print the same warning).
+    #: PLAIN sends the password itself: it is offered on TLS connections (``tls_mode``), and
+    #: on plaintext ones only when this is set (Kafka clients print the same warning).
     kafka_sasl_plain_over_plaintext: bool = False
     #: Largest frame read from a Kafka connection that has not authenticated yet (Kafka's
     #: ``sasl.server.max.receive.size``): an unauthenticated peer cannot make the broker buffer
@@ -328,6 +328,10 @@ SECRET_SETTINGS = ("cluster_secret",)
 HIDDEN = "(set, not shown)"
 #: The shortest cluster secret accepted (a short one is guessed offline from one exchange).
 MIN_SECRET_LENGTH = 8
+#: With TLS on, a connection whose first byte is 0x16 (a TLS handshake record) is taken for
+#: TLS; a RocketMQ or Kafka frame starts with its int32 size, whose first byte is 0x16 only
+#: from this size up, so ``max_frame_size`` stays below it (docs/security.md "TLS").
+TLS_FRAME_SIZE_LIMIT = 0x16 << 24
 
 
 def _validate(c: BrokerConfig) -> None:
@@ -340,6 +344,9 @@ def _validate(c: BrokerConfig) -> None:
     for name in ("namesrv_port", "metrics_port", "ha_port", "kafka_port"):
         need(-1 <= getattr(c, name) <= 65535, name, "must be -1 (off) or a port number 0..65535")
     _check_ports_apart(c)
+    need(c.tls_mode == "off" or c.max_frame_size < TLS_FRAME_SIZE_LIMIT, "max_frame_size",
+         f"must be below {TLS_FRAME_SIZE_LIMIT} bytes with TLS on: a frame that large starts "
+         "with 0x16, the first byte of a TLS handshake")
     need(c.flush_mode in ("async", "sync"), "flush_mode", "must be 'async' or 'sync'")
     need(c.segment_size >= 64 * 1024, "segment_size", "must be at least 64 KiB")
     need(c.consume_queue_entries >= 16, "consume_queue_entries", "must be at least 16")
@@ -445,10 +452,12 @@ def _check_kafka_sasl(c: BrokerConfig) -> None:
         raise ConfigError(f"kafka_sasl_mechanisms={c.kafka_sasl_mechanisms!r}: unknown "
                           f"{', '.join(unknown)} (comma-separated among "
                           f"{', '.join(KAFKA_SASL_MECHANISMS)}, or empty for none)")
-    if "PLAIN" in mechs and not c.kafka_sasl_plain_over_plaintext:
+    if "PLAIN" in mechs and not c.kafka_sasl_plain_over_plaintext and c.tls_mode == "off":
         raise ConfigError(f"kafka_sasl_mechanisms={c.kafka_sasl_mechanisms!r}: PLAIN sends the "
-                          "password in the clear and the Kafka port has no TLS; set "
-                          "kafka_sasl_plain_over_plaintext to offer it anyway, or use SCRAM")
+                          "password in the clear and the Kafka port has no TLS (tls_mode=off); "
+                          "turn TLS on (PLAIN is then offered on TLS connections), set "
+                          "kafka_sasl_plain_over_plaintext to offer it on plaintext ones anyway, "
+                          "or use SCRAM")
     if mechs and not c.users_file:
         raise ConfigError(f"kafka_sasl_mechanisms={c.kafka_sasl_mechanisms!r}: needs "
                           "users_file (the user store that 'txbroker user add' writes)")

@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import itertools
 import logging
+import ssl
 
 import orjson
 
@@ -70,16 +71,18 @@ def from_peer(ctx: KafkaRequestContext, body: dict, secret: str | None) -> bool 
 
 
 async def forward(node: KafkaNode, api_key: int, version: int, body: dict,
-                  secret: str | None) -> dict:
-    """Send ``body`` to ``node`` as a forwarded request; its answer's body.  Raises OSError,
-    TimeoutError or ValueError when there is no whole answer."""
+                  secret: str | None, tls: ssl.SSLContext | None = None) -> dict:
+    """Send ``body`` to ``node`` as a forwarded request; its answer's body.  ``tls`` is how
+    this node dials its peers (``ClusterView.tls_context``; None: plaintext).  Raises OSError
+    (a refused certificate included), TimeoutError or ValueError when there is no whole
+    answer."""
     corr = next(_corr) & 0x7FFFFFFF
     # The signature covers the body as the peer decodes it (defaults filled in).
     canonical = decode_request(encode_request(api_key, version, corr, None, body)[4:]).body
     frame = encode_request(api_key, version, corr, _signed_id(api_key, canonical, secret), body)
 
     async def exchange() -> bytes:
-        reader, writer = await asyncio.open_connection(node.host, node.port)
+        reader, writer = await asyncio.open_connection(node.host, node.port, ssl=tls)
         try:
             writer.write(frame)
             size = int.from_bytes(await reader.readexactly(4), "big", signed=True)

@@ -173,6 +173,13 @@ class ClusterView:
                         exc, self.config.kafka_cluster_refresh_interval)
         self._rounds.start()
 
+    @property
+    def tls_context(self) -> ssl.SSLContext | None:
+        """How this node dials its peers (None: plaintext): the name servers and masters
+        asked here, and the Kafka listeners that admin requests are forwarded to
+        (``cluster_admin.forward``) and markers sent to (``markers.py``)."""
+        return self._tls
+
     async def close(self) -> None:
         await self._rounds.close()
         clients, self._clients = list(self._clients.values()), {}

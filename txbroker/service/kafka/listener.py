@@ -24,6 +24,13 @@ the handlers decide.  What Kafka clients rely on (docs/kafka.md, "Listener"):
   raw tokens after a SaslHandshake v0) are read, frames are bounded by
   ``kafka_sasl_max_receive_size``, and anything else closes the connection, as Kafka does; a
   failed authentication is answered, then the connection closes.
+* **TLS as the broker port has it** (``tls_mode``, docs/security.md "Kafka over TLS"): with TLS
+  on, a :class:`~txbroker.remoting.tls_listener.TLSListener` accepts, peeks at each
+  connection's first byte and hands it over with or without TLS, so ``enforcing`` is Kafka's
+  SSL / SASL_SSL listener and ``permissive`` serves both on one port.  A Kafka frame starts
+  with its int32 size, whose first byte is 0x16 only for a frame of 352 MiB or more, which
+  ``max_frame_size`` never allows with TLS on (``BrokerConfig``).  SASL/PLAIN is offered on a
+  TLS connection, and on a plaintext one only with ``kafka_sasl_plain_over_plaintext``.
 * **Handlers finish.**  A dropped connection does not cancel the request being handled: a
   Produce whose client went away still completes its store write and its bookkeeping (only
   its answer is dropped), so the client's retry finds a consistent partition.  At stop, the
@@ -54,6 +61,8 @@ from txbroker.remoting.kafka.framing import (
     encode_response,
 )
 from txbroker.remoting.kafka.primitives import KafkaDecodeError
+from txbroker.remoting.tls import ServerTLS
+from txbroker.remoting.tls_listener import TLSListener
 from txbroker.service.auth_throttle import AuthThrottle
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.kafka.sasl import (
@@ -109,11 +118,12 @@ class KafkaConnection(ConnectionCore):
 
     def __init__(self, listener: KafkaListener, conn_id: int) -> None:
         config = listener.config
-        #: None when the port needs no authentication.
-        self.sasl = listener.new_sasl_session()
+        #: None when the port needs no authentication; made in :meth:`connection_made`,
+        #: where it is known whether this connection is TLS (PLAIN depends on it).
+        self.sasl: SaslSession | None = None
         self._framing = (KafkaFraming(config.kafka_sasl_max_receive_size,
                                       "kafka_sasl_max_receive_size (not authenticated yet)")
-                         if self.sasl else KafkaFraming(config.max_frame_size))
+                         if listener.sasl_required else KafkaFraming(config.max_frame_size))
         super().__init__(listener.loop, self._framing, "?", limited=True)
         self.listener = listener
         self.id = conn_id
@@ -145,6 +155,8 @@ class KafkaConnection(ConnectionCore):
             log.warning("refusing Kafka connection from %s: %s", self.peer, reason)
             transport.abort()
             return
+        self.sasl = listener.new_sasl_session(
+            tls=transport.get_extra_info("ssl_object") is not None)
         super().connection_made(transport)
         self._accepted = True
         listener.connections.add(self)
@@ -374,8 +386,12 @@ class KafkaListener:
     """Listens on one socket and hands each Kafka request to the handler of its API key."""
 
     def __init__(self, config: BrokerConfig, handlers: dict[int, Handler],
-                 metrics: BrokerMetrics, credentials: CredentialLookup | None = None) -> None:
+                 metrics: BrokerMetrics, credentials: CredentialLookup | None = None,
+                 tls: ServerTLS | None = None) -> None:
         self.config = config
+        #: The broker's TLS (None with ``tls_mode=off``): the same certificate, modes and
+        #: reload as the broker port.
+        self.tls = tls
         self.handlers = {int(k): h for k, h in authenticated_handlers().items()}
         self.handlers.update((int(k), h) for k, h in handlers.items())
         self._mechanisms = config.kafka_sasl_mechanism_list()
@@ -392,21 +408,46 @@ class KafkaListener:
         self.lingering: set[KafkaConnection] = set()
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.closing = False
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.AbstractServer | TLSListener | None = None
         self._ids = itertools.count(1)
 
-    def new_sasl_session(self) -> SaslSession | None:
-        """A new connection's authentication state; None when the port needs none."""
-        if not self._mechanisms or self._credentials is None:
+    @property
+    def sasl_required(self) -> bool:
+        """Whether a client must authenticate before anything but ApiVersions."""
+        return bool(self._mechanisms) and self._credentials is not None
+
+    def new_sasl_session(self, *, tls: bool) -> SaslSession | None:
+        """A new connection's authentication state; None when the port needs none.  PLAIN
+        is allowed on a TLS connection, else only with ``kafka_sasl_plain_over_plaintext``."""
+        if not self.sasl_required:
             return None
+        assert self._credentials is not None
         return SaslSession(self._mechanisms, self._credentials, self._sasl_secret,
-                           self.config.kafka_sasl_plain_over_plaintext)
+                           tls or self.config.kafka_sasl_plain_over_plaintext)
+
+    @property
+    def tls_refusals(self) -> int:
+        """Plaintext connections closed by an enforcing TLS port."""
+        return self._server.refusals if isinstance(self._server, TLSListener) else 0
+
+    @property
+    def tls_failures(self) -> int:
+        """Failed TLS handshakes."""
+        return self._server.failures if isinstance(self._server, TLSListener) else 0
 
     async def start(self, sock: socket.socket) -> None:
-        """Serve on ``sock`` (bound and listening)."""
+        """Serve on ``sock`` (bound and listening), through a :class:`TLSListener` with TLS."""
         self.loop = asyncio.get_running_loop()
-        self._server = await self.loop.create_server(
-            lambda: KafkaConnection(self, next(self._ids)), sock=sock, backlog=1024)
+
+        def factory() -> KafkaConnection:
+            return KafkaConnection(self, next(self._ids))
+
+        if self.tls is None:
+            self._server = await self.loop.create_server(factory, sock=sock, backlog=1024)
+        else:
+            self._server = TLSListener(self.tls, factory, what="Kafka port",
+                                       max_pending=self.config.max_connections)
+            self._server.start(sock)
 
     async def close(self, grace: float) -> None:
         """Stop accepting and reading; requests in progress get ``grace`` seconds to finish

@@ -33,6 +33,7 @@ from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.framing import decode_response, encode_request
 from txbroker.remoting.kafka.primitives import KafkaDecodeError
+from txbroker.remoting.tls import link_failure
 from txbroker.service.cluster_auth import CLUSTER_ACCESS_KEY, OncePerPeer
 from txbroker.service.kafka.cluster_view import ClusterView
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
@@ -128,7 +129,7 @@ class MarkerSender:
         except (OSError, TimeoutError, asyncio.IncompleteReadError, KafkaDecodeError,
                 ValueError) as exc:
             log.info("transaction marker (producer %d, txn %d) to group %s at %s: %s; retried",
-                     pid, txn, group, addr, exc or type(exc).__name__)
+                     pid, txn, group, addr, link_failure(exc))
             return False
         errors = {p["error_code"] for m in body.get("markers") or ()
                   for t in m.get("topics") or () for p in t.get("partitions") or ()}
@@ -158,7 +159,7 @@ class MarkerSender:
                 return await self._exchange(idle, reader, writer, frame)
             except (OSError, asyncio.IncompleteReadError):
                 continue
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(host, port, ssl=self.view.tls_context)
         return await self._exchange(idle, reader, writer, frame)
 
     async def _exchange(self, idle: list, reader: asyncio.StreamReader,

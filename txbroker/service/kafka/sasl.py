@@ -252,7 +252,11 @@ class ScramServer:
 # --- one connection ----------------------------------------------------------------------
 
 class SaslSession:
-    """The authentication state of one Kafka connection (see the module docstring)."""
+    """The authentication state of one Kafka connection (see the module docstring).
+
+    ``plain_allowed`` is decided per connection by the listener: true on a TLS connection,
+    on a plaintext one only with ``kafka_sasl_plain_over_plaintext``; PLAIN is neither
+    offered nor accepted without it."""
 
     def __init__(self, mechanisms: tuple[str, ...], creds: CredentialLookup, secret: bytes,
                  plain_allowed: bool) -> None:
@@ -302,8 +306,9 @@ class SaslSession:
                                    ErrorCode.UNSUPPORTED_SASL_MECHANISM))
             return {"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM, "mechanisms": offered}
         if mech == "PLAIN" and not self._plain_allowed:
-            self._fail(SaslFailure("PLAIN sends the password in the clear: it is offered only "
-                                   "with kafka_sasl_plain_over_plaintext (no TLS on this port)",
+            self._fail(SaslFailure("PLAIN sends the password in the clear: it is offered on TLS "
+                                   "connections, and on plaintext ones only with "
+                                   "kafka_sasl_plain_over_plaintext",
                                    ErrorCode.UNSUPPORTED_SASL_MECHANISM))
             return {"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM, "mechanisms": offered}
         self.mechanism = mech
