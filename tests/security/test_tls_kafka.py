@@ -91,7 +91,7 @@ def _client(pki, **kw: str) -> ssl.SSLContext:
 # --- settings ---------------------------------------------------------------------------------
 
 def test_plain_needs_tls_or_the_plaintext_flag(tmp_path: Path, pki) -> None:
-    users = users_file(tmp_path / "users.json", alice="alice-secret")
+    users = users_file(tmp_path / "users.json", ("producer", "consumer"), alice="alice-secret")
     base = BrokerConfig(data_dir=str(tmp_path / "d"), kafka_port=0, users_file=users)
     with pytest.raises(ConfigError, match=r"no TLS \(tls_mode=off\); turn TLS on"):
         base.replace(kafka_sasl_mechanisms="PLAIN")
@@ -207,7 +207,7 @@ async def _plain_login(wire: Wire, password: str = "alice-secret") -> tuple[dict
 
 
 async def test_plain_is_offered_on_tls_connections_only(tls_broker, pki, tmp_path) -> None:
-    users = users_file(tmp_path / "users.json", alice="alice-secret")
+    users = users_file(tmp_path / "users.json", ("producer", "consumer"), alice="alice-secret")
     b = await _kafka_broker(tls_broker, tls_mode="permissive", users_file=users,
                             kafka_sasl_mechanisms="SCRAM-SHA-512,PLAIN")
     secure = await Wire.open(b.kafka_port, _client(pki))
@@ -231,7 +231,7 @@ async def test_plain_is_offered_on_tls_connections_only(tls_broker, pki, tmp_pat
 
 async def test_plain_on_plaintext_with_the_flag_on_a_permissive_port(tls_broker, pki,
                                                                       tmp_path) -> None:
-    users = users_file(tmp_path / "users.json", alice="alice-secret")
+    users = users_file(tmp_path / "users.json", ("producer", "consumer"), alice="alice-secret")
     b = await _kafka_broker(tls_broker, tls_mode="permissive", users_file=users,
                             kafka_sasl_mechanisms="PLAIN", kafka_sasl_plain_over_plaintext=True)
     plain = await Wire.open(b.kafka_port)

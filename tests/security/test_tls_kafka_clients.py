@@ -23,7 +23,7 @@ USER, PASSWORD = "alice", "alice-secret"
 @pytest.fixture
 def tls_process(broker_process, pki, tmp_path: Path):
     """``txbroker serve`` with an enforcing TLS Kafka port and SASL (SCRAM-SHA-512, PLAIN)."""
-    users = users_file(tmp_path / "users.json", **{USER: PASSWORD})
+    users = users_file(tmp_path / "users.json", ("producer", "consumer"), **{USER: PASSWORD})
     return broker_process(kafka_port=0, kafka_group_initial_rebalance_delay=0.2,
                           tls_mode="enforcing", tls_cert=str(pki.cert_file),
                           tls_key=str(pki.key_file), users_file=users,
