@@ -214,7 +214,7 @@ class KafkaAdmin:
         """Forward ``body`` (one resource) to ``group``'s master; ConfigRefused on its error."""
         try:
             answer = await forward(leader, ctx.api_key, ctx.api_version, body,
-                                   self.config.cluster_secret)
+                                   self.config)
             got = answer[results][0]
         except (OSError, TimeoutError, ValueError, KeyError, IndexError) as exc:
             raise ConfigRefused(UNREACHABLE, f"broker group {group} ({leader.host}:"
@@ -311,7 +311,7 @@ class KafkaAdmin:
         try:
             group, leader = self._holders(r["resource_name"])[0]
             answer = await forward(leader, ctx.api_key, ctx.api_version, {**body, "resources": [r]},
-                                   self.config.cluster_secret)
+                                   self.config)
             return answer["results"][0]
         except ConfigRefused as exc:
             return {**out, "error_code": exc.code, "error_message": exc.message}
