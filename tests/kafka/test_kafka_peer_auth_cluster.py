@@ -110,9 +110,8 @@ async def test_a_group_with_another_secret_is_refused_with_one_line(broker_confi
         for broker in (a, b):
             await eventually(lambda broker=broker: broker.kafka_view.ready()
                              and len(broker.kafka_view.nodes()) == 2, msg="views see both groups")
-        with caplog.at_level(logging.WARNING, "txbroker.kafka"):
-            with pytest.raises(KafkaError):
-                await create_topic(a.kafka_port, "orders", 4)
+        with caplog.at_level(logging.WARNING, "txbroker.kafka"), pytest.raises(KafkaError):
+            await create_topic(a.kafka_port, "orders", 4)
         assert b.topics.get("orders") is None
         lines = [r.getMessage() for r in caplog.records
                  if r.getMessage().startswith("logging in to Kafka peer")]

@@ -37,7 +37,12 @@ from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.framing import decode_response, encode_request
 from txbroker.service.cluster_auth import CLUSTER_ACCESS_KEY, OncePerPeer
 from txbroker.service.kafka.sasl import CredentialLookup
-from txbroker.service.scram import MECHANISMS, ScramCredentials, client_proof, make_credentials
+from txbroker.service.scram import (
+    MECHANISMS,
+    ScramCredentials,
+    client_proof,
+    make_credentials,
+)
 
 log = logging.getLogger("txbroker.kafka")
 
