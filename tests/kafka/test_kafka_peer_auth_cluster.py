@@ -118,3 +118,14 @@ async def test_a_group_with_another_secret_is_refused_with_one_line(broker_confi
         assert len(lines) == 1, lines
         assert f"127.0.0.1:{b.kafka_port}" in lines[0] and "different cluster_secret" in lines[0]
         assert "another-cluster-secret" not in caplog.text and SECRET not in caplog.text
+
+        # Markers are retried: each attempt is refused, the line is said once.
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, "txbroker.kafka"):
+            for _ in range(3):
+                assert not await asyncio.wait_for(a.kafka_txn.markers.send(
+                    7, 0, 1, True, {"broker-b": [("orders", 0)]}), TIMEOUT)
+        lines = [r.getMessage() for r in caplog.records
+                 if r.getMessage().startswith("logging in to Kafka peer")]
+        assert len(lines) == 1 and f"127.0.0.1:{b.kafka_port}" in lines[0], lines
+        assert "another-cluster-secret" not in caplog.text and SECRET not in caplog.text
