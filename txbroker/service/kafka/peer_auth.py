@@ -49,9 +49,9 @@ log = logging.getLogger("txbroker.kafka")
 #: The cluster's account name; ``txbroker user add`` refuses it.
 CLUSTER_USER = CLUSTER_ACCESS_KEY
 CLUSTER_PRINCIPAL = f"User:{CLUSTER_USER}"
-#: Fixed salts of the cluster account's SCRAM credentials.  Fixed so that every broker
-#: derives the same credentials from the secret alone; a per-cluster random salt would have to
-#: be shared like the secret and would protect nothing more than its length already does.
+#: Fixed salts of the cluster account's SCRAM credentials: every broker derives the same
+#: credentials from the secret alone, with nothing else to share.  The price: one guess of the
+#: secret is tried against every cluster at once, so the secret must be long and random.
 CLUSTER_SALTS = {mech: f"txbroker-cluster {mech}".encode() for mech in MECHANISMS}
 #: Preference among this broker's mechanisms: the strongest first.
 PREFERENCE = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
