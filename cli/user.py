@@ -13,6 +13,7 @@ import sys
 import click
 
 from txbroker.cli.common import CommandError, command_name
+from txbroker.service.cluster_auth import CLUSTER_ACCESS_KEY
 from txbroker.service.users import ROLES, UsersFileError, edit_users, load_users
 
 #: The users file in the default data dir, where ``txbroker serve`` run from the same
@@ -52,6 +53,10 @@ def user() -> None:
 @users_file_option
 def add(name: str, password_stdin: bool, roles: tuple[str, ...], users_file: str) -> None:
     """Add user NAME with a password (stored only as SCRAM-SHA-256/512 credentials)."""
+    if name == CLUSTER_ACCESS_KEY:  # its password is cluster_secret (docs/security.md)
+        raise _fail(users_file, ValueError(
+            f"user name {name!r} is reserved: it is the account brokers log in to each "
+            f"other's Kafka ports with, its password is the cluster_secret"))
     try:
         with edit_users(users_file) as box:
             if name in box[0].users:

@@ -464,6 +464,12 @@ def _check_kafka_sasl(c: BrokerConfig) -> None:
     if c.kafka_sasl_max_receive_size < 1024:
         raise ConfigError(f"kafka_sasl_max_receive_size={c.kafka_sasl_max_receive_size}: "
                           "must be >= 1024")
+    if mechs and c.kafka_port >= 0 and (c.namesrv_addr or c.workers > 1) \
+            and c.cluster_secret is None:
+        raise ConfigError(f"kafka_sasl_mechanisms={c.kafka_sasl_mechanisms!r} on a cluster broker "
+                          "(namesrv_addr or workers set, and a Kafka port): needs "
+                          "cluster_secret, the password brokers log in to each other's Kafka "
+                          "ports with (forwarded admin requests, transaction markers)")
 
 
 def _check_kafka_cluster(c: BrokerConfig) -> None:

@@ -17,7 +17,9 @@ client-final-without-proof::
 
 Kafka's SCRAM-SHA-256 and SCRAM-SHA-512 (KIP-84) use exactly these with SHA-256 and SHA-512 and
 accept 4096 to 16384 iterations, 4096 being the minimum RFC 7677 asks for.  Parsing the SCRAM
-messages themselves belongs to the SASL exchange, not here.
+messages themselves belongs to the SASL exchange, not here.  The client's side of the same
+math (:func:`client_proof`) is here too, for the broker that logs in to another broker's Kafka
+port (``service/kafka/peer_auth.py``).
 """
 
 from __future__ import annotations
@@ -104,3 +106,20 @@ def verify_password(credentials: ScramCredentials, password: str) -> bool:
     again = make_credentials(credentials.mechanism, password, credentials.salt,
                              credentials.iterations)
     return hmac.compare_digest(again.stored_key, credentials.stored_key)
+
+
+def client_proof(mechanism: str, password: str, salt: bytes, iterations: int,
+                 auth_message: bytes) -> tuple[bytes, bytes]:
+    """The client's side: (ClientProof for client-final-message, the ServerSignature the
+    server must answer with).  The salt and iteration count come from the server, so an
+    iteration count out of :data:`MIN_ITERATIONS`..:data:`MAX_ITERATIONS` is a ValueError
+    (a peer must not make the client derive weakly, or for minutes)."""
+    digest = _digest(mechanism)
+    if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+        raise ValueError(f"iterations={iterations}: must be {MIN_ITERATIONS}..{MAX_ITERATIONS}")
+    salted = hashlib.pbkdf2_hmac(digest, password.encode("utf-8"), salt, iterations)
+    client_key = hmac.digest(salted, b"Client Key", digest)
+    signature = hmac.digest(hashlib.new(digest, client_key).digest(), auth_message, digest)
+    proof = bytes(k ^ s for k, s in zip(client_key, signature, strict=True))
+    server_key = hmac.digest(salted, b"Server Key", digest)
+    return proof, hmac.digest(server_key, auth_message, digest)

@@ -214,7 +214,7 @@ class KafkaAdmin:
         """Forward ``body`` (one resource) to ``group``'s master; ConfigRefused on its error."""
         try:
             answer = await forward(leader, ctx.api_key, ctx.api_version, body,
-                                   self.config.cluster_secret,
+                                   self.config,
                                    self.view.tls_context if self.view is not None else None)
             got = answer[results][0]
         except (OSError, TimeoutError, ValueError, KeyError, IndexError) as exc:
@@ -312,7 +312,7 @@ class KafkaAdmin:
         try:
             group, leader = self._holders(r["resource_name"])[0]
             answer = await forward(leader, ctx.api_key, ctx.api_version, {**body, "resources": [r]},
-                                   self.config.cluster_secret,
+                                   self.config,
                                    self.view.tls_context if self.view is not None else None)
             return answer["results"][0]
         except ConfigRefused as exc:

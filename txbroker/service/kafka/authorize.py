@@ -14,7 +14,9 @@ the cluster's signature instead of a user (``cluster_admin.py``): a request of a
 forwarded (:data:`FORWARDED`) whose signature checks against ``cluster_secret`` goes straight
 to its handler, which keeps its own check (the broker that forwarded it authorized the client);
 WriteTxnMarkers is only ever that.  Without a secret there is no signature, only a client id
-anyone can send, so nothing is let through that way.
+anyone can send, so nothing is let through that way.  A broker logged in as the cluster's own
+account (``User:txbroker-cluster``, ``peer_auth.py``) is a super user: only a holder of the
+cluster secret can log in as it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.service.kafka.acls import AclOperation, Authorizer, ResourceType
 from txbroker.service.kafka.cluster_admin import from_peer
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
+from txbroker.service.kafka.peer_auth import CLUSTER_PRINCIPAL
 
 Op = AclOperation
 TOPIC, GROUP, TXN, CLUSTER = (ResourceType.TOPIC, ResourceType.GROUP,
@@ -435,7 +438,8 @@ def _wrap(rule: Rule, handler: Handler, authorizer: Callable[[], Authorizer],
           secret: str | None) -> Handler:
     """``secret``: the cluster secret when the API is forwarded between brokers, else None."""
     async def authorized(ctx: KafkaRequestContext, body: dict) -> dict | None:
-        if ctx.principal is None or (secret is not None and from_peer(ctx, body, secret) is True):
+        if ctx.principal is None or ctx.principal == CLUSTER_PRINCIPAL \
+                or (secret is not None and from_peer(ctx, body, secret) is True):
             return await handler(ctx, body)
         host = ctx.peer.rpartition(":")[0]
         return await rule(Check(authorizer(), ctx.principal, host), handler, ctx, body)

@@ -9,7 +9,8 @@ its client id, as transaction markers do (``markers.py``): ``txbroker-cluster:<h
 HMAC-SHA256>`` over the API key and the request body, with ``cluster_secret``; without a
 secret the bare ``txbroker-cluster``.  A broker obeys a forwarded request for its own group
 only and never forwards it again; one whose signature does not check is answered
-CLUSTER_AUTHORIZATION_FAILED.
+CLUSTER_AUTHORIZATION_FAILED.  With ``kafka_sasl_mechanisms`` set, the connection first logs in
+as the cluster's own account (``peer_auth.py``).
 
 Order keeps the numbering still (``cluster_view.py``): a topic is created group by group from
 the lowest node id up and deleted from the highest down, and new partitions go to the group
@@ -27,6 +28,7 @@ import ssl
 
 import orjson
 
+from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.framing import (
     decode_request,
@@ -37,6 +39,7 @@ from txbroker.remoting.kafka.primitives import KafkaDecodeError
 from txbroker.service.cluster_auth import CLUSTER_ACCESS_KEY
 from txbroker.service.kafka.cluster_view import KafkaNode
 from txbroker.service.kafka.context import KafkaRequestContext
+from txbroker.service.kafka.peer_auth import authenticate
 
 log = logging.getLogger("txbroker.kafka")
 
@@ -71,11 +74,13 @@ def from_peer(ctx: KafkaRequestContext, body: dict, secret: str | None) -> bool 
 
 
 async def forward(node: KafkaNode, api_key: int, version: int, body: dict,
-                  secret: str | None, tls: ssl.SSLContext | None = None) -> dict:
+                  config: BrokerConfig, tls: ssl.SSLContext | None = None) -> dict:
     """Send ``body`` to ``node`` as a forwarded request; its answer's body.  ``tls`` is how
-    this node dials its peers (``ClusterView.tls_context``; None: plaintext).  Raises OSError
-    (a refused certificate included), TimeoutError or ValueError when there is no whole
-    answer."""
+    this node dials its peers (``ClusterView.tls_context``; None: plaintext); with Kafka SASL
+    on, the connection logs in as the cluster account first (``peer_auth.authenticate``).
+    Raises OSError (a refused certificate included), TimeoutError or ValueError when there is
+    no whole answer (or the login was refused)."""
+    secret = config.cluster_secret
     corr = next(_corr) & 0x7FFFFFFF
     # The signature covers the body as the peer decodes it (defaults filled in).
     canonical = decode_request(encode_request(api_key, version, corr, None, body)[4:]).body
@@ -84,6 +89,7 @@ async def forward(node: KafkaNode, api_key: int, version: int, body: dict,
     async def exchange() -> bytes:
         reader, writer = await asyncio.open_connection(node.host, node.port, ssl=tls)
         try:
+            await authenticate(reader, writer, config)
             writer.write(frame)
             size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
             if not 0 < size <= MAX_ANSWER:

@@ -65,6 +65,7 @@ from txbroker.remoting.tls import ServerTLS
 from txbroker.remoting.tls_listener import TLSListener
 from txbroker.service.auth_throttle import AuthThrottle
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
+from txbroker.service.kafka.peer_auth import ClusterAccount
 from txbroker.service.kafka.sasl import (
     CredentialLookup,
     SaslFailure,
@@ -398,7 +399,9 @@ class KafkaListener:
         if self._mechanisms and credentials is None:
             raise ConfigError(f"kafka_sasl_mechanisms={config.kafka_sasl_mechanisms!r}: needs "
                               "users_file (the user store that 'txbroker user add' writes)")
-        self._credentials = credentials
+        #: The users, and the cluster's own account for the other brokers (peer_auth.py).
+        self._credentials = None if credentials is None else \
+            ClusterAccount(credentials, config.cluster_secret)
         #: Secret of this process for made-up SCRAM salts of unknown users.
         self._sasl_secret = secrets.token_bytes(32)
         self.throttle = AuthThrottle()

@@ -14,7 +14,8 @@ Kafka authorises WriteTxnMarkers with the CLUSTER_ACTION ACL; here, with ``clust
 set, a marker must carry the cluster's signature in its client id
 (``txbroker-cluster:<hex HMAC-SHA256 over the markers>``, :func:`marker_client_id`), so no
 Kafka client can commit or abort another producer's transaction.  Anything else is answered
-CLUSTER_AUTHORIZATION_FAILED and logged once per peer.
+CLUSTER_AUTHORIZATION_FAILED and logged once per peer.  With ``kafka_sasl_mechanisms`` set, a
+new connection to a participant first logs in as the cluster's own account (``peer_auth.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from txbroker.remoting.tls import link_failure
 from txbroker.service.cluster_auth import CLUSTER_ACCESS_KEY, OncePerPeer
 from txbroker.service.kafka.cluster_view import ClusterView
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
+from txbroker.service.kafka.peer_auth import authenticate
 from txbroker.service.kafka.staging import TxnStaging
 
 log = logging.getLogger("txbroker.kafka")
@@ -92,6 +94,8 @@ class MarkerSender:
         #: (host, port) -> idle connections to that participant's Kafka listener.
         self._idle: dict[tuple[str, int], list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
         self._closed = False
+        #: A participant refusing our login is logged once per reason (markers are retried).
+        self._refusals = OncePerPeer()
 
     async def send(self, pid: int, epoch: int, txn: int, commit: bool,
                    participants: Participants) -> bool:
@@ -160,6 +164,7 @@ class MarkerSender:
             except (OSError, asyncio.IncompleteReadError):
                 continue
         reader, writer = await asyncio.open_connection(host, port, ssl=self.view.tls_context)
+        await authenticate(reader, writer, self.config, self._refusals)
         return await self._exchange(idle, reader, writer, frame)
 
     async def _exchange(self, idle: list, reader: asyncio.StreamReader,

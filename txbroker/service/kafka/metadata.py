@@ -242,7 +242,7 @@ class KafkaMetadata:
                 try:
                     answer = await forward(leader, ApiKey.CREATE_TOPICS, ctx.api_version,
                                            {"topics": [part], "timeout_ms": 5000},
-                                           self.config.cluster_secret, view.tls_context)
+                                           self.config, view.tls_context)
                     got = answer["topics"][0]
                     error, message = ErrorCode(got["error_code"]), got.get("error_message")
                 except (OSError, TimeoutError, ValueError, KeyError, IndexError) as exc:
