@@ -52,12 +52,19 @@ TEST_SETTINGS = {
 SPARK_FIXTURES = {"spark", "e2e_run"}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items) -> None:
-    """Spark, C++-client and chaos tests are ``slow`` too, so ``-m "not slow"`` leaves them out."""
+    """Spark, C++-client and chaos tests are ``slow`` too, so ``-m "not slow"`` leaves them out.
+
+    Under ``pytest -n 2 --dist loadgroup`` the Spark tests share one worker: their session
+    fixtures (a JVM, a bench run) would otherwise start once per worker.  First among the
+    hooks, so the group mark is there when pytest-xdist reads the groups."""
     for item in items:
-        if ("needs_cpp" in item.keywords or "chaos" in item.keywords
-                or SPARK_FIXTURES & set(getattr(item, "fixturenames", ()))):
+        spark = SPARK_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if "needs_cpp" in item.keywords or "chaos" in item.keywords or spark:
             item.add_marker(pytest.mark.slow)
+        if spark:
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 @pytest.fixture

@@ -106,11 +106,13 @@ def test_kafka_python_wrong_mechanism_is_refused(broker_process, tmp_path: Path)
     users = users_file(tmp_path / "users.json", **{USER: PASSWORD})
     proc = broker_process(kafka_port=0, kafka_sasl_mechanisms="SCRAM-SHA-512",
                           users_file=users)
+    # kafka-python retries a refused handshake until its bootstrap time-out (30 s by default)
+    # and then raises: a refusal comes at once, so 5 s is a wide bound.
     with pytest.raises(KafkaError):
         KafkaProducer(bootstrap_servers=proc.kafka_addr, security_protocol="SASL_PLAINTEXT",
                       sasl_mechanism="PLAIN", sasl_plain_username=USER,
                       sasl_plain_password=PASSWORD, request_timeout_ms=5000,
-                      max_block_ms=5000).send("t", b"x").get(timeout=20)
+                      max_block_ms=5000, bootstrap_timeout_ms=5000).send("t", b"x").get(timeout=20)
 
 
 def test_confluent_kafka_scram_sha512(sasl_process) -> None:

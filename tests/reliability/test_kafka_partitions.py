@@ -21,7 +21,8 @@ from txbroker.bench.chaos.partitions import PartitionsConfig, run_partitions
 
 REASON = unavailable_reason()
 
-pytestmark = pytest.mark.slow
+# Namespaces, addresses and the bridge are fixed names: one run at a time (pytest -n: one worker).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("netns")]
 
 
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")

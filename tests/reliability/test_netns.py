@@ -14,7 +14,9 @@ from txbroker.bench.chaos.netns import (
 )
 
 REASON = unavailable_reason()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+# Namespaces, addresses and the bridge are fixed names: one run at a time (pytest -n: one worker).
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=REASON or ""),
+              pytest.mark.xdist_group("netns")]
 
 
 def ours() -> list[str]:

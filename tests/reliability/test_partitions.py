@@ -16,6 +16,8 @@ from txbroker.bench.chaos.netns import unavailable_reason
 from txbroker.bench.chaos.partitions import PartitionsConfig, report, run_partitions
 
 REASON = unavailable_reason()
+# Namespaces, addresses and the bridge are fixed names: one run at a time (pytest -n: one worker).
+pytestmark = pytest.mark.xdist_group("netns")
 
 
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")

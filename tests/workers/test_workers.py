@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import re
 import signal
 import socket
@@ -24,7 +25,6 @@ from support.cli_runner import cli_ok, run_cli
 from support.cluster import InProcessCluster, cluster_info
 from support.waiting import eventually
 
-from txbroker.bench.chaos.process import free_port
 from txbroker.client import (
     Consumer,
     LocalTransactionState,
@@ -272,10 +272,27 @@ async def test_kafka_clients_see_one_node_per_worker(broker_process) -> None:
         await consumer.stop()
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _held_port_pair() -> tuple[socket.socket, int]:
-    """A listening socket on some port P + 10 while P and P + 1 are free (bounded tries)."""
+    """A listening socket on some port P + 10 while P and P + 1 are free (bounded tries).
+
+    P is picked below the kernel's ephemeral range: a port from there (``free_port``) is
+    released before the broker binds it, and meanwhile any connection or port-0 bind made by a
+    test running alongside may be handed it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    picks = random.Random()
     for _ in range(50):
-        base = free_port()
+        base = picks.randrange(low // 2, low - PORT_STEP - 1)
+        if not (_bindable(base) and _bindable(base + 1)):
+            continue
         held = socket.socket()
         try:
             held.bind(("127.0.0.1", base + PORT_STEP))
