@@ -97,6 +97,7 @@ class BrokerRegistrar:
         self.registered_as: int | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._closed = False
 
     async def start(self) -> None:
         """Register once with every name server (bounded), then keep registering."""
@@ -109,6 +110,7 @@ class BrokerRegistrar:
 
     async def stop(self) -> None:
         """Stop registering and unregister from every name server, bounded in time."""
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -128,10 +130,16 @@ class BrokerRegistrar:
         await asyncio.gather(*(self._unregister(c, header) for c in self._clients.values()))
 
     async def _loop(self) -> None:
-        while True:
+        # Its own task, so asyncio.timeout: Python 3.11's wait_for swallows a cancellation that
+        # arrives as the event is set (a role change triggering a round while the broker
+        # stops), and the stop would wait for this loop for ever.  ``_closed`` ends it too.
+        while not self._closed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.config.register_interval)
+                async with asyncio.timeout(self.config.register_interval):
+                    await self._wake.wait()
             self._wake.clear()
+            if self._closed:
+                return
             try:
                 await self.register_all()
             except Exception:
