@@ -57,7 +57,8 @@ def pytest_collection_modifyitems(config, items) -> None:
     """Spark, C++-client and chaos tests are ``slow`` too, so ``-m "not slow"`` leaves them out.
 
     Under ``pytest -n 2 --dist loadgroup`` the Spark tests share one worker: their session
-    fixtures (a JVM, a bench run) would otherwise start once per worker.  First among the
+    fixtures (a JVM, a bench run) would otherwise start once per worker; and the C++-client
+    and chaos tests share one, so no two of their timed failovers run side by side.  First among the
     hooks, so the group mark is there when pytest-xdist reads the groups."""
     for item in items:
         spark = SPARK_FIXTURES & set(getattr(item, "fixturenames", ()))
@@ -65,6 +66,10 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.slow)
         if spark:
             item.add_marker(pytest.mark.xdist_group("spark"))
+        elif (("needs_cpp" in item.keywords or "chaos" in item.keywords)
+              and item.get_closest_marker("xdist_group") is None):
+            # Clusters killed and timed under load: one at a time, never two side by side.
+            item.add_marker(pytest.mark.xdist_group("clusters"))
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ caller's working directory (relative paths mean the same to both).
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import selectors
@@ -26,10 +27,21 @@ from pathlib import Path
 READY_RE = re.compile(r"^txbroker ready broker=(\S+) namesrv=(\S+)(?: kafka=(\S+))?(?: workers=(\S+))?$")
 
 
+#: Ports this process handed out lately: the kernel may give a port just released to the next
+#: bind(0), and a broker given the same port twice (broker_port = ha_port) refuses to start.
+_RECENT_PORTS: collections.deque[int] = collections.deque(maxlen=1024)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free now and not handed out by this process lately (bounded tries)."""
+    for _ in range(64):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _RECENT_PORTS:
+            break
+    _RECENT_PORTS.append(port)
+    return port
 
 
 class BrokerProcess:

@@ -153,7 +153,7 @@ async def test_cpp_producer_keeps_sending_through_a_master_kill(broker_config, t
             stop = tmp_path / "stop-producing"
             cpp = await CppRun({"scenario": "send_sync", "namesrv": c.namesrv_addr,
                                 "topic": TOPIC, "group": "PID_CPP_FAILOVER", "body": "fo",
-                                "count": 800, "interval": 0.1, "send_timeout_ms": 3000,
+                                "count": 800, "interval": 0.1, "send_timeout_ms": 8000,
                                 "stop_file": str(stop)}, tmp_path / "prod").start()
             # The client refreshes its routes 3 s after it starts, then every 30 s: kill after
             # that first refresh, so the next one is the 30 s one.
