@@ -13,7 +13,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from support.cli_runner import cli_ok, cli_one_line_error, run_cli
+from support.cli_runner import cli_ok, cli_one_line_error, default_sigint, run_cli
 from support.cluster import InProcessCluster
 from support.waiting import eventually
 
@@ -126,7 +126,7 @@ async def test_ctrl_c_reports_acknowledged_and_in_doubt_sends(broker, namesrv) -
         sys.executable, "-P", "-m", "txbroker", "produce", "--topic", "TCtrlC", "--body", "x",
         "--count", "1000000", "--namesrv", namesrv,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=default_sigint)
     try:
         await eventually(lambda: _stored(broker, "TCtrlC") >= 200, timeout=60,
                          msg="the producer is sending")

@@ -15,7 +15,7 @@ import sys
 
 import orjson
 import pytest
-from support.cli_runner import cli_ok, run_cli
+from support.cli_runner import cli_ok, default_sigint, run_cli
 
 from txbroker.client import Consumer, Message, Producer
 from txbroker.client.admin import AdminClient
@@ -144,7 +144,7 @@ async def test_ctrl_c_commits_the_printed_messages(broker, namesrv) -> None:
     await _topic_with(namesrv, topic, 4)
     consume = await asyncio.create_subprocess_exec(
         *_consume_argv(namesrv, topic, group), stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
+        stderr=asyncio.subprocess.PIPE, preexec_fn=default_sigint)
     try:
         first = await asyncio.wait_for(consume.stdout.readline(), 30)
         assert first.decode().rstrip().endswith("m0")

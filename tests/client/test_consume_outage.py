@@ -12,6 +12,7 @@ import signal
 import sys
 
 import pytest
+from support.cli_runner import default_sigint
 
 from txbroker.bench.chaos.process import free_port
 from txbroker.client import Message, Producer
@@ -39,7 +40,7 @@ async def test_following_consume_reports_an_outage_in_two_lines(broker_process) 
     consume = await asyncio.create_subprocess_exec(
         sys.executable, "-P", "-m", "txbroker", "consume", "--topic", "TOutage", "--group",
         "CG_OUTAGE", "--from-beginning", "--namesrv", namesrv,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, preexec_fn=default_sigint)
     try:
         first = await asyncio.wait_for(consume.stdout.readline(), 30)
         assert first.decode().rstrip().endswith("before")

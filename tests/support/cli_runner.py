@@ -7,6 +7,7 @@ called through ``asyncio.to_thread`` and the broker keeps serving on the test's 
 from __future__ import annotations
 
 import asyncio
+import signal
 
 from click.testing import CliRunner, Result
 
@@ -31,3 +32,13 @@ def cli_one_line_error(result: Result) -> str:
     err = result.stderr.strip()
     assert err.startswith("error: ") and "\n" not in err and "Traceback" not in result.output
     return err
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` of a command a test stops with SIGINT, as Ctrl-C stops it in a terminal.
+
+    A process started in the background of a non-interactive shell (``cmd &``, as a CI runner
+    may start the suite) has SIGINT ignored, and its children inherit that: Python then keeps
+    ignoring SIGINT, and the command would never see the test's Ctrl-C.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
