@@ -40,6 +40,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Self
 
@@ -47,6 +48,7 @@ from txbroker.bench.chaos.cluster import ServiceProcess, replica_info
 from txbroker.bench.chaos.driver import broker_settings as chaos_broker_settings
 from txbroker.bench.chaos.faultproxy import FaultProxy
 from txbroker.bench.chaos.process import BrokerProcess, free_port
+from txbroker.bench.trace.spec import BrokerSettings
 from txbroker.service.controller_link import MasterInfo
 
 #: One cluster name for every group: a Kafka view spans the groups of its broker's cluster.
@@ -57,6 +59,13 @@ LEASE = 2.0
 PRIVATE_HOST_BASE = 11
 #: Bound on waiting for every group to have a master with both brokers in sync.
 HEALTHY_TIMEOUT = 60.0
+#: Settings the cluster decides for each broker: dropped from the ``broker_settings`` given
+#: (which may be an :func:`~txbroker.bench.trace.embedded.serve_settings` mapping, made for a
+#: single broker on ephemeral ports with its own name server).
+CLUSTER_OWNED = frozenset({
+    "listen_host", "advertised_host", "broker_port", "ha_port", "namesrv_port", "kafka_port",
+    "kafka_node_id", "namesrv_addr", "controller_addr", "broker_name", "broker_id",
+    "broker_role", "cluster_name"})
 #: Most groups a cluster can have (one letter each, ``broker-a`` .. ``broker-z``).
 MAX_GROUPS = 26
 #: Most brokers a partitionable cluster can give a private loopback address of its own.
@@ -114,9 +123,13 @@ class _ProxyThread:
 class EmbeddedCluster:
     """The controller, the name server and ``groups`` groups of two brokers, under ``root``
     (a temp dir removed at exit when None).  Process names: ``controller``, ``namesrv``,
-    ``broker-a-0``, ``broker-a-1``, ``broker-b-0``, ..."""
+    ``broker-a-0``, ``broker-a-1``, ``broker-b-0``, ...
 
-    def __init__(self, groups: int = 2, broker_settings: Mapping[str, object] | None = None,
+    ``broker_settings``: the trace's :class:`BrokerSettings`, or BrokerConfig field names ->
+    values given to every broker (except the :data:`CLUSTER_OWNED` ones)."""
+
+    def __init__(self, groups: int = 2,
+                 broker_settings: BrokerSettings | Mapping[str, object] | None = None,
                  root: str | os.PathLike[str] | None = None, kafka: bool = True,
                  partitionable: bool = False) -> None:
         if not 1 <= groups <= MAX_GROUPS:
@@ -139,7 +152,9 @@ class EmbeddedCluster:
         #: Per broker, the proxies a partition holds (empty without ``partitionable``).
         self.proxies: dict[str, list[FaultProxy]] = {}
         self._proxy_thread = _ProxyThread() if partitionable else None
-        trace_settings = dict(broker_settings or {})
+        if isinstance(broker_settings, BrokerSettings):
+            broker_settings = asdict(broker_settings)
+        trace_settings = {k: v for k, v in (broker_settings or {}).items() if k not in CLUSTER_OWNED}
         for g, group in enumerate(self.group_names):
             for broker_id in (0, 1):
                 name = f"{group}-{broker_id}"

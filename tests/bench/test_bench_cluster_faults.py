@@ -22,6 +22,7 @@ from txbroker.bench.chaos.driver import LedgerListener
 from txbroker.bench.chaos.ledger import KINDS, Ledger
 from txbroker.bench.kafka_cluster import metadata_leaders
 from txbroker.bench.trace.cluster import EmbeddedCluster
+from txbroker.bench.trace.embedded import serve_settings
 from txbroker.bench.trace.faultplan import FaultRunner, parse_plan
 from txbroker.bench.trace.spec import BrokerSettings
 from txbroker.client import (
@@ -159,7 +160,7 @@ class NeverDecides(TransactionListener):
 
 
 async def test_two_group_cluster_starts_with_the_trace_settings_and_a_kafka_view(tmp_path):
-    cluster = EmbeddedCluster(2, asdict(TRACE), root=tmp_path / "c")
+    cluster = EmbeddedCluster(2, TRACE, root=tmp_path / "c")
     try:
         seconds = await asyncio.to_thread(cluster.start)
         print(f"cluster of 2 groups started and healthy in {seconds:.1f} s")
@@ -209,7 +210,9 @@ async def test_two_group_cluster_starts_with_the_trace_settings_and_a_kafka_view
 
 
 async def test_kill_master_plan_under_transactions(tmp_path):
-    cluster = EmbeddedCluster(2, asdict(TRACE), root=tmp_path / "c")
+    # The single broker's settings, as `bench run` makes them: the cluster keeps its own
+    # ports, hosts and names, and takes the rest.
+    cluster = EmbeddedCluster(2, serve_settings(TRACE), root=tmp_path / "c")
     await asyncio.to_thread(cluster.start)
     try:
         await create_topic(cluster.namesrv_addr)
@@ -228,7 +231,9 @@ async def test_kill_master_plan_under_transactions(tmp_path):
                 await asyncio.sleep(0.1)
 
         watcher = asyncio.ensure_future(watch())
-        ended = lambda: bool(runner.events) and runner.events[0]["until_ms"] is not None  # noqa: E731
+        def ended() -> bool:
+            return bool(runner.events) and runner.events[0]["until_ms"] is not None
+
         await transactional_load(cluster, ledger, ended, min_txns=300)
         events = runner.stop()
         await asyncio.wait_for(watcher, 10)
@@ -299,7 +304,9 @@ async def test_pause_and_partition_applied_once_and_healed(tmp_path):
 
         ledger = Ledger()
         watcher = asyncio.ensure_future(watch())
-        ended = lambda: len(runner.events) == 2 and runner.events[1]["until_ms"] is not None  # noqa: E731
+        def ended() -> bool:
+            return len(runner.events) == 2 and runner.events[1]["until_ms"] is not None
+
         await transactional_load(cluster, ledger, ended, min_txns=200)
         await asyncio.wait_for(watcher, 30)
         events = runner.stop()
@@ -317,8 +324,11 @@ async def test_pause_and_partition_applied_once_and_healed(tmp_path):
         assert seen["a0 silent"] and seen["a1 master"], seen
         assert await answers(a0.broker_addr, 5.0)
         assert await asyncio.to_thread(cluster.wait_healthy, 60), "the partitioned broker did not rejoin"
+        rejoined_ms = time.time() * 1000
         assert await asyncio.to_thread(cluster.master_of, "broker-a") == "broker-a-1"
-        print(f"partition: promoted {(seen['a1 master'][0] - cut['at_ms']) / 1000:.1f} s after the cut")
+        print(f"partition: promoted {(seen['a1 master'][0] - cut['at_ms']) / 1000:.1f} s after the cut, "
+              f"old master in sync again {(rejoined_ms - cut['until_ms']) / 1000:.1f} s after the heal "
+              "(at most)")
         assert_clean(ledger, cluster, 200)
     finally:
         await asyncio.to_thread(cluster.close)

@@ -100,16 +100,13 @@ def test_names_the_cluster_does_not_have_are_one_line_each(tmp_path, cluster):
         {"at": 5, "action": "partition", "target": "broker-a-1", "for": 1},
     ]))
     lines = errors_of(check_against, faults, cluster, "plan.json")
+    brokers = "broker-a-0, broker-a-1, broker-b-0, broker-b-1"
+    roles = "<group>-master / <group>-slave"
+    proxies = "partitions need the cluster started behind proxies (partitionable)"
     assert lines == [
-        "plan.json: fault 1 (kill-master broker-c at 1 s): the cluster has no group 'broker-c'; "
-        "it has broker-a, broker-b",
-        "plan.json: fault 2 (kill broker-c-0 at 2 s): the cluster has no process 'broker-c-0'; "
-        "name one of controller, namesrv, broker-a-0, broker-a-1, broker-b-0, broker-b-1 "
-        "or <group>-master / <group>-slave",
-        "plan.json: fault 4 (partition namesrv at 4 s): 'namesrv' is not a broker of the cluster; "
-        "name one of broker-a-0, broker-a-1, broker-b-0, broker-b-1 or <group>-master / <group>-slave",
-        "plan.json: fault 4 (partition namesrv at 4 s): partitions need the cluster started "
-        "behind proxies (partitionable)",
-        "plan.json: fault 5 (partition broker-a-1 at 5 s): partitions need the cluster started "
-        "behind proxies (partitionable)",
+        "plan.json: fault 1 (kill-master broker-c at 1 s): the cluster has no group 'broker-c'; it has broker-a, broker-b",
+        f"plan.json: fault 2 (kill broker-c-0 at 2 s): the cluster has no process 'broker-c-0'; name one of controller, namesrv, {brokers} or {roles}",
+        f"plan.json: fault 4 (partition namesrv at 4 s): 'namesrv' is not a broker of the cluster; name one of {brokers} or {roles}",
+        f"plan.json: fault 4 (partition namesrv at 4 s): {proxies}",
+        f"plan.json: fault 5 (partition broker-a-1 at 5 s): {proxies}",
     ]
