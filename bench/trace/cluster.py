@@ -68,8 +68,6 @@ CLUSTER_OWNED = frozenset({
     "broker_role", "cluster_name"})
 #: Most groups a cluster can have (one letter each, ``broker-a`` .. ``broker-z``).
 MAX_GROUPS = 26
-#: Most brokers a partitionable cluster can give a private loopback address of its own.
-MAX_PRIVATE_BROKERS = 255 - PRIVATE_HOST_BASE
 
 
 class ClusterError(RuntimeError):
@@ -134,7 +132,6 @@ class EmbeddedCluster:
                  partitionable: bool = False) -> None:
         if not 1 <= groups <= MAX_GROUPS:
             raise ClusterError(f"--cluster {groups}: a cluster has 1 to {MAX_GROUPS} broker groups")
-        self.kafka = kafka
         self.partitionable = partitionable
         self._tmp = None if root is not None else tempfile.mkdtemp(prefix="txbroker-bench-cluster-")
         self.root = Path(root if root is not None else self._tmp)
@@ -167,8 +164,6 @@ class EmbeddedCluster:
                     settings.update(kafka_settings(g + 1))
                 self.brokers[name] = BrokerProcess(self.root / name, settings, self.root / f"{name}.log")
         if self._proxy_thread is not None:
-            if len(self.brokers) > MAX_PRIVATE_BROKERS:
-                raise ClusterError(f"a partitionable cluster has at most {MAX_PRIVATE_BROKERS} brokers")
             for i, (name, broker) in enumerate(self.brokers.items()):
                 self.proxies[name] = self._put_behind_proxies(broker, f"127.0.0.{PRIVATE_HOST_BASE + i}")
 
@@ -196,7 +191,7 @@ class EmbeddedCluster:
     @property
     def bootstrap(self) -> str:
         """Every broker's Kafka listener, ``h:p,h:p`` (clients find each partition's leader)."""
-        return ",".join(str(b.settings.get("advertised_host") or "127.0.0.1") + f":{b.settings['kafka_port']}"
+        return ",".join(f"127.0.0.1:{b.settings['kafka_port']}"
                         for b in self.brokers.values() if "kafka_port" in b.settings)
 
     def broker_pids(self) -> list[int]:

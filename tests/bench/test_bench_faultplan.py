@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from txbroker.bench.trace.cluster import EmbeddedCluster
+from txbroker.bench.trace.cluster import ClusterError, EmbeddedCluster
 from txbroker.bench.trace.faultplan import (
     Fault,
     FaultPlanError,
@@ -110,3 +110,10 @@ def test_names_the_cluster_does_not_have_are_one_line_each(tmp_path, cluster):
         f"plan.json: fault 4 (partition namesrv at 4 s): {proxies}",
         f"plan.json: fault 5 (partition broker-a-1 at 5 s): {proxies}",
     ]
+
+
+def test_a_cluster_size_out_of_range_is_one_line(tmp_path):
+    for groups in (0, 27):
+        with pytest.raises(ClusterError) as info:
+            EmbeddedCluster(groups, root=tmp_path)
+        assert str(info.value) == f"--cluster {groups}: a cluster has 1 to 26 broker groups"
