@@ -177,7 +177,7 @@ async def test_two_group_cluster_starts_with_the_trace_settings_and_a_kafka_view
             assert argv[argv.index(b"--broker-role") + 1] == b"SYNC_MASTER"
         await create_topic(cluster.namesrv_addr)
 
-        # A `never` transaction on each group's master is checked exactly check_max times.
+        # A `never` transaction on each group's master is checked check_max times, then discarded.
         listener = NeverDecides()
         producer = TransactionProducer("never_pg", cluster.namesrv_addr, listener=listener)
         await producer.start()
@@ -195,7 +195,11 @@ async def test_two_group_cluster_starts_with_the_trace_settings_and_a_kafka_view
             await asyncio.sleep(1.0)  # a third check would come within 5 intervals
         finally:
             await producer.shutdown()
-        assert listener.checks == {f"never-{i}": 2 for i in range(4)}
+        # Discarded (nothing pending) within seconds: after 2 checks, not the brokers' 1000.
+        # The SDK drops a check of a transaction whose previous check is still running, so
+        # the listener may have seen one of the two.
+        assert set(listener.checks) == {f"never-{i}" for i in range(4)}
+        assert all(1 <= n <= 2 for n in listener.checks.values()), listener.checks
 
         # The Kafka view: every listener of the bootstrap list numbers the partitions alike,
         # two per group, each led by its group's node.
