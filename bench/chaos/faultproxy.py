@@ -13,6 +13,12 @@ that connection is black-holed without being closed: whatever either side sends 
 is read and dropped, no FIN, no RST, until the proxy closes.  The request was handled, its
 answer never arrives, and the client learns nothing but a time-out: the lost reply of a
 silent network partition that began just after the request went out.
+
+**Hold** (:meth:`FaultProxy.hold` / :meth:`FaultProxy.release`): nothing is forwarded either way
+and a new connection is accepted but not carried on to the target until the release; bytes wait
+(at most one chunk per direction in the proxy, the rest in the sockets' buffers, which then push
+back) and flow again at the release.  That is a partition TCP survives: silent while it lasts,
+connections stalled rather than closed, everything sent meanwhile delivered after the heal.
 """
 
 from __future__ import annotations
@@ -61,6 +67,21 @@ class FaultProxy:
         self._tasks: set[asyncio.Task] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self.enabled = True
+        #: Set while traffic flows; cleared by :meth:`hold`.
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+
+    def hold(self) -> None:
+        """Forward nothing, either way, until :meth:`release` (call on the proxy's loop)."""
+        self._flowing.clear()
+
+    def release(self) -> None:
+        """Forward again what waited and what comes."""
+        self._flowing.set()
+
+    @property
+    def held(self) -> bool:
+        return not self._flowing.is_set()
 
     @property
     def addr(self) -> str:
@@ -72,6 +93,7 @@ class FaultProxy:
         return self
 
     async def close(self) -> None:
+        self._flowing.set()
         if self._server is not None:
             self._server.close()
         for w in list(self._writers):
@@ -84,6 +106,10 @@ class FaultProxy:
 
     async def _accept(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
         self.stats.connections += 1
+        await self._flowing.wait()
+        if self._server is None or not self._server.is_serving():
+            c_writer.close()  # closed while this connection waited for a release
+            return
         try:
             s_reader, s_writer = await asyncio.open_connection(self.target_host, self.target_port)
         except OSError:
@@ -109,6 +135,7 @@ class FaultProxy:
                     break
                 if silent.is_set():
                     continue  # black-holed: read and dropped, the connection stays open
+                await self._flowing.wait()
                 self.stats.chunks += 1
                 if self.enabled and self._rng.random() < self.delay_probability:
                     self.stats.delays += 1

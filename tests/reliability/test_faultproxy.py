@@ -72,6 +72,32 @@ def test_proxy_refuses_bad_probability():
 
 
 @pytest.mark.slow
+async def test_held_proxy_forwards_nothing_until_released_then_everything():
+    server, port = await echo_server()
+    proxy = await FaultProxy("127.0.0.1", port).start()
+    try:
+        r1, w1 = await asyncio.open_connection("127.0.0.1", proxy.listen_port)
+        w1.write(b"before")
+        assert await asyncio.wait_for(r1.readexactly(6), 10) == b"before"
+        proxy.hold()
+        assert proxy.held
+        w1.write(b"during")  # an open connection stalls, it is not closed
+        r2, w2 = await asyncio.open_connection("127.0.0.1", proxy.listen_port)
+        w2.write(b"new")  # a new one is accepted but not carried on
+        for reader in (r1, r2):
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(reader.read(1), 0.5)
+        assert proxy.stats.connections == 2 and proxy.stats.chunks == 2  # "before" both ways
+        proxy.release()
+        assert await asyncio.wait_for(r1.readexactly(6), 10) == b"during"
+        assert await asyncio.wait_for(r2.readexactly(3), 10) == b"new"
+        w1.close()
+        w2.close()
+    finally:
+        await proxy.close()
+        server.close()
+
+
 async def test_transactions_through_a_faulty_network_end_in_exactly_one_outcome(broker_config):
     port = free_port()
     config = broker_config.replace(listen_host="127.0.0.2", advertised_host="127.0.0.1",
