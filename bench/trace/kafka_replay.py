@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -40,6 +41,8 @@ from txbroker.bench.trace import kafka_deliveries as deliveries
 from txbroker.bench.trace.fs import WorkFS, join
 from txbroker.bench.trace.spec import META_FILE, SpecError, producer_group
 from txbroker.bench.trace.tasks import ProgressReporter, ProgressServer, stream_task
+
+log = logging.getLogger(__name__)
 
 RESULTS_META = "_txbroker_results.json"
 PROTOCOL = "kafka"
@@ -55,6 +58,8 @@ DEFAULT_RESTART_MS = 200
 WINDOW = 4096
 #: Seconds between two polls of the broker for abandoned ``never`` transactions.
 POLL_S = 0.1
+#: Coordinator states of a transaction the broker has not ended yet.
+OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort")
 
 _RESULT_SCHEMA = ("id bigint, task int, scheduled_ms double, start_ms double, half_ms double, "
                   "decided_ms double, return_ms double, first_state string, final_state string, "
@@ -175,8 +180,6 @@ class _TimeoutWatch:
     id among open transactions (ListTransactions).  A transaction is resolved at the first poll
     where both hold (the LSO part only for records that have an offset)."""
 
-    OPEN = ["Ongoing", "PrepareCommit", "PrepareAbort"]
-
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
         self._waiting: list[tuple[_Tx, str, asyncio.Future]] = []
@@ -204,7 +207,7 @@ class _TimeoutWatch:
 
     async def _open_ids(self) -> set[str]:
         listed = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: self._admin.list_transactions(state_filters=self.OPEN))
+            None, lambda: self._admin.list_transactions(state_filters=list(OPEN_STATES)))
         return {t.transactional_id for per_broker in listed.values() for t in per_broker}
 
     async def _poll(self) -> None:
@@ -219,7 +222,8 @@ class _TimeoutWatch:
             try:
                 open_ids = await self._open_ids()
                 lso = await self._consumer.end_offsets(list(tps)) if tps else {}
-            except Exception:  # noqa: BLE001 - a failed poll is tried again at the next one
+            except Exception as exc:  # noqa: BLE001 - a failed poll is tried again at the next one
+                log.debug("poll for abandoned transactions failed: %r", exc)
                 continue
             now, still = _now_ms(), []
             for tx, tid, fut in self._waiting:
