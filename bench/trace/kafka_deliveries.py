@@ -72,7 +72,7 @@ class DeliveryParams:
     progress: str | None
 
 
-class _Consumer:
+class DeliveryConsumer:
     """A read_committed consumer of fixed partitions, stopped and started at stored offsets."""
 
     def __init__(self, p: DeliveryParams, queues: list[tuple[str, int]]) -> None:
@@ -91,6 +91,10 @@ class _Consumer:
         self.client.assign(tps)
         for tp in tps:
             self.client.seek(tp, self.next_offset[(tp.topic, tp.partition)])
+        # One turn of the loop, so the consumer's own background task has started: aiokafka
+        # (0.14) stopping a group-less consumer whose task never ran raises that task's
+        # CancelledError in the caller (a restart due at once would hit it).
+        await asyncio.sleep(0)
 
     async def stop(self) -> None:
         if self.client is not None:
@@ -100,12 +104,13 @@ class _Consumer:
 
 async def _record(feed, emit: Callable[[tuple], None], p: DeliveryParams, index: int,
                   stats: dict) -> None:
-    await feed.next_batch()  # a delivery task has no input rows
+    """Consume task ``index``'s partitions until the stop rule holds (``feed``, the task's
+    index as its one row, is not read)."""
     mine = [q for j, q in enumerate(p.queues) if j % p.consumers == index]
     if not mine:
         return
     restarts = sorted((r for r in p.restarts if r["consumer"] == index), key=lambda r: r["at_ms"])
-    consumer = _Consumer(p, mine)
+    consumer = DeliveryConsumer(p, mine)
     await consumer.start()
     ended: set[tuple[str, int]] = set()
     last = first_end = None

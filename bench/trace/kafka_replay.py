@@ -413,17 +413,22 @@ async def create_topics(bootstrap: str, topics: list[str]) -> None:
     """CreateTopics through the Kafka listener, :data:`PARTITIONS` each; a topic that exists
     (an earlier replay against the same broker) is used as it is."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import KafkaError
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
     try:
+        await admin.start()
         resp = await admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics])
+    except (KafkaError, OSError) as exc:
+        # OSError(strerror, filename): the CLI prints it as one line naming the address.
+        raise OSError(None, f"no Kafka listener answers ({exc})", bootstrap) from None
     finally:
         await admin.close()
     for name, code, *rest in resp.topic_errors:
         if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
             reason = rest[0] if rest and rest[0] else f"error code {code}"
-            raise RuntimeError(f"Kafka listener {bootstrap}: cannot create topic {name}: {reason}")
+            raise OSError(None, f"the Kafka listener refused to create topic {name}: {reason}",
+                          bootstrap)
 
 
 def _cpu_seconds(pids: Iterable[int]) -> float | None:

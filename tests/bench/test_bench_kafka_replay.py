@@ -125,3 +125,57 @@ def test_too_few_spark_slots_is_one_clear_error(spark, kafka_run):
     work, _ = kafka_run
     with pytest.raises(SpecError, match=r"2 task slots.* 2 replay tasks \+ 1 delivery tasks"):
         replay(spark, work / "trace", "127.0.0.1:1", work / "unused", tasks=2, consumers=1)
+
+
+def test_a_version_1_trace_reads_with_defaults(spark, tmp_path):
+    from txbroker.bench.trace.fs import WorkFS
+    from txbroker.bench.trace.kafka_replay import (
+        DEFAULT_TXN_TIMEOUT_MS,
+        KafkaTraceInfo,
+        with_defaults,
+    )
+
+    meta = default_meta(20, producers=2, broker=E2E_BROKER)
+    build(spark, meta, partitions=1).write.parquet(str(tmp_path / "trace"))
+    meta.write(WorkFS(spark), str(tmp_path / "trace"))
+    info = KafkaTraceInfo.read(WorkFS(spark), str(tmp_path / "trace"))
+    assert (info.transaction_timeout_ms, info.consumers, info.consumer_restarts) == (
+        DEFAULT_TXN_TIMEOUT_MS, 2, ())
+    rows = with_defaults(spark.read.parquet(str(tmp_path / "trace"))).collect()
+    assert len(rows) == 20
+    assert {(r.messages, tuple(r.topics) == (r.topic,), r.crash, r.restart_ms) for r in rows} == {
+        (1, True, False, None)}
+
+
+def test_no_kafka_listener_is_one_line_naming_the_address(spark, kafka_run):
+    from txbroker.bench.chaos.process import free_port
+    from txbroker.bench.trace.kafka_replay import replay
+
+    work, _ = kafka_run
+    address = f"127.0.0.1:{free_port()}"
+    with pytest.raises(OSError) as caught:
+        replay(spark, work / "trace", address, work / "unused", tasks=1, consumers=1)
+    assert caught.value.filename == address
+    assert caught.value.strerror.startswith("no Kafka listener answers")
+    assert "\n" not in caught.value.strerror
+
+
+@pytest.mark.slow
+def test_a_delivery_consumer_restarted_at_once_stops_cleanly():
+    """A trace restart due when the task's consumer has just started: stop() must not raise."""
+    import asyncio
+
+    from txbroker.bench.trace.kafka_deliveries import DeliveryConsumer, DeliveryParams
+    from txbroker.bench.trace.kafka_replay import create_topics
+
+    async def start_stop(bootstrap: str) -> dict:
+        await create_topics(bootstrap, ["RestartT"])
+        p = DeliveryParams(bootstrap, "run", 0.0, (("RestartT", 0),), 1, (), 10.0, None)
+        consumer = DeliveryConsumer(p, [("RestartT", 0)])
+        for _ in range(3):
+            await consumer.start()
+            await consumer.stop()
+        return consumer.next_offset
+
+    with EmbeddedBroker(E2E_BROKER) as broker:
+        assert asyncio.run(start_stop(broker.bootstrap)) == {("RestartT", 0): 0}
