@@ -3,6 +3,7 @@ producers in Spark tasks, read_committed delivery tasks, and every outcome check
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 from dataclasses import asdict
@@ -10,10 +11,12 @@ from dataclasses import asdict
 import pyarrow.parquet as pq
 import pytest
 from bench_helpers import E2E_BROKER
+from support.waiting import eventually
 
 from txbroker.bench.trace.embedded import EmbeddedBroker
 from txbroker.bench.trace.generate import build, default_meta
 from txbroker.bench.trace.spec import META_FILE, SpecError
+from txbroker.bench.trace.tasks import ProgressServer
 
 #: The broker's Kafka timeout the trace asks for: short, so `never` rows end in seconds.
 TIMEOUT_MS = 3000
@@ -53,10 +56,21 @@ def kafka_run(spark, tmp_path_factory):
 
     work = tmp_path_factory.mktemp("bench-kafka")
     write_trace(spark, work / "trace")
-    with EmbeddedBroker(E2E_BROKER) as broker:
-        assert broker.bootstrap and broker.bootstrap == broker.kafka_addr
-        summary = replay(spark, work / "trace", broker.bootstrap, work / "results" / "kafka",
-                         tasks=1, broker_pids=[broker.pid])
+    progress = ProgressServer()
+    try:
+        with EmbeddedBroker(E2E_BROKER) as broker:
+            assert broker.bootstrap and broker.bootstrap == broker.kafka_addr
+            summary = replay(spark, work / "trace", broker.bootstrap, work / "results" / "kafka",
+                             tasks=1, broker_pids=[broker.pid], progress=progress)
+
+        def counts() -> dict:
+            return {phase: progress.done(phase) for phase in ("replay-kafka", "deliveries-kafka")}
+
+        # A task's last count is sent as it ends and read by a server thread: wait for it.
+        want = {"replay-kafka": TRANSACTIONS, "deliveries-kafka": summary["deliveries"]}
+        asyncio.run(eventually(lambda: counts() == want, 10, lambda: f"progress {counts()}"))
+    finally:
+        progress.close()
     return work, summary
 
 
@@ -163,8 +177,6 @@ def test_no_kafka_listener_is_one_line_naming_the_address(spark, kafka_run):
 @pytest.mark.slow
 def test_a_delivery_consumer_restarted_at_once_stops_cleanly():
     """A trace restart due when the task's consumer has just started: stop() must not raise."""
-    import asyncio
-
     from txbroker.bench.trace.kafka_deliveries import DeliveryConsumer, DeliveryParams
     from txbroker.bench.trace.kafka_replay import create_topics
 
