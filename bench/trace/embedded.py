@@ -4,7 +4,9 @@ broker settings a trace was generated for (so its expectations hold).
 It is a :class:`~txbroker.bench.chaos.process.BrokerProcess` (the one class that runs a broker
 subprocess) used as a context manager: started on entry, stopped gracefully on exit.  It
 listens on loopback unless told ``host`` (an interface of this machine, or ``0.0.0.0``) and
-announces ``advertise`` in its routes, the address executors on other machines dial.  When it
+announces ``advertise`` in its routes, the address executors on other machines dial.  It also
+serves the Kafka listener on an ephemeral port (:attr:`EmbeddedBroker.bootstrap`), so the same
+broker replays a trace through RocketMQ half messages and through Kafka transactions.  When it
 does not start, :class:`EmbeddedBrokerError` carries the end of its log: the log lives in the
 temp dir, which is removed on the way out.
 """
@@ -27,9 +29,10 @@ class EmbeddedBrokerError(RuntimeError):
 
 def serve_settings(settings: BrokerSettings, host: str = "127.0.0.1",
                    advertise: str = "") -> dict[str, object]:
-    """``txbroker serve`` options for a trace's broker: ephemeral ports, no metrics."""
+    """``txbroker serve`` options for a trace's broker: ephemeral ports (the Kafka listener's
+    too), no metrics."""
     return {"listen_host": host, "advertised_host": advertise,
-            "broker_port": 0, "namesrv_port": 0, "metrics_port": -1,
+            "broker_port": 0, "namesrv_port": 0, "kafka_port": 0, "metrics_port": -1,
             "segment_size": 64 * 1024 * 1024,
             "transaction_timeout": settings.transaction_timeout,
             "transaction_check_interval": settings.transaction_check_interval,
@@ -47,6 +50,11 @@ class EmbeddedBroker(BrokerProcess):
         self.root = Path(data_dir or self._tmp)
         super().__init__(self.root / "data", serve_settings(settings, host, advertise),
                          self.root / "broker.log")
+
+    @property
+    def bootstrap(self) -> str:
+        """``H:P`` of the Kafka listener: what Kafka clients are given as bootstrap server."""
+        return self.kafka_addr
 
     def __enter__(self) -> Self:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,516 @@
+"""The trace replayed through Kafka transactions: the Kafka side of ``bench run --protocol``.
+
+Same trace, same pacing and the same results layout as the RocketMQ replay
+(:mod:`txbroker.bench.trace.replay`), written to ``WORK/results/kafka``; what a row means here:
+
+* the trace is partitioned **by producer** and sorted by ``start_ms`` within a partition, and
+  each trace producer is one aiokafka transactional producer (``transactional.id``
+  ``bench-p<producer>``) running its transactions one after the other, as one application
+  instance does.  A task therefore has at most as many transactions in flight as it has
+  producers, and ``concurrency`` bounds that number further (the most producers of a task
+  inside a transaction at once);
+* commit / rollback rows: begin, produce the row's messages (topic ``topics[i]``, key
+  ``keys``, headers ``bench_tx``, ``bench_msg``, ``bench_run``), sleep ``local_tx_ms``, commit
+  or abort;
+* every ``first_decision = unknown`` row is an instance that dies inside its transaction (Kafka
+  has no check-back to ask it later): begin, produce, sleep, then its connections are dropped
+  with no EndTxn.  ``restart_ms`` later a replacement starts: ``unknown_commit`` and
+  ``unknown_rollback`` reuse the transactional id, so its InitProducerId fences the dead epoch
+  and the broker aborts the open transaction; ``unknown_commit`` then sends the messages again
+  in a new transaction and commits (the application's outbox: ``attempts`` 2).  ``never``
+  takes a new id (``bench-p<producer>-g<n>``), so only the broker's transaction timeout (the
+  trace's ``kafka.transaction_timeout_ms``) ends the old transaction; the replay polls the
+  broker and records when it did (:class:`_TimeoutWatch`: the id no longer among the open
+  transactions, and the last stable offset past the records that have an offset).
+
+Deliveries are recorded meanwhile by Spark tasks of :mod:`txbroker.bench.trace.kafka_deliveries`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from txbroker.bench.trace import kafka_deliveries as deliveries
+from txbroker.bench.trace.fs import WorkFS, join
+from txbroker.bench.trace.spec import META_FILE, SpecError, producer_group
+from txbroker.bench.trace.tasks import ProgressReporter, ProgressServer, stream_task
+
+log = logging.getLogger(__name__)
+
+RESULTS_META = "_txbroker_results.json"
+PROTOCOL = "kafka"
+#: Progress phase of the replay tasks (rows done) on the driver's ProgressServer.
+PHASE = "replay-kafka"
+#: Partitions of every trace topic: the queues a RocketMQ replay creates.
+PARTITIONS = 4
+#: The trace's Kafka transaction timeout when its metadata names none (version 1 traces).
+DEFAULT_TXN_TIMEOUT_MS = 10_000
+#: Delay before a replacement instance starts when the trace gives none (version 1 traces).
+DEFAULT_RESTART_MS = 200
+#: Rows a task holds queued for its producers at most (the task's memory bound).
+WINDOW = 4096
+#: Seconds between two polls of the broker for abandoned ``never`` transactions.
+POLL_S = 0.1
+#: Coordinator states of a transaction the broker has not ended yet.
+OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort")
+
+_RESULT_SCHEMA = ("id bigint, task int, scheduled_ms double, start_ms double, half_ms double, "
+                  "decided_ms double, return_ms double, first_state string, final_state string, "
+                  "check_ms array<double>, check_phase array<string>, error string, "
+                  "abandoned_ms double, resolved_ms double, attempts int")
+
+
+def _now_ms() -> float:
+    return time.time() * 1000.0
+
+
+@dataclass(frozen=True)
+class KafkaTraceInfo:
+    """What the Kafka replay reads from a trace's metadata, version 1 or 2 (defaults for what
+    version 1 lacks): read as plain JSON, so a version this module predates still replays."""
+
+    transaction_timeout_ms: int
+    consumers: int
+    consumer_restarts: tuple[dict, ...]
+    raw: dict
+
+    @classmethod
+    def read(cls, fs: WorkFS, trace_uri: str) -> KafkaTraceInfo:
+        path = join(trace_uri, META_FILE)
+        try:
+            raw = json.loads(fs.read_text(path))
+            timeout = int((raw.get("kafka") or {}).get("transaction_timeout_ms", DEFAULT_TXN_TIMEOUT_MS))
+            consumers = int(raw.get("consumers", 2))
+            restarts = tuple({"at_ms": int(r["at_ms"]), "consumer": int(r["consumer"]),
+                              "down_ms": int(r["down_ms"])} for r in raw.get("consumer_restarts") or ())
+        except FileNotFoundError:
+            raise SpecError(f"{trace_uri}: not a trace (no {META_FILE}); "
+                            "write one with `txbroker bench generate`") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SpecError(f"{path}: invalid trace metadata: {exc}") from None
+        if timeout < 1 or consumers < 1:
+            raise SpecError(f"{path}: kafka.transaction_timeout_ms and consumers must be >= 1")
+        return cls(timeout, consumers, restarts, raw)
+
+
+def with_defaults(trace):
+    """The trace with the version 2 columns, defaulted where a version 1 trace lacks them."""
+    from pyspark.sql import functions as F
+
+    cols = set(trace.columns)
+    if "messages" not in cols:
+        trace = trace.withColumn("messages", F.lit(1))
+    if "topics" not in cols:
+        trace = trace.withColumn("topics", F.array(F.col("topic")))
+    if "crash" not in cols:
+        trace = trace.withColumn("crash", F.lit(False))
+    if "restart_ms" not in cols:
+        trace = trace.withColumn("restart_ms", F.lit(None).cast("int"))
+    return trace
+
+
+@dataclass(frozen=True)
+class TaskParams:
+    bootstrap: str
+    run_id: str
+    epoch_ms: float
+    rate: float | None          # None: trace schedule; 0: unthrottled; R: row id / R
+    concurrency: int
+    transaction_timeout_ms: int
+    progress: str | None        # the driver's ProgressServer address
+
+
+@dataclass
+class _Tx:
+    row: dict
+    scheduled_ms: float
+    start_ms: float | None = None
+    half_ms: float | None = None
+    decided_ms: float | None = None
+    return_ms: float | None = None
+    first_state: str | None = None
+    final_state: str = "unknown"
+    error: str | None = None
+    abandoned_ms: float | None = None
+    resolved_ms: float | None = None
+    attempts: int = 1
+    #: partition -> highest offset of this transaction's records (what the LSO must pass).
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def as_tuple(self, task: int) -> tuple:
+        return (self.row["id"], task, self.scheduled_ms, self.start_ms, self.half_ms,
+                self.decided_ms, self.return_ms, self.first_state, self.final_state, [], [],
+                self.error, self.abandoned_ms, self.resolved_ms, self.attempts)
+
+
+def _due(row: dict, p: TaskParams) -> float:
+    if p.rate is None:
+        return p.epoch_ms + row["start_ms"]
+    if p.rate == 0:
+        return p.epoch_ms
+    return p.epoch_ms + row["id"] * 1000.0 / p.rate
+
+
+async def _die(producer) -> None:
+    """End an instance the way a crash does: no EndTxn, its connections dropped.
+
+    aiokafka's ``stop()`` would flush and close in order; a process that dies does neither, so
+    the sender task (the only one that would ever send EndTxn, and only once a commit or abort
+    is asked) is cancelled and the client's connections closed."""
+    producer._closed = True   # its own stop() (in a finally) then does nothing
+    await producer._sender.close()
+    await producer.client.close()
+
+
+class _TimeoutWatch:
+    """Tells when the broker ended abandoned ``never`` transactions at their timeout.
+
+    Kafka's sign is the partitions' last stable offset (the read_committed end offset) passing
+    the transaction's records.  txbroker places transactional records in their partitions only
+    at commit (docs/kafka.md, "Transactions: the half-message design": a transactional produce
+    answers offset -1 and an open transaction holds no reader back), so there the LSO says
+    nothing; what does, on both brokers, is the coordinator no longer listing the transactional
+    id among open transactions (ListTransactions).  A transaction is resolved at the first poll
+    where both hold (the LSO part only for records that have an offset)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self._waiting: list[tuple[_Tx, str, asyncio.Future]] = []
+        self._consumer = None
+        self._admin = None
+        self._task: asyncio.Task | None = None
+
+    async def resolved(self, tx: _Tx, transactional_id: str) -> None:
+        """Return once the broker ended ``tx``, begun by ``transactional_id`` (sets resolved_ms)."""
+        loop = asyncio.get_running_loop()
+        if self._task is None:
+            from aiokafka import AIOKafkaConsumer
+            from kafka.admin import KafkaAdminClient
+
+            self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None,
+                                              isolation_level="read_committed",
+                                              enable_auto_commit=False)
+            await self._consumer.start()
+            self._admin = await loop.run_in_executor(
+                None, lambda: KafkaAdminClient(bootstrap_servers=self.bootstrap))
+            self._task = loop.create_task(self._poll())
+        fut = loop.create_future()
+        self._waiting.append((tx, transactional_id, fut))
+        await fut
+
+    async def _open_ids(self) -> set[str]:
+        listed = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: self._admin.list_transactions(state_filters=list(OPEN_STATES)))
+        return {t.transactional_id for per_broker in listed.values() for t in per_broker}
+
+    async def _poll(self) -> None:
+        from aiokafka import TopicPartition
+
+        while True:
+            await asyncio.sleep(POLL_S)
+            if not self._waiting:
+                continue
+            tps = {TopicPartition(t, p) for tx, _, _ in self._waiting
+                   for (t, p), off in tx.offsets.items() if off >= 0}
+            try:
+                open_ids = await self._open_ids()
+                lso = await self._consumer.end_offsets(list(tps)) if tps else {}
+            except Exception as exc:  # noqa: BLE001 - a failed poll is tried again at the next one
+                log.debug("poll for abandoned transactions failed: %r", exc)
+                continue
+            now, still = _now_ms(), []
+            for tx, tid, fut in self._waiting:
+                if tid not in open_ids and all(lso.get(TopicPartition(t, p), -1) > off
+                                               for (t, p), off in tx.offsets.items() if off >= 0):
+                    tx.resolved_ms = now
+                    fut.set_result(None)
+                else:
+                    still.append((tx, tid, fut))
+            self._waiting = still
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._admin is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._admin.close)
+
+
+class _Instance:
+    """One trace producer: its current aiokafka producer and the generation of its id."""
+
+    def __init__(self, index: int, p: TaskParams) -> None:
+        self.index, self.p = index, p
+        self.generation = 0
+        self.producer = None
+
+    def transactional_id(self) -> str:
+        base = producer_group(self.index)
+        return base if self.generation == 0 else f"{base}-g{self.generation}"
+
+    async def start(self) -> None:
+        """A new instance (InitProducerId fences any older epoch of the same id)."""
+        from aiokafka import AIOKafkaProducer
+
+        self.producer = AIOKafkaProducer(bootstrap_servers=self.p.bootstrap,
+                                         transactional_id=self.transactional_id(),
+                                         transaction_timeout_ms=self.p.transaction_timeout_ms,
+                                         linger_ms=0)
+        await self.producer.start()
+
+    async def produce(self, tx: _Tx) -> None:
+        r = tx.row
+        body = b"x" * r["body_bytes"]
+        key = r["keys"].encode()
+        futures = []
+        for i, topic in enumerate(r["topics"] or [r["topic"]]):
+            headers = [("bench_tx", str(r["id"]).encode()), ("bench_msg", str(i).encode()),
+                       ("bench_run", self.p.run_id.encode())]
+            futures.append(await self.producer.send(topic, body, key=key, headers=headers))
+        for i, fut in enumerate(futures):
+            md = await fut
+            if i == 0 and tx.half_ms is None:
+                tx.half_ms = _now_ms()
+            tp = (md.topic, md.partition)
+            tx.offsets[tp] = max(md.offset, tx.offsets.get(tp, -1))
+
+    async def run(self, tx: _Tx, watch: _TimeoutWatch) -> Awaitable[None] | None:
+        """Play one row (see the module docstring).  For a ``never`` row, return once the
+        replacement is up, with what to await for the broker's timeout to end the old
+        transaction (the producer goes on with its next rows meanwhile); else ``None``."""
+        r = tx.row
+        tx.start_ms = _now_ms()
+        await self.producer.begin_transaction()
+        await self.produce(tx)
+        if r["local_tx_ms"]:
+            await asyncio.sleep(r["local_tx_ms"] / 1000.0)
+        decision = r["first_decision"]
+        tx.first_state = decision
+        if decision in ("commit", "rollback"):
+            if decision == "commit":
+                await self.producer.commit_transaction()
+            else:
+                await self.producer.abort_transaction()
+            tx.final_state, tx.decided_ms = decision, _now_ms()
+            return None
+        await _die(self.producer)
+        tx.abandoned_ms = _now_ms()
+        restart = r.get("restart_ms")
+        await asyncio.sleep((DEFAULT_RESTART_MS if restart is None else restart) / 1000.0)
+        if r["kind"] == "never":
+            abandoned_id = self.transactional_id()
+            self.generation += 1
+            await self.start()
+            return watch.resolved(tx, abandoned_id)
+        await self.start()
+        tx.resolved_ms = _now_ms()
+        if r["kind"] == "unknown_commit":
+            tx.attempts = 2
+            await self.producer.begin_transaction()
+            await self.produce(tx)
+            await self.producer.commit_transaction()
+            tx.final_state, tx.decided_ms = "commit", _now_ms()
+        else:
+            tx.final_state, tx.decided_ms = "rollback", tx.resolved_ms
+        return None
+
+
+async def _replay_task(feed, emit: Callable[[tuple], None], p: TaskParams, task: int) -> None:
+    """Feed rows to one sequential runner per trace producer, each at its row's due time."""
+    instances: dict[int, _Instance] = {}
+    queues: dict[int, asyncio.Queue] = {}
+    runners: list[asyncio.Task] = []
+    window = asyncio.Semaphore(WINDOW)
+    slots = asyncio.Semaphore(p.concurrency)
+    watch = _TimeoutWatch(p.bootstrap)
+    background: set[asyncio.Task] = set()
+    loop = asyncio.get_running_loop()
+
+    def record(tx: _Tx, exc: BaseException | None = None) -> None:
+        if exc is not None:
+            tx.error = f"{type(exc).__name__}: {exc}"
+        tx.return_ms = _now_ms()
+        emit(tx.as_tuple(task))
+        window.release()
+
+    async def after_timeout(tx: _Tx, resolution: Awaitable[None]) -> None:
+        try:
+            await resolution
+        except Exception as exc:  # noqa: BLE001 - recorded per row; verify reports it
+            record(tx, exc)
+        else:
+            record(tx)
+
+    async def run_producer(index: int) -> None:
+        inst, q = instances[index], queues[index]
+        while (tx := await q.get()) is not None:
+            async with slots:
+                try:
+                    if inst.producer is None:
+                        await inst.start()
+                    resolution = await inst.run(tx, watch)
+                except Exception as exc:  # noqa: BLE001 - recorded per row; verify reports it
+                    record(tx, exc)
+                    if inst.producer is not None:
+                        # Fatal errors stick to an aiokafka producer: the next row gets a new one.
+                        await _die(inst.producer)
+                        inst.producer = None
+                    continue
+            if resolution is None:
+                record(tx)
+            else:
+                t = loop.create_task(after_timeout(tx, resolution))
+                background.add(t)
+                t.add_done_callback(background.discard)
+
+    try:
+        while batch := await feed.next_batch():
+            for row in batch:
+                tx = _Tx(row, _due(row, p))
+                wait = (tx.scheduled_ms - _now_ms()) / 1000.0
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                await window.acquire()
+                index = row["producer"]
+                if index not in instances:
+                    instances[index] = _Instance(index, p)
+                    queues[index] = asyncio.Queue()
+                    runners.append(loop.create_task(run_producer(index)))
+                queues[index].put_nowait(tx)
+        for q in queues.values():
+            q.put_nowait(None)
+        await asyncio.gather(*runners)
+        while background:
+            await asyncio.gather(*list(background))
+    finally:
+        for t in [*runners, *background]:
+            t.cancel()
+        await asyncio.gather(*runners, *background, return_exceptions=True)
+        await watch.close()
+        for inst in instances.values():
+            if inst.producer is not None:
+                await inst.producer.stop()
+
+
+def _task_runner(p: TaskParams) -> Callable[[int, Iterable], Iterator[tuple]]:
+    def run(index: int, rows: Iterable) -> Iterator[tuple]:
+        reporter = ProgressReporter(p.progress, PHASE, index) if p.progress else None
+        return stream_task(rows, lambda feed, emit: _replay_task(feed, emit, p, index),
+                           window=WINDOW, reporter=reporter)
+    return run
+
+
+async def create_topics(bootstrap: str, topics: list[str]) -> None:
+    """CreateTopics through the Kafka listener, :data:`PARTITIONS` each; a topic that exists
+    (an earlier replay against the same broker) is used as it is."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import KafkaError
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        await admin.start()
+        resp = await admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics])
+    except (KafkaError, OSError) as exc:
+        # OSError(strerror, filename): the CLI prints it as one line naming the address.
+        raise OSError(None, f"no Kafka listener answers ({exc})", bootstrap) from None
+    finally:
+        await admin.close()
+    for name, code, *rest in resp.topic_errors:
+        if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
+            reason = rest[0] if rest and rest[0] else f"error code {code}"
+            raise OSError(None, f"the Kafka listener refused to create topic {name}: {reason}",
+                          bootstrap)
+
+
+def _cpu_seconds(pids: Iterable[int]) -> float | None:
+    from txbroker.bench.broker import proc_cpu_seconds
+
+    pids = list(pids)
+    if not pids:
+        return None
+    try:
+        return sum(proc_cpu_seconds(pid) for pid in pids)
+    except OSError:
+        return None
+
+
+def replay(spark, trace_dir: str | Path, bootstrap: str, out: str | Path, *,
+           tasks: int | None = None, consumers: int | None = None, concurrency: int = 64,
+           rate: float | None = None, progress: ProgressServer | None = None,
+           broker_pids: Iterable[int] = (), lead_s: float = 2.0) -> dict:
+    """Replay the trace through Kafka transactions at ``bootstrap`` while ``consumers``
+    delivery tasks record what read_committed consumers receive; write ``out`` (replaced) as
+    the results of the ``kafka`` protocol and return the run summary.
+
+    Replay tasks and delivery tasks hold Spark slots at the same time: fewer slots than both
+    together is refused (the delivery tasks would wait for end markers the replay could never
+    send)."""
+    if concurrency < 1:
+        raise SpecError("--concurrency must be >= 1")
+    if rate is not None and rate < 0:
+        raise SpecError("--rate must be >= 0")
+    fs = WorkFS(spark)
+    trace_uri, out_uri = fs.qualify(trace_dir), fs.qualify(out)
+    info = KafkaTraceInfo.read(fs, trace_uri)
+    n_consumers = consumers or info.consumers
+    if n_consumers < 1:
+        raise SpecError("--consumers must be >= 1")
+    trace = with_defaults(spark.read.parquet(trace_uri))
+    producers = trace.select("producer").distinct().count()
+    n_tasks = max(1, min(tasks or spark.sparkContext.defaultParallelism, producers))
+    slots = spark.sparkContext.defaultParallelism
+    if slots < n_tasks + n_consumers:
+        raise SpecError(f"Spark has {slots} task slots, the Kafka replay needs {n_tasks} replay "
+                        f"tasks + {n_consumers} delivery tasks at once")
+    fs.replace_dir(out_uri, RESULTS_META, "results directory")
+    topics = deliveries.trace_topics(trace)
+    asyncio.run(create_topics(bootstrap, topics))
+    run_id = uuid.uuid4().hex[:12]
+    params = TaskParams(bootstrap=bootstrap, run_id=run_id, epoch_ms=_now_ms() + lead_s * 1000,
+                        rate=rate, concurrency=concurrency,
+                        transaction_timeout_ms=info.transaction_timeout_ms,
+                        progress=progress.address if progress else None)
+    settle_s = info.transaction_timeout_ms / 1000.0 + 5.0
+    recorder = deliveries.DeliveryJob(
+        spark, join(out_uri, "deliveries"),
+        deliveries.DeliveryParams(bootstrap=bootstrap, run_id=run_id, epoch_ms=params.epoch_ms,
+                                  queues=deliveries.queues_of(topics, PARTITIONS),
+                                  consumers=n_consumers, restarts=info.consumer_restarts,
+                                  max_wait_s=settle_s * 2 + 60.0,
+                                  progress=params.progress))
+    cpu0 = _cpu_seconds(broker_pids)
+    started = time.time()
+    recorder.start()
+    try:
+        rdd = (trace.repartition(n_tasks, "producer").sortWithinPartitions("start_ms", "id")
+               .rdd.mapPartitionsWithIndex(_task_runner(params)))
+        spark.createDataFrame(rdd, _RESULT_SCHEMA).write.parquet(join(out_uri, "transactions"))
+        replay_done = time.time()
+        time.sleep(1.0)
+        asyncio.run(deliveries.send_end_markers(bootstrap, topics, PARTITIONS, run_id))
+    except BaseException:
+        recorder.cancel()
+        raise
+    recorder.wait()
+    cpu1 = _cpu_seconds(broker_pids)
+    summary = {"protocol": PROTOCOL, "run_id": run_id, "bootstrap": bootstrap, "trace": trace_uri,
+               "tasks": n_tasks, "consumers": n_consumers, "concurrency": concurrency,
+               "rate": rate, "epoch_ms": params.epoch_ms, "started": started,
+               "replay_done": replay_done, "finished": time.time(),
+               "deliveries": recorder.count(), "foreign_deliveries": recorder.foreign(),
+               "consumer_restarts": recorder.restarts(),
+               "transaction_timeout_ms": info.transaction_timeout_ms,
+               "broker_cpu_seconds": (cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None,
+               "trace_meta": info.raw}
+    fs.write_text(join(out_uri, RESULTS_META), json.dumps(summary, indent=2) + "\n")
+    return summary
+
