@@ -42,7 +42,7 @@ def describe(spark, trace_dir: str) -> dict:
                ).first()
     rows = s["rows"]
     first, last = s["first"] or 0, s["last"] or 0
-    width = max(1, math.ceil((last - first + 1) / BUCKETS))
+    width = _round_width(math.ceil((last - first + 1) / BUCKETS))
     buckets = dict(df.groupBy(F.floor((F.col("start_ms") - first) / width).alias("b"))
                    .count().collect())
     span_s = (last - first) / 1000
@@ -77,6 +77,15 @@ def describe(spark, trace_dir: str) -> dict:
                       "body_bytes": meta.body_bytes, "crash_fraction": meta.crash_fraction,
                       "restart_ms": meta.restart_ms},
     }
+
+
+def _round_width(ms: int) -> int:
+    """The smallest of 1, 2, 5 x 10^k ms that is at least ``ms``: buckets a reader can count."""
+    for exp in range(16):
+        for step in (1, 2, 5):
+            if step * 10 ** exp >= ms:
+                return step * 10 ** exp
+    return ms
 
 
 def _counts(df, column: str) -> dict:
@@ -121,13 +130,16 @@ def describe_text(d: dict) -> list[str]:
     g = d["generator"]
     rate = f"{d['mean_rate']:,.1f} tx/s" if d["mean_rate"] else "-"
     arr = d["arrivals"]
-    lines = [f"trace {d['trace']} (version {d['version']})",
-             f"rows: {d['rows']:,}; starts over {d['span_s']:,.1f} s, mean rate {rate} "
-             f"(arrival {g['arrival']}, {g['rate']:,.0f} tx/s over {d['scheduled_span_s']:,.1f} s)",
-             f"arrivals per {arr['bucket_s']:g} s: |{sparkline(arr['counts'])}| "
-             f"min {min(arr['counts'], default=0):,} max {max(arr['counts'], default=0):,}",
-             "kinds: " + ", ".join(f"{k} {n:,}" for k, n in d["kinds"].items()),
-             "expected outcomes: " + ", ".join(f"{k} {n:,}" for k, n in d["expected_outcomes"].items())]
+    counts = arr["counts"]
+    lines = [
+        f"trace {d['trace']} (version {d['version']})",
+        (f"rows: {d['rows']:,}; starts over {d['span_s']:,.1f} s, mean rate {rate} (arrival "
+         f"{g['arrival']}, {g['rate']:,.0f} tx/s over {d['scheduled_span_s']:,.1f} s)"),
+        (f"arrivals per {arr['bucket_s']:g} s: |{sparkline(counts)}| "
+         f"min {min(counts, default=0):,} max {max(counts, default=0):,}"),
+        "kinds: " + ", ".join(f"{k} {n:,}" for k, n in d["kinds"].items()),
+        "expected outcomes: " + ", ".join(f"{k} {n:,}" for k, n in d["expected_outcomes"].items()),
+    ]
     m = d["messages"]
     lines.append(f"messages: {m['total']:,} ({m['mean']:.2f} per transaction, max {m['max']}; "
                  f"{m['spanning_several_topics']:,} transactions span several topics)")

@@ -194,8 +194,8 @@ def parse_mix(text: str) -> dict[str, float]:
         name, sep, value = part.partition("=")
         name = name.strip()
         if not sep or name not in mix:
-            raise SpecError(f"--mix: {part!r}: expected {' or '.join(NAMED_MIXES)} or KIND=WEIGHT "
-                            f"with KIND one of {', '.join(KINDS)}")
+            raise SpecError(f"--mix: {part!r}: expected KIND=WEIGHT with KIND one of "
+                            f"{', '.join(KINDS)}, or a named mix: {', '.join(NAMED_MIXES)}")
         try:
             w = float(value)
         except ValueError:
