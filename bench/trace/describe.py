@@ -61,8 +61,8 @@ def describe(spark, trace_dir: str) -> dict:
                      "max": s["messages_max"], "per_transaction": _counts(df, "messages"),
                      "spanning_several_topics": s["multi_topic"]},
         "topics": _counts(df.select(F.explode("topics").alias("t")), "t"),
-        "producers": _skew(df, "producer"),
-        "keys": _skew(df, "keys"),
+        "producers": _skew(df, "producer", meta.producers),
+        "keys": _skew(df, "keys", meta.key_space),
         "local_tx_ms": _percentiles(s["local"], s["local_max"]),
         "crashes": s["crashes"],
         "restarts": {"n": s["restarts"], "restart_ms": _percentiles(s["restart"], s["restart_max"])},
@@ -93,14 +93,16 @@ def _counts(df, column: str) -> dict:
     return {str(value): n for value, n in sorted(df.groupBy(column).count().collect())}
 
 
-def _skew(df, column: str) -> dict:
+def _skew(df, column: str, space: int) -> dict:
     """How concentrated a column is: distinct values, the top one's share and the share of
-    the top 1 % of values (at least one), counted and ordered in Spark."""
+    the top 1 % of the ``space`` values it is drawn from (at least one), counted and ordered
+    in Spark.  1 % of the space, not of the values seen: under strong skew most values of the
+    space never occur, and a share of what occurred would hide that."""
     from pyspark.sql import functions as F
 
     counts = df.groupBy(column).count()
     distinct = counts.count()
-    top_n = max(1, math.ceil(distinct / 100))
+    top_n = max(1, math.ceil(space / 100))
     ranked = counts.orderBy(F.desc("count"), column)
     total = df.count()
     top = ranked.first()
@@ -146,9 +148,10 @@ def describe_text(d: dict) -> list[str]:
     lines.append("topics (messages): " + ", ".join(f"{t} {n:,}" for t, n in d["topics"].items()))
     for name, what in (("producers", "producer"), ("keys", "key")):
         s = d[name]
-        lines.append(f"{name}: {s['distinct']:,} distinct; top {what} {s['top']} has "
-                     f"{s['top_share']:.1%}, top 1 % ({s['top_1pct']:,}) have "
-                     f"{s['top_1pct_share']:.1%} (skew {g[what + '_skew']:g})")
+        space = g["producers"] if name == "producers" else g["key_space"]
+        lines.append(f"{name}: {s['distinct']:,} of {space:,} occur; top {what} {s['top']} has "
+                     f"{s['top_share'] * 100:.3g} %, top 1 % ({s['top_1pct']:,}) have "
+                     f"{s['top_1pct_share'] * 100:.3g} % (skew {g[what + '_skew']:g})")
     lines.append(f"local_tx_ms: {_pct_text(d['local_tx_ms'])} ({g['local_tx_ms']})")
     r = d["restarts"]
     lines.append(f"producer crashes: {d['crashes']:,}; replacements: {r['n']:,}"
