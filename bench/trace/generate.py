@@ -184,15 +184,19 @@ def build(spark, meta: TraceMeta, partitions: int | None = None):
     max_unknown = max(0, min(MAX_UNKNOWN_BEFORE_DECISION, meta.broker.transaction_check_max - 2))
     n_unknown = F.floor(_uniform(F, seed, _N_UNKNOWN) * F.lit(max_unknown + 1)).cast("int")
     check_max = meta.broker.transaction_check_max
-    messages = F.greatest(_draw(F, Dist.parse(meta.messages, "--messages"), seed, _MESSAGES), F.lit(1))
+    messages_dist = Dist.parse(meta.messages, "--messages")
+    messages = F.greatest(_draw(F, messages_dist, seed, _MESSAGES), F.lit(1))
+    if messages_dist.max < 2:  # one message: no per-message draws to make
+        topics = F.array(_topic(F, meta))
+    else:
+        # Message 0's topic is the row's topic; message i's is drawn on its own, so a
+        # transaction of several messages spans several topics.
+        topics = F.transform(F.sequence(F.lit(0), F.col("messages") - 1),
+                             lambda i: F.when(i == 0, _topic(F, meta)).otherwise(_topic(F, meta, i)))
     df = (df.withColumn("kind", kind)
           .withColumn("producer", _ranks(F, meta.producers, meta.producer_skew, seed, _PRODUCER))
           .withColumn("messages", messages)
-          # Message 0's topic is the row's topic; message i's is drawn on its own, so a
-          # transaction of several messages spans several topics.
-          .withColumn("topics", F.transform(F.sequence(F.lit(0), F.col("messages") - 1),
-                                            lambda i: F.when(i == 0, _topic(F, meta))
-                                            .otherwise(_topic(F, meta, i))))
+          .withColumn("topics", topics)
           .withColumn("topic", F.col("topics")[0])
           .withColumn("keys", F.concat(F.lit("key-"), _ranks(F, meta.key_space, meta.key_skew,
                                                              seed, _KEY).cast("string")))
