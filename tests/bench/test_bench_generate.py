@@ -251,6 +251,7 @@ def test_long_tailed_local_times_stay_under_their_cap(spark):
 def test_a_version_1_trace_reads_with_the_new_columns(spark, tmp_path):
     import json
 
+    from txbroker.bench.trace.describe import describe
     from txbroker.bench.trace.spec import META_FILE, read_trace
 
     meta = default_meta(200, arrival="uniform")
@@ -270,6 +271,9 @@ def test_a_version_1_trace_reads_with_the_new_columns(spark, tmp_path):
     assert len(rows) == 200 and list(rows[0].asDict()) == list(TRACE_COLUMNS)
     for r in rows:
         assert (r["messages"], r["topics"], r["crash"], r["restart_ms"]) == (1, [r["topic"]], False, None)
+    d = describe(spark, v1.as_uri())
+    assert (d["version"], d["rows"], d["messages"]["total"], d["crashes"]) == (1, 200, 200, 0)
+    assert d["keys"]["top_1pct"] == 2  # a version-1 key space: one key per transaction
     (v1 / META_FILE).write_text(json.dumps({**raw, "version": 3}))
     with pytest.raises(SpecError, match="trace version 3 is not supported"):
         TraceMeta.read(WorkFS(spark), v1.as_uri())
@@ -289,6 +293,7 @@ def test_cli_refuses_bad_generator_options_before_starting_spark(tmp_path):
         (["--local-tx-ms", "lognormal:100:2"], "half the transaction timeout"),
         (["--consumers", "0"], "--consumers must be >= 1"),
         (["--consumer-restarts", "-1"], "--consumer-restarts must be >= 0"),
+        (["--kafka-transaction-timeout", "0"], "--kafka-transaction-timeout must be > 0"),
         (["--mix", "calm"], "or a named mix: production, stress"),
     ]:
         argv = ["bench", "generate", "--transactions", "10", "--out", str(tmp_path / "t"), *args]
