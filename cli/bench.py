@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import json
 import sys
 import tempfile
 import time
@@ -27,12 +28,14 @@ from txbroker.bench.trace.embedded import EmbeddedBrokerError
 from txbroker.bench.trace.fs import has_scheme, join, local_path
 from txbroker.bench.trace.spark import is_local, master_addresses, route_address
 from txbroker.bench.trace.spec import (
-    DEFAULT_MIX,
+    META_FILE,
     BrokerSettings,
+    KafkaSettings,
     SpecError,
     TraceMeta,
     parse_mix,
 )
+from txbroker.bench.trace.spec import consumer_restarts as restart_schedule
 from txbroker.cli.common import CommandError, command_name
 
 
@@ -156,11 +159,16 @@ def _trace_options(fn):
                      help="random seed: the same seed and options give the same trace"),
         click.option("--topics", type=int, default=4, show_default=True,
                      help="topics the transactions spread over (BenchT0, BenchT1, ...)"),
-        click.option("--producers", type=int, default=4, show_default=True,
-                     help="producer groups (each is replayed by one Spark task)"),
-        click.option("--mix", default=DEFAULT_MIX, show_default=True, help="KIND=WEIGHT,..."),
+        click.option("--producers", type=int, default=16, show_default=True,
+                     help="producer groups (each replayed by one Spark task); Kafka runs one "
+                          "producer's transactions one after another, so this bounds its concurrency"),
+        click.option("--mix", default="production", show_default=True,
+                     help="production (0.88 commit, 0.09 rollback, 0.015 unknown_commit, 0.01 "
+                          "unknown_rollback, 0.005 never), stress (a quarter undecided) or "
+                          "KIND=WEIGHT,..."),
         click.option("--body-bytes", default="uniform:64:512", show_default=True,
-                     help="const:V | uniform:A:B | exp:MEAN[:MAX]"),
+                     help="const:V | uniform:A:B | exp:MEAN[:MAX] | lognormal:MEDIAN:SIGMA[:MAX] "
+                          "| pareto:MIN:ALPHA[:MAX]"),
         click.option("--local-tx-ms", default="uniform:0:20", show_default=True,
                      help="local transaction duration, same forms"),
         click.option("--rate", type=float, default=2000.0, show_default=True,
@@ -171,16 +179,46 @@ def _trace_options(fn):
                      help="broker transaction_check_interval the expectations assume (s)"),
         click.option("--check-max", type=int, default=3, show_default=True,
                      help="broker transaction_check_max the expectations assume"),
+        click.option("--arrival", default="poisson", show_default=True,
+                     help="poisson | uniform | bursts:ON_S:OFF_S:FACTOR | diurnal:PERIOD_S:AMPLITUDE"),
+        click.option("--producer-skew", type=float, default=0.0, show_default=True,
+                     help="Zipf exponent of the producer a transaction belongs to (0: uniform)"),
+        click.option("--key-skew", type=float, default=0.0, show_default=True,
+                     help="Zipf exponent of the business key over --key-space (0: uniform)"),
+        click.option("--key-space", type=int, default=100_000, show_default=True,
+                     help="distinct business keys (key-0, key-1, ...)"),
+        click.option("--messages", default="const:1", show_default=True,
+                     help="messages per transaction (DIST), each on a topic of its own draw"),
+        click.option("--crash-fraction", type=float, default=0.5, show_default=True,
+                     help="share of the undecided rows whose producer dies mid-transaction"),
+        click.option("--restart-ms", default="uniform:100:500", show_default=True,
+                     help="DIST of the time until a dead producer's replacement starts"),
+        click.option("--consumers", type=int, default=2, show_default=True,
+                     help="delivery consumer tasks the replay records with"),
+        click.option("--consumer-restarts", type=int, default=0, show_default=True,
+                     help="consumer restarts spread evenly over the trace (1 s down each)"),
+        click.option("--kafka-transaction-timeout", type=float, default=10.0, show_default=True,
+                     help="Kafka transaction.timeout.ms the expectations assume (s)"),
     ]):
         fn = opt(fn)
     return fn
 
 
 def _meta(transactions, seed, topics, producers, mix, body_bytes, local_tx_ms, rate,
-          transaction_timeout, check_interval, check_max) -> TraceMeta:
+          transaction_timeout, check_interval, check_max, arrival, producer_skew, key_skew,
+          key_space, messages, crash_fraction, restart_ms, consumers, consumer_restarts,
+          kafka_transaction_timeout) -> TraceMeta:
+    if consumer_restarts < 0:
+        raise SpecError("--consumer-restarts must be >= 0")
+    span_ms = transactions * 1000.0 / rate if rate > 0 else 0.0
     return TraceMeta(transactions=transactions, seed=seed, topics=topics, producers=producers,
                      rate=rate, mix=parse_mix(mix), body_bytes=body_bytes, local_tx_ms=local_tx_ms,
-                     broker=BrokerSettings(transaction_timeout, check_interval, check_max))
+                     broker=BrokerSettings(transaction_timeout, check_interval, check_max),
+                     arrival=arrival, producer_skew=producer_skew, key_skew=key_skew,
+                     key_space=key_space, messages=messages, crash_fraction=crash_fraction,
+                     restart_ms=restart_ms, consumers=consumers,
+                     consumer_restarts=restart_schedule(consumer_restarts, max(consumers, 1), span_ms),
+                     kafka=KafkaSettings(round(kafka_transaction_timeout * 1000)))
 
 
 @click.group("bench")
@@ -209,6 +247,32 @@ def generate_cmd(transactions, out, master, verbose, spark_log, driver_host, exe
     generate(spark, meta, out)
     click.echo(f"wrote {transactions:,} transactions to {out} in {time.perf_counter() - t:.1f} s "
                f"({_wall(t0, startup)})")
+
+
+@bench.command("describe")
+@click.argument("trace_dir", metavar="TRACE")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON document instead of text")
+@_spark_options("<temp dir>/txbroker-bench-describe.spark.log")
+@_errors(*extras.SPARK)
+def describe_cmd(trace_dir, as_json, master, verbose, spark_log, driver_host,
+                 executor_python) -> None:
+    """What a trace contains (Spark aggregations: nothing per row reaches the driver)."""
+    from txbroker.bench.trace.describe import describe, describe_text
+
+    local = _local_dir(trace_dir)
+    if local is not None and not local.is_dir():
+        raise FileNotFoundError(2, "no such trace directory", trace_dir)
+    if local is not None and not (local / META_FILE).is_file():
+        raise SpecError(f"{trace_dir}: not a trace (no {META_FILE}); "
+                        "write one with `txbroker bench generate`")
+    log = spark_log or Path(tempfile.gettempdir(), "txbroker-bench-describe.spark.log")
+    spark, _ = _spark(master, verbose, Path(log), driver_host, executor_python)
+    doc = describe(spark, trace_dir)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        for line in describe_text(doc):
+            click.echo(line)
 
 
 @bench.command("replay")

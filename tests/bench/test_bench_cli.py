@@ -24,7 +24,7 @@ from txbroker.cli.main import main
 
 #: The smallest trace that still has every kind of row (and so every kind of check).
 TRANSACTIONS = 300
-TRACE_OPTIONS = ["--seed", "11", "--topics", "2", "--producers", "2",
+TRACE_OPTIONS = ["--seed", "11", "--topics", "2", "--producers", "2", "--mix", "stress",
                  "--transaction-timeout", str(E2E_BROKER.transaction_timeout),
                  "--check-interval", str(E2E_BROKER.transaction_check_interval),
                  "--check-max", str(E2E_BROKER.transaction_check_max),
