@@ -4,8 +4,6 @@ report needs comes out as aggregates."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from bench_helpers import read_rows, write_rows
 from synthetic import T0_MS, with_messages, write_results
