@@ -204,9 +204,9 @@ def report(spark, results_dirs: list[str | Path] | str | Path, out: str | Path) 
 
     lines = [f"# txbroker bench report ({both})", ""]
     for v, lab in zip(vs, labels):
-        lines.append(f"**{lab}: PASS**: no violations (run {v.get('run_id')})."
+        lines.append(f"**PASS** {lab}: no violations (run {v.get('run_id')})."
                      if v["violation_total"] == 0 else
-                     f"**{lab}: FAIL**: {v['violation_total']:,} violations (run {v.get('run_id')}).")
+                     f"**FAIL** {lab}: {v['violation_total']:,} violations (run {v.get('run_id')}).")
     lines += ["", "| figure | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(vs)]
     tables = [dict(summary_rows(v)) for v in vs]
     names = list(dict.fromkeys(n for t in tables for n in t))

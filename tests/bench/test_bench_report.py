@@ -77,7 +77,7 @@ def test_two_protocols_side_by_side_from_verify_json_only(spark, verified, tmp_p
 
     md = (out / "report.md").read_text()
     assert "| figure | rocketmq | kafka |" in md
-    assert "**rocketmq: PASS**" in md and "**kafka: PASS**" in md
+    assert "**PASS** rocketmq" in md and "**PASS** kafka" in md
     lines = md.splitlines()
     top = lines.index("| figure | rocketmq | kafka |")
     summary = lines[top:lines.index("", top)]
