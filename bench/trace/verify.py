@@ -138,7 +138,8 @@ def verify(spark, trace_dir: str | Path, results_dir: str | Path, grace_ms: floa
     expected = trace.select(F.col("id").alias("tx"), "expected_outcome",
                             F.explode(F.sequence(F.lit(0), F.col("messages") - 1)).alias("msg"))
     positions = (deliveries.groupBy("tx", "msg", "topic", "queue_id", "queue_offset")
-                 .agg(F.min("recv_ms").alias("recv_ms"), F.count(one).alias("received")))
+                 .agg(F.min("recv_ms").alias("recv_ms"), F.max("recv_ms").alias("last_recv_ms"),
+                      F.count(one).alias("received"))).cache()
     per_msg = positions.groupBy("tx", "msg").agg(F.count(one).alias("positions"),
                                                 F.min("recv_ms").alias("first_recv_ms"))
     msgs = (expected.join(per_msg, ["tx", "msg"], "left")
@@ -195,7 +196,8 @@ def verify(spark, trace_dir: str | Path, results_dir: str | Path, grace_ms: floa
         "missing_checks": (F.lit(checks_apply)
                            & (F.col("scripted_got") < F.col("expected_checks"))).cast("int"),
     }
-    tx = (tx.select("id", "kind", "expected_outcome", "messages", "delivered_msgs", "start_ms",
+    tx = (tx.select("id", "kind", "expected_outcome", "expected_checks", "messages",
+                    "delivered_msgs", "start_ms",
                     "scheduled_ms", "half_ms", "decided_ms", "return_ms", "final_state", "error",
                     "abandoned_ms", "resolved_ms", "full_recv_ms",
                     *[c.alias(f"v_{n}") for n, c in tx_conds.items()])
@@ -245,11 +247,13 @@ def verify(spark, trace_dir: str | Path, results_dir: str | Path, grace_ms: floa
     hists = _histograms(F, tx, lat)
 
     check_counts = dict.fromkeys(CHECK_KINDS, 0)
-    check_counts.update({r["kind"]: r["count"] for r in checks.groupBy("kind").count().collect()})
-    dspan = deliveries.agg(F.count(one).alias("n"), F.max("recv_ms").alias("last"),
-                           F.min("recv_ms").alias("first")).first()
-    redeliveries = dspan["n"] - positions.count()
-    check_last = checks.agg(F.max("at")).first()[0]
+    by_check_kind = checks.groupBy("kind").agg(F.count(one).alias("n"), F.max("at").alias("last")).collect()
+    check_counts.update({r["kind"]: r["n"] for r in by_check_kind})
+    check_last = max([r["last"] for r in by_check_kind if r["last"] is not None], default=None)
+    # A position received more than once is a redelivery (a consumer restart), not a duplicate.
+    dspan = positions.agg(F.sum("received").alias("n"), F.max("last_recv_ms").alias("last")).first()
+    delivered = int(dspan["n"] or 0)
+    redeliveries = delivered - positions.count()
 
     t0 = row["t0"] or 0.0
     ends = [x for x in (row["last_return"], row["last_event"], dspan["last"], check_last) if x is not None]
@@ -257,8 +261,8 @@ def verify(spark, trace_dir: str | Path, results_dir: str | Path, grace_ms: floa
     step = bucket_seconds(span_s)
     timeline, check_timeline = _timelines(F, tx, checks, t0, span_s, step)
 
-    kinds = trace.groupBy("kind", "expected_outcome").agg(F.count(one).alias("n"),
-                                                           F.sum("expected_checks").alias("c")).collect()
+    kinds = tx.groupBy("kind", "expected_outcome").agg(F.count(one).alias("n"),
+                                                        F.sum("expected_checks").alias("c")).collect()
     by_kind, by_outcome = {}, {}
     for r in kinds:
         by_kind[r["kind"]] = by_kind.get(r["kind"], 0) + r["n"]
@@ -275,7 +279,7 @@ def verify(spark, trace_dir: str | Path, results_dir: str | Path, grace_ms: floa
         "by_kind": by_kind,
         "expected_commits": by_outcome.get("commit", 0),
         "committed": committed,
-        "deliveries": dspan["n"],
+        "deliveries": delivered,
         "redeliveries": redeliveries,
         "expected_checks": int(sum(r["c"] or 0 for r in kinds)) if checks_apply else 0,
         "checks_apply": checks_apply,
@@ -305,8 +309,8 @@ def verify(spark, trace_dir: str | Path, results_dir: str | Path, grace_ms: floa
         "grace_ms": grace_ms,
         "pacing": pacing(run_meta.get("rate"), meta.rate),
     }
-    checks.unpersist()
-    tx.unpersist()
+    for cached in (checks, tx, positions):
+        cached.unpersist()
     fs.write_text(join(results_uri, VERIFY_FILE), json.dumps(summary, indent=2, default=float) + "\n")
     return summary
 
