@@ -267,6 +267,10 @@ def verify_cmd(trace_dir, results, grace_ms, master, verbose, spark_log, driver_
                    "to RocketMQ only)")
     click.echo(f"{v['protocol']}: {v['committed']:,} committed, {v['redeliveries']:,} redeliveries "
                "(same offset received again: not a violation)")
+    for w in v["windows"]:
+        rate = "–" if w["committed_tx_per_s"] is None else f"{w['committed_tx_per_s']:,.0f}"
+        click.echo(f"window {w['name']}: {w['transactions']:,} started, {rate} committed tx/s, "
+                   f"{w['violations']:,} violations")
     click.echo(f"replay pacing: {pacing_text(v['pacing'])}")
     for note in summary_notes(v):
         click.echo(note)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import pytest
 from bench_helpers import read_rows, write_rows
+from click.testing import CliRunner
 from synthetic import T0_MS, with_messages, write_results
 
 from txbroker.bench.trace.generate import default_meta, generate
 from txbroker.bench.trace.verify import HIST_BINS, VIOLATIONS, hist_edges, verify
+from txbroker.cli.main import main
 
 N = 400
 
@@ -45,11 +47,17 @@ def test_faithful_results_verify_clean_with_aggregates_only(spark, traces, tmp_p
     assert v["broker_cpu_us_per_tx"] == pytest.approx(1.5e6 / len(commits))
     unknown = [r for r in rows if r["first_decision"] == "unknown"]
     assert v["abandoned"]["n"] == len(unknown) > 0 and v["abandoned"]["unresolved"] == 0
+    r = CliRunner().invoke(main, ["bench", "verify", "--trace", str(multi), "--results", str(res),
+                                  "--master", "local[2]"])
+    assert r.exit_code == 0, r.output
+    assert f"{protocol}: {len(commits):,} committed, 0 redeliveries" in r.stdout, r.stdout
     if protocol == "kafka":  # no check-back: no check figures, whatever the trace scripts
+        assert "checks: none (Kafka transactions have no check-back" in r.stdout, r.stdout
         assert v["expected_checks"] == 0 and sum(v["checks"].values()) == 0
         # The replacement producer fences the old one after 300 ms; `never` waits for the timeout.
         assert v["abandoned"]["resolution_ms"]["p50"] == pytest.approx(300.0)
         assert v["abandoned"]["resolution_ms"]["max"] == pytest.approx(10_000.0)
+        assert v["abandoned"]["resolution_ms"]["p999"] == pytest.approx(10_000.0)
     else:
         assert v["checks"]["expected"] == v["expected_checks"] == sum(r["expected_checks"] for r in rows)
     # Histograms: every latency counted once, in log-spaced bins from 0.1 ms to 100 s.
@@ -136,3 +144,9 @@ def test_windows_count_violations_and_commits_around_each_fault(spark, traces, t
                     for r in trace)
     assert w[0]["committed"] == committed
     assert w[0]["committed_tx_per_s"] == pytest.approx(committed / 0.3)
+    r = CliRunner().invoke(main, ["bench", "verify", "--trace", str(single), "--results", str(res),
+                                  "--master", "local[2]"])
+    assert r.exit_code == 1, r.output
+    assert f"window before the first fault: {w[0]['transactions']:,} started, " \
+           f"{committed / 0.3:,.0f} committed tx/s, 0 violations" in r.stdout, r.stdout
+    assert "window during kill broker-a:" in r.stdout and ", 1 violations" in r.stdout
