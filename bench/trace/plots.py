@@ -127,6 +127,11 @@ def _mark_faults(ax, faults: list[Fault]) -> None:
                 va="top", fontsize=8, color="tab:red")
 
 
+def _common_end(panels: list[Panel]) -> float:
+    """One time range for every panel, so the protocols' runs compare at a glance."""
+    return max(float(p.edges[-1]) for p in panels)
+
+
 def _panels(n: int, height: float = 3.2):
     from matplotlib.figure import Figure
 
@@ -145,7 +150,7 @@ def throughput(panels: list[Panel], title: str, path: Path | BinaryIO):
                                    ("delivered", "delivered (every message received)", 1.5)):
             ax.stairs(np.nan_to_num(p.column(name)) / p.step, edges, label=label, linewidth=width)
         _mark_faults(ax, p.faults)
-        ax.set_xlim(0, edges[-1])
+        ax.set_xlim(0, _common_end(panels))
         ax.set_ylim(bottom=0)
         ax.set_xlabel(f"{p.label}: time since the first send (s)")
         ax.set_ylabel(f"transactions / s\n({fmt_seconds(p.step)} buckets)")
@@ -210,6 +215,12 @@ def latency_over_time(panels: list[Panel], title: str, path: Path | BinaryIO):
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fig, axes = _panels(len(panels))
+    # Shared axes: the last start bucket of any run, and one latency range for both designs.
+    last_start = max(p.step * (int(np.flatnonzero(np.nan_to_num(p.column("started")))[-1]) + 1)
+                     if np.nan_to_num(p.column("started")).any() else p.step for p in panels)
+    values = np.concatenate([np.concatenate([p.column("e2e_p50_ms"), p.column("e2e_p99_ms")])
+                             for p in panels])
+    values = np.maximum(values[~np.isnan(values)], 1e-3)
     for ax, p in zip(axes, panels):
         p50, p99 = p.column("e2e_p50_ms"), p.column("e2e_p99_ms")
         if np.all(np.isnan(p50)):
@@ -220,11 +231,12 @@ def latency_over_time(panels: list[Panel], title: str, path: Path | BinaryIO):
             ax.stairs(np.maximum(p99, 1e-3), p.edges, baseline=None, linewidth=1.0,
                       linestyle="--", label="p99")
             ax.set_yscale("log")
+            ax.set_ylim(values.min() / 1.5, values.max() * 1.5)
             ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:,g}"))
             ax.yaxis.set_minor_formatter(NullFormatter())
             ax.legend(loc="upper right", fontsize=8, title=p.label, title_fontsize=9)
         _mark_faults(ax, p.faults)
-        ax.set_xlim(0, p.edges[-1])
+        ax.set_xlim(0, last_start)
         ax.set_xlabel(f"{p.label}: start time since the first send (s, {fmt_seconds(p.step)} buckets)")
         ax.set_ylabel("end-to-end latency\n(ms, log scale)")
         ax.grid(alpha=0.3, which="both")
