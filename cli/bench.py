@@ -324,7 +324,17 @@ def verify_cmd(trace_dir, results, grace_ms, master, verbose, spark_log, driver_
     v = verify(spark, trace_dir, results, grace_ms=grace_ms)
     for name, n in v["violations"].items():
         click.echo(f"{name:<26} {n:>10,}" + (f"  e.g. {v['violation_samples'][name]}" if n else ""))
-    click.echo(f"checks: {v['checks']} (scripted {v['expected_checks']:,})")
+    if v["checks_apply"]:
+        click.echo(f"checks: {v['checks']} (scripted {v['expected_checks']:,})")
+    else:
+        click.echo("checks: none (Kafka transactions have no check-back; check figures apply "
+                   "to RocketMQ only)")
+    click.echo(f"{v['protocol']}: {v['committed']:,} committed, {v['redeliveries']:,} redeliveries "
+               "(same offset received again: not a violation)")
+    for w in v["windows"]:
+        rate = "–" if w["committed_tx_per_s"] is None else f"{w['committed_tx_per_s']:,.0f}"
+        click.echo(f"window {w['name']}: {w['transactions']:,} started, {rate} committed tx/s, "
+                   f"{w['violations']:,} violations")
     click.echo(f"replay pacing: {pacing_text(v['pacing'])}")
     for note in summary_notes(v):
         click.echo(note)
@@ -335,17 +345,22 @@ def verify_cmd(trace_dir, results, grace_ms, master, verbose, spark_log, driver_
 
 
 @bench.command("report")
-@click.option("--results", required=True, help="verified results directory (path or URI)")
+@click.option("--results", required=True, multiple=True,
+              help="verified results directory (path or URI); twice (one per protocol) for a "
+                   "side-by-side report")
 @click.option("--out", required=True, help="directory (path or URI) for report.md and the plots")
 @_spark_options("OUT.spark.log")
 @_errors(*extras.SPARK, *extras.REPORT)
 def report_cmd(results, out, master, verbose, spark_log, driver_host, executor_python) -> None:
-    """Markdown + PNG plots from a verified results directory."""
+    """Markdown + PNG plots from one or two verified results directories."""
+    if len(results) > 2:
+        raise SpecError(f"--results: at most two results directories (one per protocol), "
+                        f"got {len(results)}")
     from txbroker.bench.trace.report import report
 
     spark, _ = _spark(master, verbose, Path(spark_log or _beside(out)), driver_host,
                       executor_python)
-    for uri in report(spark, results, out):
+    for uri in report(spark, list(results), out):
         click.echo(_shown(uri))
 
 

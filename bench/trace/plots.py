@@ -1,16 +1,21 @@
-"""The report's plots, drawn from a run's raw event times (not from per-second counts), so a
-short run gets sub-second buckets and a long one coarser ones.
+"""The report's plots, drawn from ``verify.json``'s aggregates (per-bucket counts, latency
+histograms), never from per-transaction rows: a report of ten million transactions costs the
+driver what one of a thousand does.
 
-Every time axis counts seconds from the run's first send and is cut into buckets of
-:func:`bucket_seconds`; counts are drawn as steps (a bucket is an interval, a line between
-bucket values would invent the values in between).  matplotlib's ``Figure`` is used without
+Every time axis counts seconds from a run's first send and is cut into buckets of
+:func:`bucket_seconds` (chosen by verify from the run's length, so a short run gets sub-second
+buckets and a long one coarser ones); counts are drawn as steps (a bucket is an interval, a line
+between bucket values would invent the values in between).  Each time plot marks the faults the
+run went through as labelled spans.  One figure holds one or two protocols (``Series`` /
+``Panel``: a label and that protocol's aggregates).  matplotlib's ``Figure`` is used without
 pyplot: no display, no global state.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import textwrap
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -54,44 +59,57 @@ def fmt_seconds(s: float) -> str:
 
 
 @dataclass
-class Events:
-    """A run's event times in seconds since its first send (NaN where an event never came)."""
+class Fault:
+    """A fault of the run, in seconds since its first send."""
 
-    start: np.ndarray      # per transaction: send_message_in_transaction called
-    half: np.ndarray       # half stored
-    decided: np.ndarray    # COMMIT/ROLLBACK sent
-    first_recv: np.ndarray  # first delivery of the transaction's message
-    recv: np.ndarray       # every delivery
-    check: np.ndarray      # every check-back's arrival
-    check_phase: np.ndarray  # the producer's state then: running | undecided | decided
+    start: float
+    end: float
+    label: str
+
+
+@dataclass
+class Panel:
+    """One protocol's time series: ``verify.json``'s ``timeline`` (or ``check_timeline``) with
+    its bucket width, and the faults to mark."""
+
+    label: str
+    timeline: list[dict]
+    step: float
+    faults: list[Fault] = field(default_factory=list)
 
     @property
-    def span(self) -> float:
-        """Seconds from the first send to the last event of any kind."""
-        ends = [np.nanmax(a) for a in (self.start, self.decided, self.recv, self.check)
-                if a.size and not np.all(np.isnan(a))]
-        return max([0.0, *ends])
+    def edges(self) -> np.ndarray:
+        return np.arange(len(self.timeline) + 1) * self.step
+
+    def column(self, name: str) -> np.ndarray:
+        return np.array([np.nan if b.get(name) is None else b[name] for b in self.timeline], dtype=float)
+
+
+@dataclass
+class Series:
+    """One distribution to draw: a latency histogram of ``verify.json`` and its percentiles."""
+
+    label: str
+    hist: dict
+    p50: float | None = None
+    p99: float | None = None
+    style: str = "-"
+    colour: str | None = None
 
     @property
-    def send_span(self) -> float:
-        """Seconds from the first send to the last send."""
-        return float(np.nanmax(self.start)) if not np.all(np.isnan(self.start)) else 0.0
+    def n(self) -> int:
+        return int(sum(self.hist["counts"]) + self.hist.get("under", 0) + self.hist.get("over", 0))
 
-    def latencies_ms(self) -> dict[str, np.ndarray]:
-        """Per transaction, ms from the send call to: the half stored, the decision sent, the
-        first delivery (NaN where it never happened)."""
-        return {"send": (self.half - self.start) * 1000.0,
-                "decision": (self.decided - self.start) * 1000.0,
-                "end to end": (self.first_recv - self.start) * 1000.0}
+    def cdf(self) -> tuple[np.ndarray, np.ndarray]:
+        """Fraction of values ≤ each bin edge (values under the first edge count at it)."""
+        counts = np.asarray(self.hist["counts"], dtype=float)
+        below = self.hist.get("under", 0) + np.concatenate([[0.0], np.cumsum(counts)])
+        return np.asarray(self.hist["edges"], dtype=float), below / max(self.n, 1)
 
 
-def _edges(span_s: float, step: float) -> np.ndarray:
-    return np.arange(bucket_count(span_s, step) + 1) * step
-
-
-def _per_second(times: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    counts, _ = np.histogram(times[~np.isnan(times)], bins=edges)
-    return counts / (edges[1] - edges[0])
+def _title(text: str) -> str:
+    """A title broken into lines that fit the figure's width."""
+    return textwrap.fill(text, 105)
 
 
 def _save(fig, path: Path | BinaryIO) -> Path | BinaryIO:
@@ -100,108 +118,129 @@ def _save(fig, path: Path | BinaryIO) -> Path | BinaryIO:
     return path
 
 
-def throughput(ev: Events, title: str, path: Path | BinaryIO):
+def _mark_faults(ax, faults: list[Fault]) -> None:
+    """Each fault as a shaded span, labelled at the top of the axes."""
+    for f in faults:
+        ax.axvspan(f.start, f.end, color="tab:red", alpha=0.12, linewidth=0)
+        ax.axvline(f.start, color="tab:red", linewidth=1)
+        ax.text(f.start, 0.98, f" {f.label}", transform=ax.get_xaxis_transform(), ha="left",
+                va="top", fontsize=8, color="tab:red")
+
+
+def _common_end(panels: list[Panel]) -> float:
+    """One time range for every panel, so the protocols' runs compare at a glance."""
+    return max(float(p.edges[-1]) for p in panels)
+
+
+def _panels(n: int, height: float = 3.2):
     from matplotlib.figure import Figure
 
-    step = bucket_seconds(ev.span)
-    edges = _edges(ev.span, step)
-    fig = Figure(figsize=(9, 4.5))
-    ax = fig.add_subplot()
-    for name, times in (("started", ev.start), ("decided (commit / rollback sent)", ev.decided),
-                        ("delivered", ev.recv)):
-        ax.stairs(_per_second(times, edges), edges, label=name, linewidth=1.5)
-    ax.set_xlim(0, edges[-1])
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel("time since the first send (s)")
-    ax.set_ylabel(f"transactions / s  ({fmt_seconds(step)} buckets)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize=9)
+    fig = Figure(figsize=(9, max(4.5, height * n)))
+    axes = fig.subplots(n, 1, squeeze=False)[:, 0]
+    return fig, axes
+
+
+def throughput(panels: list[Panel], title: str, path: Path | BinaryIO):
+    """Per protocol: transactions started, committed and fully delivered per second over time."""
+    fig, axes = _panels(len(panels))
+    for ax, p in zip(axes, panels):
+        edges = p.edges
+        for name, label, width in (("started", "started", 1.0),
+                                   ("committed", "committed (commit sent)", 1.5),
+                                   ("delivered", "delivered (every message received)", 1.5)):
+            ax.stairs(np.nan_to_num(p.column(name)) / p.step, edges, label=label, linewidth=width)
+        _mark_faults(ax, p.faults)
+        ax.set_xlim(0, _common_end(panels))
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel(f"{p.label}: time since the first send (s)")
+        ax.set_ylabel(f"transactions / s\n({fmt_seconds(p.step)} buckets)")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", fontsize=8, title=p.label, title_fontsize=9)
+    fig.suptitle(_title(title), fontsize=10)
     return _save(fig, path)
 
 
-#: Fractions labelled on the latency distribution's logit axis.
+#: Fractions labelled on a latency distribution's logit axis.
 _FRACTION_TICKS = (0.0001, 0.001, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
 
 
-def latency_cdf(ev: Events, title: str, path: Path | BinaryIO):
-    """Cumulative distribution on a log time axis and a logit fraction axis: the logit scale
-    gives p50, p90, p99 and p99.9 equal room, so the tail is as legible as the median."""
+def latency_cdf(series: list[Series], title: str, path: Path | BinaryIO,
+                xlabel: str = "ms since the transaction was started (log scale)", logit: bool = True):
+    """Cumulative distributions from histograms on a log time axis; with ``logit`` a logit
+    fraction axis, which gives p50, p90, p99 and p99.9 equal room, so the tail is as legible
+    as the median."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fig = Figure(figsize=(9, 4.5))
     ax = fig.add_subplot()
-    drawn = 0
-    most = 1
-    for name, ms in ev.latencies_ms().items():
-        ms = np.sort(ms[~np.isnan(ms)])
-        if not ms.size:
-            continue
-        # A clock step can make a latency 0 or negative; the log axis shows it at 1 µs.
-        ms = np.maximum(ms, 1e-3)
-        n = ms.size
-        most = max(most, n)
-        p50, p99 = np.percentile(ms, [50, 99])
-        ax.step(ms, (np.arange(1, n + 1) - 0.5) / n, where="post",
-                label=f"{name}: n={n:,}, p50 {p50:,.1f} ms, p99 {p99:,.1f} ms")
-        drawn += 1
+    drawn = [s for s in series if s.n]
+    most = max([1, *[s.n for s in drawn]])
+    edge = 0.5 / most
+    for s in drawn:
+        x, y = s.cdf()
+        # From the edge before the first value to the edge where the last one is counted: the
+        # empty bins outside would draw a flat line at 0 % and 100 % across the whole axis.
+        first, last = int(np.argmax(y > 0)), int(np.argmax(y >= y[-1]))
+        x, y = x[max(first - 1, 0):last + 1], y[max(first - 1, 0):last + 1]
+        label = f"{s.label}: n={s.n:,}"
+        if s.p50 is not None:
+            label += f", p50 {s.p50:,.1f} ms, p99 {s.p99:,.1f} ms"
+        ax.plot(x, np.clip(y, edge, 1 - edge) if logit else y, s.style,
+                color=s.colour, label=label, linewidth=1.5)
     if drawn:
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,g}"))
-        ax.set_yscale("logit")
-        edge = 0.5 / most
-        ticks = [q for q in _FRACTION_TICKS if edge <= q <= 1 - edge]
-        ax.set_ylim(edge * 0.8, 1 - edge * 0.8)
-        ax.set_yticks(ticks, [f"{q * 100:g}%" for q in ticks])
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.legend(loc="lower right", fontsize=9)
+        if logit:
+            ax.set_yscale("logit")
+            ticks = [q for q in _FRACTION_TICKS if edge <= q <= 1 - edge]
+            ax.set_ylim(edge * 0.8, 1 - edge * 0.8)
+            ax.set_yticks(ticks, [f"{q * 100:g}%" for q in ticks])
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        else:
+            ax.set_ylim(0, 1.02)
+        ax.legend(loc="lower right", fontsize=8)
     else:
-        ax.text(0.5, 0.5, "no latencies recorded", ha="center", transform=ax.transAxes)
-    ax.set_xlabel("ms since send_message_in_transaction was called (log scale)")
-    ax.set_ylabel("fraction of transactions ≤ x (logit scale)")
-    ax.set_title(title, fontsize=10)
+        ax.text(0.5, 0.5, "nothing recorded", ha="center", transform=ax.transAxes)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction ≤ x" + (" (logit scale)" if logit else ""))
+    ax.set_title(_title(title), fontsize=10)
     ax.grid(alpha=0.3, which="both")
     return _save(fig, path)
 
 
-def latency_over_time(ev: Events, title: str, path: Path | BinaryIO):
-    """p50 and p99 of each latency per bucket of send time: a slowdown shows where it
-    happened, which one distribution over the whole run hides."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter
+def latency_over_time(panels: list[Panel], title: str, path: Path | BinaryIO):
+    """Per protocol, end-to-end p50 and p99 per bucket of start time: a slowdown shows where
+    it happened (and against which fault), which one distribution over the run hides."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
-    step = bucket_seconds(ev.send_span)
-    edges = _edges(ev.send_span, step)
-    which = np.digitize(ev.start, edges) - 1
-    fig = Figure(figsize=(9, 4.5))
-    ax = fig.add_subplot()
-    drawn = False
-    for (name, ms), color in zip(ev.latencies_ms().items(), ("C0", "C1", "C2")):
-        p50 = np.full(edges.size - 1, np.nan)
-        p99 = np.full(edges.size - 1, np.nan)
-        for b in range(edges.size - 1):
-            values = ms[(which == b) & ~np.isnan(ms)]
-            if values.size:
-                p50[b], p99[b] = np.percentile(np.maximum(values, 1e-3), [50, 99])
+    fig, axes = _panels(len(panels))
+    # Shared axes: the last start bucket of any run, and one latency range for both designs.
+    last_start = max(p.step * (int(np.flatnonzero(np.nan_to_num(p.column("started")))[-1]) + 1)
+                     if np.nan_to_num(p.column("started")).any() else p.step for p in panels)
+    values = np.concatenate([np.concatenate([p.column("e2e_p50_ms"), p.column("e2e_p99_ms")])
+                             for p in panels])
+    values = np.maximum(values[~np.isnan(values)], 1e-3)
+    for ax, p in zip(axes, panels):
+        p50, p99 = p.column("e2e_p50_ms"), p.column("e2e_p99_ms")
         if np.all(np.isnan(p50)):
-            continue
-        # baseline=None: no drop to 0 at the ends, which a log axis cannot draw.
-        ax.stairs(p50, edges, baseline=None, color=color, linewidth=1.5, label=f"{name} p50")
-        ax.stairs(p99, edges, baseline=None, color=color, linewidth=1.0, linestyle="--",
-                  label=f"{name} p99")
-        drawn = True
-    if drawn:
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:,g}"))
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
-    else:
-        ax.text(0.5, 0.5, "no latencies recorded", ha="center", transform=ax.transAxes)
-    ax.set_xlim(0, edges[-1])
-    ax.set_xlabel(f"send time since the first send (s, {fmt_seconds(step)} buckets)")
-    ax.set_ylabel("latency (ms, log scale)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3, which="both")
+            ax.text(0.5, 0.5, "no transaction delivered", ha="center", transform=ax.transAxes)
+        else:
+            # baseline=None: no drop to 0 at the ends, which a log axis cannot draw.
+            ax.stairs(np.maximum(p50, 1e-3), p.edges, baseline=None, linewidth=1.5, label="p50")
+            ax.stairs(np.maximum(p99, 1e-3), p.edges, baseline=None, linewidth=1.0,
+                      linestyle="--", label="p99")
+            ax.set_yscale("log")
+            ax.set_ylim(values.min() / 1.5, values.max() * 1.5)
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:,g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            ax.legend(loc="upper right", fontsize=8, title=p.label, title_fontsize=9)
+        _mark_faults(ax, p.faults)
+        ax.set_xlim(0, last_start)
+        ax.set_xlabel(f"{p.label}: start time since the first send (s, {fmt_seconds(p.step)} buckets)")
+        ax.set_ylabel("end-to-end latency\n(ms, log scale)")
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle(_title(title), fontsize=10)
     return _save(fig, path)
 
 
@@ -214,9 +253,11 @@ CHECK_PHASES = {"undecided": ("undecided half (expected or duplicate)", "tab:gre
                 "decided": ("already decided (raced or unexpected)", "tab:red")}
 
 
-def checks(ev: Events, counts: dict[str, int], scripted: int, title: str, path: Path | BinaryIO):
+def checks(counts: dict[str, int], scripted: int, panel: Panel | None, title: str,
+           path: Path | BinaryIO):
     """Left: check-backs by kind against the count the trace scripts.  Right: their arrivals
-    over time by the producer's state, where the broker's check passes show as bursts."""
+    over time by the producer's state (``panel`` holds ``check_timeline``), where the broker's
+    check passes show as bursts.  ``panel`` None: no RocketMQ run, nothing to draw."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(12, 4.5))
@@ -234,23 +275,25 @@ def checks(ev: Events, counts: dict[str, int], scripted: int, title: str, path: 
     left.legend(loc="upper right", fontsize=9)
     left.grid(axis="y", alpha=0.3)
 
-    step = bucket_seconds(ev.span)
-    edges = _edges(ev.span, step)
+    edges = panel.edges if panel is not None else np.array([0.0, 1.0])
     bottom = np.zeros(edges.size - 1)
     for phase, (label, colour) in CHECK_PHASES.items():
-        per_bucket, _ = np.histogram(ev.check[ev.check_phase == phase], bins=edges)
+        per_bucket = np.nan_to_num(panel.column(phase)) if panel is not None else bottom * 0
         if per_bucket.any():
             right.stairs(bottom + per_bucket, edges, baseline=bottom, fill=True, color=colour,
-                         alpha=0.8, label=f"{label}: {per_bucket.sum():,}")
+                         alpha=0.8, label=f"{label}: {int(per_bucket.sum()):,}")
             bottom = bottom + per_bucket
     if not bottom.any():
         right.text(0.5, 0.5, "no check-backs", ha="center", transform=right.transAxes)
     else:
         right.set_ylim(0, bottom.max() * 1.2)  # room for the legend
         right.legend(loc="upper right", fontsize=9)
+    if panel is not None:
+        _mark_faults(right, panel.faults)
     right.set_xlim(0, edges[-1])
     right.set_xlabel("time since the first send (s)")
+    step = panel.step if panel is not None else 1.0
     right.set_ylabel(f"check-backs per {fmt_seconds(step)} bucket")
     right.grid(alpha=0.3)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(_title(title), fontsize=10)
     return _save(fig, path)

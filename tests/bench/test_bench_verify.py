@@ -1,4 +1,5 @@
-"""verify must be able to fail: a deliberately wrong result set reports each kind of violation."""
+"""verify must be able to fail: a deliberately wrong result set reports each kind of violation,
+and a redelivery of the same queue offset is counted but is none."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_each_violation_kind_is_reported(spark, e2e_run, tmp_path):
         used.add(row["id"])
         return row["id"]
 
-    missing_delivery, twice, failed, raced, unexpected = (take("commit") for _ in range(5))
+    missing_delivery, twice, failed, raced, unexpected, redelivered = (take("commit") for _ in range(6))
     wrongly_delivered, mismatch = take("rollback"), take("rollback")
     extra_check = take("never")
     lost_checks = take("unknown_commit")
@@ -44,7 +45,9 @@ def test_each_violation_kind_is_reported(spark, e2e_run, tmp_path):
     deliveries, dschema = read_rows(res / "deliveries")
     by_tx = {d["tx"]: d for d in deliveries}
     deliveries = [d for d in deliveries if d["tx"] != missing_delivery]
-    deliveries.append(dict(by_tx[twice]))
+    # A second copy at another offset is a duplicate; the same offset again a redelivery.
+    deliveries.append({**by_tx[twice], "queue_offset": by_tx[twice]["queue_offset"] + 10 ** 6})
+    deliveries.append({**by_tx[redelivered], "recv_ms": by_tx[redelivered]["recv_ms"] + 1000})
     template = dict(by_tx[twice])
     deliveries.append({**template, "tx": wrongly_delivered})
     deliveries.append({**template, "tx": 10 ** 9})
@@ -70,8 +73,10 @@ def test_each_violation_kind_is_reported(spark, e2e_run, tmp_path):
     write_rows(res / "transactions", txs, tschema)
 
     v = verify(spark, work / "trace", res)
-    assert v["violations"] == dict.fromkeys(VIOLATIONS, 1), v["violations"]
-    assert v["violation_total"] == len(VIOLATIONS)
+    # One message per transaction here: nothing can be partly delivered.
+    assert v["violations"] == {**dict.fromkeys(VIOLATIONS, 1), "partial_delivery": 0}, v["violations"]
+    assert v["violation_total"] == len(VIOLATIONS) - 1
+    assert v["redeliveries"] == 1
     assert v["violation_samples"]["committed_not_delivered"] == [missing_delivery]
     assert v["violation_samples"]["aborted_but_delivered"] == [wrongly_delivered]
     assert v["violation_samples"]["delivered_twice"] == [twice]
