@@ -191,6 +191,7 @@ def run_all(spark, meta: TraceMeta, work: str | Path, namesrv: str | None, *, ta
                            rate=rate, check_concurrency=check_concurrency, broker_host=broker_host,
                            advertise=advertise, protocols=protocols or ["rocketmq"])
         rundir.write_options(opts)
+        fs.delete(join(work, PHASES_DIR))  # an earlier run's markers do not apply to this one
     protocols = list(opts["protocols"])
     for p in protocols:
         if p not in REPLAYS:
@@ -204,12 +205,17 @@ def run_all(spark, meta: TraceMeta, work: str | Path, namesrv: str | None, *, ta
                       _rate_column(), TimeElapsedColumn(), TimeRemainingColumn(),
                       console=console, transient=False) as progress:
 
-            def step(name: str, work_fn: Callable[[], object], bar: bool = True) -> None:
-                """Run phase ``name`` unless its marker exists; mark it when it completes."""
+            def step(name: str, work_fn: Callable[[], object], output: str | None = None,
+                     bar: bool = True) -> None:
+                """Run phase ``name`` unless its marker exists; mark it when it completes.
+                ``output``: the phase's directory, removed first (a run that died in the phase
+                may have left part of it)."""
                 if rundir.done(name):
                     timings[name] = rundir.seconds(name)
                     progress.add_task(f"{name} (done before)", total=1, completed=1)
                     return
+                if output is not None and resume:  # WORK has our run.json: its parts are ours
+                    fs.delete(output)
                 group = f"txbroker-bench-{name}"
                 poller = None
                 if bar:
@@ -233,14 +239,16 @@ def run_all(spark, meta: TraceMeta, work: str | Path, namesrv: str | None, *, ta
                 timings[name] = time.perf_counter() - t
                 rundir.mark(name, timings[name])
 
-            step("generate", lambda: gen.generate(spark, meta, trace_dir))
+            step("generate", lambda: gen.generate(spark, meta, trace_dir), output=trace_dir)
             for p in protocols:
                 results = join(work, "results", p)
                 step(f"replay-{p}", lambda p=p, results=results: _replay(
-                    spark, p, meta, opts, trace_dir, results, progress, server), bar=False)
+                    spark, p, meta, opts, trace_dir, results, progress, server),
+                     output=results, bar=False)
                 step(f"verify-{p}", lambda results=results: verify(spark, trace_dir, results))
                 summaries[p] = json.loads(fs.read_text(join(results, VERIFY_FILE)))
-            step("report", lambda: report(spark, join(work, "results", protocols[0]), report_dir))
+            step("report", lambda: report(spark, join(work, "results", protocols[0]), report_dir),
+                 output=report_dir)
     finally:
         server.close()
     summary = dict(summaries[protocols[0]])
