@@ -12,9 +12,9 @@ the decision once one was made, otherwise the trace's scripted answer for that c
 
 Streaming: a task's rows arrive sorted by ``start_ms`` through
 :func:`~txbroker.bench.trace.tasks.stream_task`, are paced to their due time, and each row's
-result is emitted once it is finished (decided and its scripted checks received, or its settle
-deadline passed): a task holds only the transactions in flight or undecided, whatever the size
-of its partition.  A finished row stays answerable for :attr:`TaskParams.linger_s` more (a
+result is emitted once it is finished (decided and its scripted checks received, or settle
+seconds passed since its send returned or its last check came): a task holds only the
+transactions in flight or undecided, whatever the size of its partition.  A finished row stays answerable for :attr:`TaskParams.linger_s` more (a
 check crossing the decision still finds it) and is then forgotten.
 
 Rows of several messages are sent as that many halves, one after another, each its own
@@ -122,7 +122,7 @@ class _Tx:
     check_ms: list[float] = field(default_factory=list)
     check_phase: list[str] = field(default_factory=list)
     error: str | None = None
-    deadline: float | None = None    # monotonic: emitted then, whatever happened
+    deadline: float | None = None    # monotonic: emitted then, unless a check moves it on
     finished_at: float | None = None  # monotonic: done; emitted linger_s later
     emitted: bool = False
 
@@ -149,9 +149,10 @@ class _Tx:
 class ScriptedListener:
     """Plays the trace: the local transaction sleeps ``local_tx_ms`` then returns the row's first
     decision; checks get the scripted answers, per message.  ``txs`` holds the rows the task
-    still knows; ``on_change`` is told when a row may have finished."""
+    still knows; ``on_change(tx, checked)`` is told when a row was checked (or may have
+    finished)."""
 
-    def __init__(self, txs: dict[int, _Tx], on_change: Callable[[_Tx], None]) -> None:
+    def __init__(self, txs: dict[int, _Tx], on_change: Callable[[_Tx, bool], None]) -> None:
         self.txs = txs
         self.on_change = on_change
         self.foreign_checks = 0
@@ -206,7 +207,7 @@ class ScriptedListener:
             tx.resolved_ms = now
         elif tx.row["kind"] == "never" and tx.scripted[index] >= tx.row["expected_checks"]:
             tx.resolved_ms = now  # the broker discards it at its next pass
-        self.on_change(tx)
+        self.on_change(tx, True)
         return LocalTransactionState[_STATES[answer]]
 
 
@@ -237,7 +238,9 @@ class _ReplayWorker:
         self.listener = ScriptedListener(self.txs, self._changed)
         self.producers: dict[int, asyncio.Task] = {}
         self.finished: collections.deque[_Tx] = collections.deque()
-        self.by_deadline: collections.deque[_Tx] = collections.deque()
+        #: (deadline, row) in deadline order; a row's deadline moves on with each check, the
+        #: older entry then no longer matches it and is dropped.
+        self.by_deadline: collections.deque[tuple[float, _Tx]] = collections.deque()
         self.shift_ms: float | None = None
 
     def _due(self, r: dict) -> float:
@@ -254,7 +257,15 @@ class _ReplayWorker:
             self.shift_ms = max(0.0, _now_ms() - due)
         return due + self.shift_ms
 
-    def _changed(self, tx: _Tx) -> None:
+    def _extend(self, tx: _Tx) -> None:
+        """The row is emitted ``settle_s`` after its send returned or its last check came,
+        unless it finishes first: on a loaded broker check passes come late, but come."""
+        tx.deadline = time.monotonic() + self.p.settle_s
+        self.by_deadline.append((tx.deadline, tx))
+
+    def _changed(self, tx: _Tx, checked: bool = False) -> None:
+        if checked and tx.return_ms is not None and not tx.emitted:
+            self._extend(tx)
         if tx.finished_at is None and tx.done():
             tx.finished_at = time.monotonic()
             self.finished.append(tx)
@@ -269,8 +280,14 @@ class _ReplayWorker:
         now = time.monotonic()
         while self.finished and now - self.finished[0].finished_at >= self.p.linger_s:
             self._emit(self.finished.popleft())
-        while self.by_deadline and (self.by_deadline[0].emitted or now >= self.by_deadline[0].deadline):
-            self._emit(self.by_deadline.popleft())
+        while self.by_deadline:
+            deadline, tx = self.by_deadline[0]
+            if tx.emitted or deadline != tx.deadline:
+                self.by_deadline.popleft()  # emitted already, or a later entry stands for it
+            elif now >= deadline:
+                self._emit(self.by_deadline.popleft()[1])
+            else:
+                break
 
     async def _producer(self, group: int, instance: str | None = None):
         from txbroker.client import TransactionProducer
@@ -306,8 +323,7 @@ class _ReplayWorker:
             tx.error = f"{type(exc).__name__}: {exc}"
         finally:
             tx.return_ms = _now_ms()
-            tx.deadline = time.monotonic() + self.p.settle_s
-            self.by_deadline.append(tx)
+            self._extend(tx)
             self._changed(tx)
             slots.release()
 
