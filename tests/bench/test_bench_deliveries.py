@@ -5,6 +5,7 @@ trace's schedule (down for ``down_ms``, back from the committed offsets), and th
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 
@@ -36,7 +37,7 @@ async def _send(namesrv: str, run_id: str, queues: list[dl.QueueKey]) -> None:
 
 def _max_gap(times: list[float]) -> float:
     times = sorted(times)
-    return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
+    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
 
 def test_delivery_tasks_with_a_scheduled_consumer_restart(spark, tmp_path):
