@@ -74,3 +74,35 @@ def test_streaming_replay_of_multi_message_and_crash_rows(spark, tmp_path):
                    if r["expected_outcome"] == "commit" for i in range(r["messages"]))
     assert got == want
     assert summary["deliveries"] == len(deliveries)
+
+
+def test_rows_wait_for_late_check_passes(spark, tmp_path):
+    """A broker whose check passes come slower than the trace's settings say (as a loaded one
+    does): every scripted check still reaches its row, because each check moves the row's
+    settle deadline on.  Trace: 1 s timeout, 0.5 s interval, 2 checks (settle 5 s); broker:
+    the same but a pass every 3 s, so the second check comes up to 7 s after the send."""
+    from txbroker.bench.trace.generate import generate
+    from txbroker.bench.trace.spec import BrokerSettings
+
+    said = BrokerSettings(transaction_timeout=1.0, transaction_check_interval=0.5,
+                          transaction_check_max=2)
+    meta = default_meta(200, seed=4, topics=1, producers=2, rate=200.0, broker=said,
+                        mix={"commit": 0.2, "rollback": 0.0, "unknown_commit": 0.4,
+                             "unknown_rollback": 0.0, "never": 0.4})
+    trace_dir, out = tmp_path / "trace", tmp_path / "results"
+    generate(spark, meta, trace_dir)
+    trace = {r["id"]: r for r in pq.read_table(trace_dir).to_pylist()}
+    slow = BrokerSettings(transaction_timeout=1.0, transaction_check_interval=3.0,
+                          transaction_check_max=2)
+    with EmbeddedBroker(slow) as broker:
+        replay(spark, trace_dir, broker.namesrv_addr, out, tasks=2, consumers=2, concurrency=32)
+    results = pq.read_table(out / "transactions").to_pylist()
+    assert len(results) == len(trace)
+    late = []
+    for got in results:
+        row = trace[got["id"]]
+        if got["check_phase"].count("undecided") != row["expected_checks"]:
+            late.append((row["id"], row["kind"], [round(c - got["return_ms"]) for c in got["check_ms"]]))
+        elif row["kind"] != "never":
+            assert got["final_state"] == row["expected_outcome"], (row, got)
+    assert not late, late[:10]
