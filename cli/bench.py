@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import json
+import os
 import sys
 import tempfile
 import time
@@ -26,7 +27,12 @@ import click
 from txbroker.bench import extras
 from txbroker.bench.trace.embedded import EmbeddedBrokerError
 from txbroker.bench.trace.fs import has_scheme, join, local_path
-from txbroker.bench.trace.spark import is_local, master_addresses, route_address
+from txbroker.bench.trace.spark import (
+    is_local,
+    local_master,
+    master_addresses,
+    route_address,
+)
 from txbroker.bench.trace.spec import (
     META_FILE,
     BrokerSettings,
@@ -289,18 +295,24 @@ def describe_cmd(trace_dir, as_json, master, verbose, spark_log, driver_host,
               help="check-backs answered at once per producer (the SDK drops beyond 16x this)")
 @click.option("--rate", type=float, default=None,
               help="override the trace schedule: transactions/s (0 = as fast as possible)")
+@click.option("--consumers", type=int, default=None,
+              help="delivery tasks, each consuming a fixed share of the queues, running beside "
+                   "the replay tasks [default: the trace's, else 2]")
 @_spark_options("OUT.spark.log")
 @_errors(*extras.SPARK)
-def replay_cmd(trace_dir, namesrv, out, concurrency, tasks, check_concurrency, rate,
+def replay_cmd(trace_dir, namesrv, out, concurrency, tasks, check_concurrency, rate, consumers,
                master, verbose, spark_log, driver_host, executor_python) -> None:
     """Replay a trace against a running broker; results are Parquet."""
     from txbroker.bench.trace.replay import replay
 
     t0 = time.perf_counter()
+    if consumers is not None and consumers < 1:
+        raise SpecError("--consumers must be >= 1")
+    master = local_master(master, (tasks or os.cpu_count() or 1) + (consumers or 2))
     spark, startup = _spark(master, verbose, Path(spark_log or _beside(out)), driver_host,
                             executor_python)
-    s = replay(spark, trace_dir, namesrv, out, tasks=tasks, concurrency=concurrency,
-               rate=rate, check_concurrency=check_concurrency)
+    s = replay(spark, trace_dir, namesrv, out, tasks=tasks, consumers=consumers,
+               concurrency=concurrency, rate=rate, check_concurrency=check_concurrency)
     click.echo(f"run {s['run_id']}: {s['deliveries']:,} deliveries recorded in {out} "
                f"({_wall(t0, startup)})")
 
@@ -379,6 +391,21 @@ def _master_host(master: str) -> str:
     return master_addresses(master)[0][0]
 
 
+def _saved_run(work: str) -> dict:
+    """``WORK/run.json`` when WORK is local (read before Spark starts, for its slot count);
+    ``{}`` otherwise: the run reads it through Spark anyway."""
+    local = _local_dir(work)
+    if local is None:
+        return {}
+    path = local / "run.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"--resume {work}: not a bench run work dir (no run.json)") from None
+    except ValueError as exc:
+        raise SpecError(f"{path}: invalid run options: {exc}") from None
+
+
 @bench.command("run")
 @click.option("--transactions", "-n", type=int, default=10_000, show_default=True,
               help="transactions in the generated trace")
@@ -405,22 +432,40 @@ def _master_host(master: str) -> str:
 @click.option("--replay-rate", type=float, default=None,
               help="transactions/s instead of the trace schedule (0 = unthrottled: as fast as "
                    "--concurrency allows); the summary says which was used")
+@click.option("--protocol", "protocol", default="rocketmq", show_default=True,
+              type=click.Choice(["rocketmq", "kafka", "both"]),
+              help="transaction design(s) the trace is replayed through")
+@click.option("--resume", "resume", default=None, metavar="WORK",
+              help="finish the run in WORK: its run.json gives the options (the others are "
+                   "ignored); phases with a marker in WORK/_phases are skipped")
 @_trace_options
 @_spark_options("WORK-DIR/spark.log")
 @_errors(*extras.SPARK, *extras.REPORT)
 def run_cmd(transactions, namesrv, work_dir, broker_host, advertise, concurrency, tasks,
-            check_concurrency, replay_rate, master, verbose, spark_log, driver_host,
-            executor_python, **opts) -> None:
+            check_concurrency, replay_rate, protocol, resume, master, verbose, spark_log,
+            driver_host, executor_python, **opts) -> None:
     """generate + replay + verify + report; exit 1 on any violation."""
     from rich.console import Console
 
     from txbroker.bench.trace.generate import validate
     from txbroker.bench.trace.report import summary_notes
-    from txbroker.bench.trace.run import run_all, summary_table
+    from txbroker.bench.trace.run import parse_protocols, run_all, summary_table
 
     t0 = time.perf_counter()
+    protocols = parse_protocols(protocol)
+    if resume is not None:
+        if work_dir is not None and work_dir != resume:
+            raise SpecError("--resume WORK is the work dir; leave --work-dir out")
+        work_dir = resume
     meta = _meta(transactions, **opts)
     validate(meta)
+    saved = _saved_run(resume) if resume is not None else {}
+    if saved:  # the resumed run's own figures set the slot count below
+        tasks = saved.get("tasks")
+        producers = saved.get("meta", {}).get("producers", meta.producers)
+        consumers = saved.get("meta", {}).get("consumers") or 2
+    else:
+        producers, consumers = meta.producers, getattr(meta, "consumers", None) or 2
     if namesrv and (broker_host or advertise):
         raise SpecError("--broker-host and --advertise place the embedded broker; "
                         "with --namesrv there is none")
@@ -438,13 +483,15 @@ def run_cmd(transactions, namesrv, work_dir, broker_host, advertise, concurrency
     local_work = _local_dir(work)
     if local_work is not None:
         local_work.mkdir(parents=True, exist_ok=True)  # an unusable work dir fails before Spark starts
+    master = local_master(master, min(tasks or os.cpu_count() or 1, producers) + consumers)
     spark, startup = _spark(master, verbose, Path(spark_log or _inside(work, "spark.log")),
                             driver_host=driver, executor_python=executor_python)
     console = Console(stderr=True)
     summary, timings = run_all(spark, meta, work, namesrv, tasks=tasks,
                                concurrency=concurrency, rate=replay_rate,
                                check_concurrency=check_concurrency, console=console,
-                               broker_host=broker_host, advertise=advertise)
+                               broker_host=broker_host, advertise=advertise,
+                               protocols=protocols, resume=resume is not None)
     timings = {"Spark start-up": startup, **timings, "wall": time.perf_counter() - t0}
     Console().print(summary_table(summary, timings))
     for note in summary_notes(summary):

@@ -1,6 +1,8 @@
 """``bench replay``: Spark spreads the trace over tasks; each task replays its rows against a
-broker with real :class:`~txbroker.client.TransactionProducer`s on its own asyncio loop, and the
-driver records every delivered message with a :class:`~txbroker.client.Consumer`.
+broker with real :class:`~txbroker.client.TransactionProducer`s on its own asyncio loop, while
+``consumers`` delivery tasks (:mod:`txbroker.bench.trace.deliveries`) record every delivered
+message.  Both are Spark jobs, started from two driver threads, so nothing per transaction or
+per delivery passes through the driver: its memory does not grow with the trace.
 
 The trace is partitioned **by producer**, so a producer group lives in exactly one task: the
 broker sends a check-back to any live connection of the group, and a task that did not run the
@@ -8,24 +10,40 @@ transaction could not answer it from its (in-memory) state.  The listener answer
 way an application answers from its database: UNKNOW while the local transaction still runs,
 the decision once one was made, otherwise the trace's scripted answer for that check.
 
+Streaming: a task's rows arrive sorted by ``start_ms`` through
+:func:`~txbroker.bench.trace.tasks.stream_task`, are paced to their due time, and each row's
+result is emitted once it is finished (decided and its scripted checks received, or settle
+seconds passed since its send returned or its last check came): a task holds only the
+transactions in flight or undecided, whatever the size of its partition.  A finished row stays answerable for :attr:`TaskParams.linger_s` more (a
+check crossing the decision still finds it) and is then forgotten.
+
+Rows of several messages are sent as that many halves, one after another, each its own
+transaction, all decided alike (RocketMQ has no multi-message transaction).  A ``crash`` row's
+half is sent by a dedicated producer instance of the group that dies after ``local_tx_ms``
+without ending the transaction; the group's long-lived instance in the task answers the
+checks.
+
 Results (Parquet, all times epoch milliseconds as doubles):
 
 * ``transactions/`` — one row per trace row: see :data:`RESULT_COLUMNS`.
-* ``deliveries/`` — one row per delivered message: see :data:`DELIVERY_COLUMNS`.
-* ``_txbroker_results.json`` — run id, broker address, trace metadata, timings.
+* ``deliveries/`` — one row per delivered message: see ``deliveries.DELIVERY_COLUMNS``.
+* ``_txbroker_results.json`` — run id, broker address, trace metadata, timings, broker CPU,
+  the driver's peak RSS.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from txbroker.bench.trace import deliveries as dl
+from txbroker.bench.trace.deliveries import PROP_MSG
 from txbroker.bench.trace.fs import WorkFS, join
 from txbroker.bench.trace.spec import (
     PROP_RUN,
@@ -34,35 +52,37 @@ from txbroker.bench.trace.spec import (
     TraceMeta,
     producer_group,
 )
+from txbroker.bench.trace.tasks import (
+    ProgressReporter,
+    ProgressServer,
+    RowFeed,
+    stream_task,
+)
 
 RESULTS_META = "_txbroker_results.json"
+PROTOCOL = "rocketmq"
 
 RESULT_COLUMNS = {
     "id": "bigint: trace row",
     "task": "int: Spark partition that replayed it",
     "scheduled_ms": "double: when it was due",
-    "start_ms": "double: send_message_in_transaction called",
+    "start_ms": "double: send_message_in_transaction called (first message)",
     "half_ms": "double: half stored (local transaction started); null if the send failed",
     "decided_ms": "double: COMMIT/ROLLBACK sent (by the producer or in a check answer); null if never",
-    "return_ms": "double: send_message_in_transaction returned",
-    "first_state": "string: what execute_local_transaction returned",
+    "return_ms": "double: send_message_in_transaction returned (last message)",
+    "first_state": "string: what execute_local_transaction returned (unknown: also a killed instance)",
     "final_state": "string: commit | rollback | unknown (what the producer last told the broker)",
-    "check_ms": "array<double>: when each check arrived",
+    "check_ms": "array<double>: when each check arrived (every message's)",
     "check_phase": "array<string>: running | undecided | decided — the producer's state then",
     "error": "string: why the send failed; null on success",
+    "abandoned_ms": "double: UNKNOW returned or the instance killed; null otherwise",
+    "resolved_ms": "double: the decisive check answer (never: the last check); null otherwise",
+    "attempts": "int: transactions begun for the row (1 on this side)",
 }
-DELIVERY_COLUMNS = {
-    "tx": "bigint: trace row (BENCH_TX property)",
-    "topic": "string", "queue_id": "int", "queue_offset": "bigint",
-    "msg_id": "string", "transaction_id": "string",
-    "store_ms": "double: broker store time of the committed message",
-    "recv_ms": "double: consumer received it",
-}
-_DELIVERY_SCHEMA = ("tx bigint, topic string, queue_id int, queue_offset bigint, msg_id string, "
-                    "transaction_id string, store_ms double, recv_ms double")
-_RESULT_SCHEMA = ("id bigint, task int, scheduled_ms double, start_ms double, half_ms double, "
-                  "decided_ms double, return_ms double, first_state string, final_state string, "
-                  "check_ms array<double>, check_phase array<string>, error string")
+RESULT_SCHEMA = ("id bigint, task int, scheduled_ms double, start_ms double, half_ms double, "
+                 "decided_ms double, return_ms double, first_state string, final_state string, "
+                 "check_ms array<double>, check_phase array<string>, error string, "
+                 "abandoned_ms double, resolved_ms double, attempts int")
 
 _STATES = {"commit": "COMMIT_MESSAGE", "rollback": "ROLLBACK_MESSAGE", "unknown": "UNKNOW"}
 
@@ -71,53 +91,93 @@ def _now_ms() -> float:
     return time.time() * 1000.0
 
 
+def row_messages(row: dict) -> list[str]:
+    """Topic of each message of a trace row; a version-1 trace (no ``messages`` / ``topics``
+    columns) has one message, on ``topic``."""
+    topics = row.get("topics")
+    if topics:
+        return list(topics)
+    return [row["topic"]] * int(row.get("messages") or 1)
+
+
 @dataclass
 class _Tx:
+    """One trace row while its task holds it.  Per-message lists: each half is checked (and
+    answered from the script) on its own."""
+
     row: dict
     scheduled_ms: float
+    topics: list[str]
+    crash: bool
     start_ms: float | None = None
     half_ms: float | None = None
     decided_ms: float | None = None
     return_ms: float | None = None
     first_state: str | None = None
-    final_state: str = "unknown"
     running: bool = False
-    scripted_checks: int = 0
+    abandoned_ms: float | None = None
+    resolved_ms: float | None = None
+    states: list[str] = field(default_factory=list)     # per message: commit | rollback | unknown
+    scripted: list[int] = field(default_factory=list)   # per message: undecided checks answered
     check_ms: list[float] = field(default_factory=list)
     check_phase: list[str] = field(default_factory=list)
     error: str | None = None
+    deadline: float | None = None    # monotonic: emitted then, unless a check moves it on
+    finished_at: float | None = None  # monotonic: done; emitted linger_s later
+    emitted: bool = False
+
+    @property
+    def final_state(self) -> str:
+        return self.states[0] if self.states and len(set(self.states)) == 1 else "unknown"
 
     def done(self) -> bool:
-        if self.error is not None or self.final_state != "unknown":
+        if self.error is not None:
             return True
-        return self.row["kind"] == "never" and self.scripted_checks >= self.row["expected_checks"]
+        if self.return_ms is None:
+            return False
+        if self.row["kind"] == "never":
+            return all(n >= self.row["expected_checks"] for n in self.scripted)
+        return all(s != "unknown" for s in self.states)
 
     def as_tuple(self, task: int) -> tuple:
         return (self.row["id"], task, self.scheduled_ms, self.start_ms, self.half_ms,
                 self.decided_ms, self.return_ms, self.first_state, self.final_state,
-                self.check_ms, self.check_phase, self.error)
+                self.check_ms, self.check_phase, self.error, self.abandoned_ms,
+                self.resolved_ms, 1)
 
 
 class ScriptedListener:
     """Plays the trace: the local transaction sleeps ``local_tx_ms`` then returns the row's first
-    decision; checks get the scripted answers."""
+    decision; checks get the scripted answers, per message.  ``txs`` holds the rows the task
+    still knows; ``on_change(tx, checked)`` is told when a row was checked (or may have
+    finished)."""
 
-    def __init__(self, txs: dict[int, _Tx]) -> None:
+    def __init__(self, txs: dict[int, _Tx], on_change: Callable[[_Tx, bool], None]) -> None:
         self.txs = txs
+        self.on_change = on_change
         self.foreign_checks = 0
 
-    async def execute_local_transaction(self, msg, tx: _Tx):
+    async def execute_local_transaction(self, msg, arg: tuple[_Tx, int, asyncio.Future | None]):
         from txbroker.client import LocalTransactionState
 
-        tx.half_ms = _now_ms()
-        tx.running = True
-        if tx.row["local_tx_ms"]:
-            await asyncio.sleep(tx.row["local_tx_ms"] / 1000.0)
+        tx, index, crash = arg
+        if index == 0:
+            tx.half_ms = _now_ms()
+            tx.running = True
+            if tx.row["local_tx_ms"]:
+                await asyncio.sleep(tx.row["local_tx_ms"] / 1000.0)
+            tx.running = False
+            tx.first_state = tx.row["first_decision"]
+        if crash is not None:
+            # The instance dies here: the caller cancels this send, so no END_TRANSACTION.
+            tx.abandoned_ms = tx.abandoned_ms or _now_ms()
+            crash.set_result(None)
+            await asyncio.Event().wait()
         decision = tx.row["first_decision"]
-        tx.first_state = decision
-        tx.running = False
         if decision != "unknown":
-            tx.final_state, tx.decided_ms = decision, _now_ms()
+            tx.states[index], tx.decided_ms = decision, _now_ms()
+        else:
+            tx.abandoned_ms = tx.abandoned_ms or _now_ms()
         return LocalTransactionState[_STATES[decision]]
 
     async def check_local_transaction(self, msg):
@@ -125,7 +185,9 @@ class ScriptedListener:
 
         try:
             tx = self.txs[int(msg.properties.get(PROP_TX, ""))]
-        except (KeyError, ValueError):
+            index = int(msg.properties.get(PROP_MSG, "0"))
+            state = tx.states[index]
+        except (KeyError, ValueError, IndexError):
             self.foreign_checks += 1
             return LocalTransactionState.UNKNOW
         now = _now_ms()
@@ -133,15 +195,19 @@ class ScriptedListener:
         if tx.running or tx.first_state is None:
             tx.check_phase.append("running")
             return LocalTransactionState.UNKNOW
-        if tx.final_state != "unknown":
+        if state != "unknown":
             tx.check_phase.append("decided")
-            return LocalTransactionState[_STATES[tx.final_state]]
+            return LocalTransactionState[_STATES[state]]
         tx.check_phase.append("undecided")
-        tx.scripted_checks += 1
+        tx.scripted[index] += 1
         answers = tx.row["check_answers"] or ["unknown"]
-        answer = answers[min(tx.scripted_checks, len(answers)) - 1]
+        answer = answers[min(tx.scripted[index], len(answers)) - 1]
         if answer != "unknown":
-            tx.final_state, tx.decided_ms = answer, now
+            tx.states[index], tx.decided_ms = answer, now
+            tx.resolved_ms = now
+        elif tx.row["kind"] == "never" and tx.scripted[index] >= tx.row["expected_checks"]:
+            tx.resolved_ms = now  # the broker discards it at its next pass
+        self.on_change(tx, True)
         return LocalTransactionState[_STATES[answer]]
 
 
@@ -157,143 +223,174 @@ class TaskParams:
     #: (the broker has already counted them), so a pass checking thousands of undecided halves
     #: of one group needs a high value or scripted answers get lost.
     check_concurrency: int = 1024
+    #: How long a finished row stays answerable before it is emitted and forgotten: a check
+    #: crossing the decision still finds it (two check intervals).
+    linger_s: float = 1.0
+    progress: str | None = None  # ProgressServer address
 
 
-async def _replay_rows(rows: list[dict], p: TaskParams, task: int) -> list[tuple]:
-    from txbroker.client import Message, TransactionProducer
+class _ReplayWorker:
+    """One replay task's asyncio side: paces its rows, runs them, emits finished rows."""
 
-    txs: dict[int, _Tx] = {}
-    for r in rows:
-        if p.rate is None:
-            due = p.epoch_ms + r["start_ms"]
-        elif p.rate == 0:
-            due = p.epoch_ms
+    def __init__(self, p: TaskParams, task: int, emit: Callable[[tuple], None]) -> None:
+        self.p, self.task, self.emit = p, task, emit
+        self.txs: dict[int, _Tx] = {}
+        self.listener = ScriptedListener(self.txs, self._changed)
+        self.producers: dict[int, asyncio.Task] = {}
+        self.finished: collections.deque[_Tx] = collections.deque()
+        #: (deadline, row) in deadline order; a row's deadline moves on with each check, the
+        #: older entry then no longer matches it and is dropped.
+        self.by_deadline: collections.deque[tuple[float, _Tx]] = collections.deque()
+        self.shift_ms: float | None = None
+
+    def _due(self, r: dict) -> float:
+        if self.p.rate is None:
+            due = self.p.epoch_ms + r["start_ms"]
+        elif self.p.rate == 0:
+            due = self.p.epoch_ms
         else:
-            due = p.epoch_ms + r["id"] * 1000.0 / p.rate
-        txs[r["id"]] = _Tx(r, due)
-    listener = ScriptedListener(txs)
-    producers = {}
-    for g in sorted({r["producer"] for r in rows}):
-        producers[g] = TransactionProducer(producer_group(g), namesrv=p.namesrv, listener=listener,
-                                           check_concurrency=p.check_concurrency)
-    for prod in producers.values():
-        await prod.start()
-    slots = asyncio.Semaphore(p.concurrency)
-    pending: set[asyncio.Task] = set()
+            due = self.p.epoch_ms + r["id"] * 1000.0 / self.p.rate
+        if self.shift_ms is None:
+            # The first row (the earliest: rows come sorted) arrived after it was due when
+            # Spark took longer than the lead to start this task: shift the task's schedule
+            # by that much, so schedule_lag_ms measures the replay, not Spark's start-up.
+            self.shift_ms = max(0.0, _now_ms() - due)
+        return due + self.shift_ms
 
-    async def one(tx: _Tx) -> None:
+    def _extend(self, tx: _Tx) -> None:
+        """The row is emitted ``settle_s`` after its send returned or its last check came,
+        unless it finishes first: on a loaded broker check passes come late, but come."""
+        tx.deadline = time.monotonic() + self.p.settle_s
+        self.by_deadline.append((tx.deadline, tx))
+
+    def _changed(self, tx: _Tx, checked: bool = False) -> None:
+        if checked and tx.return_ms is not None and not tx.emitted:
+            self._extend(tx)
+        if tx.finished_at is None and tx.done():
+            tx.finished_at = time.monotonic()
+            self.finished.append(tx)
+
+    def _emit(self, tx: _Tx) -> None:
+        if not tx.emitted:
+            tx.emitted = True
+            self.txs.pop(tx.row["id"], None)
+            self.emit(tx.as_tuple(self.task))
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        while self.finished and now - self.finished[0].finished_at >= self.p.linger_s:
+            self._emit(self.finished.popleft())
+        while self.by_deadline:
+            deadline, tx = self.by_deadline[0]
+            if tx.emitted or deadline != tx.deadline:
+                self.by_deadline.popleft()  # emitted already, or a later entry stands for it
+            elif now >= deadline:
+                self._emit(self.by_deadline.popleft()[1])
+            else:
+                break
+
+    async def _producer(self, group: int, instance: str | None = None):
+        from txbroker.client import TransactionProducer
+
+        prod = TransactionProducer(producer_group(group), namesrv=self.p.namesrv,
+                                   listener=self.listener, instance_name=instance,
+                                   check_concurrency=self.p.check_concurrency)
+        await prod.start()
+        return prod
+
+    async def _group(self, group: int):
+        task = self.producers.get(group)
+        if task is None:
+            task = self.producers[group] = asyncio.get_running_loop().create_task(self._producer(group))
+        return await task
+
+    async def _one(self, tx: _Tx, slots: asyncio.Semaphore) -> None:
+        from txbroker.client import Message
+
         r = tx.row
-        msg = Message(r["topic"], b"x" * r["body_bytes"], tags=r["tags"], keys=r["keys"],
-                      properties={PROP_TX: str(r["id"]), PROP_RUN: p.run_id})
         tx.start_ms = _now_ms()
         try:
-            await producers[r["producer"]].send_message_in_transaction(msg, tx)
+            prod = await self._group(r["producer"])
+            for index, topic in enumerate(tx.topics):
+                msg = Message(topic, b"x" * r["body_bytes"], tags=r["tags"], keys=r["keys"],
+                              properties={PROP_TX: str(r["id"]), PROP_MSG: str(index),
+                                          PROP_RUN: self.p.run_id})
+                if tx.crash:
+                    await self._crash_send(tx, index, msg)
+                else:
+                    await prod.send_message_in_transaction(msg, (tx, index, None))
         except Exception as exc:  # noqa: BLE001 - recorded per row; verify reports it
             tx.error = f"{type(exc).__name__}: {exc}"
         finally:
             tx.return_ms = _now_ms()
+            self._extend(tx)
+            self._changed(tx)
             slots.release()
 
-    try:
-        for tx in sorted(txs.values(), key=lambda t: (t.scheduled_ms, t.row["id"])):
-            wait = (tx.scheduled_ms - _now_ms()) / 1000.0
-            if wait > 0:
-                await asyncio.sleep(wait)
-            await slots.acquire()
-            t = asyncio.get_running_loop().create_task(one(tx))
-            pending.add(t)
-            t.add_done_callback(pending.discard)
-        if pending:
-            await asyncio.gather(*pending)
-        # Wait for the scripted checks (bounded): each undecided half is checked every
-        # interval after its immunity time, at most check-max times.
-        deadline = time.monotonic() + p.settle_s
-        while time.monotonic() < deadline and not all(t.done() for t in txs.values()):
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)  # one-way answers of the last checks leave the socket
-    finally:
-        for prod in producers.values():
-            await prod.shutdown()
-    return [t.as_tuple(task) for t in txs.values()]
-
-
-def _task_runner(p: TaskParams) -> Callable[[int, Iterable], Iterator[tuple]]:
-    def run(index: int, it: Iterable) -> Iterator[tuple]:
-        rows = [r.asDict() for r in it]
-        if not rows:
-            return iter(())
+    async def _crash_send(self, tx: _Tx, index: int, msg) -> None:
+        """Send one half from a short-lived instance of the group that dies before deciding."""
+        prod = await self._producer(tx.row["producer"], f"crash-{self.p.run_id}-{tx.row['id']}-{index}")
+        dead: asyncio.Future = asyncio.get_running_loop().create_future()
+        send = asyncio.get_running_loop().create_task(
+            prod.send_message_in_transaction(msg, (tx, index, dead)))
         try:
-            import uvloop
-            runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-        except ImportError:
-            runner = asyncio.Runner()
-        with runner:
-            return iter(runner.run(_replay_rows(rows, p, index)))
-    return run
-
-
-class DeliveryRecorder(threading.Thread):
-    """Consumes every trace topic from the first offset in its own thread and event loop and
-    keeps each delivered message of this run."""
-
-    def __init__(self, namesrv: str, topics: list[str], run_id: str) -> None:
-        super().__init__(name="bench-deliveries", daemon=True)
-        self.namesrv, self.topics, self.run_id = namesrv, topics, run_id
-        self.rows: list[tuple] = []
-        self.foreign = 0
-        self.error: BaseException | None = None
-        self.ready = threading.Event()
-        self._stop_at: float | None = None   # monotonic deadline once asked to stop
-        self._idle_s = 2.0
-        self._last = time.monotonic()
-
-    def stop(self, expected: int, idle_s: float = 2.0, max_wait_s: float = 30.0) -> None:
-        """Stop once ``expected`` deliveries arrived and none came for ``idle_s`` (a late
-        duplicate still gets a chance), or after ``max_wait_s`` whatever happened."""
-        self._expected, self._idle_s = expected, idle_s
-        self._stop_at = time.monotonic() + max_wait_s
-        self.join(max_wait_s + 15)
-
-    def run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # noqa: BLE001 - surfaced by the driver
-            self.error = exc
-            self.ready.set()
-
-    async def _main(self) -> None:
-        from txbroker.client import Consumer
-
-        consumer = Consumer(f"bench-c-{self.run_id}", namesrv=self.namesrv, from_where="first",
-                            rebalance_interval=1.0, long_poll_timeout=1.0, pull_batch_size=64,
-                            buffer_size=4096)
-        for topic in self.topics:
-            consumer.subscribe(topic, "*")
-        await consumer.start()
-        self.ready.set()
-        try:
-            while True:
-                msg = await consumer.poll(0.2)
-                now = time.monotonic()
-                if msg is not None:
-                    self._last = now
-                    props = msg.properties
-                    if props.get(PROP_RUN) != self.run_id:
-                        self.foreign += 1
-                        continue
-                    try:
-                        tx = int(props.get(PROP_TX, ""))
-                    except ValueError:
-                        tx = -1
-                    self.rows.append((tx, msg.topic, msg.queue_id, msg.queue_offset, msg.msg_id,
-                                      msg.transaction_id, float(msg.store_timestamp), _now_ms()))
-                    continue
-                if self._stop_at is not None and (
-                        now >= self._stop_at or (len(self.rows) >= self._expected
-                                                 and now - self._last >= self._idle_s)):
-                    break
+            await asyncio.wait([send, dead], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await consumer.shutdown()
+            send.cancel()
+            await asyncio.gather(send, return_exceptions=True)
+            await prod.shutdown()
+        if send.done() and not send.cancelled() and send.exception() is not None:
+            raise send.exception()  # the half itself failed: no local transaction ran
+
+    async def run(self, feed: RowFeed) -> None:
+        slots = asyncio.Semaphore(self.p.concurrency)
+        pending: set[asyncio.Task] = set()
+        loop = asyncio.get_running_loop()
+        sweeping = True
+
+        async def sweeper() -> None:
+            while sweeping or self.txs:
+                self._sweep()
+                await asyncio.sleep(0.05)
+
+        sweep = loop.create_task(sweeper())
+        try:
+            while batch := await feed.next_batch():
+                for r in batch:
+                    topics = row_messages(r)
+                    tx = _Tx(r, self._due(r), topics, bool(r.get("crash")),
+                             states=["unknown"] * len(topics), scripted=[0] * len(topics))
+                    wait = (tx.scheduled_ms - _now_ms()) / 1000.0
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                    await slots.acquire()
+                    self.txs[r["id"]] = tx
+                    t = loop.create_task(self._one(tx, slots))
+                    pending.add(t)
+                    t.add_done_callback(pending.discard)
+            if pending:
+                await asyncio.gather(*pending)
+            sweeping = False
+            await sweep  # every row emitted: finished, or its settle deadline passed
+            await asyncio.sleep(0.3)  # one-way answers of the last checks leave the socket
+        finally:
+            sweep.cancel()
+            for t in list(pending):
+                t.cancel()
+            for task in self.producers.values():
+                if task.done() and not task.cancelled() and task.exception() is None:
+                    await task.result().shutdown()
+
+
+def task_runner(p: TaskParams) -> Callable[[int, Iterable], Iterator[tuple]]:
+    """The Spark task: stream the partition's rows through a :class:`_ReplayWorker`."""
+    def run(index: int, it: Iterable) -> Iterator[tuple]:
+        async def worker(feed: RowFeed, emit: Callable[[tuple], None]) -> None:
+            await _ReplayWorker(p, index, emit).run(feed)
+
+        reporter = ProgressReporter(p.progress, f"replay-{PROTOCOL}", index)
+        return stream_task(it, worker, window=max(4096, p.concurrency * 4), reporter=reporter)
+    return run
 
 
 async def _create_topics(namesrv: str, topics: list[str]) -> None:
@@ -308,10 +405,62 @@ async def _create_topics(namesrv: str, topics: list[str]) -> None:
                 pass  # an earlier replay against the same broker made it: reuse it as it is
 
 
+def driver_peak_rss_mb(spark) -> dict[str, float]:
+    """Peak resident memory of the driver: this Python process and the driver JVM (a child
+    process: ``ru_maxrss`` of this process does not count it), from ``VmHWM`` in /proc."""
+    import resource
+
+    python = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # kB on Linux
+    jvm = None
+    try:
+        pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                jvm = int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, AttributeError):
+        jvm = None  # not Linux, or the JVM is not on this machine: the Python side only
+    return {"python": round(python, 1), "jvm": None if jvm is None else round(jvm, 1),
+            "total": round(python + (jvm or 0.0), 1)}
+
+
+def check_slots(spark, tasks: int, consumers: int) -> None:
+    """Replay and delivery tasks run at the same time: Spark must have a slot for each, or
+    the delivery tasks would wait for end markers the replay never gets to send."""
+    slots = spark.sparkContext.defaultParallelism
+    if slots < tasks + consumers:
+        raise SpecError(f"Spark has {slots} task slots (defaultParallelism) but the replay needs "
+                        f"{tasks} replay tasks + {consumers} delivery tasks = {tasks + consumers}; "
+                        "give the cluster more cores, or lower --tasks or --consumers")
+
+
+def default_tasks(spark, producers: int, consumers: int) -> int:
+    """Replay tasks when none are asked for: the slots left by the delivery tasks, at most one
+    per producer group."""
+    return max(1, min(producers, spark.sparkContext.defaultParallelism - consumers))
+
+
+def _cpu(pids: Sequence[int]) -> float | None:
+    from txbroker.bench.broker import proc_cpu_seconds
+
+    if not pids:
+        return None
+    try:
+        return sum(proc_cpu_seconds(pid) for pid in pids)
+    except (OSError, ValueError):
+        return None
+
+
 def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
-           tasks: int | None = None, concurrency: int = 64, rate: float | None = None,
-           check_concurrency: int = 1024, lead_s: float = 2.0, on_progress: Callable[[int, int], None] | None = None) -> dict:
-    """Replay the trace; write results to ``out`` (replaced); return the run summary."""
+           tasks: int | None = None, consumers: int | None = None, concurrency: int = 64,
+           rate: float | None = None, progress: ProgressServer | None = None,
+           broker_pids: Sequence[int] = (), check_concurrency: int = 1024,
+           lead_s: float = 2.0) -> dict:
+    """Replay the trace against ``namesrv`` and record its deliveries; write results to
+    ``out`` (replaced); return the run summary.
+
+    ``progress``: tasks report rows to it, phases ``replay-rocketmq`` (result rows) and
+    ``deliveries-rocketmq`` (messages received).  ``broker_pids``: processes whose CPU over
+    the replay is ``broker_cpu_seconds`` (an embedded broker; empty for an external one)."""
     if concurrency < 1 or check_concurrency < 1:
         raise SpecError("--concurrency and --check-concurrency must be >= 1")
     if rate is not None and rate < 0:
@@ -319,46 +468,59 @@ def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
     fs = WorkFS(spark)
     trace_uri, out_uri = fs.qualify(trace_dir), fs.qualify(out)
     meta = TraceMeta.read(fs, trace_uri)
+    n_consumers = consumers or getattr(meta, "consumers", None) or 2
+    if n_consumers < 1:
+        raise SpecError("--consumers must be >= 1")
+    n_tasks = max(1, min(tasks or default_tasks(spark, meta.producers, n_consumers), meta.producers))
+    check_slots(spark, n_tasks, n_consumers)
     fs.replace_dir(out_uri, RESULTS_META, "results directory")
     trace = spark.read.parquet(trace_uri)
-    expected = trace.filter("expected_outcome = 'commit'").count()
     run_id = uuid.uuid4().hex[:12]
     asyncio.run(_create_topics(namesrv, meta.topic_names()))
-    recorder = DeliveryRecorder(namesrv, meta.topic_names(), run_id)
-    recorder.start()
-    recorder.ready.wait(30)
-    if recorder.error:
-        raise recorder.error
-    n_tasks = tasks or spark.sparkContext.defaultParallelism
-    n_tasks = max(1, min(n_tasks, meta.producers))
-    params = TaskParams(namesrv=namesrv, run_id=run_id, epoch_ms=_now_ms() + lead_s * 1000,
-                        rate=rate, concurrency=concurrency, settle_s=meta.broker.settle_seconds(),
-                        check_concurrency=check_concurrency)
-    stop_progress = threading.Event()
-    if on_progress:
-        def report() -> None:
-            while not stop_progress.wait(0.25):
-                on_progress(len(recorder.rows), expected)
-        threading.Thread(target=report, daemon=True).start()
+    queues = asyncio.run(dl.list_queues(namesrv, meta.topic_names()))
+    epoch_ms = _now_ms() + lead_s * 1000
+    settle_s = meta.broker.settle_seconds()
+    address = progress.address if progress is not None else None
+    restarts = tuple((int(r["at_ms"]), int(r["consumer"]), int(r["down_ms"]))
+                     for r in getattr(meta, "consumer_restarts", None) or ())
+    recorder = dl.DeliveryJob(spark, join(out_uri, "deliveries"), dl.DeliveryParams(
+        namesrv=namesrv, run_id=run_id, queues=tuple(queues), consumers=n_consumers,
+        epoch_ms=epoch_ms, restarts=restarts, max_wait_s=settle_s * 2 + 60,
+        progress=address, phase=f"deliveries-{PROTOCOL}"))
+    params = TaskParams(namesrv=namesrv, run_id=run_id, epoch_ms=epoch_ms, rate=rate,
+                        concurrency=concurrency, settle_s=settle_s,
+                        check_concurrency=check_concurrency,
+                        linger_s=2 * meta.broker.transaction_check_interval, progress=address)
+    cpu_before = _cpu(broker_pids)
     started = time.time()
-    rdd = (trace.repartition(n_tasks, "producer").rdd
-           .mapPartitionsWithIndex(_task_runner(params)))
-    spark.createDataFrame(rdd, _RESULT_SCHEMA).write.parquet(join(out_uri, "transactions"))
+    recorder.start()
+    sc = spark.sparkContext
+    try:
+        sc.setJobGroup(f"txbroker-bench-replay-{run_id}", "bench replay tasks")
+        rdd = (trace.repartition(n_tasks, "producer").sortWithinPartitions("start_ms", "id").rdd
+               .mapPartitionsWithIndex(task_runner(params)))
+        spark.createDataFrame(rdd, RESULT_SCHEMA).write.parquet(join(out_uri, "transactions"))
+    except BaseException:
+        recorder.cancel()
+        recorder.join(30)
+        raise
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
     replay_done = time.time()
-    recorder.stop(expected, idle_s=2.0, max_wait_s=max(10.0, meta.broker.settle_seconds() * 2))
-    stop_progress.set()
-    if on_progress:
-        on_progress(len(recorder.rows), expected)
-    if recorder.error:
-        raise RuntimeError(f"delivery recorder failed: {recorder.error!r}") from recorder.error
-    # Collected on the driver, written by Spark: verify reads it wherever its tasks run.
-    spark.createDataFrame(recorder.rows, _DELIVERY_SCHEMA).write.parquet(join(out_uri, "deliveries"))
-    summary = {"run_id": run_id, "namesrv": namesrv, "trace": trace_uri,
-               "tasks": n_tasks, "concurrency": concurrency, "rate": rate,
-               "check_concurrency": check_concurrency,
-               "epoch_ms": params.epoch_ms, "started": started, "replay_done": replay_done,
-               "finished": time.time(), "deliveries": len(recorder.rows),
-               "foreign_deliveries": recorder.foreign, "trace_meta": asdict(meta)}
+    cpu_after = _cpu(broker_pids)
+    time.sleep(1.0)  # the last one-way answers reach the broker before the markers
+    asyncio.run(dl.send_end_markers(namesrv, queues, run_id))
+    recorder.join_result(timeout=settle_s * 2 + 120)
+    delivered = spark.read.parquet(join(out_uri, "deliveries")).count()
+    summary = {"run_id": run_id, "protocol": PROTOCOL, "namesrv": namesrv, "trace": trace_uri,
+               "tasks": n_tasks, "consumers": n_consumers, "concurrency": concurrency,
+               "rate": rate, "check_concurrency": check_concurrency,
+               "epoch_ms": epoch_ms, "started": started, "replay_done": replay_done,
+               "finished": time.time(), "deliveries": delivered,
+               "broker_cpu_seconds": (None if cpu_before is None or cpu_after is None
+                                      else round(cpu_after - cpu_before, 3)),
+               "driver_peak_rss_mb": driver_peak_rss_mb(spark)["total"],
+               "driver_peak_rss": driver_peak_rss_mb(spark),
+               "trace_meta": asdict(meta)}
     fs.write_text(join(out_uri, RESULTS_META), json.dumps(summary, indent=2) + "\n")
     return summary
-

@@ -3,73 +3,294 @@ embedded broker started with the trace's broker settings.  Progress on stderr, a
 at the end; returns the verify summary (the caller turns violations into the exit code).
 
 ``work`` is a path or a URI (:mod:`txbroker.bench.trace.fs`): ``trace/``, ``results/`` and
-``report/`` are written there through Spark and Hadoop's FileSystem, never the driver's disk."""
+``report/`` are written there through Spark and Hadoop's FileSystem, never the driver's disk.
+
+Phases and resume: the run's options go to ``WORK/run.json`` first; each phase (``generate``,
+per protocol ``replay-<p>`` and ``verify-<p>``, then ``report``) writes
+``WORK/_phases/<phase>.json`` when it is complete.  ``--resume WORK`` reads ``run.json`` back,
+skips every phase with a marker and runs the others from their start (a replay again whole,
+against a fresh embedded broker: its transactions cannot be continued by another driver).
+
+Progress, per phase: rows done / total with rate and ETA.  A replay's rows are counted by its
+tasks (:class:`~txbroker.bench.trace.tasks.ProgressServer`), its deliveries against the
+messages the trace expects delivered; generate, verify and report have no row counts, so their
+bar is Spark's tasks done / total (the status tracker of the phase's job group).
+"""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from txbroker.bench.trace import generate as gen
+from txbroker.bench.trace import replay as rocketmq_replay
 from txbroker.bench.trace.embedded import EmbeddedBroker
 from txbroker.bench.trace.fs import WorkFS, join
-from txbroker.bench.trace.replay import replay
 from txbroker.bench.trace.report import report, summary_rows
-from txbroker.bench.trace.spec import TraceMeta
-from txbroker.bench.trace.verify import verify
+from txbroker.bench.trace.spec import BrokerSettings, SpecError, TraceMeta
+from txbroker.bench.trace.tasks import ProgressServer
+from txbroker.bench.trace.verify import VERIFY_FILE, verify
+
+RUN_FILE = "run.json"
+PHASES_DIR = "_phases"
+PROTOCOLS = ("rocketmq", "kafka")
+
+
+@dataclass(frozen=True)
+class Replayer:
+    """A protocol's replay: ``replay(spark, trace_dir, address, out, *, tasks, consumers,
+    concurrency, rate, progress, broker_pids) -> dict`` and the address it is given for an
+    embedded broker (name server, Kafka bootstrap)."""
+
+    replay: Callable[..., dict]
+    embedded_address: Callable[[EmbeddedBroker], str]
+
+
+#: One line per protocol; a protocol missing here is refused by ``bench run --protocol``.
+REPLAYS: dict[str, Replayer] = {
+    "rocketmq": Replayer(rocketmq_replay.replay, lambda broker: broker.namesrv_addr),
+}
+
+
+def parse_protocols(text: str) -> list[str]:
+    """``rocketmq`` | ``kafka`` | ``both`` -> the protocols to replay, in order."""
+    wanted = list(PROTOCOLS) if text == "both" else [text]
+    for p in wanted:
+        if p not in PROTOCOLS:
+            raise SpecError(f"--protocol: {text!r}: expected rocketmq, kafka or both")
+        if p not in REPLAYS:
+            raise SpecError(f"--protocol {text}: this build has no {p} replay "
+                            f"(replays: {', '.join(REPLAYS)})")
+    return wanted
+
+
+def _meta_from(raw: dict) -> TraceMeta:
+    raw = dict(raw)
+    raw["broker"] = BrokerSettings(**raw["broker"])
+    return TraceMeta(**raw)
+
+
+class RunDir:
+    """``WORK``'s run options and phase markers."""
+
+    def __init__(self, fs: WorkFS, work: str) -> None:
+        self.fs, self.work = fs, work
+
+    def write_options(self, options: dict) -> None:
+        self.fs.write_text(join(self.work, RUN_FILE), json.dumps(options, indent=2) + "\n")
+
+    def read_options(self) -> dict:
+        path = join(self.work, RUN_FILE)
+        try:
+            return json.loads(self.fs.read_text(path))
+        except FileNotFoundError:
+            raise SpecError(f"--resume {self.work}: not a bench run work dir (no {RUN_FILE})") from None
+        except ValueError as exc:
+            raise SpecError(f"{path}: invalid run options: {exc}") from None
+
+    def done(self, phase: str) -> bool:
+        return self.fs.exists(join(self.work, PHASES_DIR, f"{phase}.json"))
+
+    def mark(self, phase: str, seconds: float, **extra: object) -> None:
+        body = {"phase": phase, "seconds": round(seconds, 3), "finished": time.time(), **extra}
+        self.fs.write_text(join(self.work, PHASES_DIR, f"{phase}.json"), json.dumps(body) + "\n")
+
+    def seconds(self, phase: str) -> float:
+        return float(json.loads(self.fs.read_text(join(self.work, PHASES_DIR, f"{phase}.json")))["seconds"])
+
+
+def run_options(meta: TraceMeta, namesrv: str | None, *, tasks: int | None, consumers: int | None,
+                concurrency: int, rate: float | None, check_concurrency: int,
+                broker_host: str, advertise: str, protocols: list[str]) -> dict:
+    """What ``run.json`` holds: everything ``--resume`` needs to run the same bench again."""
+    return {"meta": asdict(meta), "namesrv": namesrv, "tasks": tasks, "consumers": consumers,
+            "concurrency": concurrency, "rate": rate, "check_concurrency": check_concurrency,
+            "broker_host": broker_host, "advertise": advertise, "protocols": protocols}
+
+
+def _rate_column():
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class RateColumn(ProgressColumn):
+        """Rows (or tasks) per second, as rich measures them over the last seconds."""
+
+        def render(self, task) -> Text:
+            speed = task.finished_speed or task.speed
+            return Text("" if speed is None else f"{speed:,.0f}/s", style="progress.data.speed")
+
+    return RateColumn()
+
+
+class _Poller:
+    """Calls ``update`` every quarter second in a thread until closed (and once at the end)."""
+
+    def __init__(self, update: Callable[[], None]) -> None:
+        self.update = update
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-progress-poll", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            self.update()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.update()
+
+
+def _spark_tasks(spark, group: str) -> tuple[int, int]:
+    """(tasks done, tasks known) over the jobs of ``group`` so far."""
+    tracker = spark.sparkContext.statusTracker()
+    done = total = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        job = tracker.getJobInfo(job_id)
+        for stage_id in (job.stageIds if job is not None else ()):
+            stage = tracker.getStageInfo(stage_id)
+            if stage is not None:
+                done += stage.numCompletedTasks
+                total += stage.numTasks
+    return done, total
 
 
 def run_all(spark, meta: TraceMeta, work: str | Path, namesrv: str | None, *, tasks: int | None,
             concurrency: int, rate: float | None, check_concurrency: int = 1024, console=None,
-            broker_host: str = "127.0.0.1", advertise: str = "") -> tuple[dict, dict[str, float]]:
-    """Run every step; ``broker_host`` and ``advertise`` place the embedded broker (unused
-    with ``namesrv``)."""
+            broker_host: str = "127.0.0.1", advertise: str = "", consumers: int | None = None,
+            protocols: list[str] | None = None, resume: bool = False) -> tuple[dict, dict[str, float]]:
+    """Run every phase not done yet; ``broker_host`` and ``advertise`` place the embedded
+    broker (unused with ``namesrv``).  With ``resume`` the options come from ``WORK/run.json``
+    and the arguments after ``work`` are ignored.  Returns the verify summary (of the first
+    protocol; ``by_protocol`` holds each one's and ``violation_total`` sums them) and the
+    seconds of each phase."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
         Progress,
         TextColumn,
         TimeElapsedColumn,
+        TimeRemainingColumn,
     )
 
-    work = WorkFS(spark).qualify(work)
-    trace_dir, results_dir, report_dir = (join(work, name) for name in ("trace", "results", "report"))
+    fs = WorkFS(spark)
+    work = fs.qualify(work)
+    rundir = RunDir(fs, work)
+    if resume:
+        opts = rundir.read_options()
+        try:
+            meta = _meta_from(opts["meta"])
+        except (KeyError, TypeError) as exc:
+            raise SpecError(f"{join(work, RUN_FILE)}: invalid run options: {exc}") from None
+    else:
+        opts = run_options(meta, namesrv, tasks=tasks, consumers=consumers, concurrency=concurrency,
+                           rate=rate, check_concurrency=check_concurrency, broker_host=broker_host,
+                           advertise=advertise, protocols=protocols or ["rocketmq"])
+        rundir.write_options(opts)
+        fs.delete(join(work, PHASES_DIR))  # an earlier run's markers do not apply to this one
+    protocols = list(opts["protocols"])
+    for p in protocols:
+        if p not in REPLAYS:
+            raise SpecError(f"{join(work, RUN_FILE)}: this build has no {p} replay")
+    trace_dir, report_dir = join(work, "trace"), join(work, "report")
     timings: dict[str, float] = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=False) as progress:
-        step = progress.add_task("generate", total=meta.transactions)
-        t = time.perf_counter()
-        gen.generate(spark, meta, trace_dir)
-        timings["generate"] = time.perf_counter() - t
-        progress.update(step, completed=meta.transactions)
+    summaries: dict[str, dict] = {}
+    server = ProgressServer(spark.sparkContext.getConf().get("spark.driver.host", "127.0.0.1"))
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      _rate_column(), TimeElapsedColumn(), TimeRemainingColumn(),
+                      console=console, transient=False) as progress:
 
-        step = progress.add_task("replay (deliveries)", total=None)
+            def step(name: str, work_fn: Callable[[], object], output: str | None = None,
+                     bar: bool = True) -> None:
+                """Run phase ``name`` unless its marker exists; mark it when it completes.
+                ``output``: the phase's directory, removed first (a run that died in the phase
+                may have left part of it)."""
+                if rundir.done(name):
+                    timings[name] = rundir.seconds(name)
+                    progress.add_task(f"{name} (done before)", total=1, completed=1)
+                    return
+                if output is not None and resume:  # WORK has our run.json: its parts are ours
+                    fs.delete(output)
+                group = f"txbroker-bench-{name}"
+                poller = None
+                if bar:
+                    task_bar = progress.add_task(name, total=None)
 
-        def on_progress(done: int, total: int) -> None:
-            progress.update(step, completed=done, total=total)
+                    def update() -> None:
+                        done, total = _spark_tasks(spark, group)
+                        progress.update(task_bar, completed=done, total=total or None)
 
-        t = time.perf_counter()
-        if namesrv:
-            replay(spark, trace_dir, namesrv, results_dir, tasks=tasks, concurrency=concurrency,
-                   rate=rate, check_concurrency=check_concurrency, on_progress=on_progress)
-        else:
-            with EmbeddedBroker(meta.broker, host=broker_host, advertise=advertise) as broker:
-                replay(spark, trace_dir, broker.namesrv_addr, results_dir, tasks=tasks,
-                       concurrency=concurrency, rate=rate, check_concurrency=check_concurrency, on_progress=on_progress)
-        timings["replay"] = time.perf_counter() - t
+                    spark.sparkContext.setJobGroup(group, f"bench {name}")
+                    poller = _Poller(update)
+                t = time.perf_counter()
+                try:
+                    work_fn()
+                finally:
+                    if poller is not None:
+                        poller.close()
+                        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+                if bar:  # stages Spark skipped (their output reused) never complete a task
+                    progress.update(task_bar, total=1, completed=1)
+                timings[name] = time.perf_counter() - t
+                rundir.mark(name, timings[name])
 
-        step = progress.add_task("verify", total=1)
-        t = time.perf_counter()
-        summary = verify(spark, trace_dir, results_dir)
-        timings["verify"] = time.perf_counter() - t
-        progress.update(step, completed=1)
-
-        step = progress.add_task("report", total=1)
-        t = time.perf_counter()
-        report(spark, results_dir, report_dir)
-        timings["report"] = time.perf_counter() - t
-        progress.update(step, completed=1)
+            step("generate", lambda: gen.generate(spark, meta, trace_dir), output=trace_dir)
+            for p in protocols:
+                results = join(work, "results", p)
+                step(f"replay-{p}", lambda p=p, results=results: _replay(
+                    spark, p, meta, opts, trace_dir, results, progress, server),
+                     output=results, bar=False)
+                step(f"verify-{p}", lambda results=results: verify(spark, trace_dir, results))
+                summaries[p] = json.loads(fs.read_text(join(results, VERIFY_FILE)))
+            step("report", lambda: report(spark, join(work, "results", protocols[0]), report_dir),
+                 output=report_dir)
+    finally:
+        server.close()
+    summary = dict(summaries[protocols[0]])
+    if len(protocols) > 1:
+        summary["by_protocol"] = summaries
+        summary["violation_total"] = sum(s["violation_total"] for s in summaries.values())
     return summary, timings
+
+
+def _replay(spark, protocol: str, meta: TraceMeta, opts: dict, trace_dir: str, results: str,
+            progress, server: ProgressServer) -> dict:
+    """One protocol's replay phase with its two bars (rows replayed, messages delivered)."""
+    from pyspark.sql import functions as F
+
+    trace = spark.read.parquet(trace_dir)
+    count = F.col("messages") if "messages" in trace.columns else F.lit(1)
+    expected = trace.filter("expected_outcome = 'commit'").agg(F.sum(count)).first()[0] or 0
+    rows_bar = progress.add_task(f"replay-{protocol}", total=meta.transactions)
+    dl_bar = progress.add_task(f"  deliveries-{protocol}", total=int(expected))
+    server.reset(f"replay-{protocol}")
+    server.reset(f"deliveries-{protocol}")
+
+    def update() -> None:
+        progress.update(rows_bar, completed=server.done(f"replay-{protocol}"))
+        progress.update(dl_bar, completed=server.done(f"deliveries-{protocol}"))
+
+    poller = _Poller(update)
+    kwargs = {"tasks": opts["tasks"], "consumers": opts["consumers"],
+              "concurrency": opts["concurrency"], "rate": opts["rate"], "progress": server}
+    if protocol == "rocketmq":
+        kwargs["check_concurrency"] = opts["check_concurrency"]
+    replayer = REPLAYS[protocol]
+    try:
+        if opts["namesrv"]:
+            return replayer.replay(spark, trace_dir, opts["namesrv"], results, **kwargs)
+        with EmbeddedBroker(meta.broker, host=opts["broker_host"],
+                            advertise=opts["advertise"]) as broker:
+            assert broker.proc is not None
+            return replayer.replay(spark, trace_dir, replayer.embedded_address(broker), results,
+                                   broker_pids=[broker.proc.pid], **kwargs)
+    finally:
+        poller.close()
 
 
 def summary_table(summary: dict, timings: dict[str, float]):

@@ -56,6 +56,22 @@ def is_local(master: str) -> bool:
     return master == "local" or master.startswith("local[")
 
 
+def local_master(master: str, slots: int) -> str:
+    """A local master with at least ``slots`` task slots: ``local[K]``, K = max(what ``master``
+    asks for (``*``: the cores), ``slots``).  The bench's replay and delivery tasks run at
+    once and wait on the network, not the CPU, so they may outnumber the cores.  Other
+    masters are returned unchanged."""
+    if not is_local(master):
+        return master
+    asked = master[len("local["):-1] if master.startswith("local[") else "1"
+    cores = os.cpu_count() or 1
+    try:
+        n = cores if asked == "*" else int(asked)
+    except ValueError:
+        return master  # local[N,F] and the like: Spark's own forms, left as given
+    return f"local[{max(n, slots)}]"
+
+
 def route_address(master: str) -> str:
     """This machine's address on the route to ``master`` (``spark://HOST:PORT``; several
     masters are ``spark://H1:P1,H2:P2``): the address the master and executors can reach the

@@ -14,7 +14,8 @@ from txbroker.bench.trace.generate import default_meta
 def spark():
     from txbroker.bench.trace.spark import session
 
-    s = session("local[2]", app="txbroker-bench-tests", shuffle_partitions=2)
+    # Four slots: an end-to-end run's 2 replay tasks and 2 delivery tasks run at once.
+    s = session("local[4]", app="txbroker-bench-tests", shuffle_partitions=2)
     yield s
     s.stop()
 

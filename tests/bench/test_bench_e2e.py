@@ -28,7 +28,7 @@ def test_end_to_end_has_no_violations_and_the_scripted_checks(e2e_run):
     scripted = sum(r["expected_checks"] for r in trace)
     assert commits > 0 and scripted > 0
     # Every committed transaction delivered exactly once, nothing else.
-    deliveries = pq.read_table(work / "results" / "deliveries").to_pylist()
+    deliveries = pq.read_table(work / "results" / "rocketmq" / "deliveries").to_pylist()
     assert len(deliveries) == commits == summary["deliveries"]
     delivered = {d["tx"] for d in deliveries}
     assert delivered == {r["id"] for r in trace if r["expected_outcome"] == "commit"}
@@ -36,7 +36,7 @@ def test_end_to_end_has_no_violations_and_the_scripted_checks(e2e_run):
     assert summary["expected_checks"] == scripted
     assert summary["checks"]["expected"] == scripted
     assert summary["checks"]["duplicate"] == summary["checks"]["unexpected"] == 0
-    results = {r["id"]: r for r in pq.read_table(work / "results" / "transactions").to_pylist()}
+    results = {r["id"]: r for r in pq.read_table(work / "results" / "rocketmq" / "transactions").to_pylist()}
     for row in trace:
         got = results[row["id"]]
         undecided = [p for p in got["check_phase"] if p == "undecided"]
@@ -46,9 +46,9 @@ def test_end_to_end_has_no_violations_and_the_scripted_checks(e2e_run):
             assert got["final_state"] == "unknown"
         else:
             assert got["final_state"] == row["expected_outcome"]
-    on_disk = json.loads((work / "results" / VERIFY_FILE).read_text())
+    on_disk = json.loads((work / "results" / "rocketmq" / VERIFY_FILE).read_text())
     assert on_disk["violation_total"] == 0
-    assert set(timings) == {"generate", "replay", "verify", "report"}
+    assert set(timings) == {"generate", "replay-rocketmq", "verify-rocketmq", "report"}
 
 
 def test_report_writes_markdown_and_plots(spark, e2e_run):

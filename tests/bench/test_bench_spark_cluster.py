@@ -59,11 +59,11 @@ def test_bench_run_on_a_standalone_cluster_whose_worker_has_no_txbroker(tmp_path
     assert rows.get("transactions") == f"{TRANSACTIONS:,}", context
     work = shared / "work"
     assert f"report: {work / 'report' / 'report.md'}" in run.stdout
-    verified = json.loads((work / "results" / "verify.json").read_text())
+    verified = json.loads((work / "results" / "rocketmq" / "verify.json").read_text())
     assert verified["violation_total"] == 0 and verified["transactions"] == TRANSACTIONS
     assert verified["deliveries"] == verified["expected_commits"] > 0
     assert (work / "trace" / "_txbroker_trace.json").is_file()
-    for data in ("trace", "results/transactions", "results/deliveries"):
+    for data in ("trace", "results/rocketmq/transactions", "results/rocketmq/deliveries"):
         assert list((work / data).glob("part-*.parquet")), data
     assert "**PASS**" in (work / "report" / "report.md").read_text()
 

@@ -14,7 +14,7 @@ from txbroker.cli.main import main
 
 
 def _copy(work, dest):
-    shutil.copytree(work / "results", dest)
+    shutil.copytree(work / "results" / "rocketmq", dest)
     for p in dest.rglob("verify.json"):
         p.unlink()
     return dest

@@ -142,7 +142,7 @@ class StandaloneSpark:
                 SPARK_LOCAL_DIRS=str(self.root / "worker" / "local"),
                 PATH=f"{venv_python.parent}:/usr/bin:/bin")
             self._spawn([spark_class, "org.apache.spark.deploy.worker.Worker", self.master_url,
-                         "--host", "127.0.0.1", "--cores", "2", "--memory", "1g",
+                         "--host", "127.0.0.1", "--cores", "4", "--memory", "1g",
                          "--work-dir", str(self.worker_dir), "--webui-port", str(free_port())],
                         self.worker_log, worker_env)
             self._wait_for(self.worker_log, "Successfully registered with master")

@@ -5,6 +5,7 @@ The names below are the public API (RocketMQ's names in Python style)::
     from txbroker.client import (
         Message, MessageExt, SendStatus, SendResult, TransactionSendResult,
         LocalTransactionState, TransactionListener, Producer, TransactionProducer, Consumer,
+        MessageQueue,
     )
 
 Errors are in :mod:`txbroker.client.errors`; operator requests (topics, status, pending
@@ -21,6 +22,7 @@ from txbroker.client.message import (
     TransactionSendResult,
 )
 from txbroker.client.producer import Producer
+from txbroker.client.rebalance import MessageQueue
 from txbroker.client.transaction import TransactionListener, TransactionProducer
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "LocalTransactionState",
     "Message",
     "MessageExt",
+    "MessageQueue",
     "Producer",
     "SendResult",
     "SendStatus",

@@ -123,6 +123,8 @@ class Consumer:
         self._buffer: DeliveryBuffer | None = None
         self._buffer_size = buffer_size
         self._delivered: list[tuple[OffsetTracker, int]] = []
+        #: Queues fixed by :meth:`assign` (None: the group's members share the queues).
+        self._assigned: list[MessageQueue] | None = None
         self._rebalance_needed: asyncio.Event | None = None
         self._rebalance_lock: asyncio.Lock | None = None
         self._tasks: list[asyncio.Task] = []
@@ -152,6 +154,28 @@ class Consumer:
             asyncio.get_running_loop().create_task(self._instance.heartbeat_all())
             assert self._rebalance_needed is not None
             self._rebalance_needed.set()
+
+    def assign(self, queues: list[MessageQueue]) -> None:
+        """Pull exactly ``queues`` (RocketMQ's ``LitePullConsumer.assign``): no share of the
+        group is computed, so several members of one group may each own fixed, disjoint queues
+        and still commit their offsets for the group (a restarted member resumes where the
+        last one stopped).  Call before :meth:`start` (or while running, to change the set);
+        each queue's topic is subscribed with ``*`` unless already subscribed."""
+        queues = sorted(set(queues))
+        if not queues:
+            raise ValueError("assign() needs at least one queue")
+        for mq in queues:
+            if mq.topic not in self._subs:
+                self.subscribe(mq.topic, "*")
+        self._assigned = queues
+        if self._state == "running":
+            assert self._rebalance_needed is not None
+            self._rebalance_needed.set()
+
+    async def queues(self, topic: str) -> list[MessageQueue]:
+        """The readable queues of ``topic`` (sorted), from the name server, for :meth:`assign`."""
+        route = await self._instance.namesrv.route(topic, refresh=True)
+        return sorted(route.read_queues())
 
     def _consumer_data(self) -> ConsumerData:
         where = self.from_where
@@ -203,6 +227,8 @@ class Consumer:
         False when the block exits with an exception, so that message is delivered again.
         """
         if self._state in ("closed", "new"):
+            if self._state == "new":
+                await self._instance.abort_start()  # queues() may have opened the name server's
             self._state = "closed"
             return
         self._state = "closed"
@@ -335,6 +361,9 @@ class Consumer:
         assert self._rebalance_lock is not None
         async with self._rebalance_lock:
             status_cache: dict = {}
+            if self._assigned is not None:
+                await self._own_exactly(set(self._assigned), status_cache)
+                return
             for topic, _sub in list(self._subs.items()):
                 try:
                     route = await self._instance.namesrv.route(topic, refresh=True)
@@ -374,6 +403,13 @@ class Consumer:
                              [q.queue_id for q in sorted(mine)])
             for mq in [mq for mq in self._owned if mq.topic not in self._subs]:
                 await self._release(mq)
+
+    async def _own_exactly(self, wanted: set[MessageQueue], status_cache: dict) -> None:
+        """Assigned mode: release what is not ``wanted`` and pull what is not yet owned."""
+        for mq in sorted(set(self._owned) - wanted):
+            await self._release(mq)
+        for mq in sorted(wanted - set(self._owned)):
+            await self._acquire(mq, status_cache)
 
     async def _release(self, mq: MessageQueue) -> None:
         owned = self._owned.pop(mq)

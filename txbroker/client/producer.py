@@ -195,13 +195,20 @@ class Producer:
                                    f"producer {self.group} is {self._state}")
 
     # --- public sends ----------------------------------------------------------------------
-    async def send(self, msg: Message) -> SendResult:
-        """Send one message and wait until the broker stored it."""
+    async def send(self, msg: Message, queue: MessageQueue | None = None) -> SendResult:
+        """Send one message and wait until the broker stored it.
+
+        ``queue`` (RocketMQ's ``send(msg, mq)``) stores it in that queue of ``msg.topic``:
+        retries stay on it, since a caller who picked a queue (an end marker per queue, an
+        ordered key) means that one and no other."""
         self._check_running()
         msg.validate()
+        if queue is not None and queue.topic != msg.topic:
+            raise ValueError(f"queue {queue} is not a queue of topic {msg.topic!r}")
         body, sys_flag = wire_body(msg.body, self.compress_threshold, self.max_message_size)
         uniq = self._ids.next()
-        return await self._send(msg.topic, body, msg.wire_properties_text(uniq), sys_flag, uniq)
+        return await self._send(msg.topic, body, msg.wire_properties_text(uniq), sys_flag, uniq,
+                                queue=queue)
 
     async def send_oneway(self, msg: Message) -> None:
         """Send without waiting for the broker (no result, no retry: delivery is best effort)."""
@@ -287,7 +294,7 @@ class Producer:
         return FilledRequest(template, (mq.queue_id, int(time.time() * 1000), props), body)
 
     async def _send(self, topic: str, body: bytes, props: str, sys_flag: int,
-                    msg_id: str, *, batch: bool = False,
+                    msg_id: str, *, batch: bool = False, queue: MessageQueue | None = None,
                     result_type: type[R] = SendResult) -> R:  # type: ignore[assignment]
         """Send, retrying on another queue.
 
@@ -317,7 +324,7 @@ class Producer:
                     attempts.append(f"attempt {attempt + 1}: {exc}")
                     last = exc
                     continue
-            mq = pinned or self.faults.select(queues, start + attempt, failed_broker)
+            mq = pinned or queue or self.faults.select(queues, start + attempt, failed_broker)
             addr = "?"
             began = time.monotonic()
             reachable = True
