@@ -432,6 +432,15 @@ def _saved_run(work: str) -> dict:
 @click.option("--replay-rate", type=float, default=None,
               help="transactions/s instead of the trace schedule (0 = unthrottled: as fast as "
                    "--concurrency allows); the summary says which was used")
+@click.option("--bootstrap", default=None,
+              help="Kafka bootstrap HOST:PORT[,HOST:PORT] of an external broker or cluster "
+                   "(with --protocol kafka or both, beside --namesrv)")
+@click.option("--cluster", "cluster", type=int, default=None, metavar="GROUPS",
+              help="start a cluster of GROUPS broker groups (two brokers each, automatic "
+                   "failover) for each replay instead of one embedded broker")
+@click.option("--fault-plan", "fault_plan", type=click.Path(dir_okay=False), default=None,
+              help="YAML/JSON schedule of faults (kill-master, kill, pause, partition) applied to "
+                   "the --cluster during each replay; see docs/bench.md")
 @click.option("--protocol", "protocol", default="rocketmq", show_default=True,
               type=click.Choice(["rocketmq", "kafka", "both"]),
               help="transaction design(s) the trace is replayed through")
@@ -442,17 +451,30 @@ def _saved_run(work: str) -> dict:
 @_spark_options("WORK-DIR/spark.log")
 @_errors(*extras.SPARK, *extras.REPORT)
 def run_cmd(transactions, namesrv, work_dir, broker_host, advertise, concurrency, tasks,
-            check_concurrency, replay_rate, protocol, resume, master, verbose, spark_log,
-            driver_host, executor_python, **opts) -> None:
+            check_concurrency, replay_rate, bootstrap, cluster, fault_plan, protocol, resume,
+            master, verbose, spark_log, driver_host, executor_python, **opts) -> None:
     """generate + replay + verify + report; exit 1 on any violation."""
     from rich.console import Console
 
+    from txbroker.bench.trace.faultplan import FaultPlanError, load_plan
     from txbroker.bench.trace.generate import validate
     from txbroker.bench.trace.report import summary_notes
-    from txbroker.bench.trace.run import parse_protocols, run_all, summary_table
+    from txbroker.bench.trace.run import (
+        check_targets,
+        parse_protocols,
+        run_all,
+        summary_table,
+    )
 
     t0 = time.perf_counter()
     protocols = parse_protocols(protocol)
+    if resume is None:
+        check_targets(protocols, namesrv, bootstrap, cluster, fault_plan)
+        if fault_plan:
+            try:
+                load_plan(fault_plan)  # every mistake of the file, before Spark starts
+            except FaultPlanError as exc:
+                raise SpecError("\nerror: ".join(exc.lines)) from None
     if resume is not None:
         if work_dir is not None and work_dir != resume:
             raise SpecError("--resume WORK is the work dir; leave --work-dir out")
@@ -466,9 +488,9 @@ def run_cmd(transactions, namesrv, work_dir, broker_host, advertise, concurrency
         consumers = saved.get("meta", {}).get("consumers") or 2
     else:
         producers, consumers = meta.producers, getattr(meta, "consumers", None) or 2
-    if namesrv and (broker_host or advertise):
+    if (namesrv or bootstrap) and (broker_host or advertise):
         raise SpecError("--broker-host and --advertise place the embedded broker; "
-                        "with --namesrv there is none")
+                        "with --namesrv / --bootstrap there is none")
     local = is_local(master)
     if work_dir is None and not (local or _loopback(_master_host(master))):
         raise SpecError("--work-dir is required with a cluster master: a directory every "
@@ -491,7 +513,9 @@ def run_cmd(transactions, namesrv, work_dir, broker_host, advertise, concurrency
                                concurrency=concurrency, rate=replay_rate,
                                check_concurrency=check_concurrency, console=console,
                                broker_host=broker_host, advertise=advertise,
-                               protocols=protocols, resume=resume is not None)
+                               protocols=protocols, resume=resume is not None,
+                               bootstrap=bootstrap, cluster=cluster,
+                               fault_plan=str(Path(fault_plan).absolute()) if fault_plan else None)
     timings = {"Spark start-up": startup, **timings, "wall": time.perf_counter() - t0}
     Console().print(summary_table(summary, timings))
     for note in summary_notes(summary):

@@ -34,12 +34,13 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from txbroker.bench.trace import kafka_deliveries as deliveries
+from txbroker.bench.trace import replay as rmq
 from txbroker.bench.trace.fs import WorkFS, join
-from txbroker.bench.trace.spec import META_FILE, SpecError, producer_group
+from txbroker.bench.trace.spec import SpecError, TraceMeta, producer_group, read_trace
 from txbroker.bench.trace.tasks import ProgressReporter, ProgressServer, stream_task
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,6 @@ PROTOCOL = "kafka"
 PHASE = "replay-kafka"
 #: Partitions of every trace topic: the queues a RocketMQ replay creates.
 PARTITIONS = 4
-#: The trace's Kafka transaction timeout when its metadata names none (version 1 traces).
-DEFAULT_TXN_TIMEOUT_MS = 10_000
 #: Delay before a replacement instance starts when the trace gives none (version 1 traces).
 DEFAULT_RESTART_MS = 200
 #: Rows a task holds queued for its producers at most (the task's memory bound).
@@ -69,51 +68,6 @@ _RESULT_SCHEMA = ("id bigint, task int, scheduled_ms double, start_ms double, ha
 
 def _now_ms() -> float:
     return time.time() * 1000.0
-
-
-@dataclass(frozen=True)
-class KafkaTraceInfo:
-    """What the Kafka replay reads from a trace's metadata, version 1 or 2 (defaults for what
-    version 1 lacks): read as plain JSON, so a version this module predates still replays."""
-
-    transaction_timeout_ms: int
-    consumers: int
-    consumer_restarts: tuple[dict, ...]
-    raw: dict
-
-    @classmethod
-    def read(cls, fs: WorkFS, trace_uri: str) -> KafkaTraceInfo:
-        path = join(trace_uri, META_FILE)
-        try:
-            raw = json.loads(fs.read_text(path))
-            timeout = int((raw.get("kafka") or {}).get("transaction_timeout_ms", DEFAULT_TXN_TIMEOUT_MS))
-            consumers = int(raw.get("consumers", 2))
-            restarts = tuple({"at_ms": int(r["at_ms"]), "consumer": int(r["consumer"]),
-                              "down_ms": int(r["down_ms"])} for r in raw.get("consumer_restarts") or ())
-        except FileNotFoundError:
-            raise SpecError(f"{trace_uri}: not a trace (no {META_FILE}); "
-                            "write one with `txbroker bench generate`") from None
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise SpecError(f"{path}: invalid trace metadata: {exc}") from None
-        if timeout < 1 or consumers < 1:
-            raise SpecError(f"{path}: kafka.transaction_timeout_ms and consumers must be >= 1")
-        return cls(timeout, consumers, restarts, raw)
-
-
-def with_defaults(trace):
-    """The trace with the version 2 columns, defaulted where a version 1 trace lacks them."""
-    from pyspark.sql import functions as F
-
-    cols = set(trace.columns)
-    if "messages" not in cols:
-        trace = trace.withColumn("messages", F.lit(1))
-    if "topics" not in cols:
-        trace = trace.withColumn("topics", F.array(F.col("topic")))
-    if "crash" not in cols:
-        trace = trace.withColumn("crash", F.lit(False))
-    if "restart_ms" not in cols:
-        trace = trace.withColumn("restart_ms", F.lit(None).cast("int"))
-    return trace
 
 
 @dataclass(frozen=True)
@@ -338,7 +292,8 @@ async def _replay_task(feed, emit: Callable[[tuple], None], p: TaskParams, task:
     def record(tx: _Tx, exc: BaseException | None = None) -> None:
         if exc is not None:
             tx.error = f"{type(exc).__name__}: {exc}"
-        tx.return_ms = _now_ms()
+        if tx.return_ms is None:  # a timed-out row returned when its producer moved on
+            tx.return_ms = _now_ms()
         emit(tx.as_tuple(task))
         window.release()
 
@@ -368,6 +323,7 @@ async def _replay_task(feed, emit: Callable[[tuple], None], p: TaskParams, task:
             if resolution is None:
                 record(tx)
             else:
+                tx.return_ms = _now_ms()
                 t = loop.create_task(after_timeout(tx, resolution))
                 background.add(t)
                 t.add_done_callback(background.discard)
@@ -431,18 +387,6 @@ async def create_topics(bootstrap: str, topics: list[str]) -> None:
                           bootstrap)
 
 
-def _cpu_seconds(pids: Iterable[int]) -> float | None:
-    from txbroker.bench.broker import proc_cpu_seconds
-
-    pids = list(pids)
-    if not pids:
-        return None
-    try:
-        return sum(proc_cpu_seconds(pid) for pid in pids)
-    except OSError:
-        return None
-
-
 def replay(spark, trace_dir: str | Path, bootstrap: str, out: str | Path, *,
            tasks: int | None = None, consumers: int | None = None, concurrency: int = 64,
            rate: float | None = None, progress: ProgressServer | None = None,
@@ -460,34 +404,32 @@ def replay(spark, trace_dir: str | Path, bootstrap: str, out: str | Path, *,
         raise SpecError("--rate must be >= 0")
     fs = WorkFS(spark)
     trace_uri, out_uri = fs.qualify(trace_dir), fs.qualify(out)
-    info = KafkaTraceInfo.read(fs, trace_uri)
-    n_consumers = consumers or info.consumers
+    meta = TraceMeta.read(fs, trace_uri)
+    timeout_ms = meta.kafka.transaction_timeout_ms
+    n_consumers = consumers or meta.consumers
     if n_consumers < 1:
         raise SpecError("--consumers must be >= 1")
-    trace = with_defaults(spark.read.parquet(trace_uri))
-    producers = trace.select("producer").distinct().count()
-    n_tasks = max(1, min(tasks or spark.sparkContext.defaultParallelism, producers))
-    slots = spark.sparkContext.defaultParallelism
-    if slots < n_tasks + n_consumers:
-        raise SpecError(f"Spark has {slots} task slots, the Kafka replay needs {n_tasks} replay "
-                        f"tasks + {n_consumers} delivery tasks at once")
+    trace = read_trace(spark, trace_uri, meta)
+    n_tasks = max(1, min(tasks or rmq.default_tasks(spark, meta.producers, n_consumers),
+                         meta.producers))
+    rmq.check_slots(spark, n_tasks, n_consumers)
     fs.replace_dir(out_uri, RESULTS_META, "results directory")
     topics = deliveries.trace_topics(trace)
     asyncio.run(create_topics(bootstrap, topics))
     run_id = uuid.uuid4().hex[:12]
     params = TaskParams(bootstrap=bootstrap, run_id=run_id, epoch_ms=_now_ms() + lead_s * 1000,
                         rate=rate, concurrency=concurrency,
-                        transaction_timeout_ms=info.transaction_timeout_ms,
+                        transaction_timeout_ms=timeout_ms,
                         progress=progress.address if progress else None)
-    settle_s = info.transaction_timeout_ms / 1000.0 + 5.0
+    settle_s = timeout_ms / 1000.0 + 5.0
     recorder = deliveries.DeliveryJob(
         spark, join(out_uri, "deliveries"),
         deliveries.DeliveryParams(bootstrap=bootstrap, run_id=run_id, epoch_ms=params.epoch_ms,
                                   queues=deliveries.queues_of(topics, PARTITIONS),
-                                  consumers=n_consumers, restarts=info.consumer_restarts,
+                                  consumers=n_consumers, restarts=tuple(asdict(r) for r in meta.consumer_restarts),
                                   max_wait_s=settle_s * 2 + 60.0,
                                   progress=params.progress))
-    cpu0 = _cpu_seconds(broker_pids)
+    cpu0 = rmq.cpu_seconds(broker_pids)
     started = time.time()
     recorder.start()
     try:
@@ -501,16 +443,18 @@ def replay(spark, trace_dir: str | Path, bootstrap: str, out: str | Path, *,
         recorder.cancel()
         raise
     recorder.wait()
-    cpu1 = _cpu_seconds(broker_pids)
+    cpu1 = rmq.cpu_seconds(broker_pids)
     summary = {"protocol": PROTOCOL, "run_id": run_id, "bootstrap": bootstrap, "trace": trace_uri,
                "tasks": n_tasks, "consumers": n_consumers, "concurrency": concurrency,
                "rate": rate, "epoch_ms": params.epoch_ms, "started": started,
                "replay_done": replay_done, "finished": time.time(),
                "deliveries": recorder.count(), "foreign_deliveries": recorder.foreign(),
                "consumer_restarts": recorder.restarts(),
-               "transaction_timeout_ms": info.transaction_timeout_ms,
+               "transaction_timeout_ms": timeout_ms,
                "broker_cpu_seconds": (cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None,
-               "trace_meta": info.raw}
+               "driver_peak_rss_mb": rmq.driver_peak_rss_mb(spark)["total"],
+               "driver_peak_rss": rmq.driver_peak_rss_mb(spark),
+               "trace_meta": asdict(meta)}
     fs.write_text(join(out_uri, RESULTS_META), json.dumps(summary, indent=2) + "\n")
     return summary
 

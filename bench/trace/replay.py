@@ -439,7 +439,9 @@ def default_tasks(spark, producers: int, consumers: int) -> int:
     return max(1, min(producers, spark.sparkContext.defaultParallelism - consumers))
 
 
-def _cpu(pids: Sequence[int]) -> float | None:
+def cpu_seconds(pids: Sequence[int]) -> float | None:
+    """CPU seconds the processes ``pids`` used so far (/proc); None when there are none or
+    one is gone (an external broker, or a process killed by a fault plan)."""
     from txbroker.bench.broker import proc_cpu_seconds
 
     if not pids:
@@ -491,7 +493,7 @@ def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
                         concurrency=concurrency, settle_s=settle_s,
                         check_concurrency=check_concurrency,
                         linger_s=2 * meta.broker.transaction_check_interval, progress=address)
-    cpu_before = _cpu(broker_pids)
+    cpu_before = cpu_seconds(broker_pids)
     started = time.time()
     recorder.start()
     sc = spark.sparkContext
@@ -507,7 +509,7 @@ def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
     replay_done = time.time()
-    cpu_after = _cpu(broker_pids)
+    cpu_after = cpu_seconds(broker_pids)
     time.sleep(1.0)  # the last one-way answers reach the broker before the markers
     asyncio.run(dl.send_end_markers(namesrv, queues, run_id))
     recorder.join_result(timeout=settle_s * 2 + 120)

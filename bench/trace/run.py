@@ -26,14 +26,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from txbroker.bench.trace import faultplan, kafka_replay
 from txbroker.bench.trace import generate as gen
 from txbroker.bench.trace import replay as rocketmq_replay
+from txbroker.bench.trace.cluster import EmbeddedCluster
 from txbroker.bench.trace.embedded import EmbeddedBroker
 from txbroker.bench.trace.fs import WorkFS, join
 from txbroker.bench.trace.report import report, summary_rows
 from txbroker.bench.trace.spec import BrokerSettings, SpecError, TraceMeta
 from txbroker.bench.trace.tasks import ProgressServer
-from txbroker.bench.trace.verify import VERIFY_FILE, verify
+from txbroker.bench.trace.verify import FAULTS_FILE, VERIFY_FILE, verify
 
 RUN_FILE = "run.json"
 PHASES_DIR = "_phases"
@@ -43,17 +45,23 @@ PROTOCOLS = ("rocketmq", "kafka")
 @dataclass(frozen=True)
 class Replayer:
     """A protocol's replay: ``replay(spark, trace_dir, address, out, *, tasks, consumers,
-    concurrency, rate, progress, broker_pids) -> dict`` and the address it is given for an
-    embedded broker (name server, Kafka bootstrap)."""
+    concurrency, rate, progress, broker_pids) -> dict``, the address it is given for an
+    embedded broker or cluster (name server, Kafka bootstrap), and the run option naming an
+    external one (``namesrv``, ``bootstrap``)."""
 
     replay: Callable[..., dict]
-    embedded_address: Callable[[EmbeddedBroker], str]
+    embedded_address: Callable[[EmbeddedBroker | EmbeddedCluster], str]
+    external: str
 
 
 #: One line per protocol; a protocol missing here is refused by ``bench run --protocol``.
 REPLAYS: dict[str, Replayer] = {
-    "rocketmq": Replayer(rocketmq_replay.replay, lambda broker: broker.namesrv_addr),
+    "rocketmq": Replayer(rocketmq_replay.replay, lambda broker: broker.namesrv_addr, "namesrv"),
+    "kafka": Replayer(kafka_replay.replay, lambda broker: broker.bootstrap, "bootstrap"),
 }
+#: Seconds between a replay's start and its first transaction (the replays' ``lead_s``): a
+#: fault plan's times count from there.
+LEAD_S = 2.0
 
 
 def parse_protocols(text: str) -> list[str]:
@@ -105,11 +113,32 @@ class RunDir:
 
 def run_options(meta: TraceMeta, namesrv: str | None, *, tasks: int | None, consumers: int | None,
                 concurrency: int, rate: float | None, check_concurrency: int,
-                broker_host: str, advertise: str, protocols: list[str]) -> dict:
-    """What ``run.json`` holds: everything ``--resume`` needs to run the same bench again."""
-    return {"meta": asdict(meta), "namesrv": namesrv, "tasks": tasks, "consumers": consumers,
+                broker_host: str, advertise: str, protocols: list[str],
+                bootstrap: str | None = None, cluster: int | None = None,
+                fault_plan: str | None = None) -> dict:
+    """What ``run.json`` holds: everything ``--resume`` needs to run the same bench again (the
+    fault plan by its path: it is read again on resume)."""
+    return {"meta": asdict(meta), "namesrv": namesrv, "bootstrap": bootstrap, "cluster": cluster,
+            "fault_plan": fault_plan, "tasks": tasks, "consumers": consumers,
             "concurrency": concurrency, "rate": rate, "check_concurrency": check_concurrency,
             "broker_host": broker_host, "advertise": advertise, "protocols": protocols}
+
+
+def check_targets(protocols: list[str], namesrv: str | None, bootstrap: str | None,
+                  cluster: int | None, fault_plan: str | None) -> None:
+    """What the run replays against must fit the protocols: an external cluster needs the
+    address of each protocol, a fault plan a cluster the bench starts (it kills its processes)."""
+    external = {"namesrv": namesrv, "bootstrap": bootstrap}
+    if any(external.values()):
+        if cluster:
+            raise SpecError("--cluster starts a cluster; --namesrv / --bootstrap name an external one")
+        for p in protocols:
+            option = REPLAYS[p].external
+            if not external[option]:
+                raise SpecError(f"--protocol {p} against an external cluster needs --{option}")
+    if fault_plan and not cluster:
+        raise SpecError("--fault-plan needs --cluster GROUPS: faults are applied to the "
+                        "processes of a cluster the bench starts")
 
 
 def _rate_column():
@@ -162,7 +191,8 @@ def _spark_tasks(spark, group: str) -> tuple[int, int]:
 def run_all(spark, meta: TraceMeta, work: str | Path, namesrv: str | None, *, tasks: int | None,
             concurrency: int, rate: float | None, check_concurrency: int = 1024, console=None,
             broker_host: str = "127.0.0.1", advertise: str = "", consumers: int | None = None,
-            protocols: list[str] | None = None, resume: bool = False) -> tuple[dict, dict[str, float]]:
+            protocols: list[str] | None = None, resume: bool = False, bootstrap: str | None = None,
+            cluster: int | None = None, fault_plan: str | None = None) -> tuple[dict, dict[str, float]]:
     """Run every phase not done yet; ``broker_host`` and ``advertise`` place the embedded
     broker (unused with ``namesrv``).  With ``resume`` the options come from ``WORK/run.json``
     and the arguments after ``work`` are ignored.  Returns the verify summary (of the first
@@ -189,13 +219,17 @@ def run_all(spark, meta: TraceMeta, work: str | Path, namesrv: str | None, *, ta
     else:
         opts = run_options(meta, namesrv, tasks=tasks, consumers=consumers, concurrency=concurrency,
                            rate=rate, check_concurrency=check_concurrency, broker_host=broker_host,
-                           advertise=advertise, protocols=protocols or ["rocketmq"])
+                           advertise=advertise, protocols=protocols or ["rocketmq"],
+                           bootstrap=bootstrap, cluster=cluster, fault_plan=fault_plan)
         rundir.write_options(opts)
         fs.delete(join(work, PHASES_DIR))  # an earlier run's markers do not apply to this one
     protocols = list(opts["protocols"])
     for p in protocols:
         if p not in REPLAYS:
             raise SpecError(f"{join(work, RUN_FILE)}: this build has no {p} replay")
+    check_targets(protocols, opts.get("namesrv"), opts.get("bootstrap"), opts.get("cluster"),
+                  opts.get("fault_plan"))
+    faults = faultplan.load_plan(opts["fault_plan"]) if opts.get("fault_plan") else []
     trace_dir, report_dir = join(work, "trace"), join(work, "report")
     timings: dict[str, float] = {}
     summaries: dict[str, dict] = {}
@@ -243,12 +277,12 @@ def run_all(spark, meta: TraceMeta, work: str | Path, namesrv: str | None, *, ta
             for p in protocols:
                 results = join(work, "results", p)
                 step(f"replay-{p}", lambda p=p, results=results: _replay(
-                    spark, p, meta, opts, trace_dir, results, progress, server),
+                    spark, p, meta, opts, trace_dir, results, progress, server, faults),
                      output=results, bar=False)
                 step(f"verify-{p}", lambda results=results: verify(spark, trace_dir, results))
                 summaries[p] = json.loads(fs.read_text(join(results, VERIFY_FILE)))
-            step("report", lambda: report(spark, join(work, "results", protocols[0]), report_dir),
-                 output=report_dir)
+            step("report", lambda: report(spark, [join(work, "results", p) for p in protocols],
+                                          report_dir), output=report_dir)
     finally:
         server.close()
     summary = dict(summaries[protocols[0]])
@@ -259,8 +293,10 @@ def run_all(spark, meta: TraceMeta, work: str | Path, namesrv: str | None, *, ta
 
 
 def _replay(spark, protocol: str, meta: TraceMeta, opts: dict, trace_dir: str, results: str,
-            progress, server: ProgressServer) -> dict:
-    """One protocol's replay phase with its two bars (rows replayed, messages delivered)."""
+            progress, server: ProgressServer, faults: list[faultplan.Fault]) -> dict:
+    """One protocol's replay phase with its two bars (rows replayed, messages delivered),
+    against the external cluster, a cluster started for it (with the fault plan applied), or
+    an embedded broker."""
     from pyspark.sql import functions as F
 
     trace = spark.read.parquet(trace_dir)
@@ -277,13 +313,18 @@ def _replay(spark, protocol: str, meta: TraceMeta, opts: dict, trace_dir: str, r
 
     poller = _Poller(update)
     kwargs = {"tasks": opts["tasks"], "consumers": opts["consumers"],
-              "concurrency": opts["concurrency"], "rate": opts["rate"], "progress": server}
+              "concurrency": opts["concurrency"], "rate": opts["rate"], "progress": server,
+              "lead_s": LEAD_S}
     if protocol == "rocketmq":
         kwargs["check_concurrency"] = opts["check_concurrency"]
     replayer = REPLAYS[protocol]
     try:
-        if opts["namesrv"]:
-            return replayer.replay(spark, trace_dir, opts["namesrv"], results, **kwargs)
+        external = opts.get(replayer.external)
+        if external:
+            return replayer.replay(spark, trace_dir, external, results, **kwargs)
+        if opts.get("cluster"):
+            return _replay_on_cluster(spark, replayer, meta, int(opts["cluster"]), faults,
+                                      trace_dir, results, kwargs)
         with EmbeddedBroker(meta.broker, host=opts["broker_host"],
                             advertise=opts["advertise"]) as broker:
             assert broker.proc is not None
@@ -293,17 +334,46 @@ def _replay(spark, protocol: str, meta: TraceMeta, opts: dict, trace_dir: str, r
         poller.close()
 
 
+def _replay_on_cluster(spark, replayer: Replayer, meta: TraceMeta, groups: int,
+                       faults: list[faultplan.Fault], trace_dir: str, results: str,
+                       kwargs: dict) -> dict:
+    """The replay against a cluster started for it, the fault plan running from the replay's
+    first transaction; what the plan did goes to ``results/faults.json`` (verify counts
+    anomalies per fault window, the report marks them on every time plot)."""
+    with EmbeddedCluster(groups, meta.broker, partitionable=faultplan.needs_proxies(faults)) as cluster:
+        runner = None
+        if faults:
+            runner = faultplan.FaultRunner(faults, cluster, time.time() * 1000 + LEAD_S * 1000)
+            runner.start()
+        try:
+            summary = replayer.replay(spark, trace_dir, replayer.embedded_address(cluster), results,
+                                      broker_pids=cluster.broker_pids(), **kwargs)
+        finally:
+            events = runner.stop() if runner is not None else None
+        if events is not None:
+            WorkFS(spark).write_text(join(results, FAULTS_FILE), json.dumps(events, indent=1) + "\n")
+            summary["fault_errors"] = runner.errors
+        return summary
+
+
 def summary_table(summary: dict, timings: dict[str, float]):
+    """Phase timings, then the figures: one column per protocol when several ran."""
     from rich.table import Table
 
+    by_protocol = summary.get("by_protocol") or {summary.get("protocol", "rocketmq"): summary}
     table = Table(title="txbroker bench")
     table.add_column("figure")
-    table.add_column("value", justify="right")
+    for p in by_protocol:
+        table.add_column(p if len(by_protocol) > 1 else "value", justify="right")
+    blank = [""] * (len(by_protocol) - 1)
     for name, secs in timings.items():
-        table.add_row(f"{name} (s)", f"{secs:,.1f}")
-    for name, value in summary_rows(summary):
-        table.add_row(name, value)
-    for name, n in summary["violations"].items():
-        if n:
-            table.add_row(f"[red]{name}[/red]", f"{n:,}")
+        table.add_row(f"{name} (s)", f"{secs:,.1f}", *blank)
+    columns = [dict(summary_rows(v)) for v in by_protocol.values()]
+    names = list(dict.fromkeys(n for col in columns for n in col))
+    for name in names:
+        table.add_row(name, *(col.get(name, "–") for col in columns))
+    bad = sorted({n for v in by_protocol.values() for n, c in v["violations"].items() if c})
+    for name in bad:
+        table.add_row(f"[red]{name}[/red]", *(f"{v['violations'].get(name, 0):,}"
+                                               for v in by_protocol.values()))
     return table

@@ -142,20 +142,27 @@ def test_too_few_spark_slots_is_one_clear_error(spark, kafka_run):
 
 
 def test_a_version_1_trace_reads_with_defaults(spark, tmp_path):
+    """A trace written before version 2 (no messages, topics, crash, restart_ms, no Kafka
+    settings) reads with the defaults the Kafka replay relies on."""
+    import json
+
     from txbroker.bench.trace.fs import WorkFS
-    from txbroker.bench.trace.kafka_replay import (
-        DEFAULT_TXN_TIMEOUT_MS,
-        KafkaTraceInfo,
-        with_defaults,
-    )
+    from txbroker.bench.trace.spec import TRACE_COLUMNS, TraceMeta, read_trace
 
     meta = default_meta(20, producers=2, broker=E2E_BROKER)
-    build(spark, meta, partitions=1).write.parquet(str(tmp_path / "trace"))
-    meta.write(WorkFS(spark), str(tmp_path / "trace"))
-    info = KafkaTraceInfo.read(WorkFS(spark), str(tmp_path / "trace"))
-    assert (info.transaction_timeout_ms, info.consumers, info.consumer_restarts) == (
-        DEFAULT_TXN_TIMEOUT_MS, 2, ())
-    rows = with_defaults(spark.read.parquet(str(tmp_path / "trace"))).collect()
+    uri = str(tmp_path / "trace")
+    v1_columns = [c for c in TRACE_COLUMNS if c not in ("messages", "topics", "crash", "restart_ms")]
+    build(spark, meta, partitions=1).select(*v1_columns).write.parquet(uri)
+    meta.write(WorkFS(spark), uri)
+    path = tmp_path / "trace" / "_txbroker_trace.json"
+    raw = json.loads(path.read_text())
+    v1 = {k: raw[k] for k in ("transactions", "seed", "topics", "producers", "rate", "mix",
+                              "body_bytes", "local_tx_ms", "broker")}
+    path.write_text(json.dumps({**v1, "version": 1}))
+    read = TraceMeta.read(WorkFS(spark), uri)
+    assert (read.kafka.transaction_timeout_ms, read.consumers, read.consumer_restarts) == (
+        10_000, 2, [])
+    rows = read_trace(spark, uri, read).collect()
     assert len(rows) == 20
     assert {(r.messages, tuple(r.topics) == (r.topic,), r.crash, r.restart_ms) for r in rows} == {
         (1, True, False, None)}

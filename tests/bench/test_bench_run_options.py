@@ -21,13 +21,34 @@ def _error_line(result) -> str:
     return lines[0]
 
 
-def test_a_protocol_without_a_replay_is_refused_in_one_line(tmp_path) -> None:
-    result = CliRunner().invoke(main, ["bench", "run", "-n", "10", "--protocol", "kafka",
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--protocol", "kafka", "--namesrv", "127.0.0.1:9876"],
+     "error: --protocol kafka against an external cluster needs --bootstrap"),
+    (["--protocol", "both", "--bootstrap", "127.0.0.1:9092"],
+     "error: --protocol rocketmq against an external cluster needs --namesrv"),
+    (["--cluster", "2", "--namesrv", "127.0.0.1:9876"],
+     "error: --cluster starts a cluster; --namesrv / --bootstrap name an external one"),
+    (["--fault-plan", "plan.yaml"],
+     ("error: --fault-plan needs --cluster GROUPS: faults are applied to the processes of a "
+      "cluster the bench starts")),
+])
+def test_what_a_run_replays_against_must_fit_its_protocols(tmp_path, argv, line) -> None:
+    result = CliRunner().invoke(main, ["bench", "run", "-n", "10", *argv,
                                        "--work-dir", str(tmp_path / "w")])
     assert result.exit_code == 2
-    assert _error_line(result) == ("error: --protocol kafka: this build has no kafka replay "
-                                   "(replays: rocketmq)")
+    assert _error_line(result) == line
     assert not (tmp_path / "w").exists()  # refused before anything was written
+
+
+def test_a_bad_fault_plan_is_refused_before_spark_starts(tmp_path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("- {at: 5, action: explode, group: broker-a}\n")
+    result = CliRunner().invoke(main, ["bench", "run", "-n", "10", "--cluster", "2",
+                                       "--fault-plan", str(plan), "--work-dir", str(tmp_path / "w")])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {plan}: fault 1"), result.stderr
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "w").exists()
 
 
 def test_resume_of_a_dir_that_is_no_run_names_it(tmp_path) -> None:
