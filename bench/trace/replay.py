@@ -59,6 +59,10 @@ from txbroker.bench.trace.tasks import (
     stream_task,
 )
 
+#: Producers heartbeat this often (the SDK's default is 30 s): a master promoted after a
+#: failover checks back only producers that have heartbeated to it, and a replay waits for
+#: its scripted checks only a few check intervals.
+HEARTBEAT_S = 1.0
 RESULTS_META = "_txbroker_results.json"
 PROTOCOL = "rocketmq"
 
@@ -294,7 +298,8 @@ class _ReplayWorker:
 
         prod = TransactionProducer(producer_group(group), namesrv=self.p.namesrv,
                                    listener=self.listener, instance_name=instance,
-                                   check_concurrency=self.p.check_concurrency)
+                                   check_concurrency=self.p.check_concurrency,
+                                   heartbeat_interval=HEARTBEAT_S)
         await prod.start()
         return prod
 
