@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from txbroker.bench.trace.spec import PROP_RUN, PROP_TX
-from txbroker.bench.trace.tasks import ProgressReporter, RowFeed, stream_task
+from txbroker.bench.trace.tasks import ProgressReporter, RowFeed, now_ms, stream_task
 
 #: Property of an end marker: the run id it ends.
 PROP_END = "BENCH_END"
@@ -49,9 +49,6 @@ DELIVERY_SCHEMA = ("tx bigint, msg int, topic string, queue_id int, queue_offset
 #: A queue as it travels to an executor: (topic, broker name, queue id).
 QueueKey = tuple[str, str, int]
 
-
-def _now_ms() -> float:
-    return time.time() * 1000.0
 
 
 @dataclass(frozen=True)
@@ -140,7 +137,7 @@ class _Recorder:
         except ValueError:
             tx, index = -1, 0
         self.emit((tx, index, msg.topic, msg.queue_id, msg.queue_offset, msg.msg_id,
-                   msg.transaction_id, float(msg.store_timestamp), _now_ms(), self.task))
+                   msg.transaction_id, float(msg.store_timestamp), now_ms(), self.task))
 
     async def run(self, feed: RowFeed) -> None:
         while await feed.next_batch():
@@ -153,7 +150,7 @@ class _Recorder:
         await consumer.start()
         try:
             while not self._stop_now():
-                if restarts and _now_ms() >= restarts[0][0]:
+                if restarts and now_ms() >= restarts[0][0]:
                     _, down = restarts.pop(0)
                     await consumer.shutdown()  # commits what was received
                     await asyncio.sleep(down / 1000.0)

@@ -31,12 +31,13 @@ import heapq
 import json
 import logging
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import yaml
+
+from txbroker.bench.trace.tasks import now_ms
 
 log = logging.getLogger("bench.faults")
 
@@ -186,9 +187,6 @@ def needs_proxies(faults: list[Fault]) -> bool:
     return any(f.action == "partition" for f in faults)
 
 
-def _now_ms() -> float:
-    return time.time() * 1000.0
-
 
 class FaultRunner:
     """Applies ``faults`` to ``cluster`` on a thread, ``at`` seconds after ``epoch_ms``."""
@@ -231,7 +229,7 @@ class FaultRunner:
             due_start = starts[0][0] if starts else float("inf")
             due_end = self._ends[0][0] if self._ends else float("inf")
             due = min(due_start, due_end)
-            if self._stop.wait(max(0.0, (due - _now_ms()) / 1000.0)):
+            if self._stop.wait(max(0.0, (due - now_ms()) / 1000.0)):
                 break
             if due_end <= due_start:
                 _, _, name, row = heapq.heappop(self._ends)
@@ -251,7 +249,7 @@ class FaultRunner:
         try:
             name = self.cluster.resolve(fault.target + "-master" if fault.action == "kill-master"
                                         else fault.target)
-            row = {"at_ms": round(_now_ms()), "action": fault.action, "target": name, "until_ms": None}
+            row = {"at_ms": round(now_ms()), "action": fault.action, "target": name, "until_ms": None}
             if fault.action in ("kill", "kill-master"):
                 self.cluster.kill(name)
             elif fault.action == "pause":
@@ -279,7 +277,7 @@ class FaultRunner:
             self.errors.append(f"{row['action']} {name}: could not end it: {str(exc).splitlines()[0]}")
             log.warning("fault: %s", self.errors[-1])
             return
-        row["until_ms"] = round(_now_ms())
+        row["until_ms"] = round(now_ms())
         log.info("fault ended: %s %s", row["action"], name)
 
     def _failed(self, fault: Fault, exc: Exception) -> None:

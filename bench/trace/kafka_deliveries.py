@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from txbroker.bench.trace.tasks import ProgressReporter, stream_task
+from txbroker.bench.trace.tasks import ProgressReporter, now_ms, stream_task
 
 #: Progress phase of the delivery tasks (records received) on the driver's ProgressServer.
 PHASE = "deliveries-kafka"
@@ -44,9 +44,6 @@ DELIVERY_SCHEMA = ("tx bigint, msg int, topic string, queue_id int, queue_offset
                    "msg_id string, transaction_id string, store_ms double, recv_ms double, "
                    "consumer int")
 
-
-def _now_ms() -> float:
-    return time.time() * 1000.0
 
 
 def trace_topics(trace) -> list[str]:
@@ -117,15 +114,15 @@ async def _record(feed, emit: Callable[[tuple], None], p: DeliveryParams, index:
     try:
         while True:
             now = time.monotonic()
-            if restarts and _now_ms() >= p.epoch_ms + restarts[0]["at_ms"]:
+            if restarts and now_ms() >= p.epoch_ms + restarts[0]["at_ms"]:
                 r = restarts.pop(0)
-                stopped = _now_ms()
+                stopped = now_ms()
                 await consumer.stop()
                 await asyncio.sleep(r["down_ms"] / 1000.0)
                 await consumer.start()
                 stats["restarts"].append({"consumer": index, "at_ms": r["at_ms"],
                                           "down_ms": r["down_ms"], "stopped_ms": stopped,
-                                          "restarted_ms": _now_ms(),
+                                          "restarted_ms": now_ms(),
                                           "offsets": {f"{t}-{q}": o for (t, q), o
                                                       in consumer.next_offset.items()}})
                 continue
@@ -145,7 +142,7 @@ async def _record(feed, emit: Callable[[tuple], None], p: DeliveryParams, index:
                         continue
                     emit((_int(headers.get("bench_tx")), _int(headers.get("bench_msg")),
                           tp.topic, tp.partition, rec.offset, "", "", float(rec.timestamp),
-                          _now_ms(), index))
+                          now_ms(), index))
                     stats["count"] += 1
             now = time.monotonic()
             if len(ended) == len(mine) and now - (last or now) >= IDLE_S:

@@ -41,7 +41,13 @@ from txbroker.bench.trace import kafka_deliveries as deliveries
 from txbroker.bench.trace import replay as rmq
 from txbroker.bench.trace.fs import WorkFS, join
 from txbroker.bench.trace.spec import SpecError, TraceMeta, producer_group, read_trace
-from txbroker.bench.trace.tasks import ProgressReporter, ProgressServer, stream_task
+from txbroker.bench.trace.tasks import (
+    ProgressReporter,
+    ProgressServer,
+    Schedule,
+    now_ms,
+    stream_task,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +71,6 @@ _RESULT_SCHEMA = ("id bigint, task int, scheduled_ms double, start_ms double, ha
                   "check_ms array<double>, check_phase array<string>, error string, "
                   "abandoned_ms double, resolved_ms double, attempts int")
 
-
-def _now_ms() -> float:
-    return time.time() * 1000.0
 
 
 @dataclass(frozen=True)
@@ -102,14 +105,6 @@ class _Tx:
         return (self.row["id"], task, self.scheduled_ms, self.start_ms, self.half_ms,
                 self.decided_ms, self.return_ms, self.first_state, self.final_state, [], [],
                 self.error, self.abandoned_ms, self.resolved_ms, self.attempts)
-
-
-def _due(row: dict, p: TaskParams) -> float:
-    if p.rate is None:
-        return p.epoch_ms + row["start_ms"]
-    if p.rate == 0:
-        return p.epoch_ms
-    return p.epoch_ms + row["id"] * 1000.0 / p.rate
 
 
 async def _die(producer) -> None:
@@ -179,7 +174,7 @@ class _TimeoutWatch:
             except Exception as exc:  # noqa: BLE001 - a failed poll is tried again at the next one
                 log.debug("poll for abandoned transactions failed: %r", exc)
                 continue
-            now, still = _now_ms(), []
+            now, still = now_ms(), []
             for tx, tid, fut in self._waiting:
                 if tid not in open_ids and all(lso.get(TopicPartition(t, p), -1) > off
                                                for (t, p), off in tx.offsets.items() if off >= 0):
@@ -233,7 +228,7 @@ class _Instance:
         for i, fut in enumerate(futures):
             md = await fut
             if i == 0 and tx.half_ms is None:
-                tx.half_ms = _now_ms()
+                tx.half_ms = now_ms()
             tp = (md.topic, md.partition)
             tx.offsets[tp] = max(md.offset, tx.offsets.get(tp, -1))
 
@@ -242,7 +237,7 @@ class _Instance:
         replacement is up, with what to await for the broker's timeout to end the old
         transaction (the producer goes on with its next rows meanwhile); else ``None``."""
         r = tx.row
-        tx.start_ms = _now_ms()
+        tx.start_ms = now_ms()
         await self.producer.begin_transaction()
         await self.produce(tx)
         if r["local_tx_ms"]:
@@ -254,10 +249,10 @@ class _Instance:
                 await self.producer.commit_transaction()
             else:
                 await self.producer.abort_transaction()
-            tx.final_state, tx.decided_ms = decision, _now_ms()
+            tx.final_state, tx.decided_ms = decision, now_ms()
             return None
         await _die(self.producer)
-        tx.abandoned_ms = _now_ms()
+        tx.abandoned_ms = now_ms()
         restart = r.get("restart_ms")
         await asyncio.sleep((DEFAULT_RESTART_MS if restart is None else restart) / 1000.0)
         if r["kind"] == "never":
@@ -266,13 +261,13 @@ class _Instance:
             await self.start()
             return watch.resolved(tx, abandoned_id)
         await self.start()
-        tx.resolved_ms = _now_ms()
+        tx.resolved_ms = now_ms()
         if r["kind"] == "unknown_commit":
             tx.attempts = 2
             await self.producer.begin_transaction()
             await self.produce(tx)
             await self.producer.commit_transaction()
-            tx.final_state, tx.decided_ms = "commit", _now_ms()
+            tx.final_state, tx.decided_ms = "commit", now_ms()
         else:
             tx.final_state, tx.decided_ms = "rollback", tx.resolved_ms
         return None
@@ -286,6 +281,7 @@ async def _replay_task(feed, emit: Callable[[tuple], None], p: TaskParams, task:
     window = asyncio.Semaphore(WINDOW)
     slots = asyncio.Semaphore(p.concurrency)
     watch = _TimeoutWatch(p.bootstrap)
+    schedule = Schedule(p.epoch_ms, p.rate)
     background: set[asyncio.Task] = set()
     loop = asyncio.get_running_loop()
 
@@ -293,7 +289,7 @@ async def _replay_task(feed, emit: Callable[[tuple], None], p: TaskParams, task:
         if exc is not None:
             tx.error = f"{type(exc).__name__}: {exc}"
         if tx.return_ms is None:  # a timed-out row returned when its producer moved on
-            tx.return_ms = _now_ms()
+            tx.return_ms = now_ms()
         emit(tx.as_tuple(task))
         window.release()
 
@@ -323,7 +319,7 @@ async def _replay_task(feed, emit: Callable[[tuple], None], p: TaskParams, task:
             if resolution is None:
                 record(tx)
             else:
-                tx.return_ms = _now_ms()
+                tx.return_ms = now_ms()
                 t = loop.create_task(after_timeout(tx, resolution))
                 background.add(t)
                 t.add_done_callback(background.discard)
@@ -331,8 +327,8 @@ async def _replay_task(feed, emit: Callable[[tuple], None], p: TaskParams, task:
     try:
         while batch := await feed.next_batch():
             for row in batch:
-                tx = _Tx(row, _due(row, p))
-                wait = (tx.scheduled_ms - _now_ms()) / 1000.0
+                tx = _Tx(row, schedule.due(row))
+                wait = (tx.scheduled_ms - now_ms()) / 1000.0
                 if wait > 0:
                     await asyncio.sleep(wait)
                 await window.acquire()
@@ -417,7 +413,7 @@ def replay(spark, trace_dir: str | Path, bootstrap: str, out: str | Path, *,
     topics = deliveries.trace_topics(trace)
     asyncio.run(create_topics(bootstrap, topics))
     run_id = uuid.uuid4().hex[:12]
-    params = TaskParams(bootstrap=bootstrap, run_id=run_id, epoch_ms=_now_ms() + lead_s * 1000,
+    params = TaskParams(bootstrap=bootstrap, run_id=run_id, epoch_ms=now_ms() + lead_s * 1000,
                         rate=rate, concurrency=concurrency,
                         transaction_timeout_ms=timeout_ms,
                         progress=progress.address if progress else None)

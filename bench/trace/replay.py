@@ -56,6 +56,8 @@ from txbroker.bench.trace.tasks import (
     ProgressReporter,
     ProgressServer,
     RowFeed,
+    Schedule,
+    now_ms,
     stream_task,
 )
 
@@ -90,9 +92,6 @@ RESULT_SCHEMA = ("id bigint, task int, scheduled_ms double, start_ms double, hal
 
 _STATES = {"commit": "COMMIT_MESSAGE", "rollback": "ROLLBACK_MESSAGE", "unknown": "UNKNOW"}
 
-
-def _now_ms() -> float:
-    return time.time() * 1000.0
 
 
 def row_messages(row: dict) -> list[str]:
@@ -166,7 +165,7 @@ class ScriptedListener:
 
         tx, index, crash = arg
         if index == 0:
-            tx.half_ms = _now_ms()
+            tx.half_ms = now_ms()
             tx.running = True
             if tx.row["local_tx_ms"]:
                 await asyncio.sleep(tx.row["local_tx_ms"] / 1000.0)
@@ -174,14 +173,14 @@ class ScriptedListener:
             tx.first_state = tx.row["first_decision"]
         if crash is not None:
             # The instance dies here: the caller cancels this send, so no END_TRANSACTION.
-            tx.abandoned_ms = tx.abandoned_ms or _now_ms()
+            tx.abandoned_ms = tx.abandoned_ms or now_ms()
             crash.set_result(None)
             await asyncio.Event().wait()
         decision = tx.row["first_decision"]
         if decision != "unknown":
-            tx.states[index], tx.decided_ms = decision, _now_ms()
+            tx.states[index], tx.decided_ms = decision, now_ms()
         else:
-            tx.abandoned_ms = tx.abandoned_ms or _now_ms()
+            tx.abandoned_ms = tx.abandoned_ms or now_ms()
         return LocalTransactionState[_STATES[decision]]
 
     async def check_local_transaction(self, msg):
@@ -194,7 +193,7 @@ class ScriptedListener:
         except (KeyError, ValueError, IndexError):
             self.foreign_checks += 1
             return LocalTransactionState.UNKNOW
-        now = _now_ms()
+        now = now_ms()
         tx.check_ms.append(now)
         if tx.running or tx.first_state is None:
             tx.check_phase.append("running")
@@ -245,21 +244,7 @@ class _ReplayWorker:
         #: (deadline, row) in deadline order; a row's deadline moves on with each check, the
         #: older entry then no longer matches it and is dropped.
         self.by_deadline: collections.deque[tuple[float, _Tx]] = collections.deque()
-        self.shift_ms: float | None = None
-
-    def _due(self, r: dict) -> float:
-        if self.p.rate is None:
-            due = self.p.epoch_ms + r["start_ms"]
-        elif self.p.rate == 0:
-            due = self.p.epoch_ms
-        else:
-            due = self.p.epoch_ms + r["id"] * 1000.0 / self.p.rate
-        if self.shift_ms is None:
-            # The first row (the earliest: rows come sorted) arrived after it was due when
-            # Spark took longer than the lead to start this task: shift the task's schedule
-            # by that much, so schedule_lag_ms measures the replay, not Spark's start-up.
-            self.shift_ms = max(0.0, _now_ms() - due)
-        return due + self.shift_ms
+        self.schedule = Schedule(p.epoch_ms, p.rate)
 
     def _extend(self, tx: _Tx) -> None:
         """The row is emitted ``settle_s`` after its send returned or its last check came,
@@ -313,7 +298,7 @@ class _ReplayWorker:
         from txbroker.client import Message
 
         r = tx.row
-        tx.start_ms = _now_ms()
+        tx.start_ms = now_ms()
         try:
             prod = await self._group(r["producer"])
             for index, topic in enumerate(tx.topics):
@@ -327,7 +312,7 @@ class _ReplayWorker:
         except Exception as exc:  # noqa: BLE001 - recorded per row; verify reports it
             tx.error = f"{type(exc).__name__}: {exc}"
         finally:
-            tx.return_ms = _now_ms()
+            tx.return_ms = now_ms()
             self._extend(tx)
             self._changed(tx)
             slots.release()
@@ -363,9 +348,9 @@ class _ReplayWorker:
             while batch := await feed.next_batch():
                 for r in batch:
                     topics = row_messages(r)
-                    tx = _Tx(r, self._due(r), topics, bool(r.get("crash")),
+                    tx = _Tx(r, self.schedule.due(r), topics, bool(r.get("crash")),
                              states=["unknown"] * len(topics), scripted=[0] * len(topics))
-                    wait = (tx.scheduled_ms - _now_ms()) / 1000.0
+                    wait = (tx.scheduled_ms - now_ms()) / 1000.0
                     if wait > 0:
                         await asyncio.sleep(wait)
                     await slots.acquire()
@@ -485,7 +470,7 @@ def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
     run_id = uuid.uuid4().hex[:12]
     asyncio.run(_create_topics(namesrv, meta.topic_names()))
     queues = asyncio.run(dl.list_queues(namesrv, meta.topic_names()))
-    epoch_ms = _now_ms() + lead_s * 1000
+    epoch_ms = now_ms() + lead_s * 1000
     settle_s = meta.broker.settle_seconds()
     address = progress.address if progress is not None else None
     restarts = tuple((int(r["at_ms"]), int(r["consumer"]), int(r["down_ms"]))

@@ -33,6 +33,36 @@ REPORT_EVERY = 0.5
 _END = object()
 
 
+def now_ms() -> float:
+    """Wall-clock milliseconds: every time a result row records (compared across machines)."""
+    return time.time() * 1000.0
+
+
+class Schedule:
+    """When a replay task sends each row: at the trace's ``start_ms`` after ``epoch_ms``
+    (``rate`` None), all at once (``rate`` 0: as fast as the in-flight bound allows) or row
+    ``id / rate`` (a fixed rate).
+
+    Spark may start a task after its first row was due (more tasks than free slots for a
+    moment, a slow executor): the task's whole schedule then shifts by that delay, fixed at its
+    first row (rows come sorted), so ``schedule_lag_ms`` measures the replay, not Spark."""
+
+    def __init__(self, epoch_ms: float, rate: float | None) -> None:
+        self.epoch_ms, self.rate = epoch_ms, rate
+        self.shift_ms: float | None = None
+
+    def due(self, row: dict) -> float:
+        if self.rate is None:
+            due = self.epoch_ms + row["start_ms"]
+        elif self.rate == 0:
+            due = self.epoch_ms
+        else:
+            due = self.epoch_ms + row["id"] * 1000.0 / self.rate
+        if self.shift_ms is None:
+            self.shift_ms = max(0.0, now_ms() - due)
+        return due + self.shift_ms
+
+
 class RowFeed:
     """The task's input as the worker sees it: ``await feed.next_batch()`` returns up to
     :data:`BATCH` rows (dicts), or an empty list once the partition is exhausted."""

@@ -132,13 +132,13 @@ async def test_commit_places_every_record_at_commit_only(env):
     assert await produce(c, pid, epoch, 0, 2, [b"a2"]) == (E.NONE, None)
     assert env.bodies(0) == [] and env.bodies(1) == []  # invisible until the commit
     assert c.describe(TID).state == "Ongoing"
-    assert env.metrics.kafka_txn_open._value.get() == 1
+    assert env.metrics.registry.get_sample_value("txbroker_kafka_txn_open") == 1
     assert await c.end_txn(TID, pid, epoch, True, 0) is E.NONE
     assert env.bodies(0) == [b"a0", b"a1", b"a2"] and env.bodies(1) == [b"b0"]
     v = c.describe(TID)
     assert v.state == "CompleteCommit" and v.partitions == [] and v.started_ms is None
     assert env.metrics.kafka_txn_committed.value == 1
-    assert env.metrics.kafka_txn_open._value.get() == 0
+    assert env.metrics.registry.get_sample_value("txbroker_kafka_txn_open") == 0
     # a retried EndTxn(commit) is answered NONE; the opposite decision is refused
     assert await c.end_txn(TID, pid, epoch, True, 0) is E.NONE
     assert await c.end_txn(TID, pid, epoch, False, 0) is E.INVALID_TXN_STATE

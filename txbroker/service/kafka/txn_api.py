@@ -129,9 +129,7 @@ def txn_handlers(coordinator: TransactionCoordinator) -> dict[int, Handler]:
         duration = body.get("duration_filter", -1)
         now = c.now_ms()
         out = []
-        for v in c.transactions():
-            if wanted and v.state not in wanted:
-                continue
+        for v in c.transactions(wanted):
             if pids and v.producer_id not in pids:
                 continue
             if duration >= 0 and (v.started_ms is None or now - v.started_ms < duration):
