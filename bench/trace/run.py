@@ -101,7 +101,13 @@ class RunDir:
             raise SpecError(f"{path}: invalid run options: {exc}") from None
 
     def done(self, phase: str) -> bool:
-        return self.fs.exists(join(self.work, PHASES_DIR, f"{phase}.json"))
+        """Whether ``phase`` has a complete marker: one a driver killed while writing it (empty
+        or cut short) does not count, and the phase runs again."""
+        try:
+            self.seconds(phase)
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return False
+        return True
 
     def mark(self, phase: str, seconds: float, **extra: object) -> None:
         body = {"phase": phase, "seconds": round(seconds, 3), "finished": time.time(), **extra}

@@ -19,7 +19,9 @@ pytestmark = pytest.mark.slow
 def test_run_against_two_broker_groups_behind_a_name_server(spark, broker_process, tmp_path):
     namesrv = NamesrvSubprocess(tmp_path / "namesrv.log").start()
     try:
-        groups = [broker_process(tmp_path / name, **serve_settings(E2E_BROKER),
+        # RocketMQ only: a cluster broker with a Kafka listener would need a Kafka node id.
+        settings = {**serve_settings(E2E_BROKER), "kafka_port": -1}
+        groups = [broker_process(tmp_path / name, **settings,
                                  namesrv_addr=namesrv.addr, broker_name=name)
                   for name in ("broker-a", "broker-b")]
         meta = default_meta(1000, seed=5, topics=2, producers=2, rate=1000.0, broker=E2E_BROKER)

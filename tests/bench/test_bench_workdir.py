@@ -151,7 +151,7 @@ def test_cluster_runs_need_a_shared_work_dir_and_no_broker_options_with_namesrv(
     r = runner.invoke(main, ["bench", "run", "-n", "10", "--namesrv", "127.0.0.1:9876",
                              "--broker-host", "0.0.0.0"])
     assert r.exit_code == 2
-    assert "with --namesrv there is none" in r.stderr
+    assert "with --namesrv / --bootstrap there is none" in r.stderr
 
 
 def test_a_master_nobody_answers_at_is_one_error_line_at_once(tmp_path):
