@@ -415,6 +415,74 @@ async def test_check_goes_to_the_sending_connection_first(node) -> None:
         await other.close()
 
 
+async def test_a_check_lost_with_its_closing_connection_is_not_counted(node) -> None:
+    # A producer instance shutting down as a check goes out never answers it: the count it
+    # burned is given back, so the half is not discarded for checks nobody received.
+    dying = await Producer(node).start()  # receives the check, closes without answering
+    try:
+        result = await prepare(node, conn=dying.conn)
+        phys = result.physical_offset
+        node.clock.advance(10)
+        assert (await node.tx.check_now()).sent == 1
+        await dying.wait_checks(1)
+        assert node.tx.entry(phys).checks == 1
+    finally:
+        await dying.close()
+    await eventually(lambda: dying.conn.closed)
+    answering = await Producer(node, answer=UNKNOWN).start()
+    try:
+        node.clock.advance(10)
+        report = await node.tx.check_now()
+        assert report.lost == 1 and report.sent == 1
+        assert "1 earlier checks lost with their connection" in report.describe()
+        await answering.wait_checks(1)
+        assert node.tx.entry(phys).checks == 1  # given back, then counted again
+        assert node.metrics.snapshot()["tx_checks_lost_total"] == "1"
+        # An answer (UNKNOW here) means the check arrived: closing afterwards gives nothing
+        # back, and the half is discarded after transaction_check_max answered checks.
+        await eventually(lambda: node.metrics.snapshot().get("tx_check_answers_total_unknown") == "1")
+    finally:
+        await answering.close()
+    await eventually(lambda: answering.conn.closed)
+    last = await Producer(node, answer=UNKNOWN).start()
+    try:
+        node.clock.advance(10)
+        report = await node.tx.check_now()
+        assert report.lost == 0 and report.sent == 1
+        assert node.tx.entry(phys).checks == 2
+        await last.wait_checks(1)
+        await eventually(lambda: node.metrics.snapshot().get("tx_check_answers_total_unknown") == "2")
+        node.clock.advance(10)
+        assert (await node.tx.check_now()).sent == 1
+        await eventually(lambda: node.metrics.snapshot().get("tx_check_answers_total_unknown") == "3")
+        node.clock.advance(10)
+        assert (await node.tx.check_now()).discarded == 1
+    finally:
+        await last.close()
+
+
+async def test_a_group_whose_instances_keep_dying_still_ends_in_a_discard(node) -> None:
+    # Checks given back are bounded (transaction_check_max per half): a producer group whose
+    # every instance dies before answering does not keep a half pending for ever.
+    result = await prepare(node, conn=None)
+    phys = result.physical_offset
+    passes = 0
+    while node.tx.state_of(phys) is HalfState.PENDING:
+        passes += 1
+        assert passes <= 10, "the half was never discarded"
+        producer = await Producer(node).start()  # never answers
+        node.clock.advance(10)
+        report = await node.tx.check_now()
+        if report.sent:
+            await producer.wait_checks(1)
+        await producer.close()
+        await eventually(lambda p=producer: p.conn.closed)
+    assert node.tx.state_of(phys) is HalfState.DISCARDED
+    # 3 counted checks, 3 given back, then the discard pass: 3 + 3 + 1.
+    assert passes == 7
+    assert node.metrics.snapshot()["tx_checks_lost_total"] == "3"
+
+
 async def test_clock_skewed_born_timestamps_do_not_cause_early_checks(node) -> None:
     producer = await Producer(node).start()
     try:

@@ -49,6 +49,8 @@ class BrokerMetrics:
         self.invalid_ends = counter("tx_invalid_ends",
                                     "END_TRANSACTION refused: no such half, wrong group or offset")
         self.checks_sent = counter("tx_checks_sent", "CHECK_TRANSACTION_STATE requests sent")
+        self.checks_lost = counter("tx_checks_lost",
+                                   "Checks whose connection closed unanswered (not counted)")
         self.check_answers = counter("tx_check_answers", "Answers to check-backs by kind",
                                      ["kind"])
         self.no_producer = counter("tx_no_producer",

@@ -20,6 +20,12 @@ proportion to what is due, not to what is pending.  For each pending half:
   them all.  No connection: logged and counted as ``tx_no_producer``, and the half's check
   count is **not** incremented (#8311 burned counts without sending, then discarded halves
   whose producer was merely restarting);
+* a check sent at an earlier pass to a connection that then closed without answering (a
+  producer instance shutting down or killed as the check went out: nobody received it) is
+  given back: the count it burned is returned, at most ``transaction_check_max`` times per
+  half, so a half is discarded only after checks that reached a producer which could answer
+  them, while a group whose instances keep dying still ends in the discard.  An answer of any
+  kind, UNKNOW included, means the check arrived (:meth:`CheckService.answered`);
 * the chosen connection is not reading what was already sent to it (its transport is above
   the high-water mark): the check is deferred to a later pass, not counted.  A check carries
   the whole half (up to the maximum message size), so without this a pass over many halves
@@ -95,6 +101,7 @@ class CheckPassReport:
     discarded: int = 0
     failed: int = 0             # half unreadable or the send raised
     deferred: int = 0           # its producer was not reading: asked at a later pass
+    lost: int = 0               # earlier checks given back: their connection closed unanswered
     skipped: str = ""           # why the pass was skipped or stopped (the store refuses writes)
     elapsed: float = 0.0        # seconds
     no_producer_groups: dict[str, int] = field(default_factory=dict)
@@ -103,7 +110,8 @@ class CheckPassReport:
         """The pass as one log sentence, with units (what the periodic service logs)."""
         parts = [f"{self.sent} of {self.due} due half messages checked back ({self.pending} pending)"]
         counts = [(self.no_producer, "with no producer online"), (self.discarded, "discarded"),
-                  (self.failed, "failed"), (self.deferred, "deferred to a later pass")]
+                  (self.failed, "failed"), (self.deferred, "deferred to a later pass"),
+                  (self.lost, "earlier checks lost with their connection, not counted")]
         parts += [f"{n} {what}" for n, what in counts if n]
         return f"check pass: {', '.join(parts)}, in {self.elapsed * 1000:.1f} ms"
 
@@ -140,6 +148,10 @@ class CheckService:
         self._task: asyncio.Task | None = None
         #: One pass at a time: a periodic pass and check_now() never interleave.
         self._pass_lock = asyncio.Lock()
+        #: Half (commitlog offset) -> (the connection its last check went to, or None when it
+        #: was not sent; checks given back so far), for the halves checked and not answered
+        #: since.  Rebuilt at each pass from the halves it sees, so decided halves drop out.
+        self._unanswered: dict[int, tuple[Any, int]] = {}
 
     def start(self) -> None:
         if self._task is None:
@@ -165,6 +177,23 @@ class CheckService:
                 continue
             if report.sent or report.discarded or report.no_producer:
                 log.info("%s", report.describe())
+
+    def answered(self, phys: int) -> None:
+        """A producer answered a check of the half at ``phys`` (any answer): it arrived."""
+        self._unanswered.pop(phys, None)
+
+    def _given_back(self, entry: HalfEntry, unanswered: dict[int, tuple[Any, int]]) -> int:
+        """Return the count of the half's last check if its connection closed without an
+        answer; how many were given back so far (carried to the next pass)."""
+        sent_on, lost = unanswered.pop(entry.phys, (None, 0))
+        if (sent_on is not None and sent_on.closed and entry.checks > 0
+                and lost < self.config.transaction_check_max):
+            entry.checks -= 1
+            lost += 1
+            self.tx.metrics.checks_lost.inc()
+            log.debug("check of half %d lost with %s (closed unanswered): not counted",
+                      entry.phys, getattr(sent_on, "peer", "?"))
+        return lost
 
     async def run_pass(self) -> CheckPassReport:
         async with self._pass_lock:
@@ -196,9 +225,15 @@ class CheckService:
         checked: list[HalfEntry] = []
         missing: Counter[str] = Counter()
         in_batch = 0
+        unanswered, self._unanswered = self._unanswered, {}
         for entry in due:
             if entry.state is not HalfState.PENDING or tx.is_busy(entry.phys):
                 continue  # decided while this pass yielded
+            before = entry.checks
+            lost = self._given_back(entry, unanswered)
+            report.lost += before - entry.checks
+            if lost:
+                self._unanswered[entry.phys] = (None, lost)
             if entry.checks >= check_max or now_ms - entry.store_ts > reserved_ms:
                 if await tx.discard(entry):
                     report.discarded += 1
@@ -224,6 +259,7 @@ class CheckService:
                          getattr(conn, "peer", "?"), exc)
                 continue
             entry.checks += 1
+            self._unanswered[entry.phys] = (conn, lost)
             checked.append(entry)
             tx.metrics.checks_sent.inc()
             in_batch += 1

@@ -390,7 +390,7 @@ class TransactionalMessageService:
         Raises :class:`TransactionError` for a request naming no half of that group (the
         RocketMQ remarks) and :class:`ConflictError` for a contradicting decision.
         """
-        decision = self._end_decision(commit_or_rollback, from_check)
+        decision = self._end_decision(commit_log_offset, commit_or_rollback, from_check)
         if decision is None:
             return None
         async with self._locks.hold(commit_log_offset):
@@ -415,7 +415,7 @@ class TransactionalMessageService:
                             from_check: bool = False) -> Outcome | None:
         """:meth:`end_transaction` without awaiting, when :meth:`can_end_now` (the END
         handler's fast path).  Nothing else runs until it returns, so it takes no lock."""
-        decision = self._end_decision(commit_or_rollback, from_check)
+        decision = self._end_decision(commit_log_offset, commit_or_rollback, from_check)
         if decision is None:
             return None
         state, entry = self._validate_end(commit_log_offset, tran_state_table_offset,
@@ -435,14 +435,17 @@ class TransactionalMessageService:
                 OP_TAG_DONE, str(entry.queue_offset), extra, born_ms=decided.decided_at))
         return Outcome.APPLY
 
-    def _end_decision(self, commit_or_rollback: int, from_check: bool) -> Decision | None:
-        """The decision an END asks for (None: "unknown"), counted."""
+    def _end_decision(self, phys: int, commit_or_rollback: int,
+                      from_check: bool) -> Decision | None:
+        """The decision an END asks for (None: "unknown"), counted; an answer to a check
+        tells the check service that the check arrived."""
         kind = _END_KINDS.get(commit_or_rollback)
         if kind is None:
             raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                    f"commitOrRollback={commit_or_rollback} must be 0, 8 or 12")
         if from_check:
             self.metrics.check_answers.labels(kind=kind).inc()
+            self._checker.answered(phys)
         if kind == "unknown":
             self.metrics.unknown_ends.inc()
             return None
