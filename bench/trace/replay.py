@@ -177,14 +177,37 @@ class ScriptedListener:
     decision; checks get the scripted answers, per message.  ``txs`` holds the rows the task
     still knows; ``on_change(tx, checked)`` is told when a row was checked (or may have
     finished).  ``retried``: row id -> current attempt per message, of every row that had a
-    failed send, kept after the row is forgotten (its orphan halves may be checked late)."""
+    failed send, kept after the row is forgotten (its orphan halves may be checked late).
 
-    def __init__(self, txs: dict[int, _Tx], on_change: Callable[[_Tx, bool], None]) -> None:
+    The application's database outlives what the task holds: a row emitted and forgotten keeps
+    its decisions (one letter per message) for ``remember_s`` more, because a decided half's
+    one-way END may have been lost with a master that died, and the master promoted in its
+    place checks the half back seconds later.  Such a check is answered from them (counted in
+    ``late_checks``, not among the row's checks, which were emitted)."""
+
+    def __init__(self, txs: dict[int, _Tx], on_change: Callable[[_Tx, bool], None],
+                 remember_s: float = 30.0) -> None:
         self.txs = txs
         self.on_change = on_change
         self.retried: dict[int, list[int]] = {}
+        self.remember_s = remember_s
+        #: row id -> its decisions, one letter per message (c, r, u); in emission order, so
+        #: the oldest expire first.
+        self.decided: dict[int, str] = {}
+        self._expiry: collections.deque[tuple[float, int]] = collections.deque()
         self.foreign_checks = 0
         self.orphan_checks = 0
+        self.late_checks = 0
+
+    def remember(self, tx: _Tx) -> None:
+        """Keep a forgotten row's decisions for ``remember_s``."""
+        row = tx.row["id"]
+        self.decided[row] = "".join(state[0] for state in tx.states)
+        self._expiry.append((time.monotonic() + self.remember_s, row))
+
+    def expire(self, now: float) -> None:
+        while self._expiry and self._expiry[0][0] <= now:
+            self.decided.pop(self._expiry.popleft()[1], None)
 
     async def execute_local_transaction(self, msg, arg: tuple[_Tx, int, asyncio.Future | None]):
         from txbroker.client import LocalTransactionState
@@ -218,7 +241,14 @@ class ScriptedListener:
             index = int(msg.properties.get(PROP_MSG, "0"))
             attempt = int(msg.properties.get(PROP_ATTEMPT, "1"))
             tx = self.txs.get(row)
-            current = tx.attempt[index] if tx is not None else self.retried[row][index]
+            if tx is not None:
+                current = tx.attempt[index]
+            elif row in self.retried:
+                current = self.retried[row][index]
+            elif row in self.decided:
+                current = 1
+            else:
+                raise KeyError(row)
         except (KeyError, ValueError, IndexError):
             self.foreign_checks += 1
             return LocalTransactionState.UNKNOW
@@ -227,9 +257,15 @@ class ScriptedListener:
             # database has no row under this key), so it must never commit.
             self.orphan_checks += 1
             return LocalTransactionState.ROLLBACK_MESSAGE
-        if tx is None:  # a forgotten row's current half: as for any row no longer held
-            self.foreign_checks += 1
-            return LocalTransactionState.UNKNOW
+        if tx is None:
+            decided = self.decided.get(row, "")
+            letter = decided[index] if index < len(decided) else "u"
+            if letter == "u":  # undecided, or no longer remembered: the broker decides
+                self.foreign_checks += 1
+                return LocalTransactionState.UNKNOW
+            self.late_checks += 1
+            return (LocalTransactionState.COMMIT_MESSAGE if letter == "c"
+                    else LocalTransactionState.ROLLBACK_MESSAGE)
         state = tx.states[index]
         now = now_ms()
         tx.check_ms.append(now)
@@ -273,6 +309,10 @@ class TaskParams:
     #: (promotion in 2-3 s, the route refreshed after it) fits well within both.
     send_attempts: int = 6
     retry_window_s: float = 30.0
+    #: How long an emitted row's decisions still answer checks (a master promoted after a
+    #: failover checks back halves whose END died with the old one within a few seconds);
+    #: memory grows with the rate times this, not with the trace.
+    remember_s: float = 30.0
 
 
 class _ReplayWorker:
@@ -281,7 +321,7 @@ class _ReplayWorker:
     def __init__(self, p: TaskParams, task: int, emit: Callable[[tuple], None]) -> None:
         self.p, self.task, self.emit = p, task, emit
         self.txs: dict[int, _Tx] = {}
-        self.listener = ScriptedListener(self.txs, self._changed)
+        self.listener = ScriptedListener(self.txs, self._changed, p.remember_s)
         self.producers: dict[int, asyncio.Task] = {}
         self.finished: collections.deque[_Tx] = collections.deque()
         #: (deadline, row) in deadline order; a row's deadline moves on with each check, the
@@ -306,10 +346,12 @@ class _ReplayWorker:
         if not tx.emitted:
             tx.emitted = True
             self.txs.pop(tx.row["id"], None)
+            self.listener.remember(tx)
             self.emit(tx.as_tuple(self.task))
 
     def _sweep(self) -> None:
         now = time.monotonic()
+        self.listener.expire(now)
         while self.finished and now - self.finished[0].finished_at >= self.p.linger_s:
             self._emit(self.finished.popleft())
         while self.by_deadline:

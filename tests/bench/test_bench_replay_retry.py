@@ -1,5 +1,7 @@
-"""The RocketMQ replay retries a failed transactional send as a new transaction, and answers the
-checks of a failed attempt's stored half with ROLLBACK (an orphan), as an application does.
+"""The RocketMQ replay through the faults of a master failover, as an application goes through
+them: it retries a failed transactional send as a new transaction, answers the checks of a
+failed attempt's stored half with ROLLBACK (an orphan), and answers a late check of a row it
+has emitted from the row's remembered decision (its END lost).
 
 A real broker in process listens on 127.0.0.2 and advertises 127.0.0.1, where a
 :class:`FaultProxy` forwards to it, so the producers reach it only through the proxy.  The
@@ -33,6 +35,8 @@ pytestmark = pytest.mark.slow
 TOPIC = "BenchRetry"
 #: A half's attempt property in a SEND request (header JSON escapes the separator).
 ATTEMPT_RE = re.compile(rb"BENCH_ATTEMPT(?:\\u0001|\x01)(\d+)")
+#: An END_TRANSACTION request (code 37) in a chunk from a producer.
+END_RE = re.compile(rb'"code":37\b')
 PRIVATE = "127.0.0.2"
 
 
@@ -146,3 +150,42 @@ async def test_a_send_that_keeps_failing_is_a_failed_send_after_the_attempts(pro
     assert attempts == 2 and error is not None, results[0]
     assert "message 0: transaction begun 2 time(s)" in error, error
     assert worker.listener.orphan_checks == 0
+
+
+class LoseFirstEnd:
+    """``cut_when`` of the proxy: cut the connection carrying the first END_TRANSACTION (a
+    one-way request: the producer never learns it was lost)."""
+
+    def __init__(self) -> None:
+        self.cut = False
+
+    def __call__(self, to_server: bool, chunk: bytes) -> bool:
+        if to_server and not self.cut and END_RE.search(chunk):
+            self.cut = True
+            return True
+        return False
+
+
+async def test_a_forgotten_rows_decision_answers_a_late_check(proxied):
+    """Row 0's END is lost (as with a master that dies before it arrives) and the row is
+    emitted and forgotten before the broker checks its half back: the check is answered from
+    the remembered decision, so the commit is delivered.  Row 1, due 4 s later, keeps the
+    task (and its producer) alive meanwhile."""
+    namesrv, proxy = proxied
+    proxy.cut_when = LoseFirstEnd()
+    rows = [_row(0), {**_row(1), "start_ms": 4000}]
+    params = dataclasses.replace(_params(namesrv, linger_s=0.1), rate=None)
+    results, worker = await asyncio.to_thread(_replay, params, rows)
+    assert proxy.cut_when.cut
+    by_id = {r[0]: r for r in results}
+    assert by_id[0][8] == "commit" and by_id[0][9] == [], by_id[0]  # final; no check recorded
+    assert worker.listener.late_checks >= 1, "the lost END's half was never checked back"
+
+    consumer = Consumer("CG_LATE", namesrv, from_where="first",
+                        long_poll_timeout=1.0, rebalance_interval=0.5, persist_interval=0.2)
+    consumer.subscribe(TOPIC)
+    async with consumer:
+        got = await collect(consumer, 2)
+        extra = await consumer.poll(1.0)
+    assert extra is None, extra.properties
+    assert sorted(m.properties[PROP_TX] for m in got) == ["0", "1"]
