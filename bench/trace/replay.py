@@ -486,17 +486,21 @@ class _ReplayWorker:
                     await task.result().shutdown()
 
 
-def task_runner(p: TaskParams, orphans=None) -> Callable[[int, Iterable], Iterator[tuple]]:
+#: Listener counters summed over the tasks into ``_txbroker_results.json``.
+COUNTERS = ("orphan_checks", "late_checks")
+
+
+def task_runner(p: TaskParams, counters=None) -> Callable[[int, Iterable], Iterator[tuple]]:
     """The Spark task: stream the partition's rows through a :class:`_ReplayWorker`;
-    ``orphans`` (a Spark accumulator) sums the checks answered ROLLBACK as orphans."""
+    ``counters`` (name -> Spark accumulator, names of :data:`COUNTERS`) sum the listener's."""
     def run(index: int, it: Iterable) -> Iterator[tuple]:
         async def worker(feed: RowFeed, emit: Callable[[tuple], None]) -> None:
             replayer = _ReplayWorker(p, index, emit)
             try:
                 await replayer.run(feed)
             finally:
-                if orphans is not None:
-                    orphans.add(replayer.listener.orphan_checks)
+                for name, acc in (counters or {}).items():
+                    acc.add(getattr(replayer.listener, name))
 
         reporter = ProgressReporter(p.progress, f"replay-{PROTOCOL}", index)
         return stream_task(it, worker, window=max(4096, p.concurrency * 4), reporter=reporter)
@@ -607,11 +611,11 @@ def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
     started = time.time()
     recorder.start()
     sc = spark.sparkContext
-    orphans = sc.accumulator(0)
+    counters = {name: sc.accumulator(0) for name in COUNTERS}
     try:
         sc.setJobGroup(f"txbroker-bench-replay-{run_id}", "bench replay tasks")
         rdd = (trace.repartition(n_tasks, "producer").sortWithinPartitions("start_ms", "id").rdd
-               .mapPartitionsWithIndex(task_runner(params, orphans)))
+               .mapPartitionsWithIndex(task_runner(params, counters)))
         spark.createDataFrame(rdd, RESULT_SCHEMA).write.parquet(join(out_uri, "transactions"))
     except BaseException:
         recorder.cancel()
@@ -630,7 +634,7 @@ def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
                "rate": rate, "check_concurrency": check_concurrency,
                "epoch_ms": epoch_ms, "started": started, "replay_done": replay_done,
                "finished": time.time(), "deliveries": delivered,
-               "orphan_checks": orphans.value,
+               **{name: acc.value for name, acc in counters.items()},
                "broker_cpu_seconds": (None if cpu_before is None or cpu_after is None
                                       else round(cpu_after - cpu_before, 3)),
                "driver_peak_rss_mb": driver_peak_rss_mb(spark)["total"],
