@@ -38,6 +38,7 @@ from pathlib import Path
 
 from txbroker.bench.chaos.driver import LedgerListener, _settle, broker_settings
 from txbroker.bench.chaos.ledger import KINDS, Ledger, Report
+from txbroker.bench.chaos.lifeline import spawn
 from txbroker.bench.chaos.process import BrokerProcess, free_port
 from txbroker.client import Consumer, Message, TransactionProducer
 from txbroker.client.admin import AdminClient
@@ -140,8 +141,8 @@ def _median(values: list[float]) -> float | None:
 
 
 class ServiceProcess:
-    """``txbroker namesrv`` or ``txbroker controller`` in a subprocess: started, its address
-    read from the ready line, stopped."""
+    """``txbroker namesrv`` or ``txbroker controller`` in a subprocess: started (dying with
+    this process, ``lifeline.py``), its address read from the ready line, stopped."""
 
     def __init__(self, args: list[str], ready: str, log_path: Path) -> None:
         self.argv = [sys.executable, "-P", "-m", "txbroker", *args]
@@ -152,8 +153,8 @@ class ServiceProcess:
 
     def start(self, timeout: float = 30.0) -> ServiceProcess:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=log,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self.proc = spawn(self.argv, stdout=subprocess.PIPE, stderr=log,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
         assert self.proc.stdout is not None
         buf = b""
         deadline = time.monotonic() + timeout

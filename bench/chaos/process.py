@@ -8,7 +8,8 @@ ports (``broker_port=0``).  With ``kafka_port`` in the settings the ready line a
 Kafka listener (``kafka=H:P``, in :attr:`BrokerProcess.kafka_addr` / ``.kafka_port``); a port
 given there is pinned, so Kafka clients find a restarted broker at the same address (``0``
 lets each start pick one).  The subprocess runs the installed ``txbroker`` package from the
-caller's working directory (relative paths mean the same to both).
+caller's working directory (relative paths mean the same to both), and dies with the process
+that started it (``lifeline.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from txbroker.bench.chaos.lifeline import spawn
 
 READY_RE = re.compile(r"^txbroker ready broker=(\S+) namesrv=(\S+)(?: kafka=(\S+))?(?: workers=(\S+))?$")
 
@@ -85,8 +88,8 @@ class BrokerProcess:
         while True:
             log_start = self._log_size()
             with open(self.log_path, "ab") as log:
-                self.proc = subprocess.Popen(self.argv(), stdout=subprocess.PIPE, stderr=log,
-                                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                self.proc = spawn(self.argv(), stdout=subprocess.PIPE, stderr=log,
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
             line = self._ready_line(deadline)
             m = READY_RE.match(line or "")
             if m:

@@ -23,6 +23,17 @@ half is sent by a dedicated producer instance of the group that dies after ``loc
 without ending the transaction; the group's long-lived instance in the task answers the
 checks.
 
+A failed transactional send is retried the way an application retries it: as a new
+transaction (a new half, the local transaction, END), at most :attr:`TaskParams.send_attempts`
+times per message and none begun more than :attr:`TaskParams.retry_window_s` after the row's
+first send (back-off 0.5 s doubling to 4 s: a group whose master died has a new one within a
+few seconds).  A send whose outcome is unknown (no answer, connection lost after the request
+went out) may have left its half stored, to be checked back later: every half carries its
+attempt number (``BENCH_ATTEMPT``, the application's outbox key), and a check for a half that
+is not the message's current attempt is an orphan: no local transaction ran for it, so it is
+answered ROLLBACK (counted in ``orphan_checks``, not among the row's checks).  Only when the
+attempts run out is the row a failed send.
+
 Results (Parquet, all times epoch milliseconds as doubles):
 
 * ``transactions/`` — one row per trace row: see :data:`RESULT_COLUMNS`.
@@ -65,6 +76,12 @@ from txbroker.bench.trace.tasks import (
 #: failover checks back only producers that have heartbeated to it, and a replay waits for
 #: its scripted checks only a few check intervals.
 HEARTBEAT_S = 1.0
+#: Each half's attempt number (1, 2, ...) of its message: what tells a retried transaction's
+#: half from the halves of its failed attempts when the broker checks one back.
+PROP_ATTEMPT = "BENCH_ATTEMPT"
+#: Back-off before a failed transactional send is tried again: doubles from the first to the
+#: last value.
+RETRY_BACKOFF_S = (0.5, 4.0)
 RESULTS_META = "_txbroker_results.json"
 PROTOCOL = "rocketmq"
 
@@ -83,7 +100,7 @@ RESULT_COLUMNS = {
     "error": "string: why the send failed; null on success",
     "abandoned_ms": "double: UNKNOW returned or the instance killed; null otherwise",
     "resolved_ms": "double: the decisive check answer (never: the last check); null otherwise",
-    "attempts": "int: transactions begun for the row (1 on this side)",
+    "attempts": "int: transactions begun for the row: 1 + halves sent again after a failed send",
 }
 RESULT_SCHEMA = ("id bigint, task int, scheduled_ms double, start_ms double, half_ms double, "
                  "decided_ms double, return_ms double, first_state string, final_state string, "
@@ -124,6 +141,12 @@ class _Tx:
     scripted: list[int] = field(default_factory=list)   # per message: undecided checks answered
     check_ms: list[float] = field(default_factory=list)
     check_phase: list[str] = field(default_factory=list)
+    #: per message: the current attempt (the half a check must name to be this row's); past
+    #: the last attempt when the attempts ran out, so every half of the message is an orphan.
+    attempt: list[int] = field(default_factory=list)
+    #: per message: the current attempt's local transaction ran (its half is stored).
+    stored: list[bool] = field(default_factory=list)
+    retries: int = 0
     error: str | None = None
     deadline: float | None = None    # monotonic: emitted then, unless a check moves it on
     finished_at: float | None = None  # monotonic: done; emitted linger_s later
@@ -146,24 +169,51 @@ class _Tx:
         return (self.row["id"], task, self.scheduled_ms, self.start_ms, self.half_ms,
                 self.decided_ms, self.return_ms, self.first_state, self.final_state,
                 self.check_ms, self.check_phase, self.error, self.abandoned_ms,
-                self.resolved_ms, 1)
+                self.resolved_ms, 1 + self.retries)
 
 
 class ScriptedListener:
     """Plays the trace: the local transaction sleeps ``local_tx_ms`` then returns the row's first
     decision; checks get the scripted answers, per message.  ``txs`` holds the rows the task
     still knows; ``on_change(tx, checked)`` is told when a row was checked (or may have
-    finished)."""
+    finished).  ``retried``: row id -> current attempt per message, of every row that had a
+    failed send, kept after the row is forgotten (its orphan halves may be checked late).
 
-    def __init__(self, txs: dict[int, _Tx], on_change: Callable[[_Tx, bool], None]) -> None:
+    The application's database outlives what the task holds: a row emitted and forgotten keeps
+    its decisions (one letter per message) for ``remember_s`` more, because a decided half's
+    one-way END may have been lost with a master that died, and the master promoted in its
+    place checks the half back seconds later.  Such a check is answered from them (counted in
+    ``late_checks``, not among the row's checks, which were emitted)."""
+
+    def __init__(self, txs: dict[int, _Tx], on_change: Callable[[_Tx, bool], None],
+                 remember_s: float = 30.0) -> None:
         self.txs = txs
         self.on_change = on_change
+        self.retried: dict[int, list[int]] = {}
+        self.remember_s = remember_s
+        #: row id -> its decisions, one letter per message (c, r, u); in emission order, so
+        #: the oldest expire first.
+        self.decided: dict[int, str] = {}
+        self._expiry: collections.deque[tuple[float, int]] = collections.deque()
         self.foreign_checks = 0
+        self.orphan_checks = 0
+        self.late_checks = 0
+
+    def remember(self, tx: _Tx) -> None:
+        """Keep a forgotten row's decisions for ``remember_s``."""
+        row = tx.row["id"]
+        self.decided[row] = "".join(state[0] for state in tx.states)
+        self._expiry.append((time.monotonic() + self.remember_s, row))
+
+    def expire(self, now: float) -> None:
+        while self._expiry and self._expiry[0][0] <= now:
+            self.decided.pop(self._expiry.popleft()[1], None)
 
     async def execute_local_transaction(self, msg, arg: tuple[_Tx, int, asyncio.Future | None]):
         from txbroker.client import LocalTransactionState
 
         tx, index, crash = arg
+        tx.stored[index] = True
         if index == 0:
             tx.half_ms = now_ms()
             tx.running = True
@@ -187,15 +237,39 @@ class ScriptedListener:
         from txbroker.client import LocalTransactionState
 
         try:
-            tx = self.txs[int(msg.properties.get(PROP_TX, ""))]
+            row = int(msg.properties.get(PROP_TX, ""))
             index = int(msg.properties.get(PROP_MSG, "0"))
-            state = tx.states[index]
+            attempt = int(msg.properties.get(PROP_ATTEMPT, "1"))
+            tx = self.txs.get(row)
+            if tx is not None:
+                current = tx.attempt[index]
+            elif row in self.retried:
+                current = self.retried[row][index]
+            elif row in self.decided:
+                current = 1
+            else:
+                raise KeyError(row)
         except (KeyError, ValueError, IndexError):
             self.foreign_checks += 1
             return LocalTransactionState.UNKNOW
+        if attempt != current:
+            # A failed attempt's half: no local transaction ran for it (the application's
+            # database has no row under this key), so it must never commit.
+            self.orphan_checks += 1
+            return LocalTransactionState.ROLLBACK_MESSAGE
+        if tx is None:
+            decided = self.decided.get(row, "")
+            letter = decided[index] if index < len(decided) else "u"
+            if letter == "u":  # undecided, or no longer remembered: the broker decides
+                self.foreign_checks += 1
+                return LocalTransactionState.UNKNOW
+            self.late_checks += 1
+            return (LocalTransactionState.COMMIT_MESSAGE if letter == "c"
+                    else LocalTransactionState.ROLLBACK_MESSAGE)
+        state = tx.states[index]
         now = now_ms()
         tx.check_ms.append(now)
-        if tx.running or tx.first_state is None:
+        if tx.running or tx.first_state is None or not tx.stored[index]:
             tx.check_phase.append("running")
             return LocalTransactionState.UNKNOW
         if state != "unknown":
@@ -230,6 +304,15 @@ class TaskParams:
     #: crossing the decision still finds it (two check intervals).
     linger_s: float = 1.0
     progress: str | None = None  # ProgressServer address
+    #: Transactions begun per message at most (the first and its retries), and no retry
+    #: begins later than ``retry_window_s`` after the row's first send: a master failover
+    #: (promotion in 2-3 s, the route refreshed after it) fits well within both.
+    send_attempts: int = 6
+    retry_window_s: float = 30.0
+    #: How long an emitted row's decisions still answer checks (a master promoted after a
+    #: failover checks back halves whose END died with the old one within a few seconds);
+    #: memory grows with the rate times this, not with the trace.
+    remember_s: float = 30.0
 
 
 class _ReplayWorker:
@@ -238,7 +321,7 @@ class _ReplayWorker:
     def __init__(self, p: TaskParams, task: int, emit: Callable[[tuple], None]) -> None:
         self.p, self.task, self.emit = p, task, emit
         self.txs: dict[int, _Tx] = {}
-        self.listener = ScriptedListener(self.txs, self._changed)
+        self.listener = ScriptedListener(self.txs, self._changed, p.remember_s)
         self.producers: dict[int, asyncio.Task] = {}
         self.finished: collections.deque[_Tx] = collections.deque()
         #: (deadline, row) in deadline order; a row's deadline moves on with each check, the
@@ -263,10 +346,12 @@ class _ReplayWorker:
         if not tx.emitted:
             tx.emitted = True
             self.txs.pop(tx.row["id"], None)
+            self.listener.remember(tx)
             self.emit(tx.as_tuple(self.task))
 
     def _sweep(self) -> None:
         now = time.monotonic()
+        self.listener.expire(now)
         while self.finished and now - self.finished[0].finished_at >= self.p.linger_s:
             self._emit(self.finished.popleft())
         while self.by_deadline:
@@ -290,32 +375,60 @@ class _ReplayWorker:
 
     async def _group(self, group: int):
         task = self.producers.get(group)
-        if task is None:
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            # None yet, or its start failed (no name server for a moment): start one now.
             task = self.producers[group] = asyncio.get_running_loop().create_task(self._producer(group))
         return await task
 
     async def _one(self, tx: _Tx, slots: asyncio.Semaphore) -> None:
-        from txbroker.client import Message
-
-        r = tx.row
         tx.start_ms = now_ms()
+        first = time.monotonic()
         try:
-            prod = await self._group(r["producer"])
-            for index, topic in enumerate(tx.topics):
-                msg = Message(topic, b"x" * r["body_bytes"], tags=r["tags"], keys=r["keys"],
-                              properties={PROP_TX: str(r["id"]), PROP_MSG: str(index),
-                                          PROP_RUN: self.p.run_id})
-                if tx.crash:
-                    await self._crash_send(tx, index, msg)
-                else:
-                    await prod.send_message_in_transaction(msg, (tx, index, None))
+            for index in range(len(tx.topics)):
+                await self._send_retrying(tx, index, first)
         except Exception as exc:  # noqa: BLE001 - recorded per row; verify reports it
-            tx.error = f"{type(exc).__name__}: {exc}"
+            tx.error = "; ".join([f"{type(exc).__name__}: {exc}", *getattr(exc, "__notes__", ())])
         finally:
             tx.return_ms = now_ms()
             self._extend(tx)
             self._changed(tx)
             slots.release()
+
+    async def _send_retrying(self, tx: _Tx, index: int, first: float) -> None:
+        """Send message ``index`` of the row in its own transaction; after a failed send, begin
+        it again as a new transaction (a new half under the next attempt number) until the
+        attempts or the window run out, then raise the last error."""
+        from txbroker.client import Message
+        from txbroker.client.errors import ClientError
+
+        r = tx.row
+        for tried in range(1, self.p.send_attempts + 1):
+            msg = Message(tx.topics[index], b"x" * r["body_bytes"], tags=r["tags"], keys=r["keys"],
+                          properties={PROP_TX: str(r["id"]), PROP_MSG: str(index),
+                                      PROP_RUN: self.p.run_id,
+                                      PROP_ATTEMPT: str(tx.attempt[index])})
+            try:
+                # The group's long-lived instance: it sends, or, for a crash row, answers the
+                # checks of the half a dedicated instance sends.
+                prod = await self._group(r["producer"])
+                if tx.crash:
+                    await self._crash_send(tx, index, msg)
+                else:
+                    await prod.send_message_in_transaction(msg, (tx, index, None))
+                return
+            except (ClientError, OSError, TimeoutError) as exc:
+                # This attempt's half, if stored after all, is an orphan from now on.
+                tx.attempt[index] += 1
+                self.listener.retried[r["id"]] = tx.attempt
+                low, high = RETRY_BACKOFF_S
+                delay = min(high, low * 2 ** (tried - 1))
+                elapsed = time.monotonic() - first
+                if tried == self.p.send_attempts or elapsed + delay > self.p.retry_window_s:
+                    exc.add_note(f"message {index}: transaction begun {tried} time(s) over "
+                                 f"{elapsed:.1f} s")
+                    raise
+            tx.retries += 1
+            await asyncio.sleep(delay)
 
     async def _crash_send(self, tx: _Tx, index: int, msg) -> None:
         """Send one half from a short-lived instance of the group that dies before deciding."""
@@ -349,7 +462,8 @@ class _ReplayWorker:
                 for r in batch:
                     topics = row_messages(r)
                     tx = _Tx(r, self.schedule.due(r), topics, bool(r.get("crash")),
-                             states=["unknown"] * len(topics), scripted=[0] * len(topics))
+                             states=["unknown"] * len(topics), scripted=[0] * len(topics),
+                             attempt=[1] * len(topics), stored=[False] * len(topics))
                     wait = (tx.scheduled_ms - now_ms()) / 1000.0
                     if wait > 0:
                         await asyncio.sleep(wait)
@@ -372,11 +486,21 @@ class _ReplayWorker:
                     await task.result().shutdown()
 
 
-def task_runner(p: TaskParams) -> Callable[[int, Iterable], Iterator[tuple]]:
-    """The Spark task: stream the partition's rows through a :class:`_ReplayWorker`."""
+#: Listener counters summed over the tasks into ``_txbroker_results.json``.
+COUNTERS = ("orphan_checks", "late_checks")
+
+
+def task_runner(p: TaskParams, counters=None) -> Callable[[int, Iterable], Iterator[tuple]]:
+    """The Spark task: stream the partition's rows through a :class:`_ReplayWorker`;
+    ``counters`` (name -> Spark accumulator, names of :data:`COUNTERS`) sum the listener's."""
     def run(index: int, it: Iterable) -> Iterator[tuple]:
         async def worker(feed: RowFeed, emit: Callable[[tuple], None]) -> None:
-            await _ReplayWorker(p, index, emit).run(feed)
+            replayer = _ReplayWorker(p, index, emit)
+            try:
+                await replayer.run(feed)
+            finally:
+                for name, acc in (counters or {}).items():
+                    acc.add(getattr(replayer.listener, name))
 
         reporter = ProgressReporter(p.progress, f"replay-{PROTOCOL}", index)
         return stream_task(it, worker, window=max(4096, p.concurrency * 4), reporter=reporter)
@@ -487,10 +611,11 @@ def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
     started = time.time()
     recorder.start()
     sc = spark.sparkContext
+    counters = {name: sc.accumulator(0) for name in COUNTERS}
     try:
         sc.setJobGroup(f"txbroker-bench-replay-{run_id}", "bench replay tasks")
         rdd = (trace.repartition(n_tasks, "producer").sortWithinPartitions("start_ms", "id").rdd
-               .mapPartitionsWithIndex(task_runner(params)))
+               .mapPartitionsWithIndex(task_runner(params, counters)))
         spark.createDataFrame(rdd, RESULT_SCHEMA).write.parquet(join(out_uri, "transactions"))
     except BaseException:
         recorder.cancel()
@@ -509,6 +634,7 @@ def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
                "rate": rate, "check_concurrency": check_concurrency,
                "epoch_ms": epoch_ms, "started": started, "replay_done": replay_done,
                "finished": time.time(), "deliveries": delivered,
+               **{name: acc.value for name, acc in counters.items()},
                "broker_cpu_seconds": (None if cpu_before is None or cpu_after is None
                                       else round(cpu_after - cpu_before, 3)),
                "driver_peak_rss_mb": driver_peak_rss_mb(spark)["total"],

@@ -48,6 +48,7 @@ def test_streaming_replay_of_multi_message_and_crash_rows(spark, tmp_path):
 
     assert summary["protocol"] == "rocketmq" and summary["consumers"] == 2
     assert summary["broker_cpu_seconds"] > 0 and summary["driver_peak_rss_mb"] > 0
+    assert summary["orphan_checks"] == 0  # no send failed: no half of a failed attempt
     assert json.loads((out / RESULTS_META).read_text())["run_id"] == summary["run_id"]
     results = pq.read_table(out / "transactions").to_pylist()
     assert sorted(r["id"] for r in results) == sorted(trace)  # each row emitted exactly once
