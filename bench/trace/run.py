@@ -162,22 +162,50 @@ def _rate_column():
 
 
 class _Poller:
-    """Calls ``update`` every quarter second in a thread until closed (and once at the end)."""
+    """Calls ``update`` every ``interval`` seconds in a thread until closed (and once at the
+    end)."""
 
-    def __init__(self, update: Callable[[], None]) -> None:
-        self.update = update
+    def __init__(self, update: Callable[[], None], interval: float = 0.25) -> None:
+        self.update, self.interval = update, interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-progress-poll", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(0.25):
+        while not self._stop.wait(self.interval):
             self.update()
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(2)
         self.update()
+
+
+def progress_lines(progress) -> list[str]:
+    """One plain line per bar still running: where the bars cannot be redrawn (the console is
+    a log file or a pipe: rich then draws them once, at the end), these are printed every
+    :data:`LOG_PROGRESS_S` instead, so an hour-long run in a log is not silent."""
+    lines = []
+    for task in progress.tasks:
+        if not task.total or task.completed >= task.total:
+            continue
+        speed = task.speed
+        line = f"{task.description}: {task.completed:,.0f} / {task.total:,.0f}"
+        if speed:
+            left = max(0.0, task.total - task.completed) / speed
+            line += f", {speed:,.0f}/s, about {_duration(left)} left"
+        lines.append(line)
+    return lines
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s"
+
+
+#: Seconds between the plain progress lines of a console that is not a terminal.
+LOG_PROGRESS_S = 30.0
 
 
 def _spark_tasks(spark, group: str) -> tuple[int, int]:
@@ -244,6 +272,13 @@ def run_all(spark, meta: TraceMeta, work: str | Path, namesrv: str | None, *, ta
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       _rate_column(), TimeElapsedColumn(), TimeRemainingColumn(),
                       console=console, transient=False) as progress:
+            plain = None
+            if not progress.console.is_terminal:
+                def log_lines() -> None:
+                    for line in progress_lines(progress):
+                        progress.console.print(line, highlight=False)
+
+                plain = _Poller(log_lines, LOG_PROGRESS_S)
 
             def step(name: str, work_fn: Callable[[], object], output: str | None = None,
                      bar: bool = True) -> None:
@@ -279,16 +314,22 @@ def run_all(spark, meta: TraceMeta, work: str | Path, namesrv: str | None, *, ta
                 timings[name] = time.perf_counter() - t
                 rundir.mark(name, timings[name])
 
-            step("generate", lambda: gen.generate(spark, meta, trace_dir), output=trace_dir)
-            for p in protocols:
-                results = join(work, "results", p)
-                step(f"replay-{p}", lambda p=p, results=results: _replay(
-                    spark, p, meta, opts, trace_dir, results, progress, server, faults),
-                     output=results, bar=False)
-                step(f"verify-{p}", lambda results=results: verify(spark, trace_dir, results))
-                summaries[p] = json.loads(fs.read_text(join(results, VERIFY_FILE)))
-            step("report", lambda: report(spark, [join(work, "results", p) for p in protocols],
-                                          report_dir), output=report_dir)
+            def _phases(step) -> None:
+                step("generate", lambda: gen.generate(spark, meta, trace_dir), output=trace_dir)
+                for p in protocols:
+                    results = join(work, "results", p)
+                    step(f"replay-{p}", lambda p=p, results=results: _replay(
+                        spark, p, meta, opts, trace_dir, results, progress, server, faults),
+                         output=results, bar=False)
+                    step(f"verify-{p}", lambda results=results: verify(spark, trace_dir, results))
+                    summaries[p] = json.loads(fs.read_text(join(results, VERIFY_FILE)))
+                step("report", lambda: report(spark, [join(work, "results", p) for p in protocols],
+                                              report_dir), output=report_dir)
+            try:
+                _phases(step)
+            finally:
+                if plain is not None:
+                    plain.close()
     finally:
         server.close()
     summary = dict(summaries[protocols[0]])
