@@ -4,7 +4,9 @@ lost through the failover: the only violations allowed are transactions whose ha
 be sent while the group had no master (the client saw the error; the replay does not retry
 them yet), each of which, on a commit row, also counts as not delivered.  The kill is
 recorded beside the results, verify counts anomalies per fault window and the report marks
-the fault on its time plots."""
+the fault on its time plots.  Kafka transactions through the same kill have no violation at
+all: the promoted slave continues every producer's sequence, and a transaction the failover
+failed runs again on a new instance of its transactional id."""
 
 from __future__ import annotations
 
@@ -52,3 +54,26 @@ def test_a_cluster_whose_master_is_killed_loses_nothing_acknowledged(tmp_path: P
     assert "kill-master" in report
     for name in ("latency_cdf.png", "throughput.png"):
         assert (work / "report" / name).stat().st_size > 10_000
+
+
+def test_kafka_transactions_through_a_master_kill_have_no_violation(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN)
+    work = tmp_path / "work"
+    argv = [str(Path(sys.executable).parent / "txbroker"), "bench", "run", "-n", "2400",
+            "--protocol", "kafka", "--cluster", "2", "--fault-plan", str(plan),
+            "--replay-rate", "200", "--producers", "8", "--work-dir", str(work),
+            "--master", "local[4]"]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=840, check=False,
+                         stdin=subprocess.DEVNULL)
+    context = f"exit {run.returncode}\nstdout:\n{run.stdout}\nstderr:\n{run.stderr[-4000:]}"
+    assert run.returncode == 0, context
+    results = work / "results" / "kafka"
+    faults = json.loads((results / "faults.json").read_text())
+    assert [f["action"] for f in faults] == ["kill-master"], faults
+    assert faults[0]["target"].startswith("broker-a-"), faults
+    verified = json.loads((results / "verify.json").read_text())
+    assert verified["violation_total"] == 0, verified["violations"]
+    assert verified["deliveries"] >= verified["expected_commits"] > 0
+    assert len(verified["windows"]) >= 2, verified["windows"]
+    assert "kill-master" in (work / "report" / "report.md").read_text()
