@@ -80,7 +80,7 @@ POLL_S = 0.1
 #: Coordinator states of a transaction the broker has not ended yet.
 OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort")
 #: Runs of one step of a row at most (the first and the retries), and the window from the
-#: row's start in which a retry may begin: a group's slave is promoted within a few seconds.
+#: step's first run in which a retry may begin: a group's slave is promoted within a few seconds.
 ATTEMPTS = 6
 RETRY_WINDOW_S = 30.0
 #: Back-off before the first retry of a step, doubling up to the last.
