@@ -90,6 +90,8 @@ MAX_BACKOFF_S = 4.0
 STEP_TIMEOUT_S = 60.0
 #: Bound on a commit: past it the outcome is unknown and the row fails.
 COMMIT_TIMEOUT_S = 120.0
+#: A ``never`` row's transaction not seen ended this long after its timeout is left unresolved.
+RESOLVE_MARGIN_S = 60.0
 
 _RESULT_SCHEMA = ("id bigint, task int, scheduled_ms double, start_ms double, half_ms double, "
                   "decided_ms double, return_ms double, first_state string, final_state string, "
@@ -109,6 +111,7 @@ class TaskParams:
     progress: str | None        # the driver's ProgressServer address
     attempts: int = ATTEMPTS    # runs of one step of a row at most
     retry_window_s: float = RETRY_WINDOW_S
+    resolve_margin_s: float = RESOLVE_MARGIN_S
 
 
 @dataclass
@@ -163,15 +166,19 @@ class _TimeoutWatch:
     id among open transactions (ListTransactions).  A transaction is resolved at the first poll
     where both hold (the LSO part only for records that have an offset)."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, bound_s: float) -> None:
         self.bootstrap = bootstrap
+        #: How long a transaction is waited for at most (its timeout and a margin): a replay
+        #: never hangs on a broker that does not end it, or on polls that keep failing.
+        self.bound_s = bound_s
         self._waiting: list[tuple[_Tx, str, asyncio.Future]] = []
         self._consumer = None
         self._admin = None
         self._task: asyncio.Task | None = None
 
     async def resolved(self, tx: _Tx, transactional_id: str) -> None:
-        """Return once the broker ended ``tx``, begun by ``transactional_id`` (sets resolved_ms)."""
+        """Return once the broker ended ``tx``, begun by ``transactional_id`` (sets resolved_ms),
+        or after :attr:`bound_s` with resolved_ms unset (verify counts it unresolved)."""
         loop = asyncio.get_running_loop()
         if self._task is None:
             from aiokafka import AIOKafkaConsumer
@@ -186,7 +193,12 @@ class _TimeoutWatch:
             self._task = loop.create_task(self._poll())
         fut = loop.create_future()
         self._waiting.append((tx, transactional_id, fut))
-        await fut
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), self.bound_s)
+        except TimeoutError:
+            self._waiting = [w for w in self._waiting if w[2] is not fut]
+            log.warning("row %s: the transaction %s abandoned was not seen ended within %g s",
+                        tx.row["id"], transactional_id, self.bound_s)
 
     async def _open_ids(self) -> set[str]:
         listed = await asyncio.get_running_loop().run_in_executor(
@@ -368,7 +380,7 @@ async def _replay_task(feed, emit: Callable[[tuple], None], p: TaskParams, task:
     runners: list[asyncio.Task] = []
     window = asyncio.Semaphore(WINDOW)
     slots = asyncio.Semaphore(p.concurrency)
-    watch = _TimeoutWatch(p.bootstrap)
+    watch = _TimeoutWatch(p.bootstrap, p.transaction_timeout_ms / 1000.0 + p.resolve_margin_s)
     schedule = Schedule(p.epoch_ms, p.rate)
     background: set[asyncio.Task] = set()
     loop = asyncio.get_running_loop()

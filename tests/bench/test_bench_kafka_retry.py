@@ -3,7 +3,9 @@ instance with the same transactional id fences the replay's producer in the midd
 transaction (what a coordinator that lost the id's state, or a zombie, does), so its commit is
 refused.  The replay does what a Kafka application does: a new instance with the same id runs
 the same trace transaction again, bounded; the row counts the retry and is delivered once.
-When every run is fenced, the row fails once the bound is reached (``send_failed``).
+When every run is fenced, the row fails once the bound is reached (``send_failed``).  And a
+``never`` row whose transaction the broker does not end in time is left unresolved after its
+bound: the replay does not hang on it.
 
 The replay task runs as a Spark task runs it (:func:`stream_task`), without Spark, against a
 broker process's Kafka listener."""
@@ -35,19 +37,22 @@ LOCAL_TX_MS = 1500
 OPEN_TIMEOUT = 30.0
 
 
-def row(tx_id: int, local_tx_ms: int) -> dict:
+def row(tx_id: int, local_tx_ms: int, kind: str = "commit") -> dict:
+    never = kind == "never"
     return {"id": tx_id, "producer": 0, "topic": TOPIC, "topics": [TOPIC], "keys": f"k{tx_id}",
             "tags": "", "body_bytes": 16, "start_ms": 0, "local_tx_ms": local_tx_ms,
-            "kind": "commit", "first_decision": "commit", "check_answers": [],
-            "expected_checks": 0, "expected_outcome": "commit", "messages": 1, "crash": False,
-            "restart_ms": None}
+            "kind": kind, "first_decision": "unknown" if never else kind,
+            "check_answers": [], "expected_checks": 0,
+            "expected_outcome": "discard" if never else kind, "messages": 1, "crash": never,
+            "restart_ms": 50 if never else None}
 
 
-def replay_rows(bootstrap: str, rows: list[dict], attempts: int) -> dict[int, dict]:
+def replay_rows(bootstrap: str, rows: list[dict], attempts: int = 6,
+                **params: object) -> dict[int, dict]:
     """The replay task's result rows by id (run on this thread, as a Spark task would)."""
     p = TaskParams(bootstrap=bootstrap, run_id="retry", epoch_ms=now_ms(), rate=0.0,
-                   concurrency=4, transaction_timeout_ms=10000, progress=None,
-                   attempts=attempts)
+                   concurrency=4, progress=None, attempts=attempts,
+                   **{"transaction_timeout_ms": 10000, **params})
     out = stream_task(rows, lambda feed, emit: _replay_task(feed, emit, p, 0), window=16)
     return {r[0]: dict(zip(COLUMNS, r, strict=True)) for r in out}
 
@@ -144,3 +149,17 @@ async def test_a_row_fails_only_once_its_retries_are_exhausted(kafka_broker) -> 
     assert failed["error"] is not None and failed["final_state"] == "unknown"
     assert (failed["retries"], failed["attempts"]) == (1, 2)
     assert await read_committed(bootstrap, 0) == []  # both runs aborted
+
+
+async def test_a_never_transaction_not_ended_in_time_is_left_unresolved(broker_process) -> None:
+    # The broker's timeout scan runs every 30 s: the 1 s transaction outlives the replay's
+    # bound (its timeout + 2 s), which must then record the row rather than wait.
+    broker = broker_process(kafka_port=0, kafka_transaction_scan_interval=30.0)
+    bootstrap = broker.kafka_addr
+    await create_topics(bootstrap, [TOPIC])
+    replay = asyncio.to_thread(replay_rows, bootstrap, [row(1, 0, "never")],
+                               transaction_timeout_ms=1000, resolve_margin_s=2.0)
+    results = await asyncio.wait_for(replay, 20)  # the scan would end it only after 30 s
+    abandoned = results[1]
+    assert abandoned["error"] is None and abandoned["abandoned_ms"] is not None
+    assert abandoned["resolved_ms"] is None  # verify counts it unresolved
