@@ -23,6 +23,20 @@ Same trace, same pacing and the same results layout as the RocketMQ replay
   broker and records when it did (:class:`_TimeoutWatch`: the id no longer among the open
   transactions, and the last stable offset past the records that have an offset).
 
+A step that fails with an error that is not the trace's scripted death (a produce refused, the
+coordinator or a partition leader moving, a fencing, no answer within :data:`STEP_TIMEOUT_S`)
+is handled as a Kafka application handles it: the instance is closed (its open transaction,
+if any, is aborted by the broker when the next instance's InitProducerId fences it), a new
+instance with the same transactional id starts and the same trace transaction runs again, after
+:data:`FIRST_BACKOFF_S` doubling to :data:`MAX_BACKOFF_S`, at most ``TaskParams.attempts``
+times per step and none begun more than ``TaskParams.retry_window_s`` after the step's first
+run (6 and 30 s by default).
+An error from ``commit_transaction`` is retried too: aiokafka retries a retriable EndTxn
+itself, so it raises only when the broker refused the commit.  A commit with no answer within
+:data:`COMMIT_TIMEOUT_S` may have been applied and is not run again: the row fails.  ``retries``
+counts the runs again, ``attempts`` the transactions begun; a row is ``send_failed`` (its
+``error`` set) only when the retries are exhausted.
+
 Deliveries are recorded meanwhile by Spark tasks of :mod:`txbroker.bench.trace.kafka_deliveries`.
 """
 
@@ -65,11 +79,24 @@ WINDOW = 4096
 POLL_S = 0.1
 #: Coordinator states of a transaction the broker has not ended yet.
 OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort")
+#: Runs of one step of a row at most (the first and the retries), and the window from the
+#: step's first run in which a retry may begin: a group's slave is promoted within a few seconds.
+ATTEMPTS = 6
+RETRY_WINDOW_S = 30.0
+#: Back-off before the first retry of a step, doubling up to the last.
+FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 4.0
+#: Bound on a step before its commit (start, begin, produce): then it counts as failed.
+STEP_TIMEOUT_S = 60.0
+#: Bound on a commit: past it the outcome is unknown and the row fails.
+COMMIT_TIMEOUT_S = 120.0
+#: A ``never`` row's transaction not seen ended this long after its timeout is left unresolved.
+RESOLVE_MARGIN_S = 60.0
 
 _RESULT_SCHEMA = ("id bigint, task int, scheduled_ms double, start_ms double, half_ms double, "
                   "decided_ms double, return_ms double, first_state string, final_state string, "
                   "check_ms array<double>, check_phase array<string>, error string, "
-                  "abandoned_ms double, resolved_ms double, attempts int")
+                  "abandoned_ms double, resolved_ms double, attempts int, retries int")
 
 
 
@@ -82,6 +109,9 @@ class TaskParams:
     concurrency: int
     transaction_timeout_ms: int
     progress: str | None        # the driver's ProgressServer address
+    attempts: int = ATTEMPTS    # runs of one step of a row at most
+    retry_window_s: float = RETRY_WINDOW_S
+    resolve_margin_s: float = RESOLVE_MARGIN_S
 
 
 @dataclass
@@ -97,14 +127,17 @@ class _Tx:
     error: str | None = None
     abandoned_ms: float | None = None
     resolved_ms: float | None = None
-    attempts: int = 1
+    #: Transactions begun for the row (``unknown_commit``: 2, more when a step ran again).
+    attempts: int = 0
+    #: Steps run again after an error that was not the trace's (see the module docstring).
+    retries: int = 0
     #: partition -> highest offset of this transaction's records (what the LSO must pass).
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def as_tuple(self, task: int) -> tuple:
         return (self.row["id"], task, self.scheduled_ms, self.start_ms, self.half_ms,
                 self.decided_ms, self.return_ms, self.first_state, self.final_state, [], [],
-                self.error, self.abandoned_ms, self.resolved_ms, self.attempts)
+                self.error, self.abandoned_ms, self.resolved_ms, self.attempts, self.retries)
 
 
 async def _die(producer) -> None:
@@ -118,6 +151,10 @@ async def _die(producer) -> None:
     await producer.client.close()
 
 
+class CommitUnknown(Exception):
+    """A commit with no answer: it may have been applied, so the row is not run again."""
+
+
 class _TimeoutWatch:
     """Tells when the broker ended abandoned ``never`` transactions at their timeout.
 
@@ -129,15 +166,19 @@ class _TimeoutWatch:
     id among open transactions (ListTransactions).  A transaction is resolved at the first poll
     where both hold (the LSO part only for records that have an offset)."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, bound_s: float) -> None:
         self.bootstrap = bootstrap
+        #: How long a transaction is waited for at most (its timeout and a margin): a replay
+        #: never hangs on a broker that does not end it, or on polls that keep failing.
+        self.bound_s = bound_s
         self._waiting: list[tuple[_Tx, str, asyncio.Future]] = []
         self._consumer = None
         self._admin = None
         self._task: asyncio.Task | None = None
 
     async def resolved(self, tx: _Tx, transactional_id: str) -> None:
-        """Return once the broker ended ``tx``, begun by ``transactional_id`` (sets resolved_ms)."""
+        """Return once the broker ended ``tx``, begun by ``transactional_id`` (sets resolved_ms),
+        or after :attr:`bound_s` with resolved_ms unset (verify counts it unresolved)."""
         loop = asyncio.get_running_loop()
         if self._task is None:
             from aiokafka import AIOKafkaConsumer
@@ -152,7 +193,12 @@ class _TimeoutWatch:
             self._task = loop.create_task(self._poll())
         fut = loop.create_future()
         self._waiting.append((tx, transactional_id, fut))
-        await fut
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), self.bound_s)
+        except TimeoutError:
+            self._waiting = [w for w in self._waiting if w[2] is not fut]
+            log.warning("row %s: the transaction %s abandoned was not seen ended within %g s",
+                        tx.row["id"], transactional_id, self.bound_s)
 
     async def _open_ids(self) -> set[str]:
         listed = await asyncio.get_running_loop().run_in_executor(
@@ -232,45 +278,99 @@ class _Instance:
             tp = (md.topic, md.partition)
             tx.offsets[tp] = max(md.offset, tx.offsets.get(tp, -1))
 
+    async def discard(self) -> None:
+        """Close a failed instance as a crash would (any open transaction is aborted when the
+        next instance of the id fences it)."""
+        producer, self.producer = self.producer, None
+        if producer is not None:
+            try:
+                await asyncio.wait_for(_die(producer), STEP_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - the instance is dropped either way
+                log.debug("closing a failed producer: %r", exc)
+
+    async def retrying(self, tx: _Tx, step: Callable[[], Awaitable[None]]) -> None:
+        """Run ``step`` on the current instance (started first when there is none), and after
+        an error that is not the trace's, again on a new instance of the same id, bounded as
+        the module docstring says; the last error is raised when the bound is reached."""
+        loop = asyncio.get_running_loop()
+        window_end = loop.time() + self.p.retry_window_s
+        backoff = FIRST_BACKOFF_S
+        for run in range(1, self.p.attempts + 1):
+            try:
+                if self.producer is None:
+                    await asyncio.wait_for(self.start(), STEP_TIMEOUT_S)
+                await step()
+                return
+            except CommitUnknown:
+                raise
+            except Exception as exc:
+                if run == self.p.attempts or loop.time() + backoff > window_end:
+                    raise
+                log.info("row %s on %s: %r; a new instance runs it again in %g s", tx.row["id"],
+                         self.transactional_id(), exc, backoff)
+                await self.discard()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                tx.retries += 1
+
+    async def transaction(self, tx: _Tx, local_tx_ms: int, commit: bool | None) -> None:
+        """One transaction of the row: begin, produce, the local transaction, then commit,
+        abort, or (``commit`` None) the instance dies with the transaction open."""
+        producer = self.producer
+        tx.attempts += 1
+
+        async def open_it() -> None:
+            await producer.begin_transaction()
+            await self.produce(tx)
+        await asyncio.wait_for(open_it(), STEP_TIMEOUT_S)
+        if local_tx_ms:
+            await asyncio.sleep(local_tx_ms / 1000.0)
+        if commit is None:
+            await _die(producer)
+            self.producer = None
+            tx.abandoned_ms = now_ms()
+        elif commit:
+            try:
+                await asyncio.wait_for(producer.commit_transaction(), COMMIT_TIMEOUT_S)
+            except TimeoutError:
+                raise CommitUnknown(f"no answer to the commit within {COMMIT_TIMEOUT_S:g} s; "
+                                    "it may have been applied") from None
+        else:
+            await asyncio.wait_for(producer.abort_transaction(), STEP_TIMEOUT_S)
+
     async def run(self, tx: _Tx, watch: _TimeoutWatch) -> Awaitable[None] | None:
         """Play one row (see the module docstring).  For a ``never`` row, return once the
         replacement is up, with what to await for the broker's timeout to end the old
         transaction (the producer goes on with its next rows meanwhile); else ``None``."""
         r = tx.row
         tx.start_ms = now_ms()
-        await self.producer.begin_transaction()
-        await self.produce(tx)
-        if r["local_tx_ms"]:
-            await asyncio.sleep(r["local_tx_ms"] / 1000.0)
         decision = r["first_decision"]
         tx.first_state = decision
         if decision in ("commit", "rollback"):
-            if decision == "commit":
-                await self.producer.commit_transaction()
-            else:
-                await self.producer.abort_transaction()
+            await self.retrying(tx, lambda: self.transaction(tx, r["local_tx_ms"],
+                                                             decision == "commit"))
             tx.final_state, tx.decided_ms = decision, now_ms()
             return None
-        await _die(self.producer)
-        tx.abandoned_ms = now_ms()
+        await self.retrying(tx, lambda: self.transaction(tx, r["local_tx_ms"], None))
         restart = r.get("restart_ms")
         await asyncio.sleep((DEFAULT_RESTART_MS if restart is None else restart) / 1000.0)
         if r["kind"] == "never":
             abandoned_id = self.transactional_id()
             self.generation += 1
-            await self.start()
+            await self.retrying(tx, _started)
             return watch.resolved(tx, abandoned_id)
-        await self.start()
+        await self.retrying(tx, _started)  # InitProducerId fences the dead epoch
         tx.resolved_ms = now_ms()
         if r["kind"] == "unknown_commit":
-            tx.attempts = 2
-            await self.producer.begin_transaction()
-            await self.produce(tx)
-            await self.producer.commit_transaction()
+            await self.retrying(tx, lambda: self.transaction(tx, 0, True))
             tx.final_state, tx.decided_ms = "commit", now_ms()
         else:
             tx.final_state, tx.decided_ms = "rollback", tx.resolved_ms
         return None
+
+
+async def _started() -> None:
+    """The step of starting a replacement instance: :meth:`_Instance.retrying` starts it."""
 
 
 async def _replay_task(feed, emit: Callable[[tuple], None], p: TaskParams, task: int) -> None:
@@ -280,7 +380,7 @@ async def _replay_task(feed, emit: Callable[[tuple], None], p: TaskParams, task:
     runners: list[asyncio.Task] = []
     window = asyncio.Semaphore(WINDOW)
     slots = asyncio.Semaphore(p.concurrency)
-    watch = _TimeoutWatch(p.bootstrap)
+    watch = _TimeoutWatch(p.bootstrap, p.transaction_timeout_ms / 1000.0 + p.resolve_margin_s)
     schedule = Schedule(p.epoch_ms, p.rate)
     background: set[asyncio.Task] = set()
     loop = asyncio.get_running_loop()
@@ -306,15 +406,11 @@ async def _replay_task(feed, emit: Callable[[tuple], None], p: TaskParams, task:
         while (tx := await q.get()) is not None:
             async with slots:
                 try:
-                    if inst.producer is None:
-                        await inst.start()
                     resolution = await inst.run(tx, watch)
                 except Exception as exc:  # noqa: BLE001 - recorded per row; verify reports it
                     record(tx, exc)
-                    if inst.producer is not None:
-                        # Fatal errors stick to an aiokafka producer: the next row gets a new one.
-                        await _die(inst.producer)
-                        inst.producer = None
+                    # Fatal errors stick to an aiokafka producer: the next row gets a new one.
+                    await inst.discard()
                     continue
             if resolution is None:
                 record(tx)

@@ -93,6 +93,49 @@ async def test_snapshot_then_log_tail(tmp_path):
     await env.close()
 
 
+async def _committed(c: TransactionCoordinator, pid: int, epoch: int, seq: int,
+                     value: bytes) -> None:
+    """One transaction of one batch on partition 0, committed."""
+    assert set((await c.add_partitions(TID, pid, epoch, [(T, 0)], 0)).values()) == {E.NONE}
+    assert await produce(c, pid, epoch, 0, seq, [value]) == (E.NONE, None)
+    assert await c.end_txn(TID, pid, epoch, True, 0) is E.NONE
+
+
+async def test_transactional_sequences_survive_past_the_snapshot(tmp_path):
+    """Transactions completed after the latest snapshot: their batches are only in the data
+    topic, yet a promoted slave (a crash, then recovery from the log) knows their sequences,
+    so the producer goes on; the replay, which starts before the snapshot, does not take back
+    batches older than the five the snapshot retained (they have no offset to compare)."""
+    env = Env(tmp_path, Clock())
+    c = await env.open()
+    err, pid, epoch = await c.init_producer_id(TID, 60000, -1, -1, 0)
+    assert err is E.NONE
+    for seq in range(7):
+        await _committed(c, pid, epoch, seq, b"before")
+    env.clock.now += 3600
+    await c.scan()  # a snapshot: sequences up to 6, batches 2-6 retained
+    assert env.store.max_offset(SNAPSHOT_TOPIC, 0) >= 1
+    for seq in (7, 8):
+        await _committed(c, pid, epoch, seq, b"after")
+    await c.suspend()  # a crash: the log alone rebuilds the state
+    await env.store.close()
+    c = await env.open()
+    assert set((await c.add_partitions(TID, pid, epoch, [(T, 0)], 0)).values()) == {E.NONE}
+    # the last five batches (4-8) are retries answered as duplicates, older ones are gone
+    for seq in (4, 5, 6):
+        assert c.check_batch(TID, T, 0, batch(pid, epoch, seq, [b"before"])) == (E.NONE, -1)
+    for seq in (7, 8):
+        assert c.check_batch(TID, T, 0, batch(pid, epoch, seq, [b"after"])) == (E.NONE, -1)
+    assert c.check_batch(TID, T, 0, batch(pid, epoch, 1, [b"before"]))[0] is (
+        E.OUT_OF_ORDER_SEQUENCE_NUMBER)
+    assert c.check_batch(TID, T, 0, batch(pid, epoch, 10, [b"gap"]))[0] is (
+        E.OUT_OF_ORDER_SEQUENCE_NUMBER)
+    assert await produce(c, pid, epoch, 0, 9, [b"next"]) == (E.NONE, None)
+    assert await c.end_txn(TID, pid, epoch, True, 0) is E.NONE
+    assert env.bodies(0) == [b"before"] * 7 + [b"after"] * 2 + [b"next"]
+    await env.close()
+
+
 async def test_suspend_then_resume_finishes_an_interrupted_commit(tmp_path):
     """A master demoted mid-commit, then this (live) coordinator becoming master again: the
     commit decided before the failover is finished, once, and producer ids are not reissued."""

@@ -62,6 +62,8 @@ from txbroker.service.kafka.txn_log import (
     BORN_HOST,
     DATA_TOPIC,
     OFFSET_FILE_GRACE_MS,
+    P_PARTITION,
+    P_TOPIC,
     STATE_TOPIC,
     Offset,
     Replayed,
@@ -77,7 +79,7 @@ from txbroker.service.kafka.txn_log import (
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.topics import TopicManager, is_system_topic
 from txbroker.store.message_store import MessageStore
-from txbroker.store.record import Message
+from txbroker.store.record import Message, StoredMessage
 
 if TYPE_CHECKING:
     from txbroker.service.kafka.markers import MarkerSender, Participants
@@ -325,8 +327,14 @@ class TransactionCoordinator:
 
     def _replay_producers(self, log_from: int, now: int) -> None:
         """The sequence state of idempotent batches stored since the snapshot (their first
-        message names producer, epoch and sequences; see producers.py)."""
+        message names producer, epoch and sequences; see producers.py), and of transactional
+        batches staged since, whatever became of their transaction: a Kafka follower's
+        producer state holds every batch it replicated, so a producer whose transactions
+        completed after the snapshot continues its sequence on a promoted slave."""
         for m in self.store.scan(log_from):
+            if m.topic == DATA_TOPIC:
+                self._replay_staged(m, now)
+                continue
             text = m.properties.get(PROPERTY_PRODUCER) if m.properties else None
             if text is None:
                 continue
@@ -337,6 +345,22 @@ class TransactionCoordinator:
             self.producers.replay(pid, epoch, m.topic, m.queue_id,
                                   BatchMeta(first, last, m.queue_offset, m.born_timestamp),
                                   m.store_timestamp or now)
+
+    def _replay_staged(self, m: StoredMessage, now: int) -> None:
+        """The producer state of one transactional batch of the data topic (its offsets
+        records carry no batch)."""
+        topic, partition = m.properties.get(P_TOPIC), m.properties.get(P_PARTITION)
+        if topic is None or partition is None:
+            return
+        try:
+            batch = read_batches(m.body, check_crc=False)[0]
+        except (RecordsError, IndexError):
+            log.warning("kafka coordinator: a staged batch at commitlog offset %d does not "
+                        "decode; its producer state is not replayed", m.physical_offset)
+            return
+        self.producers.replay(batch.producer_id, batch.producer_epoch, topic, int(partition),
+                              BatchMeta(batch.base_sequence, batch.last_sequence, -1,
+                                        batch.max_timestamp), m.store_timestamp or now)
 
     def _count_applied(self, marker: int) -> int:
         """Records of the commit decided at ``marker`` that reached their partitions (they
