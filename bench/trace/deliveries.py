@@ -20,13 +20,19 @@ its first marker, whatever came.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from txbroker.bench.trace.spec import PROP_RUN, PROP_TX
-from txbroker.bench.trace.tasks import ProgressReporter, RowFeed, now_ms, stream_task
+from txbroker.bench.trace.tasks import (
+    JOB_GRACE_S,
+    BackgroundJob,
+    ProgressReporter,
+    RowFeed,
+    now_ms,
+    stream_task,
+)
 
 #: Property of an end marker: the run id it ends.
 PROP_END = "BENCH_END"
@@ -172,34 +178,13 @@ def task_runner(p: DeliveryParams) -> Callable[[int, Iterable], Iterator[tuple]]
     return run
 
 
-class DeliveryJob(threading.Thread):
-    """The delivery Spark job, run from its own driver thread (Spark schedules jobs of several
-    threads at once); ``join_result()`` re-raises its failure in the caller."""
+class DeliveryJob(BackgroundJob):
+    """The delivery tasks: one Spark task per consumer, beside the replay."""
 
     def __init__(self, spark, out_uri: str, p: DeliveryParams) -> None:
-        super().__init__(name="bench-deliveries", daemon=True)
-        self.spark, self.out_uri, self.p = spark, out_uri, p
-        self.error: BaseException | None = None
-        self.group = f"txbroker-bench-deliveries-{p.run_id}"
-
-    def run(self) -> None:
-        sc = self.spark.sparkContext
-        try:
-            sc.setJobGroup(self.group, "bench delivery tasks", interruptOnCancel=True)
-            rdd = (sc.parallelize([(i,) for i in range(self.p.consumers)], self.p.consumers)
-                   .mapPartitionsWithIndex(task_runner(self.p)))
-            self.spark.createDataFrame(rdd, DELIVERY_SCHEMA).write.parquet(self.out_uri)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by join_result in the driver
-            self.error = exc
-
-    def cancel(self) -> None:
-        self.spark.sparkContext.cancelJobGroup(self.group)
-
-    def join_result(self, timeout: float) -> None:
-        self.join(timeout)
-        if self.is_alive():
-            self.cancel()
-            self.join(30)
-            raise RuntimeError(f"delivery tasks did not stop within {timeout:.0f} s")
-        if self.error is not None:
-            raise RuntimeError(f"delivery tasks failed: {self.error}") from self.error
+        super().__init__(
+            spark, out_uri, DELIVERY_SCHEMA,
+            lambda sc: sc.parallelize([(i,) for i in range(p.consumers)], p.consumers)
+            .mapPartitionsWithIndex(task_runner(p)),
+            group=f"txbroker-bench-deliveries-{p.run_id}", what=f"delivery tasks ({p.namesrv})",
+            timeout=p.max_wait_s + JOB_GRACE_S)

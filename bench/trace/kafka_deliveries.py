@@ -24,12 +24,17 @@ come back to the driver through Spark accumulators.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from txbroker.bench.trace.tasks import ProgressReporter, now_ms, stream_task
+from txbroker.bench.trace.tasks import (
+    JOB_GRACE_S,
+    BackgroundJob,
+    ProgressReporter,
+    now_ms,
+    stream_task,
+)
 
 #: Progress phase of the delivery tasks (records received) on the driver's ProgressServer.
 PHASE = "deliveries-kafka"
@@ -37,8 +42,6 @@ PHASE = "deliveries-kafka"
 END_HEADER = "bench_end"
 #: Seconds without any record, after the last marker, before a delivery task stops.
 IDLE_S = 2.0
-#: Seconds the driver waits for the delivery job beyond the tasks' own max wait.
-JOB_GRACE_S = 120.0
 
 DELIVERY_SCHEMA = ("tx bigint, msg int, topic string, queue_id int, queue_offset bigint, "
                    "msg_id string, transaction_id string, store_ms double, recv_ms double, "
@@ -172,22 +175,25 @@ def _list_param():
     return ListParam()
 
 
-class DeliveryJob:
-    """The delivery tasks as one Spark job in a driver thread of its own (the replay job runs
-    in the caller's thread meanwhile)."""
+class DeliveryJob(BackgroundJob):
+    """The delivery tasks: one Spark task per consumer, beside the replay; what they counted
+    comes back through accumulators."""
 
     def __init__(self, spark, out_uri: str, p: DeliveryParams) -> None:
-        self.spark, self.out_uri, self.p = spark, out_uri, p
         sc = spark.sparkContext
         self._count = sc.accumulator(0)
         self._foreign = sc.accumulator(0)
         self._restarts = sc.accumulator([], _list_param())
-        self._group = f"bench-kafka-deliveries-{p.run_id}"
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="bench-kafka-deliveries", daemon=True)
+        runner = self._runner(p)
+        super().__init__(spark, out_uri, DELIVERY_SCHEMA,
+                         lambda sc: sc.parallelize(range(p.consumers), p.consumers)
+                         .mapPartitionsWithIndex(runner),
+                         group=f"bench-kafka-deliveries-{p.run_id}",
+                         what=f"Kafka delivery tasks ({p.bootstrap})",
+                         timeout=p.max_wait_s + JOB_GRACE_S)
 
-    def _runner(self) -> Callable[[int, Iterable], Iterator[tuple]]:
-        p, count, foreign, restarts = self.p, self._count, self._foreign, self._restarts
+    def _runner(self, p: DeliveryParams) -> Callable[[int, Iterable], Iterator[tuple]]:
+        count, foreign, restarts = self._count, self._foreign, self._restarts
 
         def run(index: int, rows: Iterable) -> Iterator[tuple]:
             stats: dict = {"count": 0, "foreign": 0, "restarts": []}
@@ -198,36 +204,6 @@ class DeliveryJob:
             foreign.add(stats["foreign"])
             restarts.add(stats["restarts"])
         return run
-
-    def _run(self) -> None:
-        sc = self.spark.sparkContext
-        try:
-            sc.setJobGroup(self._group, "txbroker bench: Kafka deliveries", interruptOnCancel=True)
-            rdd = sc.parallelize(range(self.p.consumers), self.p.consumers) \
-                .mapPartitionsWithIndex(self._runner())
-            self.spark.createDataFrame(rdd, DELIVERY_SCHEMA).write.parquet(self.out_uri)
-        except BaseException as exc:  # noqa: BLE001 - raised by wait() in the caller's thread
-            self._error = exc
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def cancel(self) -> None:
-        self.spark.sparkContext.cancelJobGroup(self._group)
-        self._thread.join(30)
-
-    def wait(self) -> None:
-        """Until the tasks stopped (their own rule); past their max wait and a grace the job is
-        cancelled and this raises."""
-        self._thread.join(self.p.max_wait_s + JOB_GRACE_S)
-        if self._thread.is_alive():
-            self.cancel()
-            raise RuntimeError(f"Kafka delivery tasks ({self.p.bootstrap}) did not stop within "
-                               f"{self.p.max_wait_s + JOB_GRACE_S:.0f} s of the end markers")
-        if self._error is not None:
-            raise RuntimeError(f"Kafka delivery tasks ({self.p.bootstrap}) failed: "
-                               f"{str(self._error).splitlines()[0] if str(self._error) else type(self._error).__name__}") \
-                from self._error
 
     def count(self) -> int:
         return self._count.value

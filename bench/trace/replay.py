@@ -619,7 +619,6 @@ def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
         spark.createDataFrame(rdd, RESULT_SCHEMA).write.parquet(join(out_uri, "transactions"))
     except BaseException:
         recorder.cancel()
-        recorder.join(30)
         raise
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
@@ -627,7 +626,7 @@ def replay(spark, trace_dir: str | Path, namesrv: str, out: str | Path, *,
     cpu_after = cpu_seconds(broker_pids)
     time.sleep(1.0)  # the last one-way answers reach the broker before the markers
     asyncio.run(dl.send_end_markers(namesrv, queues, run_id))
-    recorder.join_result(timeout=settle_s * 2 + 120)
+    recorder.wait()
     delivered = spark.read.parquet(join(out_uri, "deliveries")).count()
     summary = {"run_id": run_id, "protocol": PROTOCOL, "namesrv": namesrv, "trace": trace_uri,
                "tasks": n_tasks, "consumers": n_consumers, "concurrency": concurrency,

@@ -30,6 +30,8 @@ from typing import Any
 BATCH = 512
 #: Seconds between two progress lines of one task.
 REPORT_EVERY = 0.5
+#: Seconds a delivery job may take past its tasks' own longest wait before it is cancelled.
+JOB_GRACE_S = 120.0
 _END = object()
 
 
@@ -261,3 +263,43 @@ class ProgressServer:
         self._closed.set()
         self._sock.close()
         self._thread.join(timeout=2)
+
+
+class BackgroundJob:
+    """A Spark job writing Parquet from a driver thread of its own: the delivery tasks run
+    beside the replay's job, which holds the caller's thread (Spark schedules the jobs of
+    several driver threads at once).  Its job group lets the driver cancel it; :meth:`wait`
+    re-raises its failure in the caller, as one line naming ``what``."""
+
+    def __init__(self, spark, out_uri: str, schema, rdd: Callable[[Any], Any], *, group: str,
+                 what: str, timeout: float) -> None:
+        self.spark, self.out_uri, self.schema, self.rdd = spark, out_uri, schema, rdd
+        self.group, self.what, self.timeout = group, what, timeout
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=group, daemon=True)
+
+    def _run(self) -> None:
+        sc = self.spark.sparkContext
+        try:
+            sc.setJobGroup(self.group, f"txbroker bench: {self.what}", interruptOnCancel=True)
+            self.spark.createDataFrame(self.rdd(sc), self.schema).write.parquet(self.out_uri)
+        except BaseException as exc:  # noqa: BLE001 - raised by wait() in the caller's thread
+            self._error = exc
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def cancel(self) -> None:
+        self.spark.sparkContext.cancelJobGroup(self.group)
+        self._thread.join(30)
+
+    def wait(self) -> None:
+        """Until the tasks stopped (by their own rule); past ``timeout`` seconds the job is
+        cancelled and this raises."""
+        self._thread.join(self.timeout)
+        if self._thread.is_alive():
+            self.cancel()
+            raise RuntimeError(f"{self.what} did not stop within {self.timeout:.0f} s")
+        if self._error is not None:
+            first = str(self._error).splitlines()[0] if str(self._error) else type(self._error).__name__
+            raise RuntimeError(f"{self.what} failed: {first}") from self._error

@@ -54,7 +54,7 @@ def test_delivery_tasks_with_a_scheduled_consumer_restart(spark, tmp_path):
         job.start()
         asyncio.run(_send(broker.namesrv_addr, run_id, queues))
         asyncio.run(dl.send_end_markers(broker.namesrv_addr, queues, run_id))
-        job.join_result(timeout=120)
+        job.wait()
     rows = pq.read_table(out).to_pylist()
     # Each task pulled its own queues only: queue i goes to task i % 2.
     assert all(r["queue_id"] % 2 == r["consumer"] for r in rows), rows
