@@ -100,21 +100,19 @@ class RunDir:
         except ValueError as exc:
             raise SpecError(f"{path}: invalid run options: {exc}") from None
 
-    def done(self, phase: str) -> bool:
-        """Whether ``phase`` has a complete marker: one a driver killed while writing it (empty
-        or cut short) does not count, and the phase runs again."""
+    def finished(self, phase: str) -> float | None:
+        """The seconds ``phase`` took, from its marker; None if it has no complete marker (one
+        a driver killed while writing it, empty or cut short, does not count: the phase runs
+        again)."""
         try:
-            self.seconds(phase)
+            body = json.loads(self.fs.read_text(join(self.work, PHASES_DIR, f"{phase}.json")))
+            return float(body["seconds"])
         except (FileNotFoundError, ValueError, KeyError, TypeError):
-            return False
-        return True
+            return None
 
     def mark(self, phase: str, seconds: float, **extra: object) -> None:
         body = {"phase": phase, "seconds": round(seconds, 3), "finished": time.time(), **extra}
         self.fs.write_text(join(self.work, PHASES_DIR, f"{phase}.json"), json.dumps(body) + "\n")
-
-    def seconds(self, phase: str) -> float:
-        return float(json.loads(self.fs.read_text(join(self.work, PHASES_DIR, f"{phase}.json")))["seconds"])
 
 
 def run_options(meta: TraceMeta, namesrv: str | None, *, tasks: int | None, consumers: int | None,
@@ -285,8 +283,9 @@ def run_all(spark, meta: TraceMeta, work: str | Path, namesrv: str | None, *, ta
                 """Run phase ``name`` unless its marker exists; mark it when it completes.
                 ``output``: the phase's directory, removed first (a run that died in the phase
                 may have left part of it)."""
-                if rundir.done(name):
-                    timings[name] = rundir.seconds(name)
+                before = rundir.finished(name)
+                if before is not None:
+                    timings[name] = before
                     progress.add_task(f"{name} (done before)", total=1, completed=1)
                     return
                 if output is not None and resume:  # WORK has our run.json: its parts are ours
