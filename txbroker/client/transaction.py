@@ -15,9 +15,12 @@ transaction runs and its outcome is sent as for SEND_OK (RocketMQ's Java client 
 halves back, apache/rocketmq issue #3617).
 
 Check-backs arrive on a broker connection's read path.  They are handed to a task at once and
-run under a semaphore of ``check_concurrency``; a check for a transaction whose check is still
-running is dropped (the broker asks again), and so is anything beyond a bounded backlog, so a
-check storm cannot grow memory without bound.  A listener that raises counts as UNKNOW: the
+run under a semaphore of ``check_concurrency``.  A check for a transaction whose check is still
+running is answered once that one ends (the listener never runs twice at once for one
+transaction, and runs once per check): the broker counted it, and a counted check left
+unanswered brings its half closer to a discard although the producer was there.  Anything
+beyond a bounded backlog is dropped (the broker asks again), so a check storm cannot grow
+memory without bound.  A listener that raises counts as UNKNOW: the
 broker will ask again, which is the safe answer when this process cannot tell.
 """
 
@@ -144,6 +147,9 @@ class TransactionProducer(Producer):
         self.check_concurrency = check_concurrency
         self._check_slots = asyncio.Semaphore(check_concurrency)
         self._checks: dict[str, asyncio.Task] = {}
+        #: transaction id -> (the latest check of it that came while its check ran, how many
+        #: came): each is asked in turn when the running one ends.
+        self._again: dict[str, tuple[tuple[str, MessageExt, str, int], int]] = {}
         self._instance.on_request(RequestCode.CHECK_TRANSACTION_STATE, self._on_check)
         #: A half's properties after the message's own, up to the transaction id's value.
         self._half_tail = rec.PROPERTY_SEPARATOR + rec.properties_to_string({
@@ -158,6 +164,7 @@ class TransactionProducer(Producer):
             for from_check in (False, True)}
 
     async def shutdown(self) -> None:
+        self._again.clear()  # before the cancels: a cancelled check starts no other
         checks = list(self._checks.values())
         for task in checks:
             task.cancel()
@@ -269,16 +276,32 @@ class TransactionProducer(Producer):
         offset_msg_id = header.offset_msg_id or msg.offset_msg_id
         queue_offset = header.tran_state_table_offset
         if tx_id in self._checks:
-            log.debug("producer %s: check of %s already running", self.group, tx_id)
+            log.debug("producer %s: check of %s already running; answered after it",
+                      self.group, tx_id)
+            _, waiting = self._again.get(tx_id, (None, 0))
+            self._again[tx_id] = ((addr, msg, offset_msg_id, queue_offset), waiting + 1)
             return
         if len(self._checks) >= self.check_concurrency * BACKLOG_PER_SLOT:
             log.warning("producer %s: %d check-backs pending; %s dropped (the broker asks again)",
                         self.group, len(self._checks), tx_id)
             return
+        self._start_check(tx_id, addr, msg, offset_msg_id, queue_offset)
+
+    def _start_check(self, tx_id: str, addr: str, msg: MessageExt, offset_msg_id: str,
+                     queue_offset: int) -> None:
         task = asyncio.get_running_loop().create_task(
             self._check(addr, msg, tx_id, offset_msg_id, queue_offset))
         self._checks[tx_id] = task
-        task.add_done_callback(lambda _t: self._checks.pop(tx_id, None))
+        task.add_done_callback(lambda _t: self._check_ended(tx_id))
+
+    def _check_ended(self, tx_id: str) -> None:
+        self._checks.pop(tx_id, None)
+        again = self._again.pop(tx_id, None)
+        if again is not None:
+            check, waiting = again
+            if waiting > 1:
+                self._again[tx_id] = (check, waiting - 1)
+            self._start_check(tx_id, *check)
 
     async def _check(self, addr: str, msg: MessageExt, tx_id: str, offset_msg_id: str,
                      queue_offset: int) -> None:
