@@ -43,6 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -1004,10 +1005,12 @@ class TransactionCoordinator:
 
     def transactions(self, states: Collection[str] = ()) -> list[TxnView]:
         """Every transactional id's view, by id; with ``states``, only those in one of them
-        (filtered before the views are built: an admin polling the open ones of a broker with
-        many ids costs a pass over the ids, not a copy of each)."""
-        return [self._view(t) for _, t in sorted(self._txns.items())
-                if not states or t.state in states]
+        (filtered before anything is sorted or built: an admin polling the open ones of a
+        broker with many settled ids costs one pass over the ids, not a sort and a copy of
+        each; a bench replay polling every 100 ms slowed the broker by half as ids grew)."""
+        chosen = [t for t in self._txns.values() if not states or t.state in states]
+        chosen.sort(key=attrgetter("tid"))
+        return [self._view(t) for t in chosen]
 
     def describe(self, transactional_id: str) -> TxnView | None:
         t = self._txns.get(transactional_id)
