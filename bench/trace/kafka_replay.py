@@ -86,8 +86,11 @@ RETRY_WINDOW_S = 30.0
 #: Back-off before the first retry of a step, doubling up to the last.
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 4.0
-#: Bound on a step before its commit (start, begin, produce): then it counts as failed.
-STEP_TIMEOUT_S = 60.0
+#: Bound on a step before its commit (start, begin, produce): then it counts as failed and
+#: runs again on a new instance.  Well within the retry window: an aiokafka producer that
+#: still asks a killed leader can hang until its metadata ages out, while a new instance
+#: learns the promoted one from the bootstrap servers at once.
+STEP_TIMEOUT_S = 10.0
 #: Bound on a commit: past it the outcome is unknown and the row fails.
 COMMIT_TIMEOUT_S = 120.0
 #: A ``never`` row's transaction not seen ended this long after its timeout is left unresolved.
