@@ -49,8 +49,11 @@ async def produce(bootstrap: str, topic: str, run: str) -> set[str]:
 async def consume(bootstrap: str, topic: str, run: str, expected: set[str], timeout: float) -> bool:
     """Read the whole topic read_committed; True when exactly ``expected`` of this run came."""
     # no group: the consumer reads every partition of the topic from its first offset
+    # metadata refreshed every second: on a cluster the topic was just auto-created on one
+    # group after another, and partitions a first answer missed are read as they appear
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
-                                isolation_level="read_committed", auto_offset_reset="earliest")
+                                isolation_level="read_committed", auto_offset_reset="earliest",
+                                metadata_max_age_ms=1000)
     await consumer.start()
     seen: list[str] = []
     try:
