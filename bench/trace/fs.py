@@ -133,6 +133,17 @@ class WorkFS:
         finally:
             self._call(uri, out.close)
 
+    def publish_text(self, uri: str, text: str) -> None:
+        """Write the new file ``uri`` whole or not at all: written beside it, then renamed, so
+        a reader (or a run resumed after the driver was killed mid-write) never finds it
+        half-written.  ``uri`` must not exist yet."""
+        staged = uri + ".partial"
+        self.write_text(staged, text)
+        fs, p = self._resolve(uri)
+        if not self._call(uri, fs.rename, self._resolve(staged)[1], p):
+            self.delete(staged)
+            raise OSError(None, f"could not rename {staged} to it", uri)
+
     def read_text(self, uri: str) -> str:
         return self.read_bytes(uri).decode()
 

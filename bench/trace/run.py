@@ -33,7 +33,7 @@ from txbroker.bench.trace.cluster import EmbeddedCluster
 from txbroker.bench.trace.embedded import EmbeddedBroker
 from txbroker.bench.trace.fs import WorkFS, join
 from txbroker.bench.trace.report import report, summary_rows
-from txbroker.bench.trace.spec import BrokerSettings, SpecError, TraceMeta
+from txbroker.bench.trace.spec import SpecError, TraceMeta
 from txbroker.bench.trace.tasks import ProgressServer
 from txbroker.bench.trace.verify import FAULTS_FILE, VERIFY_FILE, verify
 
@@ -76,12 +76,6 @@ def parse_protocols(text: str) -> list[str]:
     return wanted
 
 
-def _meta_from(raw: dict) -> TraceMeta:
-    raw = dict(raw)
-    raw["broker"] = BrokerSettings(**raw["broker"])
-    return TraceMeta(**raw)
-
-
 class RunDir:
     """``WORK``'s run options and phase markers."""
 
@@ -112,7 +106,7 @@ class RunDir:
 
     def mark(self, phase: str, seconds: float, **extra: object) -> None:
         body = {"phase": phase, "seconds": round(seconds, 3), "finished": time.time(), **extra}
-        self.fs.write_text(join(self.work, PHASES_DIR, f"{phase}.json"), json.dumps(body) + "\n")
+        self.fs.publish_text(join(self.work, PHASES_DIR, f"{phase}.json"), json.dumps(body) + "\n")
 
 
 def run_options(meta: TraceMeta, namesrv: str | None, *, tasks: int | None, consumers: int | None,
@@ -245,7 +239,7 @@ def run_all(spark, meta: TraceMeta, work: str | Path, namesrv: str | None, *, ta
     if resume:
         opts = rundir.read_options()
         try:
-            meta = _meta_from(opts["meta"])
+            meta = TraceMeta.from_dict(opts["meta"])
         except (KeyError, TypeError) as exc:
             raise SpecError(f"{join(work, RUN_FILE)}: invalid run options: {exc}") from None
     else:

@@ -273,10 +273,7 @@ class TraceMeta:
             if version == 1:
                 # What a version-1 trace is, in version-2 terms.
                 raw.update(arrival="uniform", key_space=raw["transactions"], crash_fraction=0.0)
-            raw["broker"] = BrokerSettings(**raw["broker"])
-            raw["consumer_restarts"] = [ConsumerRestart(**c) for c in raw.get("consumer_restarts", [])]
-            raw["kafka"] = KafkaSettings(**raw.get("kafka", {}))
-            meta = cls(**raw)
+            meta = cls.from_dict(raw)
         except FileNotFoundError:
             raise SpecError(f"{trace_uri}: not a trace (no {META_FILE}); "
                             "write one with `txbroker bench generate`") from None
@@ -285,6 +282,16 @@ class TraceMeta:
                 raise
             raise SpecError(f"{path}: invalid trace metadata: {exc}") from None
         return meta
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> TraceMeta:
+        """The meta :func:`dataclasses.asdict` wrote, with its nested settings rebuilt (the
+        trace's metadata file and a run's ``run.json`` both hold it)."""
+        raw = dict(raw)
+        raw["broker"] = BrokerSettings(**raw["broker"])
+        raw["consumer_restarts"] = [ConsumerRestart(**c) for c in raw.get("consumer_restarts", [])]
+        raw["kafka"] = KafkaSettings(**raw.get("kafka", {}))
+        return cls(**raw)
 
     def topic_names(self) -> list[str]:
         return [f"BenchT{k}" for k in range(self.topics)]

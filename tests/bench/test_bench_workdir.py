@@ -4,10 +4,12 @@ embedded broker that starts from anywhere and says why when it does not."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
 import zipfile
+from dataclasses import asdict
 
 import pytest
 from click.testing import CliRunner
@@ -63,6 +65,15 @@ def test_work_fs_qualifies_reads_writes_and_refuses_foreign_dirs(spark, tmp_path
     fs.replace_dir(d, "_marker", "trace")                    # empty: fine
     assert not fs.exists(d)
 
+    # A published file appears whole: nothing is left beside it, and it is never replaced.
+    fs.publish_text(join(d, "done.json"), '{"seconds": 1}\n')
+    assert fs.read_text(join(d, "done.json")) == '{"seconds": 1}\n'
+    assert fs.names(d) == ["done.json"]
+    with pytest.raises(OSError, match="could not rename"):
+        fs.publish_text(join(d, "done.json"), "{}\n")
+    assert fs.read_text(join(d, "done.json")) == '{"seconds": 1}\n'
+    assert fs.names(d) == ["done.json"]
+
 
 def test_work_fs_names_a_scheme_it_cannot_read(spark):
     with pytest.raises(OSError) as err:
@@ -77,6 +88,8 @@ def test_trace_metadata_round_trips_through_a_uri(spark, tmp_path):
     uri = (tmp_path / "t").as_uri()
     meta.write(fs, uri)
     assert TraceMeta.read(fs, uri) == meta
+    # run.json holds the same dict: --resume rebuilds every nested setting from it.
+    assert TraceMeta.from_dict(json.loads(json.dumps(asdict(meta)))) == meta
 
 
 def test_shipped_zip_alone_provides_the_package(tmp_path):
