@@ -311,7 +311,14 @@ class Broker:
 
             grpc_server = GrpcServer(cfg, tls=self.tls)
             try:
+                if cfg.grpc_port:  # a clash named like any other (gRPC's own text is a log line)
+                    bind_listener(cfg.listen_host, cfg.grpc_port, "gRPC port").close()
                 self.grpc_port = grpc_server.bind(cfg.listen_host, cfg.grpc_port)
+            except ListenError:
+                for s in (*bound.values(), self._ha_sock):
+                    if s is not None:
+                        s.close()
+                raise
             except BindError as exc:
                 for s in (*bound.values(), self._ha_sock):
                     if s is not None:
