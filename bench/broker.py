@@ -100,7 +100,7 @@ TOPIC = "BenchTx"
 GROUP = "PG_BENCH"
 CONSUMER_GROUP = "CG_BENCH"
 QUEUES = 4
-READY = re.compile(rb"txbroker ready broker=(\S+) namesrv=(\S+)(?: kafka=\S+)?(?: grpc=\S+)?(?: workers=(\S+))?")
+READY = re.compile(rb"txbroker ready broker=(\S+) namesrv=(\S+)(?: kafka=\S+)?(?: grpc=(\S+))?(?: workers=(\S+))?")
 REPO = Path(__file__).resolve().parent.parent
 _SIZE_MAGIC = struct.Struct(">iI")
 _BODY = b"x" * 200
@@ -147,10 +147,11 @@ class BrokerProc:
     with ``workers`` > 1 a ``serve --workers N`` supervisor, ``addrs`` every worker's address.
     With ``pki`` it serves TLS only (``tls_mode=enforcing``) with that certificate, and
     ``client_tls`` / ``client_ssl`` are what the SDK and raw connections must use (None:
-    plaintext)."""
+    plaintext).  ``serve_args`` are added to the command (``bench.grpc`` opens the gRPC port
+    with them; ``grpc`` is then its address)."""
 
     def __init__(self, flush: str, data_dir: str, workers: int = 1,
-                 pki: ThrowawayPki | None = None) -> None:
+                 pki: ThrowawayPki | None = None, serve_args: tuple[str, ...] = ()) -> None:
         self.flush = flush
         self.data_dir = data_dir
         self.workers = workers
@@ -162,6 +163,8 @@ class BrokerProc:
         self.addr = ""
         self.addrs: list[str] = []
         self.namesrv = ""
+        self.grpc = ""
+        self.serve_args = serve_args
         self.worker_pids: list[int] = []
 
     def __enter__(self) -> Self:
@@ -174,6 +177,7 @@ class BrokerProc:
             cmd += ["--workers", str(self.workers)]
         if self.pki is not None:
             cmd += self.pki.serve_args()
+        cmd += self.serve_args
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         line = b""
@@ -183,7 +187,8 @@ class BrokerProc:
             if m:
                 self.addr = m.group(1).decode()
                 self.namesrv = m.group(2).decode()
-                self.addrs = m.group(3).decode().split(";") if m.group(3) else [self.addr]
+                self.grpc = m.group(3).decode() if m.group(3) else ""
+                self.addrs = m.group(4).decode().split(";") if m.group(4) else [self.addr]
                 self.worker_pids = children_of(self.proc.pid) if self.workers > 1 else []
                 return self
             if not line and self.proc.poll() is not None:

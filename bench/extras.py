@@ -25,7 +25,7 @@ T = TypeVar("T")
 EXTRA_OF = {
     "pyspark": "bench", "py4j": "bench", "pyarrow": "bench", "pandas": "bench",
     "numpy": "bench", "matplotlib": "bench", "aiokafka": "bench", "py-spy": "bench",
-    "aio_pika": "bench", "nats": "bench", "trustme": "bench",
+    "aio_pika": "bench", "nats": "bench", "trustme": "bench", "rocketmq-python-client": "bench",
     "hypothesis": "test",
 }
 #: What every Spark command imports (the session, Arrow transfers), dependencies before the
