@@ -45,6 +45,7 @@ import statistics
 import sys
 import tempfile
 import time
+import typing
 from dataclasses import asdict, dataclass, fields
 from importlib import metadata
 from pathlib import Path
@@ -282,30 +283,38 @@ def print_report(doc: dict) -> None:
         console.print(f"[red]not all stored:[/red] {line}")
 
 
-def _at_least_one(value: str) -> int:
+def count(value: str) -> int:
     n = int(value)
     if n < 1:
         raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
     return n
 
 
-def _positive(value: str) -> float:
+def duration(value: str) -> float:
     x = float(value)
     if not x > 0:
         raise argparse.ArgumentTypeError(f"{value}: must be more than 0")
     return x
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad options are one ``error:`` line (argparse adds the usage above it), exit 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        print(f"error: python -m txbroker.bench.grpc: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=_positive, default=3.0, help="load time per row and pass")
-    ap.add_argument("--processes", type=_at_least_one, default=2,
+    ap = _Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=duration, default=3.0, help="load time per row and pass")
+    ap.add_argument("--processes", type=count, default=2,
                     help="load processes per row (the 5.x client is synchronous)")
-    ap.add_argument("--senders", type=_at_least_one, default=8,
+    ap.add_argument("--senders", type=count, default=8,
                     help="threads (5.x client) or coroutines (SDK) per load process, on one producer")
-    ap.add_argument("--max-sends", type=_at_least_one, default=100_000,
+    ap.add_argument("--max-sends", type=count, default=100_000,
                     help="sends per load process and row at most (bounds a fast run)")
-    ap.add_argument("--repeat", type=_at_least_one, default=3,
+    ap.add_argument("--repeat", type=count, default=3,
                     help="interleaved passes, each on a fresh broker; medians printed")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args(argv)

@@ -1,0 +1,78 @@
+"""``bench.grpc`` at a tiny size: the unmodified RocketMQ 5.x client and the txbroker SDK load a
+real ``txbroker serve --grpc-port 0`` in load processes, and the report (``--json`` and the
+table) has every row with sane figures: every message a load process stored is in its topic,
+the medians and ratios are those of the passes, and the driver never loads a gRPC stub."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow  # two brokers, eight rows of load processes: about 20-30 s
+
+ROWS = [("grpc", "send"), ("remoting", "send"), ("grpc", "tx"), ("remoting", "tx")]
+MAX_SENDS = 300
+TINY = ["--seconds", "0.5", "--processes", "1", "--senders", "2", "--max-sends", str(MAX_SENDS),
+        "--repeat", "2"]
+
+
+def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "txbroker.bench.grpc", *args],
+                          check=False, capture_output=True, text=True, timeout=timeout)
+
+
+def test_every_row_has_sane_figures_and_every_stored_message_is_there() -> None:
+    done = bench(*TINY, "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    assert doc["client"] == "rocketmq-python-client 5.1.2" and doc["repeat"] == 2
+    assert [(r["path"], r["row"]) for r in doc["rows"]] == ROWS
+    assert doc["short"] == []
+    # Odd passes run the rows in reverse, so that no row always runs first.
+    assert [[(r["path"], r["row"]) for r in runs] for runs in doc["passes"]] == [ROWS, ROWS[::-1]]
+    for runs in doc["passes"]:
+        for r in runs:
+            assert 0 < r["messages"] <= MAX_SENDS and r["errors"] == 0, r
+            assert r["stored"] == r["expected"] == r["messages"] + 1, r  # + the warm-up message
+            assert r["seconds"] > 0 and r["msgs_per_s"] > 0 and r["client_us_per_msg"] > 0, r
+            assert 0 < r["p50_ms"] <= r["p99_ms"] < 10_000, r
+            assert r["broker_us_per_msg"] >= 0, r  # 10 ms ticks: a tiny row may read 0
+    assert sum(r["broker_us_per_msg"] for runs in doc["passes"] for r in runs) > 0
+    for median in doc["rows"]:
+        runs = [r for p in doc["passes"] for r in p if (r["path"], r["row"]) == (median["path"], median["row"])]
+        assert median["msgs_per_s"] == statistics.median(r["msgs_per_s"] for r in runs)
+    for ratio in doc["ratios"]:
+        pairs = [{r["path"]: r for r in p if r["row"] == ratio["row"]} for p in doc["passes"]]
+        expect = statistics.median(p["grpc"]["msgs_per_s"] / p["remoting"]["msgs_per_s"] for p in pairs)
+        assert ratio["msgs_per_s"] == pytest.approx(expect) and ratio["msgs_per_s"] > 0
+
+
+def test_the_table_names_every_row_and_both_ratios() -> None:
+    done = bench("--seconds", "0.3", "--processes", "1", "--senders", "1", "--max-sends", "50",
+                 "--repeat", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for path, row in ROWS:
+        assert f"{path} {row}" in done.stdout
+    assert "grpc send / remoting send" in done.stdout and "grpc tx / remoting tx" in done.stdout
+
+
+def test_the_driver_loads_neither_the_5x_client_nor_the_broker_stubs() -> None:
+    """Their protobuf names are the same: one process cannot hold both, so the driver holds
+    neither (the broker and the load processes do)."""
+    probe = ("import sys, txbroker.bench.grpc; "
+             "print([m for m in sys.modules if m.startswith(('rocketmq', 'txbroker.remoting.grpc', "
+             "'txbroker.service.grpc', 'google.protobuf'))])")
+    out = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out
+
+
+@pytest.mark.parametrize("flag", ["--processes", "--senders", "--repeat", "--seconds"])
+def test_a_bad_count_is_one_error_line(flag: str) -> None:
+    done = bench(flag, "0", timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"error: python -m txbroker.bench.grpc: argument {flag}: 0: must be")
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
