@@ -93,8 +93,6 @@ class Window:
 
 def run_grpc(args: argparse.Namespace, window: Window) -> None:
     """The 5.x client: ``--senders`` threads on one Producer."""
-    import logging
-
     from rocketmq import (
         ClientConfiguration,
         Credentials,
@@ -103,9 +101,6 @@ def run_grpc(args: argparse.Namespace, window: Window) -> None:
         TransactionChecker,
         TransactionResolution,
     )
-
-    # The client logs every send at INFO into ~/logs; a user measuring it would turn that down.
-    logging.getLogger("rocketmq-python-client").setLevel(logging.WARNING)
 
     class Commit(TransactionChecker):
         def check(self, message: Message) -> TransactionResolution:
