@@ -82,7 +82,7 @@ class PopService:
         self.registry = registry
         self.clock = clock
         self.state = PopState()
-        self.log = PopLog(store, reserved_time=config.file_reserved_time * 3600.0, clock=clock)
+        self.log = PopLog(store, reserved_time=config.file_reserved_time, clock=clock)
         #: (visible_at ms, serial, key, offset): in-flight entries by when they turn visible;
         #: an item whose entry changed since is dropped when it comes up.
         self._due: list[tuple[int, int, Key, int]] = []
@@ -377,8 +377,10 @@ class PopService:
                       entry.attempt, visible_at)
 
     async def _finish(self, key: Key, entry: InFlight, reason: str) -> None:
+        qs = self.state.queues.get(key)
+        if qs is None:
+            return  # suspended meanwhile (no longer the master): the next master has the log
         doc = records.ack(key, entry.offset, entry.serial, reason)
-        qs = self.state.queues[key]
         was_locked = qs.locked()
         self.state.apply(doc)
         self._note_frontier(key, qs)
