@@ -147,9 +147,6 @@ class BrokerConfig:
     max_reconsume_times: int = 16
 
     # --- POP consumption (docs/grpc.md, "POP consumption") --------------------------------
-    #: Deliveries of one message to a POP group before it goes to ``%DLQ%<group>`` (a
-    #: RocketMQ group's retryMaxTimes 16 allows 17: the first delivery plus 16 retries).
-    pop_max_attempts: int = 16
     #: Most messages one POP receive returns (the proxy's limit: 32).
     pop_max_batch: int = 32
     #: The invisible time a POP receive or a change of invisibility may ask for (ms).
@@ -161,6 +158,9 @@ class BrokerConfig:
     pop_max_waiters: int = 1024
     #: Messages one POP group may hold in flight (popped, not yet acknowledged) on this broker.
     pop_max_inflight: int = 10_000
+    #: Consumer groups whose POP receives are FIFO, separated by commas (RocketMQ's
+    #: subscription group ``consumeMessageOrderly``): 5.x clients learn it from the settings.
+    pop_fifo_groups: str = ""
 
     # --- cluster (docs/cluster.md) -------------------------------------------------------------
     #: Name servers this broker registers with (``h1:9876;h2:9876``, RocketMQ's list).  Empty =
@@ -408,7 +408,7 @@ def _validate(c: BrokerConfig) -> None:
                  "kafka_snapshot_records", "workers",
                  "max_connections", "max_inflight_per_connection",
                  "kafka_max_inflight_per_connection", "kafka_max_queued_bytes",
-                 "pop_max_attempts", "pop_max_batch", "pop_min_invisible_ms", "pop_max_waiters",
+                 "pop_max_batch", "pop_min_invisible_ms", "pop_max_waiters",
                  "pop_max_inflight"):
         need(getattr(c, name) >= 1, name, "must be >= 1")
     need(c.broker_role in ("ASYNC_MASTER", "SYNC_MASTER"), "broker_role",

@@ -95,7 +95,7 @@ async def test_change_invisible_gives_a_new_handle_and_moves_the_redelivery(fast
 
 
 async def test_message_goes_to_the_dead_letter_topic_after_max_attempts(broker_config) -> None:
-    b = Broker(broker_config.replace(pop_max_attempts=2, **FAST))
+    b = Broker(broker_config.replace(max_reconsume_times=1, **FAST))  # 2 deliveries
     await b.start()
     try:
         await put(b, "TDead", [b"poison", b"fine"])

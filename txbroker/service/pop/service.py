@@ -5,7 +5,8 @@ the topic, each invisible to the group for ``invisible_ms`` and returned with a 
 handle (:mod:`.handles`); an ack by handle ends it; a change of invisibility gives a new
 handle (the old one stops working).  A message whose invisibility ends unacknowledged is
 delivered again from where it is stored, with its delivery attempt + 1 (RocketMQ re-puts it
-to a retry topic instead); after ``pop_max_attempts`` deliveries it is put to
+to a retry topic instead); after ``max_reconsume_times`` + 1 deliveries (RocketMQ's
+retryMaxTimes + 1, the max attempts the gRPC settings tell consumers) it is put to
 ``%DLQ%<group>``.
 
 FIFO receives take a queue only when none of its in-flight messages is invisible: the queue
@@ -175,7 +176,7 @@ class PopService:
                            f"batch size {batch_size} is not in 1..{cfg.pop_max_batch}")
         self._check_invisible(invisible_ms)
         queue_ids = self._queues(group, topic, queue_id)
-        tag_filter = None if tags is None else {tag_hash(t) for t in tags}
+        tag_filter = None if tags is None else _TagFilter(tags)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(poll_ms, 0) / 1000.0, cfg.pop_max_poll)
         while True:
@@ -300,10 +301,14 @@ class PopService:
         if qs.cursor < 0:
             committed = self.store.offsets.get(group, topic, qid)
             qs.cursor = committed if committed is not None else self.store.min_offset(topic, qid)
-        res = self.store.get(topic, qid, qs.cursor, n, tag_filter=tag_filter)
+        res = self.store.get(topic, qid, qs.cursor, n,
+                             tag_filter=None if tag_filter is None else tag_filter.hashes)
         msgs = res.messages() if res.raw else []
-        if res.next_offset > qs.cursor and not msgs:
-            # Filtered out or expired: the cursor moves on (in memory; a replay scans again).
+        if tag_filter is not None:  # the queue filters by hash: a colliding tag is not one
+            msgs = [m for m in msgs if m.tags in tag_filter.tags]
+        if res.next_offset > qs.cursor:
+            # Past what was read, filtered out or expired too (in memory until the next
+            # checkpoint; a replay reads the skipped ones again and skips them again).
             qs.cursor = res.next_offset
             self._note_frontier(key, qs)
         return [(m.queue_offset, m.physical_offset, 1, m) for m in msgs]
@@ -424,7 +429,7 @@ class PopService:
             if entry is None or entry.serial != serial or entry.visible_at != visible_at:
                 continue  # acknowledged or changed since
             changed += 1
-            if entry.attempt >= self.config.pop_max_attempts:
+            if entry.attempt > self.config.max_reconsume_times:
                 entry.dead = True
                 dead.append((key, entry))
             else:
@@ -464,6 +469,16 @@ class PopService:
             log.info("POP: message %s:%d of group %s moved to %s after %d deliveries", topic,
                      entry.offset, group, dlq, entry.attempt)
         await self._finish(key, entry, "dlq")
+
+
+class _TagFilter:
+    """The tags a receive selects, and their hashes (what the consume queue filters by)."""
+
+    __slots__ = ("hashes", "tags")
+
+    def __init__(self, tags: frozenset[str]) -> None:
+        self.tags = tags
+        self.hashes = {tag_hash(t) for t in tags}
 
 
 def _expire(fut: asyncio.Future) -> None:
