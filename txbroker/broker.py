@@ -507,9 +507,10 @@ class Broker:
 
     async def _start_grpc(self) -> None:
         """The RocketMQ 5.x gRPC endpoint (docs/grpc.md), on the same services."""
+        from txbroker.service.grpc.consume import ConsumeHandlers
         from txbroker.service.grpc.route import endpoints
         from txbroker.service.grpc.send import SendHandlers
-        from txbroker.service.grpc.server import MessagingServicer
+        from txbroker.service.grpc.server import MessagingServicer, client_id
         from txbroker.service.grpc.sessions import Sessions
         from txbroker.service.grpc.transactions import TransactionHandlers
 
@@ -521,6 +522,11 @@ class Broker:
             here=lambda: endpoints(self.host, self.grpc_port), topics=self.topics,
             sessions=sessions, send=send, transactions=TransactionHandlers(self.tx))
         servicer.store_host = self.broker_addr
+        if self.pop is not None:
+            servicer.consume = ConsumeHandlers(
+                self.config, self.pop, self.topics, sessions=sessions,
+                broker_name=self.config.broker_name, here=servicer.here, to_pb=servicer.to_pb,
+                client_id=client_id)
         await self.grpc.start(servicer)
 
     # --- what a role switches on and off (roles.py) -------------------------------------------

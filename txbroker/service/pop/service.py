@@ -381,6 +381,17 @@ class PopService:
         return Popped(msg, handles.Handle(key[1], key[2], entry.offset, serial).encode(),
                       entry.attempt, visible_at)
 
+    async def to_dead_letters(self, group: str, handle: str, topic: str | None = None) -> None:
+        """The client gives up on the message (a PushConsumer past its max attempts): put it
+        to ``%DLQ%<group>`` now and end it."""
+        key, entry = self._entry(group, handle, topic)
+        entry.dead = True
+        if not await self._to_dead_letters(key, entry):
+            entry.dead = False
+            raise PopError(PopErrorKind.STORE_REFUSED,
+                           f"message {key[1]}:{key[2]}:{entry.offset} not moved to the "
+                           "dead-letter topic: the store refused it")
+
     async def _finish(self, key: Key, entry: InFlight, reason: str) -> None:
         qs = self.state.queues.get(key)
         if qs is None:
@@ -445,9 +456,10 @@ class PopService:
             await self._to_dead_letters(key, entry)
         return changed
 
-    async def _to_dead_letters(self, key: Key, entry: InFlight) -> None:
-        """Put the message to ``%DLQ%<group>``, then end it.  A crash between the two
-        delivers it once more (then it goes to the dead-letter topic again): never lost."""
+    async def _to_dead_letters(self, key: Key, entry: InFlight) -> bool:
+        """Put the message to ``%DLQ%<group>``, then end it; False if the store refused.  A
+        crash between the two delivers it once more (then it goes to the dead-letter topic
+        again): never lost."""
         group, topic, _ = key
         msg = self.store.read(entry.phys)
         if msg is not None:
@@ -465,10 +477,11 @@ class PopService:
                 heapq.heappush(self._due, (entry.visible_at, entry.serial, key, entry.offset))
                 log.warning("POP: message %s:%d of group %s not moved to %s (%s); retried",
                             topic, entry.offset, group, dlq, result.reason or result.status.name)
-                return
+                return False
             log.info("POP: message %s:%d of group %s moved to %s after %d deliveries", topic,
                      entry.offset, group, dlq, entry.attempt)
         await self._finish(key, entry, "dlq")
+        return True
 
 
 class _TagFilter:
