@@ -277,3 +277,12 @@ async def test_state_survives_a_restart_from_the_log_and_a_snapshot(broker_confi
             await b.pop.ack(G, longer.handle)
     finally:
         await b.stop()
+
+
+async def test_a_receive_that_finds_nothing_leaves_no_state(broker) -> None:
+    await put(broker, "TNothing", [])
+    for i in range(50):
+        assert await broker.pop.pop(f"GID_MADE_UP_{i}", "TNothing", invisible_ms=60_000) == []
+    assert broker.pop.state.queues == {}
+    assert all(broker.store.offsets.get(f"GID_MADE_UP_{i}", "TNothing", q) is None
+               for i in range(50) for q in range(4))

@@ -90,7 +90,8 @@ class PopService:
         #: Held receives per topic, woken by a put, an invisibility end or an unlock.
         self._waiters: dict[str, set[asyncio.Future]] = {}
         self._held = 0
-        self._next_queue: dict[tuple[str, str], int] = {}
+        #: Where an any-queue receive starts: one further each time (no state per group).
+        self._rotation = 0
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
@@ -236,9 +237,8 @@ class PopService:
             return [queue_id]
         # Any queue: start one further on each receive, so one busy queue starves no other.
         n = tc.read_queue_nums
-        first = self._next_queue.get((group, topic), 0) % n
-        self._next_queue[(group, topic)] = first + 1
-        return [(first + i) % n for i in range(n)]
+        self._rotation += 1
+        return [(self._rotation + i) % n for i in range(n)]
 
     async def _pop_once(self, group, topic, queue_ids, batch_size, invisible_ms, fifo,
                         tag_filter, attempt_id) -> list[Popped]:
@@ -258,7 +258,9 @@ class PopService:
 
     async def _pop_queue(self, key: Key, n: int, invisible_ms: int, fifo: bool,
                          tag_filter, attempt_id: str) -> list[Popped]:
-        qs = self.state.queue(key)
+        # A queue's state exists once something was popped from it: a receive that finds
+        # nothing (any group name a client makes up) leaves nothing behind.
+        qs = self.state.queues.get(key) or QueueState()
         if fifo and qs.locked():
             return self._same_attempt(key, qs, attempt_id)
         # Picking and applying run without an await: no other receive sees the queue between.
@@ -280,6 +282,7 @@ class PopService:
         visible_at = int(self.clock() * 1000) + invisible_ms
         entries = [(off, phys, attempt, secrets.randbits(63)) for off, phys, attempt, _ in picked]
         doc = records.checkpoint(key, entries, visible_at, attempt_id)
+        self.state.queues.setdefault(key, qs)
         for k, entry in self.state.apply(doc):
             heapq.heappush(self._due, (entry.visible_at, entry.serial, k, entry.offset))
         self._note_frontier(key, qs)
@@ -310,7 +313,8 @@ class PopService:
             # Past what was read, filtered out or expired too (in memory until the next
             # checkpoint; a replay reads the skipped ones again and skips them again).
             qs.cursor = res.next_offset
-            self._note_frontier(key, qs)
+            if key in self.state.queues:
+                self._note_frontier(key, qs)
         return [(m.queue_offset, m.physical_offset, 1, m) for m in msgs]
 
     def _same_attempt(self, key: Key, qs: QueueState, attempt_id: str) -> list[Popped]:
