@@ -4,9 +4,9 @@ process (as tests/grpc/py5_client.py does for producers).  Prints one JSON objec
 
 Scenarios (``ENDPOINT TOPIC GROUP N``; every wait bounded by ``DEADLINE_S``):
 
-* ``receive``: a SimpleConsumer receives (invisible ``--invisible`` s) until N messages came,
-  acks each unless ``--no-ack``, then receives once more and prints what came (nothing, when
-  all were acked);
+* ``receive``: a SimpleConsumer receives (``--batch`` at a time, invisible ``--invisible`` s)
+  until N messages came, acks each unless ``--no-ack``, then receives for ``--quiet`` seconds
+  more and prints what came (nothing, when all were acked);
 * ``redeliver``: receives one message (invisible ``--invisible`` s), leaves it unacked,
   receives until it comes back, prints both deliveries and acks the second;
 * ``change``: receives one message (invisible 2 s), changes its invisible duration to 30 s,
@@ -47,11 +47,12 @@ def show(kind: str, m) -> None:
          handle=m.receipt_handle, tag=m.tag)
 
 
-def receive_for(consumer: SimpleConsumer, seconds: float, invisible: int) -> list:
+def receive_for(consumer: SimpleConsumer, seconds: float, invisible: int,
+                batch: int = 16) -> list:
     got: list = []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        got += consumer.receive(16, invisible)
+        got += consumer.receive(batch, invisible)
     return got
 
 
@@ -66,12 +67,12 @@ def simple(args: argparse.Namespace) -> int:
         if args.scenario == "receive":
             seen = 0
             while seen < args.n and time.monotonic() < deadline:
-                for m in consumer.receive(16, args.invisible):
+                for m in consumer.receive(args.batch, args.invisible):
                     show("got", m)
                     seen += 1
                     if args.ack:
                         consumer.ack(m)
-            for m in receive_for(consumer, args.quiet, args.invisible):
+            for m in receive_for(consumer, args.quiet, args.invisible, args.batch):
                 show("extra", m)
         elif args.scenario == "redeliver":
             first = []
@@ -161,6 +162,7 @@ def main() -> int:
     ap.add_argument("--quiet", type=float, default=0.0)
     ap.add_argument("--no-ack", dest="ack", action="store_false")
     ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=16)
     args = ap.parse_args()
     return push(args) if args.scenario == "push" else simple(args)
 

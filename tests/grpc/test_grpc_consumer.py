@@ -197,3 +197,26 @@ async def test_forward_to_dead_letter_queue_moves_the_message_now(grpc_config) -
         assert b.pop.state.inflight("GID_FWD") == 0
     finally:
         await b.stop()
+
+
+async def test_fifo_group_receives_in_order_through_a_consumer_that_left(
+        grpc_config, py5, py5_consumer) -> None:
+    b = Broker(grpc_config.replace(pop_fifo_groups="GID_G5F"))
+    await b.start()
+    try:
+        ep = grpc_endpoint(b)
+        await py5("send", ep, "G5Fifo", 6, "--group", "order-7")
+        # The first consumer takes the head of the message group and leaves without an ack:
+        # the queue stays locked (nothing more, not even to it) until its 3 s end.
+        first = await py5_consumer("receive", ep, "G5Fifo", "GID_G5F", 2, "--no-ack",
+                                   "--invisible", 3, "--batch", 2, "--quiet", 1)
+        taken = [e["got"] for e in got(first)]
+        assert taken == ["m-0", "m-1"]
+        assert got(first, "extra") == []
+        # The next consumer gets them again first, in order, then the rest, in order.
+        second = await py5_consumer("receive", ep, "G5Fifo", "GID_G5F", 6, "--quiet", 1)
+        bodies = [e["got"] for e in got(second)]
+        assert bodies == [f"m-{i}" for i in range(6)]
+        assert [e["attempt"] for e in got(second)][:len(taken)] == [2] * len(taken)
+    finally:
+        await b.stop()
