@@ -5,7 +5,8 @@ process (as tests/grpc/py5_client.py does for producers).  Prints one JSON objec
 Scenarios (``ENDPOINT TOPIC GROUP N``; every wait bounded by ``DEADLINE_S``):
 
 * ``receive``: a SimpleConsumer receives (``--batch`` at a time, invisible ``--invisible`` s)
-  until N messages came, acks each unless ``--no-ack``, then receives for ``--quiet`` seconds
+  until N messages came, acks each unless ``--no-ack`` (only the first K with
+  ``--ack-first K``), then receives for ``--quiet`` seconds
   more and prints what came (nothing, when all were acked);
 * ``redeliver``: receives one message (invisible ``--invisible`` s), leaves it unacked,
   receives until it comes back, prints both deliveries and acks the second;
@@ -70,8 +71,9 @@ def simple(args: argparse.Namespace) -> int:
                 for m in consumer.receive(args.batch, args.invisible):
                     show("got", m)
                     seen += 1
-                    if args.ack:
+                    if args.ack and (args.ack_first is None or seen <= args.ack_first):
                         consumer.ack(m)
+                        emit(acked=m.body.decode())
             for m in receive_for(consumer, args.quiet, args.invisible, args.batch):
                 show("extra", m)
         elif args.scenario == "redeliver":
@@ -163,6 +165,7 @@ def main() -> int:
     ap.add_argument("--no-ack", dest="ack", action="store_false")
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--ack-first", type=int, default=None)
     args = ap.parse_args()
     return push(args) if args.scenario == "push" else simple(args)
 
