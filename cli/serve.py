@@ -109,7 +109,8 @@ _OPTIONS: dict[str, _Opt] = {
     "pop_max_poll": _Opt("SECONDS", "longest a POP receive with nothing to return is held"),
     "pop_max_waiters": _Opt("COUNT", "POP receives held at once (more: too many requests)"),
     "pop_max_inflight": _Opt("COUNT", "messages one POP group may hold unacknowledged"),
-    "pop_fifo_groups": _Opt("GROUPS", "consumer groups whose POP receives are FIFO, 'g1,g2'"),
+    "pop_fifo_groups": _Opt("GROUPS", "consumer groups whose POP receives are FIFO, 'g1,g2'",
+                            "none"),
     "shutdown_grace": _Opt("SECONDS", "at stop, how long in-flight requests may finish"),
     "workers": _Opt("COUNT", "broker processes on this machine, one broker group each behind the "
                              "name server, worker i on every port + 10*i and in DATA_DIR/worker-i "
