@@ -286,3 +286,24 @@ async def test_a_receive_that_finds_nothing_leaves_no_state(broker) -> None:
     assert broker.pop.state.queues == {}
     assert all(broker.store.offsets.get(f"GID_MADE_UP_{i}", "TNothing", q) is None
                for i in range(50) for q in range(4))
+
+
+async def test_invisibility_is_renewed_while_its_consumer_is_connected(fast_broker) -> None:
+    b = fast_broker
+    b.pop.owner_alive = lambda client_id: client_id == "connected"
+    await put(b, "TRenew", [b"kept"], queue_id=0)
+    await put(b, "TRenew", [b"back"], queue_id=1)
+    [kept] = await b.pop.pop(G, "TRenew", queue_id=0, invisible_ms=300, renew_ms=20_000,
+                             owner="connected")
+    [back] = await b.pop.pop(G, "TRenew", queue_id=1, invisible_ms=300, renew_ms=20_000,
+                             owner="gone")
+    # Past several of its invisible times, the connected consumer's message stays away; the
+    # other one, whose consumer left, comes back.
+    got: list = []
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        got += await b.pop.pop(G, "TRenew", batch_size=2, invisible_ms=60_000, poll_ms=300)
+    assert [(p.message.body, p.attempt) for p in got] == [(b"back", 2)]
+    await b.pop.ack(G, kept.handle)          # the renewal kept its handle
+    with pytest.raises(PopError, match="stale"):
+        await b.pop.ack(G, back.handle)

@@ -10,7 +10,8 @@ What the apache/rocketmq proxy does, and what its clients expect (``ReceiveMessa
   status and the timestamp.  The long-polling time is the request's, else the call's time left
   less half the client's request timeout, within the limits below and the call's deadline.
   The queue of the request only names the broker: a receive pops any queue of the topic here,
-  as the proxy's queue selector does.  Unlike the proxy, a short long-polling time is not
+  as the proxy's queue selector does.  A PushConsumer's receive (``auto_renew``) is renewed
+  while the client is connected (its session lives), as the proxy renews it.  Unlike the proxy, a short long-polling time is not
   raised to 5 s: the client's time is honoured, up to 20 s (``pop_max_poll`` bounds it too).  FIFO comes from the group (``pop_fifo_groups``), as the
   settings the broker answered tell the client.  A message the stream could not write is made
   visible again at once instead of after its invisible time (the proxy's NACK).
@@ -47,9 +48,10 @@ log = logging.getLogger(__name__)
 MAX_POLL_MS = 20_000
 #: Kept back from the call's deadline: the stream still has its frames to write.
 DEADLINE_MARGIN_MS = 500
-#: Invisible time of a PushConsumer's receive (``auto_renew``): the proxy's renew slice.  The
-#: broker does not renew it (docs/grpc.md): a message worked on longer is delivered again.
+#: A PushConsumer's receive (``auto_renew``): invisible for the proxy's renew slice, renewed
+#: while the client is connected for up to the proxy's ``renewMaxTimeMillis``.
 AUTO_RENEW_INVISIBLE_MS = 60_000
+AUTO_RENEW_MAX_MS = 3 * 3600 * 1000
 #: The proxy's request timeout when a client's settings name none.
 DEFAULT_REQUEST_TIMEOUT_MS = 3_000
 
@@ -126,8 +128,11 @@ class ConsumeHandlers:
         if not topic:
             raise GrpcError(Code.ILLEGAL_TOPIC, "the topic is empty")
         poll_ms = self._polling_ms(request, context)
+        renew_ms, owner = 0, ""
         if request.auto_renew:
             invisible_ms = AUTO_RENEW_INVISIBLE_MS
+            owner = self.client_id(context, required=False)
+            renew_ms = AUTO_RENEW_MAX_MS if owner else 0
         else:
             invisible_ms = duration_ms(request.invisible_duration)
             cfg = self.config
@@ -145,7 +150,7 @@ class ConsumeHandlers:
                 group, topic, batch_size=batch, invisible_ms=invisible_ms,
                 fifo=self.is_fifo_group(group), tags=tags,
                 attempt_id=request.attempt_id if request.HasField("attempt_id") else "",
-                poll_ms=poll_ms)
+                poll_ms=poll_ms, renew_ms=renew_ms, owner=owner)
         except PopError as exc:
             raise refused(exc) from None
         return popped, invisible_ms

@@ -62,6 +62,22 @@ log = logging.getLogger(__name__)
 
 #: How often invisibility ends are looked for, and snapshots considered (real time).
 REVIVE_INTERVAL = 0.05
+#: A renewal's invisible time (the proxy's ``renewSliceTimeMillis``).
+RENEW_SLICE_MS = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Receive:
+    """What one receive asked for."""
+
+    group: str
+    topic: str
+    invisible_ms: int
+    fifo: bool
+    tag_filter: _TagFilter | None
+    attempt_id: str
+    renew_ms: int
+    owner: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +112,9 @@ class PopService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self.active = False
+        #: Whether a client id is still connected (its messages' invisibility is renewed);
+        #: the gRPC endpoint sets it, without it nothing is renewed.
+        self.owner_alive: Callable[[str], bool] = _nobody
         #: Set at shutdown: held receives answer now and no new one waits.
         self.closing = False
 
@@ -167,22 +186,26 @@ class PopService:
     # --- receive ------------------------------------------------------------------------------
     async def pop(self, group: str, topic: str, *, queue_id: int = -1, batch_size: int = 1,
                   invisible_ms: int, fifo: bool = False, tags: frozenset[str] | None = None,
-                  attempt_id: str = "", poll_ms: int = 0) -> list[Popped]:
+                  attempt_id: str = "", poll_ms: int = 0, renew_ms: int = 0,
+                  owner: str = "") -> list[Popped]:
         """Up to ``batch_size`` messages of ``topic`` for ``group`` (``queue_id`` -1: any
         queue), waiting up to ``poll_ms`` (capped by ``pop_max_poll``) for some to arrive.
-        ``tags``: the tags selected (None: every message).  Raises :class:`PopError`."""
+        ``tags``: the tags selected (None: every message).  With ``renew_ms`` and ``owner``
+        (a client id), the messages' invisibility is renewed when it ends, by up to
+        :data:`RENEW_SLICE_MS` at a time, until ``renew_ms`` from now, while
+        :attr:`owner_alive` says that client is connected.  Raises :class:`PopError`."""
         cfg = self.config
         if not 1 <= batch_size <= cfg.pop_max_batch:
             raise PopError(PopErrorKind.BAD_REQUEST,
                            f"batch size {batch_size} is not in 1..{cfg.pop_max_batch}")
         self._check_invisible(invisible_ms)
         queue_ids = self._queues(group, topic, queue_id)
-        tag_filter = None if tags is None else _TagFilter(tags)
+        r = _Receive(group, topic, invisible_ms, fifo, None if tags is None else _TagFilter(tags),
+                     attempt_id, max(renew_ms, 0) if owner else 0, owner)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(max(poll_ms, 0) / 1000.0, cfg.pop_max_poll)
         while True:
-            got = await self._pop_once(group, topic, queue_ids, batch_size, invisible_ms, fifo,
-                                       tag_filter, attempt_id)
+            got = await self._pop_once(r, queue_ids, batch_size)
             remaining = deadline - loop.time()
             if got or remaining <= 0 or not self.active or self.closing:
                 return got
@@ -240,8 +263,8 @@ class PopService:
         self._rotation += 1
         return [(self._rotation + i) % n for i in range(n)]
 
-    async def _pop_once(self, group, topic, queue_ids, batch_size, invisible_ms, fifo,
-                        tag_filter, attempt_id) -> list[Popped]:
+    async def _pop_once(self, r: _Receive, queue_ids: list[int], batch_size: int) -> list[Popped]:
+        group = r.group
         limit = self.config.pop_max_inflight - self.state.inflight(group)
         if limit <= 0:
             raise PopError(PopErrorKind.TOO_MANY,
@@ -252,17 +275,15 @@ class PopService:
         for qid in queue_ids:
             if len(popped) >= want:
                 break
-            popped += await self._pop_queue((group, topic, qid), want - len(popped),
-                                            invisible_ms, fifo, tag_filter, attempt_id)
+            popped += await self._pop_queue(r, (group, r.topic, qid), want - len(popped))
         return popped
 
-    async def _pop_queue(self, key: Key, n: int, invisible_ms: int, fifo: bool,
-                         tag_filter, attempt_id: str) -> list[Popped]:
+    async def _pop_queue(self, r: _Receive, key: Key, n: int) -> list[Popped]:
         # A queue's state exists once something was popped from it: a receive that finds
         # nothing (any group name a client makes up) leaves nothing behind.
         qs = self.state.queues.get(key) or QueueState()
-        if fifo and qs.locked():
-            return self._same_attempt(key, qs, attempt_id)
+        if r.fifo and qs.locked():
+            return self._same_attempt(key, qs, r.attempt_id)
         # Picking and applying run without an await: no other receive sees the queue between.
         picked: list[tuple[int, int, int, StoredMessage]] = []
         gone: list[InFlight] = []
@@ -274,14 +295,16 @@ class PopService:
                 continue
             picked.append((off, entry.phys, entry.attempt + 1, msg))
         if len(picked) < n:
-            picked += self._read_new(key, qs, n - len(picked), tag_filter)
+            picked += self._read_new(key, qs, n - len(picked), r.tag_filter)
         if not picked:
             for entry in gone:
                 await self._finish(key, entry, "gone")
             return []
-        visible_at = int(self.clock() * 1000) + invisible_ms
+        now = int(self.clock() * 1000)
+        visible_at = now + r.invisible_ms
         entries = [(off, phys, attempt, secrets.randbits(63)) for off, phys, attempt, _ in picked]
-        doc = records.checkpoint(key, entries, visible_at, attempt_id)
+        doc = records.checkpoint(key, entries, visible_at, r.attempt_id,
+                                 now + r.renew_ms if r.renew_ms else 0, r.owner)
         self.state.queues.setdefault(key, qs)
         for k, entry in self.state.apply(doc):
             heapq.heappush(self._due, (entry.visible_at, entry.serial, k, entry.offset))
@@ -372,7 +395,7 @@ class PopService:
         visible_at = int(self.clock() * 1000) + invisible_ms
         serial = secrets.randbits(63)
         doc = records.checkpoint(key, [(entry.offset, entry.phys, entry.attempt, serial)],
-                                 visible_at, entry.attempt_id)
+                                 visible_at, entry.attempt_id)  # the client's time: no renewal
         for k, e in self.state.apply(doc):
             heapq.heappush(self._due, (e.visible_at, e.serial, k, e.offset))
         result = await self.log.append(doc)
@@ -435,6 +458,7 @@ class PopService:
         now = int(self.clock() * 1000)
         due = self._due
         dead: list[tuple[Key, InFlight]] = []
+        renewed: list[dict] = []
         woken: set[str] = set()
         changed = 0
         while due and due[0][0] <= now:
@@ -444,7 +468,17 @@ class PopService:
             if entry is None or entry.serial != serial or entry.visible_at != visible_at:
                 continue  # acknowledged or changed since
             changed += 1
-            if entry.attempt > self.config.max_reconsume_times:
+            if entry.renew_until > now and self.owner_alive(entry.owner):
+                # Still worked on by a connected consumer: invisible for another slice,
+                # same serial (its handle stays valid).  Applied now, logged below.
+                doc = records.checkpoint(
+                    key, [(offset, entry.phys, entry.attempt, entry.serial)],
+                    now + min(RENEW_SLICE_MS, entry.renew_until - now), entry.attempt_id,
+                    entry.renew_until, entry.owner)
+                for k, e in self.state.apply(doc):
+                    heapq.heappush(due, (e.visible_at, e.serial, k, e.offset))
+                renewed.append(doc)
+            elif entry.attempt > self.config.max_reconsume_times:
                 entry.dead = True
                 dead.append((key, entry))
             else:
@@ -456,6 +490,10 @@ class PopService:
             self._due = [(e.visible_at, e.serial, k, e.offset)
                          for k, q in self.state.queues.items() for e in q.inflight.values()]
             heapq.heapify(self._due)
+        for doc in renewed:
+            result = await self.log.append(doc)
+            if not result.ok:  # a crash now makes it visible at its old time: no loss
+                log.warning("POP: renewal not stored (%s)", result.reason or result.status.name)
         for key, entry in dead:
             await self._to_dead_letters(key, entry)
         return changed
@@ -496,6 +534,10 @@ class _TagFilter:
     def __init__(self, tags: frozenset[str]) -> None:
         self.tags = tags
         self.hashes = {tag_hash(t) for t in tags}
+
+
+def _nobody(_client_id: str) -> bool:
+    return False
 
 
 def _expire(fut: asyncio.Future) -> None:

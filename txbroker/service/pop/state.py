@@ -7,7 +7,8 @@ and when the POP log is replayed after a restart or a promotion, so the two can 
   offset, delivery attempt and serial, all invisible until ``v`` (ms since the epoch); the
   queue's pop cursor moves past them.  A change of invisibility is a ``ck`` of one message
   with a new serial: the serial is what a receipt handle must match, so the old handle stops
-  working.
+  working.  A renewal (a PushConsumer's message while it is connected) is a ``ck`` with the
+  same serial: its handle stays valid.
 * ``ack``: the message at offset ``o`` is done (acknowledged, or moved to the dead-letter
   topic), if its serial is still ``s``; a stale one changes nothing.
 * ``snap``: the whole state of one queue (a snapshot part; ``more`` parts add entries), so
@@ -57,6 +58,10 @@ class InFlight:
     serial: int
     #: The client's attempt id of the receive that popped it (FIFO receive retries).
     attempt_id: str = ""
+    #: Renewed while its consumer is connected, up to this time (ms; 0: never renewed), and
+    #: that consumer's client id (a PushConsumer's receive, ``auto_renew``).
+    renew_until: int = 0
+    owner: str = ""
     #: In memory only: the revive service is moving it to the dead-letter topic.
     dead: bool = False
 
@@ -113,7 +118,8 @@ class PopState:
         if kind == "ck":
             added = []
             for off, phys, attempt, serial in doc["e"]:
-                entry = InFlight(off, phys, attempt, doc["v"], serial, doc.get("i", ""))
+                entry = InFlight(off, phys, attempt, doc["v"], serial, doc.get("i", ""),
+                                 doc.get("r", 0), doc.get("c", ""))
                 if off not in qs.inflight:
                     self._count(key[0], 1)
                 qs.inflight[off] = entry
@@ -135,8 +141,9 @@ class PopState:
                 qs.ready.clear()
                 qs.cursor = doc["c"]
             added = []
-            for off, phys, attempt, serial, visible_at, attempt_id in doc["e"]:
-                entry = InFlight(off, phys, attempt, visible_at, serial, attempt_id)
+            for off, phys, attempt, serial, visible_at, attempt_id, renew_until, owner in doc["e"]:
+                entry = InFlight(off, phys, attempt, visible_at, serial, attempt_id, renew_until,
+                                 owner)
                 if off not in qs.inflight:
                     self._count(key[0], 1)
                 qs.inflight[off] = entry
@@ -146,12 +153,15 @@ class PopState:
 
 
 def checkpoint(key: Key, entries: list[tuple[int, int, int, int]], visible_at: int,
-               attempt_id: str = "") -> dict:
+               attempt_id: str = "", renew_until: int = 0, owner: str = "") -> dict:
     """A ``ck`` record: ``entries`` are (offset, phys, attempt, serial)."""
     doc = {"k": "ck", "g": key[0], "t": key[1], "q": key[2], "v": visible_at,
            "e": [list(e) for e in entries]}
     if attempt_id:
         doc["i"] = attempt_id
+    if renew_until:
+        doc["r"] = renew_until
+        doc["c"] = owner
     return doc
 
 
@@ -168,7 +178,8 @@ SNAPSHOT_PART = 1000
 def snapshot(key: Key, qs: QueueState) -> list[dict]:
     """The ``snap`` records that rebuild ``qs``: one, plus one per further
     :data:`SNAPSHOT_PART` in-flight entries."""
-    entries = [[e.offset, e.phys, e.attempt, e.serial, e.visible_at, e.attempt_id]
+    entries = [[e.offset, e.phys, e.attempt, e.serial, e.visible_at, e.attempt_id,
+                e.renew_until, e.owner]
                for e in sorted(qs.inflight.values(), key=lambda e: e.offset)]
     docs = []
     for i in range(0, max(len(entries), 1), SNAPSHOT_PART):
