@@ -314,7 +314,14 @@ class Broker:
 
             grpc_server = GrpcServer(cfg, tls=self.tls)
             try:
+                if cfg.grpc_port:  # a clash named like any other (gRPC's own text is a log line)
+                    bind_listener(cfg.listen_host, cfg.grpc_port, "gRPC port").close()
                 self.grpc_port = grpc_server.bind(cfg.listen_host, cfg.grpc_port)
+            except ListenError:
+                for s in (*bound.values(), self._ha_sock):
+                    if s is not None:
+                        s.close()
+                raise
             except BindError as exc:
                 for s in (*bound.values(), self._ha_sock):
                     if s is not None:
@@ -517,10 +524,22 @@ class Broker:
         assert self.grpc is not None
         sessions = Sessions(self.registry)
         send = SendHandlers(self.config, self.store, self.topics, self.tx, sessions)
+        def here():
+            return endpoints(self.host, self.grpc_port)
+
+        cluster = None
+        if self.config.namesrv_addr:
+            from txbroker.service.grpc.cluster import ClusterRoutes
+
+            cluster = ClusterRoutes(self.config.namesrv_addr, broker_name=self.config.broker_name,
+                                    here=here, is_master=lambda: self.roles is not None
+                                    and self.roles.is_master,
+                                    credentials=broker_credentials(self),
+                                    tls=self._peer_context())
         servicer = MessagingServicer(
-            self.config, broker_name=self.config.broker_name,
-            here=lambda: endpoints(self.host, self.grpc_port), topics=self.topics,
-            sessions=sessions, send=send, transactions=TransactionHandlers(self.tx))
+            self.config, broker_name=self.config.broker_name, here=here, topics=self.topics,
+            sessions=sessions, send=send, transactions=TransactionHandlers(self.tx),
+            cluster=cluster, metrics=self.metrics)
         servicer.store_host = self.broker_addr
         if self.pop is not None:
             servicer.consume = ConsumeHandlers(
@@ -598,6 +617,10 @@ class Broker:
             node = max(self.config.kafka_node_id, 0)
             table.update({KAFKA_ADDR_KEY: f"{self.host}:{self.kafka_port}",
                           KAFKA_NODE_KEY: str(node)})
+        if self.grpc_port >= 0:  # how the other groups' gRPC routes find this broker
+            from txbroker.service.grpc.cluster import GRPC_ADDR_KEY
+
+            table[GRPC_ADDR_KEY] = f"{self.host}:{self.grpc_port}"
         return table
 
     def _update_gauges(self) -> None:
@@ -617,7 +640,9 @@ class Broker:
             try:
                 self.registry.expire()
                 if self.grpc is not None and self.grpc.servicer is not None:
-                    self.grpc.servicer.sessions.expire(GRPC_SESSION_IDLE)
+                    sessions = self.grpc.servicer.sessions
+                    sessions.expire(GRPC_SESSION_IDLE)
+                    self.metrics.grpc_clients.set(len(sessions))
                 self._update_gauges()
                 if self.peer_tls is not None:
                     self.peer_tls.refresh()
