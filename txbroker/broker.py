@@ -545,7 +545,7 @@ class Broker:
             servicer.consume = ConsumeHandlers(
                 self.config, self.pop, self.topics, sessions=sessions,
                 broker_name=self.config.broker_name, here=servicer.here, to_pb=servicer.to_pb,
-                client_id=client_id)
+                client_id=client_id, cluster=cluster)
             # A PushConsumer's messages stay invisible while its client is connected.
             self.pop.owner_alive = lambda cid: sessions.get(cid) is not None
         await self.grpc.start(servicer)

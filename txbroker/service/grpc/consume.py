@@ -18,8 +18,9 @@ What the apache/rocketmq proxy does, and what its clients expect (``ReceiveMessa
 * AckMessage answers each entry, and OK, the one code of all entries, or MULTIPLE_RESULTS.
 * A refused receipt handle is INVALID_RECEIPT_HANDLE (clients stop retrying), an invisible
   time out of range ILLEGAL_INVISIBLE_TIME, a bad filter ILLEGAL_FILTER_EXPRESSION.
-* QueryAssignment gives a non-FIFO group one queue with id -1 ("any queue of this broker"), a
-  FIFO group every readable queue, so each is popped by one consumer at a time.
+* QueryAssignment gives a non-FIFO group one queue with id -1 ("any queue of this broker") per
+  broker group holding the topic, a FIFO group every readable queue, so each is popped by one
+  consumer at a time.
 
 A receive before the client's Telemetry settings works: nothing here needs them.
 """
@@ -40,7 +41,6 @@ from txbroker.service.grpc.messages import duration_ms, timestamp
 from txbroker.service.grpc.route import message_queues
 from txbroker.service.grpc.status import Code, GrpcError, status
 from txbroker.service.pop import PopError, PopErrorKind, Popped, PopService
-from txbroker.service.topics import PERM_READ
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,8 @@ class ConsumeHandlers:
 
     def __init__(self, config: BrokerConfig, pop: PopService, topics, *, sessions,
                  broker_name: str, here: Callable[[], pb.Endpoints],
-                 to_pb: Callable[..., pb.Message], client_id: Callable[..., str]) -> None:
+                 to_pb: Callable[..., pb.Message], client_id: Callable[..., str],
+                 cluster=None) -> None:
         self.config = config
         self.pop = pop
         self.topics = topics
@@ -84,6 +85,8 @@ class ConsumeHandlers:
         self.here = here
         self.to_pb = to_pb
         self.client_id = client_id
+        #: Routes across the cluster (txbroker/service/grpc/cluster.py), None on one broker.
+        self.cluster = cluster
         self.fifo_groups = frozenset(g.strip() for g in config.pop_fifo_groups.split(",")
                                      if g.strip())
 
@@ -239,20 +242,27 @@ class ConsumeHandlers:
     # --- QueryAssignment ----------------------------------------------------------------------
     async def QueryAssignment(self, request: spb.QueryAssignmentRequest,
                               context) -> spb.QueryAssignmentResponse:
-        topic = request.topic.name
+        """Every broker group's readable queues (in a cluster, as QueryRoute lists them), or
+        for a plain group one "any queue" (id -1) per broker group."""
+        topic, namespace = request.topic.name, request.topic.resource_namespace
         tc = self.topics.get(topic)
-        if tc is None:
-            raise GrpcError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
-        if not tc.perm & PERM_READ:
-            raise GrpcError(Code.FORBIDDEN, f"topic {topic!r} is not readable")
-        queues = [q for q in message_queues(tc, self.broker_name, self.here(),
-                                            request.topic.resource_namespace)
-                  if q.permission in (pb.READ, pb.READ_WRITE)]
-        if not self.is_fifo_group(request.group.name) and queues:
-            any_queue = pb.MessageQueue()
-            any_queue.CopyFrom(queues[0])
-            any_queue.id = -1
-            queues = [any_queue]
+        if self.cluster is not None:
+            queues = await self.cluster.queues(topic, tc, namespace)
+        elif tc is not None:
+            queues = message_queues(tc, self.broker_name, self.here(), namespace)
+        else:
+            queues = []
+        queues = [q for q in queues if q.permission in (pb.READ, pb.READ_WRITE)]
+        if not queues:
+            raise GrpcError(Code.TOPIC_NOT_FOUND, f"topic {topic!r} has no readable queue")
+        if not self.is_fifo_group(request.group.name):
+            per_broker: dict[str, pb.MessageQueue] = {}
+            for q in queues:
+                if q.broker.name not in per_broker:
+                    any_queue = per_broker[q.broker.name] = pb.MessageQueue()
+                    any_queue.CopyFrom(q)
+                    any_queue.id = -1
+            queues = list(per_broker.values())
         return spb.QueryAssignmentResponse(
             status=status(), assignments=[pb.Assignment(message_queue=q) for q in queues])
 
