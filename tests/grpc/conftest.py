@@ -8,6 +8,7 @@ Python client run in subprocesses (tests/grpc/py5_client.py).
 * ``py5`` — ``await py5("send", endpoint, topic, n, *options)`` runs one client scenario to its
   end (bounded) and returns its JSON events; ``py5.start(...)`` returns the running process
   for a test that kills it.
+* ``py5_consumer`` — the same for the consumer scenarios (tests/grpc/py5_consumer.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 from txbroker.config import BrokerConfig
 
 DRIVER = Path(__file__).with_name("py5_client.py")
+CONSUMER_DRIVER = Path(__file__).with_name("py5_consumer.py")
 #: A client scenario never runs longer (the driver bounds its own waits at 60 s).
 CLIENT_TIMEOUT = 90.0
 
@@ -76,12 +78,13 @@ def fuzz_endpoint(grpc_config: BrokerConfig):
 
 
 class Py5:
-    def __init__(self) -> None:
+    def __init__(self, driver: Path = DRIVER) -> None:
+        self.driver = driver
         self.procs: list[asyncio.subprocess.Process] = []
 
     async def start(self, *args: object) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(DRIVER), *map(str, args), stdout=asyncio.subprocess.PIPE,
+            sys.executable, str(self.driver), *map(str, args), stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)
         self.procs.append(proc)
         return proc
@@ -126,6 +129,17 @@ class Py5:
 @pytest.fixture
 async def py5():
     runner = Py5()
+    yield runner
+    runner.kill_all()
+    for proc in runner.procs:
+        if proc.returncode is None:
+            await proc.wait()
+
+
+@pytest.fixture
+async def py5_consumer():
+    """As ``py5``, for the consumer scenarios of tests/grpc/py5_consumer.py."""
+    runner = Py5(CONSUMER_DRIVER)
     yield runner
     runner.kill_all()
     for proc in runner.procs:
