@@ -607,7 +607,7 @@ async def run_row(broker: BrokerProc, kind: str, client: str, producers: int, sh
 
 
 async def preload(addr: str, backlog: int, body_size: int = DELIVERY_BODY,
-                  ssl: ssl.SSLContext | None = None) -> int:
+                  ssl: ssl.SSLContext | None = None, topic: str = TOPIC) -> int:
     """Store ``backlog`` plain messages of ``body_size`` bytes in the topic's queues, as fast as
     the broker takes them: SEND_BATCH_MESSAGE requests of PRELOAD_BATCH messages (each record
     with its own UNIQ_KEY), PRELOAD_IN_FLIGHT at a time, each batch to the next queue, so a
@@ -634,7 +634,7 @@ async def preload(addr: str, backlog: int, body_size: int = DELIVERY_BODY,
             payload = encode_batch((0, body, {"UNIQ_KEY": f"{pid:08X}{first + i:024X}"})
                                    for i in range(n))
             resp = await client.invoke(RemotingCommand.request(RequestCode.SEND_BATCH_MESSAGE, {
-                "a": GROUP, "b": TOPIC, "c": "TBW102", "d": "4", "e": str(qid), "f": "0",
+                "a": GROUP, "b": topic, "c": "TBW102", "d": "4", "e": str(qid), "f": "0",
                 "g": str(int(time.time() * 1000)), "h": "0", "i": "WAIT\x01true", "j": "0",
                 "k": "false", "m": "true"}, payload), 30.0)
             if resp.code != ResponseCode.SUCCESS:

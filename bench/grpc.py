@@ -1,39 +1,45 @@
 """RocketMQ 5.x clients over gRPC beside the remoting path: ``python -m txbroker.bench.grpc``.
 
 One ``txbroker serve --grpc-port 0`` per pass runs in its own process (ephemeral ports, temp data
-dir, async flush) and carries four rows, interleaved:
+dir, async flush) and carries every row asked for (``--rows``), each gRPC row beside its remoting
+twin, interleaved:
 
-* **grpc send** — the unmodified ``rocketmq-python-client`` (5.1.2) sending normal messages to
-  the gRPC endpoint: SendMessage, each answered;
-* **remoting send** — the txbroker SDK's ``Producer.send`` to the same broker over the 4.x
-  remoting protocol;
-* **grpc tx** — committed transactions through the 5.x client: a half by SendMessage
-  (``message_type=TRANSACTION``), then EndTransaction commit;
-* **remoting tx** — the SDK's ``send_message_in_transaction`` (half, then END_TRANSACTION
-  commit).
+* **send** — the unmodified ``rocketmq-python-client`` (5.1.2) sending normal messages to the
+  gRPC endpoint (SendMessage), beside the txbroker SDK's ``Producer.send`` over remoting;
+* **tx** — committed transactions: through the 5.x client a half by SendMessage
+  (``message_type=TRANSACTION``), then EndTransaction commit; through the SDK
+  ``send_message_in_transaction`` (half, then END_TRANSACTION commit);
+* **consume** — ``--backlog`` messages stored beforehand, then consumed by one group: a
+  SimpleConsumer's receive (POP) and an ack per message, beside the SDK Consumer's ``poll``
+  (pull, offsets committed by the consumer).
 
 Every row runs ``--processes`` load processes (``bench/grpc_load.py``), each with ``--senders``
-threads (5.x client) or coroutines (SDK) sharing one producer, for ``--seconds`` (bounded by
-``--max-sends`` per process).  This process never loads the 5.x client itself: its protobuf
+threads (5.x client) or coroutines (SDK) sharing one client, for ``--seconds`` (bounded by
+``--max-sends`` calls per process).  This process never loads the 5.x client itself: its protobuf
 names are those of txbroker's gRPC stubs, so the client stays in the load processes and the
-broker's stubs in the broker process.  Each process starts its client and sends one warm-up
-message before the window opens; the window opens for every process of the row at once.
+broker's stubs in the broker process.  Each process starts its client and makes one warm-up call
+before the window opens (an SDK Consumer starts inside it: once started it pulls ahead, and the
+window would find the backlog already in its buffer); the window opens for every process of the
+row at once.  SDK consumers share the topic's queues statically, one process at most per queue.
 
-Per row: messages (sends or transactions answered), msgs/s, p50/p99 of one send as its sender
-sees it (for tx: half sent to commit answered, or sent one-way by the SDK), the broker process's
-CPU µs per message (``/proc/<pid>/stat`` before and after the window, 10 ms ticks) and the load
-processes' (their own CPU time over the window, every thread).  After each row the topic's
-queues are asked for their max offsets: every message a load process stored (the warm-up
-included) must be there, or the row is marked and the exit status is 1.
+Per row: messages counted (sends or transactions answered, messages acked or polled), msgs/s
+(over the time from the window's start to the last one counted), p50/p99 of one call as its
+sender sees it (for consume: one receive with its acks, or one poll), the broker process's CPU
+µs per message (``/proc/<pid>/stat`` before and after the window, 10 ms ticks) and the load
+processes' (their own CPU time over the window, every thread).  Each row is checked: a send or
+tx row's topic must hold every message the load processes stored, warm-ups included; a consume
+row must consume messages and no more than the backlog (a message is invisible for longer than
+the window once received).  A row failing its check is listed under the table and the exit
+status is 1.
 
 ``--repeat N`` runs N passes, each on a fresh broker, the rows in reverse order in odd passes, and
-prints the medians, then the gRPC rows against their remoting twins: the median over the
-passes of each pass's ratio (msgs/s, broker CPU per message), since both rows of a pass saw the
-same machine.  ``--json`` prints one document (``rows`` of medians, ``ratios``, ``passes``
-with every run) instead of the table.
+prints the medians, then each gRPC row against its remoting twin: the median over the passes of
+each pass's ratio (msgs/s, broker CPU per message), since both rows of a pass saw the same
+machine.  ``--json`` prints one document (``rows`` of medians, ``ratios``, ``passes`` with every
+run) instead of the table.
 
-Usage: ``python -m txbroker.bench.grpc [--seconds 3] [--processes 2] [--senders 8]
-[--max-sends 100000] [--repeat 3] [--json]``
+Usage: ``python -m txbroker.bench.grpc [--rows send,tx,consume] [--seconds 3] [--processes 2]
+[--senders 8] [--max-sends 100000] [--backlog 30000] [--repeat 3] [--json]``
 """
 
 from __future__ import annotations
@@ -52,22 +58,23 @@ from pathlib import Path
 
 import orjson
 
-from txbroker.bench.broker import REPO, BrokerProc
+from txbroker.bench.broker import REPO, BrokerProc, preload
 from txbroker.bench.extras import MissingExtraError, run_main
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 
-#: The rows of a pass, in the order of even passes: each gRPC row beside its remoting twin.
-ROWS = (("grpc", "send"), ("remoting", "send"), ("grpc", "tx"), ("remoting", "tx"))
+ROW_NAMES = ("send", "tx", "consume")
+PATHS = ("grpc", "remoting")
 QUEUES = 4
+BROKER_NAME = "bench-grpc"
 #: The 5.x client's distribution, from the ``bench`` extra; checked by name, never imported here.
 CLIENT_DIST = "rocketmq-python-client"
-#: Bounds on a load process's start (client start-up and warm-up send) and on its report after
-#: the window closes (its last sends time out after 10 s; a transaction is two calls).
+#: Bounds on a load process's start (client start-up and warm-up call) and on its report after
+#: the window closes (its last calls time out after 10 s; a transaction is two calls).
 START_TIMEOUT_S = 60.0
 REPORT_SLACK_S = 60.0
-#: A report line carries every send's latency: asyncio's 64 KiB line limit is far too small.
+#: A report line carries every call's latency: asyncio's 64 KiB line limit is far too small.
 REPORT_LINE_LIMIT = 1 << 26
 
 
@@ -85,13 +92,24 @@ class Run:
     p99_ms: float
     broker_us_per_msg: float
     client_us_per_msg: float
-    #: Messages the load processes stored (warm-ups included) and what the topic holds.
+    #: What the row's check compares: messages the load processes stored (warm-ups included)
+    #: against what the topic holds; for a consume row the backlog against what was consumed.
     expected: int
-    stored: int
+    found: int
 
     @property
     def label(self) -> str:
         return f"{self.path} {self.row}"
+
+    def problem(self) -> str | None:
+        """Why this run fails its check, or None."""
+        if self.errors:
+            return f"{self.errors} calls failed"
+        if self.row == "consume":
+            return None if 0 < self.found <= self.expected else \
+                f"{self.found:,} consumed of a backlog of {self.expected:,}"
+        return None if self.found == self.expected else \
+            f"{self.found:,} in the topic of {self.expected:,} stored"
 
 
 class LoadProcess:
@@ -99,10 +117,11 @@ class LoadProcess:
     window with one line on its stdin, then read for its report (each wait bounded)."""
 
     def __init__(self, path: str, row: str, address: str, topic: str, args: argparse.Namespace,
-                 log: Path) -> None:
+                 log: Path, index: int, of: int) -> None:
         self.cmd = [sys.executable, "-P", "-m", "txbroker.bench.grpc_load", path, row, address, topic,
                     "--senders", str(args.senders), "--seconds", str(args.seconds),
-                    "--max", str(args.max_sends)]
+                    "--max", str(args.max_sends), "--index", str(index), "--of", str(of),
+                    "--broker", BROKER_NAME]
         self.what = f"{path} {row} load process for {address}"
         #: Its stderr (a file: a pipe nobody reads during the window could fill and stall it).
         self.log = log
@@ -142,35 +161,32 @@ class LoadProcess:
             await self.proc.wait()
 
 
+async def _invoke(addr: str, code: int, header: dict, what: str) -> RemotingCommand:
+    """One request on a connection of its own; an answer other than SUCCESS is a RuntimeError
+    naming ``what`` and ``addr``."""
+    client = RemotingClient(addr)
+    await client.connect()
+    try:
+        resp = await client.invoke(RemotingCommand.request(code, header), 10)
+    finally:
+        await client.close()
+    if resp.code != ResponseCode.SUCCESS:
+        raise RuntimeError(f"{what} at {addr}: {resp.code} {resp.remark}")
+    return resp
+
+
 async def create_topic(addr: str, topic: str) -> None:
-    """Created up front with 4 queues, so that both paths route it alike from their first send."""
-    client = RemotingClient(addr)
-    await client.connect()
-    try:
-        resp = await client.invoke(RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, {
-            "topic": topic, "readQueueNums": str(QUEUES), "writeQueueNums": str(QUEUES),
-            "perm": "6"}), 10)
-        if resp.code != ResponseCode.SUCCESS:
-            raise RuntimeError(f"topic {topic} not created at {addr}: {resp.code} {resp.remark}")
-    finally:
-        await client.close()
+    """Created up front with 4 queues, so that both paths route it alike from their first call."""
+    await _invoke(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, {
+        "topic": topic, "readQueueNums": str(QUEUES), "writeQueueNums": str(QUEUES), "perm": "6"},
+        f"create topic {topic}")
 
 
-async def stored_count(addr: str, topic: str) -> int:
-    """Messages in ``topic``'s queues: the sum of their max offsets (a fresh topic)."""
-    client = RemotingClient(addr)
-    await client.connect()
-    try:
-        total = 0
-        for qid in range(QUEUES):
-            resp = await client.invoke(RemotingCommand.request(
-                RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": str(qid)}), 10)
-            if resp.code != ResponseCode.SUCCESS:
-                raise RuntimeError(f"max offset of {topic} queue {qid} at {addr}: {resp.remark}")
-            total += int(resp.ext_fields["offset"])
-        return total
-    finally:
-        await client.close()
+async def max_offsets(addr: str, topic: str) -> list[int]:
+    """Each queue's max offset: on a fresh topic, the messages it holds."""
+    return [int((await _invoke(addr, RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": str(q)},
+                               f"max offset of {topic} queue {q}")).ext_fields["offset"])
+            for q in range(QUEUES)]
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -181,12 +197,19 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 async def run_row(broker: BrokerProc, path: str, row: str, topic: str,
                   args: argparse.Namespace, logs: Path) -> Run:
-    """One row on ``broker``: the load processes started and ready, the window opened for all
-    at once, their reports gathered, the topic counted."""
+    """One row on ``broker``: the topic made (and filled, for consume), the load processes
+    started and ready, the window opened for all at once, their reports gathered, the row
+    checked."""
     await create_topic(broker.addr, topic)
+    if row == "consume":
+        stored = await preload(broker.addr, args.backlog, topic=topic)
+        if stored < args.backlog:
+            raise RuntimeError(f"only {stored:,} of a backlog of {args.backlog:,} stored in {topic}")
     address = broker.grpc if path == "grpc" else broker.namesrv
-    procs = [LoadProcess(path, row, address, topic, args, logs / f"{topic}-{i}.log")
-             for i in range(args.processes)]
+    # SDK consumers share the queues statically (bench/grpc_load.py): one queue each at least.
+    n = min(args.processes, QUEUES) if (path, row) == ("remoting", "consume") else args.processes
+    procs = [LoadProcess(path, row, address, topic, args, logs / f"{topic}-{i}.log", i, n)
+             for i in range(n)]
     try:
         for p in procs:
             await p.start()
@@ -200,25 +223,34 @@ async def run_row(broker: BrokerProc, path: str, row: str, topic: str,
         for p in procs:
             await p.close()
     count = sum(r["count"] for r in reports)
-    seconds = max(r["seconds"] for r in reports)
+    active = max(max(r["active_s"] for r in reports), 1e-9)
     latencies = sorted(x for r in reports for x in r["latencies_ms"])
     per = max(count, 1)
+    sent = sum(r["count"] + r["extra"] for r in reports)
+    if row == "consume":
+        expected, found = args.backlog, sent
+    else:
+        expected, found = sent, sum(await max_offsets(broker.addr, topic))
     return Run(path=path, row=row, messages=count, errors=sum(r["errors"] for r in reports),
-               seconds=seconds, msgs_per_s=count / seconds if seconds > 0 else 0.0,
+               seconds=active, msgs_per_s=count / active,
                p50_ms=_percentile(latencies, 0.50), p99_ms=_percentile(latencies, 0.99),
                broker_us_per_msg=(cpu1 - cpu0) * 1e6 / per,
                client_us_per_msg=sum(r["cpu_s"] for r in reports) * 1e6 / per,
-               expected=sum(r["stored"] for r in reports),
-               stored=await stored_count(broker.addr, topic))
+               expected=expected, found=found)
+
+
+def row_order(rows: list[str]) -> list[tuple[str, str]]:
+    """Each gRPC row beside its remoting twin, in the order ``--rows`` names them."""
+    return [(path, row) for row in rows for path in PATHS]
 
 
 async def run_pass(index: int, args: argparse.Namespace) -> list[Run]:
     """Every row on one fresh broker, in reverse order in odd passes."""
-    order = ROWS if index % 2 == 0 else ROWS[::-1]
+    order = row_order(args.rows)
     runs = []
     with tempfile.TemporaryDirectory(prefix="txbroker-bench-grpc-") as d, \
-            BrokerProc("async", d, serve_args=("--grpc-port", "0")) as broker:
-        for path, row in order:
+            BrokerProc("async", d, serve_args=("--grpc-port", "0", "--broker-name", BROKER_NAME)) as broker:
+        for path, row in (order if index % 2 == 0 else order[::-1]):
             topic = f"BenchGrpc{index}{path.title()}{row.title()}"
             run = await run_row(broker, path, row, topic, args, Path(d))
             print(f"  pass {index + 1}: {run.label}: {run.messages:,} in {run.seconds:.1f} s, "
@@ -235,15 +267,15 @@ def _median_run(runs: list[Run]) -> Run:
     return Run(path=first.path, row=first.row, **values)
 
 
-def summarise(passes: list[list[Run]]) -> dict:
+def summarise(passes: list[list[Run]], rows: list[str]) -> dict:
     """Medians per row, and per gRPC row the median of its per-pass ratios to the remoting twin."""
     by_label: dict[str, list[Run]] = {}
     for runs in passes:
         for r in runs:
             by_label.setdefault(r.label, []).append(r)
-    medians = [_median_run(by_label[f"{p} {r}"]) for p, r in ROWS]
+    medians = [_median_run(by_label[f"{p} {r}"]) for p, r in row_order(rows)]
     ratios = []
-    for row in ("send", "tx"):
+    for row in rows:
         pairs = [({r.label: r for r in runs}[f"grpc {row}"], {r.label: r for r in runs}[f"remoting {row}"])
                  for runs in passes]
         rate = [g.msgs_per_s / m.msgs_per_s for g, m in pairs if m.msgs_per_s > 0]
@@ -253,11 +285,10 @@ def summarise(passes: list[list[Run]]) -> dict:
     return {"rows": [asdict(m) for m in medians], "ratios": ratios}
 
 
-def short_rows(passes: list[list[Run]]) -> list[str]:
-    """Runs whose topic does not hold what their load processes stored, or that had errors."""
-    return [f"pass {i + 1} {r.label}: {r.stored:,} stored of {r.expected:,}, {r.errors} errors"
-            for i, runs in enumerate(passes) for r in runs
-            if r.stored != r.expected or r.errors]
+def failed_runs(passes: list[list[Run]]) -> list[str]:
+    """One line per run that failed its check."""
+    return [f"pass {i + 1} {r.label}: {r.problem()}"
+            for i, runs in enumerate(passes) for r in runs if r.problem()]
 
 
 def print_report(doc: dict) -> None:
@@ -273,14 +304,14 @@ def print_report(doc: dict) -> None:
         table.add_row(f"{r['path']} {r['row']}", f"{r['messages']:,.0f}", f"{r['msgs_per_s']:,.0f}",
                       f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['broker_us_per_msg']:.1f}",
                       f"{r['client_us_per_msg']:.1f}")
-    console = Console(width=120)
+    console = Console(width=140)
     console.print(table)
     for ratio in doc["ratios"]:
         console.print(f"grpc {ratio['row']} / remoting {ratio['row']} (median of per-pass ratios): "
                       f"msgs/s {ratio['msgs_per_s']:.2f}, broker CPU per message "
                       f"{ratio['broker_cpu_per_msg']:.2f}")
-    for line in doc["short"]:
-        console.print(f"[red]not all stored:[/red] {line}")
+    for line in doc["failed"]:
+        console.print(f"[red]check failed:[/red] {line}")
 
 
 def count(value: str) -> int:
@@ -297,6 +328,14 @@ def duration(value: str) -> float:
     return x
 
 
+def row_list(value: str) -> list[str]:
+    rows = [r for r in value.split(",") if r]
+    bad = [r for r in rows if r not in ROW_NAMES]
+    if bad or not rows:
+        raise argparse.ArgumentTypeError(f"{value}: rows are {', '.join(ROW_NAMES)}")
+    return list(dict.fromkeys(rows))
+
+
 class _Parser(argparse.ArgumentParser):
     """Bad options are one ``error:`` line (argparse adds the usage above it), exit 2."""
 
@@ -307,13 +346,17 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> dict:
     ap = _Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=row_list, default=list(ROW_NAMES),
+                    help=f"which rows, each over gRPC and over remoting: {','.join(ROW_NAMES)}")
     ap.add_argument("--seconds", type=duration, default=3.0, help="load time per row and pass")
     ap.add_argument("--processes", type=count, default=2,
                     help="load processes per row (the 5.x client is synchronous)")
     ap.add_argument("--senders", type=count, default=8,
-                    help="threads (5.x client) or coroutines (SDK) per load process, on one producer")
+                    help="threads (5.x client) or coroutines (SDK) per load process, on one client")
     ap.add_argument("--max-sends", type=count, default=100_000,
-                    help="sends per load process and row at most (bounds a fast run)")
+                    help="calls per load process and row at most (bounds a fast run)")
+    ap.add_argument("--backlog", type=count, default=30_000,
+                    help="messages stored before each consume row")
     ap.add_argument("--repeat", type=count, default=3,
                     help="interleaved passes, each on a fresh broker; medians printed")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -329,15 +372,16 @@ def main(argv: list[str] | None = None) -> dict:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         for index in range(args.repeat):
             passes.append(runner.run(run_pass(index, args)))
-    doc = {"seconds": args.seconds, "processes": args.processes, "senders": args.senders,
-           "repeat": args.repeat, "date": time.strftime("%Y-%m-%d", time.gmtime(started)),
-           "client": f"{CLIENT_DIST} {metadata.version(CLIENT_DIST)}", **summarise(passes),
-           "short": short_rows(passes), "passes": [[asdict(r) for r in runs] for runs in passes]}
+    doc = {"row_names": args.rows, "seconds": args.seconds, "processes": args.processes,
+           "senders": args.senders, "backlog": args.backlog, "repeat": args.repeat,
+           "date": time.strftime("%Y-%m-%d", time.gmtime(started)),
+           "client": f"{CLIENT_DIST} {metadata.version(CLIENT_DIST)}", **summarise(passes, args.rows),
+           "failed": failed_runs(passes), "passes": [[asdict(r) for r in runs] for runs in passes]}
     if args.json:
         print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
     else:
         print_report(doc)
-    if doc["short"]:
+    if doc["failed"]:
         sys.exit(1)
     return doc
 
