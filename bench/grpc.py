@@ -39,7 +39,7 @@ machine.  ``--json`` prints one document (``rows`` of medians, ``ratios``, ``pas
 run) instead of the table.
 
 Usage: ``python -m txbroker.bench.grpc [--rows send,tx,consume] [--seconds 3] [--processes 2]
-[--senders 8] [--max-sends 100000] [--backlog 30000] [--repeat 3] [--json]``
+[--senders 8] [--max-sends 100000] [--backlog 100000] [--repeat 3] [--json]``
 """
 
 from __future__ import annotations
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="threads (5.x client) or coroutines (SDK) per load process, on one client")
     ap.add_argument("--max-sends", type=count, default=100_000,
                     help="calls per load process and row at most (bounds a fast run)")
-    ap.add_argument("--backlog", type=count, default=30_000,
+    ap.add_argument("--backlog", type=count, default=100_000,
                     help="messages stored before each consume row")
     ap.add_argument("--repeat", type=count, default=3,
                     help="interleaved passes, each on a fresh broker; medians printed")
