@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -64,6 +65,7 @@ from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 
+PROG = "python -m txbroker.bench.grpc"
 ROW_NAMES = ("send", "tx", "consume")
 PATHS = ("grpc", "remoting")
 QUEUES = 4
@@ -126,6 +128,8 @@ class LoadProcess:
         #: Its stderr (a file: a pipe nobody reads during the window could fill and stall it).
         self.log = log
         self.proc: asyncio.subprocess.Process | None = None
+        #: Its report was read: it is only shutting its client down now.
+        self.reported = False
 
     async def start(self) -> None:
         with self.log.open("wb") as err:
@@ -146,19 +150,25 @@ class LoadProcess:
         event = json.loads(line)
         if "error" in event:
             raise RuntimeError(event["error"])
+        self.reported = "count" in event
         return event
 
     def go(self) -> None:
         self.proc.stdin.write(b"go\n")
 
     async def close(self) -> None:
+        """Wait (bounded) for a process that reported to shut its client down; kill one that
+        did not (the row failed, or the run was interrupted: it may be waiting for the window)."""
         if self.proc is None or self.proc.returncode is not None:
             return
-        try:
-            await asyncio.wait_for(self.proc.wait(), 30)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
+        if self.reported:
+            try:
+                await asyncio.wait_for(self.proc.wait(), 30)
+                return
+            except TimeoutError:
+                pass
+        self.proc.kill()
+        await self.proc.wait()
 
 
 async def _invoke(addr: str, code: int, header: dict, what: str) -> RemotingCommand:
@@ -340,7 +350,7 @@ class _Parser(argparse.ArgumentParser):
     """Bad options are one ``error:`` line (argparse adds the usage above it), exit 2."""
 
     def error(self, message: str) -> typing.NoReturn:
-        print(f"error: python -m txbroker.bench.grpc: {message}", file=sys.stderr)
+        print(f"error: {PROG}: {message}", file=sys.stderr)
         raise SystemExit(2)
 
 
@@ -386,13 +396,26 @@ def main(argv: list[str] | None = None) -> dict:
     return doc
 
 
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    """A terminated run unwinds as an interrupted one does: SIGTERM becomes Ctrl-C's SIGINT."""
+    signal.raise_signal(signal.SIGINT)
+
+
 def _main() -> dict:
+    """``main`` for the command line: a broker or load process that failed, and an interrupted
+    or terminated run, is one line once the broker and the load processes are stopped (the
+    ``with`` and ``finally`` blocks have run by then)."""
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         return main()
-    except RuntimeError as exc:  # a broker or load process that failed: one line, no traceback
-        print(f"error: python -m txbroker.bench.grpc: {exc}", file=sys.stderr)
+    except RuntimeError as exc:
+        print(f"error: {PROG}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; the broker and load processes it started are stopped",
+              file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":
-    run_main(_main, "python -m txbroker.bench.grpc")
+    run_main(_main, PROG)

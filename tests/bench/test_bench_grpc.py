@@ -7,9 +7,13 @@ are those of the passes, and the driver never loads a gRPC stub."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +101,45 @@ def test_a_bad_option_is_one_error_line(flag: str, value: str) -> None:
     assert done.returncode == 2
     assert done.stderr.startswith(f"error: python -m txbroker.bench.grpc: argument {flag}: {value}: ")
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def _session(sid: int) -> list[str]:
+    """Command lines of the live processes of session ``sid``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # exited meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(cmd)
+    return out
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_run_stops_its_broker_and_load_processes(signum: int) -> None:
+    bench = subprocess.Popen([sys.executable, "-m", "txbroker.bench.grpc", "--seconds", "60",
+                              "--rows", "send"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any("txbroker.bench.grpc_load" in c for c in _session(bench.pid)):
+            assert bench.poll() is None and time.monotonic() < deadline, bench.communicate()
+            time.sleep(0.1)
+        time.sleep(1.0)  # starting its client, or in the window: either way it must unwind
+        os.kill(bench.pid, signum)
+        _, err = bench.communicate(timeout=90)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert bench.returncode == 130, err
+    assert err.strip().splitlines()[-1] == (
+        "python -m txbroker.bench.grpc: interrupted; the broker and load processes it started "
+        "are stopped"), err
+    assert "Traceback" not in err
+    assert _session(bench.pid) == []
