@@ -355,7 +355,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = _Parser(description=__doc__.splitlines()[0])
+    ap = _Parser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=row_list, default=list(ROW_NAMES),
                     help=f"which rows, each over gRPC and over remoting: {','.join(ROW_NAMES)}")
     ap.add_argument("--seconds", type=duration, default=3.0, help="load time per row and pass")
