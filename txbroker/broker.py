@@ -88,7 +88,9 @@ from txbroker.service.processors.pull import PullHoldService, PullProcessor
 from txbroker.service.processors.send import SendProcessor
 from txbroker.service.processors.transaction import transaction_handlers
 from txbroker.service.registration import BrokerRegistrar
+from txbroker.service.processors.recall import recall_handlers
 from txbroker.service.schedule import ScheduleService
+from txbroker.service.timer import TimerService
 from txbroker.service.topics import TopicConfig, TopicManager
 from txbroker.service.transaction.service import TransactionalMessageService
 from txbroker.service.users import UserStore
@@ -181,6 +183,7 @@ class Broker:
         self.users: UserStore | None = None
         self.tx: TransactionalMessageService | None = None
         self.schedule: ScheduleService | None = None
+        self.timer: TimerService | None = None
         self.server: RemotingServer | None = None
         self.namesrv_server: RemotingServer | None = None
         #: Registers with ``config.namesrv_addr`` (None without name servers: embedded mode).
@@ -362,8 +365,9 @@ class Broker:
         self.holds.bind(asyncio.get_running_loop())
         self.store.add_listener(self.holds.on_put)
         await self.store.start()
+        self.timer = TimerService(cfg, self.store, clock=self.clock)
         self.tx = TransactionalMessageService(cfg, self.store, self.registry, self.metrics,
-                                              clock=self.clock)
+                                              clock=self.clock, timer=self.timer)
         self.schedule = ScheduleService(self.store, clock=self.clock)
         if not cfg.namesrv_addr:  # in a cluster the role decides (roles.py)
             self.recover_master_state()
@@ -374,7 +378,8 @@ class Broker:
         if not cfg.namesrv_addr:
             handlers.update(namesrv.handlers())
         handlers.update(SendProcessor(cfg, self.store, self.topics, self.registry, self.tx,
-                                      self.schedule, self.metrics).handlers())
+                                      self.schedule, self.timer, self.metrics).handlers())
+        handlers.update(recall_handlers(self.timer, self.topics))
         handlers.update(PullProcessor(cfg, self.store, self.topics, self.registry,
                                       self.holds).handlers())
         handlers.update(ConsumerProcessor(cfg, self.store, self.topics, self.registry,
@@ -475,8 +480,9 @@ class Broker:
 
     def recover_master_state(self) -> None:
         """Becoming the master, still fenced: the transaction state from the (final) log."""
-        assert self.tx is not None
+        assert self.tx is not None and self.timer is not None
         self.tx.recover()
+        self.timer.recover()
         if self.kafka_txn is not None and self.config.namesrv_addr:
             self.kafka_txn.recover()  # the replicated log is final: decisions, pid floor
         if self.kafka_staging is not None:
@@ -486,20 +492,22 @@ class Broker:
 
     async def resume_master_services(self) -> None:
         """Becoming the master, fence lifted: checks (whose start rewrites the op records
-        recovery found missing: a write) and delayed delivery."""
-        assert self.tx is not None and self.schedule is not None
+        recovery found missing: a write), delayed and timer delivery."""
+        assert self.tx is not None and self.schedule is not None and self.timer is not None
         await self.tx.start()
         await self.schedule.start()
+        await self.timer.start()
         if self.kafka_staging is not None:  # before the coordinator: its markers may come here
             await self.kafka_staging.start()
         if self.kafka_txn is not None and self.config.namesrv_addr:
             await self.kafka_txn.start()  # finishes decided commits: writes, after the fence
 
     async def suspend_master_services(self) -> None:
-        """No longer the master: no check-back, no delayed delivery, no state kept."""
-        assert self.tx is not None and self.schedule is not None
+        """No longer the master: no check-back, no delayed or timer delivery, no state kept."""
+        assert self.tx is not None and self.schedule is not None and self.timer is not None
         await self.tx.suspend()
         await self.schedule.close()
+        await self.timer.close()
         if self.kafka_txn is not None and self.config.namesrv_addr:
             await self.kafka_txn.suspend()
         if self.kafka_staging is not None:
@@ -605,6 +613,8 @@ class Broker:
             await self.roles.stop()
         if self.schedule is not None:
             await self.schedule.close()
+        if self.timer is not None:
+            await self.timer.close()
         if self.tx is not None:
             await self.tx.close()
         # The Kafka coordinators write to the store: closed before it.

@@ -141,6 +141,19 @@ class BrokerConfig:
     #: (source, operator, time); oldest forgotten first.  ~400-500 bytes each: 100,000 ≈ 40-50 MB.
     transaction_history_size: int = 100_000
 
+    # --- timer messages (docs/grpc.md, "Timer messages") --------------------------------------
+    #: Furthest a timer message may be scheduled ahead (RocketMQ's ``timerMaxDelaySec``, 3 days);
+    #: a send beyond it is refused.
+    timer_max_delay: float = 259_200.0
+    #: Timers waiting on this broker at most; a timer send past it is refused.  The index
+    #: costs ~10 bytes per pending timer (a wheel slot entry) plus a bit per timer stored in
+    #: the last ``timer_roll_window``: 2,000,000 ≈ 20 MB.
+    timer_max_pending: int = 2_000_000
+    #: A timer still waiting this long after it was stored is written again at the log's head
+    #: (RocketMQ's "roll"), so recovery reads at most this window of timers and retention
+    #: never deletes a pending one (half of ``file_reserved_time`` when that is shorter).
+    timer_roll_window: float = 3_600.0
+
     # --- long polling / consumers --------------------------------------------------------
     #: Upper bound on how long a suspended pull is held, whatever the client asks.
     max_pull_suspend: float = 30.0
@@ -394,6 +407,9 @@ def _validate(c: BrokerConfig) -> None:
          "must be a host name or an IPv4 address (what clients dial; empty = the bound host)")
     need(c.max_reconsume_times >= 0, "max_reconsume_times", "must be >= 0")
     need(c.transaction_history_size >= 0, "transaction_history_size", "must be >= 0")
+    need(c.timer_max_delay > 0, "timer_max_delay", "must be > 0")
+    need(c.timer_max_pending >= 1, "timer_max_pending", "must be >= 1")
+    need(c.timer_roll_window > 0, "timer_roll_window", "must be > 0")
     need(bool(c.broker_name) and bool(c.cluster_name), "broker_name", "names must not be empty")
     need(bool(c.data_dir), "data_dir", "must not be empty")
     need(c.acl_file is None or bool(c.acl_file.strip()), "acl_file",

@@ -1,0 +1,449 @@
+"""The timer service: messages delivered at a time to the millisecond (RocketMQ 5's timer
+messages), recall before delivery, and the commit side of transactional timers.
+
+Everything durable is a record in the commitlog, so a slave holds it and a promoted master
+rebuilds it (docs/grpc.md, "Timer messages"):
+
+* a **timer record** in ``rmq_sys_wheel_timer`` queue 0 per timer (:func:`.props.wrap`);
+* a **settle record** in queue 1 per delivery pass, recall or roll: body = the settled timer
+  queue offsets (``"17,18,"``), tag ``d`` (delivered), ``r`` (recalled) or ``l`` (rolled),
+  property ``TIMER_LOW`` = the low-water mark when it was written (every timer below it is
+  settled).
+
+The master keeps the pending timers in a :class:`~.index.TimerIndex` (a wheel of one-second
+slots and a pending bit per timer) fed by reading its own timer queue (the *intake*), so every
+path that stores a timer record (a send, a transaction commit, a roll) is picked up the same
+way.  The loop takes the timers of the next second off the wheel, reads them into a small heap
+ordered by due time, and when they are due stores each in its real topic and queue, followed by
+one settle record for the pass (``put_chain``: one flush wait).  A crash between the two stores
+delivers those timers again after the restart: a timer may be delivered twice, never lost.
+
+**Rolling** bounds what recovery reads: a timer still pending ``timer_roll_window`` after it was
+stored is written again at the head of the timer queue and its old record settled, so the mark
+never trails the head by more than the window, and retention (``file_reserved_time``) never
+deletes a pending timer.  Recovery reads the last settle record's mark, the timer queue from the
+mark and the settle records written since the timer at the mark was stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import heapq
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from txbroker.config import BrokerConfig
+from txbroker.remoting.codes import ResponseCode
+from txbroker.remoting.recall import encode_handle
+from txbroker.service.timer.index import TimerIndex
+from txbroker.service.timer.props import (
+    SETTLE_QUEUE,
+    TIMER_QUEUE,
+    TimerRefusal,
+    again,
+    decode_handle,
+    deliver_at,
+    is_timer,
+    out_ms,
+    strip_requests,
+    unwrap,
+    wrap,
+)
+from txbroker.service.topics import TIMER_TOPIC
+from txbroker.store.record import (
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TAGS,
+    PROPERTY_TIMER_OUT_MS,
+    PROPERTY_UNIQ_KEY,
+    Message,
+    StoredMessage,
+)
+from txbroker.store.results import PutResult, PutStatus
+
+log = logging.getLogger(__name__)
+
+PROPERTY_TIMER_LOW = "TIMER_LOW"
+TAG_DELIVERED = "d"
+TAG_RECALLED = "r"
+TAG_ROLLED = "l"
+#: Longest the loop sleeps with nothing due: how soon a new timer due within the next
+#: second is taken off the wheel (a put also wakes it).
+MAX_IDLE = 0.1
+#: Timer records read per store.get (intake, recovery).
+_READ_BATCH = 256
+#: Rolls per pass at most, so a backlog of old timers never stalls delivery.
+_ROLLS_PER_PASS = 1000
+#: Recovery reads settle records from this long before the oldest pending timer was stored
+#: (store clocks of one broker; the margin only makes the read start earlier).
+_SETTLE_MARGIN_MS = 1000
+
+
+def _stored(result: PutResult) -> bool:
+    """In this log: acknowledged, or OUTCOME_UNKNOWN (stored, acknowledgement unknown)."""
+    return result.ok or result.status is PutStatus.OUTCOME_UNKNOWN
+
+
+class TimerService:
+    """Timer messages of one broker; only a master delivers (event-loop only)."""
+
+    def __init__(self, config: BrokerConfig, store, *, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.max_delay_ms = int(config.timer_max_delay * 1000)
+        self.roll_window_ms = int(min(config.timer_roll_window, config.file_reserved_time / 2) * 1000)
+        #: Pending timers (None while not a master: nothing is indexed on a slave).
+        self._index: TimerIndex | None = None
+        #: Next timer queue offset the intake reads.
+        self._cursor = 0
+        #: Timers of the next second, read and waiting: (due ms, timer queue offset, record).
+        self._near: list[tuple[int, int, StoredMessage]] = []
+        #: Delivered timers whose settle record is still to be written (a refused put).
+        self._unsettled: list[int] = []
+        #: Timers a recall is settling right now: the loop leaves them alone.
+        self._holding: set[int] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._last_roll = 0.0
+        #: Why the store refused the last delivery ('' = delivering), logged once per cause.
+        self._held = ""
+        store.add_listener(self._on_put)
+
+    # --- the send paths' entry points --------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        return self._index.pending if self._index is not None else 0
+
+    @property
+    def active(self) -> bool:
+        return self._index is not None
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def wrap(self, msg: Message) -> Message:
+        """What a send stores for ``msg``: its timer record, or ``msg`` itself (not a timer, or
+        a time already past: delivered now, as RocketMQ does).  Both send paths (remoting and
+        gRPC) call this; a bad or too distant time, or a full index, is a :class:`TimerRefusal`."""
+        if not is_timer(msg.properties):
+            return msg
+        now = self._now_ms()
+        when = deliver_at(msg.properties, now, self.max_delay_ms)
+        if when <= now:
+            return msg
+        self._check_room()
+        return wrap(msg, when)
+
+    def check_half(self, msg: Message) -> None:
+        """Refuse a transactional half whose timer properties could not be honoured at commit
+        (not a number, too far, a full index): the producer hears it at send time."""
+        if is_timer(msg.properties):
+            deliver_at(msg.properties, self._now_ms(), self.max_delay_ms)
+            self._check_room()
+
+    def wrap_committed(self, final: Message) -> Message:
+        """A committed transaction's final message: scheduled if its half asked for a time
+        (a relative delay counts from the commit, as in RocketMQ), else as it is.  Never
+        refuses: the half was checked when it was sent, and a decided commit must be stored;
+        a time beyond the horizon by now (it cannot be, the half was checked) is delivered at
+        the horizon's end."""
+        props = final.properties
+        if not is_timer(props):
+            return final
+        now = self._now_ms()
+        try:
+            when = deliver_at(props, now, self.max_delay_ms)
+        except TimerRefusal as exc:
+            log.error("committed message of half %d: %s; delivered now",
+                      final.prepared_transaction_offset, exc.remark)
+            props = dict(props)
+            strip_requests(props)
+            return dataclasses.replace(final, properties=props)
+        return wrap(final, when) if when > now else final
+
+    def _check_room(self) -> None:
+        if self._index is not None and self._index.pending >= self.config.timer_max_pending:
+            raise TimerRefusal(ResponseCode.SYSTEM_ERROR,
+                               f"timer message refused: {self._index.pending} timers are pending "
+                               f"on broker {self.config.broker_name}, the limit "
+                               f"timer_max_pending is {self.config.timer_max_pending}")
+
+    def recall_handle(self, stored: Message, result: PutResult) -> str | None:
+        """The recall handle of a timer record the store took (None for any other message)."""
+        if stored.topic != TIMER_TOPIC:
+            return None
+        props = stored.properties
+        msg_id = props.get(PROPERTY_UNIQ_KEY) or result.msg_id
+        return encode_handle(props[PROPERTY_REAL_TOPIC], self.config.broker_name,
+                             int(props[PROPERTY_TIMER_OUT_MS]), msg_id)
+
+    # --- recall ------------------------------------------------------------------------------
+    async def recall(self, topic: str, handle: str) -> str:
+        """Cancel the timer ``handle`` names before it is delivered (durably: a settle record);
+        returns its message id.  A :class:`TimerRefusal` says why not: an invalid handle, one
+        for another topic or broker, not the master, too late, or no such pending timer."""
+        h = decode_handle(handle)
+        if h.topic != topic:
+            raise TimerRefusal(ResponseCode.ILLEGAL_OPERATION,
+                               f"recall failed: the handle is for topic {h.topic}, not {topic}")
+        if h.broker_name != self.config.broker_name:
+            raise TimerRefusal(ResponseCode.ILLEGAL_OPERATION,
+                               f"recall failed: the handle names broker {h.broker_name}, this is "
+                               f"{self.config.broker_name}")
+        index = self._index
+        if index is None:
+            raise TimerRefusal(ResponseCode.SLAVE_NOT_AVAILABLE,
+                               f"recall failed: broker {self.config.broker_name} at this address "
+                               "is not its group's master")
+        if h.deliver_ms <= self._now_ms():
+            raise TimerRefusal(ResponseCode.ILLEGAL_OPERATION,
+                               f"recall failed: message {h.msg_id} was due at {h.deliver_ms} ms "
+                               "and has been delivered: too late")
+        self._intake()  # a timer sent a moment ago is found too
+        offset = self._find(h.deliver_ms, h.msg_id, topic)
+        if offset is None:
+            raise TimerRefusal(ResponseCode.ILLEGAL_OPERATION,
+                               f"recall failed: no pending timer message {h.msg_id} in topic "
+                               f"{topic} due at {h.deliver_ms} ms (already recalled, delivered, "
+                               "or never sent to this broker)")
+        self._holding.add(offset)
+        try:
+            result = await self.store.put(self._settle_record([offset], TAG_RECALLED))
+        finally:
+            self._holding.discard(offset)
+        if not _stored(result):
+            raise TimerRefusal(ResponseCode.SYSTEM_ERROR,
+                               f"recall failed: the store refused the record: "
+                               f"{result.status.name} {result.reason}".strip())
+        index.settle(offset)
+        return h.msg_id
+
+    def _find(self, when_ms: int, msg_id: str, topic: str) -> int | None:
+        """The pending timer queue offset of message ``msg_id`` due at ``when_ms``."""
+        assert self._index is not None
+        candidates = [o for w, o, _ in self._near if w == when_ms]
+        candidates += self._index.in_slot(when_ms // 1000)
+        for offset in candidates:
+            if not self._index.is_pending(offset) or offset in self._holding:
+                continue
+            m = self._read(offset)
+            if (m is not None and out_ms(m) == when_ms
+                    and m.properties.get(PROPERTY_REAL_TOPIC) == topic
+                    and msg_id in (m.properties.get(PROPERTY_UNIQ_KEY), m.msg_id)):
+                return offset
+        return None
+
+    # --- lifecycle (a master's) ------------------------------------------------------------
+    def recover(self) -> None:
+        """Rebuild the pending timers from the log (becoming the master, or at start)."""
+        started = time.perf_counter()
+        base = self.store.min_offset(TIMER_TOPIC, TIMER_QUEUE)
+        settle_end = self.store.max_offset(TIMER_TOPIC, SETTLE_QUEUE)
+        if settle_end > self.store.min_offset(TIMER_TOPIC, SETTLE_QUEUE):
+            last = self._read(settle_end - 1, SETTLE_QUEUE)
+            low = last.properties.get(PROPERTY_TIMER_LOW, "") if last is not None else ""
+            if low.isdigit():
+                base = max(base, int(low))
+        index = self._index = TimerIndex(base)
+        self._cursor = base
+        self._near.clear()
+        self._unsettled.clear()
+        self._intake()
+        settled = 0
+        first = self._read(base) if base < self._cursor else None
+        if first is not None:
+            start = self.store.offset_by_time(TIMER_TOPIC, SETTLE_QUEUE,
+                                              first.store_timestamp - _SETTLE_MARGIN_MS)
+            for m in self._records(SETTLE_QUEUE, start, settle_end):
+                for piece in m.body.split(b","):
+                    if piece.isdigit() and index.settle(int(piece)):
+                        settled += 1
+        index.advance(self._cursor)
+        log.info("timer messages recovered: %d pending (timer queue %d..%d, %d settled since) "
+                 "in %.3f s", index.pending, base, self._cursor, settled,
+                 time.perf_counter() - started)
+
+    async def start(self) -> None:
+        if self._index is None:
+            self.recover()
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._task = asyncio.create_task(self._run(), name="txbroker-timer")
+
+    async def close(self) -> None:
+        """Stop delivering and forget the index (a slave keeps none; the log keeps all)."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self._index = None
+        self._near.clear()
+
+    def _on_put(self, topic: str, queue_id: int, _max_offset: int) -> None:
+        """Store listener: a new timer record wakes the loop (it may be due within 100 ms)."""
+        if topic != TIMER_TOPIC or queue_id != TIMER_QUEUE or self._loop is None:
+            return
+        if threading.get_ident() != self._loop_thread:
+            self._loop.call_soon_threadsafe(self._wake.set)
+        else:
+            self._wake.set()
+
+    # --- the loop ------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            try:
+                self._intake()
+                await self.deliver_due()
+                if self.clock() - self._last_roll >= 1.0:
+                    self._last_roll = self.clock()
+                    await self.roll()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("timer delivery pass failed; retrying")
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._idle())
+            except TimeoutError:
+                pass
+
+    def _idle(self) -> float:
+        """Seconds until something may be due: the nearest timer read, else the next poll."""
+        if self._near:
+            return max(0.0, min(MAX_IDLE, self._near[0][0] / 1000 - self.clock()))
+        return MAX_IDLE
+
+    def _intake(self) -> None:
+        """Index the timer records stored since the last intake."""
+        index = self._index
+        if index is None:
+            return
+        end = self.store.max_offset(TIMER_TOPIC, TIMER_QUEUE)
+        for m in self._records(TIMER_QUEUE, self._cursor, end):
+            when = out_ms(m)
+            if when is None:
+                log.error("timer record at offset %d has no readable TIMER_OUT_MS: skipped",
+                          m.queue_offset)
+            elif m.queue_offset >= index.base:
+                index.add(m.queue_offset, when)
+            self._cursor = m.queue_offset + 1
+        self._cursor = max(self._cursor, end)
+
+    async def deliver_due(self) -> int:
+        """Store every due timer in its real topic, then one settle record; returns how many.
+        A refused put stops the pass (the timer stays due and is tried again)."""
+        index = self._index
+        if index is None:
+            return 0
+        now = self._now_ms()
+        for offset in index.take(now // 1000 + 1):
+            m = self._read(offset)
+            when = out_ms(m) if m is not None else None
+            if m is None or when is None:
+                log.error("timer at offset %d cannot be read: skipped", offset)
+                index.settle(offset)
+                continue
+            heapq.heappush(self._near, (when, offset, m))
+        batch: list[tuple[int, Message]] = []
+        while self._near and self._near[0][0] <= now:
+            when, offset, m = self._near[0]
+            if offset in self._holding:
+                break
+            heapq.heappop(self._near)
+            if index.is_pending(offset):
+                batch.append((offset, unwrap(m)))
+        if not batch and not self._unsettled:
+            return 0
+        offsets = self._unsettled + [o for o, _ in batch]
+        records = [msg for _, msg in batch] + [self._settle_record(offsets, TAG_DELIVERED)]
+        results = await self.store.put_chain(records)
+        stored = sum(1 for r in results[:len(batch)] if _stored(r))
+        for offset, _ in batch[:stored]:
+            index.settle(offset)
+        refused = next((r for r in results if not _stored(r)), None)
+        if refused is None and len(results) == len(records):
+            self._unsettled = []
+        else:
+            self._unsettled = offsets[:len(self._unsettled) + stored]
+            for offset, msg in batch[stored:]:  # due again next pass
+                m = self._read(offset)
+                if m is not None:
+                    heapq.heappush(self._near, (out_ms(m) or 0, offset, m))
+        self._note_refusal(refused.reason or refused.status.name if refused is not None else "")
+        index.advance(self._cursor)
+        return stored
+
+    async def roll(self) -> int:
+        """Write again the pending timers stored more than ``timer_roll_window`` ago (the
+        oldest first, from the mark), settling their old records; returns how many."""
+        index = self._index
+        if index is None:
+            return 0
+        rolled = 0
+        limit = self._now_ms() - self.roll_window_ms
+        while rolled < _ROLLS_PER_PASS:
+            base = index.advance(self._cursor)
+            if base >= self._cursor or base in self._holding:
+                break
+            m = self._read(base)
+            if m is None:
+                index.settle(base)
+                continue
+            if m.store_timestamp > limit:
+                break
+            results = await self.store.put_chain([again(m),
+                                                  self._settle_record([base], TAG_ROLLED)])
+            if len(results) < 2 or not all(_stored(r) for r in results):
+                break  # retried next second; a stored copy alone is a duplicate, never a loss
+            index.settle(base)
+            rolled += 1
+            self._intake()
+        return rolled
+
+    # --- records -----------------------------------------------------------------------------
+    def _settle_record(self, offsets: list[int], tag: str) -> Message:
+        """A settle record naming ``offsets``.  Its mark is the mark now, before they are
+        settled: never above a pending timer (recovery then reads a little more, at worst)."""
+        assert self._index is not None
+        body = "".join(f"{o}," for o in offsets).encode()
+        return Message(topic=TIMER_TOPIC, queue_id=SETTLE_QUEUE, body=body,
+                       properties={PROPERTY_TAGS: tag, PROPERTY_TIMER_LOW: str(self._index.base)},
+                       born_timestamp=self._now_ms())
+
+    def _read(self, offset: int, queue: int = TIMER_QUEUE) -> StoredMessage | None:
+        res = self.store.get(TIMER_TOPIC, queue, offset, 1)
+        msgs = res.messages() if res.raw else []
+        return msgs[0] if msgs and msgs[0].queue_offset == offset else None
+
+    def _records(self, queue: int, start: int, end: int):
+        """The records of a timer topic queue in [start, end), in batches."""
+        offset = start
+        while offset < end:
+            res = self.store.get(TIMER_TOPIC, queue, offset, _READ_BATCH)
+            msgs = res.messages() if res.raw else []
+            if not msgs:
+                if res.next_offset > offset:  # entries the store can no longer read
+                    offset = res.next_offset
+                    continue
+                return
+            for m in msgs:
+                if m.queue_offset >= end:
+                    return
+                yield m
+            offset = msgs[-1].queue_offset + 1
+
+    def _note_refusal(self, refused: str) -> None:
+        if refused and refused != self._held:
+            log.warning("timer delivery held back: the store refuses writes (%s); retried, "
+                        "nothing is lost", refused)
+        elif not refused and self._held:
+            log.info("timer delivery resumed (the store accepts writes again)")
+        self._held = refused
