@@ -85,10 +85,10 @@ from txbroker.service.namesrv import NameServer
 from txbroker.service.processors.admin import AdminProcessor
 from txbroker.service.processors.consumer import ConsumerProcessor
 from txbroker.service.processors.pull import PullHoldService, PullProcessor
+from txbroker.service.processors.recall import recall_handlers
 from txbroker.service.processors.send import SendProcessor
 from txbroker.service.processors.transaction import transaction_handlers
 from txbroker.service.registration import BrokerRegistrar
-from txbroker.service.processors.recall import recall_handlers
 from txbroker.service.schedule import ScheduleService
 from txbroker.service.timer import TimerService
 from txbroker.service.topics import TopicConfig, TopicManager

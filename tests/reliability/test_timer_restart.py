@@ -120,5 +120,5 @@ async def test_kill_during_deliveries_loses_none(broker_process) -> None:
     proc.kill()
     proc.start()
     got = await collect_keys(proc.namesrv_addr, "CG_TK2", len(keys), quiet=1.0)
-    assert set(m.keys for m in got) == set(keys)
+    assert {m.keys for m in got} == set(keys)
     assert "Traceback" not in proc.log_tail()

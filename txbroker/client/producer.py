@@ -54,15 +54,15 @@ from txbroker.client.namesrv import TopicRoute
 from txbroker.client.rebalance import MessageQueue
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
-from txbroker.remoting.recall import decode_handle
 from txbroker.remoting.headers import (
-    RecallMessageRequestHeader,
-    RecallMessageResponseHeader,
     SEND_V1_KEYS,
     HeaderError,
+    RecallMessageRequestHeader,
+    RecallMessageResponseHeader,
     SendMessageRequestHeader,
     SendMessageResponseHeader,
 )
+from txbroker.remoting.recall import decode_handle
 from txbroker.remoting.tls import ClientTLS
 from txbroker.store import record as rec
 

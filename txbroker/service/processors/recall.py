@@ -10,7 +10,10 @@ from typing import Any
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.errors import Refusal
-from txbroker.remoting.headers import RecallMessageRequestHeader, RecallMessageResponseHeader
+from txbroker.remoting.headers import (
+    RecallMessageRequestHeader,
+    RecallMessageResponseHeader,
+)
 from txbroker.service.timer import TimerService
 from txbroker.service.topics import TopicManager
 
