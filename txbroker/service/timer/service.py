@@ -322,7 +322,9 @@ class TimerService:
         return MAX_IDLE
 
     def _intake(self) -> None:
-        """Index the timer records stored since the last intake."""
+        """Index the timer records stored since the last intake.  Only records the store lets
+        it read: a SYNC_MASTER shows what its in-sync slaves hold, so a timer a failover could
+        cut is taken in once replicated, never skipped."""
         index = self._index
         if index is None:
             return
@@ -335,7 +337,6 @@ class TimerService:
             elif m.queue_offset >= index.base:
                 index.add(m.queue_offset, when)
             self._cursor = m.queue_offset + 1
-        self._cursor = max(self._cursor, end)
 
     async def deliver_due(self) -> int:
         """Store every due timer in its real topic, then one settle record; returns how many.
