@@ -100,7 +100,7 @@ TOPIC = "BenchTx"
 GROUP = "PG_BENCH"
 CONSUMER_GROUP = "CG_BENCH"
 QUEUES = 4
-READY = re.compile(rb"txbroker ready broker=(\S+) namesrv=(\S+)(?: kafka=\S+)?(?: workers=(\S+))?")
+READY = re.compile(rb"txbroker ready broker=(\S+) namesrv=(\S+)(?: kafka=\S+)?(?: grpc=\S+)?(?: workers=(\S+))?")
 REPO = Path(__file__).resolve().parent.parent
 _SIZE_MAGIC = struct.Struct(">iI")
 _BODY = b"x" * 200

@@ -10,7 +10,7 @@ Start-up logs one block at INFO (addresses, data dir, what recovery did, key set
 setting is logged at DEBUG, and ``--print-config`` prints them as TOML and exits before binding
 or touching anything.  Once every port listens, exactly one line
 ``txbroker ready broker=HOST:PORT namesrv=HOST:PORT`` (plus `` kafka=HOST:PORT`` when the Kafka
-listener is on) goes to stdout (tests and scripts wait for it; with ``--namesrv-addr`` the broker registers with those name servers instead of
+listener is on, then `` grpc=HOST:PORT`` when the gRPC endpoint is) goes to stdout (tests and scripts wait for it; with ``--namesrv-addr`` the broker registers with those name servers instead of
 embedding one, and ``namesrv=`` shows that list); logs go to stderr.  A port clash or a data directory held by another broker is one
 ``error:`` line naming the address or the directory (and the holder's pid), exit 1.
 With ``--workers N`` (N > 1) this process supervises N broker processes behind the embedded
@@ -146,6 +146,10 @@ _OPTIONS: dict[str, _Opt] = {
     "ha_idle_timeout": _Opt("SECONDS", "replication: an HA connection silent this long is dropped "
                                        "(at most the controller lease in controller mode)",
                             "0: the controller lease in controller mode, else 20 s"),
+    "grpc_port": _Opt("PORT", "RocketMQ 5.x gRPC endpoint (5.x clients without a proxy; "
+                             "0 = ephemeral, -1 = off)"),
+    "grpc_max_body_size": _Opt("BYTES", "largest body a gRPC producer may send (told to 5.x "
+                                        "clients in their settings)", "0: max_message_size"),
     "kafka_port": _Opt("PORT", "Kafka-protocol listener (Kafka clients, same topics and store; "
                                "0 = ephemeral, -1 = off)"),
     "kafka_transaction_max_timeout": _Opt("SECONDS", "longest transaction.timeout.ms a Kafka "
@@ -351,6 +355,8 @@ async def _run(config: BrokerConfig) -> int:
     ready = f"txbroker ready broker={broker.broker_addr} namesrv={broker.namesrv_addr}"
     if broker.kafka_port >= 0:
         ready += f" kafka={broker.host}:{broker.kafka_port}"
+    if broker.grpc_port >= 0:
+        ready += f" grpc={broker.host}:{broker.grpc_port}"
     click.echo(ready)
     sys.stdout.flush()
     await stop.wait()
@@ -415,6 +421,8 @@ def broker_listeners(broker: typing.Any) -> list[Listener]:
     if broker.kafka_port >= 0:
         out.append(Listener(broker.kafka_port, "kafka", tls,
                             bool(cfg.kafka_sasl_mechanism_list())))
+    if broker.grpc_port >= 0:
+        out.append(Listener(broker.grpc_port, "gRPC", tls, cfg.acl_file is not None))
     if broker.roles is not None:
         out.append(Listener(broker.roles.ha_port, "HA", tls, cfg.cluster_secret is not None))
     return out

@@ -37,7 +37,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from txbroker.config import (
     BrokerConfig,
@@ -97,12 +97,18 @@ from txbroker.service.users import UserStore
 from txbroker.store.message_store import DiskUsage, MessageStore, RecoveryReport
 from txbroker.store.record import DEFAULT_TOPIC
 
+if TYPE_CHECKING:
+    from txbroker.service.grpc.server import GrpcServer
+
 log = logging.getLogger(__name__)
 
 #: The metrics endpoint listens on loopback only, whatever ``listen_host`` is.
 METRICS_HOST = "127.0.0.1"
 #: How often silent clients are expired and gauges refreshed.
 HOUSEKEEPING_INTERVAL = 1.0
+#: A 5.x client silent this long, with no Telemetry stream open, is forgotten (they heartbeat
+#: every 10 s).
+GRPC_SESSION_IDLE = 120.0
 
 
 def advertised_host(config: BrokerConfig) -> str:
@@ -166,6 +172,12 @@ class Broker:
         #: Other broker groups' transactions staged here (None on a single broker).
         self.kafka_staging: TxnStaging | None = None
         self._kafka_sock: socket.socket | None = None
+        #: The RocketMQ 5.x gRPC endpoint (None when ``grpc_port`` is -1) and its bound port.
+        #: Imported only when it is on: its protobuf names are the 5.x clients' too, and one
+        #: process cannot load both (a test or an application embedding a broker beside a 5.x
+        #: client keeps the endpoint off, or runs the broker as its own process).
+        self.grpc: GrpcServer | None = None
+        self.grpc_port = -1
         #: Built by :meth:`start` once the store holds the data directory's lock.
         self.topics: TopicManager | None = None
         self.registry = ClientRegistry(clock=clock)
@@ -236,6 +248,8 @@ class Broker:
         except BaseException:
             for s in socks:
                 s.close()
+            if self.grpc is not None:
+                await self.grpc.stop(0)
             raise
         # From here on, stop() undoes whatever part of start() has run.
         self._started = True
@@ -295,6 +309,18 @@ class Broker:
         self._kafka_sock = bound.get("Kafka port")
         self.kafka_port = self._kafka_sock.getsockname()[1] if self._kafka_sock is not None else -1
         self.broker_port = broker_sock.getsockname()[1]
+        if cfg.grpc_port >= 0:  # last: grpc binds in its own core, nothing to close after it
+            from txbroker.service.grpc.server import BindError, GrpcServer
+
+            grpc_server = GrpcServer(cfg, tls=self.tls)
+            try:
+                self.grpc_port = grpc_server.bind(cfg.listen_host, cfg.grpc_port)
+            except BindError as exc:
+                for s in (*bound.values(), self._ha_sock):
+                    if s is not None:
+                        s.close()
+                raise ListenError(str(exc), None) from None
+            self.grpc = grpc_server
         self.namesrv_port = ns_sock.getsockname()[1] if ns_sock is not None else -1
         self.metrics_port = metrics_sock.getsockname()[1] if metrics_sock is not None else -1
         return broker_sock, ns_sock, metrics_sock
@@ -326,6 +352,8 @@ class Broker:
         else:
             flush = f"async: flushed every {format_seconds(cfg.flush_interval)}"
         kafka = f"{cfg.listen_host}:{self.kafka_port}" if self.kafka_port >= 0 else "off"
+        grpc = (f"{cfg.listen_host}:{self.grpc_port} (RocketMQ 5.x clients)"
+                if self.grpc_port >= 0 else "off")
         if self.kafka_port >= 0 and cfg.listen_host != self.host:
             kafka += f" (advertised as {self.host}:{self.kafka_port})"
         checks = (f"check every {format_seconds(cfg.transaction_check_interval)}, first check after "
@@ -343,6 +371,7 @@ class Broker:
             ("name server", namesrv),
             ("metrics", metrics),
             ("kafka", kafka),
+            ("grpc", grpc),
             ("data dir", os.path.abspath(cfg.data_dir)),
             ("store", report.describe()),
             ("commitlog", f"{seg} segment files, preallocated in full: {first_use}"),
@@ -407,6 +436,8 @@ class Broker:
                                                              tls=self.tls, what="metrics port")
         if self._kafka_sock is not None:
             await self._start_kafka()
+        if self.grpc is not None:
+            await self._start_grpc()
         self._housekeeping = asyncio.create_task(self._housekeep(), name="txbroker-housekeeping")
         if cfg.namesrv_addr:
             assert self._ha_sock is not None
@@ -473,6 +504,28 @@ class Broker:
         self.kafka = KafkaListener(cfg, handlers, self.metrics, self.users, tls=self.tls)
         sock, self._kafka_sock = self._kafka_sock, None
         await self.kafka.start(sock)
+
+    async def _start_grpc(self) -> None:
+        """The RocketMQ 5.x gRPC endpoint (docs/grpc.md), on the same services."""
+        from txbroker.service.grpc.recall import RecallHandlers
+        from txbroker.service.grpc.route import endpoints
+        from txbroker.service.grpc.send import SendHandlers
+        from txbroker.service.grpc.server import MessagingServicer
+        from txbroker.service.grpc.sessions import Sessions
+        from txbroker.service.grpc.transactions import TransactionHandlers
+
+        assert self.grpc is not None
+        sessions = Sessions(self.registry)
+        assert self.timer is not None
+        send = SendHandlers(self.config, self.store, self.topics, self.tx, sessions,
+                            timer=self.timer)
+        servicer = MessagingServicer(
+            self.config, broker_name=self.config.broker_name,
+            here=lambda: endpoints(self.host, self.grpc_port), topics=self.topics,
+            sessions=sessions, send=send, transactions=TransactionHandlers(self.tx),
+            recall=RecallHandlers(self.timer, self.topics))
+        servicer.store_host = self.broker_addr
+        await self.grpc.start(servicer)
 
     # --- what a role switches on and off (roles.py) -------------------------------------------
     def tx_active(self) -> bool:
@@ -556,6 +609,8 @@ class Broker:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL)
             try:
                 self.registry.expire()
+                if self.grpc is not None and self.grpc.servicer is not None:
+                    self.grpc.servicer.sessions.expire(GRPC_SESSION_IDLE)
                 self._update_gauges()
                 if self.peer_tls is not None:
                     self.peer_tls.refresh()
@@ -604,7 +659,10 @@ class Broker:
         if self._kafka_sock is not None:  # bound, never served
             self._kafka_sock.close()
         servers = [s for s in (self.server, self.namesrv_server, self.kafka) if s is not None]
-        await asyncio.gather(*(s.close(grace) for s in servers), return_exceptions=True)
+        closing = [s.close(grace) for s in servers]
+        if self.grpc is not None:
+            closing.append(self.grpc.stop(grace))
+        await asyncio.gather(*closing, return_exceptions=True)
         if self.kafka_view is not None:
             await self.kafka_view.close()
         if self.kafka_txn is not None and self.kafka_txn.markers is not None:

@@ -197,6 +197,14 @@ class BrokerConfig:
     ha_heartbeat_interval: float = 0.0
     ha_idle_timeout: float = 0.0
 
+    # --- RocketMQ 5.x gRPC endpoint (docs/grpc.md) --------------------------------------------
+    #: gRPC listener (``apache.rocketmq.v2.MessagingService``) on ``listen_host``; -1 = off (the
+    #: default), 0 = ephemeral.  RocketMQ's proxy listens on 8081.
+    grpc_port: int = -1
+    #: Largest body a gRPC producer may send, told to clients in their settings
+    #: (``publishing.max_body_size``); at most ``max_message_size``.  0 = ``max_message_size``.
+    grpc_max_body_size: int = 0
+
     # --- Kafka listener (docs/kafka.md) ---------------------------------------------------------
     #: Kafka-protocol listener on ``listen_host``; -1 = off (the default), 0 = ephemeral.
     kafka_port: int = -1
@@ -354,7 +362,7 @@ def _validate(c: BrokerConfig) -> None:
 
     for name in ("broker_port",):
         need(0 <= getattr(c, name) <= 65535, name, "must be a port number 0..65535")
-    for name in ("namesrv_port", "metrics_port", "ha_port", "kafka_port"):
+    for name in ("namesrv_port", "metrics_port", "ha_port", "kafka_port", "grpc_port"):
         need(-1 <= getattr(c, name) <= 65535, name, "must be -1 (off) or a port number 0..65535")
     _check_ports_apart(c)
     need(c.tls_mode == "off" or c.max_frame_size < TLS_FRAME_SIZE_LIMIT, "max_frame_size",
@@ -366,6 +374,12 @@ def _validate(c: BrokerConfig) -> None:
     need(1024 <= c.max_message_size <= c.segment_size - 1024, "max_message_size",
          "must be at least 1 KiB and fit in a segment")
     need(c.max_frame_size >= 1024, "max_frame_size", "must be at least 1 KiB")
+    need(0 <= c.grpc_max_body_size <= c.max_message_size, "grpc_max_body_size",
+         "must be 0 (max_message_size) or at most max_message_size")
+    need(c.grpc_port < 0 or c.workers == 1, "grpc_port",
+         "the gRPC endpoint runs in a single broker process: not with workers > 1")
+    need(c.grpc_port < 0 or c.acl_file is None, "grpc_port",
+         "the gRPC endpoint does not check access keys yet: not with acl_file set")
     need(0.0 < c.disk_max_used_ratio <= 1.0, "disk_max_used_ratio", "must be in (0, 1]")
     for name in ("flush_interval", "sync_flush_timeout", "offset_persist_interval",
                  "transaction_check_interval", "file_reserved_time", "max_pull_suspend",
@@ -553,6 +567,7 @@ def _check_ports_apart(c: BrokerConfig) -> None:
         ports.append(("ha_port", c.ha_port) if c.ha_port != -1 else
                      ("ha_port (-1: broker_port + 1)", c.broker_port + 1 if c.broker_port else 0))
     ports.append(("kafka_port", c.kafka_port))
+    ports.append(("grpc_port", c.grpc_port))
     if c.listen_host in _METRICS_SHARING_HOSTS:
         ports.append(("metrics_port", c.metrics_port))
     seen: dict[int, str] = {}

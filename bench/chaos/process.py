@@ -27,7 +27,8 @@ from pathlib import Path
 
 from txbroker.bench.chaos.lifeline import spawn
 
-READY_RE = re.compile(r"^txbroker ready broker=(\S+) namesrv=(\S+)(?: kafka=(\S+))?(?: workers=(\S+))?$")
+READY_RE = re.compile(r"^txbroker ready broker=(\S+) namesrv=(\S+)(?: kafka=(\S+))?(?: grpc=(\S+))?"
+                      r"(?: workers=(\S+))?$")
 
 
 #: Ports this process handed out lately: the kernel may give a port just released to the next
@@ -61,6 +62,7 @@ class BrokerProcess:
         self.broker_addr = ""
         self.namesrv_addr = ""
         self.kafka_addr = ""  # "H:P" of the Kafka listener, "" when it is off
+        self.grpc_addr = ""  # "H:P" of the gRPC endpoint, "" when it is off
         self.worker_addrs: list[str] = []  # with workers > 1: every worker's broker address
 
     def argv(self) -> list[str]:
@@ -95,7 +97,8 @@ class BrokerProcess:
             if m:
                 self.broker_addr, self.namesrv_addr = m.group(1), m.group(2)
                 self.kafka_addr = m.group(3) or ""
-                self.worker_addrs = m.group(4).split(";") if m.group(4) else []
+                self.grpc_addr = m.group(4) or ""
+                self.worker_addrs = m.group(5).split(";") if m.group(5) else []
                 return time.monotonic() - t0
             self.kill()
             printed = self._log_from(log_start)

@@ -1,0 +1,103 @@
+"""Fixtures for the gRPC endpoint: a broker with its gRPC port open, and the unmodified 5.x
+Python client run in subprocesses (tests/grpc/py5_client.py).
+
+* ``grpc_broker`` — a started in-process :class:`txbroker.broker.Broker` with ``grpc_port=0``;
+  ``grpc_endpoint(broker)`` is the ``host:port`` 5.x clients are given.
+* ``py5`` — ``await py5("send", endpoint, topic, n, *options)`` runs one client scenario to its
+  end (bounded) and returns its JSON events; ``py5.start(...)`` returns the running process
+  for a test that kills it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from txbroker.config import BrokerConfig
+
+DRIVER = Path(__file__).with_name("py5_client.py")
+#: A client scenario never runs longer (the driver bounds its own waits at 60 s).
+CLIENT_TIMEOUT = 90.0
+
+
+def grpc_endpoint(broker) -> str:
+    return f"{broker.host}:{broker.grpc_port}"
+
+
+@pytest.fixture
+def grpc_config(broker_config: BrokerConfig) -> BrokerConfig:
+    return broker_config.replace(grpc_port=0)
+
+
+@pytest.fixture
+async def grpc_broker(grpc_config: BrokerConfig):
+    from txbroker.broker import Broker
+
+    b = Broker(grpc_config)
+    await b.start()
+    try:
+        yield b
+    finally:
+        await b.stop()
+
+
+class Py5:
+    def __init__(self) -> None:
+        self.procs: list[asyncio.subprocess.Process] = []
+
+    async def start(self, *args: object) -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(DRIVER), *map(str, args), stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        self.procs.append(proc)
+        return proc
+
+    async def events_until(self, proc: asyncio.subprocess.Process, key: str,
+                           count: int = 1, timeout: float = CLIENT_TIMEOUT) -> list[dict]:
+        """Read ``proc``'s events until ``count`` of them hold ``key``."""
+        events: list[dict] = []
+
+        async def read() -> None:
+            seen = 0
+            while seen < count:
+                line = await proc.stdout.readline()
+                if not line:
+                    err = (await proc.stderr.read()).decode(errors="replace")[-3000:]
+                    raise AssertionError(f"client ended early: {events}\n{err}")
+                event = json.loads(line)
+                events.append(event)
+                seen += key in event
+
+        await asyncio.wait_for(read(), timeout)
+        return events
+
+    async def __call__(self, *args: object, timeout: float = CLIENT_TIMEOUT) -> list[dict]:
+        proc = await self.start(*args)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except TimeoutError:
+            proc.kill()
+            raise
+        events = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+        assert proc.returncode == 0 and events and events[-1].get("done"), \
+            f"exit {proc.returncode}: {events}\n{err.decode(errors='replace')[-3000:]}"
+        return events
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.returncode is None:
+                proc.kill()
+
+
+@pytest.fixture
+async def py5():
+    runner = Py5()
+    yield runner
+    runner.kill_all()
+    for proc in runner.procs:
+        if proc.returncode is None:
+            await proc.wait()

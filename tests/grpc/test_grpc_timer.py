@@ -1,0 +1,47 @@
+"""Timer messages from the unmodified RocketMQ 5.x Python client (in a subprocess) through the
+gRPC endpoint: a DELAY send is stored as a timer with a RocketMQ 5.3 recall handle, becomes
+visible in its topic at its time and not before, and RecallMessage cancels one (a second recall
+of it fails with the broker's reason)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.grpc.conftest import grpc_endpoint
+from tests.support.waiting import eventually
+from txbroker.remoting.recall import decode_handle
+
+pytestmark = pytest.mark.slow
+
+
+def visible(broker, topic: str) -> list:
+    tc = broker.topics.get(topic)
+    out = []
+    for qid in range(tc.read_queue_nums if tc else 0):
+        res = broker.store.get(topic, qid, 0, 1000)
+        if res.status.name == "FOUND":
+            out.extend(res.messages())
+    return out
+
+
+async def test_delay_messages_wait_and_recall_cancels_one(grpc_broker, py5) -> None:
+    due_s = int(time.time()) + 6  # this client sends whole seconds
+    events = await py5("recall", grpc_endpoint(grpc_broker), "G5Timer", 3,
+                       "--deliver-s", due_s)
+    sent = [e for e in events if "sent" in e]
+    assert len(sent) == 3
+    for e in sent:
+        handle = decode_handle(e["recall_handle"])
+        assert (handle.topic, handle.deliver_ms, handle.msg_id) == ("G5Timer", due_s * 1000, e["sent"])
+    recalls = {e["attempt"]: e for e in events if "attempt" in e}
+    assert recalls[0].get("recalled") == sent[0]["sent"]
+    assert "no pending timer message" in recalls[1].get("recall_failed", ""), recalls[1]
+    assert visible(grpc_broker, "G5Timer") == []  # not before its time
+    assert grpc_broker.timer.pending == 2
+    await eventually(lambda: len(visible(grpc_broker, "G5Timer")) == 2, timeout=20,
+                     msg="the two timers left became visible")
+    stored = visible(grpc_broker, "G5Timer")
+    assert sorted(m.uniq_key for m in stored) == sorted(e["sent"] for e in sent[1:])
+    assert all(m.store_timestamp >= due_s * 1000 for m in stored)
