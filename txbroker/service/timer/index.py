@@ -38,8 +38,9 @@ class TimerIndex:
         #: Timers pending (bits set).
         self.pending = 0
 
-    def add(self, offset: int, when_ms: int) -> None:
-        """A timer stored at queue offset ``offset`` (at or past the mark), due at ``when_ms``."""
+    def add(self, offset: int, when_ms: int, *, wheel: bool = True) -> None:
+        """A timer stored at queue offset ``offset`` (at or past the mark), due at ``when_ms``;
+        ``wheel=False`` marks it pending without a slot entry (the caller holds it already)."""
         if offset < self.base:
             raise ValueError(f"timer queue offset {offset} is below the mark {self.base}")
         i = offset - self._origin
@@ -51,6 +52,8 @@ class TimerIndex:
             return
         self._bits[i >> 3] |= mask
         self.pending += 1
+        if not wheel:
+            return
         second = when_ms // 1000
         slot = self._slots.get(second)
         if slot is None:

@@ -72,8 +72,17 @@ TAG_ROLLED = "l"
 #: Longest the loop sleeps with nothing due: how soon a new timer due within the next
 #: second is taken off the wheel (a put also wakes it).
 MAX_IDLE = 0.1
-#: Timer records read per store.get (intake, recovery).
+#: Timer records read per store.get (intake, recovery, slots).
 _READ_BATCH = 256
+#: A timer taken in due within this many ms goes straight to the heap of timers being
+#: delivered with the record just read, instead of the wheel (no second read).
+_NEAR_MS = 2000
+#: Timers delivered per pass at most (one put_chain): a backlog is delivered over several
+#: passes, with the broker's other work served between them.
+_DELIVER_PER_PASS = 512
+#: Wheel entries read into the heap per pass at most: a full slot is read over several
+#: passes, so deliveries due meanwhile are not held up behind it.
+_LOAD_PER_PASS = 2048
 #: Rolls per pass at most, so a backlog of old timers never stalls delivery.
 _ROLLS_PER_PASS = 1000
 #: Recovery reads settle records from this long before the oldest pending timer was stored
@@ -99,8 +108,10 @@ class TimerService:
         self._index: TimerIndex | None = None
         #: Next timer queue offset the intake reads.
         self._cursor = 0
-        #: Timers of the next second, read and waiting: (due ms, timer queue offset, record).
+        #: Timers of the next seconds, read and waiting: (due ms, timer queue offset, record).
         self._near: list[tuple[int, int, StoredMessage]] = []
+        #: Wheel entries taken off their slot and not yet read into ``_near`` (in order).
+        self._loading: list[int] = []
         #: Delivered timers whose settle record is still to be written (a refused put).
         self._unsettled: list[int] = []
         #: Timers a recall is settling right now: the loop leaves them alone.
@@ -228,6 +239,8 @@ class TimerService:
         assert self._index is not None
         candidates = [o for w, o, _ in self._near if w == when_ms]
         candidates += self._index.in_slot(when_ms // 1000)
+        if when_ms // 1000 <= self._now_ms() // 1000 + 1:  # its slot may be being read
+            candidates += self._loading
         for offset in candidates:
             if not self._index.is_pending(offset) or offset in self._holding:
                 continue
@@ -252,6 +265,7 @@ class TimerService:
         index = self._index = TimerIndex(base)
         self._cursor = base
         self._near.clear()
+        self._loading.clear()
         self._unsettled.clear()
         self._intake()
         settled = 0
@@ -286,6 +300,7 @@ class TimerService:
             self._task = None
         self._index = None
         self._near.clear()
+        self._loading.clear()
 
     def _on_put(self, topic: str, queue_id: int, _max_offset: int) -> None:
         """Store listener: a new timer record wakes the loop (it may be due within 100 ms)."""
@@ -299,6 +314,7 @@ class TimerService:
     # --- the loop ------------------------------------------------------------------------------
     async def _run(self) -> None:
         while True:
+            self._wake.clear()  # a wake-up during the pass runs the next one at once
             try:
                 self._intake()
                 await self.deliver_due()
@@ -309,7 +325,6 @@ class TimerService:
                 raise
             except Exception:
                 log.exception("timer delivery pass failed; retrying")
-            self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), self._idle())
             except TimeoutError:
@@ -317,6 +332,8 @@ class TimerService:
 
     def _idle(self) -> float:
         """Seconds until something may be due: the nearest timer read, else the next poll."""
+        if self._loading:
+            return 0.0
         if self._near:
             return max(0.0, min(MAX_IDLE, self._near[0][0] / 1000 - self.clock()))
         return MAX_IDLE
@@ -329,13 +346,17 @@ class TimerService:
         if index is None:
             return
         end = self.store.max_offset(TIMER_TOPIC, TIMER_QUEUE)
+        near = self._now_ms() + _NEAR_MS
         for m in self._records(TIMER_QUEUE, self._cursor, end):
             when = out_ms(m)
             if when is None:
                 log.error("timer record at offset %d has no readable TIMER_OUT_MS: skipped",
                           m.queue_offset)
-            elif m.queue_offset >= index.base:
-                index.add(m.queue_offset, when)
+            elif m.queue_offset >= index.base and not index.is_pending(m.queue_offset):
+                soon = when <= near
+                index.add(m.queue_offset, when, wheel=not soon)
+                if soon:
+                    heapq.heappush(self._near, (when, m.queue_offset, m))
             self._cursor = m.queue_offset + 1
 
     async def deliver_due(self) -> int:
@@ -345,17 +366,13 @@ class TimerService:
         if index is None:
             return 0
         now = self._now_ms()
-        for offset in index.take(now // 1000 + 1):
-            m = self._read(offset)
-            when = out_ms(m) if m is not None else None
-            if m is None or when is None:
-                log.error("timer at offset %d cannot be read: skipped", offset)
-                index.settle(offset)
-                continue
-            heapq.heappush(self._near, (when, offset, m))
+        self._load(now)
         batch: list[tuple[int, Message]] = []
         while self._near and self._near[0][0] <= now:
-            when, offset, m = self._near[0]
+            if len(batch) >= _DELIVER_PER_PASS:
+                self._wake.set()  # the rest in the next pass, at once
+                break
+            _, offset, m = self._near[0]
             if offset in self._holding:
                 break
             heapq.heappop(self._near)
@@ -381,6 +398,27 @@ class TimerService:
         self._note_refusal(refused.reason or refused.status.name if refused is not None else "")
         index.advance(self._cursor)
         return stored
+
+    def _load(self, now: int) -> None:
+        """Read the wheel's timers of the next second into the heap, at most
+        ``_LOAD_PER_PASS`` per pass (the loop comes back at once while some are left)."""
+        assert self._index is not None
+        self._loading.extend(self._index.take(now // 1000 + 1))
+        if not self._loading:
+            return
+        self._loading.sort()
+        chunk, self._loading = self._loading[:_LOAD_PER_PASS], self._loading[_LOAD_PER_PASS:]
+        found = {m.queue_offset: m for m in self._read_runs(chunk)}
+        for offset in chunk:
+            m = found.get(offset)
+            when = out_ms(m) if m is not None else None
+            if m is None or when is None:
+                log.error("timer at offset %d cannot be read: skipped", offset)
+                self._index.settle(offset)
+                continue
+            heapq.heappush(self._near, (when, offset, m))
+        if self._loading:
+            self._wake.set()
 
     async def roll(self) -> int:
         """Write again the pending timers stored more than ``timer_roll_window`` ago (the
@@ -423,6 +461,20 @@ class TimerService:
         res = self.store.get(TIMER_TOPIC, queue, offset, 1)
         msgs = res.messages() if res.raw else []
         return msgs[0] if msgs and msgs[0].queue_offset == offset else None
+
+    def _read_runs(self, offsets: list[int]):
+        """The timer records at ``offsets`` (sorted), read a run of consecutive offsets at a
+        time (timers sent together sit together)."""
+        i = 0
+        while i < len(offsets):
+            j = i + 1
+            while j < len(offsets) and offsets[j] == offsets[j - 1] + 1:
+                j += 1
+            wanted = set(offsets[i:j])
+            for m in self._records(TIMER_QUEUE, offsets[i], offsets[j - 1] + 1):
+                if m.queue_offset in wanted:
+                    yield m
+            i = j
 
     def _records(self, queue: int, start: int, end: int):
         """The records of a timer topic queue in [start, end), in batches."""
