@@ -182,3 +182,28 @@ async def test_transactional_timer_committed_by_check_back_once(broker, namesrv)
         await asyncio.sleep(1.0)  # several check intervals (0.2 s): no more checks come
         assert listener.checks == 1
         assert await consumer.poll(0.5) is None
+
+
+async def test_transactional_half_with_a_bad_time_is_refused_at_send(broker, namesrv) -> None:
+    await make_topic(namesrv, "TTxTimerBad")
+    producer = TransactionProducer("PG_TX_TIMER_BAD", namesrv, retries=0, listener=_Listener(
+        LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.COMMIT_MESSAGE))
+    async with producer:
+        with pytest.raises(SendError, match="beyond the broker's timer_max_delay"):
+            await producer.send_message_in_transaction(
+                Message("TTxTimerBad", b"x", deliver_time_ms=now_ms() + 4 * 86_400_000))
+    assert broker.tx.pending_count() == 0
+
+
+async def test_a_delay_level_wins_over_timer_properties(broker, namesrv) -> None:
+    """As in RocketMQ: with DELAY set, the timer properties are dropped and the level's
+    time applies (level 1 = 1 s), not the far-away TIMER_DELIVER_MS."""
+    await make_topic(namesrv, "TTimerLevel")
+    consumer = Consumer("CG_TIMER_LEVEL", namesrv, from_where="first", long_poll_timeout=1.0)
+    consumer.subscribe("TTimerLevel")
+    async with consumer, Producer("PG_TIMER_LEVEL", namesrv) as producer:
+        sent = await producer.send(Message("TTimerLevel", b"lvl", delay_level=1, properties={
+            "TIMER_DELIVER_MS": str(now_ms() + 3_600_000)}))
+        assert sent.recall_handle is None and broker.timer.pending == 0
+        [m] = await collect(consumer, 1)
+        assert m.body == b"lvl" and "TIMER_DELIVER_MS" not in m.properties

@@ -23,6 +23,10 @@ from txbroker.client import (
 )
 from txbroker.config import BrokerConfig
 from txbroker.controller import ControllerConfig, ControllerProcess
+from txbroker.remoting.client import RemotingClient
+from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
+from txbroker.remoting.headers import RecallMessageRequestHeader
 
 pytestmark = pytest.mark.slow
 
@@ -75,6 +79,16 @@ async def test_promoted_slave_delivers_the_old_masters_timers(
         # t1..t5 and the commit wait on the master; a slave indexes nothing
         await eventually(lambda: a.timer.pending == 6, msg="six timers pending on the master")
         assert not b.timer.active
+        slave = RemotingClient(b.broker_addr)  # a recall sent to the slave is refused
+        await slave.connect()
+        try:
+            resp = await slave.invoke(RemotingCommand.request(
+                RequestCode.RECALL_MESSAGE, RecallMessageRequestHeader(
+                    topic="Reminders", recall_handle=sent[1].recall_handle).to_ext()), 5.0)
+        finally:
+            await slave.close()
+        assert resp.code == ResponseCode.SLAVE_NOT_AVAILABLE
+        assert "is not its group's master" in resp.remark
         c.brokers.remove(a)
         await a.stop()
         await eventually(lambda: b.roles.is_master, timeout=15, msg="the slave promoted")
