@@ -1,11 +1,15 @@
 """Timer messages from the unmodified RocketMQ 5.x Python client (in a subprocess) through the
 gRPC endpoint: a DELAY send is stored as a timer with a RocketMQ 5.3 recall handle, becomes
 visible in its topic at its time and not before, and RecallMessage cancels one (a second recall
-of it fails with the broker's reason)."""
+of it fails with the broker's reason); and a transactional timer sent as raw requests."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +49,26 @@ async def test_delay_messages_wait_and_recall_cancels_one(grpc_broker, py5) -> N
     stored = visible(grpc_broker, "G5Timer")
     assert sorted(m.uniq_key for m in stored) == sorted(e["sent"] for e in sent[1:])
     assert all(m.store_timestamp >= due_s * 1000 for m in stored)
+
+
+async def test_transactional_timer_over_grpc(grpc_broker) -> None:
+    """TRANSACTION + delivery_timestamp (raw requests: the official clients refuse to send
+    it): the committed one becomes visible at its time, the rolled-back one never."""
+    due_ms = int(time.time() * 1000) + 3000
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(Path(__file__).with_name("raw_tx_timer.py")),
+        grpc_endpoint(grpc_broker), "G5TxTimer", str(due_ms),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    events = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and events[-1].get("done"), (events, err.decode()[-2000:])
+    sent = [e for e in events if "sent" in e]
+    assert [e["code"] for e in events if "code" in e] == [20000] * 4, events  # Code.OK
+    assert all(e["transaction_id"] and not e["recall_handle"] for e in sent)
+    await eventually(lambda: grpc_broker.tx.pending_count() == 0, msg="both decided")
+    assert visible(grpc_broker, "G5TxTimer") == []  # committed, waiting for its time
+    await eventually(lambda: len(visible(grpc_broker, "G5TxTimer")) == 1, timeout=20,
+                     msg="the committed one became visible")
+    [m] = visible(grpc_broker, "G5TxTimer")
+    assert m.body == b"committed" and m.uniq_key == sent[0]["sent"]
+    assert m.store_timestamp >= due_ms
