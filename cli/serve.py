@@ -102,7 +102,8 @@ _OPTIONS: dict[str, _Opt] = {
     "timer_max_delay": _Opt("SECONDS", "furthest ahead a timer message may be scheduled "
                                        "(RocketMQ's timerMaxDelaySec)"),
     "timer_max_pending": _Opt("COUNT", "timer messages waiting at most; a timer send past it is "
-                                       "refused (~10 bytes each in memory)"),
+                                       "refused (8 bytes each in memory, plus ~170 per second "
+                                       "that has one)"),
     "timer_roll_window": _Opt("SECONDS", "a timer still waiting this long after it was stored is "
                                          "written again, bounding recovery"),
     "max_pull_suspend": _Opt("SECONDS", "longest a long-polling pull is held, whatever the "

@@ -160,9 +160,9 @@ class TimerService:
     def wrap_committed(self, final: Message) -> Message:
         """A committed transaction's final message: scheduled if its half asked for a time
         (a relative delay counts from the commit, as in RocketMQ), else as it is.  Never
-        refuses: the half was checked when it was sent, and a decided commit must be stored;
-        a time beyond the horizon by now (it cannot be, the half was checked) is delivered at
-        the horizon's end."""
+        refuses: the half was checked when it was sent, and a decided commit must be stored.
+        Should its time no longer pass the checks (a broker restarted with a shorter
+        ``timer_max_delay`` since), it is delivered now, with an error logged."""
         props = final.properties
         if not is_timer(props):
             return final
@@ -213,8 +213,8 @@ class TimerService:
                                "is not its group's master")
         if h.deliver_ms <= self._now_ms():
             raise TimerRefusal(ResponseCode.ILLEGAL_OPERATION,
-                               f"recall failed: message {h.msg_id} was due at {h.deliver_ms} ms "
-                               "and has been delivered: too late")
+                               f"recall failed: message {h.msg_id} was due at {h.deliver_ms} ms, "
+                               "so it is delivered or being delivered: too late")
         self._intake()  # a timer sent a moment ago is found too
         offset = self._find(h.deliver_ms, h.msg_id, topic)
         if offset is None:
@@ -269,7 +269,8 @@ class TimerService:
         self._unsettled.clear()
         self._intake()
         settled = 0
-        first = self._read(base) if base < self._cursor else None
+        # the oldest timer record still readable (retention may have cut below the mark)
+        first = next(self._records(TIMER_QUEUE, base, self._cursor), None)
         if first is not None:
             start = self.store.offset_by_time(TIMER_TOPIC, SETTLE_QUEUE,
                                               first.store_timestamp - _SETTLE_MARGIN_MS)
