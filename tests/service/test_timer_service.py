@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from support.cli_runner import run_cli
 from support.waiting import eventually
 
 from txbroker.broker import Broker
@@ -129,3 +130,15 @@ async def test_pending_limit_refuses_clearly(broker_config) -> None:
             b.timer.wrap(_timer("TLimit", due, "K3"))
     finally:
         await b.stop()
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--timer-max-delay", "0"], "timer_max_delay=0.0: must be > 0"),
+    (["--timer-max-pending", "0"], "timer_max_pending=0: must be >= 1"),
+    (["--timer-roll-window", "-3"], "timer_roll_window=-3.0: must be > 0"),
+])
+async def test_serve_refuses_bad_timer_settings_in_one_line(tmp_path, args, line) -> None:
+    result = await run_cli("serve", "--data-dir", str(tmp_path / "d"), "--broker-port", "0", *args)
+    assert result.exit_code == 2  # a usage error, as every bad setting
+    assert result.stderr.strip() == f"error: {line}" and "Traceback" not in result.output
+    assert not (tmp_path / "d").exists()
