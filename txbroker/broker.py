@@ -82,6 +82,7 @@ from txbroker.service.kafka.staging import TxnStaging
 from txbroker.service.kafka.txn_api import txn_handlers
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.namesrv import NameServer
+from txbroker.service.pop import PopService
 from txbroker.service.processors.admin import AdminProcessor
 from txbroker.service.processors.consumer import ConsumerProcessor
 from txbroker.service.processors.pull import PullHoldService, PullProcessor
@@ -196,6 +197,8 @@ class Broker:
         self.tx: TransactionalMessageService | None = None
         self.schedule: ScheduleService | None = None
         self.timer: TimerService | None = None
+        #: POP consumption (RocketMQ 5 receive/ack), served by a master only.
+        self.pop: PopService | None = None
         self.server: RemotingServer | None = None
         self.namesrv_server: RemotingServer | None = None
         #: Registers with ``config.namesrv_addr`` (None without name servers: embedded mode).
@@ -314,7 +317,14 @@ class Broker:
 
             grpc_server = GrpcServer(cfg, tls=self.tls)
             try:
+                if cfg.grpc_port:  # a clash named like any other (gRPC's own text is a log line)
+                    bind_listener(cfg.listen_host, cfg.grpc_port, "gRPC port").close()
                 self.grpc_port = grpc_server.bind(cfg.listen_host, cfg.grpc_port)
+            except ListenError:
+                for s in (*bound.values(), self._ha_sock):
+                    if s is not None:
+                        s.close()
+                raise
             except BindError as exc:
                 for s in (*bound.values(), self._ha_sock):
                     if s is not None:
@@ -398,6 +408,8 @@ class Broker:
         self.tx = TransactionalMessageService(cfg, self.store, self.registry, self.metrics,
                                               clock=self.clock, timer=self.timer)
         self.schedule = ScheduleService(self.store, clock=self.clock)
+        self.pop = PopService(cfg, self.store, self.topics, self.registry, clock=self.clock)
+        self.pop.bind(asyncio.get_running_loop())
         if not cfg.namesrv_addr:  # in a cluster the role decides (roles.py)
             self.recover_master_state()
             await self.resume_master_services()
@@ -507,10 +519,11 @@ class Broker:
 
     async def _start_grpc(self) -> None:
         """The RocketMQ 5.x gRPC endpoint (docs/grpc.md), on the same services."""
+        from txbroker.service.grpc.consume import ConsumeHandlers
         from txbroker.service.grpc.recall import RecallHandlers
         from txbroker.service.grpc.route import endpoints
         from txbroker.service.grpc.send import SendHandlers
-        from txbroker.service.grpc.server import MessagingServicer
+        from txbroker.service.grpc.server import MessagingServicer, client_id
         from txbroker.service.grpc.sessions import Sessions
         from txbroker.service.grpc.transactions import TransactionHandlers
 
@@ -519,12 +532,31 @@ class Broker:
         assert self.timer is not None
         send = SendHandlers(self.config, self.store, self.topics, self.tx, sessions,
                             timer=self.timer)
+        def here():
+            return endpoints(self.host, self.grpc_port)
+
+        cluster = None
+        if self.config.namesrv_addr:
+            from txbroker.service.grpc.cluster import ClusterRoutes
+
+            cluster = ClusterRoutes(self.config.namesrv_addr, broker_name=self.config.broker_name,
+                                    here=here, is_master=lambda: self.roles is not None
+                                    and self.roles.is_master,
+                                    credentials=broker_credentials(self),
+                                    tls=self._peer_context())
         servicer = MessagingServicer(
-            self.config, broker_name=self.config.broker_name,
-            here=lambda: endpoints(self.host, self.grpc_port), topics=self.topics,
+            self.config, broker_name=self.config.broker_name, here=here, topics=self.topics,
             sessions=sessions, send=send, transactions=TransactionHandlers(self.tx),
+            cluster=cluster, metrics=self.metrics,
             recall=RecallHandlers(self.timer, self.topics))
         servicer.store_host = self.broker_addr
+        if self.pop is not None:
+            servicer.consume = ConsumeHandlers(
+                self.config, self.pop, self.topics, sessions=sessions,
+                broker_name=self.config.broker_name, here=servicer.here, to_pb=servicer.to_pb,
+                client_id=client_id, cluster=cluster)
+            # A PushConsumer's messages stay invisible while its client is connected.
+            self.pop.owner_alive = lambda cid: sessions.get(cid) is not None
         await self.grpc.start(servicer)
 
     # --- what a role switches on and off (roles.py) -------------------------------------------
@@ -536,6 +568,8 @@ class Broker:
         assert self.tx is not None and self.timer is not None
         self.tx.recover()
         self.timer.recover()
+        if self.pop is not None:
+            self.pop.recover()
         if self.kafka_txn is not None and self.config.namesrv_addr:
             self.kafka_txn.recover()  # the replicated log is final: decisions, pid floor
         if self.kafka_staging is not None:
@@ -550,6 +584,8 @@ class Broker:
         await self.tx.start()
         await self.schedule.start()
         await self.timer.start()
+        if self.pop is not None:
+            await self.pop.start()
         if self.kafka_staging is not None:  # before the coordinator: its markers may come here
             await self.kafka_staging.start()
         if self.kafka_txn is not None and self.config.namesrv_addr:
@@ -561,6 +597,8 @@ class Broker:
         await self.tx.suspend()
         await self.schedule.close()
         await self.timer.close()
+        if self.pop is not None:
+            await self.pop.suspend()
         if self.kafka_txn is not None and self.config.namesrv_addr:
             await self.kafka_txn.suspend()
         if self.kafka_staging is not None:
@@ -591,6 +629,10 @@ class Broker:
             node = max(self.config.kafka_node_id, 0)
             table.update({KAFKA_ADDR_KEY: f"{self.host}:{self.kafka_port}",
                           KAFKA_NODE_KEY: str(node)})
+        if self.grpc_port >= 0:  # how the other groups' gRPC routes find this broker
+            from txbroker.service.grpc.cluster import GRPC_ADDR_KEY
+
+            table[GRPC_ADDR_KEY] = f"{self.host}:{self.grpc_port}"
         return table
 
     def _update_gauges(self) -> None:
@@ -610,7 +652,9 @@ class Broker:
             try:
                 self.registry.expire()
                 if self.grpc is not None and self.grpc.servicer is not None:
-                    self.grpc.servicer.sessions.expire(GRPC_SESSION_IDLE)
+                    sessions = self.grpc.servicer.sessions
+                    sessions.expire(GRPC_SESSION_IDLE)
+                    self.metrics.grpc_clients.set(len(sessions))
                 self._update_gauges()
                 if self.peer_tls is not None:
                     self.peer_tls.refresh()
@@ -656,6 +700,8 @@ class Broker:
         if self._metrics_server is not None:
             self._metrics_server.close()
         self.holds.wake_all()  # held pulls and Kafka fetches answer now
+        if self.pop is not None:
+            self.pop.wake_all()  # held POP receives too
         if self._kafka_sock is not None:  # bound, never served
             self._kafka_sock.close()
         servers = [s for s in (self.server, self.namesrv_server, self.kafka) if s is not None]
@@ -673,6 +719,8 @@ class Broker:
             await self.schedule.close()
         if self.timer is not None:
             await self.timer.close()
+        if self.pop is not None:
+            await self.pop.close()
         if self.tx is not None:
             await self.tx.close()
         # The Kafka coordinators write to the store: closed before it.

@@ -3,9 +3,12 @@ Python client run in subprocesses (tests/grpc/py5_client.py).
 
 * ``grpc_broker`` — a started in-process :class:`txbroker.broker.Broker` with ``grpc_port=0``;
   ``grpc_endpoint(broker)`` is the ``host:port`` 5.x clients are given.
+* ``fuzz_endpoint`` — the same broker on a loop of its own in a thread (``.loop``), for
+  synchronous tests (hypothesis).
 * ``py5`` — ``await py5("send", endpoint, topic, n, *options)`` runs one client scenario to its
   end (bounded) and returns its JSON events; ``py5.start(...)`` returns the running process
   for a test that kills it.
+* ``py5_consumer`` — the same for the consumer scenarios (tests/grpc/py5_consumer.py).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,7 @@ import pytest
 from txbroker.config import BrokerConfig
 
 DRIVER = Path(__file__).with_name("py5_client.py")
+CONSUMER_DRIVER = Path(__file__).with_name("py5_consumer.py")
 #: A client scenario never runs longer (the driver bounds its own waits at 60 s).
 CLIENT_TIMEOUT = 90.0
 
@@ -45,13 +50,41 @@ async def grpc_broker(grpc_config: BrokerConfig):
         await b.stop()
 
 
+class ThreadEndpoint(str):
+    """``host:port`` of a broker serving on its own loop in a thread (``.loop``), for tests
+    that cannot await: hypothesis drives them synchronously."""
+
+    loop: asyncio.AbstractEventLoop
+
+
+@pytest.fixture
+def fuzz_endpoint(grpc_config: BrokerConfig):
+    from txbroker.broker import Broker
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="grpc-fuzz-broker", daemon=True)
+    thread.start()
+    broker = Broker(grpc_config)
+    asyncio.run_coroutine_threadsafe(broker.start(), loop).result(30)
+    endpoint = ThreadEndpoint(grpc_endpoint(broker))
+    endpoint.loop = loop
+    try:
+        yield endpoint
+    finally:
+        asyncio.run_coroutine_threadsafe(broker.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
 class Py5:
-    def __init__(self) -> None:
+    def __init__(self, driver: Path = DRIVER) -> None:
+        self.driver = driver
         self.procs: list[asyncio.subprocess.Process] = []
 
     async def start(self, *args: object) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(DRIVER), *map(str, args), stdout=asyncio.subprocess.PIPE,
+            sys.executable, str(self.driver), *map(str, args), stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)
         self.procs.append(proc)
         return proc
@@ -96,6 +129,17 @@ class Py5:
 @pytest.fixture
 async def py5():
     runner = Py5()
+    yield runner
+    runner.kill_all()
+    for proc in runner.procs:
+        if proc.returncode is None:
+            await proc.wait()
+
+
+@pytest.fixture
+async def py5_consumer():
+    """As ``py5``, for the consumer scenarios of tests/grpc/py5_consumer.py."""
+    runner = Py5(CONSUMER_DRIVER)
     yield runner
     runner.kill_all()
     for proc in runner.procs:

@@ -5,16 +5,15 @@ of it fails with the broker's reason); and a transactional timer sent as raw req
 
 from __future__ import annotations
 
-import asyncio
-import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.grpc import raw
 from tests.grpc.conftest import grpc_endpoint
 from tests.support.waiting import eventually
+from txbroker.remoting.grpc import definition_pb2 as pb
+from txbroker.remoting.grpc import service_pb2 as spb
 from txbroker.remoting.recall import decode_handle
 
 pytestmark = pytest.mark.slow
@@ -55,20 +54,24 @@ async def test_transactional_timer_over_grpc(grpc_broker) -> None:
     """TRANSACTION + delivery_timestamp (raw requests: the official clients refuse to send
     it): the committed one becomes visible at its time, the rolled-back one never."""
     due_ms = int(time.time() * 1000) + 3000
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(Path(__file__).with_name("raw_tx_timer.py")),
-        grpc_endpoint(grpc_broker), "G5TxTimer", str(due_ms),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    events = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
-    assert proc.returncode == 0 and events[-1].get("done"), (events, err.decode()[-2000:])
-    sent = [e for e in events if "sent" in e]
-    assert [e["code"] for e in events if "code" in e] == [20000] * 4, events  # Code.OK
-    assert all(e["transaction_id"] and not e["recall_handle"] for e in sent)
-    await eventually(lambda: grpc_broker.tx.pending_count() == 0, msg="both decided")
+    async with raw.stub(grpc_endpoint(grpc_broker)) as (stub, _):
+        for body, resolution in ((b"committed", pb.COMMIT), (b"rolled-back", pb.ROLLBACK)):
+            msg = raw.message("G5TxTimer", body, message_type=pb.TRANSACTION)
+            msg.system_properties.delivery_timestamp.FromMilliseconds(due_ms)
+            sent = await raw.send(stub, msg)
+            [entry] = sent.entries
+            assert sent.status.code == pb.OK and entry.transaction_id and not entry.recall_handle
+            ended = await stub.EndTransaction(spb.EndTransactionRequest(
+                topic=pb.Resource(name="G5TxTimer"), message_id=entry.message_id,
+                transaction_id=entry.transaction_id, resolution=resolution,
+                source=pb.SOURCE_CLIENT), metadata=raw.client_metadata(), timeout=10)
+            assert ended.status.code == pb.OK, ended.status.message
+            if body == b"committed":
+                committed_id = entry.message_id
+    assert grpc_broker.tx.pending_count() == 0
     assert visible(grpc_broker, "G5TxTimer") == []  # committed, waiting for its time
     await eventually(lambda: len(visible(grpc_broker, "G5TxTimer")) == 1, timeout=20,
                      msg="the committed one became visible")
     [m] = visible(grpc_broker, "G5TxTimer")
-    assert m.body == b"committed" and m.uniq_key == sent[0]["sent"]
+    assert m.body == b"committed" and m.uniq_key == committed_id
     assert m.store_timestamp >= due_ms
