@@ -1,16 +1,22 @@
 """Timer messages across a broker SIGKILL and restart (a ``txbroker serve`` subprocess):
 nothing pending is lost, a recall stays a recall, a timer due while the broker was down is
 delivered once it is back, and transactional timers keep their decision: committed ones are
-delivered at their time, a rolled-back one never, and a half left undecided by the crash is
-checked back after the restart and, once committed, delivered at its time."""
+delivered at their time, a rolled-back one never, a half left undecided by the crash is
+checked back after the restart and, once committed, delivered at its time, and a commit cut
+between its timer record and its op record is recovered as committed and delivered once."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
+import textwrap
 import time
 
 import pytest
+from support.waiting import eventually
 
+from txbroker.broker import Broker
 from txbroker.client import (
     Consumer,
     LocalTransactionState,
@@ -20,6 +26,8 @@ from txbroker.client import (
     TransactionProducer,
 )
 from txbroker.client.admin import AdminClient
+from txbroker.config import BrokerConfig
+from txbroker.service.transaction.state import HalfState
 
 pytestmark = pytest.mark.slow
 
@@ -122,3 +130,71 @@ async def test_kill_during_deliveries_loses_none(broker_process) -> None:
     got = await collect_keys(proc.namesrv_addr, "CG_TK2", len(keys), quiet=1.0)
     assert {m.keys for m in got} == set(keys)
     assert "Traceback" not in proc.log_tail()
+
+
+#: The child: a broker whose commit of a transactional timer dies (SIGKILL) right after the
+#: final message, here the timer record, is stored and before its op record.
+CHILD = textwrap.dedent("""
+    import asyncio, json, os, signal, sys
+    from txbroker.broker import Broker
+    from txbroker.config import BrokerConfig
+    from txbroker.store.record import Message
+
+    async def main():
+        b = Broker(BrokerConfig(data_dir=sys.argv[1], listen_host="127.0.0.1", broker_port=0,
+                                namesrv_port=-1, metrics_port=-1, segment_size=1 << 20,
+                                max_message_size=256 * 1024))
+        await b.start()
+        await b.topics.get_or_create("TxTimerCrash", queue_nums=1)
+
+        async def put_commit_then_die(final, op):
+            await b.store.put(final)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        b.tx.bridge.put_commit = put_commit_then_die
+        await b.store.put(Message("TxTimerCrash", 0, b"before"))  # the half is not at offset 0
+        half = Message("TxTimerCrash", 0, b"once", sys_flag=4, properties={
+            "PGROUP": "PG_CRASH", "TRAN_MSG": "true", "UNIQ_KEY": "U-CRASH",
+            "TIMER_DELIVER_MS": sys.argv[2]})
+        res = await b.tx.prepare(half, None)
+        print(json.dumps({"phys": res.physical_offset}), flush=True)
+        await b.tx.end_transaction(commit_log_offset=res.physical_offset,
+                                   tran_state_table_offset=res.queue_offset,
+                                   producer_group="PG_CRASH", commit_or_rollback=8)
+        print("not reached", flush=True)
+
+    asyncio.run(main())
+""")
+
+
+async def test_crash_between_a_transactional_timer_and_its_op_record(tmp_path) -> None:
+    """Transaction recovery finds the commit through the timer record (it keeps the commit
+    flag and the half's offset): the half is not checked or committed again, and the timer is
+    delivered once, at its time."""
+    data = tmp_path / "data"
+    due = now_ms() + 4000
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CHILD, str(data), str(due), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == -9, err.decode()[-2000:]
+    lines = out.decode().splitlines()
+    assert "not reached" not in lines
+    phys = json.loads(lines[0])["phys"]
+    b = Broker(BrokerConfig(data_dir=str(data), listen_host="127.0.0.1", broker_port=0,
+                            namesrv_port=-1, metrics_port=-1, segment_size=1 << 20,
+                            max_message_size=256 * 1024,
+                            transaction_check_interval=0.2, transaction_timeout=0.5))
+    await b.start()
+    try:
+        assert b.tx.state_of(phys) is HalfState.COMMITTED and b.tx.pending_count() == 0
+        assert b.timer.pending == 1
+        assert b.store.max_offset("TxTimerCrash", 0) == 1  # "before" only: not before its time
+        await eventually(lambda: b.store.max_offset("TxTimerCrash", 0) == 2, timeout=20,
+                         msg="the committed timer delivered")
+        [_, m] = b.store.get("TxTimerCrash", 0, 0, 10).messages()
+        assert m.body == b"once" and m.store_timestamp >= due
+        await asyncio.sleep(1.0)  # several check intervals: no check, no second delivery
+        assert b.store.max_offset("TxTimerCrash", 0) == 2
+    finally:
+        await b.stop()
