@@ -3,6 +3,8 @@ broker for rolling, the pending limit, recovery after a clean restart and a slav
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 
 import pytest
@@ -23,6 +25,7 @@ from txbroker.service.timer.props import (
 )
 from txbroker.service.topics import TIMER_TOPIC
 from txbroker.store.record import Message
+from txbroker.store.results import Fence
 
 
 def test_index_slots_bits_and_mark() -> None:
@@ -142,3 +145,35 @@ async def test_serve_refuses_bad_timer_settings_in_one_line(tmp_path, args, line
     assert result.exit_code == 2  # a usage error, as every bad setting
     assert result.stderr.strip() == f"error: {line}" and "Traceback" not in result.output
     assert not (tmp_path / "d").exists()
+
+
+async def test_due_timers_wait_while_the_store_refuses_and_are_delivered_after(
+        broker_config, caplog) -> None:
+    """A fenced store refuses the deliveries: nothing is lost or settled, they are tried again
+    every 0.1 s (not in a tight loop), the refusal is logged once, and once writes are taken
+    the timers are delivered."""
+    b = Broker(broker_config)
+    await b.start()
+    try:
+        due = int(time.time() * 1000) + 300
+        for i in range(3):
+            assert (await b.store.put(b.timer.wrap(_timer("TFenced", due, f"K{i}")))).ok
+        await eventually(lambda: b.timer.pending == 3, msg="three pending")
+        attempts = []
+
+        def fenced():
+            attempts.append(1)
+            return Fence.LEASE_NOT_VALID
+
+        b.store.set_write_gate(fenced)
+        with caplog.at_level(logging.WARNING, logger="txbroker.service.timer.service"):
+            await asyncio.sleep(1.0)  # ~0.7 s past their time, retried every 0.1 s
+        held = [r for r in caplog.records if "timer delivery held back" in r.getMessage()]
+        assert len(held) == 1
+        assert b.store.max_offset("TFenced", 0) == 0 and b.timer.pending == 3
+        assert 3 <= len(attempts) <= 30  # one put attempt per 0.1 s retry, give or take
+        b.store.set_write_gate(None)
+        await eventually(lambda: b.store.max_offset("TFenced", 0) == 3, msg="delivered")
+        await eventually(lambda: b.timer.pending == 0, msg="settled")
+    finally:
+        await b.stop()

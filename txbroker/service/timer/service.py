@@ -347,7 +347,11 @@ class TimerService:
                 await asyncio.sleep(rest)
 
     def _idle(self) -> float:
-        """Seconds until something may be due: the nearest timer read, else the next poll."""
+        """Seconds until something may be due: the nearest timer read, else the next poll
+        (also while the store refuses deliveries: retried every MAX_IDLE, as the schedule
+        service retries)."""
+        if self._held:
+            return MAX_IDLE
         if self._near:
             return max(0.0, min(MAX_IDLE, self._near[0][0] / 1000 - self.clock()))
         return MAX_IDLE
@@ -381,34 +385,31 @@ class TimerService:
             return 0
         now = self._now_ms()
         self._load(now)
-        batch: list[tuple[int, Message]] = []
+        batch: list[tuple[int, int, StoredMessage]] = []
         while self._near and self._near[0][0] <= now:
             if len(batch) >= _DELIVER_PER_PASS:
                 self._more = True  # the rest in the next pass, at once
                 break
-            _, offset, m = self._near[0]
-            if offset in self._holding:
+            if self._near[0][1] in self._holding:
                 break
-            heapq.heappop(self._near)
-            if index.is_pending(offset):
-                batch.append((offset, unwrap(m)))
+            entry = heapq.heappop(self._near)
+            if index.is_pending(entry[1]):
+                batch.append(entry)
         if not batch and not self._unsettled:
             return 0
-        offsets = self._unsettled + [o for o, _ in batch]
-        records = [msg for _, msg in batch] + [self._settle_record(offsets, TAG_DELIVERED)]
+        offsets = self._unsettled + [offset for _, offset, _ in batch]
+        records = [unwrap(m) for _, _, m in batch] + [self._settle_record(offsets, TAG_DELIVERED)]
         results = await self.store.put_chain(records)
         stored = sum(1 for r in results[:len(batch)] if _stored(r))
-        for offset, _ in batch[:stored]:
+        for _, offset, _ in batch[:stored]:
             index.settle(offset)
         refused = next((r for r in results if not _stored(r)), None)
         if refused is None and len(results) == len(records):
             self._unsettled = []
         else:
             self._unsettled = offsets[:len(self._unsettled) + stored]
-            for offset, msg in batch[stored:]:  # due again next pass
-                m = self._read(offset)
-                if m is not None:
-                    heapq.heappush(self._near, (out_ms(m) or 0, offset, m))
+            for entry in batch[stored:]:  # due again, tried after MAX_IDLE
+                heapq.heappush(self._near, entry)
         self._note_refusal(refused.reason or refused.status.name if refused is not None else "")
         index.advance(self._cursor)
         return stored
