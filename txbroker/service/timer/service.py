@@ -5,17 +5,17 @@ Everything durable is a record in the commitlog, so a slave holds it and a promo
 rebuilds it (docs/grpc.md, "Timer messages"):
 
 * a **timer record** in ``rmq_sys_wheel_timer`` queue 0 per timer (:func:`.props.wrap`);
-* a **settle record** in queue 1 per delivery pass, recall or roll: body = the settled timer
-  queue offsets (``"17,18,"``), tag ``d`` (delivered), ``r`` (recalled) or ``l`` (rolled),
-  property ``TIMER_LOW`` = the low-water mark when it was written (every timer below it is
-  settled).
+* a **settle record** in queue 1 per delivery pass, recall or roll, naming the timers it
+  finished and the low-water mark below which every timer is finished (format and reads in
+  :mod:`.log`).
 
 The master keeps the pending timers in a :class:`~.index.TimerIndex` (a wheel of one-second
 slots and a pending bit per timer) fed by reading its own timer queue (the *intake*), so every
 path that stores a timer record (a send, a transaction commit, a roll) is picked up the same
-way.  The loop takes the timers of the next second off the wheel, reads them into a small heap
-ordered by due time, and when they are due stores each in its real topic and queue, followed by
-one settle record for the pass (``put_chain``: one flush wait).  A crash between the two stores
+way; a timer due within 2 s goes straight to a small heap ordered by due time with the record
+just read.  The loop takes the timers of the next second off the wheel into that heap, and when
+they are due stores each in its real topic and queue, followed by one settle record for the
+pass (``put_chain``: one flush wait).  A crash between the two stores
 delivers those timers again after the restart: a timer may be delivered twice, never lost.
 
 **Rolling** bounds what recovery reads: a timer still pending ``timer_roll_window`` after it was
@@ -39,8 +39,8 @@ from txbroker.config import BrokerConfig
 from txbroker.remoting.codes import ResponseCode
 from txbroker.remoting.recall import encode_handle
 from txbroker.service.timer.index import TimerIndex
+from txbroker.service.timer.log import TAG_DELIVERED, TAG_RECALLED, TAG_ROLLED, TimerLog
 from txbroker.service.timer.props import (
-    SETTLE_QUEUE,
     TIMER_QUEUE,
     TimerRefusal,
     again,
@@ -55,7 +55,6 @@ from txbroker.service.timer.props import (
 from txbroker.service.topics import TIMER_TOPIC
 from txbroker.store.record import (
     PROPERTY_REAL_TOPIC,
-    PROPERTY_TAGS,
     PROPERTY_TIMER_OUT_MS,
     PROPERTY_UNIQ_KEY,
     Message,
@@ -65,18 +64,12 @@ from txbroker.store.results import PutResult, PutStatus
 
 log = logging.getLogger(__name__)
 
-PROPERTY_TIMER_LOW = "TIMER_LOW"
-TAG_DELIVERED = "d"
-TAG_RECALLED = "r"
-TAG_ROLLED = "l"
 #: Longest the loop sleeps with nothing due: how soon a new timer due within the next
 #: second is taken off the wheel (a put also wakes it).
 MAX_IDLE = 0.1
 #: Shortest time between two passes without a backlog: at thousands of timer puts a second,
 #: each put's wake-up would otherwise cost a pass of its own; 5 ms of lateness buys batches.
 MIN_PASS_INTERVAL = 0.005
-#: Timer records read per store.get (intake, recovery, slots).
-_READ_BATCH = 256
 #: A timer taken in due within this many ms goes straight to the heap of timers being
 #: delivered with the record just read, instead of the wheel (no second read).
 _NEAR_MS = 2000
@@ -88,9 +81,6 @@ _DELIVER_PER_PASS = 512
 _LOAD_PER_PASS = 2048
 #: Rolls per pass at most, so a backlog of old timers never stalls delivery.
 _ROLLS_PER_PASS = 1000
-#: Recovery reads settle records from this long before the oldest pending timer was stored
-#: (store clocks of one broker; the margin only makes the read start earlier).
-_SETTLE_MARGIN_MS = 1000
 
 
 def _stored(result: PutResult) -> bool:
@@ -128,6 +118,8 @@ class TimerService:
         self._last_roll = 0.0
         #: Why the store refused the last delivery ('' = delivering), logged once per cause.
         self._held = ""
+        #: Reads of the timer topic and the settle records to write.
+        self.log = TimerLog(store, self._now_ms)
         store.add_listener(self._on_put)
 
     # --- the send paths' entry points --------------------------------------------------------
@@ -229,7 +221,8 @@ class TimerService:
                                "or never sent to this broker)")
         self._holding.add(offset)
         try:
-            result = await self.store.put(self._settle_record([offset], TAG_RECALLED))
+            result = await self.store.put(self.log.settle_record([offset], TAG_RECALLED,
+                                                                 index.base))
         finally:
             self._holding.discard(offset)
         if not _stored(result):
@@ -249,7 +242,7 @@ class TimerService:
         for offset in candidates:
             if not self._index.is_pending(offset) or offset in self._holding:
                 continue
-            m = self._read(offset)
+            m = self.log.read(offset)
             if (m is not None and out_ms(m) == when_ms
                     and m.properties.get(PROPERTY_REAL_TOPIC) == topic
                     and msg_id in (m.properties.get(PROPERTY_UNIQ_KEY), m.msg_id)):
@@ -260,29 +253,15 @@ class TimerService:
     def recover(self) -> None:
         """Rebuild the pending timers from the log (becoming the master, or at start)."""
         started = time.perf_counter()
-        base = self.store.min_offset(TIMER_TOPIC, TIMER_QUEUE)
-        settle_end = self.store.max_offset(TIMER_TOPIC, SETTLE_QUEUE)
-        if settle_end > self.store.min_offset(TIMER_TOPIC, SETTLE_QUEUE):
-            last = self._read(settle_end - 1, SETTLE_QUEUE)
-            low = last.properties.get(PROPERTY_TIMER_LOW, "") if last is not None else ""
-            if low.isdigit():
-                base = max(base, int(low))
+        base = self.log.recovery_mark()
         index = self._index = TimerIndex(base)
         self._cursor = base
         self._near.clear()
         self._loading.clear()
         self._unsettled.clear()
         self._intake()
-        settled = 0
-        # the oldest timer record still readable (retention may have cut below the mark)
-        first = next(self._records(TIMER_QUEUE, base, self._cursor), None)
-        if first is not None:
-            start = self.store.offset_by_time(TIMER_TOPIC, SETTLE_QUEUE,
-                                              first.store_timestamp - _SETTLE_MARGIN_MS)
-            for m in self._records(SETTLE_QUEUE, start, settle_end):
-                for piece in m.body.split(b","):
-                    if piece.isdigit() and index.settle(int(piece)):
-                        settled += 1
+        settled = sum(1 for offset in self.log.settled_since(base, self._cursor)
+                      if index.settle(offset))
         index.advance(self._cursor)
         log.info("timer messages recovered: %d pending (timer queue %d..%d, %d settled since) "
                  "in %.3f s", index.pending, base, self._cursor, settled,
@@ -363,9 +342,8 @@ class TimerService:
         index = self._index
         if index is None:
             return
-        end = self.store.max_offset(TIMER_TOPIC, TIMER_QUEUE)
         near = self._now_ms() + _NEAR_MS
-        for m in self._records(TIMER_QUEUE, self._cursor, end):
+        for m in self.log.records(TIMER_QUEUE, self._cursor, self.log.end()):
             when = out_ms(m)
             if when is None:
                 log.error("timer record at offset %d has no readable TIMER_OUT_MS: skipped",
@@ -398,7 +376,8 @@ class TimerService:
         if not batch and not self._unsettled:
             return 0
         offsets = self._unsettled + [offset for _, offset, _ in batch]
-        records = [unwrap(m) for _, _, m in batch] + [self._settle_record(offsets, TAG_DELIVERED)]
+        records = [unwrap(m) for _, _, m in batch]
+        records.append(self.log.settle_record(offsets, TAG_DELIVERED, index.base))
         results = await self.store.put_chain(records)
         stored = sum(1 for r in results[:len(batch)] if _stored(r))
         for _, offset, _ in batch[:stored]:
@@ -423,7 +402,7 @@ class TimerService:
             return
         self._loading.sort()
         chunk, self._loading = self._loading[:_LOAD_PER_PASS], self._loading[_LOAD_PER_PASS:]
-        found = {m.queue_offset: m for m in self._read_runs(chunk)}
+        found = {m.queue_offset: m for m in self.log.read_runs(chunk)}
         for offset in chunk:
             m = found.get(offset)
             when = out_ms(m) if m is not None else None
@@ -447,66 +426,20 @@ class TimerService:
             base = index.advance(self._cursor)
             if base >= self._cursor or base in self._holding:
                 break
-            m = self._read(base)
+            m = self.log.read(base)
             if m is None:
                 index.settle(base)
                 continue
             if m.store_timestamp > limit:
                 break
-            results = await self.store.put_chain([again(m),
-                                                  self._settle_record([base], TAG_ROLLED)])
+            results = await self.store.put_chain([again(m), self.log.settle_record(
+                [base], TAG_ROLLED, base)])
             if len(results) < 2 or not all(_stored(r) for r in results):
                 break  # retried next second; a stored copy alone is a duplicate, never a loss
             index.settle(base)
             rolled += 1
             self._intake()
         return rolled
-
-    # --- records -----------------------------------------------------------------------------
-    def _settle_record(self, offsets: list[int], tag: str) -> Message:
-        """A settle record naming ``offsets``.  Its mark is the mark now, before they are
-        settled: never above a pending timer (recovery then reads a little more, at worst)."""
-        assert self._index is not None
-        body = "".join(f"{o}," for o in offsets).encode()
-        return Message(topic=TIMER_TOPIC, queue_id=SETTLE_QUEUE, body=body,
-                       properties={PROPERTY_TAGS: tag, PROPERTY_TIMER_LOW: str(self._index.base)},
-                       born_timestamp=self._now_ms())
-
-    def _read(self, offset: int, queue: int = TIMER_QUEUE) -> StoredMessage | None:
-        res = self.store.get(TIMER_TOPIC, queue, offset, 1)
-        msgs = res.messages() if res.raw else []
-        return msgs[0] if msgs and msgs[0].queue_offset == offset else None
-
-    def _read_runs(self, offsets: list[int]):
-        """The timer records at ``offsets`` (sorted), read a run of consecutive offsets at a
-        time (timers sent together sit together)."""
-        i = 0
-        while i < len(offsets):
-            j = i + 1
-            while j < len(offsets) and offsets[j] == offsets[j - 1] + 1:
-                j += 1
-            wanted = set(offsets[i:j])
-            for m in self._records(TIMER_QUEUE, offsets[i], offsets[j - 1] + 1):
-                if m.queue_offset in wanted:
-                    yield m
-            i = j
-
-    def _records(self, queue: int, start: int, end: int):
-        """The records of a timer topic queue in [start, end), in batches."""
-        offset = start
-        while offset < end:
-            res = self.store.get(TIMER_TOPIC, queue, offset, _READ_BATCH)
-            msgs = res.messages() if res.raw else []
-            if not msgs:
-                if res.next_offset > offset:  # entries the store can no longer read
-                    offset = res.next_offset
-                    continue
-                return
-            for m in msgs:
-                if m.queue_offset >= end:
-                    return
-                yield m
-            offset = msgs[-1].queue_offset + 1
 
     def _note_refusal(self, refused: str) -> None:
         if refused and refused != self._held:
