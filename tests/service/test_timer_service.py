@@ -183,3 +183,23 @@ async def test_due_timers_wait_while_the_store_refuses_and_are_delivered_after(
         await eventually(lambda: b.timer.pending == 0, msg="settled")
     finally:
         await b.stop()
+
+
+async def test_one_recall_cancels_a_timer_stored_twice(broker_config) -> None:
+    """A producer whose send answer was lost sends again with the same UNIQ_KEY: two timer
+    records of one message.  Its recall handle names the message, so both are cancelled."""
+    b = Broker(broker_config)
+    await b.start()
+    try:
+        await b.topics.get_or_create("TTwice", queue_nums=1)
+        due = int(time.time() * 1000) + 60_000
+        for _ in range(2):
+            stored = b.timer.wrap(_timer("TTwice", due, "U-TWICE"))
+            result = await b.store.put(stored)
+            handle = b.timer.recall_handle(stored, result)
+        assert await b.timer.recall("TTwice", handle) == "U-TWICE"
+        assert b.timer.pending == 0
+        with pytest.raises(TimerRefusal, match="no pending timer message U-TWICE"):
+            await b.timer.recall("TTwice", handle)
+    finally:
+        await b.stop()

@@ -213,41 +213,45 @@ class TimerService:
                                f"recall failed: message {h.msg_id} was due at {h.deliver_ms} ms, "
                                "so it is delivered or being delivered: too late")
         self._intake()  # a timer sent a moment ago is found too
-        offset = self._find(h.deliver_ms, h.msg_id, topic)
-        if offset is None:
+        offsets = self._find(h.deliver_ms, h.msg_id, topic)
+        if not offsets:
             raise TimerRefusal(ResponseCode.ILLEGAL_OPERATION,
                                f"recall failed: no pending timer message {h.msg_id} in topic "
                                f"{topic} due at {h.deliver_ms} ms (already recalled, delivered, "
                                "or never sent to this broker)")
-        self._holding.add(offset)
+        self._holding.update(offsets)
         try:
-            result = await self.store.put(self.log.settle_record([offset], TAG_RECALLED,
+            result = await self.store.put(self.log.settle_record(offsets, TAG_RECALLED,
                                                                  index.base))
         finally:
-            self._holding.discard(offset)
+            self._holding.difference_update(offsets)
         if not _stored(result):
             raise TimerRefusal(ResponseCode.SYSTEM_ERROR,
                                f"recall failed: the store refused the record: "
                                f"{result.status.name} {result.reason}".strip())
-        index.settle(offset)
+        for offset in offsets:
+            index.settle(offset)
         return h.msg_id
 
-    def _find(self, when_ms: int, msg_id: str, topic: str) -> int | None:
-        """The pending timer queue offset of message ``msg_id`` due at ``when_ms``."""
+    def _find(self, when_ms: int, msg_id: str, topic: str) -> list[int]:
+        """The pending timer queue offsets of message ``msg_id`` due at ``when_ms``: more than
+        one when a producer's retried send was stored twice (one message to its producer, so
+        one recall cancels both)."""
         assert self._index is not None
         candidates = [o for w, o, _ in self._near if w == when_ms]
         candidates += self._index.in_slot(when_ms // 1000)
         if when_ms // 1000 <= self._now_ms() // 1000 + 1:  # its slot may be being read
             candidates += self._loading
-        for offset in candidates:
+        found = []
+        for offset in sorted(set(candidates)):
             if not self._index.is_pending(offset) or offset in self._holding:
                 continue
             m = self.log.read(offset)
             if (m is not None and out_ms(m) == when_ms
                     and m.properties.get(PROPERTY_REAL_TOPIC) == topic
                     and msg_id in (m.properties.get(PROPERTY_UNIQ_KEY), m.msg_id)):
-                return offset
-        return None
+                found.append(offset)
+        return found
 
     # --- lifecycle (a master's) ------------------------------------------------------------
     def recover(self) -> None:
