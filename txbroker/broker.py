@@ -311,7 +311,14 @@ class Broker:
 
             grpc_server = GrpcServer(cfg, tls=self.tls)
             try:
+                if cfg.grpc_port:  # a clash named like any other (gRPC's own text is a log line)
+                    bind_listener(cfg.listen_host, cfg.grpc_port, "gRPC port").close()
                 self.grpc_port = grpc_server.bind(cfg.listen_host, cfg.grpc_port)
+            except ListenError:
+                for s in (*bound.values(), self._ha_sock):
+                    if s is not None:
+                        s.close()
+                raise
             except BindError as exc:
                 for s in (*bound.values(), self._ha_sock):
                     if s is not None:
@@ -511,10 +518,22 @@ class Broker:
         assert self.grpc is not None
         sessions = Sessions(self.registry)
         send = SendHandlers(self.config, self.store, self.topics, self.tx, sessions)
+        def here():
+            return endpoints(self.host, self.grpc_port)
+
+        cluster = None
+        if self.config.namesrv_addr:
+            from txbroker.service.grpc.cluster import ClusterRoutes
+
+            cluster = ClusterRoutes(self.config.namesrv_addr, broker_name=self.config.broker_name,
+                                    here=here, is_master=lambda: self.roles is not None
+                                    and self.roles.is_master,
+                                    credentials=broker_credentials(self),
+                                    tls=self._peer_context())
         servicer = MessagingServicer(
-            self.config, broker_name=self.config.broker_name,
-            here=lambda: endpoints(self.host, self.grpc_port), topics=self.topics,
-            sessions=sessions, send=send, transactions=TransactionHandlers(self.tx))
+            self.config, broker_name=self.config.broker_name, here=here, topics=self.topics,
+            sessions=sessions, send=send, transactions=TransactionHandlers(self.tx),
+            cluster=cluster)
         servicer.store_host = self.broker_addr
         await self.grpc.start(servicer)
 
@@ -579,6 +598,10 @@ class Broker:
             node = max(self.config.kafka_node_id, 0)
             table.update({KAFKA_ADDR_KEY: f"{self.host}:{self.kafka_port}",
                           KAFKA_NODE_KEY: str(node)})
+        if self.grpc_port >= 0:  # how the other groups' gRPC routes find this broker
+            from txbroker.service.grpc.cluster import GRPC_ADDR_KEY
+
+            table[GRPC_ADDR_KEY] = f"{self.host}:{self.grpc_port}"
         return table
 
     def _update_gauges(self) -> None:

@@ -617,7 +617,7 @@ def format_seconds(s: float) -> str:
 
 #: Settings that are sizes in bytes: they also take a binary unit (``64MiB``, ``1 GiB``).
 SIZE_FIELDS = frozenset({"max_frame_size", "segment_size", "max_message_size",
-                         "kafka_max_queued_bytes"})
+                         "kafka_max_queued_bytes", "grpc_max_body_size"})
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
                "g": 1 << 30, "gib": 1 << 30}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")

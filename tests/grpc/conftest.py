@@ -3,6 +3,8 @@ Python client run in subprocesses (tests/grpc/py5_client.py).
 
 * ``grpc_broker`` — a started in-process :class:`txbroker.broker.Broker` with ``grpc_port=0``;
   ``grpc_endpoint(broker)`` is the ``host:port`` 5.x clients are given.
+* ``fuzz_endpoint`` — the same broker on a loop of its own in a thread (``.loop``), for
+  synchronous tests (hypothesis).
 * ``py5`` — ``await py5("send", endpoint, topic, n, *options)`` runs one client scenario to its
   end (bounded) and returns its JSON events; ``py5.start(...)`` returns the running process
   for a test that kills it.
@@ -17,6 +19,7 @@ import asyncio
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -49,6 +52,33 @@ async def grpc_broker(grpc_config: BrokerConfig):
         yield b
     finally:
         await b.stop()
+
+
+class ThreadEndpoint(str):
+    """``host:port`` of a broker serving on its own loop in a thread (``.loop``), for tests
+    that cannot await: hypothesis drives them synchronously."""
+
+    loop: asyncio.AbstractEventLoop
+
+
+@pytest.fixture
+def fuzz_endpoint(grpc_config: BrokerConfig):
+    from txbroker.broker import Broker
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="grpc-fuzz-broker", daemon=True)
+    thread.start()
+    broker = Broker(grpc_config)
+    asyncio.run_coroutine_threadsafe(broker.start(), loop).result(30)
+    endpoint = ThreadEndpoint(grpc_endpoint(broker))
+    endpoint.loop = loop
+    try:
+        yield endpoint
+    finally:
+        asyncio.run_coroutine_threadsafe(broker.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
 
 
 class Py5:

@@ -31,6 +31,7 @@ from txbroker.remoting.grpc import definition_pb2 as pb
 from txbroker.remoting.grpc import service_pb2 as spb
 from txbroker.remoting.grpc import service_pb2_grpc as rpc
 from txbroker.service.grpc import messages, settings
+from txbroker.service.grpc.cluster import ClusterRoutes
 from txbroker.service.grpc.route import message_queues
 from txbroker.service.grpc.send import SendHandlers
 from txbroker.service.grpc.sessions import Sessions, TelemetryChannel
@@ -95,7 +96,7 @@ class MessagingServicer(rpc.MessagingServiceServicer):
     def __init__(self, config: BrokerConfig, *, broker_name: str, here: Callable[[], pb.Endpoints],
                  topics: TopicManager, sessions: Sessions, send: SendHandlers,
                  transactions: TransactionHandlers, consume: Any = None,
-                 recall: Any = None) -> None:
+                 recall: Any = None, cluster: ClusterRoutes | None = None) -> None:
         self.config = config
         self.broker_name = broker_name
         self.here = here
@@ -105,6 +106,8 @@ class MessagingServicer(rpc.MessagingServiceServicer):
         self.transactions = transactions
         self.consume = consume
         self.recall = recall
+        #: Routes across broker groups (None on a single broker).
+        self.cluster = cluster
         self.store_host = ""
 
     def to_pb(self, stored, **kw) -> pb.Message:
@@ -113,16 +116,25 @@ class MessagingServicer(rpc.MessagingServiceServicer):
     # --- clients ----------------------------------------------------------------------------
     @answers(spb.QueryRouteResponse)
     async def QueryRoute(self, request, context):
-        name = request.topic.name
+        name, namespace = request.topic.name, request.topic.resource_namespace
         tc = self.topics.get(name)
-        if tc is None:
-            try:
-                tc = await self.topics.get_or_create(name)
-            except Refusal as exc:  # not a topic name, or auto-create off
-                raise GrpcError(Code.TOPIC_NOT_FOUND, f"topic {name!r}: {exc.remark}") from None
-        return spb.QueryRouteResponse(
-            status=status(), message_queues=message_queues(
-                tc, self.broker_name, self.here(), request.topic.resource_namespace))
+        if self.cluster is None:
+            tc = tc or await self._create(name)
+            queues = message_queues(tc, self.broker_name, self.here(), namespace)
+        else:
+            queues = await self.cluster.queues(name, tc, namespace)
+            if not queues and tc is None and self.cluster.is_master():
+                queues = await self.cluster.queues(name, await self._create(name), namespace)
+            if not queues:
+                raise GrpcError(Code.TOPIC_NOT_FOUND,
+                                f"topic {name!r} has no queue on a master serving gRPC")
+        return spb.QueryRouteResponse(status=status(), message_queues=queues)
+
+    async def _create(self, name: str):
+        try:
+            return await self.topics.get_or_create(name)
+        except Refusal as exc:  # not a topic name, or auto-create off
+            raise GrpcError(Code.TOPIC_NOT_FOUND, f"topic {name!r}: {exc.remark}") from None
 
     @answers(spb.HeartbeatResponse)
     async def Heartbeat(self, request, context):
@@ -282,3 +294,5 @@ class GrpcServer:
         if self.servicer is not None:  # open Telemetry streams end now, not after the grace
             self.servicer.sessions.close_all()
         await server.stop(grace)
+        if self.servicer is not None and self.servicer.cluster is not None:
+            await self.servicer.cluster.close()
