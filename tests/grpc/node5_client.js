@@ -16,9 +16,11 @@
  *   check ENDPOINT TOPIC N --answer commit|rollback
  *       a producer whose checker answers every check-back and prints it, until N came;
  *   receive ENDPOINT TOPIC GROUP N [--tag T] [--invisible-ms MS]
- *       a SimpleConsumer receiving and acking until N messages were acked;
- *   push ENDPOINT TOPIC GROUP N [--tag T]
- *       a PushConsumer whose listener prints and succeeds, until N were consumed.
+ *       a SimpleConsumer receiving and acking until N messages were acked ("receiving" is
+ *       printed before each receive call);
+ *   push ENDPOINT TOPIC GROUP N [--tag T] [--fail-first]
+ *       a PushConsumer whose listener prints and succeeds, until N were consumed; with
+ *       --fail-first it fails each message the first time it sees it ("failed").
  */
 
 const { format } = require('node:util');
@@ -67,6 +69,7 @@ function parse(argv) {
       case '--end': args.end = value; i++; break;
       case '--answer': args.answer = value; i++; break;
       case '--invisible-ms': args.invisibleMs = parseInt(value, 10); i++; break;
+      case '--fail-first': args.failFirst = true; break;
       default: args.positional.push(flag);
     }
   }
@@ -158,6 +161,7 @@ async function receive(args, group, n) {
   let acked = 0;
   const until = Date.now() + DEADLINE_MS;
   while (acked < n && Date.now() < until) {
+    emit({ receiving: acked });
     const messages = await consumer.receive(Math.min(32, n - acked), args.invisibleMs);
     for (const m of messages) {
       emit({ received: m.messageId, ...view(m) });
@@ -171,6 +175,7 @@ async function receive(args, group, n) {
 }
 
 async function push(args, group, n) {
+  const failed = new Set();
   let consumed = 0;
   let enough;
   const allConsumed = new Promise(resolve => { enough = resolve; });
@@ -179,6 +184,11 @@ async function push(args, group, n) {
     subscriptions: new Map([ [ args.topic, args.tag ] ]), logger,
     messageListener: {
       async consume(m) {
+        if (args.failFirst && !failed.has(m.messageId)) {
+          failed.add(m.messageId);
+          emit({ failed: m.messageId, ...view(m) });
+          return ConsumeResult.FAILURE;
+        }
         emit({ consumed: m.messageId, ...view(m) });
         if (++consumed >= n) enough();
         return ConsumeResult.SUCCESS;
