@@ -533,7 +533,7 @@ class Broker:
         servicer = MessagingServicer(
             self.config, broker_name=self.config.broker_name, here=here, topics=self.topics,
             sessions=sessions, send=send, transactions=TransactionHandlers(self.tx),
-            cluster=cluster)
+            cluster=cluster, metrics=self.metrics)
         servicer.store_host = self.broker_addr
         await self.grpc.start(servicer)
 
@@ -621,7 +621,9 @@ class Broker:
             try:
                 self.registry.expire()
                 if self.grpc is not None and self.grpc.servicer is not None:
-                    self.grpc.servicer.sessions.expire(GRPC_SESSION_IDLE)
+                    sessions = self.grpc.servicer.sessions
+                    sessions.expire(GRPC_SESSION_IDLE)
+                    self.metrics.grpc_clients.set(len(sessions))
                 self._update_gauges()
                 if self.peer_tls is not None:
                     self.peer_tls.refresh()

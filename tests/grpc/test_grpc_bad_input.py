@@ -65,6 +65,9 @@ async def test_requests_naming_what_is_not_theirs_are_refused(grpc_broker) -> No
                                         timeout=10)
         assert anonymous.status.code == pb.CLIENT_ID_REQUIRED
     assert stored(grpc_broker, "GBad") == 0
+    # Every answer is counted by RPC and status code.
+    rendered = grpc_broker.metrics.render().decode()
+    assert 'grpc_requests_total{code="FORBIDDEN",rpc="SendMessage"} 3.0' in rendered, rendered
 
 
 async def test_end_transaction_names_a_half_of_its_topic_or_is_refused(grpc_broker) -> None:

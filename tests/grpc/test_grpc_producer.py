@@ -4,9 +4,11 @@ process was SIGKILLed, recovered by a new producer instance answering the check-
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from tests.grpc.conftest import grpc_endpoint
+from tests.support.cli_runner import cli_ok, run_cli
 from tests.support.waiting import eventually
 from txbroker.store.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 
@@ -78,3 +80,29 @@ async def test_an_orphaned_transaction_is_recovered_by_a_new_producer(grpc_broke
     assert grpc_broker.tx.pending_count() == 0
     for e in (e for e in events if "half" in e):
         assert grpc_broker.tx.show(e["transaction_id"])["source"] == "check"
+
+
+async def test_an_operator_lists_and_commits_a_grpc_half_from_the_cli(grpc_config, py5) -> None:
+    """A half sent over gRPC is one of the broker's transactions: ``txn list`` shows it (its
+    producer group is its topic) and ``txn commit`` decides it for a producer that is gone."""
+    from txbroker.broker import Broker
+
+    # No check-back meanwhile: the operator decides.
+    broker = Broker(grpc_config.replace(transaction_timeout=3600.0))
+    await broker.start()
+    try:
+        doomed = await py5.start("tx", grpc_endpoint(broker), "G5Op", 1, "--end", "none",
+                                 "--prefix", "op")
+        events = await py5.events_until(doomed, "ended")
+        half = next(e for e in events if "half" in e)
+        doomed.kill()
+        await doomed.wait()
+        ns = ("--namesrv", broker.namesrv_addr)
+        rows = orjson.loads(cli_ok(await run_cli("txn", "list", "--json", *ns)))
+        row = next(r for r in rows if r["topic"] == "G5Op")
+        assert (row["id"], row["producer_group"]) == (half["half"], "G5Op")
+        cli_ok(await run_cli("txn", "commit", half["transaction_id"], "--operator", "alice", *ns))
+        assert [m.body for m in visible(broker, "G5Op")] == [b"op-0"]
+        assert broker.tx.show(half["transaction_id"])["source"] == "operator"
+    finally:
+        await broker.stop()

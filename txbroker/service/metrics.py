@@ -77,6 +77,8 @@ class BrokerMetrics:
                                          ["reason"])  # client, timeout, fenced, operator
         self.kafka_producers_fenced = counter("kafka_producers_fenced",
                                               "Kafka producer epochs fenced by a newer one")
+        self.grpc_requests = counter("grpc_requests", "gRPC calls answered, by RPC and the "
+                                     "status code of the answer", ["rpc", "code"])
         self.kafka_txn_duration = histogram("kafka_txn_duration_seconds",
                                             "Time from a Kafka transaction's start to its end",
                                             LATENCY_BUCKETS)
@@ -87,6 +89,8 @@ class BrokerMetrics:
                                   namespace=ns, registry=r)
         self.pending = Gauge("tx_pending", "Half messages waiting for a decision",
                              namespace=ns, registry=r)
+        self.grpc_clients = Gauge("grpc_clients", "RocketMQ 5.x clients known to the gRPC "
+                                  "endpoint", namespace=ns, registry=r)
         self.discarded = Gauge("tx_discarded", "Discarded half messages not yet resolved",
                                namespace=ns, registry=r)
         # --- store and connections (set by the composition root) --------------------------

@@ -37,6 +37,7 @@ from txbroker.service.grpc.send import SendHandlers
 from txbroker.service.grpc.sessions import Sessions, TelemetryChannel
 from txbroker.service.grpc.status import Code, GrpcError, status
 from txbroker.service.grpc.transactions import TransactionHandlers
+from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.topics import TopicManager
 from txbroker.store.record import Host
 
@@ -79,13 +80,17 @@ def answers(response_type: type) -> Callable:
         @functools.wraps(fn)
         async def method(self, request, context):
             try:
-                return await fn(self, request, context)
+                response = await fn(self, request, context)
             except GrpcError as exc:
-                return response_type(status=status(exc.code, exc.message))
+                response = response_type(status=status(exc.code, exc.message))
             except Exception:
                 log.exception("gRPC %s failed", fn.__name__)
-                return response_type(status=status(Code.INTERNAL_ERROR,
-                                                   f"{fn.__name__} failed in the broker"))
+                response = response_type(status=status(Code.INTERNAL_ERROR,
+                                                       f"{fn.__name__} failed in the broker"))
+            if self.metrics is not None:
+                self.metrics.grpc_requests.labels(
+                    rpc=fn.__name__, code=pb.Code.Name(response.status.code)).inc()
+            return response
         return method
     return wrap
 
@@ -96,7 +101,8 @@ class MessagingServicer(rpc.MessagingServiceServicer):
     def __init__(self, config: BrokerConfig, *, broker_name: str, here: Callable[[], pb.Endpoints],
                  topics: TopicManager, sessions: Sessions, send: SendHandlers,
                  transactions: TransactionHandlers, consume: Any = None,
-                 recall: Any = None, cluster: ClusterRoutes | None = None) -> None:
+                 recall: Any = None, cluster: ClusterRoutes | None = None,
+                 metrics: BrokerMetrics | None = None) -> None:
         self.config = config
         self.broker_name = broker_name
         self.here = here
@@ -108,6 +114,7 @@ class MessagingServicer(rpc.MessagingServiceServicer):
         self.recall = recall
         #: Routes across broker groups (None on a single broker).
         self.cluster = cluster
+        self.metrics = metrics
         self.store_host = ""
 
     def to_pb(self, stored, **kw) -> pb.Message:
