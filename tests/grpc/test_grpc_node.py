@@ -1,10 +1,10 @@
 """The unmodified RocketMQ 5.x Node.js client (npm ``rocketmq-client-nodejs`` 1.0.8, driven by
 tests/grpc/node5_client.js) against txbroker's gRPC endpoint: normal, FIFO and transactional
 sends, commit, rollback, an orphaned transaction whose producer process was SIGKILLed recovered
-by a new producer process answering the check-back, and messages crossing protocols (sent by
-the Node client, read by the txbroker SDK over remoting and by a Kafka consumer; sent over
-remoting, read by the Node SimpleConsumer; the Node PushConsumer), where the broker serves POP
-consumption."""
+by a new producer process answering the check-back, one endpoint reaching both groups of a
+cluster, and messages crossing protocols: sent by the Node client, read by the txbroker SDK
+over remoting and by a Kafka consumer; sent over remoting, read by the Node SimpleConsumer.
+Where the broker serves POP consumption, the Node PushConsumer too."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from tests.grpc.conftest import grpc_endpoint
 from tests.grpc.test_grpc_producer import visible
+from tests.support.cluster import InProcessCluster, route
 from tests.support.consuming import collect
 from tests.support.waiting import eventually
 from txbroker.client import Consumer, Message, MessageQueue, Producer
@@ -83,6 +84,35 @@ async def test_an_orphaned_transaction_is_recovered_by_a_new_producer(grpc_broke
     assert grpc_broker.tx.pending_count() == 0
     for e in (e for e in events if "half" in e):
         assert grpc_broker.tx.show(e["transaction_id"])["source"] == "check"
+
+
+async def test_one_endpoint_reaches_both_groups_of_a_cluster(grpc_config, tmp_path, node5) -> None:
+    """The Node client keeps only the queues whose id is 0 (it compares the queue id with the
+    master's broker id), one per broker group of the route: given one group's endpoint, it
+    still sends and ends transactions on both groups."""
+    async with InProcessCluster(grpc_config, tmp_path) as c:
+        ns = await c.namesrv()
+        a = await c.broker("broker-a")
+        b = await c.broker("broker-b")
+        for broker in (a, b):
+            await broker.topics.create_or_update(TopicConfig("N5Spread", 2, 2))
+
+        async def both_routed() -> bool:
+            got = await route(ns.addr, "N5Spread")
+            return got is not None and len(got.broker_datas) == 2
+
+        await eventually(both_routed, msg="both groups routed")
+
+        def stored(broker) -> int:
+            return sum(broker.store.max_offset("N5Spread", q) for q in range(2))
+
+        await node5("send", grpc_endpoint(a), "N5Spread", 10)
+        assert stored(a) > 0 and stored(b) > 0 and stored(a) + stored(b) == 10
+        before = {x: stored(x) for x in (a, b)}
+        await node5("tx", grpc_endpoint(a), "N5Spread", 6, "--end", "commit", "--prefix", "t")
+        assert a.tx.pending_count() == 0 and b.tx.pending_count() == 0
+        committed = {x: stored(x) - before[x] for x in (a, b)}
+        assert sum(committed.values()) == 6 and all(committed.values()), committed
 
 
 @pytest.fixture
