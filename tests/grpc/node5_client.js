@@ -3,8 +3,9 @@
  * Drive the unmodified RocketMQ 5.x Node.js client (npm rocketmq-client-nodejs, pinned in
  * tests/grpc/node5/package-lock.json and installed by the tests into a cache directory named
  * by NODE_PATH) for one scenario, in its own process.  Prints one JSON object per line (what
- * happened), {"done": true} last; the client's own log goes to stderr.  Every wait is bounded:
- * the whole scenario ends with an "error" event and exit code 1 after DEADLINE_MS.
+ * happened), {"done": true} last; the client's own log goes to stderr.  Every wait is bounded
+ * by DEADLINE_MS, and the whole scenario by DEADLINE_MS + 10 s: past it, an "error" event and
+ * exit code 1.
  *
  * Scenarios (ENDPOINT is host:port of txbroker's gRPC endpoint):
  *
