@@ -103,6 +103,14 @@ _OPTIONS: dict[str, _Opt] = {
                                         "client asks"),
     "max_reconsume_times": _Opt("COUNT", "redeliveries before a message goes to the group's "
                                          "dead-letter topic"),
+    "pop_max_batch": _Opt("COUNT", "most messages one POP receive returns"),
+    "pop_min_invisible_ms": _Opt("MS", "shortest invisible time a POP receive may ask for"),
+    "pop_max_invisible_ms": _Opt("MS", "longest invisible time a POP receive may ask for"),
+    "pop_max_poll": _Opt("SECONDS", "longest a POP receive with nothing to return is held"),
+    "pop_max_waiters": _Opt("COUNT", "POP receives held at once (more: too many requests)"),
+    "pop_max_inflight": _Opt("COUNT", "messages one POP group may hold unacknowledged"),
+    "pop_fifo_groups": _Opt("GROUPS", "consumer groups whose POP receives are FIFO, 'g1,g2'",
+                            "none"),
     "shutdown_grace": _Opt("SECONDS", "at stop, how long in-flight requests may finish"),
     "workers": _Opt("COUNT", "broker processes on this machine, one broker group each behind the "
                              "name server, worker i on every port + 10*i and in DATA_DIR/worker-i "

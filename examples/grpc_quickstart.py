@@ -99,7 +99,8 @@ def main() -> int:
     try:
         expected = produce(config, args.topic, run)
         ok = consume(config, args.topic, run, expected, args.timeout)
-    except Exception as exc:  # noqa: BLE001 - the client's errors name the endpoint; one line, no traceback
+    except Exception as exc:  # noqa: BLE001 - the 5.x client raises bare Exceptions
+        # (a route it cannot fetch, a refused send): one line, no traceback
         print(f"error: {args.endpoint}: {exc}", file=sys.stderr)
         return 1
     if not ok:

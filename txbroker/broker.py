@@ -82,6 +82,7 @@ from txbroker.service.kafka.staging import TxnStaging
 from txbroker.service.kafka.txn_api import txn_handlers
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.namesrv import NameServer
+from txbroker.service.pop import PopService
 from txbroker.service.processors.admin import AdminProcessor
 from txbroker.service.processors.consumer import ConsumerProcessor
 from txbroker.service.processors.pull import PullHoldService, PullProcessor
@@ -193,6 +194,8 @@ class Broker:
         self.users: UserStore | None = None
         self.tx: TransactionalMessageService | None = None
         self.schedule: ScheduleService | None = None
+        #: POP consumption (RocketMQ 5 receive/ack), served by a master only.
+        self.pop: PopService | None = None
         self.server: RemotingServer | None = None
         self.namesrv_server: RemotingServer | None = None
         #: Registers with ``config.namesrv_addr`` (None without name servers: embedded mode).
@@ -401,6 +404,8 @@ class Broker:
         self.tx = TransactionalMessageService(cfg, self.store, self.registry, self.metrics,
                                               clock=self.clock)
         self.schedule = ScheduleService(self.store, clock=self.clock)
+        self.pop = PopService(cfg, self.store, self.topics, self.registry, clock=self.clock)
+        self.pop.bind(asyncio.get_running_loop())
         if not cfg.namesrv_addr:  # in a cluster the role decides (roles.py)
             self.recover_master_state()
             await self.resume_master_services()
@@ -509,9 +514,10 @@ class Broker:
 
     async def _start_grpc(self) -> None:
         """The RocketMQ 5.x gRPC endpoint (docs/grpc.md), on the same services."""
+        from txbroker.service.grpc.consume import ConsumeHandlers
         from txbroker.service.grpc.route import endpoints
         from txbroker.service.grpc.send import SendHandlers
-        from txbroker.service.grpc.server import MessagingServicer
+        from txbroker.service.grpc.server import MessagingServicer, client_id
         from txbroker.service.grpc.sessions import Sessions
         from txbroker.service.grpc.transactions import TransactionHandlers
 
@@ -535,6 +541,13 @@ class Broker:
             sessions=sessions, send=send, transactions=TransactionHandlers(self.tx),
             cluster=cluster, metrics=self.metrics)
         servicer.store_host = self.broker_addr
+        if self.pop is not None:
+            servicer.consume = ConsumeHandlers(
+                self.config, self.pop, self.topics, sessions=sessions,
+                broker_name=self.config.broker_name, here=servicer.here, to_pb=servicer.to_pb,
+                client_id=client_id, cluster=cluster)
+            # A PushConsumer's messages stay invisible while its client is connected.
+            self.pop.owner_alive = lambda cid: sessions.get(cid) is not None
         await self.grpc.start(servicer)
 
     # --- what a role switches on and off (roles.py) -------------------------------------------
@@ -545,6 +558,8 @@ class Broker:
         """Becoming the master, still fenced: the transaction state from the (final) log."""
         assert self.tx is not None
         self.tx.recover()
+        if self.pop is not None:
+            self.pop.recover()
         if self.kafka_txn is not None and self.config.namesrv_addr:
             self.kafka_txn.recover()  # the replicated log is final: decisions, pid floor
         if self.kafka_staging is not None:
@@ -558,6 +573,8 @@ class Broker:
         assert self.tx is not None and self.schedule is not None
         await self.tx.start()
         await self.schedule.start()
+        if self.pop is not None:
+            await self.pop.start()
         if self.kafka_staging is not None:  # before the coordinator: its markers may come here
             await self.kafka_staging.start()
         if self.kafka_txn is not None and self.config.namesrv_addr:
@@ -568,6 +585,8 @@ class Broker:
         assert self.tx is not None and self.schedule is not None
         await self.tx.suspend()
         await self.schedule.close()
+        if self.pop is not None:
+            await self.pop.suspend()
         if self.kafka_txn is not None and self.config.namesrv_addr:
             await self.kafka_txn.suspend()
         if self.kafka_staging is not None:
@@ -669,6 +688,8 @@ class Broker:
         if self._metrics_server is not None:
             self._metrics_server.close()
         self.holds.wake_all()  # held pulls and Kafka fetches answer now
+        if self.pop is not None:
+            self.pop.wake_all()  # held POP receives too
         if self._kafka_sock is not None:  # bound, never served
             self._kafka_sock.close()
         servers = [s for s in (self.server, self.namesrv_server, self.kafka) if s is not None]
@@ -684,6 +705,8 @@ class Broker:
             await self.roles.stop()
         if self.schedule is not None:
             await self.schedule.close()
+        if self.pop is not None:
+            await self.pop.close()
         if self.tx is not None:
             await self.tx.close()
         # The Kafka coordinators write to the store: closed before it.

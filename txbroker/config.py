@@ -146,6 +146,22 @@ class BrokerConfig:
     max_pull_suspend: float = 30.0
     max_reconsume_times: int = 16
 
+    # --- POP consumption (docs/grpc.md, "POP consumption") --------------------------------
+    #: Most messages one POP receive returns (the proxy's limit: 32).
+    pop_max_batch: int = 32
+    #: The invisible time a POP receive or a change of invisibility may ask for (ms).
+    pop_min_invisible_ms: int = 1000
+    pop_max_invisible_ms: int = 12 * 3600 * 1000
+    #: Upper bound on how long a POP receive with nothing to return is held (long polling).
+    pop_max_poll: float = 30.0
+    #: POP receives held at once across the broker; one more is refused as too many requests.
+    pop_max_waiters: int = 1024
+    #: Messages one POP group may hold in flight (popped, not yet acknowledged) on this broker.
+    pop_max_inflight: int = 10_000
+    #: Consumer groups whose POP receives are FIFO, separated by commas (RocketMQ's
+    #: subscription group ``consumeMessageOrderly``): 5.x clients learn it from the settings.
+    pop_fifo_groups: str = ""
+
     # --- cluster (docs/cluster.md) -------------------------------------------------------------
     #: Name servers this broker registers with (``h1:9876;h2:9876``, RocketMQ's list).  Empty =
     #: the embedded name server: one process is a whole installation (the quick start).
@@ -375,7 +391,8 @@ def _validate(c: BrokerConfig) -> None:
                  "kafka_transaction_max_timeout", "kafka_transaction_scan_interval",
                  "kafka_group_min_session_timeout", "kafka_transactional_id_expiration",
                  "kafka_snapshot_interval", "kafka_cluster_refresh_interval",
-                 "kafka_offsets_retention", "kafka_offsets_retention_check_interval"):
+                 "kafka_offsets_retention", "kafka_offsets_retention_check_interval",
+                 "pop_max_poll"):
         need(getattr(c, name) > 0, name, "must be > 0")
     need(c.kafka_transaction_max_bytes >= c.max_message_size, "kafka_transaction_max_bytes",
          "must be >= max_message_size (one batch must fit)")
@@ -390,7 +407,9 @@ def _validate(c: BrokerConfig) -> None:
     for name in ("transaction_check_max", "check_concurrency", "default_queue_nums",
                  "kafka_snapshot_records", "workers",
                  "max_connections", "max_inflight_per_connection",
-                 "kafka_max_inflight_per_connection", "kafka_max_queued_bytes"):
+                 "kafka_max_inflight_per_connection", "kafka_max_queued_bytes",
+                 "pop_max_batch", "pop_min_invisible_ms", "pop_max_waiters",
+                 "pop_max_inflight"):
         need(getattr(c, name) >= 1, name, "must be >= 1")
     need(c.broker_role in ("ASYNC_MASTER", "SYNC_MASTER"), "broker_role",
          "must be ASYNC_MASTER or SYNC_MASTER (a slave is --broker-id 1 or more)")
@@ -407,6 +426,8 @@ def _validate(c: BrokerConfig) -> None:
     need(not c.advertised_host or _host_ok(c.advertised_host), "advertised_host",
          "must be a host name or an IPv4 address (what clients dial; empty = the bound host)")
     need(c.max_reconsume_times >= 0, "max_reconsume_times", "must be >= 0")
+    need(c.pop_max_invisible_ms >= c.pop_min_invisible_ms, "pop_max_invisible_ms",
+         "must be >= pop_min_invisible_ms")
     need(c.transaction_history_size >= 0, "transaction_history_size", "must be >= 0")
     need(bool(c.broker_name) and bool(c.cluster_name), "broker_name", "names must not be empty")
     need(bool(c.data_dir), "data_dir", "must not be empty")

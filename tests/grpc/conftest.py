@@ -8,6 +8,7 @@ Python client run in subprocesses (tests/grpc/py5_client.py).
 * ``py5`` — ``await py5("send", endpoint, topic, n, *options)`` runs one client scenario to its
   end (bounded) and returns its JSON events; ``py5.start(...)`` returns the running process
   for a test that kills it.
+* ``py5_consumer`` — the same for the consumer scenarios (tests/grpc/py5_consumer.py).
 * ``node5`` — the same for the unmodified Node.js 5.x client (tests/grpc/node5_client.js),
   installed once per session by ``node5_modules`` (tests/support/node5.py); tests using it
   skip, with one line saying what is missing, where ``node`` or ``npm`` is not installed.
@@ -28,6 +29,7 @@ from tests.support import node5 as node5_install
 from txbroker.config import BrokerConfig
 
 DRIVER = Path(__file__).with_name("py5_client.py")
+CONSUMER_DRIVER = Path(__file__).with_name("py5_consumer.py")
 NODE_DRIVER = Path(__file__).with_name("node5_client.js")
 #: A client scenario never runs longer (the driver bounds its own waits at 60 s).
 CLIENT_TIMEOUT = 90.0
@@ -82,12 +84,13 @@ def fuzz_endpoint(grpc_config: BrokerConfig):
 
 
 class Py5:
-    def __init__(self) -> None:
+    def __init__(self, driver: Path = DRIVER) -> None:
+        self.driver = driver
         self.procs: list[asyncio.subprocess.Process] = []
 
     async def start(self, *args: object) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(DRIVER), *map(str, args), stdout=asyncio.subprocess.PIPE,
+            sys.executable, str(self.driver), *map(str, args), stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)
         self.procs.append(proc)
         return proc
@@ -139,16 +142,27 @@ async def py5():
             await proc.wait()
 
 
+@pytest.fixture
+async def py5_consumer():
+    """As ``py5``, for the consumer scenarios of tests/grpc/py5_consumer.py."""
+    runner = Py5(CONSUMER_DRIVER)
+    yield runner
+    runner.kill_all()
+    for proc in runner.procs:
+        if proc.returncode is None:
+            await proc.wait()
+
+
 class Node5(Py5):
     """:class:`Py5` running the Node.js client's driver with the installed client on NODE_PATH."""
 
     def __init__(self, node_modules: Path) -> None:
-        super().__init__()
+        super().__init__(NODE_DRIVER)
         self.env = {**os.environ, "NODE_PATH": str(node_modules)}
 
     async def start(self, *args: object) -> asyncio.subprocess.Process:
         proc = await asyncio.create_subprocess_exec(
-            "node", str(NODE_DRIVER), *map(str, args), stdout=asyncio.subprocess.PIPE,
+            "node", str(self.driver), *map(str, args), stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env=self.env)
         self.procs.append(proc)
         return proc
