@@ -3,8 +3,8 @@ tests/grpc/node5_client.js) against txbroker's gRPC endpoint: normal, FIFO and t
 sends, commit, rollback, an orphaned transaction whose producer process was SIGKILLed recovered
 by a new producer process answering the check-back, one endpoint reaching both groups of a
 cluster, and messages crossing protocols: sent by the Node client, read by the txbroker SDK
-over remoting and by a Kafka consumer; sent over remoting, read by the Node SimpleConsumer.
-Where the broker serves POP consumption, the Node PushConsumer too."""
+over remoting and by a Kafka consumer; sent over remoting, read by the Node SimpleConsumer;
+the Node PushConsumer, and a message it fails given back at once."""
 
 from __future__ import annotations
 
@@ -182,16 +182,10 @@ async def test_node_messages_are_read_over_remoting_and_kafka(kafka_grpc_broker,
         assert (r.key.decode(), headers["TAGS"]) == (f"k{n}", "blue")
 
 
-def serves_pop(broker) -> None:
-    if broker.grpc.servicer.consume is None:
-        pytest.skip("this broker does not serve POP consumption over gRPC (ReceiveMessage)")
-
-
 async def test_remoting_messages_are_read_by_the_node_simple_consumer(grpc_broker, node5) -> None:
     """Messages sent by the txbroker SDK over the 4.x protocol, to every queue of the topic,
     received and acked by the Node SimpleConsumer (which asks for queue 0 only: the broker
     pops the whole topic for it, as the proxy does)."""
-    serves_pop(grpc_broker)
     b = grpc_broker
     await b.topics.create_or_update(TopicConfig("N5FromRemoting", 4, 4))
     consumer = await node5.start("receive", grpc_endpoint(b), "N5FromRemoting", "CG_N5SIMPLE", 8,
@@ -214,7 +208,6 @@ async def test_remoting_messages_are_read_by_the_node_simple_consumer(grpc_broke
 
 
 async def test_the_node_push_consumer_consumes_what_node_sent(grpc_broker, node5) -> None:
-    serves_pop(grpc_broker)
     endpoint = grpc_endpoint(grpc_broker)
     sent = await node5("send", endpoint, "N5Push", 6, "--tag", "pushed")
     events = await node5("push", endpoint, "N5Push", "CG_N5PUSH", 6, "--tag", "pushed")
@@ -227,7 +220,6 @@ async def test_a_message_the_node_push_consumer_fails_comes_back_at_once(grpc_br
     group retry policy), so it nacks a failed message with ChangeInvisibleDuration(0 ms), which
     the proxy accepts (its lower bound for it is 0): the message is delivered again right away,
     with attempt 2, not after the receive's invisible time."""
-    serves_pop(grpc_broker)
     endpoint = grpc_endpoint(grpc_broker)
     await node5("send", endpoint, "N5PushFail", 2, "--tag", "redo")
     events = await node5("push", endpoint, "N5PushFail", "CG_N5PUSHFAIL", 2, "--tag", "redo",
