@@ -4,7 +4,7 @@ sends, commit, rollback, an orphaned transaction whose producer process was SIGK
 by a new producer process answering the check-back, one endpoint reaching both groups of a
 cluster, and messages crossing protocols: sent by the Node client, read by the txbroker SDK
 over remoting and by a Kafka consumer; sent over remoting, read by the Node SimpleConsumer;
-the Node PushConsumer, and a message it fails given back at once."""
+the Node PushConsumer, a message it fails given back at once, and a FIFO group's order."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from tests.grpc.test_grpc_producer import visible
 from tests.support.cluster import InProcessCluster, route
 from tests.support.consuming import collect
 from tests.support.waiting import eventually
+from txbroker.broker import Broker
 from txbroker.client import Consumer, Message, MessageQueue, Producer
 from txbroker.config import BrokerConfig
 from txbroker.service.topics import TopicConfig
@@ -228,3 +229,23 @@ async def test_a_message_the_node_push_consumer_fails_comes_back_at_once(grpc_br
     consumed = {e["consumed"]: e["attempt"] for e in events if "consumed" in e}
     assert set(failed) == set(consumed) and len(consumed) == 2
     assert set(failed.values()) == {1} and set(consumed.values()) == {2}
+
+
+async def test_the_node_push_consumer_of_a_fifo_group_keeps_each_message_group_in_order(
+        grpc_config, node5) -> None:
+    """The settings tell the Node PushConsumer its group is FIFO: it consumes each message
+    group in the order sent."""
+    b = Broker(grpc_config.replace(pop_fifo_groups="CG_N5FIFO"))
+    await b.start()
+    try:
+        endpoint = grpc_endpoint(b)
+        for group in ("order-1", "order-2", "order-3"):
+            await node5("send", endpoint, "N5FifoPush", 5, "--group", group, "--prefix", group)
+        events = await node5("push", endpoint, "N5FifoPush", "CG_N5FIFO", 15)
+        consumed = [e for e in events if "consumed" in e]
+        assert len(consumed) == 15
+        for group in ("order-1", "order-2", "order-3"):
+            assert [e["body"] for e in consumed if e["group"] == group] == \
+                [f"{group}-{i}" for i in range(5)]
+    finally:
+        await b.stop()
