@@ -218,8 +218,8 @@ class ConsumeHandlers:
                                       context) -> spb.ChangeInvisibleDurationResponse:
         invisible_ms = duration_ms(request.invisible_duration)
         cfg = self.config
-        # From 0, as the proxy (GrpcValidator.validateInvisibleTime(t, 0)): the Node.js
-        # PushConsumer nacks a failed message with 0 ms and retries a refusal without end.
+        # From 0, as the proxy accepts: the Node.js PushConsumer nacks a failed message with
+        # 0 ms and retries a refusal without end (docs/grpc.md, "Node.js client").
         if not 0 <= invisible_ms <= cfg.pop_max_invisible_ms:
             raise GrpcError(Code.ILLEGAL_INVISIBLE_TIME,
                             f"invisible duration {invisible_ms} ms is not in "
