@@ -10,7 +10,8 @@
  * Scenarios (ENDPOINT is host:port of txbroker's gRPC endpoint):
  *
  *   send ENDPOINT TOPIC N [--tag T] [--group G] [--prefix P]
- *       N messages (FIFO messages of group G with --group);
+ *       N messages (FIFO messages of group G with --group); TOPIC may be T1,T2,...: the
+ *       producer is given every one at start-up and sends to the first;
  *   tx ENDPOINT TOPIC N --end commit|rollback|none
  *       N transactions of one half each, ended as asked; "none" leaves them open and waits to
  *       be killed (an orphaned transaction);
@@ -106,7 +107,7 @@ async function started(client) {
 
 function message(args, i) {
   const m = {
-    topic: args.topic, body: Buffer.from(`${args.prefix}-${i}`), tag: args.tag, keys: [ `k${i}` ],
+    topic: args.topic.split(',')[0], body: Buffer.from(`${args.prefix}-${i}`), tag: args.tag, keys: [ `k${i}` ],
     properties: new Map([ [ 'n', String(i) ] ]),
   };
   if (args.group) m.messageGroup = args.group;
@@ -126,7 +127,8 @@ async function produce(args, n) {
     },
   };
   const producer = new Producer({
-    endpoints: args.endpoint, namespace: '', topic: args.topic, requestTimeout: 10000, logger,
+    endpoints: args.endpoint, namespace: '', topic: args.topic.split(','), requestTimeout: 10000,
+    logger,
     checker: args.scenario === 'send' ? undefined : checker,
   });
   await started(producer);

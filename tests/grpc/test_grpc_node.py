@@ -249,3 +249,14 @@ async def test_the_node_push_consumer_of_a_fifo_group_keeps_each_message_group_i
                 [f"{group}-{i}" for i in range(5)]
     finally:
         await b.stop()
+
+
+async def test_a_node_producer_given_several_topics_starts_at_once(grpc_broker, node5) -> None:
+    """The Node client starts listening for its settings only after every topic's route came
+    back, so an answer sent while a later topic was still being created was missed and its
+    start-up waited for its next settings sync, 5 minutes on.  The endpoint answers a settings
+    command again a second later: the start-up takes seconds."""
+    started = time.monotonic()
+    events = await node5("send", grpc_endpoint(grpc_broker), "N5First,N5Second,N5Third", 1)
+    assert sum("sent" in e for e in events) == 1
+    assert time.monotonic() - started < 30
