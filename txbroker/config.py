@@ -162,7 +162,8 @@ class BrokerConfig:
     # --- POP consumption (docs/grpc.md, "POP consumption") --------------------------------
     #: Most messages one POP receive returns (the proxy's limit: 32).
     pop_max_batch: int = 32
-    #: The invisible time a POP receive or a change of invisibility may ask for (ms).
+    #: The invisible time a POP receive may ask for (ms); a change of invisibility may ask for
+    #: anything from 0 (visible again now) to the same maximum.
     pop_min_invisible_ms: int = 1000
     pop_max_invisible_ms: int = 12 * 3600 * 1000
     #: Upper bound on how long a POP receive with nothing to return is held (long polling).
