@@ -9,9 +9,11 @@
  *
  * Scenarios (ENDPOINT is host:port of txbroker's gRPC endpoint):
  *
- *   send ENDPOINT TOPIC N [--tag T] [--group G] [--prefix P]
- *       N messages (FIFO messages of group G with --group); TOPIC may be T1,T2,...: the
- *       producer is given every one at start-up and sends to the first;
+ *   send ENDPOINT TOPIC N [--tag T] [--group G] [--prefix P] [--deliver-ms MS] [--recall-first]
+ *       N messages (FIFO messages of group G with --group, DELAY messages due at epoch
+ *       millisecond MS with --deliver-ms, each sent's recall handle printed); TOPIC may be
+ *       T1,T2,...: the producer is given every one at start-up and sends to the first; with
+ *       --recall-first, RecallMessage of the first message, twice (each outcome printed);
  *   tx ENDPOINT TOPIC N --end commit|rollback|none
  *       N transactions of one half each, ended as asked; "none" leaves them open and waits to
  *       be killed (an orphaned transaction);
@@ -74,6 +76,8 @@ function parse(argv) {
       case '--answer': args.answer = value; i++; break;
       case '--invisible-ms': args.invisibleMs = parseInt(value, 10); i++; break;
       case '--fail-first': args.failFirst = true; break;
+      case '--deliver-ms': args.deliverMs = parseInt(value, 10); i++; break;
+      case '--recall-first': args.recallFirst = true; break;
       default: args.positional.push(flag);
     }
   }
@@ -111,6 +115,7 @@ function message(args, i) {
     properties: new Map([ [ 'n', String(i) ] ]),
   };
   if (args.group) m.messageGroup = args.group;
+  if (args.deliverMs) m.deliveryTimestamp = new Date(args.deliverMs);
   return m;
 }
 
@@ -133,9 +138,20 @@ async function produce(args, n) {
   });
   await started(producer);
   if (args.scenario === 'send') {
+    const receipts = [];
     for (let i = 0; i < n; i++) {
       const receipt = await producer.send(message(args, i));
-      emit({ sent: receipt.messageId, i, offset: Number(receipt.offset) });
+      receipts.push(receipt);
+      emit({ sent: receipt.messageId, i, offset: Number(receipt.offset),
+        recall_handle: receipt.recallHandle || null });
+    }
+    for (let attempt = 0; args.recallFirst && attempt < 2; attempt++) {
+      try {
+        const recalled = await producer.recallMessage(message(args, 0).topic, receipts[0].recallHandle);
+        emit({ recalled: recalled.messageId, attempt });
+      } catch (err) {
+        emit({ recall_failed: String(err && err.message || err), attempt });
+      }
     }
   } else if (args.scenario === 'tx') {
     for (let i = 0; i < n; i++) {

@@ -1,7 +1,8 @@
-"""Timer messages from the unmodified RocketMQ 5.x Python client (in a subprocess) through the
-gRPC endpoint: a DELAY send is stored as a timer with a RocketMQ 5.3 recall handle, becomes
-visible in its topic at its time and not before, and RecallMessage cancels one (a second recall
-of it fails with the broker's reason); and a transactional timer sent as raw requests."""
+"""Timer messages from the unmodified RocketMQ 5.x Python and Node.js clients (in
+subprocesses) through the gRPC endpoint: a DELAY send is stored as a timer with a RocketMQ 5.3
+recall handle, becomes visible in its topic at its time (to the millisecond, from the Node
+client) and not before, and RecallMessage cancels one (a second recall of it fails with the
+broker's reason); and a transactional timer sent as raw requests."""
 
 from __future__ import annotations
 
@@ -75,3 +76,27 @@ async def test_transactional_timer_over_grpc(grpc_broker) -> None:
     [m] = visible(grpc_broker, "G5TxTimer")
     assert m.body == b"committed" and m.uniq_key == committed_id
     assert m.store_timestamp >= due_ms
+
+
+async def test_node_client_delay_messages_to_the_millisecond_and_recall(grpc_broker, node5) -> None:
+    """The unmodified Node.js 5.x client sends its delivery time with milliseconds: the
+    timers become visible at that millisecond, not before, and its RecallMessage cancels one
+    (a second recall of it fails with the broker's reason)."""
+    due_ms = int(time.time() * 1000) + 6000 + 123  # not a whole second
+    events = await node5("send", grpc_endpoint(grpc_broker), "N5Timer", 3, "--deliver-ms", due_ms,
+                         "--recall-first")
+    sent = [e for e in events if "sent" in e]
+    assert len(sent) == 3
+    for e in sent:
+        handle = decode_handle(e["recall_handle"])
+        assert (handle.topic, handle.deliver_ms, handle.msg_id) == ("N5Timer", due_ms, e["sent"])
+    recalls = {e["attempt"]: e for e in events if "attempt" in e}
+    assert recalls[0].get("recalled") == sent[0]["sent"], recalls
+    assert "no pending timer message" in recalls[1].get("recall_failed", ""), recalls[1]
+    assert visible(grpc_broker, "N5Timer") == []
+    await eventually(lambda: len(visible(grpc_broker, "N5Timer")) == 2, timeout=20,
+                     msg="the two timers left became visible")
+    stored = visible(grpc_broker, "N5Timer")
+    assert sorted(m.uniq_key for m in stored) == sorted(e["sent"] for e in sent[1:])
+    assert all(m.properties["TIMER_OUT_MS"] == str(due_ms) for m in stored)
+    assert all(m.store_timestamp >= due_ms for m in stored)
