@@ -99,6 +99,13 @@ _OPTIONS: dict[str, _Opt] = {
     "check_concurrency": _Opt("COUNT", "check-backs in flight at once"),
     "transaction_history_size": _Opt("COUNT", "decided transactions remembered for 'txn show' and "
                                               "repeated decisions (0 = none; ~0.5 KB each)"),
+    "timer_max_delay": _Opt("SECONDS", "furthest ahead a timer message may be scheduled "
+                                       "(RocketMQ's timerMaxDelaySec)"),
+    "timer_max_pending": _Opt("COUNT", "timer messages waiting at most; a timer send past it is "
+                                       "refused (8 bytes each in memory, plus ~170 per second "
+                                       "that has one)"),
+    "timer_roll_window": _Opt("SECONDS", "a timer still waiting this long after it was stored is "
+                                         "written again, bounding recovery"),
     "max_pull_suspend": _Opt("SECONDS", "longest a long-polling pull is held, whatever the "
                                         "client asks"),
     "max_reconsume_times": _Opt("COUNT", "redeliveries before a message goes to the group's "

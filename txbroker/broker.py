@@ -86,10 +86,12 @@ from txbroker.service.pop import PopService
 from txbroker.service.processors.admin import AdminProcessor
 from txbroker.service.processors.consumer import ConsumerProcessor
 from txbroker.service.processors.pull import PullHoldService, PullProcessor
+from txbroker.service.processors.recall import recall_handlers
 from txbroker.service.processors.send import SendProcessor
 from txbroker.service.processors.transaction import transaction_handlers
 from txbroker.service.registration import BrokerRegistrar
 from txbroker.service.schedule import ScheduleService
+from txbroker.service.timer import TimerService
 from txbroker.service.topics import TopicConfig, TopicManager
 from txbroker.service.transaction.service import TransactionalMessageService
 from txbroker.service.users import UserStore
@@ -194,6 +196,7 @@ class Broker:
         self.users: UserStore | None = None
         self.tx: TransactionalMessageService | None = None
         self.schedule: ScheduleService | None = None
+        self.timer: TimerService | None = None
         #: POP consumption (RocketMQ 5 receive/ack), served by a master only.
         self.pop: PopService | None = None
         self.server: RemotingServer | None = None
@@ -401,8 +404,9 @@ class Broker:
         self.holds.bind(asyncio.get_running_loop())
         self.store.add_listener(self.holds.on_put)
         await self.store.start()
+        self.timer = TimerService(cfg, self.store, clock=self.clock)
         self.tx = TransactionalMessageService(cfg, self.store, self.registry, self.metrics,
-                                              clock=self.clock)
+                                              clock=self.clock, timer=self.timer)
         self.schedule = ScheduleService(self.store, clock=self.clock)
         self.pop = PopService(cfg, self.store, self.topics, self.registry, clock=self.clock)
         self.pop.bind(asyncio.get_running_loop())
@@ -415,7 +419,8 @@ class Broker:
         if not cfg.namesrv_addr:
             handlers.update(namesrv.handlers())
         handlers.update(SendProcessor(cfg, self.store, self.topics, self.registry, self.tx,
-                                      self.schedule, self.metrics).handlers())
+                                      self.schedule, self.timer, self.metrics).handlers())
+        handlers.update(recall_handlers(self.timer, self.topics))
         handlers.update(PullProcessor(cfg, self.store, self.topics, self.registry,
                                       self.holds).handlers())
         handlers.update(ConsumerProcessor(cfg, self.store, self.topics, self.registry,
@@ -515,6 +520,7 @@ class Broker:
     async def _start_grpc(self) -> None:
         """The RocketMQ 5.x gRPC endpoint (docs/grpc.md), on the same services."""
         from txbroker.service.grpc.consume import ConsumeHandlers
+        from txbroker.service.grpc.recall import RecallHandlers
         from txbroker.service.grpc.route import endpoints
         from txbroker.service.grpc.send import SendHandlers
         from txbroker.service.grpc.server import MessagingServicer, client_id
@@ -523,7 +529,9 @@ class Broker:
 
         assert self.grpc is not None
         sessions = Sessions(self.registry)
-        send = SendHandlers(self.config, self.store, self.topics, self.tx, sessions)
+        assert self.timer is not None
+        send = SendHandlers(self.config, self.store, self.topics, self.tx, sessions,
+                            timer=self.timer)
         def here():
             return endpoints(self.host, self.grpc_port)
 
@@ -539,7 +547,8 @@ class Broker:
         servicer = MessagingServicer(
             self.config, broker_name=self.config.broker_name, here=here, topics=self.topics,
             sessions=sessions, send=send, transactions=TransactionHandlers(self.tx),
-            cluster=cluster, metrics=self.metrics)
+            cluster=cluster, metrics=self.metrics,
+            recall=RecallHandlers(self.timer, self.topics))
         servicer.store_host = self.broker_addr
         if self.pop is not None:
             servicer.consume = ConsumeHandlers(
@@ -556,8 +565,9 @@ class Broker:
 
     def recover_master_state(self) -> None:
         """Becoming the master, still fenced: the transaction state from the (final) log."""
-        assert self.tx is not None
+        assert self.tx is not None and self.timer is not None
         self.tx.recover()
+        self.timer.recover()
         if self.pop is not None:
             self.pop.recover()
         if self.kafka_txn is not None and self.config.namesrv_addr:
@@ -569,10 +579,11 @@ class Broker:
 
     async def resume_master_services(self) -> None:
         """Becoming the master, fence lifted: checks (whose start rewrites the op records
-        recovery found missing: a write) and delayed delivery."""
-        assert self.tx is not None and self.schedule is not None
+        recovery found missing: a write), delayed and timer delivery."""
+        assert self.tx is not None and self.schedule is not None and self.timer is not None
         await self.tx.start()
         await self.schedule.start()
+        await self.timer.start()
         if self.pop is not None:
             await self.pop.start()
         if self.kafka_staging is not None:  # before the coordinator: its markers may come here
@@ -581,10 +592,11 @@ class Broker:
             await self.kafka_txn.start()  # finishes decided commits: writes, after the fence
 
     async def suspend_master_services(self) -> None:
-        """No longer the master: no check-back, no delayed delivery, no state kept."""
-        assert self.tx is not None and self.schedule is not None
+        """No longer the master: no check-back, no delayed or timer delivery, no state kept."""
+        assert self.tx is not None and self.schedule is not None and self.timer is not None
         await self.tx.suspend()
         await self.schedule.close()
+        await self.timer.close()
         if self.pop is not None:
             await self.pop.suspend()
         if self.kafka_txn is not None and self.config.namesrv_addr:
@@ -705,6 +717,8 @@ class Broker:
             await self.roles.stop()
         if self.schedule is not None:
             await self.schedule.close()
+        if self.timer is not None:
+            await self.timer.close()
         if self.pop is not None:
             await self.pop.close()
         if self.tx is not None:

@@ -141,6 +141,19 @@ class BrokerConfig:
     #: (source, operator, time); oldest forgotten first.  ~400-500 bytes each: 100,000 ≈ 40-50 MB.
     transaction_history_size: int = 100_000
 
+    # --- timer messages (docs/grpc.md, "Timer messages") --------------------------------------
+    #: Furthest a timer message may be scheduled ahead (RocketMQ's ``timerMaxDelaySec``, 3 days);
+    #: a send beyond it is refused.
+    timer_max_delay: float = 259_200.0
+    #: Timers waiting on this broker at most; a timer send past it is refused.  The index
+    #: costs 8 bytes per pending timer, ~170 bytes per second that has one (3 days: ~45 MB at
+    #: most) and a bit per timer stored in the last ``timer_roll_window``.
+    timer_max_pending: int = 2_000_000
+    #: A timer still waiting this long after it was stored is written again at the log's head
+    #: (RocketMQ's "roll"), so recovery reads at most this window of timers and retention
+    #: never deletes a pending one (half of ``file_reserved_time`` when that is shorter).
+    timer_roll_window: float = 3_600.0
+
     # --- long polling / consumers --------------------------------------------------------
     #: Upper bound on how long a suspended pull is held, whatever the client asks.
     max_pull_suspend: float = 30.0
@@ -149,7 +162,8 @@ class BrokerConfig:
     # --- POP consumption (docs/grpc.md, "POP consumption") --------------------------------
     #: Most messages one POP receive returns (the proxy's limit: 32).
     pop_max_batch: int = 32
-    #: The invisible time a POP receive or a change of invisibility may ask for (ms).
+    #: The invisible time a POP receive may ask for (ms); a change of invisibility may ask for
+    #: anything from 0 (visible again now) to the same maximum.
     pop_min_invisible_ms: int = 1000
     pop_max_invisible_ms: int = 12 * 3600 * 1000
     #: Upper bound on how long a POP receive with nothing to return is held (long polling).
@@ -429,6 +443,9 @@ def _validate(c: BrokerConfig) -> None:
     need(c.pop_max_invisible_ms >= c.pop_min_invisible_ms, "pop_max_invisible_ms",
          "must be >= pop_min_invisible_ms")
     need(c.transaction_history_size >= 0, "transaction_history_size", "must be >= 0")
+    need(c.timer_max_delay > 0, "timer_max_delay", "must be > 0")
+    need(c.timer_max_pending >= 1, "timer_max_pending", "must be >= 1")
+    need(c.timer_roll_window > 0, "timer_roll_window", "must be > 0")
     need(bool(c.broker_name) and bool(c.cluster_name), "broker_name", "names must not be empty")
     need(bool(c.data_dir), "data_dir", "must not be empty")
     need(c.acl_file is None or bool(c.acl_file.strip()), "acl_file",

@@ -9,22 +9,28 @@ Python client run in subprocesses (tests/grpc/py5_client.py).
   end (bounded) and returns its JSON events; ``py5.start(...)`` returns the running process
   for a test that kills it.
 * ``py5_consumer`` — the same for the consumer scenarios (tests/grpc/py5_consumer.py).
+* ``node5`` — the same for the unmodified Node.js 5.x client (tests/grpc/node5_client.js),
+  installed once per session by ``node5_modules`` (tests/support/node5.py); tests using it
+  skip, with one line saying what is missing, where ``node`` or ``npm`` is not installed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import threading
 from pathlib import Path
 
 import pytest
 
+from tests.support import node5 as node5_install
 from txbroker.config import BrokerConfig
 
 DRIVER = Path(__file__).with_name("py5_client.py")
 CONSUMER_DRIVER = Path(__file__).with_name("py5_consumer.py")
+NODE_DRIVER = Path(__file__).with_name("node5_client.js")
 #: A client scenario never runs longer (the driver bounds its own waits at 60 s).
 CLIENT_TIMEOUT = 90.0
 
@@ -140,6 +146,40 @@ async def py5():
 async def py5_consumer():
     """As ``py5``, for the consumer scenarios of tests/grpc/py5_consumer.py."""
     runner = Py5(CONSUMER_DRIVER)
+    yield runner
+    runner.kill_all()
+    for proc in runner.procs:
+        if proc.returncode is None:
+            await proc.wait()
+
+
+class Node5(Py5):
+    """:class:`Py5` running the Node.js client's driver with the installed client on NODE_PATH."""
+
+    def __init__(self, node_modules: Path) -> None:
+        super().__init__(NODE_DRIVER)
+        self.env = {**os.environ, "NODE_PATH": str(node_modules)}
+
+    async def start(self, *args: object) -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(
+            "node", str(self.driver), *map(str, args), stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=self.env)
+        self.procs.append(proc)
+        return proc
+
+
+@pytest.fixture(scope="session")
+def node5_modules() -> Path:
+    """The pinned Node.js client, installed once per session (and cached across sessions)."""
+    reason = node5_install.missing()
+    if reason is not None:
+        pytest.skip(reason)
+    return node5_install.install()
+
+
+@pytest.fixture
+async def node5(node5_modules: Path):
+    runner = Node5(node5_modules)
     yield runner
     runner.kill_all()
     for proc in runner.procs:

@@ -9,7 +9,10 @@ Scenarios:
 * ``tx ENDPOINT TOPIC N --end commit|rollback|none``: N transactions, each one half ended as
   asked; ``none`` leaves them open and then waits to be killed (an orphaned transaction);
 * ``check ENDPOINT TOPIC N --answer commit|rollback``: a producer with a checker that answers
-  every check-back and prints it, until N checks came.
+  every check-back and prints it, until N checks came;
+* ``recall ENDPOINT TOPIC N --deliver-s S``: N timer messages due at epoch second S (this
+  client sends ``delivery_timestamp`` in whole seconds), then RecallMessage of the first, twice
+  (the second must fail), printing each send's recall handle and each recall's outcome.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from rocketmq import (
     TransactionChecker,
     TransactionResolution,
 )
+from rocketmq.v5.exception.client_exception import ClientException
 
 #: A scenario never waits longer than this for anything.
 DEADLINE_S = 60.0
@@ -48,6 +52,8 @@ def message(topic: str, i: int, args: argparse.Namespace) -> Message:
         m.message_group = args.group
     if args.deliver_ms:
         m.delivery_timestamp = args.deliver_ms
+    if args.deliver_s:
+        m.delivery_timestamp = args.deliver_s
     return m
 
 
@@ -68,13 +74,14 @@ class Checker(TransactionChecker):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("scenario", choices=("send", "tx", "check"))
+    ap.add_argument("scenario", choices=("send", "tx", "check", "recall"))
     ap.add_argument("endpoint")
     ap.add_argument("topic")
     ap.add_argument("n", type=int)
     ap.add_argument("--tag", default="t")
     ap.add_argument("--group", default=None)
     ap.add_argument("--deliver-ms", type=int, default=0)
+    ap.add_argument("--deliver-s", type=int, default=0)
     ap.add_argument("--end", choices=("commit", "rollback", "none"), default="commit")
     ap.add_argument("--answer", choices=("commit", "rollback"), default="commit")
     ap.add_argument("--prefix", default="m")
@@ -102,6 +109,18 @@ def main() -> int:
             if args.end == "none":
                 time.sleep(DEADLINE_S)  # killed here: the halves are orphaned
                 return 1
+        elif args.scenario == "recall":
+            receipts = []
+            for i in range(args.n):
+                receipt = producer.send(message(args.topic, i, args))
+                receipts.append(receipt)
+                emit(sent=receipt.message_id, i=i, recall_handle=receipt.recall_handle)
+            for attempt in range(2):
+                try:
+                    emit(recalled=producer.recall_message(args.topic, receipts[0].recall_handle),
+                         attempt=attempt)
+                except ClientException as exc:
+                    emit(recall_failed=str(exc), attempt=attempt)
         else:
             if not checker.enough.wait(DEADLINE_S):
                 emit(error=f"{checker.seen} of {args.n} checks within {DEADLINE_S} s")

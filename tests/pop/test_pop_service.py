@@ -307,3 +307,17 @@ async def test_invisibility_is_renewed_while_its_consumer_is_connected(fast_brok
     await b.pop.ack(G, kept.handle)          # the renewal kept its handle
     with pytest.raises(PopError, match="stale"):
         await b.pop.ack(G, back.handle)
+
+
+async def test_a_change_of_invisibility_to_zero_gives_the_message_back_at_once(broker) -> None:
+    """0 ms is a nack (the Node.js PushConsumer's for a failed message): the message is
+    delivered again right away with attempt 2, while a receive still may not ask for 0."""
+    await put(broker, "TNack", [b"again"])
+    [p] = await broker.pop.pop(G, "TNack", invisible_ms=60_000)
+    await broker.pop.change_invisible(G, p.handle, 0)
+    [again] = await pop_until(broker, 1, topic="TNack", invisible_ms=60_000)
+    assert (again.message.body, again.attempt) == (b"again", 2)
+    with pytest.raises(PopError, match="invisible time 0 ms"):
+        await broker.pop.pop(G, "TNack", invisible_ms=0)
+    with pytest.raises(PopError, match="invisible time"):
+        await broker.pop.change_invisible(G, again.handle, -1)

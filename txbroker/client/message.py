@@ -46,9 +46,10 @@ RESERVED_PROPERTIES = frozenset({
 })
 
 #: The system entries of a send's properties string, name and separator joined once.
-_KEYS, _TAGS, _DELAY, _UNIQ_KEY = (
+_KEYS, _TAGS, _DELAY, _DELIVER, _UNIQ_KEY = (
     f"{name}{rec.NAME_VALUE_SEPARATOR}" for name in (
-        rec.PROPERTY_KEYS, rec.PROPERTY_TAGS, rec.PROPERTY_DELAY_TIME_LEVEL, rec.PROPERTY_UNIQ_KEY))
+        rec.PROPERTY_KEYS, rec.PROPERTY_TAGS, rec.PROPERTY_DELAY_TIME_LEVEL,
+        rec.PROPERTY_TIMER_DELIVER_MS, rec.PROPERTY_UNIQ_KEY))
 _WAIT_TRUE = f"{rec.PROPERTY_SEPARATOR}{rec.PROPERTY_WAIT_STORE_MSG_OK}{rec.NAME_VALUE_SEPARATOR}true"
 
 
@@ -94,7 +95,11 @@ class Message:
     """What a producer sends.
 
     ``keys`` is one key or a list of keys (stored space-separated, RocketMQ's KEY_SEPARATOR);
-    ``delay_level`` > 0 delays delivery by RocketMQ's level table (not allowed in transactions).
+    ``delay_level`` > 0 delays delivery by RocketMQ's level table (not allowed in transactions);
+    ``deliver_time_ms`` (epoch milliseconds, RocketMQ 5's ``TIMER_DELIVER_MS``) delivers it at
+    that time, to the millisecond, up to the broker's ``timer_max_delay`` ahead; a time already
+    past delivers it now.  Unlike RocketMQ's clients, a transactional message may carry it: the
+    committed message is delivered at that time, a rolled-back one never.
     """
 
     topic: str
@@ -103,6 +108,7 @@ class Message:
     keys: str | list[str] | None = None
     properties: dict[str, str] | None = None
     delay_level: int = 0
+    deliver_time_ms: int | None = None
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field; nothing is sent for a bad message.
@@ -133,6 +139,13 @@ class Message:
         if (not isinstance(self.delay_level, int) or isinstance(self.delay_level, bool)
                 or not 0 <= self.delay_level <= MAX_DELAY_LEVEL):
             raise ValueError(f"delay_level must be an integer in [0, {MAX_DELAY_LEVEL}]")
+        if self.deliver_time_ms is not None:
+            if (not isinstance(self.deliver_time_ms, int) or isinstance(self.deliver_time_ms, bool)
+                    or self.deliver_time_ms < 0):
+                raise ValueError("deliver_time_ms must be a non-negative integer (epoch "
+                                 f"milliseconds), got {self.deliver_time_ms!r}")
+            if self.delay_level:
+                raise ValueError("a message has either delay_level or deliver_time_ms, not both")
 
     def key_list(self) -> list[str]:
         if self.keys is None:
@@ -151,6 +164,8 @@ class Message:
             props[rec.PROPERTY_TAGS] = self.tags
         if self.delay_level:
             props[rec.PROPERTY_DELAY_TIME_LEVEL] = str(self.delay_level)
+        if self.deliver_time_ms is not None:
+            props[rec.PROPERTY_TIMER_DELIVER_MS] = str(self.deliver_time_ms)
         props[rec.PROPERTY_UNIQ_KEY] = uniq_key
         props[rec.PROPERTY_WAIT_STORE_MSG_OK] = "true"
         return props
@@ -164,6 +179,8 @@ class Message:
         ``properties_to_string(wire_properties(uniq_key)) + extra`` (the tests check it).
         """
         text = f"{_UNIQ_KEY}{uniq_key}{_WAIT_TRUE}{extra}"
+        if self.deliver_time_ms is not None:
+            text = f"{_DELIVER}{self.deliver_time_ms}{rec.PROPERTY_SEPARATOR}{text}"
         if self.delay_level:
             text = f"{_DELAY}{self.delay_level}{rec.PROPERTY_SEPARATOR}{text}"
         if self.tags:
@@ -255,6 +272,8 @@ class SendResult:
     queue_offset: int
     topic: str = ""
     broker_name: str = ""
+    #: A timer message's recall handle (:meth:`Producer.recall`), None for other sends.
+    recall_handle: str | None = None
 
 
 @dataclass

@@ -57,9 +57,12 @@ from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import (
     SEND_V1_KEYS,
     HeaderError,
+    RecallMessageRequestHeader,
+    RecallMessageResponseHeader,
     SendMessageRequestHeader,
     SendMessageResponseHeader,
 )
+from txbroker.remoting.recall import decode_handle
 from txbroker.remoting.tls import ClientTLS
 from txbroker.store import record as rec
 
@@ -237,8 +240,9 @@ class Producer:
             m.validate()
             if m.topic != topic:
                 raise ValueError(f"batch message {i} is for topic {m.topic!r}, not {topic!r}")
-            if m.delay_level:
-                raise ValueError(f"batch message {i} has a delay level; batches cannot be delayed")
+            if m.delay_level or m.deliver_time_ms is not None:
+                raise ValueError(f"batch message {i} has a delay level or delivery time; "
+                                 "batches cannot be delayed")
             uniq = self._ids.next()
             uniqs.append(uniq)
             items.append((0, bytes(m.body), m.wire_properties(uniq)))
@@ -247,6 +251,25 @@ class Producer:
             raise ValueError(f"batch body is {len(body):,} bytes, over the "
                              f"{self.max_message_size:,}-byte limit")
         return await self._send(topic, body, _BATCH_PROPERTIES, 0, ",".join(uniqs), batch=True)
+
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        """Cancel a timer message before its delivery (RocketMQ 5.3's RECALL_MESSAGE), by the
+        ``recall_handle`` of its :class:`SendResult`; returns its message id.  Raises
+        ValueError for a handle that is not one, :class:`BrokerError` when the broker refuses
+        (too late, unknown, another topic: its remark says which)."""
+        self._check_running()
+        validate_topic(topic)
+        handle = decode_handle(recall_handle)
+        namesrv = self._instance.namesrv
+        if handle.broker_name not in namesrv.groups:
+            await namesrv.refresh_cluster()
+        addr = namesrv.broker_addr(handle.broker_name)
+        cmd = RemotingCommand.request(RequestCode.RECALL_MESSAGE, RecallMessageRequestHeader(
+            producer_group=self.group, topic=topic, recall_handle=recall_handle).to_ext())
+        resp = await self._instance.invoke(addr, cmd, self.send_timeout)
+        if resp.code != ResponseCode.SUCCESS:
+            raise BrokerError("recall", resp.code, resp.remark, addr)
+        return RecallMessageResponseHeader.from_ext(resp.ext_fields).msg_id
 
     # --- internals ---------------------------------------------------------------------------
     def _cached_queues(self, topic: str) -> list[MessageQueue] | None:
@@ -383,4 +406,5 @@ class Producer:
             raise ClientError(f"send to {topic!r}: malformed response header: {exc.remark}") from None
         return result_type(send_status=status, msg_id=msg_id, offset_msg_id=header.msg_id,
                            queue_id=header.queue_id, queue_offset=header.queue_offset,
-                           topic=topic, broker_name=mq.broker_name)
+                           topic=topic, broker_name=mq.broker_name,
+                           recall_handle=header.recall_handle)

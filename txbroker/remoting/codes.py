@@ -55,6 +55,8 @@ class RequestCode(IntEnum):
     RESUME_CHECK_HALF_MESSAGE = 323
     SEND_REPLY_MESSAGE = 324
     SEND_REPLY_MESSAGE_V2 = 325
+    #: RocketMQ 5.3: cancel a timer message before its delivery, by its recall handle.
+    RECALL_MESSAGE = 370
     # --- controller (RocketMQ 5.x controller mode, docs/cluster.md) ---
     BROKER_HEARTBEAT = 904
     CONTROLLER_ALTER_SYNC_STATE_SET = 1001
@@ -112,6 +114,8 @@ class ResponseCode(IntEnum):
     TRANSACTION_STATE_GROUP_WRONG = 203
     NO_MESSAGE = 208
     FLOW_CONTROL = 215
+    #: RocketMQ 5.3's answer to a recall it cannot carry out (bad handle, too late).
+    ILLEGAL_OPERATION = 604
     # --- controller mode ---
     CONTROLLER_FENCED_MASTER_EPOCH = 2000
     CONTROLLER_FENCED_SYNC_STATE_SET_EPOCH = 2001

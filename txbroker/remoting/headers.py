@@ -111,6 +111,24 @@ class SendMessageResponseHeader(Header):
     transaction_id: str | None = h_str("transactionId", None)
     msg_region: str = h_str("MSG_REGION", "DefaultRegion")
     trace_on: bool = h_bool("TRACE_ON", False)
+    #: A timer message's recall handle (RocketMQ 5.3), absent for other sends.
+    recall_handle: str | None = h_str("recallHandle", None)
+
+
+@wire_header
+class RecallMessageRequestHeader(Header):
+    """RECALL_MESSAGE (370): cancel the timer message ``recall_handle`` names."""
+
+    producer_group: str | None = h_str("producerGroup", None)
+    topic: str = h_str("topic")
+    recall_handle: str = h_str("recallHandle")
+
+
+@wire_header
+class RecallMessageResponseHeader(Header):
+    """The recalled message's id (its UNIQ_KEY)."""
+
+    msg_id: str = h_str("msgId")
 
 
 # --- pull and offsets --------------------------------------------------------------------------

@@ -117,6 +117,8 @@ def required_resources(code: int, ext: Mapping[str, str], body: bytes) -> dict[s
         _topic(out, ext.get("topic"), Perm.PUB)
     elif code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE):
         _topic(out, ext.get("b"), Perm.PUB)
+    elif code == RequestCode.RECALL_MESSAGE:  # RocketMQ 5.3: PUB on the timer's topic
+        _topic(out, ext.get("topic"), Perm.PUB)
     elif code == RequestCode.CONSUMER_SEND_MSG_BACK:
         _topic(out, ext.get("originTopic"), Perm.PUB)
         _group(out, ext.get("group"))

@@ -42,6 +42,9 @@ from txbroker.store.record import (
 
 #: Where scheduled (delayed) messages wait; RocketMQ's name, so operators recognise it.
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+#: Where timer messages wait (RocketMQ 5's name): queue 0 the timers, queue 1 the settle
+#: records (delivered or recalled; txbroker.service.timer).
+TIMER_TOPIC = "rmq_sys_wheel_timer"
 
 log = logging.getLogger(__name__)
 #: Topic names: Kafka's characters plus RocketMQ's separators ``%`` and ``|``.
@@ -55,7 +58,8 @@ PERM_READ = 0x4
 PERM_READ_WRITE = PERM_READ | PERM_WRITE
 
 #: Internal topics with a fixed queue count (the half topic uses queue 0 only, by design).
-_SYSTEM_QUEUES = {HALF_TOPIC: 1, OP_HALF_TOPIC: 1, CHECK_MAX_TIME_TOPIC: 1, SCHEDULE_TOPIC: 18}
+_SYSTEM_QUEUES = {HALF_TOPIC: 1, OP_HALF_TOPIC: 1, CHECK_MAX_TIME_TOPIC: 1, SCHEDULE_TOPIC: 18,
+                  TIMER_TOPIC: 2}
 
 
 class TopicError(Refusal):

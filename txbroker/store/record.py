@@ -63,6 +63,12 @@ PROPERTY_RECONSUME_TIME = "RECONSUME_TIME"
 PROPERTY_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
 PROPERTY_CLUSTER = "CLUSTER"
 PROPERTY_TRANSACTION_ID = "__transactionId__"
+#: RocketMQ 5 timer messages (MessageConst): when to deliver, absolute (epoch ms) or relative.
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
+#: Set by the broker on a stored timer: the delivery time it resolved (epoch ms).
+PROPERTY_TIMER_OUT_MS = "TIMER_OUT_MS"
 
 # --- system topics -------------------------------------------------------------------------
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"

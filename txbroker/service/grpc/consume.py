@@ -218,10 +218,12 @@ class ConsumeHandlers:
                                       context) -> spb.ChangeInvisibleDurationResponse:
         invisible_ms = duration_ms(request.invisible_duration)
         cfg = self.config
-        if not cfg.pop_min_invisible_ms <= invisible_ms <= cfg.pop_max_invisible_ms:
+        # From 0, as the proxy accepts: the Node.js PushConsumer nacks a failed message with
+        # 0 ms and retries a refusal without end (docs/grpc.md, "Node.js client").
+        if not 0 <= invisible_ms <= cfg.pop_max_invisible_ms:
             raise GrpcError(Code.ILLEGAL_INVISIBLE_TIME,
                             f"invisible duration {invisible_ms} ms is not in "
-                            f"{cfg.pop_min_invisible_ms}..{cfg.pop_max_invisible_ms} ms")
+                            f"0..{cfg.pop_max_invisible_ms} ms")
         try:
             p = await self.pop.change_invisible(request.group.name, request.receipt_handle,
                                                 invisible_ms, request.topic.name)

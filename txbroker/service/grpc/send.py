@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.errors import Refusal
@@ -33,7 +32,7 @@ from txbroker.service.topics import (
     is_system_topic,
     validate_topic_name,
 )
-from txbroker.store.record import PROPERTY_CLUSTER, Host, Message
+from txbroker.store.record import PROPERTY_CLUSTER, Host
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +52,19 @@ def java_string_hash(text: str) -> int:
 class SendHandlers:
     """SendMessage over the store, the topic table and the transaction service.
 
-    ``timer_wrap``: the timer service's entry point for a message with a delivery time (the
-    message to store in its place), None while the broker has no timer service."""
+    ``timer``: the timer service (:class:`~txbroker.service.timer.TimerService`): ``wrap``
+    stores a message with a delivery time in its place, ``check_half`` refuses a transactional
+    one whose time cannot be honoured, ``recall_handle`` is the entry's recall handle; None
+    while the broker has no timer service."""
 
     def __init__(self, config: BrokerConfig, store, topics: TopicManager, tx, sessions: Sessions,
-                 *, timer_wrap: Callable[[Message], Message] | None = None) -> None:
+                 *, timer=None) -> None:
         self.config = config
         self.store = store
         self.topics = topics
         self.tx = tx
         self.sessions = sessions
-        self.timer_wrap = timer_wrap
+        self.timer = timer
         self._rr = itertools.count()
 
     async def send(self, request: spb.SendMessageRequest, client_id: str,
@@ -111,16 +112,18 @@ class SendHandlers:
                                   max_body=max_body_size(self.config), producer_group=tc.name)
             msg.properties[PROPERTY_CLUSTER] = self.config.cluster_name
             if kind == pb.TRANSACTION:
-                if PROPERTY_TIMER_DELIVER_MS in msg.properties and self.timer_wrap is None:
-                    raise GrpcError(Code.UNSUPPORTED, "delivery times need the timer service")
+                if PROPERTY_TIMER_DELIVER_MS in msg.properties:
+                    if self.timer is None:
+                        raise GrpcError(Code.UNSUPPORTED, "delivery times need the timer service")
+                    self.timer.check_half(msg)
                 self.sessions.note_send(client_id, tc.name)
                 channel = self._channel(client_id)
                 result = await self.tx.prepare(msg, channel)
             else:
                 if PROPERTY_TIMER_DELIVER_MS in msg.properties:
-                    if self.timer_wrap is None:
+                    if self.timer is None:
                         raise GrpcError(Code.UNSUPPORTED, "delivery times need the timer service")
-                    msg = self.timer_wrap(msg)
+                    msg = self.timer.wrap(msg)
                 result = await self.store.put(msg)
             code, remark = PUT_ANSWERS[result.status]
             if not result.ok:
@@ -136,9 +139,10 @@ class SendHandlers:
                                     offset=result.queue_offset)
         if kind == pb.TRANSACTION:
             entry.transaction_id = result.msg_id
-        handle = getattr(result, "recall_handle", None)
-        if handle:
-            entry.recall_handle = handle
+        elif self.timer is not None:
+            handle = self.timer.recall_handle(msg, result)
+            if handle:
+                entry.recall_handle = handle
         return entry
 
     def _queue(self, message: pb.Message, tc) -> int:

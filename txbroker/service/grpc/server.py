@@ -44,6 +44,11 @@ from txbroker.store.record import Host
 log = logging.getLogger(__name__)
 
 CLIENT_ID_HEADER = "x-mq-client-id"
+#: A settings answer is sent again this much later on the same stream: the Node.js client
+#: (rocketmq-client-nodejs 1.0.8) starts listening for it only once every topic it was given
+#: has its route, and one it missed left its start-up waiting for its next settings sync, 5
+#: minutes on.  Every client takes a repeated answer as the same settings again.
+SETTINGS_REPEAT_S = 1.0
 #: Concurrent streams one client connection may open (Telemetry and long-polling receives
 #: stay open: a client holds a few).
 MAX_CONCURRENT_STREAMS = 256
@@ -176,8 +181,10 @@ class MessagingServicer(rpc.MessagingServiceServicer):
                 kind = command.WhichOneof("command")
                 if kind == "settings":
                     self.sessions.settings_received(channel, command.settings)
-                    channel.send(spb.TelemetryCommand(
-                        status=status(), settings=self._settings_for(command.settings)))
+                    answer = spb.TelemetryCommand(
+                        status=status(), settings=self._settings_for(command.settings))
+                    channel.send(answer)
+                    channel.send_later(SETTINGS_REPEAT_S, answer)
                 # thread stack traces and verify results answer commands never sent
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
             pass

@@ -81,6 +81,14 @@ class TelemetryChannel:
             raise RuntimeError(f"telemetry stream of {self.session.client_id} is closed")
         self._outbox.put_nowait(command)
 
+    def send_later(self, delay: float, command: spb.TelemetryCommand) -> None:
+        """:meth:`send` ``command`` after ``delay`` seconds, unless the stream closed by then."""
+        def send() -> None:
+            if not self.closed:
+                self.send(command)
+
+        asyncio.get_running_loop().call_later(delay, send)
+
     def send_oneway(self, cmd: RemotingCommand) -> None:
         """A check-back (see the class docstring)."""
         record = decode_record(cmd.body)

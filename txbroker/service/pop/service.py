@@ -198,7 +198,7 @@ class PopService:
         if not 1 <= batch_size <= cfg.pop_max_batch:
             raise PopError(PopErrorKind.BAD_REQUEST,
                            f"batch size {batch_size} is not in 1..{cfg.pop_max_batch}")
-        self._check_invisible(invisible_ms)
+        self._check_invisible(invisible_ms, cfg.pop_min_invisible_ms)
         queue_ids = self._queues(group, topic, queue_id)
         r = _Receive(group, topic, invisible_ms, fifo, None if tags is None else _TagFilter(tags),
                      attempt_id, max(renew_ms, 0) if owner else 0, owner)
@@ -227,12 +227,12 @@ class PopService:
                     if not waiting:
                         del self._waiters[topic]
 
-    def _check_invisible(self, invisible_ms: int) -> None:
+    def _check_invisible(self, invisible_ms: int, minimum: int) -> None:
         cfg = self.config
-        if not cfg.pop_min_invisible_ms <= invisible_ms <= cfg.pop_max_invisible_ms:
+        if not minimum <= invisible_ms <= cfg.pop_max_invisible_ms:
             raise PopError(PopErrorKind.BAD_REQUEST,
                            f"invisible time {invisible_ms} ms is not in "
-                           f"{cfg.pop_min_invisible_ms}..{cfg.pop_max_invisible_ms} ms")
+                           f"{minimum}..{cfg.pop_max_invisible_ms} ms")
 
     def _queues(self, group: str, topic: str, queue_id: int) -> list[int]:
         """The queue ids to pop from, after checking the request may pop at all."""
@@ -389,8 +389,12 @@ class PopService:
 
     async def change_invisible(self, group: str, handle: str, invisible_ms: int,
                                topic: str | None = None) -> Popped:
-        """Make the message invisible for ``invisible_ms`` from now, under a new handle."""
-        self._check_invisible(invisible_ms)
+        """Make the message invisible for ``invisible_ms`` from now, under a new handle.
+
+        0 is allowed (``pop_min_invisible_ms`` bounds receives only, as the proxy's 10 s minimum
+        does): it makes the message visible again now, which is how a PushConsumer that has no
+        back-off of its own gives a failed message back."""
+        self._check_invisible(invisible_ms, 0)
         key, entry = self._entry(group, handle, topic)
         visible_at = int(self.clock() * 1000) + invisible_ms
         serial = secrets.randbits(63)

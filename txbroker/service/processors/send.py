@@ -4,7 +4,8 @@ Every field is validated before anything is stored: a refused send leaves the st
 What the broker adds or drops follows RocketMQ's SendMessageProcessor: ``WAIT`` is dropped,
 ``CLUSTER`` is added, a message whose ``TRAN_MSG`` property is true becomes a half message
 (handed to the transactional service), a ``DELAY`` level sends it through the schedule
-service.  The response always carries extFields with *string* values: the C++ client crashes
+service, and a timer property (``TIMER_DELIVER_MS``, ``TIMER_DELAY_SEC``, ``TIMER_DELAY_MS``)
+through the timer service, whose recall handle the answer carries.  The response always carries extFields with *string* values: the C++ client crashes
 without extFields and ignores numeric values (docs/protocol.md §8.3).
 """
 
@@ -26,6 +27,8 @@ from txbroker.remoting.headers import (
 from txbroker.service.clients import ClientRegistry
 from txbroker.service.processors.statuses import PUT_ANSWERS
 from txbroker.service.schedule import ScheduleService
+from txbroker.service.timer import TimerService
+from txbroker.service.timer.props import is_timer, strip_requests
 from txbroker.service.topics import (
     PERM_WRITE,
     TopicConfig,
@@ -101,13 +104,15 @@ class _Send:
 
 class SendProcessor:
     def __init__(self, config: BrokerConfig, store, topics: TopicManager,
-                 registry: ClientRegistry, tx, schedule: ScheduleService, metrics=None) -> None:
+                 registry: ClientRegistry, tx, schedule: ScheduleService, timer: TimerService,
+                 metrics=None) -> None:
         self.config = config
         self.store = store
         self.topics = topics
         self.registry = registry
         self.tx = tx
         self.schedule = schedule
+        self.timer = timer
         self.metrics = metrics
         self._rr = itertools.count()
 
@@ -146,8 +151,11 @@ class SendProcessor:
             msg, transactional = self._message(send, queue_id)
             if transactional:
                 # RocketMQ answers with the *requested* queue id and the half's ids and offset.
+                self.timer.check_half(msg)
                 return self._response(cmd, await self.tx.prepare(msg, conn), queue_id=queue_id)
-            return self._response(cmd, await self.store.put(self._delayed(msg)), queue_id=queue_id)
+            stored = self._delayed(msg)
+            return self._response(cmd, await self.store.put(stored), queue_id=queue_id,
+                                  stored=stored)
         except RecordError as exc:  # an undecodable batch body
             raise Refusal(ResponseCode.MESSAGE_ILLEGAL, str(exc)) from None
         except Refusal as exc:
@@ -159,8 +167,10 @@ class SendProcessor:
         queue_id = self._target(conn, send)
         msg, transactional = self._message(send, queue_id)
         if transactional:
+            self.timer.check_half(msg)
             return self._response(cmd, self.tx.prepare_now(msg, conn), queue_id=queue_id)
-        return self._response(cmd, self.store.put_now(self._delayed(msg)), queue_id=queue_id)
+        stored = self._delayed(msg)
+        return self._response(cmd, self.store.put_now(stored), queue_id=queue_id, stored=stored)
 
     def _check(self, conn, cmd: RemotingCommand) -> _Send:
         """Decode and validate what does not depend on the topic's config (which may not
@@ -240,9 +250,14 @@ class SendProcessor:
                        born_host=send.born_host, reconsume_times=h.reconsume_times), transactional
 
     def _delayed(self, msg: Message) -> Message:
-        """A plain message with a DELAY level goes through the schedule service."""
+        """A plain message with a DELAY level goes through the schedule service (its timer
+        properties dropped: the level wins, as in RocketMQ), one with a timer property through
+        the timer service."""
         level = self._delay_level(msg.properties)
-        return self.schedule.wrap(msg, level) if level else msg
+        if level:
+            strip_requests(msg.properties)
+            return self.schedule.wrap(msg, level)
+        return self.timer.wrap(msg)
 
     def _check_retry_group(self, group: str) -> None:
         """A retry topic is written for its consumer group only, so the group must exist:
@@ -293,6 +308,9 @@ class SendProcessor:
                 raise Refusal(ResponseCode.MESSAGE_ILLEGAL, f"batch entry {i} is transactional")
             if props.get(PROPERTY_DELAY_TIME_LEVEL, "0") not in ("", "0"):
                 raise Refusal(ResponseCode.MESSAGE_ILLEGAL, f"batch entry {i} has a delay level")
+            if is_timer(props):
+                raise Refusal(ResponseCode.MESSAGE_ILLEGAL,
+                              f"batch entry {i} is a timer message (send timers one by one)")
             self._fix_properties(props)
             msgs.append(Message(topic=send.topic, queue_id=queue_id, body=entry_body, flag=flag,
                                 properties=props, sys_flag=sys_flag & ~TRANSACTION_MASK,
@@ -307,10 +325,13 @@ class SendProcessor:
                               msg_id=",".join(r.msg_id for r in results))
 
     def _response(self, cmd: RemotingCommand, result, *, queue_id: int,
-                  msg_id: str | None = None) -> RemotingCommand:
+                  msg_id: str | None = None, stored: Message | None = None) -> RemotingCommand:
+        """The answer; ``stored`` is the record put, for a timer's recall handle."""
         code, remark = PUT_ANSWERS[result.status]
         if not result.ok:
             raise Refusal(code, result.reason or remark or "")
+        handle = self.timer.recall_handle(stored, result) if stored is not None else None
         header = SendMessageResponseHeader(msg_id=msg_id or result.msg_id, queue_id=queue_id,
-                                           queue_offset=result.queue_offset, trace_on=True)
+                                           queue_offset=result.queue_offset, trace_on=True,
+                                           recall_handle=handle)
         return cmd.response(code, remark, ext=header.to_ext())

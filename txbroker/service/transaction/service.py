@@ -96,6 +96,7 @@ from txbroker.store.record import (
 
 if TYPE_CHECKING:
     from txbroker.service.clients import ClientRegistry
+    from txbroker.service.timer import TimerService
     from txbroker.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -112,8 +113,13 @@ class TransactionalMessageService:
 
     def __init__(self, config: BrokerConfig, store: MessageStore, registry: ClientRegistry,
                  metrics: BrokerMetrics, *, clock: Callable[[], float] = time.time,
-                 bridge: TransactionalMessageBridge | None = None) -> None:
+                 bridge: TransactionalMessageBridge | None = None,
+                 timer: TimerService | None = None) -> None:
         self.config = config
+        #: Schedules a committed message that asks for a delivery time (transactional
+        #: timers); without one (tools that replay transactions alone) a commit is delivered
+        #: at once.
+        self.timer = timer
         #: All store I/O; tests pass a subclass to inject faults.
         self.bridge = bridge if bridge is not None else TransactionalMessageBridge(store, clock=clock)
         self.registry = registry
@@ -551,7 +557,10 @@ class TransactionalMessageService:
         if half is None:
             raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                    "Find prepared transaction message failed")
-        return (final_message(half, phys, entry.store_ts),
+        final = final_message(half, phys, entry.store_ts)
+        if self.timer is not None:
+            final = self.timer.wrap_committed(final)
+        return (final,
                 self.bridge.op_message(OP_TAG_DONE, str(entry.queue_offset), extra,
                                        born_ms=decided.decided_at))
 
