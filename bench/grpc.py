@@ -11,7 +11,12 @@ twin, interleaved:
   ``send_message_in_transaction`` (half, then END_TRANSACTION commit);
 * **consume** — ``--backlog`` messages stored beforehand, then consumed by one group: a
   SimpleConsumer's receive (POP) and an ack per message, beside the SDK Consumer's ``poll``
-  (pull, offsets committed by the consumer).
+  (pull, offsets committed by the consumer);
+* **timer** — timer messages sent at ``--timer-rate`` per second in all, each due on the first
+  whole second at least ``--delay`` seconds after its send (``delivery_timestamp`` over gRPC,
+  which the 5.x Python client sends in whole seconds; the SDK's ``deliver_time_ms`` at the same
+  instants), then the topic read back: a timer's lateness is its delivered record's store
+  timestamp minus ``TIMER_OUT_MS`` (the time it was due), both stamped by the broker's clock.
 
 Every row runs ``--processes`` load processes (``bench/grpc_load.py``), each with ``--senders``
 threads (5.x client) or coroutines (SDK) sharing one client, for ``--seconds`` (bounded by
@@ -22,12 +27,14 @@ before the window opens (an SDK Consumer starts inside it: once started it pulls
 window would find the backlog already in its buffer); the window opens for every process of the
 row at once.  SDK consumers share the topic's queues statically, one process at most per queue.
 
-Per row: messages counted (sends or transactions answered, messages acked or polled), msgs/s
+Per row: messages counted (sends or transactions answered, messages acked or polled, timers
+sent), msgs/s
 (over the time from the window's start to the last one counted), p50/p99 of one call as its
 sender sees it (for consume: one receive with its acks, or one poll), the broker process's CPU
-µs per message (``/proc/<pid>/stat`` before and after the window, 10 ms ticks) and the load
-processes' (their own CPU time over the window, every thread).  Each row is checked: a send or
-tx row's topic must hold every message the load processes stored, warm-ups included; a consume
+µs per message (``/proc/<pid>/stat`` before and after the window, 10 ms ticks; a timer row's
+window lasts until its last timer was delivered and read back) and the load processes' (their
+own CPU time over the window, every thread); a timer row adds lateness p50/p99.  Each row is
+checked: a send, tx or timer row's topic must hold every message the load processes stored, warm-ups included; a consume
 row must consume messages and no more than the backlog (a message is invisible for longer than
 the window once received).  A row failing its check is listed under the table and the exit
 status is 1.
@@ -38,8 +45,9 @@ each pass's ratio (msgs/s, broker CPU per message), since both rows of a pass sa
 machine.  ``--json`` prints one document (``rows`` of medians, ``ratios``, ``passes`` with every
 run) instead of the table.
 
-Usage: ``python -m txbroker.bench.grpc [--rows send,tx,consume] [--seconds 3] [--processes 2]
-[--senders 8] [--max-sends 100000] [--backlog 100000] [--repeat 3] [--json]``
+Usage: ``python -m txbroker.bench.grpc [--rows send,tx,consume,timer] [--seconds 3]
+[--processes 2] [--senders 8] [--max-sends 100000] [--backlog 100000] [--timer-rate 10000]
+[--delay 1] [--repeat 3] [--json]``
 """
 
 from __future__ import annotations
@@ -64,9 +72,10 @@ from txbroker.bench.extras import MissingExtraError, run_main
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
+from txbroker.store.record import PROPERTY_TIMER_OUT_MS, decode_records
 
 PROG = "python -m txbroker.bench.grpc"
-ROW_NAMES = ("send", "tx", "consume")
+ROW_NAMES = ("send", "tx", "consume", "timer")
 PATHS = ("grpc", "remoting")
 QUEUES = 4
 BROKER_NAME = "bench-grpc"
@@ -78,6 +87,10 @@ START_TIMEOUT_S = 60.0
 REPORT_SLACK_S = 60.0
 #: A report line carries every call's latency: asyncio's 64 KiB line limit is far too small.
 REPORT_LINE_LIMIT = 1 << 26
+#: How long after the last timer's due time the topic may take to hold every timer.
+TIMER_GRACE_S = 30.0
+#: Records per pull when a timer row's topic is read back.
+PULL_BATCH = 512
 
 
 @dataclass
@@ -98,6 +111,9 @@ class Run:
     #: against what the topic holds; for a consume row the backlog against what was consumed.
     expected: int
     found: int
+    #: Timer rows: each delivered record's store time minus its due time.
+    lateness_p50_ms: float = 0.0
+    lateness_p99_ms: float = 0.0
 
     @property
     def label(self) -> str:
@@ -122,7 +138,8 @@ class LoadProcess:
                  log: Path, index: int, of: int) -> None:
         self.cmd = [sys.executable, "-P", "-m", "txbroker.bench.grpc_load", path, row, address, topic,
                     "--senders", str(args.senders), "--seconds", str(args.seconds),
-                    "--max", str(args.max_sends), "--index", str(index), "--of", str(of),
+                    "--max", str(args.max_sends), "--rate", str(args.timer_rate / of),
+                    "--delay", str(args.delay), "--index", str(index), "--of", str(of),
                     "--broker", BROKER_NAME]
         self.what = f"{path} {row} load process for {address}"
         #: Its stderr (a file: a pipe nobody reads during the window could fill and stall it).
@@ -199,6 +216,37 @@ async def max_offsets(addr: str, topic: str) -> list[int]:
             for q in range(QUEUES)]
 
 
+async def timer_lateness(addr: str, topic: str, want: int, deadline: float) -> list[float]:
+    """Read ``topic`` from its start once it holds ``want`` records (or ``deadline``, monotonic,
+    passed); each record's store timestamp minus its ``TIMER_OUT_MS``, in ms."""
+    while sum(await max_offsets(addr, topic)) < want and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    client = RemotingClient(addr)
+    await client.connect()
+    late: list[float] = []
+    try:
+        for qid, end in enumerate(await max_offsets(addr, topic)):
+            offset = 0
+            while offset < end:
+                resp = await client.invoke(RemotingCommand.request(RequestCode.PULL_MESSAGE, {
+                    "consumerGroup": f"GROUP_{topic}", "topic": topic, "queueId": str(qid),
+                    "queueOffset": str(offset), "maxMsgNums": str(PULL_BATCH), "sysFlag": "2",
+                    "commitOffset": "-1", "suspendTimeoutMillis": "0", "subscription": "*",
+                    "subVersion": "0"}), 10)
+                if resp.code != ResponseCode.SUCCESS:
+                    raise RuntimeError(f"reading {topic} queue {qid} back at {addr}: "
+                                       f"{resp.code} {resp.remark}")
+                for m in decode_records(resp.body):
+                    due = m.properties.get(PROPERTY_TIMER_OUT_MS)
+                    if due is None:
+                        raise RuntimeError(f"{topic} at {addr} holds a message delivered without a timer")
+                    late.append(float(m.store_timestamp - int(due)))
+                offset = int(resp.ext_fields["nextBeginOffset"])
+    finally:
+        await client.close()
+    return late
+
+
 def _percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return 0.0
@@ -228,6 +276,11 @@ async def run_row(broker: BrokerProc, path: str, row: str, topic: str,
         for p in procs:
             p.go()
         reports = await asyncio.gather(*(p.event(args.seconds + REPORT_SLACK_S) for p in procs))
+        late: list[float] = []
+        if row == "timer":
+            want = sum(r["count"] + r["extra"] for r in reports)
+            late = sorted(await timer_lateness(broker.addr, topic, want,
+                                               time.monotonic() + args.delay + 1 + TIMER_GRACE_S))
         cpu1 = broker.cpu()
     finally:
         for p in procs:
@@ -239,6 +292,8 @@ async def run_row(broker: BrokerProc, path: str, row: str, topic: str,
     sent = sum(r["count"] + r["extra"] for r in reports)
     if row == "consume":
         expected, found = args.backlog, sent
+    elif row == "timer":
+        expected, found = sent, len(late)
     else:
         expected, found = sent, sum(await max_offsets(broker.addr, topic))
     return Run(path=path, row=row, messages=count, errors=sum(r["errors"] for r in reports),
@@ -246,7 +301,8 @@ async def run_row(broker: BrokerProc, path: str, row: str, topic: str,
                p50_ms=_percentile(latencies, 0.50), p99_ms=_percentile(latencies, 0.99),
                broker_us_per_msg=(cpu1 - cpu0) * 1e6 / per,
                client_us_per_msg=sum(r["cpu_s"] for r in reports) * 1e6 / per,
-               expected=expected, found=found)
+               expected=expected, found=found,
+               lateness_p50_ms=_percentile(late, 0.50), lateness_p99_ms=_percentile(late, 0.99))
 
 
 def row_order(rows: list[str]) -> list[tuple[str, str]]:
@@ -308,14 +364,20 @@ def print_report(doc: dict) -> None:
     table = Table(title=f"RocketMQ 5.x gRPC and remoting on one broker (medians of {doc['repeat']} "
                         f"interleaved passes, {doc['seconds']:g} s per row, {doc['processes']} "
                         f"processes × {doc['senders']} senders)")
-    for col in ("row", "messages", "msgs/s", "p50 ms", "p99 ms", "broker µs/msg", "client µs/msg"):
+    for col in ("row", "messages", "msgs/s", "p50 ms", "p99 ms", "broker µs/msg", "client µs/msg",
+                "late p50 ms", "late p99 ms"):
         table.add_column(col, justify="left" if col == "row" else "right")
     for r in doc["rows"]:
+        late = ((f"{r['lateness_p50_ms']:.0f}", f"{r['lateness_p99_ms']:.0f}") if r["row"] == "timer"
+                else ("-", "-"))
         table.add_row(f"{r['path']} {r['row']}", f"{r['messages']:,.0f}", f"{r['msgs_per_s']:,.0f}",
                       f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['broker_us_per_msg']:.1f}",
-                      f"{r['client_us_per_msg']:.1f}")
+                      f"{r['client_us_per_msg']:.1f}", *late)
     console = Console(width=140)
     console.print(table)
+    if "timer" in doc["row_names"]:
+        console.print(f"timer rows: {doc['timer_rate']:,.0f} timers/s asked, each due on the first "
+                      f"whole second {doc['delay']:g} s after its send; late = store time - due time")
     for ratio in doc["ratios"]:
         console.print(f"grpc {ratio['row']} / remoting {ratio['row']} (median of per-pass ratios): "
                       f"msgs/s {ratio['msgs_per_s']:.2f}, broker CPU per message "
@@ -367,6 +429,10 @@ def main(argv: list[str] | None = None) -> dict:
                     help="calls per load process and row at most (bounds a fast run)")
     ap.add_argument("--backlog", type=count, default=100_000,
                     help="messages stored before each consume row")
+    ap.add_argument("--timer-rate", type=duration, default=10_000.0,
+                    help="timers sent per second in a timer row, all load processes together")
+    ap.add_argument("--delay", type=duration, default=1.0,
+                    help="seconds from a timer's send to its due time (at least)")
     ap.add_argument("--repeat", type=count, default=3,
                     help="interleaved passes, each on a fresh broker; medians printed")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -383,7 +449,8 @@ def main(argv: list[str] | None = None) -> dict:
         for index in range(args.repeat):
             passes.append(runner.run(run_pass(index, args)))
     doc = {"row_names": args.rows, "seconds": args.seconds, "processes": args.processes,
-           "senders": args.senders, "backlog": args.backlog, "repeat": args.repeat,
+           "senders": args.senders, "backlog": args.backlog, "timer_rate": args.timer_rate,
+           "delay": args.delay, "repeat": args.repeat,
            "date": time.strftime("%Y-%m-%d", time.gmtime(started)),
            "client": f"{CLIENT_DIST} {metadata.version(CLIENT_DIST)}", **summarise(passes, args.rows),
            "failed": failed_runs(passes), "passes": [[asdict(r) for r in runs] for runs in passes]}

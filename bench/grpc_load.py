@@ -20,7 +20,10 @@ through the name server (``ADDRESS``), ``--senders`` coroutines sharing one clie
   receive (POP, ``--batch`` at a time) and one ack per message, or the SDK Consumer's ``poll``
   (pull, offsets committed by the consumer), counted per message acked or polled; a sender
   stops at an empty receive (poll) once its process has consumed something: the backlog is
-  drained.
+  drained;
+* ``timer``: timer messages at ``--rate`` per second for the whole process (spread over its
+  senders), each due on the first whole second at least ``--delay`` seconds after its send
+  (``delivery_timestamp``, or the SDK's ``deliver_time_ms``), counted when the send is answered.
 
 Protocol with the driver, one JSON object per line: this process prints ``{"ready": true}``
 once its client has started and made one warm-up call (a send, or a receive of at most one
@@ -103,11 +106,24 @@ class Window:
             self.errors += 1
             return self.errors == 1
 
+    def due(self, sender: int, senders: int, i: int, rate: float) -> float:
+        """When the ``i``-th timer of ``sender`` is due to be sent: the senders' sends
+        interleaved, ``rate`` per second in all."""
+        return self.start + (i * senders + sender) / rate
+
     def report(self, cpu_s: float) -> dict:
         return {"count": self.count, "extra": self.extra, "errors": self.errors,
                 "seconds": time.monotonic() - self.start,
                 "active_s": (self.last - self.start) if self.last else 0.0, "cpu_s": cpu_s,
                 "latencies_ms": [round(x, 3) for x in self.latencies]}
+
+
+def deliver_s(args: argparse.Namespace) -> int:
+    """A timer's due time: the first whole second at least ``--delay`` after now.  Whole
+    seconds because the 5.x Python client sends ``delivery_timestamp`` as whole seconds (the
+    protobuf Timestamp's ``seconds``); the SDK's timers are due at the same instants, so both
+    rows give the broker the same shape of load: each second's timers fall due together."""
+    return int(time.time() + args.delay) + 1
 
 
 # --- the 5.x client ----------------------------------------------------------------------------
@@ -124,8 +140,12 @@ def run_grpc(args: argparse.Namespace, window: Window) -> None:
         client, one = _grpc_producer(args, config)
     client.startup()
 
-    def sender() -> None:
+    def sender(index: int) -> None:
+        i = 0
         while window.may_start():
+            if args.row == "timer":
+                time.sleep(max(0.0, window.due(index, args.senders, i, args.rate) - time.monotonic()))
+                i += 1
             t0 = time.perf_counter()
             try:
                 got = one()
@@ -145,7 +165,7 @@ def run_grpc(args: argparse.Namespace, window: Window) -> None:
         sys.stdin.readline()
         cpu0 = time.process_time()
         window.open()
-        threads = [threading.Thread(target=sender, daemon=True) for _ in range(args.senders)]
+        threads = [threading.Thread(target=sender, args=(i,), daemon=True) for i in range(args.senders)]
         for t in threads:
             t.start()
         for t in threads:
@@ -168,6 +188,8 @@ def _grpc_producer(args: argparse.Namespace, config: object) -> tuple[object, ob
     def one() -> int:
         m = Message()
         m.topic, m.body, m.tag = args.topic, BODY, "bench"
+        if args.row == "timer":
+            m.delivery_timestamp = deliver_s(args)
         if tx:
             transaction = producer.begin_transaction()
             producer.send(m, transaction)
@@ -205,8 +227,12 @@ async def run_remoting(args: argparse.Namespace, window: Window) -> None:
     consume = args.row == "consume"
     client, one = _sdk_consumer(args) if consume else _sdk_producer(args)
 
-    async def sender() -> None:
+    async def sender(index: int) -> None:
+        i = 0
         while window.may_start():
+            if args.row == "timer":
+                await asyncio.sleep(max(0.0, window.due(index, args.senders, i, args.rate) - time.monotonic()))
+                i += 1
             t0 = time.perf_counter()
             try:
                 got = await asyncio.wait_for(one(), 2 * CALL_TIMEOUT_S)
@@ -230,7 +256,7 @@ async def run_remoting(args: argparse.Namespace, window: Window) -> None:
         window.open()
         if consume:  # a started Consumer pulls ahead at once: its start is inside the window
             await client.start()
-        await asyncio.gather(*(sender() for _ in range(args.senders)))
+        await asyncio.gather(*(sender(i) for i in range(args.senders)))
         emit(**window.report(time.process_time() - cpu0))
     finally:
         await client.shutdown()
@@ -260,7 +286,8 @@ def _sdk_producer(args: argparse.Namespace) -> tuple[object, object]:
                 else Producer(group, args.address))
 
     async def one() -> int:
-        msg = Message(args.topic, BODY, tags="bench")
+        msg = (Message(args.topic, BODY, tags="bench", deliver_time_ms=deliver_s(args) * 1000)
+               if args.row == "timer" else Message(args.topic, BODY, tags="bench"))
         if tx:
             result = await producer.send_message_in_transaction(msg)
             if result.local_transaction_state != LocalTransactionState.COMMIT_MESSAGE:
@@ -293,13 +320,15 @@ def _sdk_consumer(args: argparse.Namespace) -> tuple[object, object]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kind", choices=("grpc", "remoting"))
-    ap.add_argument("row", choices=("send", "tx", "consume"))
+    ap.add_argument("row", choices=("send", "tx", "consume", "timer"))
     ap.add_argument("address", help="grpc: the gRPC endpoint; remoting: the name server")
     ap.add_argument("topic")
     ap.add_argument("--senders", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--max", type=int, default=100_000)
     ap.add_argument("--batch", type=int, default=32, help="consume: messages per receive")
+    ap.add_argument("--rate", type=float, default=1000.0, help="timer: timers/s of this process")
+    ap.add_argument("--delay", type=float, default=1.0, help="timer: due this long after the send")
     ap.add_argument("--index", type=int, default=0, help="consume (SDK): this process's number")
     ap.add_argument("--of", type=int, default=1, help="consume (SDK): how many processes share the queues")
     ap.add_argument("--broker", default="", help="consume (SDK): the broker's name")

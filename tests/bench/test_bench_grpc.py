@@ -20,11 +20,11 @@ import pytest
 pytestmark = pytest.mark.slow  # brokers and rows of load processes: about 25 s in all
 
 ROWS = [("grpc", "send"), ("remoting", "send"), ("grpc", "tx"), ("remoting", "tx"),
-        ("grpc", "consume"), ("remoting", "consume")]
+        ("grpc", "consume"), ("remoting", "consume"), ("grpc", "timer"), ("remoting", "timer")]
 MAX_SENDS = 300
 BACKLOG = 200
 TINY = ["--seconds", "3", "--processes", "2", "--senders", "2", "--max-sends", str(MAX_SENDS),
-        "--backlog", str(BACKLOG), "--repeat", "2"]
+        "--backlog", str(BACKLOG), "--timer-rate", "200", "--delay", "0.5", "--repeat", "2"]
 
 
 def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -52,6 +52,11 @@ def test_every_row_has_sane_figures_and_every_stored_message_is_there() -> None:
             else:
                 assert 0 < r["messages"] <= 2 * MAX_SENDS, r
                 assert r["found"] == r["expected"] == r["messages"] + 2, r  # + two warm-up sends
+            if r["row"] == "timer":  # every timer read back, none long before or after its time
+                assert -50 < r["lateness_p50_ms"] <= r["lateness_p99_ms"] < 30_000, r
+                assert r["msgs_per_s"] <= 200 * 1.5, r  # paced at the asked rate
+            else:
+                assert r["lateness_p50_ms"] == r["lateness_p99_ms"] == 0, r
             assert r["seconds"] > 0 and r["msgs_per_s"] > 0 and r["client_us_per_msg"] > 0, r
             assert 0 < r["p50_ms"] <= r["p99_ms"] < 10_000, r
             assert r["broker_us_per_msg"] >= 0, r  # 10 ms ticks: a tiny row may read 0
@@ -71,15 +76,16 @@ def test_the_table_names_every_row_and_both_ratios() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     for path, row in ROWS:
         assert f"{path} {row}" in done.stdout
-    for row in ("send", "tx", "consume"):
+    for row in ("send", "tx", "consume", "timer"):
         assert f"grpc {row} / remoting {row}" in done.stdout
+    assert "late p99 ms" in done.stdout and "timers/s asked" in done.stdout
 
 
 def test_rows_runs_only_the_rows_asked_for() -> None:
     done = bench(*TINY[:-1], "1", "--rows", "consume", "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(done.stdout)
-    assert [(r["path"], r["row"]) for r in doc["rows"]] == ROWS[4:]
+    assert [(r["path"], r["row"]) for r in doc["rows"]] == ROWS[4:6]
     assert [r["row"] for r in doc["ratios"]] == ["consume"]
 
 
@@ -95,7 +101,7 @@ def test_the_driver_loads_neither_the_5x_client_nor_the_broker_stubs() -> None:
 
 @pytest.mark.parametrize(("flag", "value"), [
     ("--processes", "0"), ("--senders", "0"), ("--repeat", "0"), ("--seconds", "0"),
-    ("--backlog", "0"), ("--rows", "send,pop")])
+    ("--backlog", "0"), ("--timer-rate", "0"), ("--delay", "-1"), ("--rows", "send,pop")])
 def test_a_bad_option_is_one_error_line(flag: str, value: str) -> None:
     done = bench(flag, value, timeout=60)
     assert done.returncode == 2
