@@ -27,7 +27,8 @@ through the name server (``ADDRESS``), ``--senders`` coroutines sharing one clie
 
 Protocol with the driver, one JSON object per line: this process prints ``{"ready": true}``
 once its client has started and made one warm-up call (a send, or a receive of at most one
-message, so routes, assignments and connections exist before the window opens), waits for one
+message, so routes, assignments and connections exist before the window opens; an SDK Consumer
+makes none: once started it pulls ahead, so it starts when the window opens), waits for one
 line on stdin (the window opens), runs until ``--seconds`` have passed or ``--max`` calls were
 made, and prints ``{"count", "extra", "errors", "seconds", "active_s", "cpu_s",
 "latencies_ms"}``: messages counted, what the warm-up sent or consumed besides (the driver
@@ -49,10 +50,11 @@ import time
 
 #: Every message's body, as ``bench.broker`` sends.
 BODY = b"x" * 200
-#: A call never waits longer for its answer (both clients' own time-outs are set to it).
+#: The 5.x client's request time-out; an SDK call is cut off at twice it.
 CALL_TIMEOUT_S = 10
-#: Invisible time of a received message: longer than any window, so nothing is redelivered.
-INVISIBLE_S = 60
+#: A received message stays invisible for the window and this long after it, so nothing is
+#: redelivered while the row runs.
+INVISIBLE_MARGIN_S = 60
 #: Long-polling time of a consume row's receive or poll: an empty one ends its sender.
 POLL_S = 1
 #: The topic's queues (the driver creates it with 4).
@@ -95,8 +97,8 @@ class Window:
 
     def drained(self) -> bool:
         """An empty receive or poll ends a sender once this process has consumed something: a
-        consumer of the group that is given its queues late (the SDK's rebalance) keeps polling
-        until then, within the window."""
+        process whose first calls find nothing (its client still starting, or the other
+        processes holding what was visible) keeps trying until then, within the window."""
         return self.count > 0
 
     def failed(self) -> bool:
@@ -108,7 +110,7 @@ class Window:
 
     def due(self, sender: int, senders: int, i: int, rate: float) -> float:
         """When the ``i``-th timer of ``sender`` is due to be sent: the senders' sends
-        interleaved, ``rate`` per second in all."""
+        interleaved, ``rate`` per second for this process."""
         return self.start + (i * senders + sender) / rate
 
     def report(self, cpu_s: float) -> dict:
@@ -211,7 +213,7 @@ def _grpc_consumer(args: argparse.Namespace, config: object) -> tuple[object, ob
     def one() -> int:
         batch = 1 if first[0] else args.batch  # the warm-up takes one message at most
         first[0] = False
-        messages = consumer.receive(batch, INVISIBLE_S)
+        messages = consumer.receive(batch, int(args.seconds) + INVISIBLE_MARGIN_S)
         for m in messages:
             consumer.ack(m)
         return len(messages)
