@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -283,17 +284,47 @@ class GrpcServer:
         return bound
 
     def _credentials(self) -> grpc.ServerCredentials:
+        """The broker's certificate, and the CA client certificates are checked against; read
+        again at the next handshake after a file changes, so a renewed certificate reaches the
+        gRPC port as it reaches the others."""
         cfg = self.config
-        with open(cfg.tls_key, "rb") as f:
-            key = f.read()
-        with open(cfg.tls_cert, "rb") as f:
-            cert = f.read()
-        ca = None
-        if cfg.tls_ca and cfg.tls_client_auth != "none":
-            with open(cfg.tls_ca, "rb") as f:
-                ca = f.read()
-        return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
-                                           require_client_auth=cfg.tls_client_auth == "required")
+        files = [cfg.tls_cert, cfg.tls_key]
+        ca_file = cfg.tls_ca if cfg.tls_ca and cfg.tls_client_auth != "none" else None
+        if ca_file:
+            files.append(ca_file)
+
+        def stamp() -> tuple[float, ...]:
+            return tuple(os.stat(f).st_mtime_ns for f in files)
+
+        def configuration() -> grpc.ServerCertificateConfiguration:
+            with open(cfg.tls_key, "rb") as f:
+                key = f.read()
+            with open(cfg.tls_cert, "rb") as f:
+                cert = f.read()
+            ca = None
+            if ca_file:
+                with open(ca_file, "rb") as f:
+                    ca = f.read()
+            return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+        seen = [stamp()]
+
+        def fetch() -> grpc.ServerCertificateConfiguration | None:
+            try:
+                now = stamp()
+                if now == seen[0]:
+                    return None
+                renewed = configuration()
+            except OSError as exc:  # mid-rotation: keep serving the certificate loaded
+                log.warning("gRPC port: TLS files not reloaded: %s", exc)
+                return None
+            seen[0] = now
+            log.info("gRPC port: TLS certificate reloaded from %s", cfg.tls_cert)
+            return renewed
+
+        return grpc.dynamic_ssl_server_credentials(
+            configuration(), fetch,
+            require_client_authentication=cfg.tls_client_auth == "required")
 
     async def start(self, servicer: MessagingServicer) -> None:
         assert self._server is not None
