@@ -149,3 +149,21 @@ def test_an_interrupted_run_stops_its_broker_and_load_processes(signum: int) -> 
         "are stopped"), err
     assert "Traceback" not in err
     assert _session(bench.pid) == []
+
+
+def test_a_row_fails_its_check_when_the_topic_or_the_consumer_disagrees() -> None:
+    """What puts a row under "check failed" and makes the exit status 1 (``Run.problem``)."""
+    from txbroker.bench.grpc import Run
+
+    def run(row: str, expected: int, found: int, errors: int = 0) -> Run:
+        return Run(path="grpc", row=row, messages=found, errors=errors, seconds=1.0,
+                   msgs_per_s=1.0, p50_ms=1.0, p99_ms=1.0, broker_us_per_msg=1.0,
+                   client_us_per_msg=1.0, expected=expected, found=found)
+
+    assert run("send", 10, 10).problem() is None
+    assert run("send", 10, 9).problem() == "9 in the topic of 10 stored"
+    assert run("timer", 10, 11).problem() == "11 in the topic of 10 stored"
+    assert run("tx", 10, 10, errors=2).problem() == "2 calls failed"
+    assert run("consume", 100, 40).problem() is None  # the window ended before the backlog did
+    assert run("consume", 100, 101).problem() == "101 consumed of a backlog of 100"  # one twice
+    assert run("consume", 100, 0).problem() == "0 consumed of a backlog of 100"
