@@ -527,11 +527,11 @@ class Broker:
         from txbroker.service.grpc.sessions import Sessions
         from txbroker.service.grpc.transactions import TransactionHandlers
 
-        assert self.grpc is not None
+        assert self.grpc is not None and self.timer is not None
         sessions = Sessions(self.registry)
-        assert self.timer is not None
         send = SendHandlers(self.config, self.store, self.topics, self.tx, sessions,
                             timer=self.timer)
+
         def here():
             return endpoints(self.host, self.grpc_port)
 
