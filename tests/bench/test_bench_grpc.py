@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # brokers and rows of load processes: about 25 s in all
+pytestmark = pytest.mark.slow  # brokers and rows of load processes: about 35 s in all
 
 ROWS = [("grpc", "send"), ("remoting", "send"), ("grpc", "tx"), ("remoting", "tx"),
         ("grpc", "consume"), ("remoting", "consume"), ("grpc", "timer"), ("remoting", "timer")]
 MAX_SENDS = 300
 BACKLOG = 200
-TINY = ["--seconds", "3", "--processes", "2", "--senders", "2", "--max-sends", str(MAX_SENDS),
+TINY = ["--seconds", "1", "--processes", "2", "--senders", "2", "--max-sends", str(MAX_SENDS),
         "--backlog", str(BACKLOG), "--timer-rate", "200", "--delay", "0.5", "--repeat", "2"]
 
 
