@@ -165,3 +165,23 @@ def test_random_bytes_to_every_rpc_never_take_the_endpoint_down(fuzz_endpoint, m
             assert reply.status.code == pb.OK
 
     asyncio.run_coroutine_threadsafe(call(), fuzz_endpoint.loop).result(30)
+
+
+async def test_a_telemetry_stream_nobody_reads_is_ended_not_grown() -> None:
+    """Commands queue for a stream while its client reads them; one that writes (settings,
+    each answered) and never reads is ended past twice the outbox limit, so it cannot make the
+    broker hold commands without bound."""
+    from txbroker.service.clients import ClientRegistry
+    from txbroker.service.grpc.sessions import OUTBOX_LIMIT, Sessions
+
+    sessions = Sessions(ClientRegistry())
+    channel = sessions.open_channel("reader-gone", "ipv4:127.0.0.1:1", to_pb=None)
+    command = spb.TelemetryCommand(status=pb.Status(code=pb.OK))
+    for _ in range(2 * OUTBOX_LIMIT):
+        channel.send(command)
+    assert not channel.writable and not channel.closed
+    with pytest.raises(RuntimeError, match="not read"):
+        channel.send(command)
+    assert channel.closed
+    sent = [c async for c in channel.outgoing()]  # what was queued still drains, then it ends
+    assert len(sent) == 2 * OUTBOX_LIMIT

@@ -184,7 +184,10 @@ class MessagingServicer(rpc.MessagingServiceServicer):
                     self.sessions.settings_received(channel, command.settings)
                     answer = spb.TelemetryCommand(
                         status=status(), settings=self._settings_for(command.settings))
-                    channel.send(answer)
+                    try:
+                        channel.send(answer)
+                    except RuntimeError:  # the client does not read its stream: ended
+                        break
                     channel.send_later(SETTINGS_REPEAT_S, answer)
                 # thread stack traces and verify results answer commands never sent
         except (asyncio.CancelledError, grpc.aio.AioRpcError):

@@ -16,6 +16,7 @@ so the check service sends, rotates and gives back checks to gRPC producers exac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -77,15 +78,24 @@ class TelemetryChannel:
         return not self.closed and self._outbox.qsize() < OUTBOX_LIMIT
 
     def send(self, command: spb.TelemetryCommand) -> None:
+        """Queue ``command`` for the stream.  A client that stops reading while it keeps
+        writing (settings answered) would grow the queue without bound: past twice
+        :data:`OUTBOX_LIMIT` its stream is ended instead."""
         if self.closed:
             raise RuntimeError(f"telemetry stream of {self.session.client_id} is closed")
+        if self._outbox.qsize() >= 2 * OUTBOX_LIMIT:
+            log.warning("telemetry stream of %s (%s) closed: %d commands unread",
+                        self.session.client_id, self.peer, self._outbox.qsize())
+            self.close()
+            raise RuntimeError(f"telemetry stream of {self.session.client_id} is not read")
         self._outbox.put_nowait(command)
 
     def send_later(self, delay: float, command: spb.TelemetryCommand) -> None:
         """:meth:`send` ``command`` after ``delay`` seconds, unless the stream closed by then."""
         def send() -> None:
             if not self.closed:
-                self.send(command)
+                with contextlib.suppress(RuntimeError):  # ended as not read: nothing to do
+                    self.send(command)
 
         asyncio.get_running_loop().call_later(delay, send)
 
