@@ -2,7 +2,8 @@
 Python client run in subprocesses (tests/grpc/py5_client.py).
 
 * ``grpc_broker`` — a started in-process :class:`txbroker.broker.Broker` with ``grpc_port=0``;
-  ``grpc_endpoint(broker)`` is the ``host:port`` 5.x clients are given.
+  ``grpc_endpoint(broker)`` is the ``host:port`` 5.x clients are given, ``visible(broker,
+  topic)`` the messages consumers see.
 * ``fuzz_endpoint`` — the same broker on a loop of its own in a thread (``.loop``), for
   synchronous tests (hypothesis).
 * ``py5`` — ``await py5("send", endpoint, topic, n, *options)`` runs one client scenario to its
@@ -37,6 +38,17 @@ CLIENT_TIMEOUT = 90.0
 
 def grpc_endpoint(broker) -> str:
     return f"{broker.host}:{broker.grpc_port}"
+
+
+def visible(broker, topic: str) -> list:
+    """Every message of ``topic`` an in-process broker shows consumers, queue by queue."""
+    tc = broker.topics.get(topic)
+    out = []
+    for qid in range(tc.read_queue_nums if tc else 0):
+        res = broker.store.get(topic, qid, 0, 1000)
+        if res.status.name == "FOUND":
+            out.extend(res.messages())
+    return out
 
 
 @pytest.fixture

@@ -14,8 +14,7 @@ import time
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from tests.grpc.conftest import grpc_endpoint
-from tests.grpc.test_grpc_producer import visible
+from tests.grpc.conftest import grpc_endpoint, visible
 from tests.support.cluster import InProcessCluster, route
 from tests.support.consuming import collect
 from tests.support.waiting import eventually

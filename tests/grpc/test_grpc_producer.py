@@ -7,22 +7,12 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tests.grpc.conftest import grpc_endpoint
+from tests.grpc.conftest import grpc_endpoint, visible
 from tests.support.cli_runner import cli_ok, run_cli
 from tests.support.waiting import eventually
 from txbroker.store.record import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 
 pytestmark = pytest.mark.slow
-
-
-def visible(broker, topic: str) -> list:
-    tc = broker.topics.get(topic)
-    out = []
-    for qid in range(tc.read_queue_nums if tc else 0):
-        res = broker.store.get(topic, qid, 0, 1000)
-        if res.status.name == "FOUND":
-            out.extend(res.messages())
-    return out
 
 
 async def test_normal_sends_are_stored_with_their_properties(grpc_broker, py5) -> None:

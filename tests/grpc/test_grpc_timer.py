@@ -11,23 +11,13 @@ import time
 import pytest
 
 from tests.grpc import raw
-from tests.grpc.conftest import grpc_endpoint
+from tests.grpc.conftest import grpc_endpoint, visible
 from tests.support.waiting import eventually
 from txbroker.remoting.grpc import definition_pb2 as pb
 from txbroker.remoting.grpc import service_pb2 as spb
 from txbroker.remoting.recall import decode_handle
 
 pytestmark = pytest.mark.slow
-
-
-def visible(broker, topic: str) -> list:
-    tc = broker.topics.get(topic)
-    out = []
-    for qid in range(tc.read_queue_nums if tc else 0):
-        res = broker.store.get(topic, qid, 0, 1000)
-        if res.status.name == "FOUND":
-            out.extend(res.messages())
-    return out
 
 
 async def test_delay_messages_wait_and_recall_cancels_one(grpc_broker, py5) -> None:

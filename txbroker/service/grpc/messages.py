@@ -34,26 +34,34 @@ from txbroker.service.grpc.status import Code, GrpcError
 from txbroker.service.kafka.mapping import SYSTEM_PROPERTIES
 from txbroker.store.record import (
     PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
+    PROPERTY_CLUSTER,
+    PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,
     PROPERTY_PRODUCER_GROUP,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
     PROPERTY_RECONSUME_TIME,
     PROPERTY_TAGS,
+    PROPERTY_TIMER_DELAY_MS,
+    PROPERTY_TIMER_DELAY_SEC,
+    PROPERTY_TIMER_DELIVER_MS,
     PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_KEY,
+    PROPERTY_WAIT_STORE_MSG_OK,
     Host,
     Message,
     StoredMessage,
 )
 
 PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
-PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 PROPERTY_TRACE_CONTEXT = "TRACE_CONTEXT"
 #: Properties the broker sets itself: a client may not send them as user properties.
 _RESERVED = frozenset({PROPERTY_UNIQ_KEY, PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_SHARDING_KEY,
                        PROPERTY_TIMER_DELIVER_MS, PROPERTY_TRANSACTION_PREPARED,
                        PROPERTY_PRODUCER_GROUP, PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS,
-                       "DELAY", "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "REAL_TOPIC", "REAL_QID",
-                       "CLUSTER", "WAIT", PROPERTY_RECONSUME_TIME})
+                       PROPERTY_DELAY_TIME_LEVEL, PROPERTY_TIMER_DELAY_SEC,
+                       PROPERTY_TIMER_DELAY_MS, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID,
+                       PROPERTY_CLUSTER, PROPERTY_WAIT_STORE_MSG_OK, PROPERTY_RECONSUME_TIME})
 #: RocketMQ's property separators: a name or value holding one would corrupt the record.
 _SEPARATORS = ("\x01", "\x02")
 
@@ -80,8 +88,8 @@ def message_type(props: dict[str, str]) -> int:
         return pb.TRANSACTION
     if props.get(PROPERTY_SHARDING_KEY):
         return pb.FIFO
-    if props.get(PROPERTY_TIMER_DELIVER_MS) or props.get("DELAY") or \
-            props.get("TIMER_DELAY_SEC") or props.get("TIMER_DELAY_MS"):
+    if any(props.get(p) for p in (PROPERTY_TIMER_DELIVER_MS, PROPERTY_DELAY_TIME_LEVEL,
+                                  PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELAY_MS)):
         return pb.DELAY
     return pb.NORMAL
 

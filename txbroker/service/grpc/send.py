@@ -21,7 +21,7 @@ from txbroker.config import BrokerConfig
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.grpc import definition_pb2 as pb
 from txbroker.remoting.grpc import service_pb2 as spb
-from txbroker.service.grpc.messages import PROPERTY_TIMER_DELIVER_MS, to_stored
+from txbroker.service.grpc.messages import to_stored
 from txbroker.service.grpc.sessions import Sessions
 from txbroker.service.grpc.settings import max_body_size
 from txbroker.service.grpc.status import Code, GrpcError, from_refusal, status
@@ -32,7 +32,7 @@ from txbroker.service.topics import (
     is_system_topic,
     validate_topic_name,
 )
-from txbroker.store.record import PROPERTY_CLUSTER, Host
+from txbroker.store.record import PROPERTY_CLUSTER, PROPERTY_TIMER_DELIVER_MS, Host
 
 log = logging.getLogger(__name__)
 
