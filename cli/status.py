@@ -35,9 +35,13 @@ WORKER_METRICS = KEY_METRICS[:4]
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the full status documents as JSON.")
 @click.option("--system", is_flag=True, help="Include system topics (RMQ_SYS_*, %RETRY%, ...).")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=0, show_default=True,
+              help="Seconds to wait, asking again every second, until every broker group has "
+                   "a master (a failover in progress); what is shown then says which has none.")
 @namesrv_option
 @credentials_options
-def status(as_json: bool, system: bool, namesrv: str, credentials: dict[str, str]) -> None:
+def status(as_json: bool, system: bool, wait_s: float, namesrv: str,
+           credentials: dict[str, str]) -> None:
     """Show each broker's topics, offsets, groups, pending halves and key metrics, then the
     cluster's totals."""
 
@@ -45,7 +49,12 @@ def status(as_json: bool, system: bool, namesrv: str, credentials: dict[str, str
         async with AdminClient(namesrv, **credentials) as admin:
             return await admin.status()
 
+    deadline = time.monotonic() + wait_s
     docs = run(main)
+    while (waiting := masterless(docs.values())) and (left := deadline - time.monotonic()) > 0:
+        click.echo(f"waiting for a master of {', '.join(waiting)} ({left:.0f} s left)", err=True)
+        time.sleep(min(1.0, left))
+        docs = run(main)
     if as_json:
         click.echo(orjson.dumps(docs, option=orjson.OPT_INDENT_2).decode())
         return
@@ -192,11 +201,23 @@ def broker_heading(doc: dict) -> str:
     return f"{doc.get('label')} ({doc.get('role')}{epoch})"
 
 
+def _masters(group: str, docs) -> list[dict]:
+    """The documents of ``group``'s members that say they are its master."""
+    return [d for d in docs if d.get("brokerName") == group and d.get("role") == "master"
+            and isinstance(d.get("replication"), dict)]
+
+
+def masterless(docs) -> list[str]:
+    """The replicated groups (members that report replication) with no master now."""
+    docs = list(docs)
+    groups = {d.get("brokerName", "") for d in docs if isinstance(d.get("replication"), dict)}
+    return sorted(g for g in groups if not _masters(g, docs))
+
+
 def group_line(group: str, docs) -> str:
     """``group G: master M, epoch N, in sync: A, B`` from the group's master document (the
     broker that says it is master); empty for a single broker or a group with no master."""
-    masters = [d for d in docs if d.get("brokerName") == group and d.get("role") == "master"
-               and isinstance(d.get("replication"), dict)]
+    masters = _masters(group, docs)
     if not masters:
         members = [d for d in docs if d.get("brokerName") == group]
         if any(isinstance(d.get("replication"), dict) for d in members):

@@ -10,7 +10,7 @@ import orjson
 from support.cli_runner import cli_ok, cli_one_line_error, run_cli
 from support.waiting import eventually
 
-from txbroker.cli.status import KEY_METRICS
+from txbroker.cli.status import KEY_METRICS, masterless
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 
@@ -280,3 +280,21 @@ async def test_group_name_errors_name_the_group(broker, namesrv) -> None:
     result = await run_cli("produce", "--topic", "T", "--body", "x", "--group", "bad group", *ns)
     text = _error_text(result)
     assert "producer group 'bad group' may only contain" in text and "topic 'bad" not in text, text
+
+
+def test_masterless_names_replicated_groups_without_a_master() -> None:
+    """What ``status --wait`` waits on: a group whose members report replication and none of
+    which says it is master (a failover in progress); single brokers and down or unreachable
+    members (no replication document) never make a group wait."""
+    repl = {"inSync": True}
+    docs = [
+        {"brokerName": "broker-a", "role": "slave", "replication": repl},
+        {"brokerName": "broker-a", "role": "down"},
+        {"brokerName": "broker-b", "role": "master", "replication": repl},
+        {"brokerName": "broker-b", "role": "slave", "replication": repl},
+        {"brokerName": "broker-c", "role": "master", "error": "connection refused"},
+        {"brokerName": "single", "role": "master"},
+    ]
+    assert masterless(docs) == ["broker-a"]
+    docs[0]["role"] = "master"
+    assert masterless(docs) == []

@@ -17,6 +17,12 @@ from support.cluster import InProcessCluster, cluster_info
 from support.waiting import eventually
 from test_kafka_cluster import CLUSTER_KAFKA, TOPIC
 from test_kafka_listener import Wire
+from test_kafka_txn_groups_crash import (
+    create_in_group,
+    group_process,
+    namesrv,
+    seen_everywhere,
+)
 
 from txbroker.bench.chaos.process import free_port
 from txbroker.config import BrokerConfig
@@ -25,6 +31,9 @@ from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.records import Record, encode_batch
 from txbroker.service.kafka.cluster_view import NodeIdClash
 from txbroker.service.topics import TopicConfig
+
+#: The name-server process fixture, shared with the crash tests.
+__all__ = ["namesrv"]
 
 
 async def call(port: int, key: ApiKey, version: int, body: dict) -> dict:
@@ -195,3 +204,33 @@ async def test_a_group_added_later_moves_no_partition(broker_config: BrokerConfi
         assert [b.store.max_offset("kept", q) for q in range(2)] == [1, 0]
         assert [a.store.max_offset("kept", q) for q in range(2)] == [0, 0]
         assert zero.topics.get("kept") is None
+
+
+@pytest.mark.slow
+async def test_a_restarting_broker_answers_metadata_with_every_topic(broker_process, namesrv,
+                                                                     tmp_path) -> None:
+    """A broker serves Kafka before its view's first round; a Metadata answer in that window
+    used to drop every topic (LEADER_NOT_AVAILABLE, no partitions), so a consumer subscribed
+    to one rebalanced, twice, and re-read its committed offsets while its transaction was
+    committing newer ones (tests/kafka/test_kafka_eos_groups.py saw inputs processed twice).
+    Every Metadata answer while broker-b restarts lists the topic with its partitions."""
+    a = group_process(broker_process, tmp_path, "broker-a", 1, namesrv.addr)
+    b = group_process(broker_process, tmp_path, "broker-b", 2, namesrv.addr)
+    await create_in_group(b, "held-by-b", 2)
+    await seen_everywhere([a, b], "held-by-b", [2, 2])
+    b.kill()
+    answers: list[dict] = []
+    restart = asyncio.create_task(asyncio.to_thread(b.start))
+    try:
+        for _ in range(2000):  # bounded: a connection refused waits 5 ms
+            if restart.done():
+                break
+            try:
+                answers.append(await asyncio.wait_for(metadata(b.kafka_port, "held-by-b"), 10))
+            except OSError:
+                await asyncio.sleep(0.005)
+    finally:
+        await restart
+    assert answers, "no Metadata answer while broker-b started"
+    assert all((t["error_code"], len(t["partitions"])) == (ErrorCode.NONE, 2) for t in answers), \
+        [(t["error_code"], t["partitions"]) for t in answers]

@@ -63,6 +63,10 @@ log = logging.getLogger("txbroker.kafka")
 
 #: One request of a refresh round waits at most this long.
 REQUEST_TIMEOUT = 3.0
+#: A Metadata request that finds the view incomplete waits this many refresh rounds for it.
+COMPLETE_WAIT_ROUNDS = 3
+#: How often that wait looks again.
+COMPLETE_POLL = 0.05
 #: Runtime-info keys a broker publishes its Kafka listener under (see ``Broker._runtime``).
 KAFKA_ADDR_KEY = "kafkaAddr"
 KAFKA_NODE_KEY = "kafkaNodeId"
@@ -192,6 +196,21 @@ class ClusterView:
     def ready(self) -> bool:
         """Whether the view knows every group's node id and table: only then does it number
         partitions or place coordinators (see the module docstring)."""
+        return not self.incomplete
+
+    async def wait_complete(self) -> bool:
+        """Wait up to :data:`COMPLETE_WAIT_ROUNDS` refresh rounds for the view to be complete;
+        whether it is.  A broker serves Kafka before its view's first round (it starts right
+        after it registers); a Metadata answer without the topics in that window makes a
+        consumer's subscribed topic vanish and come back, and each change rebalances its
+        group, which re-reads the committed offsets while a transaction may be committing
+        newer ones (an exactly-once app then reprocesses a batch)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + COMPLETE_WAIT_ROUNDS * self.config.kafka_cluster_refresh_interval
+        # Polled: a Kafka handler's first step runs outside any task (remoting/_flow.py), where
+        # asyncio.timeout cannot be used.
+        while self.incomplete and loop.time() < deadline:
+            await asyncio.sleep(COMPLETE_POLL)
         return not self.incomplete
 
     def nodes(self) -> list[KafkaNode]:

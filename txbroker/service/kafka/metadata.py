@@ -161,6 +161,7 @@ class KafkaMetadata:
         """Every group's master as a node; a topic's partitions across groups, each led by
         its group's node (none while the group has no master: LEADER_NOT_AVAILABLE).  Only a
         master creates a topic a client asks for, in its own group."""
+        await view.wait_complete()
         requested = body.get("topics")
         if requested is None or (ctx.api_version == 0 and not requested):
             names = sorted(n for n in view.topic_names() if not hidden_topic(n, self.config))
