@@ -498,7 +498,8 @@ class Broker:
         handlers = KafkaMetadata(cfg, self.topics, host=self.host, port=self.kafka_port,
                                  view=self.kafka_view).handlers()
         handlers.update(kafka_data.handlers())
-        handlers.update(group_handlers(self.groups, self.store, self.topics))
+        handlers.update(group_handlers(self.groups, self.store, self.topics,
+                                       self.kafka_txn.unstable_offsets))
         handlers.update(txn_handlers(self.kafka_txn))
         self.kafka_admin = KafkaAdmin(cfg, self.topics, self.store, self.kafka_txn, host=self.host,
                                       port=self.kafka_port, view=self.kafka_view)

@@ -374,7 +374,7 @@ async def api(broker_config, coord):
     topics = TopicManager(broker_config)
     await topics.create_or_update(TopicConfig("T", 2, 2))
     try:
-        yield group_handlers(coord, store, topics), store
+        yield group_handlers(coord, store, topics, lambda group: ()), store
     finally:
         await store.close()
 

@@ -183,6 +183,9 @@ class QueryConsumerOffsetRequestHeader(Header):
     consumer_group: str = h_str("consumerGroup")
     topic: str = h_str("topic")
     queue_id: int = h_int("queueId", lo=0)
+    #: RocketMQ 5: false = answer QUERY_NOT_FOUND for a group with no offset here, instead of
+    #: offset 0 for a queue that still holds its first message (absent: true, as before).
+    set_zero_if_not_found: bool = h_bool("setZeroIfNotFound", True)
 
 
 @wire_header

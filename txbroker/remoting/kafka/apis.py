@@ -57,7 +57,7 @@ ADVERTISED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.LIST_OFFSETS: (1, 3),
     ApiKey.METADATA: (0, 8),
     ApiKey.OFFSET_COMMIT: (2, 3),
-    ApiKey.OFFSET_FETCH: (1, 3),
+    ApiKey.OFFSET_FETCH: (1, 7),
     ApiKey.FIND_COORDINATOR: (0, 2),
     ApiKey.JOIN_GROUP: (2, 5),
     ApiKey.HEARTBEAT: (0, 3),

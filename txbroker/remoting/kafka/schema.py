@@ -108,6 +108,7 @@ _REQUESTS: dict[ApiKey, list[F]] = {
     ApiKey.OFFSET_FETCH: [
         F("group_id", "string"),
         F("topics", [F("name", "string"), F("partition_indexes", "[int32]")], nullable="2+"),
+        F("require_stable", "bool", "7+", default=False),
     ],
     ApiKey.FIND_COORDINATOR: [
         F("key", "string"),
@@ -395,6 +396,7 @@ _RESPONSES: dict[ApiKey, list[F]] = {
             F("partitions", [
                 F("partition_index", "int32"),
                 F("committed_offset", "int64", default=-1),
+                F("committed_leader_epoch", "int32", "5+", default=-1),
                 F("metadata", "string", nullable="0+", default=None),
                 F("error_code", "int16"),
             ]),

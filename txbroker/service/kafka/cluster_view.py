@@ -333,8 +333,9 @@ class ClusterView:
         addr = self._master_of(broker_name)
         if not addr:
             return None
+        # Not found is -1 to a Kafka client (its auto.offset.reset applies), not RocketMQ's 0.
         header = QueryConsumerOffsetRequestHeader(consumer_group=group, topic=topic,
-                                                  queue_id=queue_id)
+                                                  queue_id=queue_id, set_zero_if_not_found=False)
         cmd = RemotingCommand.request(RequestCode.QUERY_CONSUMER_OFFSET, header.to_ext())
         try:
             resp = await self._call(addr, cmd, ok=(ResponseCode.SUCCESS, ResponseCode.QUERY_NOT_FOUND))

@@ -772,6 +772,13 @@ class TransactionCoordinator:
             return ErrorCode.CONCURRENT_TRANSACTIONS, None
         return ErrorCode.NONE, t
 
+    def unstable_offsets(self, group: str) -> set[tuple[str, int]]:
+        """The (topic, partition) pairs of ``group`` whose offsets an ongoing or deciding
+        transaction holds and has not set yet (OffsetFetch's ``require_stable``)."""
+        return {(topic, partition) for t in self._txns.values()
+                if t.offsets and t.state in (ONGOING, PREPARE_COMMIT)
+                for (g, topic, partition) in t.offsets if g == group}
+
     def partition_exists(self, topic: str, partition: int) -> bool:
         tc = self.topics.get(topic)
         return tc is not None and not is_system_topic(topic) and 0 <= partition < tc.write_queue_nums

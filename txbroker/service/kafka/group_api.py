@@ -9,6 +9,8 @@ time (offset expiry); a request's retention time is ignored, as Kafka does from 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
+
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
@@ -20,9 +22,12 @@ from txbroker.store.message_store import MessageStore
 MAX_METADATA_BYTES = 4096
 
 
-def group_handlers(groups: GroupCoordinator, store: MessageStore,
-                   topics: TopicManager) -> dict[int, Handler]:
-    """The handlers of the group APIs, keyed by API key."""
+def group_handlers(groups: GroupCoordinator, store: MessageStore, topics: TopicManager,
+                   unstable: Callable[[str], Collection[tuple[str, int]]]) -> dict[int, Handler]:
+    """The handlers of the group APIs, keyed by API key.  ``unstable(group)``: the (topic,
+    queue) pairs whose offsets an open or deciding transaction of the group will set (KIP-447:
+    OffsetFetch v7 with ``require_stable`` answers them UNSTABLE_OFFSET_COMMIT, and the client
+    asks again, rather than hand out an offset the commit is about to move)."""
 
     async def join_group(ctx: KafkaRequestContext, body: dict) -> dict:
         return await groups.join(
@@ -100,10 +105,14 @@ def group_handlers(groups: GroupCoordinator, store: MessageStore,
             table = store.offsets.groups().get(group_id, {})
             wanted = [{"name": name, "partition_indexes": sorted(queues)}
                       for name, queues in sorted(table.items())]
+        pending = unstable(group_id) if body.get("require_stable") else ()
         out = []
         for t in wanted:
             parts = []
             for i in t.get("partition_indexes") or ():
+                if (t["name"], i) in pending:
+                    parts.append(unstable_partition(i))
+                    continue
                 offset = store.offsets.get(group_id, t["name"], i)
                 commit = store.offsets.kafka_commit(group_id, t["name"], i)
                 parts.append({"partition_index": i,
@@ -133,3 +142,9 @@ def _commit_one(store: MessageStore, partition_exists, group_id: str, topic: str
     store.offsets.set(group_id, topic, p["partition_index"], p["committed_offset"],
                       kafka=(metadata or "", now_ms))
     return ErrorCode.NONE
+
+
+def unstable_partition(partition: int) -> dict:
+    """An OffsetFetch partition whose offset a transaction is about to set."""
+    return {"partition_index": partition, "committed_offset": -1, "metadata": "",
+            "error_code": ErrorCode.UNSTABLE_OFFSET_COMMIT}

@@ -22,6 +22,7 @@ from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.service.kafka.cluster_view import ClusterView
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
+from txbroker.service.kafka.group_api import unstable_partition
 from txbroker.service.kafka.staging import TxnStaging
 from txbroker.service.kafka.txn_api import PARTICIPANT, REMOTE
 
@@ -278,10 +279,13 @@ def txn_offsets(view: ClusterView, staging: TxnStaging) -> Handler:
     return handle
 
 
-def offsets(api: ApiKey, handler: Handler, view: ClusterView, validate) -> Handler:
+def offsets(api: ApiKey, handler: Handler, view: ClusterView, validate,
+            staging: TxnStaging) -> Handler:
     """OffsetCommit / OffsetFetch over global partitions: this group's queues locally,
     another group's queues in that group (its master's offset table, over RocketMQ's offset
-    requests: the table both protocols share)."""
+    requests: the table both protocols share).  A fetch with ``require_stable`` answers
+    UNSTABLE_OFFSET_COMMIT for every partition whose offset a transaction staged here and has
+    not set yet, whichever group owns its queue."""
 
     async def handle(ctx: KafkaRequestContext, body: dict) -> dict | None:
         group = body["group_id"]
@@ -333,6 +337,13 @@ def offsets(api: ApiKey, handler: Handler, view: ClusterView, validate) -> Handl
                     slot.broker_name, group, name, slot.queue_id, item["committed_offset"]):
                 err = ErrorCode.COORDINATOR_NOT_AVAILABLE
             out.setdefault(name, []).append({"partition_index": p, "error_code": err})
+        if fetch and body.get("require_stable"):
+            staged = staging.unstable_offsets(group)
+            for name, parts in out.items():
+                for i, p in enumerate(parts):
+                    slot = view.slot(name, p["partition_index"])
+                    if slot is not None and (name, slot.broker_name, slot.queue_id) in staged:
+                        parts[i] = unstable_partition(p["partition_index"])
         answer["topics"] = [{"name": n, "partitions": ps} for n, ps in out.items()]
         return answer
 
@@ -354,7 +365,7 @@ def route_coordinators(handlers: dict[int, Handler], view: ClusterView,
     out[ApiKey.TXN_OFFSET_COMMIT] = txn_offsets(view, staging)
     for api in (ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH):
         if api in out:
-            out[api] = offsets(api, out[api], view, validate_commit)
+            out[api] = offsets(api, out[api], view, validate_commit, staging)
     for api in COORDINATED:
         if api in out:
             out[api] = coordinated(api, out[api], view)

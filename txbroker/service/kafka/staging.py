@@ -229,6 +229,18 @@ class TxnStaging:
             prod = self._by_pid[pid] = _Producer()
         return prod
 
+    def unstable_offsets(self, group: str) -> set[tuple[str, str, int]]:
+        """The (topic, broker group, queue) of ``group``'s offsets staged here by a
+        transaction and not set yet: waiting for its marker, or decided and being applied
+        (OffsetFetch's ``require_stable``)."""
+        out: set[tuple[str, str, int]] = set()
+        for prod in self._by_pid.values():
+            entries = prod.staged + (prod.applying.entries if prod.applying is not None else [])
+            for e in entries:
+                out.update((topic, broker, queue) for g, topic, broker, queue, _ in e.offsets
+                           if g == group)
+        return out
+
     def staged_count(self) -> int:
         """Batches and offset commits waiting for a marker (operators and tests)."""
         return sum(len(p.staged) for p in self._by_pid.values())

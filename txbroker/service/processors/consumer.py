@@ -174,6 +174,9 @@ class ConsumerProcessor:
         h = QueryConsumerOffsetRequestHeader.from_ext(cmd.ext_fields)
         offset = self.store.offsets.get(h.consumer_group, h.topic, h.queue_id)
         if offset is None:
+            if not h.set_zero_if_not_found:
+                raise Refusal(ResponseCode.QUERY_NOT_FOUND,
+                              "Not found, do not set to zero, maybe this group boot first")
             if self.store.min_offset(h.topic, h.queue_id) <= 0:
                 offset = 0
             else:
