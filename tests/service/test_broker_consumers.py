@@ -106,6 +106,10 @@ async def test_offsets_query_update_and_persist(broker_config) -> None:
             await send(c, "OffT", b"x", queue_id=1)
         resp = await c.invoke(request(RequestCode.QUERY_CONSUMER_OFFSET, q), TIMEOUT)
         assert resp.code == ResponseCode.SUCCESS and resp.ext_fields["offset"] == "0"  # min is 0
+        # RocketMQ 5's setZeroIfNotFound=false: no offset is not found, not 0 (the Kafka view).
+        resp = await c.invoke(request(RequestCode.QUERY_CONSUMER_OFFSET,
+                                      {**q, "setZeroIfNotFound": "false"}), TIMEOUT)
+        assert resp.code == ResponseCode.QUERY_NOT_FOUND, resp.remark
         resp = await c.invoke(request(RequestCode.UPDATE_CONSUMER_OFFSET, {**q, "commitOffset": "2"}), TIMEOUT)
         assert resp.code == ResponseCode.SUCCESS
         resp = await c.invoke(request(RequestCode.UPDATE_CONSUMER_OFFSET, {**q, "commitOffset": "-5"}), TIMEOUT)
@@ -114,6 +118,9 @@ async def test_offsets_query_update_and_persist(broker_config) -> None:
         await pull(c, "OG", "OffT", 1, 2, sys_flag=PULL_COMMIT | PULL_SUBSCRIPTION, commit_offset=3)
         resp = await c.invoke(request(RequestCode.QUERY_CONSUMER_OFFSET, q), TIMEOUT)
         assert resp.ext_fields["offset"] == "3"
+        resp = await c.invoke(request(RequestCode.QUERY_CONSUMER_OFFSET,
+                                      {**q, "setZeroIfNotFound": "false"}), TIMEOUT)
+        assert resp.code == ResponseCode.SUCCESS and resp.ext_fields["offset"] == "3"
     finally:
         await c.close()
         await b.stop()
