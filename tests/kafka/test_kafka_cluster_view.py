@@ -226,7 +226,7 @@ async def test_a_restarting_broker_answers_metadata_with_every_topic(broker_proc
             if restart.done():
                 break
             try:
-                answers.append(await asyncio.wait_for(metadata(b.kafka_port, "held-by-b"), 10))
+                answers.append(await asyncio.wait_for(metadata(b.kafka_port, "held-by-b"), 30))
             except OSError:
                 await asyncio.sleep(0.005)
     finally:

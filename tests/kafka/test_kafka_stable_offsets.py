@@ -122,7 +122,7 @@ async def test_librdkafka_waits_for_the_transaction_before_taking_its_position(
                              "isolation.level": "read_committed"})
         try:
             consumer.subscribe(["src"])
-            for _ in range(300):  # bounded: 0.1 s a poll, until told to stop
+            for _ in range(600):  # bounded: 0.1 s a poll, until told to stop
                 if stop.is_set():
                     break
                 msg = consumer.poll(0.1)
@@ -139,7 +139,7 @@ async def test_librdkafka_waits_for_the_transaction_before_taking_its_position(
         await asyncio.sleep(3.0)  # it joins, assigns and keeps asking for the offset
         assert got == []
         await producer.commit_transaction()
-        for _ in range(100):
+        for _ in range(200):  # up to 20 s
             if len(got) >= 4:
                 break
             await asyncio.sleep(0.1)
