@@ -108,7 +108,9 @@ class _Recorder:
     def __init__(self, p: DeliveryParams, task: int, emit: Callable[[tuple], None]) -> None:
         self.p, self.task, self.emit = p, task, emit
         self.mine = p.queues_of(task)
-        self.ended: set[tuple[str, int]] = set()
+        #: Queues whose end marker came, as (topic, broker, queue id): on a cluster every
+        #: group has a queue 0, so the broker is part of the key.
+        self.ended: set[QueueKey] = set()
         self.first_end: float | None = None
         self.last = time.monotonic()
 
@@ -133,7 +135,7 @@ class _Recorder:
         props = msg.properties
         self.last = time.monotonic()
         if props.get(PROP_END) == self.p.run_id:
-            self.ended.add((msg.topic, msg.queue_id))
+            self.ended.add((msg.topic, msg.broker_name, msg.queue_id))
             self.first_end = self.first_end or time.monotonic()
             return
         if props.get(PROP_RUN) != self.p.run_id:

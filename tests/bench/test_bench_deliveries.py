@@ -71,3 +71,19 @@ def test_delivery_tasks_with_a_scheduled_consumer_restart(spark, tmp_path):
     assert starts[0] < RESTART_AT_MS - 1000 and starts[1] < RESTART_AT_MS, starts
     assert _max_gap(recv[0]) >= DOWN_MS * 0.9, recv[0]
     assert _max_gap(recv[1]) < DOWN_MS * 0.9, recv[1]
+
+
+def test_the_stop_rule_tells_queues_of_two_broker_groups_apart() -> None:
+    """On a cluster each broker group has its own queue 0 of a topic: the end markers of
+    both are two queues, so the task stops once quiet after both, not at ``max_wait_s`` (it
+    used to key them by topic and queue id, and every cluster run waited the whole 72 s)."""
+    from txbroker.client.message import MessageExt
+
+    queues = (("T", "broker-a", 0), ("T", "broker-b", 0))
+    rec = dl._Recorder(dl.DeliveryParams(namesrv="", run_id="r", queues=queues, consumers=1,
+                                         epoch_ms=0, max_wait_s=3600, idle_s=0.0),
+                       0, lambda row: None)
+    rec._take(MessageExt("T", b"end", properties={dl.PROP_END: "r"}, broker_name="broker-a"))
+    assert not rec._stop_now()  # broker-b's queue 0 has not ended
+    rec._take(MessageExt("T", b"end", properties={dl.PROP_END: "r"}, broker_name="broker-b"))
+    assert rec._stop_now()
