@@ -320,9 +320,14 @@ def offsets(api: ApiKey, handler: Handler, view: ClusterView, validate,
                 out.setdefault(t["name"], []).append(p)
         verdict = ErrorCode.NONE if fetch else validate(group, body["generation_id_or_member_epoch"],
                                                         body["member_id"])
+        staged = (staging.unstable_offsets(group) if fetch and body.get("require_stable")
+                  else set())
         for name, p, item in remote:
             slot = view.slot(name, p)
             assert slot is not None
+            if fetch and (name, slot.broker_name, slot.queue_id) in staged:
+                out.setdefault(name, []).append(unstable_partition(p))  # no need to ask its group
+                continue
             if fetch:
                 got = await view.fetch_offset(slot.broker_name, group, name, slot.queue_id)
                 err = ErrorCode.COORDINATOR_NOT_AVAILABLE if got is None else ErrorCode.NONE
@@ -337,8 +342,7 @@ def offsets(api: ApiKey, handler: Handler, view: ClusterView, validate,
                     slot.broker_name, group, name, slot.queue_id, item["committed_offset"]):
                 err = ErrorCode.COORDINATOR_NOT_AVAILABLE
             out.setdefault(name, []).append({"partition_index": p, "error_code": err})
-        if fetch and body.get("require_stable"):
-            staged = staging.unstable_offsets(group)
+        if staged:  # this group's own queues, answered by the handler above
             for name, parts in out.items():
                 for i, p in enumerate(parts):
                     slot = view.slot(name, p["partition_index"])
