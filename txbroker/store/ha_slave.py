@@ -197,7 +197,7 @@ class HASlave:
             await self._authenticate(reader, writer, decoder, where)
         writer.write(encode_slave_handshake(SlaveHandshake(self.slave_id)))
         try:
-            hello = await asyncio.wait_for(self._read_one(reader, decoder), self.idle_timeout)
+            hello = await self._read_within(reader, decoder)
         except ConnectionError:
             if self._secret is not None:
                 raise FollowRefused(f"HA master {where} refused this slave's authentication "
@@ -222,7 +222,7 @@ class HASlave:
         self.sessions += 1
         last_ack = time.monotonic()
         while True:
-            msg = await asyncio.wait_for(self._read_one(reader, decoder), self.idle_timeout)
+            msg = await self._read_within(reader, decoder)
             if not isinstance(msg, Transfer):
                 raise ProtocolError(f"master {where} sent a second handshake")
             self._apply(msg, where)
@@ -236,6 +236,15 @@ class HASlave:
                 acked, last_ack = end, now
                 await writer.drain()
 
+    async def _read_within(self, reader: asyncio.StreamReader,
+                           decoder: MasterStreamDecoder) -> MasterHandshake | Transfer | AuthChallenge:
+        """The master's next frame, or TimeoutError after ``idle_timeout``.  asyncio.timeout,
+        not wait_for: on Python 3.11 wait_for drops a cancellation that arrives together with
+        the frame, the follow loop then goes on and :meth:`close` waits for ever (seen as a
+        300 s hang of tests/store/test_ha_trust.py)."""
+        async with asyncio.timeout(self.idle_timeout):
+            return await self._read_one(reader, decoder)
+
     async def _authenticate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                             decoder: MasterStreamDecoder, where: str) -> None:
         """The challenge-response of :mod:`.ha_codec`: the master proves itself first, then
@@ -245,7 +254,7 @@ class HASlave:
         writer.write(encode_auth_hello(AuthHello(nonce)))
         await writer.drain()
         try:
-            challenge = await asyncio.wait_for(self._read_one(reader, decoder), self.idle_timeout)
+            challenge = await self._read_within(reader, decoder)
         except ConnectionError:
             raise FollowRefused(f"HA master {where} closed the connection instead of answering "
                                 f"the authentication (is cluster_secret set there, the same as "
