@@ -63,6 +63,27 @@ def _environment() -> dict[str, str]:
     return env
 
 
+def _results(output: str, lines: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Each command's own output (its stdout and stderr up to the next marker) and, apart,
+    the commands that exited non-zero with theirs: a failure message names the command
+    instead of repeating the whole script's output, which is long."""
+    per_line: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    current = None
+    for chunk in output.split(f"{MARK} ")[1:]:
+        head, _, rest = chunk.partition("\n")
+        if head.isdigit():
+            current = lines[int(head)]
+            per_line[current] = per_line.get(current, "") + rest
+        elif head.startswith("rc ") and head != "rc 0" and current is not None:
+            failed[current] = f"exit {head[3:]}\n{per_line[current]}{rest}"
+    return per_line, failed
+
+
+def _failures(failed: dict[str, str]) -> str:
+    return "\n".join(f"$ {line}\n{text}" for line, text in failed.items())
+
+
 @pytest.mark.slow
 def test_quick_start_broker_is_small_on_disk(tmp_path):
     """The quick start's serve command (after its install steps) from a fresh checkout: ready,
@@ -106,7 +127,10 @@ def test_readme_cluster_section_runs_as_written(tmp_path):
     for n, line in enumerate(lines):
         mapped = re.sub(r"\b(\d{4,5})\b", lambda m: mapping.get(m.group(1), m.group(1)), line)
         script += [f"echo '{MARK} {n}'; echo '{MARK} {n}' >&2", mapped,
-                   f"echo \"{MARK} rc $?\" >&2",
+                   f"rc=$?; echo \"{MARK} rc $rc\" >&2",
+                   # The cluster's logs, read before the last line removes them, where a
+                   # command failed: what the brokers said then.
+                   "[ $rc = 0 ] || tail -n 40 cluster-demo/*.log >&2",
                    f"echo \"{MARK} du $(du -sk cluster-demo 2>/dev/null | cut -f1)\" >&2"]
     cwd = scratch_checkout(tmp_path)
     (cwd / "readme-cluster.sh").write_text("\n".join(script) + "\n")
@@ -120,13 +144,8 @@ def test_readme_cluster_section_runs_as_written(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)  # anything the script left running
         proc.wait(10)
     assert proc.returncode == 0, output
-    per_line: dict[str, str] = {}
-    for chunk in output.split(f"{MARK} ")[1:]:
-        index, _, rest = chunk.partition("\n")
-        if index.isdigit():
-            per_line[lines[int(index)]] = per_line.get(lines[int(index)], "") + rest
-    failed = [m for m in re.findall(rf"{MARK} rc (\d+)", output) if m != "0"]
-    assert not failed, output
+    per_line, failed = _results(output, lines)
+    assert not failed, _failures(failed)
 
     def out(fragment: str, nth: int = 0) -> str:
         matching = [per_line[line] for line in lines if fragment in line]
@@ -185,13 +204,8 @@ def test_readme_secure_cluster_runs_as_written(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
     assert proc.returncode == 0, output
-    failed = [m for m in re.findall(rf"{MARK} rc (\d+)", output) if m != "0"]
-    assert not failed, output
-    per_line: dict[str, str] = {}
-    for chunk in output.split(f"{MARK} ")[1:]:
-        index, _, rest = chunk.partition("\n")
-        if index.isdigit():
-            per_line[lines[int(index)]] = per_line.get(lines[int(index)], "") + rest
+    per_line, failed = _results(output, lines)
+    assert not failed, _failures(failed)
 
     def out(fragment: str) -> str:
         matching = [per_line[line] for line in lines if fragment in line and line in per_line]

@@ -230,7 +230,7 @@ class HAMaster:
             writer.write(encode_master_handshake(MasterHandshake(
                 store.max_physical_offset, store.epochs.last_epoch, list(store.epochs.entries))))
             await writer.drain()
-            first = await asyncio.wait_for(self._read_one(reader, decoder), self.idle_timeout)
+            first = await self._read_within(reader, decoder)
             if not isinstance(first, SlaveAck):
                 raise ProtocolError(f"expected an ack, got {type(first).__name__}")
             start = first.max_offset or store.min_physical_offset
@@ -258,7 +258,7 @@ class HAMaster:
             # A sender that stops (its offset deleted by retention) ends the connection.
             sender.add_done_callback(lambda _: writer.transport.abort())
             while True:
-                msg = await asyncio.wait_for(self._read_one(reader, decoder), self.idle_timeout)
+                msg = await self._read_within(reader, decoder)
                 if not isinstance(msg, SlaveAck):
                     raise ProtocolError(f"expected an ack, got {type(msg).__name__}")
                 self._ack(info, msg.max_offset)
@@ -296,7 +296,7 @@ class HAMaster:
                      decoder: SlaveStreamDecoder, address: str) -> SlaveHandshake:
         """Read the slave's handshake, after its proof when a secret is set; PeerRefused when
         it may not follow.  Nothing of the log is sent before this returns."""
-        first = await asyncio.wait_for(self._read_one(reader, decoder), self.idle_timeout)
+        first = await self._read_within(reader, decoder)
         if self._secret is None:
             if isinstance(first, AuthHello):
                 raise PeerRefused("it asked to authenticate, but no cluster_secret is set on "
@@ -311,13 +311,13 @@ class HAMaster:
         challenge = AuthChallenge(nonce, master_proof(self._secret, first.nonce, nonce))
         writer.write(encode_auth_challenge(challenge))
         await writer.drain()
-        proof = await asyncio.wait_for(self._read_one(reader, decoder), self.idle_timeout)
+        proof = await self._read_within(reader, decoder)
         if not isinstance(proof, AuthProof):
             raise PeerRefused(f"it sent {type(proof).__name__} instead of its proof")
         if not proof_matches(slave_proof(self._secret, nonce, first.nonce, proof.slave_id), proof.proof):
             raise PeerRefused(f"it failed authentication as slave id {proof.slave_id} (wrong "
                               f"cluster_secret)")
-        hello = await asyncio.wait_for(self._read_one(reader, decoder), self.idle_timeout)
+        hello = await self._read_within(reader, decoder)
         if not isinstance(hello, SlaveHandshake):
             raise ProtocolError(f"expected a handshake, got {type(hello).__name__}")
         if hello.slave_id != proof.slave_id:
@@ -348,6 +348,15 @@ class HAMaster:
             self._drops.pop(next(iter(self._drops)))
         self._drops[host] = reason
         log.warning("%s", line)
+
+    async def _read_within(self, reader: asyncio.StreamReader, decoder: SlaveStreamDecoder
+                           ) -> SlaveHandshake | SlaveAck | AuthHello | AuthProof:
+        """The slave's next frame, or TimeoutError after ``idle_timeout``.  asyncio.timeout,
+        not wait_for: on Python 3.11 wait_for drops a cancellation that arrives together with
+        the frame, so a connection's loop would go on reading acks and :meth:`close`, which
+        awaits it, would wait as long as the slave keeps following."""
+        async with asyncio.timeout(self.idle_timeout):
+            return await self._read_one(reader, decoder)
 
     async def _read_one(self, reader: asyncio.StreamReader, decoder: SlaveStreamDecoder
                         ) -> SlaveHandshake | SlaveAck | AuthHello | AuthProof:
@@ -407,5 +416,6 @@ class HAMaster:
                 writer.write(encode_transfer_header(offset, 0, epoch, epoch_start, self.confirm_offset))
                 last_write = now
                 await writer.drain()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._data.wait(), min(self.poll, self.heartbeat))
+            with contextlib.suppress(TimeoutError):  # asyncio.timeout: see _read_within
+                async with asyncio.timeout(min(self.poll, self.heartbeat)):
+                    await self._data.wait()
