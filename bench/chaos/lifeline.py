@@ -15,6 +15,14 @@ Two details of ``prctl(2)`` shape this module:
 * A parent that dies between fork and the ``prctl`` call sends nothing: the child checks its
   parent is still the one that forked it, and kills itself otherwise.
 
+A child forked by another thread would also inherit *that* thread's network namespace, and
+namespaces are per thread (``setns(2)``, used by the partition bench, ``netns.py``).  The
+spawner thread is created by whichever thread spawns first: if that one stood inside a
+namespace, every later child would start there, unreachable on the caller's loopback (seen as
+a test worker whose every broker refused connections after a partition test).  So the
+spawner joins the caller's network namespace before it forks, when the two differ: a child
+starts where a plain ``Popen`` from the caller would.
+
 Elsewhere (not Linux, or no ``prctl`` in the C library) :func:`spawn` is a plain ``Popen``:
 children are stopped by their owners only, and a driver killed with SIGKILL leaves them in
 its process group (``kill -- -PGID`` ends them; docs/bench.md, "Against a cluster and under
@@ -29,40 +37,57 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 #: ``prctl`` option: the signal a child gets when its parent (thread) dies (linux/prctl.h).
 PR_SET_PDEATHSIG = 1
+#: ``setns(2)``'s namespace type for network namespaces (linux/sched.h).
+CLONE_NEWNET = 0x40000000
+#: The calling thread's network namespace (``/proc/thread-self``: namespaces are per thread).
+THREAD_NETNS = "/proc/thread-self/ns/net"
 
 
-def _prctl() -> Callable[..., int] | None:
-    """The C library's ``prctl``, or None where there is none (then children outlive a
+def _libc() -> ctypes.CDLL | None:
+    """The C library where it has ``prctl`` (Linux), else None (then children outlive a
     killed parent)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl  # noqa: B018 - the lookup is the check
     except (OSError, AttributeError):
         return None
+    return libc
+
+
+def _netns() -> tuple[int, int] | None:
+    """The calling thread's network namespace as (device, inode), None where unknown."""
+    try:
+        st = os.stat(THREAD_NETNS)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 class _Spawner:
     """Forks every child from one long-lived thread, with the parent-death signal set."""
 
     def __init__(self) -> None:
-        self.prctl = _prctl()
+        self.libc = _libc()
         self._lock = threading.Lock()
         self._thread: ThreadPoolExecutor | None = None
 
     def popen(self, argv: list[str], **kwargs: object) -> subprocess.Popen:
-        if self.prctl is None:
+        if self.libc is None:
             return subprocess.Popen(argv, **kwargs)  # type: ignore[call-overload]
         with self._lock:
             if self._thread is None:
                 self._thread = ThreadPoolExecutor(1, thread_name_prefix="txbroker-spawn")
             thread = self._thread
-        parent, prctl = os.getpid(), self.prctl
+        parent, prctl = os.getpid(), self.libc.prctl
+        where = _netns()
+        # Opened here: the path names the namespace of the thread that opens it.
+        ns_fd = os.open(THREAD_NETNS, os.O_RDONLY) if where is not None else -1
 
         def die_with_parent() -> None:
             # Runs in the child between fork and exec: two system calls, nothing that locks.
@@ -70,8 +95,24 @@ class _Spawner:
             if os.getppid() != parent:  # the parent died before the prctl: no signal comes
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        return thread.submit(subprocess.Popen, argv, preexec_fn=die_with_parent,  # type: ignore[arg-type]
-                             **kwargs).result()
+        def fork() -> subprocess.Popen:
+            if where is not None and _netns() != where:
+                self._join(ns_fd)
+            return subprocess.Popen(argv, preexec_fn=die_with_parent,  # noqa: PLW1509 - two system calls, see above
+                                    **kwargs)  # type: ignore[call-overload]
+
+        try:
+            return thread.submit(fork).result()
+        finally:
+            if ns_fd >= 0:
+                os.close(ns_fd)
+
+    def _join(self, ns_fd: int) -> None:
+        """Move the spawner thread into the network namespace ``ns_fd`` names."""
+        assert self.libc is not None
+        if self.libc.setns(ns_fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns to the caller's network namespace: {os.strerror(err)}")
 
 
 #: One per process: the thread that forks children must outlive them.
@@ -86,4 +127,4 @@ def spawn(argv: list[str], **kwargs: object) -> subprocess.Popen:
 
 def dies_with_parent() -> bool:
     """Whether children of :func:`spawn` die with this process here."""
-    return _SPAWNER.prctl is not None
+    return _SPAWNER.libc is not None
