@@ -19,13 +19,14 @@ import sys
 import uuid
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 
 async def produce(bootstrap: str, topic: str, run: str) -> set[str]:
     """One committed transaction, one aborted one, one plain message; the values expected."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"quickstart-{run}")
-    await producer.start()
     try:
+        await producer.start()
         async with producer.transaction():  # commits when the block ends without an error
             for n in (1, 2, 3):
                 await producer.send(topic, f"{run} order {n}".encode(), key=f"order-{n}".encode())
@@ -37,8 +38,8 @@ async def produce(bootstrap: str, topic: str, run: str) -> set[str]:
     finally:
         await producer.stop()
     plain = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await plain.start()
     try:
+        await plain.start()
         meta = await plain.send_and_wait(topic, f"{run} hello".encode())
         print(f"sent a plain message: partition {meta.partition}, offset {meta.offset}")
     finally:
@@ -54,9 +55,11 @@ async def consume(bootstrap: str, topic: str, run: str, expected: set[str], time
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
                                 isolation_level="read_committed", auto_offset_reset="earliest",
                                 metadata_max_age_ms=1000)
-    await consumer.start()
     seen: list[str] = []
     try:
+        # In the try: a start that fails leaves tasks only stop() ends (asyncio.run would
+        # otherwise wait on them for ever).
+        await consumer.start()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while len(seen) < len(expected) and loop.time() < deadline:
@@ -80,8 +83,13 @@ async def main() -> int:
     ap.add_argument("--timeout", type=float, default=20.0)
     args = ap.parse_args()
     run = uuid.uuid4().hex[:8]  # this run's messages, told apart from earlier runs'
-    expected = await produce(args.bootstrap, args.topic, run)
-    if await consume(args.bootstrap, args.topic, run, expected, args.timeout):
+    try:
+        expected = await produce(args.bootstrap, args.topic, run)
+        consumed = await consume(args.bootstrap, args.topic, run, expected, args.timeout)
+    except KafkaError as exc:
+        print(f"error: Kafka at {args.bootstrap}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if consumed:
         print(f"ok: {len(expected)} committed messages read, the aborted one never")
         return 0
     print("unexpected: the consumer did not read exactly the committed messages", file=sys.stderr)

@@ -234,3 +234,37 @@ async def test_a_restarting_broker_answers_metadata_with_every_topic(broker_proc
     assert answers, "no Metadata answer while broker-b started"
     assert all((t["error_code"], len(t["partitions"])) == (ErrorCode.NONE, 2) for t in answers), \
         [(t["error_code"], t["partitions"]) for t in answers]
+
+
+async def test_a_topic_auto_created_at_two_brokers_at_once_is_numbered_once(
+        broker_config: BrokerConfig, tmp_path) -> None:
+    """Metadata auto-creates a topic across the cluster, as Kafka does.  It used to create it
+    in the asking master's group only: broker-a, asked 50 ms after broker-b and its view a
+    round behind, then created the topic in its own group too, and the partitions broker-b's
+    clients held were numbered anew (b's queues moved from 0-3 to 4-7; a consumer started in
+    between found no partitions and stopped, seen in the README's cluster quick start).  Now
+    both answers, and every later one, number the same four partitions."""
+    slow_views = {**CLUSTER_KAFKA, "kafka_cluster_refresh_interval": 1.0}
+    async with InProcessCluster(broker_config, tmp_path) as c:
+        await c.namesrv()
+        a = await c.broker("broker-a", kafka_node_id=1, **slow_views)
+        b = await c.broker("broker-b", kafka_node_id=2, **slow_views)
+        for x in (a, b):
+            await eventually(lambda x=x: x.kafka_view.ready() and len(x.kafka_view.nodes()) == 2,
+                             timeout=10)
+
+        async def auto(port: int, delay: float) -> dict:
+            await asyncio.sleep(delay)
+            answer = await call(port, ApiKey.METADATA, 8, {"topics": [{"name": "fresh"}],
+                                                           "allow_auto_topic_creation": True})
+            return answer["topics"][0]
+
+        first_b, first_a = await asyncio.gather(auto(b.kafka_port, 0.0), auto(a.kafka_port, 0.05))
+        for answer in (first_b, first_a):
+            assert answer["error_code"] == ErrorCode.NONE, answer
+            assert [p["leader_id"] for p in answer["partitions"]] == [1, 1, 2, 2], answer
+        await asyncio.sleep(2.5)  # more rounds: nothing moves
+        for port in (a.kafka_port, b.kafka_port):
+            later = await metadata(port, "fresh")
+            assert [p["leader_id"] for p in later["partitions"]] == [1, 1, 2, 2], later
+        assert [x.topics.get("fresh").read_queue_nums for x in (a, b)] == [2, 2]

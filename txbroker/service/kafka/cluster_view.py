@@ -67,6 +67,9 @@ REQUEST_TIMEOUT = 3.0
 COMPLETE_WAIT_ROUNDS = 3
 #: How often that wait looks again.
 COMPLETE_POLL = 0.05
+#: A topic just created is listed after at most this many rounds ended since (the round under
+#: way may have read the tables before the creation).
+KNOWN_WAIT_ROUNDS = 2
 #: Runtime-info keys a broker publishes its Kafka listener under (see ``Broker._runtime``).
 KAFKA_ADDR_KEY = "kafkaAddr"
 KAFKA_NODE_KEY = "kafkaNodeId"
@@ -212,6 +215,18 @@ class ClusterView:
         while self.incomplete and loop.time() < deadline:
             await asyncio.sleep(COMPLETE_POLL)
         return not self.incomplete
+
+    async def wait_known(self, topic: str) -> bool:
+        """Wait until a refresh round lists ``topic``, at most :data:`KNOWN_WAIT_ROUNDS`
+        rounds (and never longer than that many intervals and one more); whether it is listed.
+        Polled, like :meth:`wait_complete`."""
+        loop = asyncio.get_running_loop()
+        interval = self.config.kafka_cluster_refresh_interval
+        deadline = loop.time() + (KNOWN_WAIT_ROUNDS + 1) * interval
+        last = self.rounds + KNOWN_WAIT_ROUNDS
+        while not self.known(topic) and self.rounds < last and loop.time() < deadline:
+            await asyncio.sleep(COMPLETE_POLL)
+        return self.known(topic)
 
     def nodes(self) -> list[KafkaNode]:
         """Every node with a known leader now, by node id (this broker's when it leads)."""

@@ -177,10 +177,7 @@ class KafkaMetadata:
                 # A partial view would number the partitions as no other broker does.
                 error = ErrorCode.LEADER_NOT_AVAILABLE
             elif not view.known(name):
-                tc, error = await lookup_topic(self.topics, self.config, name,
-                                               auto_create=auto and view.leads())
-                if tc is not None:  # created now: numbered once the view's next round has it
-                    error = ErrorCode.LEADER_NOT_AVAILABLE
+                error = await self._unlisted(ctx, name, auto, view)
             partitions = []
             for s in view.slots(name) if error == ErrorCode.NONE else ():
                 leader = s.leader.node_id if s.leader is not None else -1
@@ -198,6 +195,33 @@ class KafkaMetadata:
                             for n in nodes],
                 "cluster_id": self.config.cluster_name,
                 "controller_id": nodes[0].node_id if nodes else -1, "topics": out}
+
+    async def _unlisted(self, ctx: KafkaRequestContext, name: str, auto: bool,
+                        view: ClusterView) -> ErrorCode:
+        """The answer for a topic the view does not list (yet).  As Kafka creates a topic a
+        client names across the cluster, a master here creates it in every group, group by
+        group like CreateTopics; a group that has it already (created by another broker whose
+        creation this view has not seen) counts as done, so two brokers creating it at once
+        end with one numbering.  Creating it in the asking broker's group only let a second
+        broker, whose view was a round behind, create it in its group too, and the topic's
+        partitions were numbered anew under the clients of the first (a consumer started
+        then found no partitions and stopped).  The view's next rounds are then awaited,
+        bounded, so the answer numbers the partitions; LEADER_NOT_AVAILABLE (retried by
+        clients) when they still do not list it."""
+        if not (auto and self.config.auto_create_topic and view.leads()):
+            tc, error = await lookup_topic(self.topics, self.config, name, auto_create=False)
+            if tc is None:
+                return error
+        else:
+            spec = {"name": name, "num_partitions": -1, "replication_factor": -1,
+                    "assignments": [], "configs": []}
+            error, message = await self._create_across(ctx, spec, False, view, existing_ok=True)
+            if error != ErrorCode.NONE:
+                log.warning("Kafka topic %r from %s not auto-created: %s", name[:300], ctx.peer,
+                            message)
+                return error if error == ErrorCode.INVALID_TOPIC_EXCEPTION \
+                    else ErrorCode.LEADER_NOT_AVAILABLE
+        return ErrorCode.NONE if await view.wait_known(name) else ErrorCode.LEADER_NOT_AVAILABLE
 
     async def create_topics(self, ctx: KafkaRequestContext, body: dict) -> dict:
         """On a cluster a client's topic is created in every broker group with a master, its
@@ -219,15 +243,19 @@ class KafkaMetadata:
         return {"throttle_time_ms": 0, "topics": results}
 
     async def _create_across(self, ctx: KafkaRequestContext, t: dict, validate_only: bool,
-                             view: ClusterView) -> tuple[ErrorCode, str | None]:
+                             view: ClusterView, *, existing_ok: bool = False
+                             ) -> tuple[ErrorCode, str | None]:
         """Group by group from the lowest node id up: every view then sees a prefix of the
-        groups holding the new topic, never a block out of place."""
+        groups holding the new topic, never a block out of place.  ``existing_ok``: a group
+        that has the topic already is passed over (auto-creation, see :meth:`_unlisted`)."""
         name = t["name"]
         if not view.ready():
             return UNREACHABLE, f"the cluster view is not complete: {view.incomplete}"
-        if view.known(name):
+        if view.known(name) and not existing_ok:
             return ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
         error, message = await self._create(t, validate_only=True)
+        if existing_ok and error == ErrorCode.TOPIC_ALREADY_EXISTS:
+            error, message = ErrorCode.NONE, None
         if error != ErrorCode.NONE or validate_only:
             return error, message
         groups = [(g, leader) for _, g, leader in view.groups() if leader is not None]
@@ -241,13 +269,19 @@ class KafkaMetadata:
                 error, message = await self._create(part, validate_only=False)
             else:
                 try:
-                    answer = await forward(leader, ApiKey.CREATE_TOPICS, ctx.api_version,
+                    # A CreateTopics request is forwarded in its own version; auto-creation
+                    # (a Metadata request) in the highest one served.
+                    version = (ctx.api_version if ctx.api_key == ApiKey.CREATE_TOPICS
+                               else ADVERTISED[ApiKey.CREATE_TOPICS][1])
+                    answer = await forward(leader, ApiKey.CREATE_TOPICS, version,
                                            {"topics": [part], "timeout_ms": 5000},
                                            self.config, view.tls_context)
                     got = answer["topics"][0]
                     error, message = ErrorCode(got["error_code"]), got.get("error_message")
                 except (OSError, TimeoutError, ValueError, KeyError, IndexError) as exc:
                     error, message = UNREACHABLE, str(exc) or type(exc).__name__
+            if existing_ok and error == ErrorCode.TOPIC_ALREADY_EXISTS:
+                continue
             if error != ErrorCode.NONE:
                 log.warning("topic %r from %s not created in broker group %s: %s", name,
                             ctx.peer, group, message)
