@@ -208,11 +208,10 @@ class KafkaMetadata:
         then found no partitions and stopped).  The view's next rounds are then awaited,
         bounded, so the answer numbers the partitions; LEADER_NOT_AVAILABLE (retried by
         clients) when they still do not list it."""
-        if not (auto and self.config.auto_create_topic and view.leads()):
-            tc, error = await lookup_topic(self.topics, self.config, name, auto_create=False)
-            if tc is None:
-                return error
-        else:
+        tc, error = await lookup_topic(self.topics, self.config, name, auto_create=False)
+        if tc is None and not (auto and self.config.auto_create_topic and view.leads()):
+            return error
+        if tc is None:  # a topic this group has (made here, or by another master) is not grown
             spec = {"name": name, "num_partitions": -1, "replication_factor": -1,
                     "assignments": [], "configs": []}
             error, message = await self._create_across(ctx, spec, False, view, existing_ok=True)
