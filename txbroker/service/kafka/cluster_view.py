@@ -208,25 +208,28 @@ class ClusterView:
         consumer's subscribed topic vanish and come back, and each change rebalances its
         group, which re-reads the committed offsets while a transaction may be committing
         newer ones (an exactly-once app then reprocesses a batch)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + COMPLETE_WAIT_ROUNDS * self.config.kafka_cluster_refresh_interval
-        # Polled: a Kafka handler's first step runs outside any task (remoting/_flow.py), where
-        # asyncio.timeout cannot be used.
-        while self.incomplete and loop.time() < deadline:
-            await asyncio.sleep(COMPLETE_POLL)
-        return not self.incomplete
+        interval = self.config.kafka_cluster_refresh_interval
+        return await self._poll(self.ready, COMPLETE_WAIT_ROUNDS * interval)
 
     async def wait_known(self, topic: str) -> bool:
         """Wait until a refresh round lists ``topic``, at most :data:`KNOWN_WAIT_ROUNDS`
-        rounds (and never longer than that many intervals and one more); whether it is listed.
-        Polled, like :meth:`wait_complete`."""
-        loop = asyncio.get_running_loop()
-        interval = self.config.kafka_cluster_refresh_interval
-        deadline = loop.time() + (KNOWN_WAIT_ROUNDS + 1) * interval
+        rounds (and never longer than that many intervals and one more); whether it is listed."""
         last = self.rounds + KNOWN_WAIT_ROUNDS
-        while not self.known(topic) and self.rounds < last and loop.time() < deadline:
-            await asyncio.sleep(COMPLETE_POLL)
+        interval = self.config.kafka_cluster_refresh_interval
+        await self._poll(lambda: self.known(topic) or self.rounds >= last,
+                         (KNOWN_WAIT_ROUNDS + 1) * interval)
         return self.known(topic)
+
+    @staticmethod
+    async def _poll(done: Callable[[], bool], seconds: float) -> bool:
+        """Look every :data:`COMPLETE_POLL` until ``done()`` or ``seconds`` pass; ``done()``.
+        Polled: a Kafka handler's first step runs outside any task (remoting/_flow.py), where
+        asyncio.timeout cannot be used."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while not done() and loop.time() < deadline:
+            await asyncio.sleep(COMPLETE_POLL)
+        return done()
 
     def nodes(self) -> list[KafkaNode]:
         """Every node with a known leader now, by node id (this broker's when it leads)."""
