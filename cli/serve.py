@@ -148,6 +148,17 @@ _OPTIONS: dict[str, _Opt] = {
     "controller_lease": _Opt("SECONDS", "controller mode: a master that has not renewed its lease "
                                         "within this stops accepting writes; the controller "
                                         "promotes a slave after it"),
+    "etcd_endpoints": _Opt("ADDRS", "etcd members holding the cluster's state, 'h:p;h:p': the "
+                                    "group's master is the holder of its leader key (no "
+                                    "controller); docs/cluster.md", "empty: not etcd mode"),
+    "etcd_prefix": _Opt("KEY", "etcd mode: the cluster's keys live under "
+                               "PREFIX/<cluster>/<broker name>/"),
+    "etcd_lease": _Opt("SECONDS", "etcd mode: the broker's etcd lease (whole seconds, at least "
+                                  "2); a master that has not renewed it within this stops "
+                                  "writing, and a slave is elected once etcd drops it"),
+    "etcd_user": _Opt("USER", "etcd authentication: the etcd user", "unset: none"),
+    "etcd_password": _Opt("SECRET", "etcd authentication: its password (prefer "
+                                    "TXBROKER_ETCD_PASSWORD or --config)", "unset"),
     "ha_heartbeat_interval": _Opt("SECONDS", "replication: an idle HA connection carries a "
                                              "heartbeat this often (less than half the HA idle "
                                              "time-out)",

@@ -116,3 +116,17 @@ def broker_process(tmp_path: Path):
     yield factory
     for p in procs:
         p.kill()
+
+
+@pytest.fixture
+def etcd_cluster(tmp_path: Path):
+    """A real three-member etcd on loopback (:class:`txbroker.cluster.local_etcd.LocalEtcd`),
+    started and healthy; every member stopped at the end."""
+    from txbroker.cluster.local_etcd import LocalEtcd
+
+    cluster = LocalEtcd(tmp_path / "etcd")
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -206,6 +206,21 @@ class BrokerConfig:
     #: renewed its lease within ``controller_lease`` stops accepting writes (fencing).
     controller_heartbeat_interval: float = 0.5
     controller_lease: float = 3.0
+    #: etcd members holding the cluster's own state (``h:p;h:p``, docs/cluster.md "Consensus
+    #: on etcd"); empty = not etcd mode.  The group's master is the holder of its leader key,
+    #: bound to an etcd lease; no controller runs.  Exclusive with ``controller_addr``.
+    etcd_endpoints: str = ""
+    #: Where the cluster's keys live in etcd: ``<prefix>/<cluster name>/<broker name>/...``.
+    etcd_prefix: str = "/txbroker"
+    #: etcd mode: the broker's etcd lease TTL, whole seconds (etcd's unit).  A master that has
+    #: not renewed it within ``etcd_lease`` (counted from the renewal's sending) stops writing,
+    #: and a slave can be elected once etcd lets it expire.
+    etcd_lease: int = 3
+    #: etcd's own authentication (``etcdctl user add``); unset = none.  The password is a
+    #: secret: never logged or shown.  TLS to etcd follows ``tls_peers`` (``tls_ca``, and
+    #: ``tls_cert``/``tls_key`` as the client certificate).
+    etcd_user: str | None = None
+    etcd_password: str | None = field(default=None, repr=False)
     #: Replication liveness: an idle HA connection carries a heartbeat every
     #: ``ha_heartbeat_interval`` and is dropped after ``ha_idle_timeout`` without one.  0 =
     #: derived: in controller mode from the lease (idle timeout = the lease, heartbeat = a
@@ -333,15 +348,29 @@ class BrokerConfig:
         """``kafka_sasl_mechanisms`` as a tuple (empty: no authentication)."""
         return tuple(m.strip().upper() for m in self.kafka_sasl_mechanisms.split(",") if m.strip())
 
+    @property
+    def elected(self) -> bool:
+        """Whether a group's master is elected (controller or etcd mode), rather than fixed by
+        ``broker_id``: a master then writes only while its lease holds."""
+        return bool(self.controller_addr or self.etcd_endpoints)
+
+    def peer_tls_on(self) -> bool:
+        """Whether this node dials its peers (etcd too) with TLS (``tls_peers``)."""
+        return self.tls_peers == "on" or (self.tls_peers == "auto" and self.tls_mode == "enforcing")
+
     def timing(self) -> ClusterTiming:
-        """The cluster's time limits in force, the derived ones (0 = derived) worked out."""
-        controlled = bool(self.controller_addr)
-        lease = self.controller_lease
+        """The cluster's time limits in force, the derived ones (0 = derived) worked out.
+        In etcd mode the lease is ``etcd_lease``, renewed every sixth of it."""
+        controlled = self.elected
+        if self.etcd_endpoints:
+            lease, heartbeat = float(self.etcd_lease), self.etcd_lease / 6
+        else:
+            lease, heartbeat = self.controller_lease, self.controller_heartbeat_interval
         idle = self.ha_idle_timeout or (lease if controlled else CLASSIC_HA_IDLE_TIMEOUT)
         beat = self.ha_heartbeat_interval or (idle / 4 if controlled else CLASSIC_HA_HEARTBEAT)
         slave = self.slave_timeout or (lease / 2 if controlled else CLASSIC_SLAVE_TIMEOUT)
         return ClusterTiming(lease=lease, assumed_lease=lease * (1 - LEASE_DRIFT) - LEASE_SLACK,
-                             controller_heartbeat=self.controller_heartbeat_interval,
+                             controller_heartbeat=heartbeat,
                              ha_heartbeat=beat, ha_idle_timeout=idle, slave_timeout=slave)
 
     def replace(self, **changes: Any) -> BrokerConfig:
@@ -362,7 +391,7 @@ class BrokerConfig:
 
 
 #: Settings whose value is never logged or printed.
-SECRET_SETTINGS = ("cluster_secret",)
+SECRET_SETTINGS = ("cluster_secret", "etcd_password")
 HIDDEN = "(set, not shown)"
 #: The shortest cluster secret accepted (a short one is guessed offline from one exchange).
 MIN_SECRET_LENGTH = 8
@@ -437,6 +466,7 @@ def _validate(c: BrokerConfig) -> None:
             parse_address_list(getattr(c, name))
         except ValueError as exc:
             raise ConfigError(f"{name}: {exc} (several separated by ';', or empty)") from None
+    _check_etcd(c)
     need(not c.advertised_host or _host_ok(c.advertised_host), "advertised_host",
          "must be a host name or an IPv4 address (what clients dial; empty = the bound host)")
     need(c.max_reconsume_times >= 0, "max_reconsume_times", "must be >= 0")
@@ -535,11 +565,38 @@ def _check_kafka_cluster(c: BrokerConfig) -> None:
                           f"same on each of its replicas and different in each group")
 
 
+def _check_etcd(c: BrokerConfig) -> None:
+    """etcd mode's settings (docs/cluster.md, "Consensus on etcd")."""
+    if not c.etcd_endpoints:
+        return
+    from txbroker.cluster.etcd import parse_endpoints
+    try:
+        parse_endpoints(c.etcd_endpoints)
+    except ValueError as exc:
+        raise ConfigError(f"etcd_endpoints: {exc} (several separated by ';' or ',')") from None
+    if c.controller_addr:
+        raise ConfigError("etcd_endpoints and controller_addr are both set: a group's master is "
+                          "elected either on etcd or by a controller, not both")
+    if not c.namesrv_addr:
+        raise ConfigError("etcd_endpoints is set without namesrv_addr: etcd mode is for a "
+                          "cluster broker (a single broker is always its own master)")
+    if not isinstance(c.etcd_lease, int) or c.etcd_lease < 2:
+        raise ConfigError(f"etcd_lease={c.etcd_lease!r}: must be a whole number of seconds, at "
+                          "least 2 (etcd's shortest lease with its default timing)")
+    if not c.etcd_prefix.startswith("/") or len(c.etcd_prefix) > 128:
+        raise ConfigError(f"etcd_prefix={c.etcd_prefix!r}: must start with '/' and be at most "
+                          "128 characters")
+    if (c.etcd_user is None) != (c.etcd_password is None):
+        raise ConfigError("etcd_user and etcd_password: set both (etcd authentication) or "
+                          "neither")
+
+
 def _check_timing(c: BrokerConfig) -> None:
     """The cluster's time limits against each other (docs/cluster.md, "Time limits"): one
     line naming both settings and the values in force (a derived one says so)."""
     t = c.timing()
-    shown = {"controller_heartbeat_interval": t.controller_heartbeat, "controller_lease": t.lease,
+    lease = "etcd_lease" if c.etcd_endpoints else "controller_lease"
+    shown = {"controller_heartbeat_interval": t.controller_heartbeat, lease: t.lease,
              "ha_heartbeat_interval": t.ha_heartbeat, "ha_idle_timeout": t.ha_idle_timeout,
              "slave_timeout": t.slave_timeout}
 
@@ -551,23 +608,24 @@ def _check_timing(c: BrokerConfig) -> None:
         if not ok:
             raise ConfigError(f"{value(a)} and {value(b)}: {rule}")
 
-    pair(t.controller_heartbeat < t.lease / 2, "controller_heartbeat_interval", "controller_lease",
-         "the heartbeat interval must be less than half the lease (one lost heartbeat must "
-         "not cost the master its lease)")
+    if not c.etcd_endpoints:  # etcd mode renews at a sixth of the lease, always
+        pair(t.controller_heartbeat < t.lease / 2, "controller_heartbeat_interval", lease,
+             "the heartbeat interval must be less than half the lease (one lost heartbeat must "
+             "not cost the master its lease)")
     pair(t.ha_heartbeat < t.ha_idle_timeout / 2, "ha_heartbeat_interval", "ha_idle_timeout",
          "the HA heartbeat must be less than half the HA idle time-out")
-    if not c.controller_addr:
+    if not c.elected:
         return
     if t.lease < MIN_CONTROLLER_LEASE:
         raise ConfigError(f"controller_lease={t.lease:g}: must be at least "
                           f"{MIN_CONTROLLER_LEASE:g} s in controller mode (a master counts on "
                           f"{1 - LEASE_DRIFT:.0%} of it less {LEASE_SLACK:g} s)")
-    pair(t.ha_idle_timeout <= t.lease, "ha_idle_timeout", "controller_lease",
-         "in controller mode the HA idle time-out must not exceed the lease (a master must "
+    pair(t.ha_idle_timeout <= t.lease, "ha_idle_timeout", lease,
+         "with elected masters the HA idle time-out must not exceed the lease (a master must "
          "notice a silent slave within one lease)")
-    pair(t.slave_timeout < t.lease, "slave_timeout", "controller_lease",
-         "in controller mode the slave time-out must be shorter than the lease (a SYNC_MASTER "
-         "send must be answered inside one lease)")
+    pair(t.slave_timeout < t.lease, "slave_timeout", lease,
+         "with elected masters the slave time-out must be shorter than the lease (a "
+         "SYNC_MASTER send must be answered inside one lease)")
 
 
 #: Listen hosts whose listeners share the port space of the metrics endpoint's 127.0.0.1.

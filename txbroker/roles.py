@@ -9,6 +9,8 @@ always its own master and this module is not used.  Which role, and when it chan
 * **controller mode**: the controller names the master and its epoch
   (:mod:`txbroker.service.controller_link`); this broker follows what it says, promoting or
   demoting itself, and a master takes a write only while its lease is known to hold.
+* **etcd mode** (``etcd_endpoints``): the same, with the master the holder of the group's
+  leader key in etcd (:mod:`txbroker.cluster.leadership`) and no controller process.
 
 The role is one state of :mod:`txbroker.role_state` (STARTING, SLAVE, PROMOTING, MASTER,
 DEMOTING, STOPPING, STOPPED), and the store asks one write gate (:meth:`Roles._gate`) before
@@ -45,6 +47,7 @@ from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
+from txbroker.cluster.leadership import EtcdLeadership
 from txbroker.config import ConfigError
 from txbroker.remoting.bodies import broker_label
 from txbroker.remoting.signing import SessionCredentials
@@ -147,7 +150,8 @@ class Roles:
         self.ha_master: HAMaster | None = None
         self.ha_slave: HASlave | None = None
         self.sync: SlaveSync | None = None
-        self.link: ControllerLink | None = None
+        #: The group's election: the controller's (controller mode) or etcd's (etcd mode).
+        self.link: ControllerLink | EtcdLeadership | None = None
         self._watch_task: asyncio.Task | None = None
         self._report_task: asyncio.Task | None = None
         self._switching = asyncio.Lock()
@@ -165,8 +169,10 @@ class Roles:
         self._lease_held = True
 
     @property
-    def controller_mode(self) -> bool:
-        return bool(self.config.controller_addr)
+    def elected(self) -> bool:
+        """Controller or etcd mode: the group's master is elected, and writes only while its
+        lease holds."""
+        return self.config.elected
 
     @property
     def is_master(self) -> bool:
@@ -205,7 +211,7 @@ class Roles:
         master epoch, configured id, the master it follows, the group's in-sync set and
         whether client writes are taken now (and if not, why)."""
         if self.is_master:
-            in_sync = self.sync_state_set if self.controller_mode else self._in_sync_now()
+            in_sync = self.sync_state_set if self.elected else self._in_sync_now()
         else:
             named = self.link.master if self.link is not None else None
             in_sync = set(named.sync_state_set) if named is not None else set()
@@ -261,21 +267,28 @@ class Roles:
         assert store is not None
         broker_credentials(self.broker)  # a wrong account: said at start, not at the first sync
         store.set_write_gate(self._gate)  # STARTING: fenced until a role is known
-        if not self.controller_mode:
+        if not self.elected:
             if self.config.broker_id == 0:
                 await self._to_master(CLASSIC_EPOCH)
             else:
                 await self._to_slave(self.master_ha_addr, self.master_addr)
             return
-        self.link = ControllerLink(self.config, broker_addr=self.broker.broker_addr,
-                                   ha_addr=self.ha_addr, state=self._replica_state,
-                                   on_master=self._apply, tls=self._peer_tls)
+        if self.config.etcd_endpoints:
+            self.link = EtcdLeadership(self.config, broker_addr=self.broker.broker_addr,
+                                       ha_addr=self.ha_addr, state=self._replica_state,
+                                       on_master=self._apply,
+                                       last_log_epoch=lambda: store.epochs.last_epoch)
+        else:
+            self.link = ControllerLink(self.config, broker_addr=self.broker.broker_addr,
+                                       ha_addr=self.ha_addr, state=self._replica_state,
+                                       on_master=self._apply, tls=self._peer_tls)
         try:
             await self.link.register()  # _apply asks for the first election if it is ours
         except ControllerError as exc:
             # The heartbeat loop keeps asking; until a master is named this broker stays
             # fenced (STARTING) with nothing to follow.
-            log.warning("controller: %s; waiting for it", exc)
+            log.warning("%s: %s; waiting for it",
+                        "etcd" if self.config.etcd_endpoints else "controller", exc)
         if self._background:
             # The first election asked for above: the broker registers with the name servers
             # once it knows its role, so its first registration (at start) already has it.
@@ -384,7 +397,7 @@ class Roles:
             store = broker.store
             assert store is not None
             last = store.epochs.last_epoch
-            if self.controller_mode and epoch < last:
+            if self.elected and epoch < last:
                 self._refuse_epoch(epoch, last)
                 return
             if self.role is not Role.PROMOTING and not self._set(Role.PROMOTING):
@@ -485,7 +498,7 @@ class Roles:
     def learned_master(self, master_addr: str, ha_addr: str) -> None:
         """Classic mode: the name servers' answer to a slave's registration names the master;
         a new HA address takes effect at once (the follower may be sleeping between tries)."""
-        if self.controller_mode or self.role is not Role.SLAVE:
+        if self.elected or self.role is not Role.SLAVE:
             return
         if master_addr:
             self.master_addr = master_addr
@@ -567,7 +580,7 @@ class Roles:
         until the set is shrunk.  Classic mode (no election): what the connected slaves hold."""
         ha, store = self.ha_master, self.broker.store
         assert ha is not None and store is not None
-        if not self.controller_mode:
+        if not self.elected:
             return ha.confirm_offset
         acks = {s.slave_id: s.ack_offset for s in ha.slaves()}
         others = self.sync_state_set - {self.config.broker_id}

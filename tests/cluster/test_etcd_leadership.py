@@ -1,0 +1,235 @@
+"""etcd mode: a group's master is the holder of its leader key, fenced by its own count of
+its etcd lease (docs/cluster.md, "Consensus on etcd").
+
+Real parts: a three-member etcd (separate processes on loopback), a name server and brokers
+on the test's loop.  A broker cut off from etcd is one whose etcd endpoints are relays the
+test holds (nothing forwarded, nothing closed: a silent partition), while its clients and
+its slave still reach it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from support.cluster import InProcessCluster
+from support.waiting import eventually
+
+from txbroker.bench.chaos.faultproxy import FaultProxy
+from txbroker.cluster.etcd import Etcd, parse_endpoints
+from txbroker.cluster.leadership import GroupKeys
+from txbroker.cluster.local_etcd import LocalEtcd
+from txbroker.config import BrokerConfig, ConfigError
+from txbroker.remoting.client import RemotingClient
+from txbroker.remoting.codes import RequestCode, ResponseCode
+from txbroker.remoting.command import RemotingCommand
+from txbroker.remoting.headers import SendMessageRequestHeader
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("etcd")]
+
+LEASE = 2  # etcd's shortest with its default timing
+
+
+class EtcdCluster(InProcessCluster):
+    """An in-process cluster whose brokers elect their masters on ``etcd`` (each broker's
+    ``etcd_endpoints`` may be overridden, e.g. with relays)."""
+
+    def __init__(self, base: BrokerConfig, tmp_path: Path, etcd: LocalEtcd, lease: int = LEASE) -> None:
+        super().__init__(base.replace(metadata_sync_interval=0.2, broker_role="SYNC_MASTER"),
+                         tmp_path)
+        self.etcd = etcd
+        self.lease = lease
+
+    async def broker(self, broker_name: str = "broker-a", **changes: object):
+        changes.setdefault("etcd_endpoints", self.etcd.endpoints)
+        changes.setdefault("etcd_lease", self.lease)
+        return await super().broker(broker_name, **changes)
+
+
+def _send(topic: str, body: bytes) -> RemotingCommand:
+    return RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, SendMessageRequestHeader(
+        producer_group="pg", topic=topic, default_topic="TBW102", default_topic_queue_nums=4,
+        queue_id=0, sys_flag=0, born_timestamp=0, flag=0, properties="", reconsume_times=0,
+        unit_mode=False, batch=False).to_ext_v2(), body)
+
+
+def _following(master) -> set[int]:
+    return {s.slave_id for s in master.roles.ha_master.slaves() if s.connected}
+
+
+async def _proxies(etcd: LocalEtcd) -> list[FaultProxy]:
+    out = []
+    for m in etcd.members:
+        host, port = m.endpoint.rsplit(":", 1)
+        out.append(await FaultProxy(host, int(port)).start())
+    return out
+
+
+def test_etcd_settings_are_checked(broker_config: BrokerConfig) -> None:
+    cluster = broker_config.replace(namesrv_addr="127.0.0.1:9876")
+    with pytest.raises(ConfigError, match="controller_addr are both set"):
+        cluster.replace(etcd_endpoints="127.0.0.1:2379", controller_addr="127.0.0.1:9878")
+    with pytest.raises(ConfigError, match="without namesrv_addr"):
+        broker_config.replace(etcd_endpoints="127.0.0.1:2379")
+    with pytest.raises(ConfigError, match="etcd_lease=1"):
+        cluster.replace(etcd_endpoints="127.0.0.1:2379", etcd_lease=1)
+    with pytest.raises(ConfigError, match="etcd_endpoints: 'nope' is not host:port"):
+        cluster.replace(etcd_endpoints="nope")
+    with pytest.raises(ConfigError, match="set both"):
+        cluster.replace(etcd_endpoints="127.0.0.1:2379", etcd_user="root")
+    ok = cluster.replace(etcd_endpoints="http://127.0.0.1:2379,127.0.0.1:22379")
+    assert parse_endpoints(ok.etcd_endpoints) == ["127.0.0.1:2379", "127.0.0.1:22379"]
+    assert ok.timing().lease == 3 and ok.timing().controller_heartbeat == 0.5
+    assert "etcd_password" not in repr(ok.replace(etcd_user="u", etcd_password="secret-pw"))
+
+
+async def test_first_master_then_a_clean_stop_hands_over(broker_config: BrokerConfig,
+                                                          tmp_path: Path, etcd_cluster) -> None:
+    """The broker configured as id 0 takes the group's first epoch; its slave joins the
+    in-sync set; a clean stop revokes the master's lease and the slave is master within a
+    renewal interval or two, under a newer epoch, with every acknowledged send."""
+    async with EtcdCluster(broker_config, tmp_path, etcd_cluster) as c:
+        await c.namesrv()
+        a = await c.broker("broker-a")
+        b = await c.broker("broker-a", broker_id=1)
+        assert a.roles.is_master and a.roles.epoch == 1
+        await eventually(lambda: a.roles.sync_state_set == {0, 1} and _following(a) == {1})
+        client = RemotingClient(a.broker_addr)
+        try:
+            for i in range(20):
+                assert (await client.invoke(_send("Etcd", b"m%d" % i), 5)).code == ResponseCode.SUCCESS
+        finally:
+            await client.close()
+        etcd = Etcd(parse_endpoints(etcd_cluster.endpoints))
+        try:
+            keys = GroupKeys.of(a.config)
+            assert (await etcd.get(keys.leader)) is not None
+            c.brokers.remove(a)
+            stopped = time.monotonic()
+            await a.stop()
+            await eventually(lambda: b.roles.is_master, timeout=LEASE * 3)
+            took = time.monotonic() - stopped
+            assert took < LEASE, took  # the revoked lease, not its expiry
+            assert b.roles.epoch == 2
+            leader = await etcd.get(keys.leader)
+            assert leader is not None and b'"brokerId":1' in leader.value
+        finally:
+            await etcd.close()
+        got = b.store.get("Etcd", 0, 0, 100)
+        assert [m.body for m in got.messages()] == [b"m%d" % i for i in range(20)]
+
+
+async def test_master_cut_off_from_etcd_fences_itself_before_the_slave_is_elected(
+        broker_config: BrokerConfig, tmp_path: Path, etcd_cluster) -> None:
+    """The master loses etcd (every member, silently) but not its clients or its slave: it
+    refuses writes within one lease of its last renewal, the slave is elected only after
+    etcd drops that lease, so no send is acknowledged by the old master after the new one
+    starts; at the heal the old master follows the new one."""
+    proxies = await _proxies(etcd_cluster)
+    try:
+        async with EtcdCluster(broker_config, tmp_path, etcd_cluster) as c:
+            await c.namesrv()
+            a = await c.broker("broker-a", etcd_endpoints=";".join(p.addr for p in proxies))
+            b = await c.broker("broker-a", broker_id=1)
+            await eventually(lambda: a.roles.sync_state_set == {0, 1} and _following(a) == {1})
+            client = RemotingClient(a.broker_addr)
+            acked: list[float] = []
+            try:
+                for p in proxies:
+                    p.hold()
+                cut = time.monotonic()
+                refused_at = None
+                for i in range(600):  # bounded: ~6 s of sends
+                    resp = await client.invoke(_send("Cut", b"c%d" % i), 5)
+                    if resp.code == ResponseCode.SUCCESS:
+                        acked.append(time.monotonic())
+                    elif refused_at is None:
+                        refused_at = time.monotonic()
+                        assert "lease" in (resp.remark or ""), resp.remark
+                    if b.roles.is_master:
+                        break
+                    await asyncio.sleep(0.01)
+                await eventually(lambda: b.roles.is_master, timeout=LEASE * 4)
+                promoted = time.monotonic()
+                assert refused_at is not None and refused_at - cut < LEASE + 0.5
+                assert not acked or acked[-1] < promoted
+                assert all(t < refused_at for t in acked)
+                assert b.roles.epoch == 2
+            finally:
+                await client.close()
+            for p in proxies:
+                p.release()
+            await eventually(lambda: not a.roles.is_master and a.roles.epoch == 2
+                             and a.roles.ha_slave is not None and a.roles.ha_slave.connected,
+                             timeout=LEASE * 5)
+            # Everything the old master acknowledged is on the new one.
+            bodies = {m.body for m in b.store.get("Cut", 0, 0, 1000).messages()}
+            assert len(bodies) >= len(acked)
+    finally:
+        for p in proxies:
+            await p.close()
+
+
+async def test_losing_the_etcd_leader_costs_no_write(broker_config: BrokerConfig,
+                                                     tmp_path: Path, etcd_cluster) -> None:
+    """SIGKILL the etcd leader under steady sends: etcd elects another member within about
+    a second, the broker renews through another endpoint, and its lease never lapses."""
+    async with EtcdCluster(broker_config, tmp_path, etcd_cluster, lease=3) as c:
+        await c.namesrv()
+        a = await c.broker("broker-a")
+        await c.broker("broker-a", broker_id=1)
+        await eventually(lambda: a.roles.sync_state_set == {0, 1})
+        client = RemotingClient(a.broker_addr)
+        try:
+            refused = []
+            killed = None
+            for i in range(500):  # ~5 s
+                if i == 50:
+                    killed = etcd_cluster.leader()
+                    etcd_cluster.kill(killed)
+                resp = await client.invoke(_send("Steady", b"s%d" % i), 5)
+                if resp.code != ResponseCode.SUCCESS:
+                    refused.append((i, resp.code, resp.remark))
+                await asyncio.sleep(0.01)
+            assert killed is not None
+            assert refused == []
+            assert a.roles.is_master and a.roles.epoch == 1
+        finally:
+            await client.close()
+
+
+async def test_losing_the_etcd_majority_stops_writes_within_a_lease(
+        broker_config: BrokerConfig, tmp_path: Path, etcd_cluster) -> None:
+    """Two of three etcd members down: nobody can be elected, and the master cannot know it
+    still leads, so it refuses writes within one lease; when etcd is back it writes again
+    under the same epoch (no one else was elected)."""
+    async with EtcdCluster(broker_config, tmp_path, etcd_cluster) as c:
+        await c.namesrv()
+        a = await c.broker("broker-a")
+        await c.broker("broker-a", broker_id=1)
+        await eventually(lambda: a.roles.sync_state_set == {0, 1})
+        client = RemotingClient(a.broker_addr)
+        try:
+            etcd_cluster.kill(1)
+            etcd_cluster.kill(2)
+            cut = time.monotonic()
+            resp = None
+            for i in range(500):
+                resp = await client.invoke(_send("Majority", b"x%d" % i), 5)
+                if resp.code != ResponseCode.SUCCESS:
+                    break
+                await asyncio.sleep(0.01)
+            assert resp is not None and resp.code == ResponseCode.SERVICE_NOT_AVAILABLE
+            assert time.monotonic() - cut < LEASE + 1.0
+            etcd_cluster.start_member(1, wait=False)
+            etcd_cluster.start_member(2, wait=False)
+
+            async def writes() -> bool:
+                r = await client.invoke(_send("Majority", b"back"), 5)
+                return r.code == ResponseCode.SUCCESS
+            await eventually(writes, timeout=30)
+            assert a.roles.is_master
+        finally:
+            await client.close()
