@@ -29,6 +29,10 @@ from txbroker.cli import controller as _controller
 
 main.add_command(_controller.controller)
 
+from txbroker.cli import etcd as _etcd
+
+main.add_command(_etcd.etcd)
+
 from txbroker.cli import consume as _consume
 from txbroker.cli import produce as _produce
 from txbroker.cli import status as _status

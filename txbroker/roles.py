@@ -48,6 +48,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from txbroker.cluster.leadership import EtcdLeadership
+from txbroker.cluster.topic_keys import GroupTopics
 from txbroker.config import ConfigError
 from txbroker.remoting.bodies import broker_label
 from txbroker.remoting.signing import SessionCredentials
@@ -278,6 +279,10 @@ class Roles:
                                        ha_addr=self.ha_addr, state=self._replica_state,
                                        on_master=self._apply,
                                        last_log_epoch=lambda: store.epochs.last_epoch)
+            topics = self.broker.topics
+            assert topics is not None
+            self.link.topics = GroupTopics(self.link, topics)
+            topics.publisher = self.link.topics.publish  # a change is the group's, in etcd
         else:
             self.link = ControllerLink(self.config, broker_addr=self.broker.broker_addr,
                                        ha_addr=self.ha_addr, state=self._replica_state,
@@ -319,6 +324,8 @@ class Roles:
                     await task
         if self.link is not None:
             await self.link.close()
+        if self.config.etcd_endpoints and self.broker.topics is not None:
+            self.broker.topics.publisher = None
         async with self._switching:  # a switch under way ends at its next step
             await self._stop_following()
             await self._stop_serving()
@@ -461,7 +468,8 @@ class Roles:
             self.ha_slave.start()
             self.sync = SlaveSync(broker.topics, store.offsets, self.config.metadata_sync_interval,
                                   lambda: self.master_addr or None,
-                                  credentials=broker_credentials(broker), tls=self._peer_tls)
+                                  credentials=broker_credentials(broker), tls=self._peer_tls,
+                                  copy_topics=not self.config.etcd_endpoints)
             self.sync.start()
             broker.registration_changed()
 
@@ -629,8 +637,8 @@ class Roles:
             if held:
                 log.warning("broker %s: master lease renewed; writes accepted again", self.name)
             else:
-                log.warning("broker %s: master lease expired (the controller has not answered); "
-                            "writes refused", self.name)
+                log.warning("broker %s: master lease expired (the controller or etcd has not "
+                            "answered); writes refused", self.name)
 
     async def _report_in_sync(self) -> None:
         try:

@@ -137,6 +137,8 @@ async def test_master_cut_off_from_etcd_fences_itself_before_the_slave_is_electe
             client = RemotingClient(a.broker_addr)
             acked: list[float] = []
             try:
+                # The topic exists first: creating one needs etcd (it is the group's).
+                assert (await client.invoke(_send("Cut", b"first"), 5)).code == ResponseCode.SUCCESS
                 for p in proxies:
                     p.hold()
                 cut = time.monotonic()
@@ -153,7 +155,7 @@ async def test_master_cut_off_from_etcd_fences_itself_before_the_slave_is_electe
                     await asyncio.sleep(0.01)
                 await eventually(lambda: b.roles.is_master, timeout=LEASE * 4)
                 promoted = time.monotonic()
-                assert refused_at is not None and refused_at - cut < LEASE + 0.5
+                assert refused_at is not None and refused_at - cut < LEASE + 0.5, refused_at - cut
                 assert not acked or acked[-1] < promoted
                 assert all(t < refused_at for t in acked)
                 assert b.roles.epoch == 2
@@ -233,3 +235,48 @@ async def test_losing_the_etcd_majority_stops_writes_within_a_lease(
             assert a.roles.is_master
         finally:
             await client.close()
+
+
+async def test_a_topic_created_just_before_the_master_dies_exists_on_its_successor(
+        tmp_path: Path, etcd_cluster, broker_process) -> None:
+    """A topic made by a producer's first send and written at once, then the master SIGKILLed
+    well within the slave's metadata sync interval: the promoted slave has the topic (etcd
+    held it before the creation was acknowledged), routes it, and serves every message.
+    Before etcd mode the slave learned topics only from that periodic copy: the topic did not
+    exist on the new master and its replicated messages were stranded."""
+    from support.cluster import start_namesrv
+
+    from txbroker.client import Consumer, Message, Producer
+
+    ns = await start_namesrv()
+    etcd = Etcd(parse_endpoints(etcd_cluster.endpoints))
+    try:
+        common = dict(namesrv_addr=ns.addr, etcd_endpoints=etcd_cluster.endpoints, etcd_lease=LEASE,
+                      broker_role="SYNC_MASTER", metadata_sync_interval=60.0)
+        a = broker_process(**common, broker_id=0)
+        broker_process(**common, broker_id=1)
+        keys = GroupKeys(f"/txbroker/DefaultCluster/broker-a/".encode())
+
+        async def in_sync() -> bool:
+            isr = await etcd.get(keys.isr)
+            return isr is not None and b'"members":[0,1]' in isr.value
+        await eventually(in_sync, timeout=30)
+        async with Producer("fresh-producers", namesrv=ns.addr) as producer:
+            for i in range(5):
+                sent = await producer.send(Message("FreshTopic", b"fresh-%d" % i))
+                assert sent.send_status.name == "SEND_OK", sent
+        a.kill()
+
+        async def promoted() -> bool:
+            lead = await etcd.get(keys.leader)
+            return lead is not None and b'"brokerId":1' in lead.value
+        await eventually(promoted, timeout=LEASE * 5)
+        consumer = Consumer("fresh-readers", namesrv=ns.addr, from_where="first")
+        consumer.subscribe("FreshTopic", "*")
+        async with consumer:
+            from support.consuming import collect
+            got = await collect(consumer, 5, timeout=60)
+        assert sorted(m.body for m in got) == [b"fresh-%d" % i for i in range(5)]
+    finally:
+        await etcd.close()
+        await ns.stop()

@@ -52,6 +52,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -74,6 +75,9 @@ from txbroker.service.controller_link import (
     ReplicaState,
 )
 from txbroker.service.repeating import Repeating
+
+if TYPE_CHECKING:
+    from txbroker.cluster.topic_keys import GroupTopics
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +231,10 @@ class EtcdLeadership:
         self.group: GroupState | None = None
         #: When (``clock``) this broker first saw the group without a master, for deferring.
         self._leaderless_since: float | None = None
+        #: The group's topic table in etcd (set by the broker's roles; None in unit tests of
+        #: leadership alone), and the ``leader`` create revision it was taken over for.
+        self.topics: GroupTopics | None = None
+        self._taken_over = 0
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def register(self) -> MasterInfo:
@@ -262,13 +270,27 @@ class EtcdLeadership:
 
     # --- one round ---------------------------------------------------------------------------
     async def tick(self) -> None:
-        """Renew the lease, read the group, run for election when it has no master."""
+        """Renew the lease, read the group, run for election when it has no master; a
+        replica that is not master takes the group's topic table."""
         await self._renew()
         info = await self.refresh()
         if info.master_id is None:
             await self._maybe_elect()
         else:
             self._leaderless_since = None
+        if self.topics is not None and self.leader_revision() is None:
+            await self.topics.pull()
+
+    def leader_revision(self) -> int | None:
+        """The create revision of ``leader`` while it names this broker under its current
+        lease (the fencing token metadata changes are checked against), else None."""
+        group = self.group
+        if group is None or group.leader is None or not self.lease:
+            return None
+        if group.leader.lease != self.lease or \
+                int(group.leader_doc["brokerId"]) != self.config.broker_id:
+            return None
+        return group.leader.create_revision
 
     async def _renew(self) -> None:
         if not self.lease:
@@ -342,6 +364,11 @@ class EtcdLeadership:
         else:
             info = group.info()
             self._leader_lease = self.lease if mine else 0
+            lead = self.leader_revision()
+            if lead is not None and lead != self._taken_over and self.topics is not None:
+                # Elected: every topic an earlier master acknowledged, before any write.
+                await self.topics.take_over(lead)
+                self._taken_over = lead
         await self._learn(info)
         return info
 

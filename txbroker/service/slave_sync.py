@@ -8,7 +8,8 @@ when they differ; offsets are merged (an offset is never moved back by a sync, a
 master no longer has is kept), each with the Kafka commit metadata and time the master holds
 for it (so OffsetFetch answers the same metadata after a failover), so a promoted slave resumes consumers where the master last
 reported them, at most one interval behind: a consumer may see up to that much again after a
-failover, never miss anything.
+failover, never miss anything.  In etcd mode topics come from etcd instead
+(:mod:`txbroker.cluster.topic_keys`), so only offsets are copied here (``copy_topics=False``).
 
 Under access control the master checks these requests like any other, so a slave signs them
 with its own ACL account (``acl_access_key``; RocketMQ 5 signs broker-to-broker calls with its
@@ -85,8 +86,9 @@ class SlaveSync:
     def __init__(self, topics: TopicManager, offsets: ConsumerOffsetStore, interval: float,
                  master_addr: Callable[[], str | None],
                  credentials: SessionCredentials | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, copy_topics: bool = True) -> None:
         self.topics = topics
+        self.copy_topics = copy_topics
         self.credentials = credentials
         #: TLS to the master's broker port (the broker's ``tls_peers``), None: plaintext.
         self.tls = tls
@@ -131,9 +133,10 @@ class SlaveSync:
             if self._client is not None:
                 await self._client.close()
             self._client = RemotingClient(addr, connect_timeout=SYNC_TIMEOUT, ssl=self.tls)
-        topics = await self._ask(RequestCode.GET_ALL_TOPIC_CONFIG, addr)
+        if self.copy_topics:
+            topics = await self._ask(RequestCode.GET_ALL_TOPIC_CONFIG, addr)
+            await self.topics.replace_all(parse_topic_table(topics))
         offsets = await self._ask(RequestCode.GET_ALL_CONSUMER_OFFSET, addr)
-        await self.topics.replace_all(parse_topic_table(topics))
         for group, topic, qid, offset, commit in parse_offset_table(offsets):
             have = self.offsets.get(group, topic, qid)
             if have is None or offset > have or (

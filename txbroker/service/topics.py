@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -68,6 +68,10 @@ class TopicError(Refusal):
 
 class TopicStoreError(TopicError):
     """The topic change could not be persisted (a full disk): nothing changed, say why."""
+
+
+class NotGroupMaster(TopicStoreError):
+    """etcd mode: topic changes are the group's master's (this broker is a slave now)."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,11 @@ def is_protected_topic(name: str, config: BrokerConfig) -> bool:
     return is_system_topic(name) or name in (DEFAULT_TOPIC, config.cluster_name, config.broker_name)
 
 
+def _builtin_names() -> frozenset[str]:
+    """Topics every broker makes for itself at start (:meth:`TopicManager._ensure_builtin`)."""
+    return frozenset({DEFAULT_TOPIC, *_SYSTEM_QUEUES})
+
+
 class TopicManager:
     """All topic configs of this broker.  Used from the event loop only; changes are made one
     at a time (an asyncio lock held across the write), so two writes of the file never overlap
@@ -145,6 +154,9 @@ class TopicManager:
         #: Bumped on every change: name servers apply a registered table only when it moved.
         self.data_version = DataVersion(int(time.time() * 1000), 0)
         self._listeners: list[Callable[[], None]] = []
+        #: etcd mode: where a change goes before the file and memory take it (raises
+        #: :class:`TopicStoreError` when it is refused: nothing changes); None = the file only.
+        self.publisher: Callable[[str, TopicConfig | None], Awaitable[None]] | None = None
         self._load()
         self._ensure_builtin()
 
@@ -171,6 +183,8 @@ class TopicManager:
             table.pop(name, None)
         else:
             table[name] = tc
+        if self.publisher is not None:
+            await self.publisher(name, tc)
         try:
             await self._write_off_loop(table)
         except OSError as exc:
@@ -298,6 +312,15 @@ class TopicManager:
             if existed:
                 await self._commit(name, None)
         return existed
+
+    def own(self) -> list[TopicConfig]:
+        """The topics this broker was told to have: all but the built-in ones."""
+        return [tc for name, tc in sorted(self._topics.items()) if name not in _builtin_names()]
+
+    async def replace_replicated(self, configs: list[TopicConfig]) -> bool:
+        """etcd mode: take the group's table (built-in topics stay this broker's own)."""
+        builtin = {name: tc for name, tc in self._topics.items() if name in _builtin_names()}
+        return await self.replace_all([*builtin.values(), *configs])
 
     async def replace_all(self, configs: list[TopicConfig]) -> bool:
         """Take another broker's table whole (a slave copying its master's, docs/cluster.md);

@@ -39,8 +39,8 @@ class Fence(enum.Enum):
     STARTING = "the broker is starting and does not know its role yet"
     SLAVE = "the broker is a slave: its group's master takes writes"
     PROMOTING = "the broker is becoming its group's master: writes are taken once it has recovered"
-    LEASE_NOT_VALID = ("the broker's master lease is not known to be valid (the controller has "
-                       "not renewed it): another replica may be promoted")
+    LEASE_NOT_VALID = ("the broker's master lease is not known to be valid (the controller or "
+                       "etcd has not renewed it): another replica may be promoted")
     STOPPING = "the broker is stopping"
 
     @property

@@ -47,6 +47,7 @@ from txbroker.service.clients import ClientRegistry, ConsumerEntry, Subscription
 from txbroker.service.processors.send import VERSION_HONOUR_MAX_RECONSUME
 from txbroker.service.schedule import ScheduleService
 from txbroker.service.topics import (
+    NotGroupMaster,
     TopicManager,
     TopicStoreError,
     is_system_topic,
@@ -143,6 +144,8 @@ class ConsumerProcessor:
             # next heartbeat or a send-back creates it once the disk allows.
             try:
                 await self.topics.get_or_create(RETRY_GROUP_TOPIC_PREFIX + group)
+            except NotGroupMaster:
+                pass  # etcd mode, a slave: the master makes it at the group's heartbeat there
             except TopicStoreError as exc:
                 log.warning("heartbeat of %s: %s", group, exc.remark)
             consumers.append((group, ConsumerEntry(
