@@ -251,11 +251,11 @@ async def test_a_topic_created_just_before_the_master_dies_exists_on_its_success
     ns = await start_namesrv()
     etcd = Etcd(parse_endpoints(etcd_cluster.endpoints))
     try:
-        common = dict(namesrv_addr=ns.addr, etcd_endpoints=etcd_cluster.endpoints, etcd_lease=LEASE,
-                      broker_role="SYNC_MASTER", metadata_sync_interval=60.0)
+        common = {"namesrv_addr": ns.addr, "etcd_endpoints": etcd_cluster.endpoints, "etcd_lease": LEASE,
+                      "broker_role": "SYNC_MASTER", "metadata_sync_interval": 60.0}
         a = broker_process(**common, broker_id=0)
         broker_process(**common, broker_id=1)
-        keys = GroupKeys(f"/txbroker/DefaultCluster/broker-a/".encode())
+        keys = GroupKeys(b"/txbroker/DefaultCluster/broker-a/")
 
         async def in_sync() -> bool:
             isr = await etcd.get(keys.isr)

@@ -52,7 +52,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import orjson
 
@@ -76,8 +76,13 @@ from txbroker.service.controller_link import (
 )
 from txbroker.service.repeating import Repeating
 
-if TYPE_CHECKING:
-    from txbroker.cluster.topic_keys import GroupTopics
+
+class TopicSync(Protocol):
+    """What leadership asks of the group's topic table in etcd
+    (:class:`txbroker.cluster.topic_keys.GroupTopics`)."""
+
+    async def pull(self) -> None: ...
+    async def take_over(self, lead: int) -> None: ...
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +238,7 @@ class EtcdLeadership:
         self._leaderless_since: float | None = None
         #: The group's topic table in etcd (set by the broker's roles; None in unit tests of
         #: leadership alone), and the ``leader`` create revision it was taken over for.
-        self.topics: GroupTopics | None = None
+        self.topics: TopicSync | None = None
         self._taken_over = 0
 
     # --- lifecycle ---------------------------------------------------------------------------
