@@ -155,6 +155,9 @@ def test_readme_cluster_section_runs_as_written(tmp_path):
     assert "created on 2 of 2" in out("topic create"), output
     assert "sent 8" in out("produce"), output
     assert "consumed 8 messages" in out("consume"), output
+    assert "sent 8" in out("produce", 1), output  # with an etcd member killed just before
+    # The topic made just before broker-a's master died: every message, from both groups.
+    assert "consumed 4 messages" in out("consume --topic Fresh"), output
     before = out("txbroker status", 0)
     assert "4 of 4 broker(s) reachable in 2 group(s)" in before, before
     master, old = (f"broker-a@127.0.0.1:{mapping[p]}" for p in ("10921", "10911"))
@@ -164,7 +167,9 @@ def test_readme_cluster_section_runs_as_written(tmp_path):
     rejoined = out("txbroker status", 2)
     assert f"broker {old} (slave, epoch 2)" in rejoined, rejoined
     kib = [int(k) for k in re.findall(rf"{MARK} du (\d+)", output)]
-    assert kib and max(kib) < 150 * 1024, max(kib)  # small preallocated files: the demo stays small
+    # Small preallocated broker files: the demo stays small (etcd's write-ahead logs, 128 MB
+    # preallocated per member, are most of it).
+    assert kib and max(kib) < 550 * 1024, max(kib)
     assert not (cwd / "cluster-demo").exists()  # the last block removes the demo's files
 
 
