@@ -30,7 +30,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="a controller, a name server and a two-broker SYNC_MASTER group; "
                          "the master is SIGKILLed each time")
     ap.add_argument("--lease", type=float, default=2.0,
-                    help="--cluster/--partitions: the controller's lease")
+                    help="--cluster/--partitions: the controller's lease (--etcd: the etcd lease, "
+                         "whole seconds)")
+    ap.add_argument("--etcd", action="store_true",
+                    help="--cluster: elect on a three-member etcd instead of a controller, its "
+                         "leader SIGKILLed before each master kill")
     ap.add_argument("--partitions", action="store_true",
                     help="partition, pause and lost-reply scenarios on a controller-mode cluster in "
                          "network namespaces, judged by the history checker (needs root)")
@@ -73,11 +77,12 @@ def _cluster(args: argparse.Namespace) -> int:
     cfg = ClusterChaosConfig(seed=args.seed, kills=args.kills, producers=args.producers,
                              lease=args.lease, settle_timeout=args.settle_timeout,
                              min_kill_interval=args.min_interval, max_kill_interval=args.max_interval,
-                             data_dir=args.data_dir)
+                             data_dir=args.data_dir, etcd=args.etcd)
     t0 = time.monotonic()
     report = asyncio.run(run_cluster_chaos(cfg))
     print(f"cluster chaos run: seed={cfg.seed} kills={cfg.kills} producers={cfg.producers} "
-          f"lease={cfg.lease}s wall={time.monotonic() - t0:.1f}s")
+          f"lease={cfg.lease}s election={'etcd' if cfg.etcd else 'controller'} "
+          f"wall={time.monotonic() - t0:.1f}s")
     print(report.table())
     for name in ("lost", "duplicated", "wrongly_delivered", "unknown_delivered"):
         items = getattr(report.ledger, name)

@@ -16,6 +16,11 @@ unknown mix, a consumer group, the :class:`Ledger`) runs against the name server
 
 Per kill it reports the time to promotion and the client-visible gap (from the last
 successful send before the kill to the first one after it); the Ledger gives the verdict.
+
+``--etcd``: the group elects its master on a three-member etcd (docs/cluster.md, "Consensus on
+etcd") instead of a controller, and each round first SIGKILLs the etcd *leader* (restarted
+with the broker), so every master kill lands on an etcd that has just lost its leader: the
+group's view comes from etcd's keys instead of GET_REPLICA_INFO.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
+import math
 import os
 import random
 import re
@@ -43,6 +49,9 @@ from txbroker.bench.chaos.process import BrokerProcess, free_port
 from txbroker.client import Consumer, Message, TransactionProducer
 from txbroker.client.admin import AdminClient
 from txbroker.client.errors import ClientError
+from txbroker.cluster.etcd import Etcd, EtcdError, parse_endpoints
+from txbroker.cluster.leadership import GroupKeys, GroupState
+from txbroker.cluster.local_etcd import LocalEtcd
 from txbroker.remoting.bodies import TopicRouteData
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
@@ -76,6 +85,9 @@ class ClusterChaosConfig:
     producer_group: str = "chaos_pg"
     consumer_group: str = "chaos_cg"
     data_dir: str | None = None
+    #: Elect on etcd (a three-member LocalEtcd, its leader killed each round) instead of a
+    #: controller; the etcd lease is ``lease`` rounded up to whole seconds, at least 2.
+    etcd: bool = False
 
 
 @dataclass
@@ -225,29 +237,41 @@ async def routed_master(namesrv: str, topic: str, broker_name: str = GROUP) -> s
 
 
 class ClusterProcesses:
-    """The controller, the name server and the two brokers of ``broker-a``."""
+    """The controller (or etcd), the name server and the two brokers of ``broker-a``."""
 
     def __init__(self, root: Path, cfg: ClusterChaosConfig) -> None:
         self.root = root
         self.cfg = cfg
-        self.controller = ServiceProcess(
-            ["controller", "--port", "0", "--data-dir", str(root / "controller"),
-             "--lease", str(cfg.lease)],
-            r"^txbroker controller ready addr=(\S+)$", root / "controller.log")
+        self.controller: ServiceProcess | None = None
+        self.etcd: LocalEtcd | None = None
+        if cfg.etcd:
+            self.etcd = LocalEtcd(root / "etcd")
+        else:
+            self.controller = ServiceProcess(
+                ["controller", "--port", "0", "--data-dir", str(root / "controller"),
+                 "--lease", str(cfg.lease)],
+                r"^txbroker controller ready addr=(\S+)$", root / "controller.log")
         self.namesrv = ServiceProcess(["namesrv", "--port", "0"],
                                       r"^txbroker namesrv ready addr=(\S+)$", root / "namesrv.log")
         self.brokers: list[BrokerProcess] = []
 
     def start(self) -> None:
-        self.controller.start()
+        if self.etcd is not None:
+            self.etcd.start()
+            election = {"etcd_endpoints": self.etcd.endpoints,
+                        "etcd_lease": max(2, math.ceil(self.cfg.lease))}
+        else:
+            assert self.controller is not None
+            self.controller.start()
+            election = {"controller_addr": self.controller.addr,
+                        "controller_lease": self.cfg.lease,
+                        "controller_heartbeat_interval": self.cfg.heartbeat_interval}
         self.namesrv.start()
         for broker_id in (0, 1):
             settings = {**broker_settings("async"), "broker_port": free_port(),
                         "ha_port": free_port(), "namesrv_addr": self.namesrv.addr,
                         "broker_name": GROUP, "broker_id": broker_id, "broker_role": "SYNC_MASTER",
-                        "controller_addr": self.controller.addr,
-                        "controller_lease": self.cfg.lease,
-                        "controller_heartbeat_interval": self.cfg.heartbeat_interval,
+                        **election,
                         "metadata_sync_interval": 0.2, "register_interval": 1.0,
                         "slave_timeout": 1.0}
             broker = BrokerProcess(self.root / f"broker-{broker_id}", settings,
@@ -256,17 +280,36 @@ class ClusterProcesses:
             broker.start()
 
     def stop(self) -> None:
+        """The mirror of :meth:`start`: brokers, name server, then the controller or etcd."""
         for broker in self.brokers:
             broker.kill()
         self.namesrv.stop()
-        self.controller.stop()
+        if self.controller is not None:
+            self.controller.stop()
+        if self.etcd is not None:
+            self.etcd.stop()
+
+    async def view(self) -> MasterInfo | None:
+        """The group's master and in-sync set, from the controller or from etcd's keys."""
+        if self.controller is not None:
+            return await replica_info(self.controller.addr)
+        assert self.etcd is not None
+        client = Etcd(parse_endpoints(self.etcd.endpoints), timeout=1.0)
+        keys = GroupKeys(f"/txbroker/DefaultCluster/{GROUP}/".encode())
+        try:
+            kvs, revision = await client.range(keys.base)
+            return GroupState.of(keys, kvs, revision).info()
+        except (EtcdError, ControllerError):
+            return None
+        finally:
+            await client.close()
 
 
-async def _wait_healthy(ctl: str, timeout: float) -> MasterInfo | None:
-    """The controller's view once it names a master and both brokers are in sync."""
+async def _wait_healthy(procs: ClusterProcesses, timeout: float) -> MasterInfo | None:
+    """The group's view once it names a master and both brokers are in sync."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        info = await replica_info(ctl)
+        info = await procs.view()
         if info is not None and info.master_id is not None and len(info.sync_state_set) == 2:
             return info
         await asyncio.sleep(POLL * 4)
@@ -293,7 +336,7 @@ async def run_cluster_chaos(cfg: ClusterChaosConfig) -> ClusterReport:
     procs = ClusterProcesses(root, cfg)
     try:
         await asyncio.to_thread(procs.start)
-        info = await _wait_healthy(procs.controller.addr, cfg.rejoin_timeout)
+        info = await _wait_healthy(procs, cfg.rejoin_timeout)
         if info is None:
             raise RuntimeError(f"the group never had a master with both brokers in sync; logs in {root}")
         async with AdminClient(procs.namesrv.addr) as admin:
@@ -310,7 +353,7 @@ async def run_cluster_chaos(cfg: ClusterChaosConfig) -> ClusterReport:
 
 async def _run(cfg: ClusterChaosConfig, procs: ClusterProcesses) -> ClusterReport:
     rng = random.Random(cfg.seed)
-    namesrv, ctl = procs.namesrv.addr, procs.controller.addr
+    namesrv = procs.namesrv.addr
     ledger = Ledger()
     ok_times: list[float] = []
     kills: list[KillRecord] = []
@@ -353,10 +396,15 @@ async def _run(cfg: ClusterChaosConfig, procs: ClusterProcesses) -> ClusterRepor
     async def killer() -> None:
         for _ in range(cfg.kills):
             await asyncio.sleep(rng.uniform(cfg.min_kill_interval, cfg.max_kill_interval))
-            info = await _wait_healthy(ctl, cfg.rejoin_timeout)
+            info = await _wait_healthy(procs, cfg.rejoin_timeout)
             if info is None or info.master_id is None:
                 break  # the previous kill's broker never rejoined: recorded there
             victim, other = procs.brokers[info.master_id], procs.brokers[1 - info.master_id]
+            etcd_victim = None
+            if procs.etcd is not None:  # etcd loses its leader, then the group its master
+                etcd_victim = await asyncio.to_thread(procs.etcd.leader)
+                await asyncio.to_thread(procs.etcd.kill, etcd_victim)
+                await asyncio.sleep(0.5)
             t_kill = time.monotonic()
             await asyncio.to_thread(victim.kill)
             ledger.kills += 1
@@ -367,8 +415,10 @@ async def _run(cfg: ClusterChaosConfig, procs: ClusterProcesses) -> ClusterRepor
                 break
             await asyncio.sleep(cfg.down_pause)
             t_restart = time.monotonic()
+            if procs.etcd is not None and etcd_victim is not None:
+                await asyncio.to_thread(procs.etcd.start_member, etcd_victim)
             await asyncio.to_thread(victim.start)
-            if await _wait_healthy(ctl, cfg.rejoin_timeout) is not None:
+            if await _wait_healthy(procs, cfg.rejoin_timeout) is not None:
                 rec.rejoin_s = time.monotonic() - t_restart
             else:
                 break
