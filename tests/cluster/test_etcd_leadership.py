@@ -280,3 +280,69 @@ async def test_a_topic_created_just_before_the_master_dies_exists_on_its_success
     finally:
         await etcd.close()
         await ns.stop()
+
+
+def _controller_state(tmp_path: Path) -> Path:
+    """A controller's data directory whose broker-a was failed over to id 1 (epoch 2), with
+    only id 1 in sync: the state etcd must learn before any election."""
+    import orjson
+
+    from txbroker.service.replicas import STATE_VERSION
+    data = tmp_path / "controller"
+    data.mkdir()
+    doc = {"version": STATE_VERSION, "groups": [{
+        "clusterName": "DefaultCluster", "brokerName": "broker-a",
+        "replicas": {"0": {"address": "127.0.0.1:1", "haAddress": "127.0.0.1:2"},
+                     "1": {"address": "127.0.0.1:3", "haAddress": "127.0.0.1:4"}},
+        "masterBrokerId": 1, "masterEpoch": 2, "syncStateSet": [1], "syncStateSetEpoch": 3}]}
+    (data / "controller.json").write_bytes(orjson.dumps(doc))
+    return data
+
+
+async def test_a_controller_state_is_imported_once(tmp_path: Path, etcd_cluster) -> None:
+    from support.cli_runner import cli_ok, run_cli
+
+    data = _controller_state(tmp_path)
+    args = ("etcd-import", "--controller-data", str(data), "--etcd-endpoints", etcd_cluster.endpoints)
+    assert cli_ok(await run_cli(*args)).strip() == \
+        "group broker-a (DefaultCluster): imported, epoch 2, in sync [1]"
+    assert cli_ok(await run_cli(*args)).strip() == \
+        "group broker-a (DefaultCluster): already in etcd, unchanged"
+    etcd = Etcd(parse_endpoints(etcd_cluster.endpoints))
+    try:
+        isr = await etcd.get(b"/txbroker/DefaultCluster/broker-a/isr")
+        assert isr is not None and b'"members":[1]' in isr.value
+    finally:
+        await etcd.close()
+    missing = await run_cli("etcd-import", "--controller-data", str(tmp_path / "nowhere"),
+                            "--etcd-endpoints", etcd_cluster.endpoints)
+    assert missing.exit_code == 1 and "no controller.json in" in missing.output
+
+
+async def test_a_controller_era_master_is_not_elected_before_the_import(
+        broker_config: BrokerConfig, tmp_path: Path, etcd_cluster, caplog) -> None:
+    """Broker id 0 whose log holds epoch 2 (written under a controller) and an etcd with no
+    state for its group: it starts no election (its slave may hold writes it lacks) and says
+    once, in one line, to import the controller's state; after the import the group's in-sync
+    member is elected instead."""
+    from txbroker.store.epochs import FILE_NAME, EpochFile
+
+    data = tmp_path / "a-0"
+    data.mkdir()
+    EpochFile(data / FILE_NAME).append(2, 0)
+    async with EtcdCluster(broker_config, tmp_path, etcd_cluster) as c:
+        await c.namesrv()
+        a = await c.broker("broker-a", data_dir=data)
+        await asyncio.sleep(LEASE)
+        assert not a.roles.is_master
+        said = [r.message for r in caplog.records if "etcd-import" in r.message]
+        assert len(said) == 1 and "epoch 2" in said[0], said
+        etcd = Etcd(parse_endpoints(etcd_cluster.endpoints))
+        try:
+            from txbroker.cluster.upgrade import import_groups, read_controller_state
+            await import_groups(etcd, "/txbroker", read_controller_state(_controller_state(tmp_path)))
+        finally:
+            await etcd.close()
+        b = await c.broker("broker-a", broker_id=1)
+        await eventually(lambda: b.roles.is_master, timeout=LEASE * 4)
+        assert b.roles.epoch == 3 and not a.roles.is_master

@@ -86,6 +86,8 @@ class TopicSync(Protocol):
 
 log = logging.getLogger(__name__)
 
+#: The epoch a classic master (fixed by ``broker_id``, no election) writes under.
+CLASSIC_EPOCH = 1
 #: Renewals (and group reads) per lease: one lost renewal leaves most of the lease.
 RENEWALS_PER_LEASE = 6
 #: Intervals a candidate that is not the best waits, after first seeing no master, before it
@@ -240,6 +242,8 @@ class EtcdLeadership:
         #: leadership alone), and the ``leader`` create revision it was taken over for.
         self.topics: TopicSync | None = None
         self._taken_over = 0
+        #: The "import the controller's state" error was logged (once).
+        self._import_said = False
 
     # --- lifecycle ---------------------------------------------------------------------------
     async def register(self) -> MasterInfo:
@@ -390,7 +394,20 @@ class EtcdLeadership:
     def _eligible(self, group: GroupState) -> bool:
         me = self.config.broker_id
         if group.epoch is None and group.isr is None:
-            return me == 0  # the group's first election: the broker configured as master
+            # The group's first election: the broker configured as master, unless its log
+            # was written under a controller (an epoch above the classic 1), whose in-sync
+            # set etcd does not know yet: electing it could elect a replica lacking writes.
+            last = self._last_log_epoch()
+            if me == 0 and last > CLASSIC_EPOCH:
+                if not self._import_said:
+                    self._import_said = True
+                    log.error("group %s has no state in etcd, but this broker's log holds epoch "
+                              "%d (written under a controller): import the controller's state "
+                              "first: txbroker etcd-import --controller-data DIR "
+                              "--etcd-endpoints %s", self.config.broker_name, last,
+                              self.config.etcd_endpoints)
+                return False
+            return me == 0
         return me in group.isr_members
 
     async def _maybe_elect(self) -> None:
