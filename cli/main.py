@@ -37,6 +37,10 @@ from txbroker.cli import etcd_import as _etcd_import
 
 main.add_command(_etcd_import.etcd_import)
 
+from txbroker.cli import switchover as _switchover
+
+main.add_command(_switchover.switchover)
+
 from txbroker.cli import consume as _consume
 from txbroker.cli import produce as _produce
 from txbroker.cli import status as _status

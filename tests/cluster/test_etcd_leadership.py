@@ -346,3 +346,97 @@ async def test_a_controller_era_master_is_not_elected_before_the_import(
         b = await c.broker("broker-a", broker_id=1)
         await eventually(lambda: b.roles.is_master, timeout=LEASE * 4)
         assert b.roles.epoch == 3 and not a.roles.is_master
+
+
+async def test_switchover_fences_the_old_master_before_the_new_one_writes(
+        broker_config: BrokerConfig, tmp_path: Path, etcd_cluster) -> None:
+    """``txbroker switchover`` under steady sends: the master fences itself, then releases its
+    leader key; the named slave is elected under the next epoch; no send is acknowledged by
+    the old master after the new one starts, and the old master follows the new one."""
+    from support.cli_runner import cli_ok, run_cli
+
+    async with EtcdCluster(broker_config, tmp_path, etcd_cluster) as c:
+        await c.namesrv()
+        a = await c.broker("broker-a")
+        b = await c.broker("broker-a", broker_id=1)
+        await eventually(lambda: a.roles.sync_state_set == {0, 1} and _following(a) == {1})
+        client = RemotingClient(a.broker_addr)
+        acked: list[float] = []
+        promoted_at: list[float] = []
+        stop = asyncio.Event()
+
+        async def sends() -> None:
+            for i in range(2000):  # bounded
+                if stop.is_set():
+                    return
+                resp = await client.invoke(_send("Switch", b"w%d" % i), 5)
+                if resp.code == ResponseCode.SUCCESS:
+                    acked.append(time.monotonic())
+                if b.roles.is_master and not promoted_at:
+                    promoted_at.append(time.monotonic())
+                await asyncio.sleep(0.005)
+        try:
+            assert (await client.invoke(_send("Switch", b"first"), 5)).code == ResponseCode.SUCCESS
+            task = asyncio.ensure_future(sends())
+            await asyncio.sleep(0.5)
+            out = cli_ok(await run_cli("switchover", "--broker-name", "broker-a", "--to", "1",
+                                       "--etcd-endpoints", etcd_cluster.endpoints))
+            assert out.strip() == "group broker-a: master is now id 1, epoch 2", out
+            await eventually(lambda: bool(promoted_at))
+            await asyncio.sleep(0.3)
+            stop.set()
+            await task
+        finally:
+            await client.close()
+        assert acked and all(t < promoted_at[0] for t in acked)
+        await eventually(lambda: a.roles.ha_slave is not None and a.roles.ha_slave.connected
+                         and not a.roles.is_master and a.roles.epoch == 2, timeout=LEASE * 4)
+        # Every send the old master acknowledged is on the new one.
+        assert len(b.store.get("Switch", 0, 0, 5000).messages()) >= len(acked) + 1
+        bad = await run_cli("switchover", "--broker-name", "broker-a", "--to", "1",
+                            "--etcd-endpoints", etcd_cluster.endpoints)
+        assert bad.exit_code == 1 and "master already" in bad.output
+
+
+async def test_switchover_to_a_master_cut_off_from_etcd_makes_no_second_master(
+        broker_config: BrokerConfig, tmp_path: Path, etcd_cluster) -> None:
+    """The master is cut off from etcd (not from its clients) when a switch-over is asked:
+    it never sees the request, so the target is elected only once etcd dropped the old
+    master's lease, by which time the old master had stopped acknowledging on its own count."""
+    from txbroker.cluster.switchover import switch_over
+
+    proxies = await _proxies(etcd_cluster)
+    try:
+        async with EtcdCluster(broker_config, tmp_path, etcd_cluster) as c:
+            await c.namesrv()
+            a = await c.broker("broker-a", etcd_endpoints=";".join(p.addr for p in proxies))
+            b = await c.broker("broker-a", broker_id=1)
+            await eventually(lambda: a.roles.sync_state_set == {0, 1} and _following(a) == {1})
+            client = RemotingClient(a.broker_addr)
+            acked: list[float] = []
+            etcd = Etcd(parse_endpoints(etcd_cluster.endpoints))
+            try:
+                assert (await client.invoke(_send("Cut", b"first"), 5)).code == ResponseCode.SUCCESS
+                for p in proxies:
+                    p.hold()
+                switching = asyncio.ensure_future(switch_over(etcd, GroupKeys.of(b.config), 1))
+                for i in range(800):  # bounded: the loop ends at the promotion
+                    resp = await client.invoke(_send("Cut", b"c%d" % i), 5)
+                    if resp.code == ResponseCode.SUCCESS:
+                        acked.append(time.monotonic())
+                    if b.roles.is_master:
+                        break
+                    await asyncio.sleep(0.01)
+                promoted = time.monotonic()
+                assert await switching == 2
+                assert b.roles.is_master and all(t < promoted for t in acked)
+            finally:
+                await client.close()
+                await etcd.close()
+            for p in proxies:
+                p.release()
+            await eventually(lambda: not a.roles.is_master and a.roles.epoch == 2,
+                             timeout=LEASE * 5)
+    finally:
+        for p in proxies:
+            await p.close()

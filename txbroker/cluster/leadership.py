@@ -64,6 +64,7 @@ from txbroker.cluster.etcd import (
     EtcdTLS,
     compare_create,
     compare_mod,
+    delete,
     parse_endpoints,
     put,
 )
@@ -118,6 +119,10 @@ class GroupKeys:
     def isr(self) -> bytes:
         return self.base + b"isr"
 
+    @property
+    def switchover(self) -> bytes:
+        return self.base + b"switchover"
+
     def replica(self, broker_id: int) -> bytes:
         return self.base + b"replicas/%d" % broker_id
 
@@ -131,6 +136,9 @@ class GroupState:
     isr: KV | None
     replicas: dict[int, KV]
     revision: int
+    #: An operator's switch-over request (``txbroker switchover``), bound to a lease of its
+    #: own so a request nobody can carry out goes away.
+    switchover: KV | None = None
 
     @classmethod
     def of(cls, keys: GroupKeys, kvs: list[KV], revision: int) -> GroupState:
@@ -141,7 +149,13 @@ class GroupState:
             if tail.startswith(b"replicas/") and tail[9:].isdigit():
                 replicas[int(tail[9:])] = kv
         return cls(by_key.get(keys.leader), by_key.get(keys.epoch), by_key.get(keys.isr),
-                   replicas, revision)
+                   replicas, revision, by_key.get(keys.switchover))
+
+    @property
+    def switchover_to(self) -> int | None:
+        """The broker id a switch-over asks for, None without one."""
+        doc = _doc(self.switchover)
+        return int(doc["to"]) if "to" in doc else None
 
     @property
     def leader_doc(self) -> dict:
@@ -287,6 +301,7 @@ class EtcdLeadership:
             await self._maybe_elect()
         else:
             self._leaderless_since = None
+            await self._maybe_step_down()
         if self.topics is not None and self.leader_revision() is None:
             await self.topics.pull()
 
@@ -408,11 +423,38 @@ class EtcdLeadership:
                               self.config.etcd_endpoints)
                 return False
             return me == 0
+        target = group.switchover_to
+        if target is not None and target in group.isr_members and target in group.replicas:
+            return me == target  # a switch-over names who is next
         return me in group.isr_members
+
+    async def _maybe_step_down(self) -> None:
+        """A switch-over to another live in-sync replica: fence first (the broker is told
+        the group has no master, and demotes itself: no write from then on), then give up
+        ``leader``; only the named replica may be elected while the request stands."""
+        group, lead = self.group, self.leader_revision()
+        if group is None or lead is None:
+            return
+        target = group.switchover_to
+        me = self.config.broker_id
+        if target is None or target == me or target not in group.isr_members \
+                or target not in group.replicas:
+            return
+        log.warning("etcd: %s id %d hands group %s over to id %d (switch-over): fencing, then "
+                    "releasing the leader key", self.broker_addr, me, self.config.broker_name,
+                    target)
+        self._leader_lease = 0  # the write gate closes now, whatever the role's state
+        await self._learn(MasterInfo(None, "", "", group.last_epoch, group.isr_epoch,
+                                     group.isr_members))
+        await self.etcd.txn([compare_create(self.keys.leader, lead)], [delete(self.keys.leader)])
+        await self.refresh()
 
     async def _maybe_elect(self) -> None:
         group = self.group
         if group is None or not self.lease or not self._eligible(group):
+            return
+        if group.switchover_to == self.config.broker_id:
+            await self._elect()  # named by a switch-over: no ranking, no waiting
             return
         now = self._clock()
         if self._leaderless_since is None:
@@ -464,7 +506,7 @@ class EtcdLeadership:
              compare_mod(k.epoch, group.epoch.mod_revision if group.epoch else 0),
              compare_mod(k.isr, group.isr.mod_revision if group.isr else 0)],
             [put(k.leader, leader, self.lease), put(k.epoch, orjson.dumps({"epoch": epoch})),
-             put(k.isr, isr)])
+             put(k.isr, isr), delete(k.switchover)])
         if result.succeeded:
             self._leader_lease = self.lease
             log.warning("etcd: %s id %d elected master of group %s, epoch %d", self.broker_addr,
