@@ -30,7 +30,7 @@ from txbroker.remoting.headers import (
     RegisterBrokerRequestHeader,
     UnRegisterBrokerRequestHeader,
 )
-from txbroker.service.cluster_auth import sign
+from txbroker.service.cluster_auth import sign_request
 from txbroker.service.topics import TopicConfig
 
 SECRET = "namesrv-secret-1"
@@ -71,10 +71,10 @@ async def test_forged_registration_is_refused_and_routes_stay(broker_config, tmp
         caplog.set_level(logging.DEBUG, logger="txbroker.service.cluster_auth")
         unsigned = _forged_register("broker-a", "Orders")
         wrong = _forged_register("broker-a", "Orders")
-        sign(wrong, "not-the-secret")
+        sign_request(wrong, "not-the-secret")
         # the same fields signed with the right key but altered after signing
         altered = _forged_register("broker-a", "Orders")
-        sign(altered, SECRET)
+        sign_request(altered, SECRET)
         altered.ext_fields["brokerAddr"] = "127.0.0.1:2"
         # One connection kept open: a registration lasts while its connection does.
         forger = RemotingClient(ns.addr)
@@ -177,7 +177,7 @@ def test_cli_name_server_takes_the_secret_from_the_environment(tmp_path) -> None
         async def scenario() -> tuple[RemotingCommand, RemotingCommand]:
             refused = await _send(addr, _forged_register("broker-a", "Orders"))
             signed = _forged_register("broker-a", "Orders")
-            sign(signed, SECRET)
+            sign_request(signed, SECRET)
             return refused, await _send(addr, signed)
 
         refused, obeyed = asyncio.run(scenario())
