@@ -143,7 +143,8 @@ class ControllerProcess:
         #: broker name -> broker id -> the connection that member last spoke on.
         self._members: dict[str, dict[int, Connection]] = {}
         self._scan_task: asyncio.Task | None = None
-        #: Refuses brokers' requests not signed with the cluster secret (when one is set).
+        #: Refuses brokers' requests not in the cluster envelope (when a secret is set: signed,
+        #: fresh, never seen before); ``guard.signed`` signs the answers over their nonce.
         self.guard = ClusterGuard(config.cluster_secret, BROKER_CODES)
         #: The port's TLS (None: plaintext); a certificate or key that cannot be loaded is a
         #: TLSConfigError here, before anything binds.

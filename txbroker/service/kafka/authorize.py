@@ -10,7 +10,7 @@ answers are merged.  The broker wraps only when Kafka SASL is on (a connection w
 authentication has no principal to check), so the hot path of an open broker is untouched.
 
 Requests between brokers of a cluster (forwarded admin requests, transaction markers) carry
-the cluster's signature instead of a user (``cluster_admin.py``): a request of an API that is
+the cluster envelope instead of a user (``peer_envelope.py``): a request of an API that is
 forwarded (:data:`FORWARDED`) whose envelope checks against ``cluster_secret`` (the verdict
 ``ctx.cluster_peer`` of ``peer_envelope.verify_peers``, which runs first) goes straight
 to its handler, which keeps its own check (the broker that forwarded it authorized the client);
