@@ -30,7 +30,7 @@ from txbroker.remoting.headers import (
     RegisterBrokerRequestHeader,
     UnRegisterBrokerRequestHeader,
 )
-from txbroker.service.cluster_auth import sign_request
+from txbroker.service.cluster_auth import check_answer, sign_request
 from txbroker.service.topics import TopicConfig
 
 SECRET = "namesrv-secret-1"
@@ -115,6 +115,29 @@ async def test_forged_registration_is_refused_and_routes_stay(broker_config, tmp
         assert all("127.0.0.1" in w and "code 103" in w for w in warnings)
         assert SECRET not in caplog.text
         await forger.close()
+
+
+async def test_a_recorded_registration_is_obeyed_once_and_its_answer_is_bound_to_it(
+        broker_config, tmp_path) -> None:
+    """A registration in the cluster envelope, recorded and sent again (to keep a dead broker
+    listed, or bring back an old topic table), is refused; the name server's answer verifies
+    for that registration's nonce and for no other."""
+    async with InProcessCluster(broker_config, tmp_path) as c:
+        ns = await c.namesrv(cluster_secret=SECRET)
+        registration = _forged_register("broker-z", "Once")
+        nonce = sign_request(registration, SECRET)
+        other = sign_request(_forged_register("broker-z", "Once"), SECRET)
+        client = RemotingClient(ns.addr)
+        try:
+            first = await client.invoke(registration, 5.0)
+            assert first.code == ResponseCode.SUCCESS, (first.code, first.remark)
+            assert check_answer(first, SECRET, nonce) is None
+            assert "another request" in str(check_answer(first, SECRET, other))
+            again = await client.invoke(registration, 5.0)
+            assert again.code == ResponseCode.NO_PERMISSION
+            assert "repeats a nonce" in (again.remark or "")
+        finally:
+            await client.close()
 
 
 async def test_without_a_secret_any_registration_is_accepted(broker_config, tmp_path) -> None:
