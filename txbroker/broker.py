@@ -77,6 +77,7 @@ from txbroker.service.kafka.groups import GroupCoordinator
 from txbroker.service.kafka.listener import KafkaListener
 from txbroker.service.kafka.markers import MarkerSender, marker_handler
 from txbroker.service.kafka.metadata import KafkaMetadata
+from txbroker.service.kafka.peer_envelope import verify_peers
 from txbroker.service.kafka.routing import route_coordinators, route_partitions
 from txbroker.service.kafka.staging import TxnStaging
 from txbroker.service.kafka.txn_api import txn_handlers
@@ -514,6 +515,8 @@ class Broker:
         handlers.update(acl_handlers(self.users))
         if cfg.kafka_sasl_mechanism_list() and self.users is not None:  # docs/security.md
             handlers = authorize_handlers(handlers, self.users.authorizer, cfg.cluster_secret)
+        # Outermost: the envelope of requests from other brokers is checked once, first.
+        handlers = verify_peers(handlers, cfg.cluster_secret)
         self.kafka = KafkaListener(cfg, handlers, self.metrics, self.users, tls=self.tls)
         sock, self._kafka_sock = self._kafka_sock, None
         await self.kafka.start(sock)

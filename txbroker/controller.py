@@ -19,8 +19,10 @@ After any change of a group's master (by request or by the scan) NOTIFY_BROKER_R
 goes one-way to every member of the group connected to this controller, on the connection the
 member itself opened (as CHECK_TRANSACTION_STATE goes to a producer).
 
-With ``cluster_secret`` set, the brokers' requests must be signed with it (anything else is
-refused NO_PERMISSION before a handler sees it) and the answers and notices are signed with it
+With ``cluster_secret`` set, the brokers' requests must come in the cluster envelope: signed
+over their named fields and body, fresh and never seen before (anything else is refused
+NO_PERMISSION before a handler sees it); the answers are signed over the nonce of the request
+they answer, and the notices are sent in an envelope of their own
 (:mod:`txbroker.service.cluster_auth`).  With ``tls_mode`` set the port speaks TLS like the
 broker's (:mod:`txbroker.remoting.tls_listener`), so the notices do too.
 """
@@ -66,9 +68,9 @@ from txbroker.remoting.controller_headers import (
     encode_sync_state_set,
 )
 from txbroker.remoting.errors import Refusal
-from txbroker.remoting.server import Connection, Handler, RemotingServer
+from txbroker.remoting.server import Connection, RemotingServer
 from txbroker.remoting.tls import server_tls
-from txbroker.service.cluster_auth import ClusterGuard, sign
+from txbroker.service.cluster_auth import ClusterGuard, sign_request
 from txbroker.service.replicas import (
     ControllerError,
     FencedMasterEpoch,
@@ -141,7 +143,8 @@ class ControllerProcess:
         #: broker name -> broker id -> the connection that member last spoke on.
         self._members: dict[str, dict[int, Connection]] = {}
         self._scan_task: asyncio.Task | None = None
-        #: Refuses brokers' requests not signed with the cluster secret (when one is set).
+        #: Refuses brokers' requests not in the cluster envelope (when a secret is set: signed,
+        #: fresh, never seen before); ``guard.signed`` signs the answers over their nonce.
         self.guard = ClusterGuard(config.cluster_secret, BROKER_CODES)
         #: The port's TLS (None: plaintext); a certificate or key that cannot be loaded is a
         #: TLSConfigError here, before anything binds.
@@ -180,7 +183,7 @@ class ControllerProcess:
             RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET: self._alter_sync_state_set,
             RequestCode.CONTROLLER_GET_REPLICA_INFO: self._get_replica_info,
         }.items():
-            self.server.register(code, self._signed(handler))
+            self.server.register(code, self.guard.signed(handler))
         self.server.on_disconnect(self._disconnected)
         await self.server.start(cfg.listen_host, self.port, sock=sock)
         self._scan_task = asyncio.create_task(self._scan_loop(), name="txbroker-controller-scan")
@@ -206,20 +209,6 @@ class ControllerProcess:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-    def _signed(self, handler: Handler) -> Handler:
-        """``handler`` whose answers carry the cluster signature (when a secret is set), so a
-        broker can tell the controller's answers from anyone else's."""
-        secret = self.config.cluster_secret
-        if secret is None:
-            return handler
-
-        async def signed(conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
-            resp = await handler(conn, cmd)
-            if resp is not None:
-                sign(resp, secret)
-            return resp
-        return signed
 
     # --- persistence ---------------------------------------------------------------------
     def _load(self) -> None:
@@ -298,7 +287,7 @@ class ControllerProcess:
                 cmd = RemotingCommand.request(RequestCode.NOTIFY_BROKER_ROLE_CHANGED,
                                               header.to_ext(), body, oneway=True)
                 if self.config.cluster_secret is not None:
-                    sign(cmd, self.config.cluster_secret)
+                    sign_request(cmd, self.config.cluster_secret)
                 conn.send_oneway(cmd)
 
     # --- membership ----------------------------------------------------------------------

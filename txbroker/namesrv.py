@@ -10,9 +10,12 @@ than the name server's own are answered REQUEST_CODE_NOT_SUPPORTED by the remoti
 Java client sends END_TRANSACTION here when a group has no master; it must not crash anything).
 
 With ``cluster_secret`` set, the requests that change what this name server answers
-(:data:`BROKER_CODES`) must be signed with it, as the controller's are
-(:mod:`txbroker.service.cluster_auth`): anything else is refused NO_PERMISSION before a
-handler sees it, so a peer without the secret cannot rewrite routes.  Without a secret every
+(:data:`BROKER_CODES`) must come in the cluster envelope, as the controller's do
+(:mod:`txbroker.service.cluster_auth`): signed over their named fields and body, fresh, and
+never seen before; anything else is refused NO_PERMISSION before a handler sees it, so a peer
+without the secret cannot rewrite routes, and a recorded registration cannot keep a dead
+broker listed.  Their answers (a slave learns its master's address from one) are signed over
+the request's nonce.  Without a secret every
 registration is accepted, signed or not (RocketMQ's name server has no authentication, and a
 cluster's brokers may carry a secret for the controller only).
 With ``tls`` (``txbroker namesrv --tls-mode ...``) the port speaks TLS as a broker's does:
@@ -111,6 +114,8 @@ class NameServerProcess:
         then serve."""
         sock = bind_listener(self.listen_host, self.port, "name-server port")
         for code, handler in self.handlers().items():
+            if self.guard is not None and code in BROKER_CODES:
+                handler = self.guard.signed(handler)
             self.server.register(int(code), handler)
         self.server.on_disconnect(self.routes.on_connection_closed)
         self.port = await self.server.start(self.listen_host, self.port, sock=sock)

@@ -25,7 +25,7 @@ from txbroker.remoting.controller_headers import (
     RegisterBrokerToControllerRequestHeader,
     encode_sync_state_set,
 )
-from txbroker.service.cluster_auth import sign
+from txbroker.service.cluster_auth import sign_request
 from txbroker.service.controller_link import (
     ControllerError,
     ControllerLink,
@@ -69,7 +69,7 @@ async def _raw(ctl: ControllerProcess, code: int, ext: dict[str, str], body: byt
     try:
         cmd = RemotingCommand.request(code, ext, body)
         if secret is not None:
-            sign(cmd, secret)
+            sign_request(cmd, secret)
         return await client.invoke(cmd, 3.0)
     finally:
         await client.close()
@@ -158,9 +158,14 @@ async def test_unsigned_role_change_notice_is_not_trusted(tmp_path, caplog):
         assert link.master == before and all(i.master_id != 9 for i in learned)
         assert any("ignored a role-change notice" in r.getMessage() and "not signed" in r.getMessage()
                    for r in caplog.records)
-        sign(notice, SECRET)  # the same notice from the controller is followed
+        sign_request(notice, SECRET)  # the same notice from the controller is followed
         await link._notified(notice)
         assert link.master is not None and link.master.master_id == 9
+        # ... once: the same notice again (recorded on the path and replayed) is ignored.
+        caplog.clear()
+        await link._notified(notice)
+        assert any("ignored a role-change notice" in r.getMessage() and "nonce" in r.getMessage()
+                   for r in caplog.records)
     finally:
         await link.close()
         await ctl.stop()

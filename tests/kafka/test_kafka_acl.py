@@ -425,7 +425,7 @@ async def test_a_client_claiming_to_be_a_broker_gets_no_exemption(acl_config, se
     there is no signature to check) is still authorized as the user it logged in as."""
     from txbroker.broker import Broker
     from txbroker.remoting.kafka.framing import decode_response, encode_request
-    from txbroker.service.kafka.cluster_admin import _signed_id
+    from txbroker.service.cluster_auth import CLUSTER_ACCESS_KEY
 
     broker = Broker(acl_config.replace(cluster_secret=secret))
     await broker.start()
@@ -436,7 +436,7 @@ async def test_a_client_claiming_to_be_a_broker_gets_no_exemption(acl_config, se
             for key, version, body in [
                     (ApiKey.PRODUCE, 7, _produce(TOPIC)),
                     (ApiKey.DELETE_TOPICS, 5, {"topic_names": [TOPIC], "timeout_ms": 1000})]:
-                client_id = _signed_id(key, body, None)  # what a broker sends without a secret
+                client_id = CLUSTER_ACCESS_KEY  # what a broker sends without a secret
                 wire.corr += 1
                 wire.writer.write(encode_request(key, version, wire.corr, client_id, body))
                 _, answer = decode_response(key, version, await wire.frame())

@@ -5,6 +5,8 @@ real brokers on loopback, the unmodified aiokafka client."""
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -24,7 +26,8 @@ from txbroker.controller import ControllerProcess
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.framing import decode_response, encode_request
-from txbroker.service.kafka.markers import marker_client_id
+from txbroker.service.cluster_auth import CLUSTER_ACCESS_KEY
+from txbroker.service.kafka.peer_envelope import canonical, client_id, signed_client_id
 from txbroker.service.topics import TopicConfig
 
 #: The controller fixture, shared with the cluster tests.
@@ -131,8 +134,12 @@ async def test_markers_without_the_cluster_signature_are_refused(
                         "topics": [{"name": TOPIC, "partition_indexes": [4]}]}]
             wire = await Wire.open(b.kafka_port)
             try:
-                for client_id in ("rogue", marker_client_id(markers, "x" * 32)):
-                    wire.writer.write(_marker_frame(client_id, markers))
+                body = canonical(ApiKey.WRITE_TXN_MARKERS, 1, {"markers": markers})
+                stale = signed_client_id(ApiKey.WRITE_TXN_MARKERS, 1, body, secret,
+                                         now=time.time() - 60, nonce=os.urandom(16))
+                other = client_id(ApiKey.WRITE_TXN_MARKERS, 1, {"markers": markers}, "x" * 32)
+                for cid in ("rogue", other, stale):
+                    wire.writer.write(_marker_frame(cid, markers))
                     answer = await _answer(wire)
                     assert answer["markers"][0]["topics"][0]["partitions"][0]["error_code"] == \
                         ErrorCode.CLUSTER_AUTHORIZATION_FAILED
@@ -143,6 +150,21 @@ async def test_markers_without_the_cluster_signature_are_refused(
         finally:
             await producer.stop()
         assert b.store.max_offset(TOPIC, 0) == 1
+        # A marker in the envelope is obeyed once: the same frame again (captured on the path
+        # and replayed) is refused.
+        frame = _marker_frame(client_id(ApiKey.WRITE_TXN_MARKERS, 1, {"markers": markers},
+                                        secret), markers)
+        wire = await Wire.open(b.kafka_port)
+        try:
+            codes = []
+            for _ in range(2):
+                wire.writer.write(frame)
+                answer = await _answer(wire)
+                codes.append(answer["markers"][0]["topics"][0]["partitions"][0]["error_code"])
+            assert codes[0] != ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            assert codes[1] == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        finally:
+            wire.close()
 
 
 def _marker_frame(client_id: str, markers: list[dict]) -> bytes:
@@ -244,7 +266,7 @@ async def _send_marker(broker, pid: int, epoch: int, txn: int, commit: bool) -> 
                 "coordinator_epoch": txn, "topics": [{"name": TOPIC, "partition_indexes": [4]}]}]
     wire = await Wire.open(broker.kafka_port)
     try:
-        wire.writer.write(_marker_frame(marker_client_id(markers, None), markers))
+        wire.writer.write(_marker_frame(CLUSTER_ACCESS_KEY, markers))
         answer = await _answer(wire)
     finally:
         wire.close()

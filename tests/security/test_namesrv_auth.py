@@ -30,7 +30,7 @@ from txbroker.remoting.headers import (
     RegisterBrokerRequestHeader,
     UnRegisterBrokerRequestHeader,
 )
-from txbroker.service.cluster_auth import sign
+from txbroker.service.cluster_auth import check_answer, sign_request
 from txbroker.service.topics import TopicConfig
 
 SECRET = "namesrv-secret-1"
@@ -71,10 +71,10 @@ async def test_forged_registration_is_refused_and_routes_stay(broker_config, tmp
         caplog.set_level(logging.DEBUG, logger="txbroker.service.cluster_auth")
         unsigned = _forged_register("broker-a", "Orders")
         wrong = _forged_register("broker-a", "Orders")
-        sign(wrong, "not-the-secret")
+        sign_request(wrong, "not-the-secret")
         # the same fields signed with the right key but altered after signing
         altered = _forged_register("broker-a", "Orders")
-        sign(altered, SECRET)
+        sign_request(altered, SECRET)
         altered.ext_fields["brokerAddr"] = "127.0.0.1:2"
         # One connection kept open: a registration lasts while its connection does.
         forger = RemotingClient(ns.addr)
@@ -115,6 +115,29 @@ async def test_forged_registration_is_refused_and_routes_stay(broker_config, tmp
         assert all("127.0.0.1" in w and "code 103" in w for w in warnings)
         assert SECRET not in caplog.text
         await forger.close()
+
+
+async def test_a_recorded_registration_is_obeyed_once_and_its_answer_is_bound_to_it(
+        broker_config, tmp_path) -> None:
+    """A registration in the cluster envelope, recorded and sent again (to keep a dead broker
+    listed, or bring back an old topic table), is refused; the name server's answer verifies
+    for that registration's nonce and for no other."""
+    async with InProcessCluster(broker_config, tmp_path) as c:
+        ns = await c.namesrv(cluster_secret=SECRET)
+        registration = _forged_register("broker-z", "Once")
+        nonce = sign_request(registration, SECRET)
+        other = sign_request(_forged_register("broker-z", "Once"), SECRET)
+        client = RemotingClient(ns.addr)
+        try:
+            first = await client.invoke(registration, 5.0)
+            assert first.code == ResponseCode.SUCCESS, (first.code, first.remark)
+            assert check_answer(first, SECRET, nonce) is None
+            assert "another request" in str(check_answer(first, SECRET, other))
+            again = await client.invoke(registration, 5.0)
+            assert again.code == ResponseCode.NO_PERMISSION
+            assert "repeats a nonce" in (again.remark or "")
+        finally:
+            await client.close()
 
 
 async def test_without_a_secret_any_registration_is_accepted(broker_config, tmp_path) -> None:
@@ -177,7 +200,7 @@ def test_cli_name_server_takes_the_secret_from_the_environment(tmp_path) -> None
         async def scenario() -> tuple[RemotingCommand, RemotingCommand]:
             refused = await _send(addr, _forged_register("broker-a", "Orders"))
             signed = _forged_register("broker-a", "Orders")
-            sign(signed, SECRET)
+            sign_request(signed, SECRET)
             return refused, await _send(addr, signed)
 
         refused, obeyed = asyncio.run(scenario())

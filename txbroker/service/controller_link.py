@@ -16,11 +16,16 @@ starts (:meth:`ControllerLink.lease_valid`; the clocks of one machine, or clocks
 the lease's margin of each other).  Several controller addresses may be given; the link uses
 the first that answers and moves on when it fails.
 
-**Signed both ways.**  With ``cluster_secret`` set, every request carries the cluster signature
-and every answer and role-change notice must carry it too (:mod:`.cluster_auth`): an answer
-without it is an error naming the controller, and a notice without it is ignored, so nobody but
-the controller can tell this broker whom to follow.  With ``tls_peers`` the link is TLS
-(verified against ``tls_ca``, this broker's certificate presented), so the notices are too.
+**Signed both ways.**  With ``cluster_secret`` set, every request goes in the cluster
+envelope (:mod:`.cluster_auth`: named fields, a timestamp and a nonce under one HMAC) and
+every answer must be signed over the nonce of the request it answers, so an answer recorded
+for one heartbeat cannot renew the lease again: a master cut off from the controller stops
+writing within its lease whatever a relay on the path answers.  An answer that does not
+verify is an error naming the controller.  A role-change notice must come in an envelope of
+its own, fresh and never seen before (the link keeps a replay memory), or it is ignored, so
+nobody but the controller can tell this broker whom to follow, not even with a notice it
+sent earlier.  With ``tls_peers`` the link is TLS (verified against ``tls_ca``, this broker's
+certificate presented), so the notices are too.
 """
 
 from __future__ import annotations
@@ -46,9 +51,10 @@ from txbroker.remoting.controller_headers import (
     decode_sync_state_set,
     encode_sync_state_set,
 )
+from txbroker.remoting.envelope import ReplayGuard
 from txbroker.remoting.headers import HeaderError
 from txbroker.remoting.tls import link_failure
-from txbroker.service.cluster_auth import check, sign
+from txbroker.service.cluster_auth import check_answer, check_request, sign_request
 from txbroker.service.repeating import Repeating
 
 log = logging.getLogger(__name__)
@@ -156,6 +162,8 @@ class ControllerLink:
         self._set_unsure = False
         #: Sending time (``clock``) of the last heartbeat the controller answered.
         self.renewed_at = float("-inf")
+        #: Nonces of the role-change notices accepted lately (a notice is followed once).
+        self._notices = ReplayGuard()
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -297,7 +305,7 @@ class ControllerLink:
 
     async def _notified(self, cmd: RemotingCommand) -> RemotingCommand | None:
         """NOTIFY_BROKER_ROLE_CHANGED from the controller."""
-        why = check(cmd, self.config.cluster_secret)
+        why = check_request(cmd, self.config.cluster_secret, self._notices)
         if why is not None:
             log.warning("ignored a role-change notice from controller %s: %s", self._addr(), why)
             return None
@@ -329,8 +337,9 @@ class ControllerLink:
                                                        ssl=self._tls)
                 client.register(RequestCode.NOTIFY_BROKER_ROLE_CHANGED, self._notified)
             request = RemotingCommand.request(code, ext, body)
-            if self.config.cluster_secret is not None:
-                sign(request, self.config.cluster_secret)
+            # A new envelope (timestamp, nonce) for every attempt: the answer is bound to it.
+            nonce = None if self.config.cluster_secret is None else \
+                sign_request(request, self.config.cluster_secret)
             try:
                 resp = await client.invoke(request, self.request_timeout)
             except (OSError, TimeoutError) as exc:
@@ -342,7 +351,7 @@ class ControllerLink:
                 continue
             if resp.code not in ok:
                 info = None
-                why = check(resp, self.config.cluster_secret)
+                why = check_answer(resp, self.config.cluster_secret, nonce)
                 if why is not None:
                     # Not learned from, but still a refusal: a gate's answer to a request it
                     # could not verify is unsigned, and its remark says what to fix.
@@ -357,7 +366,7 @@ class ControllerLink:
                 raise ControllerError(f"controller {client.addr} refused request {code}: {resp.code} "
                                       f"{resp.remark or ''}".rstrip(), resp.code, info,
                                       resp.remark or "")
-            why = check(resp, self.config.cluster_secret)
+            why = check_answer(resp, self.config.cluster_secret, nonce)
             if why is not None:
                 raise ControllerError(f"controller {client.addr} answered request {code}, but not "
                                       f"trusted: {why}")

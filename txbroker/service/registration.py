@@ -16,9 +16,14 @@ name server comes back.  With ``tls`` (the broker's
 :class:`~txbroker.remoting.tls.PeerTLS` context) the connections are TLS; a name server whose certificate does not verify
 is one warning naming it and the reason, and is retried like one that is down.
 
-With ``cluster_secret`` set, REGISTER_BROKER and UNREGISTER_BROKER are signed with it
-(:mod:`.cluster_auth`), so a name server holding the same secret obeys this broker and no one
-without it.
+With ``cluster_secret`` set, REGISTER_BROKER and UNREGISTER_BROKER go in the cluster envelope
+(:mod:`.cluster_auth`: a timestamp, a nonce and an HMAC over the named fields and body), so a
+name server holding the same secret obeys this broker, once per request, and no one without
+it.  A signed answer (from a name server with the secret) must be signed over the request's
+nonce or it is not believed; an unsigned one is taken as it is, because a name server may run
+without a secret (RocketMQ's has none) while the brokers carry one for the controller: what a
+slave takes from it, its master's HA address, leads nowhere without the HA stream's own proof
+of the secret.
 """
 
 from __future__ import annotations
@@ -42,13 +47,14 @@ from txbroker.remoting.bodies import (
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
+from txbroker.remoting.envelope import is_signed
 from txbroker.remoting.headers import (
     RegisterBrokerRequestHeader,
     RegisterBrokerResponseHeader,
     UnRegisterBrokerRequestHeader,
 )
 from txbroker.remoting.tls import link_failure
-from txbroker.service.cluster_auth import sign
+from txbroker.service.cluster_auth import check_answer, sign_request
 
 log = logging.getLogger(__name__)
 
@@ -179,17 +185,27 @@ class BrokerRegistrar:
                     self.on_master(answer.master_addr, answer.ha_server_addr or "")
                     break
 
-    def _signed(self, cmd: RemotingCommand) -> RemotingCommand:
-        if self.config.cluster_secret is not None:
-            sign(cmd, self.config.cluster_secret)
-        return cmd
+    def _signed(self, cmd: RemotingCommand) -> tuple[RemotingCommand, str | None]:
+        """``cmd`` in the envelope when a secret is set, and its nonce (None: unsigned)."""
+        if self.config.cluster_secret is None:
+            return cmd, None
+        return cmd, sign_request(cmd, self.config.cluster_secret)
+
+    def _untrusted(self, resp: RemotingCommand, nonce: str | None) -> str | None:
+        """Why a signed answer is not believed (None: believed; unsigned: see the module)."""
+        if nonce is None or not is_signed(resp.ext_fields):
+            return None
+        return check_answer(resp, self.config.cluster_secret, nonce)
 
     async def _register(self, addr: str, ext: dict[str, str],
                         body: bytes) -> RegisterBrokerResponseHeader | None:
-        cmd = self._signed(RemotingCommand.request(RequestCode.REGISTER_BROKER, ext, body))
+        cmd, nonce = self._signed(RemotingCommand.request(RequestCode.REGISTER_BROKER, ext, body))
         try:
             resp = await asyncio.wait_for(self._clients[addr].invoke(cmd, REGISTER_TIMEOUT),
                                           REGISTER_TIMEOUT)
+            why = self._untrusted(resp, nonce)
+            if why is not None:
+                raise ConnectionError(f"answered code {resp.code}, but not trusted: {why}")
             if resp.code != ResponseCode.SUCCESS:
                 raise ConnectionError(f"answered code {resp.code}: {resp.remark}")
             answer = RegisterBrokerResponseHeader.from_ext(resp.ext_fields)
@@ -206,8 +222,8 @@ class BrokerRegistrar:
         return answer
 
     async def _unregister(self, client: RemotingClient, header: UnRegisterBrokerRequestHeader) -> None:
-        cmd = self._signed(RemotingCommand.request(RequestCode.UNREGISTER_BROKER,
-                                                   header.to_ext()))
+        cmd, _ = self._signed(RemotingCommand.request(RequestCode.UNREGISTER_BROKER,
+                                                      header.to_ext()))
         try:
             await asyncio.wait_for(client.invoke(cmd, UNREGISTER_TIMEOUT), UNREGISTER_TIMEOUT)
         except (OSError, TimeoutError, ConnectionError) as exc:

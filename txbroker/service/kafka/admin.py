@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
-from txbroker.service.kafka.cluster_admin import UNREACHABLE, forward, from_peer
+from txbroker.service.kafka.cluster_admin import UNREACHABLE, forward
 from txbroker.service.kafka.cluster_view import ClusterView
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.kafka.coordinator import TransactionCoordinator
@@ -181,7 +181,7 @@ class KafkaAdmin:
         here only); a string: a forwarded one refused, and why."""
         if self.view is None:
             return False
-        peer = from_peer(ctx, body, self.config.cluster_secret)
+        peer = ctx.cluster_peer
         if isinstance(peer, str):
             log.warning("%s from %s refused: %s", ApiKey(ctx.api_key).name, ctx.peer, peer)
         return peer

@@ -10,8 +10,9 @@ answers are merged.  The broker wraps only when Kafka SASL is on (a connection w
 authentication has no principal to check), so the hot path of an open broker is untouched.
 
 Requests between brokers of a cluster (forwarded admin requests, transaction markers) carry
-the cluster's signature instead of a user (``cluster_admin.py``): a request of an API that is
-forwarded (:data:`FORWARDED`) whose signature checks against ``cluster_secret`` goes straight
+the cluster envelope instead of a user (``peer_envelope.py``): a request of an API that is
+forwarded (:data:`FORWARDED`) whose envelope checks against ``cluster_secret`` (the verdict
+``ctx.cluster_peer`` of ``peer_envelope.verify_peers``, which runs first) goes straight
 to its handler, which keeps its own check (the broker that forwarded it authorized the client);
 WriteTxnMarkers is only ever that.  Without a secret there is no signature, only a client id
 anyone can send, so nothing is let through that way.  A broker logged in as the cluster's own
@@ -28,7 +29,6 @@ from typing import Any
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.service.kafka.acls import AclOperation, Authorizer, ResourceType
-from txbroker.service.kafka.cluster_admin import from_peer
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.kafka.peer_auth import CLUSTER_PRINCIPAL
 
@@ -439,7 +439,7 @@ def _wrap(rule: Rule, handler: Handler, authorizer: Callable[[], Authorizer],
     """``secret``: the cluster secret when the API is forwarded between brokers, else None."""
     async def authorized(ctx: KafkaRequestContext, body: dict) -> dict | None:
         if ctx.principal is None or ctx.principal == CLUSTER_PRINCIPAL \
-                or (secret is not None and from_peer(ctx, body, secret) is True):
+                or (secret is not None and ctx.cluster_peer is True):
             return await handler(ctx, body)
         host = ctx.peer.rpartition(":")[0]
         return await rule(Check(authorizer(), ctx.principal, host), handler, ctx, body)

@@ -26,6 +26,10 @@ class KafkaRequestContext:
     #: ``User:<name>`` of an authenticated (SASL) connection; None without authentication,
     #: where no Kafka ACL applies (docs/security.md, "Kafka ACLs").
     principal: str | None = None
+    #: Whether another broker of this cluster sent it (``peer_envelope.verify_peers``, in
+    #: front of the APIs brokers send each other): False, a client's request; True, a peer's
+    #: whose envelope checked; a string, one claiming to be a peer's that is not, and why.
+    cluster_peer: bool | str = False
 
 
 Handler = Callable[[KafkaRequestContext, dict], Awaitable[dict | None]]

@@ -11,23 +11,20 @@ participant that is down or fails over is asked again by the coordinator's scan 
 recovery) until it answers.  A participant that is this broker itself is called directly.
 
 Kafka authorises WriteTxnMarkers with the CLUSTER_ACTION ACL; here, with ``cluster_secret``
-set, a marker must carry the cluster's signature in its client id
-(``txbroker-cluster:<hex HMAC-SHA256 over the markers>``, :func:`marker_client_id`), so no
-Kafka client can commit or abort another producer's transaction.  Anything else is answered
-CLUSTER_AUTHORIZATION_FAILED and logged once per peer.  With ``kafka_sasl_mechanisms`` set, a
-new connection to a participant first logs in as the cluster's own account (``peer_auth.py``).
+set, a marker must carry the cluster envelope in its client id (``peer_envelope.py``: a
+timestamp, a nonce and an HMAC over the whole request body), so no Kafka client can commit or
+abort another producer's transaction, and a marker captured on the path cannot be sent again.
+Anything else is answered CLUSTER_AUTHORIZATION_FAILED and logged once per peer.  With
+``kafka_sasl_mechanisms`` set, a new connection to a participant first logs in as the
+cluster's own account (``peer_auth.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import itertools
 import logging
 from collections.abc import Callable
-
-import orjson
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.apis import ApiKey
@@ -35,10 +32,11 @@ from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.framing import decode_response, encode_request
 from txbroker.remoting.kafka.primitives import KafkaDecodeError
 from txbroker.remoting.tls import link_failure
-from txbroker.service.cluster_auth import CLUSTER_ACCESS_KEY, OncePerPeer
+from txbroker.service.cluster_auth import OncePerPeer, reason_of
 from txbroker.service.kafka.cluster_view import ClusterView
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.kafka.peer_auth import authenticate
+from txbroker.service.kafka.peer_envelope import client_id
 from txbroker.service.kafka.staging import TxnStaging
 
 log = logging.getLogger("txbroker.kafka")
@@ -59,28 +57,14 @@ OFFSETS_TOPIC = "__consumer_offsets"
 Participants = dict[str, list[tuple[str, int]]]
 
 
-def _content(markers: list[dict]) -> bytes:
-    """What a marker signature covers: every field of every marker, in order."""
-    return orjson.dumps([[m["producer_id"], m["producer_epoch"], bool(m["transaction_result"]),
-                          m["coordinator_epoch"],
-                          [[t["name"], list(t["partition_indexes"])] for t in m["topics"]]]
-                         for m in markers])
-
-
-def marker_client_id(markers: list[dict], secret: str | None) -> str:
-    if secret is None:
-        return CLUSTER_ACCESS_KEY
-    mac = hmac.new(secret.encode(), _content(markers), hashlib.sha256).hexdigest()
-    return f"{CLUSTER_ACCESS_KEY}:{mac}"
-
-
-def refused_why(client_id: str, markers: list[dict], secret: str | None) -> str | None:
-    """None when a marker request may be obeyed, else why not."""
-    if secret is None:
+def refused_why(ctx: KafkaRequestContext, secret: str | None) -> str | None:
+    """None when a marker request may be obeyed (the envelope's verdict, ``ctx.cluster_peer``),
+    else why not.  Without a secret there is nothing to check."""
+    if secret is None or ctx.cluster_peer is True:
         return None
-    if not hmac.compare_digest(client_id.encode(), marker_client_id(markers, secret).encode()):
-        return "it is not signed with this cluster's cluster_secret"
-    return None
+    if isinstance(ctx.cluster_peer, str):
+        return ctx.cluster_peer
+    return "it is not signed with this cluster's cluster_secret"
 
 
 class MarkerSender:
@@ -122,9 +106,10 @@ class MarkerSender:
                     "coordinator_epoch": txn,
                     "topics": [{"name": t, "partition_indexes": ps} for t, ps in topics.items()]}]
         corr = next(self._corr) & 0x7FFFFFFF
+        body = {"markers": markers}
         frame = encode_request(ApiKey.WRITE_TXN_MARKERS, VERSION, corr,
-                               marker_client_id(markers, self.config.cluster_secret),
-                               {"markers": markers})
+                               client_id(ApiKey.WRITE_TXN_MARKERS, VERSION, body,
+                                         self.config.cluster_secret), body)
         addr = f"{leader.host}:{leader.port}"
         try:
             answer = await asyncio.wait_for(self._call(leader.host, leader.port, frame),
@@ -200,12 +185,12 @@ def marker_handler(config: BrokerConfig, staging: TxnStaging | None,
 
     async def handle(ctx: KafkaRequestContext, body: dict) -> dict:
         markers = body.get("markers") or []
-        why = refused_why(ctx.client_id, markers, config.cluster_secret)
+        why = refused_why(ctx, config.cluster_secret)
         if staging is None:
             why = "this broker is not part of a cluster"
         if why is not None:
             once(ctx.peer.rpartition(":")[0],
-                 f"WriteTxnMarkers from {ctx.peer} refused: {why}", why)
+                 f"WriteTxnMarkers from {ctx.peer} refused: {why}", reason_of(why))
         out = []
         for m in markers:
             if why is not None:

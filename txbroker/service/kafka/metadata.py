@@ -19,7 +19,7 @@ import re
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.apis import ADVERTISED, ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
-from txbroker.service.kafka.cluster_admin import UNREACHABLE, forward, from_peer, spread
+from txbroker.service.kafka.cluster_admin import UNREACHABLE, forward, spread
 from txbroker.service.kafka.cluster_view import ClusterView
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.topics import (
@@ -228,7 +228,7 @@ class KafkaMetadata:
         group's part only."""
         results = []
         validate_only = bool(body.get("validate_only"))
-        peer = from_peer(ctx, body, self.config.cluster_secret) if self.view else False
+        peer = ctx.cluster_peer if self.view else False
         for t in body.get("topics") or []:
             name = t["name"]
             if isinstance(peer, str):

@@ -17,8 +17,9 @@ first, as the reserved user :data:`CLUSTER_USER` whose password is ``cluster_sec
   broker's own mechanisms (the brokers of one cluster share their settings), and checks the
   server's SCRAM signature, so a peer that does not know the secret is not trusted either.
 
-The forwarded requests keep their cluster signature in the client id (``cluster_admin.py``,
-``markers.py``): the login says who connects, the signature still covers what is asked.
+The forwarded requests and markers keep the cluster envelope in the client id
+(``peer_envelope.py``): the login says who connects, the envelope still covers what is asked,
+and that it is asked now and once.
 """
 
 from __future__ import annotations
