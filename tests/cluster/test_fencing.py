@@ -506,3 +506,45 @@ async def test_double_fault_after_a_send_the_set_could_not_drop_a_slave_for_lose
                                          f"{_missing(b2, sent)}"
         assert [code for code, _, _ in answers] == [ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR]
         assert "may or may not be delivered" in (second.remark or "")
+
+
+async def test_a_slave_the_set_may_hold_since_an_unanswered_change_is_waited_for(
+        broker_config: BrokerConfig, tmp_path: Path, controller: ControllerProcess, relays,
+        proxies) -> None:
+    """Slave 2, out of the set, catches up and the master asks to add it, but the answer is
+    lost: the controller's set names slave 2 while no answer told the master so.  Slave 2
+    then stalls and no set change reaches the controller: a send only slave 1 holds is not
+    acknowledged, and after the master and slave 1 are lost the elected slave 2 holds every
+    acknowledged send."""
+    async with InProcessCluster(_base(broker_config), tmp_path) as c:
+        relay_a, a, b1, b2, proxy = await _group_of_three(c, controller, relays, proxies)
+        client = RemotingClient(a.broker_addr)
+        answers: list[tuple[int, str, bytes]] = []
+
+        async def send(body: bytes) -> RemotingCommand:
+            resp = await client.invoke(_send("Isr", body), 15)
+            answers.append((resp.code, resp.ext_fields.get("msgId", ""), body))
+            return resp
+
+        try:
+            proxy.hold()
+            await send(b"m0")  # slave 2 leaves the set
+            await eventually(lambda: _in_sync(controller) == {0, 1})
+            relay_a.drop_answers_to.add(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET)
+            proxy.release()
+            await eventually(lambda: _in_sync(controller) == {0, 1, 2}, timeout=10)
+            relay_a.drop_requests.add(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET)
+            proxy.hold()
+            last = await send(b"m1")
+            await eventually(lambda: _acks(a).get(1) == a.store.max_physical_offset)
+        finally:
+            await client.close()
+        assert _in_sync(controller) == {0, 1, 2}
+        for gone in (a, b1):  # the double fault
+            c.brokers.remove(gone)
+            await gone.stop()
+        await eventually(lambda: b2.roles.is_master, timeout=15)
+        sent = [(msg_id, body) for code, msg_id, body in answers if code in SENT]
+        assert _missing(b2, sent) == [], f"acknowledged, yet not on the elected replica: " \
+                                         f"{_missing(b2, sent)}"
+        assert last.code == ResponseCode.SYSTEM_ERROR, (last.code, last.remark)
