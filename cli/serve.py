@@ -134,7 +134,8 @@ _OPTIONS: dict[str, _Opt] = {
     "ha_master_addr": _Opt("HOST:PORT", "a slave's master HA address", "empty: learned from the "
                                         "name servers or the controller"),
     "min_in_sync_replicas": _Opt("COUNT", "SYNC_MASTER: slaves that must hold a send before it "
-                                          "is acknowledged"),
+                                          "is acknowledged (under a controller, every slave of "
+                                          "the in-sync set too, and at least this many)"),
     "slave_timeout": _Opt("SECONDS", "SYNC_MASTER: a send not replicated within this is answered "
                                      "FLUSH_SLAVE_TIMEOUT (it is still stored); must be shorter "
                                      "than the controller lease",

@@ -189,7 +189,9 @@ class BrokerConfig:
     #: A slave's master HA address (host:port); empty = learned from the name servers (or the
     #: controller in controller mode).
     ha_master_addr: str = ""
-    #: SYNC_MASTER: slaves that must hold a send's bytes before it is acknowledged.
+    #: SYNC_MASTER: slaves that must hold a send's bytes before it is acknowledged.  Under a
+    #: controller every slave of the in-sync set must hold them too, and the set must keep at
+    #: least this many (docs/cluster.md, "SYNC_MASTER statuses").
     min_in_sync_replicas: int = 1
     #: SYNC_MASTER: a send not replicated within this is answered FLUSH_SLAVE_TIMEOUT (stored);
     #: 0 = half of ``controller_lease`` in controller mode (a put is answered inside one

@@ -162,6 +162,12 @@ class Roles:
         self._recheck_soon = False
         self._acknowledged_end = 0
         self._altering = asyncio.Lock()
+        #: (master epoch, ids) an in-sync report added whose outcome is not known yet (in
+        #: flight, or its answer lost): the controller's set may already hold them, so a put
+        #: waits for them too until an answer says what the set is (:meth:`_electable`).
+        self._asked: tuple[int, frozenset[int]] = (0, frozenset())
+        #: Resolved (and replaced) whenever :meth:`_electable` may have changed.
+        self._set_moved: asyncio.Future[None] | None = None
         self._background: set[asyncio.Task] = set()
         #: Whether the master was taking writes when stopping began (its lease still counts).
         self._stopping_master = False
@@ -527,26 +533,102 @@ class Roles:
 
     # --- SYNC_MASTER and the in-sync set -----------------------------------------------------
     async def _wait_replicated(self, end_offset: int) -> PutStatus:
-        """SYNC_MASTER: wait for the slaves.  A put the in-sync replicas do not all hold in
-        time first takes the ones lacking it out of the in-sync set (controller mode), so a
-        failover never elects a replica that lacks an acknowledged message; if the controller
-        cannot be told, the put is not acknowledged at all: OUTCOME_UNKNOWN (stored here, may
-        or may not be delivered), which clients do not count as sent."""
+        """SYNC_MASTER: wait for the slaves before a put is answered.
+
+        Classic mode: ``min_in_sync_replicas`` connected slaves hold it
+        (:meth:`HAMaster.wait_replicated`).  Controller mode: every slave of the in-sync set
+        the controller may hold (:meth:`_electable`) holds it, and there are at least
+        ``min_in_sync_replicas`` of them, so any replica an election could pick, after any
+        faults, holds every acknowledged put.  Members still lacking it when the wait ends are
+        first taken out of the set (the controller accepts the smaller set before the answer
+        leaves); if the controller cannot be told, the put is not acknowledged at all:
+        OUTCOME_UNKNOWN (stored here, may or may not be delivered), which clients do not count
+        as sent.  Too few members left: SLAVE_NOT_AVAILABLE or FLUSH_SLAVE_TIMEOUT, as in
+        classic mode, with the set shrunk first all the same (clients count those as sent)."""
         ha = self.ha_master
         if ha is None:
             return PutStatus.SLAVE_NOT_AVAILABLE
-        status = await ha.wait_replicated(end_offset, self.timing.slave_timeout,
-                                          self.config.min_in_sync_replicas)
-        if status is not PutStatus.OK and self.link is not None:
-            holders = self._holders(end_offset)
-            if self.sync_state_set - holders:
-                await self._report_sync_state_set(holders)
-                if self.sync_state_set - holders:  # the set still promises a replica lacking it
+        if self.link is None:
+            status = await ha.wait_replicated(end_offset, self.timing.slave_timeout,
+                                              self.config.min_in_sync_replicas)
+        else:
+            status = await self._wait_in_sync(ha, end_offset)
+            lacking = self._lacking(end_offset)
+            if lacking:
+                await self._report_sync_state_set(self._electable() - lacking)
+                if self._lacking(end_offset):  # the set still promises a replica lacking it
                     self._confirm_moved()
                     return PutStatus.OUTCOME_UNKNOWN
+            if self._enough():
+                status = PutStatus.OK
+            elif status is PutStatus.OK:
+                status = PutStatus.FLUSH_SLAVE_TIMEOUT
         self._acknowledged_end = max(self._acknowledged_end, end_offset)
         self._confirm_moved()  # with no slave to ack, the answer itself moves it
         return status
+
+    async def _wait_in_sync(self, ha: HAMaster, end_offset: int) -> PutStatus:
+        """Controller mode: wait, at most ``slave_timeout``, until the put may be answered
+        once the members lacking it (those not connected) are out of the set.  OK: it may;
+        SLAVE_NOT_AVAILABLE: fewer than ``min_in_sync_replicas`` connected slaves are near
+        enough to wait for; FLUSH_SLAVE_TIMEOUT: the time ran out.  A set too small to
+        answer waits for the set to grow (the watch adds slaves that caught up)."""
+        loop = asyncio.get_running_loop()
+        needed = self.config.min_in_sync_replicas
+        deadline = loop.time() + self.timing.slave_timeout
+        while True:
+            if self.ha_master is not ha:  # no longer serving slaves (demoted, stopping)
+                return PutStatus.SLAVE_NOT_AVAILABLE
+            lacking = self._lacking(end_offset)
+            connected = {s.slave_id for s in ha.slaves() if s.connected}
+            waiting = lacking & connected
+            others = self._electable() - {self.config.broker_id}
+            if not waiting and len(others - lacking) >= needed:
+                return PutStatus.OK
+            if ha.available(end_offset) < needed:
+                return PutStatus.SLAVE_NOT_AVAILABLE
+            left = deadline - loop.time()
+            if left <= 0:
+                return PutStatus.FLUSH_SLAVE_TIMEOUT
+            moved = self._set_change()
+            if not waiting:
+                await asyncio.wait({moved}, timeout=left)
+                continue
+            acked = loop.create_task(ha.wait_acked(end_offset, waiting, left))
+            try:
+                await asyncio.wait({acked, moved}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not acked.done():
+                    acked.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await acked
+
+    def _electable(self) -> set[int]:
+        """Controller mode: every replica the controller's in-sync set may hold now: the set
+        last accepted, plus the ids a report whose outcome is not known yet added."""
+        epoch, asked = self._asked
+        return self.sync_state_set | asked if epoch == self.epoch else set(self.sync_state_set)
+
+    def _lacking(self, end_offset: int) -> set[int]:
+        """Slaves of :meth:`_electable` that have not acked ``end_offset`` (connected or not)."""
+        ha = self.ha_master
+        acks = {s.slave_id: s.ack_offset for s in ha.slaves()} if ha is not None else {}
+        others = self._electable() - {self.config.broker_id}
+        return {m for m in others if acks.get(m, 0) < end_offset}
+
+    def _enough(self) -> bool:
+        """Whether the in-sync set has ``min_in_sync_replicas`` slaves besides this master."""
+        return len(self._electable() - {self.config.broker_id}) >= self.config.min_in_sync_replicas
+
+    def _set_change(self) -> asyncio.Future[None]:
+        """A future resolved at the next change of :meth:`_electable`."""
+        if self._set_moved is None or self._set_moved.done():
+            self._set_moved = asyncio.get_running_loop().create_future()
+        return self._set_moved
+
+    def _set_changed(self) -> None:
+        if self._set_moved is not None and not self._set_moved.done():
+            self._set_moved.set_result(None)
 
     def _holders(self, end_offset: int) -> set[int]:
         """This master and the connected slaves holding everything up to ``end_offset``."""
@@ -566,9 +648,28 @@ class Roles:
         return self._holders(max(0, store.max_physical_offset - IN_SYNC_GAP))
 
     async def _report_sync_state_set(self, members: set[int]) -> None:
+        """Ask the controller to make the in-sync set ``members`` (this master included).
+
+        ``members`` may have been chosen before another report changed the set, so it is
+        checked again here, under the lock: a replica not in the set now is added only if it
+        holds everything acknowledged (a put acknowledged since it was chosen may be missing
+        there).  Ids added wait in ``_asked`` until the controller's answer, so a put answered
+        meanwhile waits for them as well."""
         async with self._altering:
-            if members == self.sync_state_set or self.link is None or not self.is_master:
+            if self.link is None or not self.is_master:
                 return
+            me = self.config.broker_id
+            electable = self._electable()
+            holding = self._holders(self._acknowledged_end)
+            members = {m for m in members if m in electable or m in holding} | {me}
+            epoch, asked = self._asked
+            unsure = epoch == self.epoch and bool(asked)
+            if members == self.sync_state_set and not unsure:
+                return
+            added = members - self.sync_state_set
+            self._asked = (self.epoch, (asked if unsure else frozenset()) | added)
+            if added:
+                self._set_changed()
             try:
                 # The set epoch is the link's, learned from every controller answer: a report
                 # whose answer was lost is recognised as applied by the next one.
@@ -580,10 +681,12 @@ class Roles:
             log.info("in-sync replicas of group %s, epoch %d: ids %s", self.config.broker_name,
                      self.epoch, sorted(view.sync_state_set))
             self.sync_state_set = set(view.sync_state_set)
+            self._asked = (self.epoch, frozenset())
+            self._set_changed()
 
     def _visible_end(self) -> int:
         """SYNC_MASTER: how far consumers may read.  In controller mode, what every other
-        member of the in-sync set the controller holds has acknowledged, connected or not:
+        member of the in-sync set the controller may hold has acknowledged, connected or not:
         any of them may be elected, so a slave that disconnected still bounds what is shown
         until the set is shrunk.  Classic mode (no election): what the connected slaves hold."""
         ha, store = self.ha_master, self.broker.store
@@ -591,7 +694,7 @@ class Roles:
         if not self.elected:
             return ha.confirm_offset
         acks = {s.slave_id: s.ack_offset for s in ha.slaves()}
-        others = self.sync_state_set - {self.config.broker_id}
+        others = self._electable() - {self.config.broker_id}
         return min([store.max_physical_offset, *(acks.get(m, 0) for m in others)])
 
     def _confirm_moved(self) -> None:

@@ -19,10 +19,11 @@ from support.cluster import InProcessCluster
 from support.txnode import half_msg
 from support.waiting import eventually
 
+from txbroker.bench.chaos.faultproxy import FaultProxy
 from txbroker.config import BrokerConfig
 from txbroker.controller import ControllerConfig, ControllerProcess
 from txbroker.remoting.client import RemotingClient
-from txbroker.remoting.codec import decode_frame, frame_length
+from txbroker.remoting.codec import decode_frame, encode, frame_length
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import SendMessageRequestHeader
@@ -41,7 +42,10 @@ LEASE = 1.0
 class Relay:
     """A TCP relay to ``target`` whose faults the test switches on: ``silent`` forwards
     nothing either way and closes nothing; ``drop_requests`` loses requests with those codes;
-    ``drop_answers_to`` loses the answers to requests with those codes."""
+    ``drop_answers_to`` loses the answers to requests with those codes; ``delay_requests``
+    holds requests with those codes back so many seconds (the others pass meanwhile);
+    ``ha_addr_seen_as`` replaces a master HA address in what reaches the broker (so it follows
+    the master through a proxy)."""
 
     def __init__(self, target: str) -> None:
         self.host, port = target.rsplit(":", 1)
@@ -49,6 +53,8 @@ class Relay:
         self.silent = False
         self.drop_requests: set[int] = set()
         self.drop_answers_to: set[int] = set()
+        self.delay_requests: dict[int, float] = {}
+        self.ha_addr_seen_as: dict[str, str] = {}
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task] = set()
         self._writers: list[asyncio.StreamWriter] = []
@@ -85,12 +91,27 @@ class Relay:
                 while (n := frame_length(buf)) is not None:
                     frame = bytes(buf[:n])
                     del buf[:n]
-                    if self._keep(decode_frame(frame), to_controller, lost):
+                    cmd = decode_frame(frame)
+                    if not self._keep(cmd, to_controller, lost):
+                        continue
+                    seen_as = self.ha_addr_seen_as.get(cmd.ext_fields.get("masterHaAddress", ""))
+                    if not to_controller and seen_as is not None:
+                        cmd.ext_fields["masterHaAddress"] = seen_as
+                        frame = encode(cmd)
+                    delay = self.delay_requests.get(cmd.code) if to_controller else None
+                    if delay:
+                        asyncio.get_running_loop().call_later(delay, self._write, writer, frame)
+                    else:
                         writer.write(frame)
         except (OSError, asyncio.CancelledError):
             pass
         finally:
             writer.close()
+
+    @staticmethod
+    def _write(writer: asyncio.StreamWriter, frame: bytes) -> None:
+        if not writer.is_closing():
+            writer.write(frame)
 
     def _keep(self, cmd: RemotingCommand, to_controller: bool, lost: set[int]) -> bool:
         if self.silent:
@@ -350,3 +371,180 @@ async def test_stopping_sync_master_acknowledges_only_what_its_slave_holds(
                 missing.append(body)
         assert not missing, f"{len(missing)} of {len(sent)} sends acknowledged, not on the slave"
         assert set(refused) <= {ResponseCode.SERVICE_NOT_AVAILABLE}
+
+
+async def _group_of_three(c: InProcessCluster, controller: ControllerProcess, relays,
+                          proxies: list[FaultProxy]) -> tuple[Relay, object, object, object, FaultProxy]:
+    """A SYNC_MASTER (id 0, its controller link through a relay) with slaves 1 and 2
+    (``min_in_sync_replicas`` = 1), slave 2 following it through a proxy the test can hold;
+    returns once the controller's in-sync set is all three and each slave holds a first send."""
+    relay_a, addr_a = await relays()
+    await c.namesrv()
+    a = await c.broker("broker-a", controller_addr=addr_a, broker_role="SYNC_MASTER")
+    host, port = a.roles.ha_addr.rsplit(":", 1)
+    proxy = await FaultProxy(host, int(port)).start()
+    proxies.append(proxy)
+    relay_2, addr_2 = await relays()
+    relay_2.ha_addr_seen_as[a.roles.ha_addr] = proxy.addr
+    b1 = await c.broker("broker-a", broker_id=1, broker_role="SYNC_MASTER",
+                        controller_addr=controller.addr)
+    b2 = await c.broker("broker-a", broker_id=2, broker_role="SYNC_MASTER", controller_addr=addr_2)
+    await eventually(lambda: _in_sync(controller) == {0, 1, 2} and _following(a) == {1, 2})
+    return relay_a, a, b1, b2, proxy
+
+
+def _in_sync(controller: ControllerProcess) -> set[int]:
+    return set(controller.state.replica_info("broker-a").sync_state_set)
+
+
+def _acks(master) -> dict[int, int]:
+    return {s.slave_id: s.ack_offset for s in master.roles.ha_master.slaves()}
+
+
+def _missing(broker, sent: list[tuple[str, bytes]]) -> list[bytes]:
+    """The bodies of ``sent`` (msgId, body) that ``broker``'s log does not hold."""
+    missing = []
+    for msg_id, body in sent:
+        held = broker.store.read(decode_offset_msg_id(msg_id)[2])
+        if held is None or held.body != body:
+            missing.append(body)
+    return missing
+
+
+#: Answers a RocketMQ client counts as sent (the message is stored).
+SENT = {ResponseCode.SUCCESS, ResponseCode.FLUSH_SLAVE_TIMEOUT, ResponseCode.SLAVE_NOT_AVAILABLE}
+
+
+@pytest.fixture
+async def proxies():
+    made: list[FaultProxy] = []
+    try:
+        yield made
+    finally:
+        for p in made:
+            await p.close()
+
+
+async def test_sync_master_acknowledges_once_every_in_sync_slave_holds_a_send_or_left_the_set(
+        broker_config: BrokerConfig, tmp_path: Path, controller: ControllerProcess, relays,
+        proxies) -> None:
+    """Two slaves, one stalled (nothing reaches it, nothing comes back): with
+    ``min_in_sync_replicas`` = 1 a send that slave 1 holds is still not acknowledged while the
+    controller's set names slave 2; it is acknowledged once the set is {0, 1}.  Then the
+    master and slave 1 are lost: slave 2, lacking the send, is not elected, and slave 1, back,
+    is, holding every send acknowledged."""
+    async with InProcessCluster(_base(broker_config), tmp_path) as c:
+        relay_a, a, b1, b2, proxy = await _group_of_three(c, controller, relays, proxies)
+        client = RemotingClient(a.broker_addr)
+        sent: list[tuple[str, bytes]] = []
+        try:
+            first = await client.invoke(_send("Isr", b"m0"), 5)
+            assert first.code == ResponseCode.SUCCESS
+            sent.append((first.ext_fields["msgId"], b"m0"))
+            await eventually(lambda: _acks(a).get(2) == a.store.max_physical_offset)
+            proxy.hold()  # slave 2 stalls; its connection stays open
+            # Set changes take a while to reach the controller, so an answer given before
+            # the set changed is seen as such.
+            relay_a.delay_requests[RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET] = 0.5
+            for i in range(1, 4):
+                resp = await client.invoke(_send("Isr", b"m%d" % i), 15)
+                in_sync = _in_sync(controller)
+                assert resp.code == ResponseCode.SUCCESS, (resp.code, resp.remark)
+                assert in_sync == {0, 1}, f"m{i} acknowledged while the controller's in-sync " \
+                                          f"set is {sorted(in_sync)}"
+                sent.append((resp.ext_fields["msgId"], b"m%d" % i))
+            assert _missing(b2, sent) == [b"m1", b"m2", b"m3"]
+        finally:
+            await client.close()
+        b1_dir = b1.config.data_dir
+        for gone in (a, b1):  # the double fault
+            c.brokers.remove(gone)
+            await gone.stop()
+        # Several leases: time enough for an election of slave 2, were it in the set.
+        await asyncio.sleep(4 * LEASE)
+        assert not b2.roles.is_master
+        assert controller.state.replica_info("broker-a").master_broker_id == 0
+        back = await c.broker("broker-a", broker_id=1, broker_role="SYNC_MASTER",
+                              data_dir=b1_dir, controller_addr=controller.addr)
+        await eventually(lambda: back.roles.is_master, timeout=15)
+        assert controller.state.replica_info("broker-a").master_broker_id == 1
+        assert _missing(back, sent) == []
+        # Slave 2 follows the new master (directly: only the old master's HA address went
+        # through the proxy) and gets what it lacked.
+        await eventually(lambda: _missing(b2, sent) == [], timeout=15)
+
+
+async def test_double_fault_after_a_send_the_set_could_not_drop_a_slave_for_loses_no_acknowledged_send(
+        broker_config: BrokerConfig, tmp_path: Path, controller: ControllerProcess, relays,
+        proxies) -> None:
+    """Two slaves, one stalled, and the master's set changes never reach the controller: a
+    send only slave 1 holds is not acknowledged (the controller's set still names slave 2).
+    The master and slave 1 are then lost and the controller elects slave 2: it holds every
+    send that was acknowledged."""
+    async with InProcessCluster(_base(broker_config), tmp_path) as c:
+        relay_a, a, b1, b2, proxy = await _group_of_three(c, controller, relays, proxies)
+        client = RemotingClient(a.broker_addr)
+        answers: list[tuple[int, str, bytes]] = []
+        try:
+            first = await client.invoke(_send("Isr", b"m0"), 5)
+            answers.append((first.code, first.ext_fields.get("msgId", ""), b"m0"))
+            await eventually(lambda: _acks(a).get(2) == a.store.max_physical_offset)
+            proxy.hold()
+            relay_a.drop_requests.add(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET)
+            second = await client.invoke(_send("Isr", b"m1"), 15)
+            answers.append((second.code, second.ext_fields.get("msgId", ""), b"m1"))
+            await eventually(lambda: _acks(a).get(1) == a.store.max_physical_offset)
+        finally:
+            await client.close()
+        assert _in_sync(controller) == {0, 1, 2}
+        for gone in (a, b1):  # the double fault
+            c.brokers.remove(gone)
+            await gone.stop()
+        await eventually(lambda: b2.roles.is_master, timeout=15)
+        sent = [(msg_id, body) for code, msg_id, body in answers if code in SENT]
+        assert _missing(b2, sent) == [], f"acknowledged, yet not on the elected replica: " \
+                                         f"{_missing(b2, sent)}"
+        assert [code for code, _, _ in answers] == [ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR]
+        assert "may or may not be delivered" in (second.remark or "")
+
+
+async def test_a_slave_the_set_may_hold_since_an_unanswered_change_is_waited_for(
+        broker_config: BrokerConfig, tmp_path: Path, controller: ControllerProcess, relays,
+        proxies) -> None:
+    """Slave 2, out of the set, catches up and the master asks to add it, but the answer is
+    lost: the controller's set names slave 2 while no answer told the master so.  Slave 2
+    then stalls and no set change reaches the controller: a send only slave 1 holds is not
+    acknowledged, and after the master and slave 1 are lost the elected slave 2 holds every
+    acknowledged send."""
+    async with InProcessCluster(_base(broker_config), tmp_path) as c:
+        relay_a, a, b1, b2, proxy = await _group_of_three(c, controller, relays, proxies)
+        client = RemotingClient(a.broker_addr)
+        answers: list[tuple[int, str, bytes]] = []
+
+        async def send(body: bytes) -> RemotingCommand:
+            resp = await client.invoke(_send("Isr", body), 15)
+            answers.append((resp.code, resp.ext_fields.get("msgId", ""), body))
+            return resp
+
+        try:
+            proxy.hold()
+            await send(b"m0")  # slave 2 leaves the set
+            await eventually(lambda: _in_sync(controller) == {0, 1})
+            relay_a.drop_answers_to.add(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET)
+            proxy.release()
+            await eventually(lambda: _in_sync(controller) == {0, 1, 2}, timeout=10)
+            relay_a.drop_requests.add(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET)
+            proxy.hold()
+            last = await send(b"m1")
+            await eventually(lambda: _acks(a).get(1) == a.store.max_physical_offset)
+        finally:
+            await client.close()
+        assert _in_sync(controller) == {0, 1, 2}
+        for gone in (a, b1):  # the double fault
+            c.brokers.remove(gone)
+            await gone.stop()
+        await eventually(lambda: b2.roles.is_master, timeout=15)
+        sent = [(msg_id, body) for code, msg_id, body in answers if code in SENT]
+        assert _missing(b2, sent) == [], f"acknowledged, yet not on the elected replica: " \
+                                         f"{_missing(b2, sent)}"
+        assert last.code == ResponseCode.SYSTEM_ERROR, (last.code, last.remark)

@@ -14,6 +14,7 @@ from support.store import opened
 from support.store import store_config as cfg
 from support.waiting import eventually
 
+from txbroker.store.ha_codec import SlaveHandshake, encode_ack, encode_slave_handshake
 from txbroker.store.ha_master import HAMaster
 from txbroker.store.ha_slave import HASlave
 from txbroker.store.message_store import GetStatus, MessageStore, PutStatus
@@ -203,6 +204,33 @@ async def test_flush_slave_timeout_when_the_slave_stops_acking(tmp_path):
     finally:
         writer.close()
         await shut(ha, master)
+
+
+async def test_wait_acked_waits_for_the_named_slaves_only(tmp_path):
+    """``wait_acked``: True once every named slave acked the offset; False at the time-out,
+    at once for an id with no connection, and as soon as a slave waited for disconnects."""
+    master, slave, ha, follower = await pair(tmp_path)
+    _, silent = await asyncio.open_connection(ha.host, ha.port)  # id 7: acks 0, then nothing
+    try:
+        silent.write(encode_slave_handshake(SlaveHandshake(7)) + encode_ack(0))
+        await eventually(lambda: {s.slave_id for s in ha.slaves() if s.connected} == {1, 7})
+        r = await master.put(msg(1))
+        end = r.physical_offset + r.size
+        assert await ha.wait_acked(end, {1}, 5.0) is True
+        assert await ha.wait_acked(end, (), 5.0) is True
+        started = time.monotonic()
+        assert await ha.wait_acked(end, {1, 7}, 0.2) is False  # 7 never acks
+        assert 0.15 < time.monotonic() - started < 2.0
+        started = time.monotonic()
+        assert await ha.wait_acked(end, {1, 9}, 5.0) is False  # no slave 9: not waited for
+        waiting = asyncio.ensure_future(ha.wait_acked(end, {7}, 5.0))
+        await asyncio.sleep(0.05)
+        silent.close()
+        assert await waiting is False
+        assert time.monotonic() - started < 2.0  # its disconnection ended the wait
+    finally:
+        silent.close()
+        await shut(follower, ha, master, slave)
 
 
 async def test_sync_master_without_slave_is_not_available(tmp_path):

@@ -31,7 +31,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,6 +128,8 @@ class HAMaster:
         self._drops: dict[str, str] = {}
         self._conns: set[asyncio.Task[None]] = set()
         self._waiters: list[tuple[int, int, asyncio.Future[PutStatus]]] = []
+        #: :meth:`wait_acked` callers: (end offset, slave ids, future of the verdict).
+        self._id_waiters: list[tuple[int, frozenset[int], asyncio.Future[bool]]] = []
         self._data = asyncio.Event()
         self._listening = False
         #: Called after every acknowledgement and disconnection, i.e. whenever
@@ -164,6 +166,10 @@ class HAMaster:
             if not fut.done():
                 fut.set_result(PutStatus.FLUSH_SLAVE_TIMEOUT)
         self._waiters.clear()
+        for _, _, verdict in self._id_waiters:
+            if not verdict.done():
+                verdict.set_result(False)
+        self._id_waiters.clear()
 
     def _on_append(self, topic: str, queue_id: int, new_max: int) -> None:
         if not self._data.is_set():
@@ -187,6 +193,11 @@ class HAMaster:
         self.store.epochs.append(epoch, self.store.max_physical_offset)
         self._data.set()
 
+    def available(self, end_offset: int) -> int:
+        """How many connected slaves are within 256 MiB of ``end_offset`` (worth waiting for)."""
+        return sum(1 for i in self._infos.values()
+                   if i.connected and end_offset - i.ack_offset < MAX_GAP)
+
     async def wait_replicated(self, end_offset: int, timeout: float, needed: int) -> PutStatus:
         """OK once ``needed`` slaves acked ``end_offset``; SLAVE_NOT_AVAILABLE at once when fewer
         than ``needed`` connected slaves are within 256 MiB of it; FLUSH_SLAVE_TIMEOUT after
@@ -208,11 +219,49 @@ class HAMaster:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(entry)
 
+    async def wait_acked(self, end_offset: int, slave_ids: Collection[int], timeout: float) -> bool:
+        """True once every slave in ``slave_ids`` acked ``end_offset`` (an ack given on a
+        connection since lost counts: those bytes are held there); False after ``timeout``
+        seconds, or as soon as one that lacks it has no connection (it cannot ack without one,
+        and a reconnection is not waited for).  No ids: True."""
+        ids = frozenset(slave_ids)
+        verdict = self._acked(end_offset, ids)
+        if verdict is not None:
+            return verdict
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        entry = (end_offset, ids, fut)
+        self._id_waiters.append(entry)
+        self._data.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            return False
+        finally:
+            with contextlib.suppress(ValueError):
+                self._id_waiters.remove(entry)
+
+    def _acked(self, end_offset: int, ids: frozenset[int]) -> bool | None:
+        """:meth:`wait_acked`'s verdict now: True, False, or None (still waiting)."""
+        waiting = False
+        for slave_id in ids:
+            info = self._infos.get(slave_id)
+            if info is not None and info.ack_offset >= end_offset:
+                continue
+            if info is None or not info.connected:
+                return False
+            waiting = True
+        return None if waiting else True
+
     def _wake_waiters(self) -> None:
         acks = [i.ack_offset for i in self._infos.values() if i.connected]
         for end, needed, fut in self._waiters:
             if not fut.done() and sum(1 for a in acks if a >= end) >= needed:
                 fut.set_result(PutStatus.OK)
+        for end, ids, verdict in self._id_waiters:
+            if not verdict.done():
+                got = self._acked(end, ids)
+                if got is not None:
+                    verdict.set_result(got)
 
     # --- one slave ---------------------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -287,6 +336,8 @@ class HAMaster:
             if info is not None and self._infos.get(info.slave_id) is info:
                 info.connected = False
                 self._writers.pop(info.slave_id, None)
+                if self._id_waiters:
+                    self._wake_waiters()  # a slave waited for can no longer ack
                 if self.on_confirm is not None:
                     self.on_confirm()
             writer.close()
@@ -379,7 +430,7 @@ class HAMaster:
         info.ack_offset = offset
         if offset >= end:
             info.caught_up_at = self.clock()
-        if self._waiters:
+        if self._waiters or self._id_waiters:
             self._wake_waiters()
         if self.on_confirm is not None:
             self.on_confirm()
