@@ -717,7 +717,7 @@ class Broker:
             await self.kafka_view.close()
         if self.kafka_txn is not None and self.kafka_txn.markers is not None:
             self.kafka_txn.markers.close()
-        if self.roles is not None:  # no client left: the controller link, HA, following
+        if self.roles is not None:  # no client left: the election link, HA, following
             await self.roles.stop()
         if self.schedule is not None:
             await self.schedule.close()
@@ -734,6 +734,8 @@ class Broker:
             await self.kafka_admin.close()
         if self.kafka_txn is not None:
             await self.kafka_txn.close()
+        if self.kafka_staging is not None:  # started with the coordinator: stopped after it
+            await self.kafka_staging.suspend()
         if self.store is not None:
             await self.store.close()
         log.info("broker %s stopped", self.config.broker_name)

@@ -260,12 +260,15 @@ class Roles:
         before another can start (:class:`~txbroker.config.ClusterTiming`)."""
         fence = self.role.fence
         lease_counts = fence is None or (fence is Fence.STOPPING and self._stopping_master)
-        if lease_counts and self.link is not None and not self._lease_holds():
+        if lease_counts and self.elected and not self._lease_holds():
             return Fence.LEASE_NOT_VALID
         return fence
 
     def _lease_holds(self) -> bool:
-        assert self.link is not None
+        """An elected master's lease holds now; never without a link (before start, after
+        stop), since nothing renews it then."""
+        if self.link is None:
+            return False
         return self.link.lease_valid(self.timing.lease - self.timing.assumed_lease)
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -328,8 +331,9 @@ class Roles:
             if task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-        if self.link is not None:
+        if self.link is not None:  # the mirror of start(): no link, so no lease, after it
             await self.link.close()
+            self.link = None
         if self.config.etcd_endpoints and self.broker.topics is not None:
             self.broker.topics.publisher = None
         async with self._switching:  # a switch under way ends at its next step

@@ -440,3 +440,22 @@ async def test_switchover_to_a_master_cut_off_from_etcd_makes_no_second_master(
     finally:
         for p in proxies:
             await p.close()
+
+
+async def test_stop_mirrors_start(broker_config: BrokerConfig, tmp_path: Path, etcd_cluster) -> None:
+    """What start made, stop undoes: the election link is closed and gone (no lease for the
+    write gate to read), the topic publisher detached, the Kafka staging promotion started
+    suspended; a put after the stop is refused."""
+    from txbroker.store.results import Fence
+
+    async with EtcdCluster(broker_config, tmp_path, etcd_cluster) as c:
+        await c.namesrv()
+        a = await c.broker("broker-a", kafka_port=0, kafka_node_id=1)
+        assert a.roles.is_master and a.kafka_staging is not None and a.kafka_staging.ready
+        assert a.topics.publisher is not None and a.roles.link is not None
+        c.brokers.remove(a)
+        await a.stop()
+        assert a.roles.link is None and a.topics.publisher is None
+        assert not a.kafka_staging.ready
+        assert a.roles._gate() in (Fence.STOPPING, Fence.LEASE_NOT_VALID)
+        assert not a.roles._lease_holds()
