@@ -194,21 +194,28 @@ class Etcd:
             channel = grpc.aio.secure_channel(target, creds, options=options)
         else:
             channel = grpc.aio.insecure_channel(target, options=options)
-        self._channel, self.current = channel, target
+        metadata = None
+        if self._user is not None:
+            try:
+                resp = await rpc_pb2_grpc.AuthStub(channel).Authenticate(
+                    rpc_pb2.AuthenticateRequest(name=self._user, password=self._password or ""),
+                    timeout=self.timeout)
+            except BaseException:
+                await channel.close(grace=None)
+                self.current = target
+                raise
+            metadata = (("token", resp.token),)
+        self._channel, self.current, self._metadata = channel, target, metadata
         self._kv = rpc_pb2_grpc.KVStub(channel)
         self._lease = rpc_pb2_grpc.LeaseStub(channel)
         self._maintenance = rpc_pb2_grpc.MaintenanceStub(channel)
-        self._metadata = None
-        if self._user is not None:
-            auth = rpc_pb2_grpc.AuthStub(channel)
-            resp = await auth.Authenticate(
-                rpc_pb2.AuthenticateRequest(name=self._user, password=self._password or ""),
-                timeout=self.timeout)
-            self._metadata = (("token", resp.token),)
 
     async def _next_endpoint(self, channel: grpc.aio.Channel | None) -> None:
-        """Drop ``channel`` and move on, unless another call already did."""
-        if channel is not None and channel is self._channel:
+        """Drop ``channel`` and move on, unless another call already did (None: the
+        connection itself failed, so move on)."""
+        if channel is None:
+            self._index += 1
+        elif channel is self._channel:
             self._channel = None
             self._index += 1
             await channel.close(grace=None)
@@ -224,7 +231,10 @@ class Etcd:
         an unavailable member, move to the next endpoint and (``retry``) try again there,
         each endpoint once."""
         failures = []
-        for _ in range(len(self.endpoints) if retry else 1):
+        attempts = len(self.endpoints) if retry else 1
+        reauthenticated = False
+        while attempts > 0:
+            attempts -= 1
             channel = None
             try:
                 await asyncio.wait_for(self._connect(), self.timeout)
@@ -232,6 +242,18 @@ class Etcd:
                 return await fn()
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
+                if code is grpc.StatusCode.UNAUTHENTICATED and self._user is not None \
+                        and "token" in (exc.details() or "") and not reauthenticated:
+                    # etcd's token expired (simple tokens live 5 minutes): a new channel
+                    # authenticates again, on the same endpoint; the request was refused, not
+                    # applied, so sending it again is safe even for a transaction.
+                    reauthenticated = True
+                    attempts += 1
+                    if channel is not None and channel is self._channel:
+                        self._channel = None
+                        await channel.close(grace=None)
+                    failures.append(f"{self.current}: auth token expired")
+                    continue
                 if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                                 grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
                     raise EtcdError(f"etcd {self.current} refused {what}: {code.name} "

@@ -68,6 +68,16 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     return ports
 
 
+@dataclass(frozen=True)
+class EtcdServerTLS:
+    """The members' client TLS: their certificate and key, and the CA clients must present a
+    certificate from (etcd's ``--client-cert-auth``)."""
+
+    ca: str
+    cert: str
+    key: str
+
+
 @dataclass
 class Member:
     name: str
@@ -100,6 +110,9 @@ class LocalEtcd:
     #: etcd's raft timing (ms); its defaults, which keep a leader change near one second.
     heartbeat_ms: int = 100
     election_ms: int = 1000
+    #: Client TLS (PEM files): the members serve https with ``cert``/``key`` and require a
+    #: client certificate signed by ``ca``; None = plaintext.
+    tls: EtcdServerTLS | None = None
     members: list[Member] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -116,12 +129,20 @@ class LocalEtcd:
         """Every member's client address, ``;``-separated (what ``--etcd-endpoints`` takes)."""
         return ";".join(m.endpoint for m in self.members)
 
+    @property
+    def _scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
+
     def _argv(self, m: Member) -> list[str]:
         cluster = ",".join(f"{x.name}=http://127.0.0.1:{x.peer_port}" for x in self.members)
         state = "existing" if (m.data_dir / "member").exists() else "new"
+        tls = [] if self.tls is None else [
+            "--cert-file", self.tls.cert, "--key-file", self.tls.key,
+            "--trusted-ca-file", self.tls.ca, "--client-cert-auth"]
         return [etcd_binary(), "--name", m.name, "--data-dir", str(m.data_dir),
-                "--listen-client-urls", f"http://127.0.0.1:{m.client_port}",
-                "--advertise-client-urls", f"http://127.0.0.1:{m.client_port}",
+                "--listen-client-urls", f"{self._scheme}://127.0.0.1:{m.client_port}",
+                "--advertise-client-urls", f"{self._scheme}://127.0.0.1:{m.client_port}",
+                *tls,
                 "--listen-peer-urls", f"http://127.0.0.1:{m.peer_port}",
                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{m.peer_port}",
                 "--initial-cluster", cluster, "--initial-cluster-state", state,
@@ -150,7 +171,6 @@ class LocalEtcd:
 
     def wait_healthy(self, which: list[int] | None = None, timeout: float = START_TIMEOUT) -> None:
         """Until each member named answers ``/health`` with a leader known (all by default)."""
-        import urllib.request
         deadline = time.monotonic() + timeout
         for i in which if which is not None else range(self.size):
             m = self.members[i]
@@ -159,7 +179,7 @@ class LocalEtcd:
                     raise RuntimeError(f"etcd member {m.name} ({m.endpoint}) exited with "
                                        f"{m.process.returncode}: see {m.log_path}")
                 try:
-                    with urllib.request.urlopen(f"http://{m.endpoint}/health", timeout=1) as r:
+                    with self._open(f"{self._scheme}://{m.endpoint}/health") as r:
                         if b'"true"' in r.read():
                             break
                 except OSError:
@@ -168,6 +188,36 @@ class LocalEtcd:
                     raise TimeoutError(f"etcd member {m.name} ({m.endpoint}) not healthy after "
                                        f"{timeout:g} s: see {m.log_path}")
                 time.sleep(0.1)
+
+    def _open(self, url: str, data: bytes | None = None):
+        """One HTTP(S) request to a member's gateway (health, status), bounded to a second;
+        with TLS, verified against the CA and presenting the members' own certificate."""
+        import ssl
+        import urllib.request
+        context = None
+        if self.tls is not None:
+            context = ssl.create_default_context(cafile=self.tls.ca)
+            context.load_cert_chain(self.tls.cert, self.tls.key)
+        req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+        return urllib.request.urlopen(req, timeout=1, context=context)
+
+    def etcdctl(self, *args: str) -> str:
+        """Run etcd's own ``etcdctl`` (beside the server binary) against every member;
+        returns its output, raising RuntimeError with it on failure."""
+        ctl = str(Path(etcd_binary()).with_name("etcdctl"))
+        tls = [] if self.tls is None else [
+            "--cacert", self.tls.ca, "--cert", self.tls.cert, "--key", self.tls.key]
+        endpoints = ",".join(f"{self._scheme}://{m.endpoint}" for m in self.members if m.running)
+        done = subprocess.run([ctl, "--endpoints", endpoints, *tls, *args], capture_output=True,
+                              text=True, timeout=30, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"etcdctl {' '.join(args)}: {done.stderr.strip() or done.stdout}")
+        return done.stdout
+
+    def enable_auth(self, password: str) -> None:
+        """etcd authentication on: a ``root`` user with ``password`` (etcd's superuser)."""
+        self.etcdctl("user", "add", f"root:{password}")
+        self.etcdctl("auth", "enable")
 
     def kill(self, i: int) -> None:
         """SIGKILL member ``i`` (its data directory stays: :meth:`start_member` brings it back)."""
@@ -194,7 +244,6 @@ class LocalEtcd:
     def leader(self, timeout: float = 10.0) -> int:
         """The index of the member that leads now (asked over HTTP of a running member)."""
         import json
-        import urllib.request
         ids: dict[int, int] = {}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -202,9 +251,8 @@ class LocalEtcd:
                 if not m.running or m.paused:
                     continue
                 try:
-                    req = urllib.request.Request(f"http://{m.endpoint}/v3/maintenance/status",
-                                                 data=b"{}", method="POST")
-                    with urllib.request.urlopen(req, timeout=1) as r:
+                    with self._open(f"{self._scheme}://{m.endpoint}/v3/maintenance/status",
+                                    data=b"{}") as r:
                         doc = json.loads(r.read())
                 except OSError:
                     continue
