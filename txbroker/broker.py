@@ -11,7 +11,7 @@ use refuses having touched nothing.  The broker port also answers name-server re
 complete installation; the separate name-server port (``namesrv_port``, -1 = off) exists for
 clients configured with RocketMQ's usual two addresses.  In a cluster (``namesrv_addr`` set)
 there is no embedded name server at all: the broker registers with the configured name servers
-once its ports listen (:class:`~txbroker.service.registration.BrokerRegistrar`), again whenever
+once its ports listen (:class:`~txbroker.cluster.registration.BrokerRegistrar`), again whenever
 a topic changes, and unregisters first thing at stop.
 
 The Kafka listener (``kafka_port``, -1 = off; docs/kafka.md) is bound with the other ports; its
@@ -19,7 +19,7 @@ transaction coordinator replays its system topics right after the store opens, b
 listener serves.
 
 Shutdown order (``stop``), the mirror of start-up: in a cluster fence the store first (every
-put from then on is refused, :meth:`~txbroker.roles.Roles.begin_stop`) and unregister; stop
+put from then on is refused, :meth:`~txbroker.cluster.roles.Roles.begin_stop`) and unregister; stop
 accepting and answer held pulls and long-polling Kafka fetches, drain in-flight requests (both
 protocols) within ``shutdown_grace`` while replication still runs (a SYNC_MASTER acknowledges
 nothing its slaves lack), then stop the role (controller link, HA), the transaction service
@@ -39,6 +39,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Self
 
+from txbroker.cluster.registration import BrokerRegistrar
+from txbroker.cluster.roles import Roles, broker_credentials
 from txbroker.config import (
     BrokerConfig,
     format_bytes,
@@ -56,7 +58,6 @@ from txbroker.remoting.tls import (
     server_tls,
 )
 from txbroker.remoting.tls_listener import TLSListener, start_stream_server
-from txbroker.roles import Roles, broker_credentials
 from txbroker.service.acl import AclGuard
 from txbroker.service.acl_rules import load_acl_file
 from txbroker.service.clients import ClientRegistry
@@ -90,7 +91,6 @@ from txbroker.service.processors.pull import PullHoldService, PullProcessor
 from txbroker.service.processors.recall import recall_handlers
 from txbroker.service.processors.send import SendProcessor
 from txbroker.service.processors.transaction import transaction_handlers
-from txbroker.service.registration import BrokerRegistrar
 from txbroker.service.schedule import ScheduleService
 from txbroker.service.timer import TimerService
 from txbroker.service.topics import TopicConfig, TopicManager

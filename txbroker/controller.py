@@ -41,6 +41,12 @@ from typing import Any, Self
 import orjson
 
 from txbroker.broker import bind_listener
+from txbroker.cluster.replicas import (
+    ControllerError,
+    FencedMasterEpoch,
+    GroupView,
+    ReplicasInfo,
+)
 from txbroker.config import (
     MIN_SECRET_LENGTH,
     BrokerConfig,
@@ -71,12 +77,6 @@ from txbroker.remoting.errors import Refusal
 from txbroker.remoting.server import Connection, RemotingServer
 from txbroker.remoting.tls import server_tls
 from txbroker.service.cluster_auth import ClusterGuard, sign_request
-from txbroker.service.replicas import (
-    ControllerError,
-    FencedMasterEpoch,
-    GroupView,
-    ReplicasInfo,
-)
 from txbroker.store.lock import DataDirLock
 
 log = logging.getLogger("txbroker.controller")

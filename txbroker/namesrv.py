@@ -1,5 +1,5 @@
 """The standalone name server's composition root (``txbroker namesrv``): one listener, the
-route tables of :class:`~txbroker.service.routeinfo.RouteInfoManager`, and the scan that drops
+route tables of :class:`~txbroker.cluster.routeinfo.RouteInfoManager`, and the scan that drops
 silent brokers.
 
 Name servers are independent of each other, as in RocketMQ: each learns the cluster only from
@@ -33,6 +33,7 @@ from typing import Self
 import orjson
 
 from txbroker.broker import bind_listener
+from txbroker.cluster.routeinfo import DEFAULT_BROKER_EXPIRY, RouteInfoManager
 from txbroker.config import MIN_SECRET_LENGTH, BrokerConfig
 from txbroker.remoting.bodies import (
     VERSION_REGISTER_BODY,
@@ -56,7 +57,6 @@ from txbroker.remoting.headers import (
 from txbroker.remoting.server import Connection, RemotingServer
 from txbroker.remoting.tls import ServerTLS
 from txbroker.service.cluster_auth import ClusterGuard
-from txbroker.service.routeinfo import DEFAULT_BROKER_EXPIRY, RouteInfoManager
 
 log = logging.getLogger(__name__)
 

@@ -49,6 +49,7 @@ from txbroker.bench.chaos.process import BrokerProcess, free_port
 from txbroker.client import Consumer, Message, TransactionProducer
 from txbroker.client.admin import AdminClient
 from txbroker.client.errors import ClientError
+from txbroker.cluster.controller_link import ControllerError, MasterInfo
 from txbroker.cluster.etcd import Etcd, EtcdError, parse_endpoints
 from txbroker.cluster.leadership import GroupKeys, GroupState
 from txbroker.cluster.local_etcd import LocalEtcd
@@ -58,7 +59,6 @@ from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.controller_headers import GetReplicaInfoRequestHeader
 from txbroker.remoting.headers import GetRouteInfoRequestHeader
-from txbroker.service.controller_link import ControllerError, MasterInfo
 
 GROUP = "broker-a"
 POLL = 0.05

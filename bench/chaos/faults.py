@@ -28,7 +28,7 @@ from txbroker.bench.chaos.cluster import ServiceProcess, replica_info
 from txbroker.bench.chaos.driver import broker_settings
 from txbroker.bench.chaos.netns import Network, Node
 from txbroker.bench.chaos.process import BrokerProcess
-from txbroker.service.controller_link import MasterInfo
+from txbroker.cluster.controller_link import MasterInfo
 
 BROKER_PORT, HA_PORT, NAMESRV_PORT, CONTROLLER_PORT = 10911, 10912, 9876, 9878
 #: The Kafka listener of every broker when :attr:`ClusterSettings.kafka` is on.

@@ -49,7 +49,7 @@ from txbroker.bench.chaos.driver import broker_settings as chaos_broker_settings
 from txbroker.bench.chaos.faultproxy import FaultProxy
 from txbroker.bench.chaos.process import BrokerProcess, free_port
 from txbroker.bench.trace.spec import BrokerSettings
-from txbroker.service.controller_link import MasterInfo
+from txbroker.cluster.controller_link import MasterInfo
 
 #: One cluster name for every group: a Kafka view spans the groups of its broker's cluster.
 CLUSTER_NAME = "BenchCluster"

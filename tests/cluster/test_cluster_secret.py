@@ -13,6 +13,12 @@ from support.cluster import InProcessCluster
 from support.waiting import eventually
 
 from txbroker.cli.main import main as cli
+from txbroker.cluster.controller_link import (
+    ControllerError,
+    ControllerLink,
+    MasterInfo,
+    ReplicaState,
+)
 from txbroker.config import BrokerConfig, ConfigError
 from txbroker.controller import ControllerConfig, ControllerProcess
 from txbroker.remoting.client import RemotingClient
@@ -26,12 +32,6 @@ from txbroker.remoting.controller_headers import (
     encode_sync_state_set,
 )
 from txbroker.service.cluster_auth import sign_request
-from txbroker.service.controller_link import (
-    ControllerError,
-    ControllerLink,
-    MasterInfo,
-    ReplicaState,
-)
 from txbroker.service.topics import TopicConfig
 
 SECRET = "cluster-secret-1"

@@ -1,4 +1,4 @@
-"""The broker's controller link (``txbroker.service.controller_link``) against a real
+"""The broker's controller link (``txbroker.cluster.controller_link``) against a real
 :class:`ControllerProcess` on 127.0.0.1 port 0, reached through a relay that can lose an
 answer after the controller applied the request, or against a listener that accepts and never
 answers: the in-sync set converges after a lost ALTER_SYNC_STATE_SET answer, concurrent
@@ -13,6 +13,13 @@ from support.cluster import InProcessCluster
 from support.waiting import eventually
 
 from txbroker.bench.chaos.faultproxy import FaultProxy
+from txbroker.cluster.controller_link import (
+    ControllerError,
+    ControllerLink,
+    IdentityTaken,
+    MasterInfo,
+    ReplicaState,
+)
 from txbroker.config import BrokerConfig
 from txbroker.controller import ControllerConfig, ControllerProcess
 from txbroker.remoting.client import RemotingClient
@@ -21,13 +28,6 @@ from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.controller_headers import (
     BrokerHeartbeatRequestHeader,
     RegisterBrokerToControllerRequestHeader,
-)
-from txbroker.service.controller_link import (
-    ControllerError,
-    ControllerLink,
-    IdentityTaken,
-    MasterInfo,
-    ReplicaState,
 )
 
 LEASE = 3.0

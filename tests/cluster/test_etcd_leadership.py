@@ -287,7 +287,7 @@ def _controller_state(tmp_path: Path) -> Path:
     only id 1 in sync: the state etcd must learn before any election."""
     import orjson
 
-    from txbroker.service.replicas import STATE_VERSION
+    from txbroker.cluster.replicas import STATE_VERSION
     data = tmp_path / "controller"
     data.mkdir()
     doc = {"version": STATE_VERSION, "groups": [{

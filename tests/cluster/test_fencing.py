@@ -20,6 +20,7 @@ from support.txnode import half_msg
 from support.waiting import eventually
 
 from txbroker.bench.chaos.faultproxy import FaultProxy
+from txbroker.cluster.role_state import Role
 from txbroker.config import BrokerConfig
 from txbroker.controller import ControllerConfig, ControllerProcess
 from txbroker.remoting.client import RemotingClient
@@ -27,7 +28,6 @@ from txbroker.remoting.codec import decode_frame, encode, frame_length
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import SendMessageRequestHeader
-from txbroker.role_state import Role
 from txbroker.service.transaction.messages import final_message
 from txbroker.store.epochs import FILE_NAME as EPOCH_FILE_NAME
 from txbroker.store.epochs import EpochFile
@@ -255,7 +255,7 @@ async def test_a_master_promoted_without_a_valid_lease_stays_fenced(
                     seen.append(broker.store.fenced)  # the gate, as the promotion ends
 
     handler = AtPromotion()
-    logging.getLogger("txbroker.roles").addHandler(handler)
+    logging.getLogger("txbroker.cluster.roles").addHandler(handler)
     try:
         async with InProcessCluster(_base(broker_config), tmp_path) as c:
             await c.namesrv()
@@ -274,7 +274,7 @@ async def test_a_master_promoted_without_a_valid_lease_stays_fenced(
             finally:
                 await client.close()
     finally:
-        logging.getLogger("txbroker.roles").removeHandler(handler)
+        logging.getLogger("txbroker.cluster.roles").removeHandler(handler)
 
 
 async def test_named_master_under_an_epoch_older_than_its_log_stays_a_fenced_slave(
@@ -287,7 +287,7 @@ async def test_named_master_under_an_epoch_older_than_its_log_stays_a_fenced_sla
     EpochFile(data / EPOCH_FILE_NAME).append(3, 0)
     async with InProcessCluster(_base(broker_config), tmp_path) as c:
         await c.namesrv()
-        with caplog.at_level(logging.ERROR, logger="txbroker.roles"):
+        with caplog.at_level(logging.ERROR, logger="txbroker.cluster.roles"):
             a = await c.broker("broker-a", controller_addr=controller.addr, data_dir=data)
             await asyncio.sleep(4 * 0.2)  # several heartbeat answers, each applied again
         assert not a.roles.is_master and a.store.fenced is Fence.SLAVE

@@ -1,4 +1,4 @@
-"""The controller's state machine (``txbroker.service.replicas``), mirroring RocketMQ's
+"""The controller's state machine (``txbroker.cluster.replicas``), mirroring RocketMQ's
 ``ReplicasInfoManagerTest``: registration, the first election by request, elections when a
 master's lease runs out (epoch, then offset, then priority and id), all replicas down and one
 back, the in-sync set's fencing, and the persisted form.  Time is a manual clock."""
@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 from support.clock import ManualClock
 
-from txbroker.remoting.codes import ResponseCode
-from txbroker.service.replicas import (
+from txbroker.cluster.replicas import (
     BrokerIdInvalid,
     BrokerNotAlive,
     ElectMasterFailed,
@@ -20,6 +19,7 @@ from txbroker.service.replicas import (
     MasterStillExist,
     ReplicasInfo,
 )
+from txbroker.remoting.codes import ResponseCode
 
 LEASE = 3.0
 NAME = "broker-a"

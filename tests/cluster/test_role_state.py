@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from txbroker.role_state import TRANSITIONS, Role, RoleTransitionError, move
+from txbroker.cluster.role_state import TRANSITIONS, Role, RoleTransitionError, move
 from txbroker.store.results import Fence
 
 LEGAL = {

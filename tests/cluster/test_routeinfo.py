@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from support.clock import ManualClock
 
+from txbroker.cluster.routeinfo import RouteInfoManager
 from txbroker.remoting.bodies import (
     DataVersion,
     TopicConfigData,
     TopicConfigSerializeWrapper,
 )
-from txbroker.service.routeinfo import RouteInfoManager
 
 CLUSTER = "DefaultCluster"
 NAME = "broker-a"

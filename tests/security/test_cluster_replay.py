@@ -19,6 +19,11 @@ from support.remoting_relay import FrameRelay, Pair
 from support.waiting import eventually
 
 from txbroker.bench.chaos.process import free_port
+from txbroker.cluster.controller_link import (
+    ControllerError,
+    ControllerLink,
+    ReplicaState,
+)
 from txbroker.config import BrokerConfig
 from txbroker.controller import ControllerConfig, ControllerProcess
 from txbroker.remoting.client import RemotingClient
@@ -26,11 +31,6 @@ from txbroker.remoting.codec import decode_frame
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.headers import SendMessageRequestHeader
-from txbroker.service.controller_link import (
-    ControllerError,
-    ControllerLink,
-    ReplicaState,
-)
 
 SECRET = "cluster-secret-1"
 LEASE = 1.0

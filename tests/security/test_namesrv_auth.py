@@ -172,7 +172,7 @@ async def test_a_broker_with_another_secret_is_one_line_each_side(broker_config,
                             if r.name == "txbroker.service.cluster_auth"
                             and r.levelno >= logging.WARNING]
         broker_side = [r.getMessage() for r in caplog.records
-                       if r.name == "txbroker.service.registration"
+                       if r.name == "txbroker.cluster.registration"
                        and r.levelno >= logging.WARNING]
         assert len(name_server_side) == 1, name_server_side
         assert "refused request code 103 from 127.0.0.1:" in name_server_side[0]

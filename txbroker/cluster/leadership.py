@@ -1,6 +1,6 @@
 """A broker group's leadership on etcd: who is master, at which epoch, with which in-sync set.
 
-This is the broker's side of etcd mode (``etcd_endpoints``), offering :class:`~txbroker.roles.Roles`
+This is the broker's side of etcd mode (``etcd_endpoints``), offering :class:`~txbroker.cluster.roles.Roles`
 what the controller link offers in controller mode: the group's view (:class:`MasterInfo`),
 a lease the write gate asks, the first election, and reports of the in-sync set.  There is no
 controller process: every broker of the group reads and writes the group's keys in etcd, and
@@ -56,6 +56,12 @@ from typing import Protocol
 
 import orjson
 
+from txbroker.cluster.controller_link import (
+    ControllerError,
+    IdentityTaken,
+    MasterInfo,
+    ReplicaState,
+)
 from txbroker.cluster.etcd import (
     GREATER,
     KV,
@@ -69,12 +75,6 @@ from txbroker.cluster.etcd import (
     put,
 )
 from txbroker.config import BrokerConfig
-from txbroker.service.controller_link import (
-    ControllerError,
-    IdentityTaken,
-    MasterInfo,
-    ReplicaState,
-)
 from txbroker.service.repeating import Repeating
 
 

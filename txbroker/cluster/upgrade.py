@@ -19,7 +19,7 @@ import orjson
 
 from txbroker.cluster.etcd import Etcd, compare_create, put
 from txbroker.cluster.leadership import GroupKeys
-from txbroker.service.replicas import ReplicasInfo
+from txbroker.cluster.replicas import ReplicasInfo
 
 #: The controller's state file in its data directory.
 STATE_FILE = "controller.json"

@@ -44,6 +44,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from txbroker.cluster.slave_sync import parse_topic_table
 from txbroker.config import BrokerConfig, ConfigError, parse_address_list
 from txbroker.remoting.bodies import ClusterInfo, KVTable
 from txbroker.remoting.client import RemotingClient
@@ -56,7 +57,6 @@ from txbroker.remoting.headers import (
 )
 from txbroker.remoting.signing import SessionCredentials
 from txbroker.service.repeating import Repeating
-from txbroker.service.slave_sync import parse_topic_table
 from txbroker.service.topics import TopicManager
 
 log = logging.getLogger("txbroker.kafka")

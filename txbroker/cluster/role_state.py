@@ -1,5 +1,5 @@
 """A clustered broker's role as one state and a transition table: nothing else (no I/O, no
-clock, no store).  :class:`~txbroker.roles.Roles` drives it; this module only says which
+clock, no store).  :class:`~txbroker.cluster.roles.Roles` drives it; this module only says which
 moves are legal and which fence each state puts on the store.
 
 ::

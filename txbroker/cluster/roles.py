@@ -7,12 +7,12 @@ always its own master and this module is not used.  Which role, and when it chan
   slaves that follow the master's HA address (``ha_master_addr``, else the one the name
   servers hand back at registration).  Failover is by hand, as in RocketMQ 4.x.
 * **controller mode**: the controller names the master and its epoch
-  (:mod:`txbroker.service.controller_link`); this broker follows what it says, promoting or
+  (:mod:`txbroker.cluster.controller_link`); this broker follows what it says, promoting or
   demoting itself, and a master takes a write only while its lease is known to hold.
 * **etcd mode** (``etcd_endpoints``): the same, with the master the holder of the group's
   leader key in etcd (:mod:`txbroker.cluster.leadership`) and no controller process.
 
-The role is one state of :mod:`txbroker.role_state` (STARTING, SLAVE, PROMOTING, MASTER,
+The role is one state of :mod:`txbroker.cluster.role_state` (STARTING, SLAVE, PROMOTING, MASTER,
 DEMOTING, STOPPING, STOPPED), and the store asks one write gate (:meth:`Roles._gate`) before
 every client write and again before acknowledging a put that waited: the state's fence, and
 for a controller-mode master its lease.  What a role switches (docs/cluster.md, "Roles"):
@@ -47,20 +47,20 @@ from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
-from txbroker.cluster.leadership import EtcdLeadership
-from txbroker.cluster.topic_keys import GroupTopics
-from txbroker.config import ConfigError
-from txbroker.remoting.bodies import broker_label
-from txbroker.remoting.signing import SessionCredentials
-from txbroker.remoting.tls_listener import start_stream_server
-from txbroker.role_state import Role, move
-from txbroker.service.controller_link import (
+from txbroker.cluster.controller_link import (
     ControllerError,
     ControllerLink,
     MasterInfo,
     ReplicaState,
 )
-from txbroker.service.slave_sync import SlaveSync
+from txbroker.cluster.leadership import EtcdLeadership
+from txbroker.cluster.role_state import Role, move
+from txbroker.cluster.slave_sync import SlaveSync
+from txbroker.cluster.topic_keys import GroupTopics
+from txbroker.config import ConfigError
+from txbroker.remoting.bodies import broker_label
+from txbroker.remoting.signing import SessionCredentials
+from txbroker.remoting.tls_listener import start_stream_server
 from txbroker.store.ha_master import HAMaster
 from txbroker.store.ha_slave import HASlave
 from txbroker.store.results import Fence, PutStatus
@@ -139,7 +139,7 @@ class Roles:
         self._bind = bind
         #: How this broker dials its master (HA, metadata sync) and the controller.
         self._peer_tls = broker.peer_tls.context if broker.peer_tls is not None else None
-        #: The one state (:mod:`txbroker.role_state`); changed only through :meth:`_set`.
+        #: The one state (:mod:`txbroker.cluster.role_state`); changed only through :meth:`_set`.
         self.role = Role.STARTING
         self.epoch = 0
         #: The master's client address and HA address, as last learned (slaves).
