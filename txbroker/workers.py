@@ -143,10 +143,11 @@ def plan(config: BrokerConfig) -> list[BrokerConfig]:
     is the embedded one), or ConfigError: a setting that cannot be split over workers, or two
     listeners on one port (named, with the rule)."""
     n = config.workers
-    if config.controller_addr:
-        raise ConfigError(f"workers={n} with controller_addr: a controller elects masters among "
-                          f"replicas of one broker group, and workers are separate groups; run "
-                          f"one broker per process in controller mode")
+    if config.controller_addr or config.etcd_endpoints:
+        setting = "controller_addr" if config.controller_addr else "etcd_endpoints"
+        raise ConfigError(f"workers={n} with {setting}: masters are elected among replicas of "
+                          f"one broker group, and workers are separate groups of one broker; "
+                          f"run one broker per process to elect its group's master")
     if config.broker_id != 0:
         raise ConfigError(f"workers={n} with broker_id={config.broker_id}: workers are masters; "
                           f"replicate them with single-broker slaves (--broker-name "

@@ -87,9 +87,11 @@ def _serve(*args: str, env: dict[str, str] | None = None):
      "worker 0's Kafka port and worker 1's broker port are both 20010"),
     (["--broker-port", "65530"], "worker 1's broker port would be 65540, past 65535"),
     (["--controller-addr", "127.0.0.1:9878"], "workers=2 with controller_addr"),
+    (["--namesrv-addr", "127.0.0.1:9876", "--etcd-endpoints", "127.0.0.1:2379"],
+     "workers=2 with etcd_endpoints"),
     (["--broker-id", "1"], "workers=2 with broker_id=1"),
     (["--namesrv-port", "-1"], "workers=2 with namesrv_port=-1"),
-], ids=["collision", "range", "controller", "slave", "no-namesrv"])
+], ids=["collision", "range", "controller", "etcd", "slave", "no-namesrv"])
 def test_refused_settings_are_one_line(tmp_path, args, says) -> None:
     result = _serve("--workers", "2", "--data-dir", str(tmp_path / "d"), *args)
     assert result.exit_code == 2, result.output
