@@ -225,11 +225,19 @@ def test_requests_for_unknown_brokers_are_refused(state: ReplicasInfo) -> None:
         state.heartbeat(NAME, 5)
 
 
-def test_designated_election(state: ReplicasInfo) -> None:
+def test_designated_election(state: ReplicasInfo, clock: ManualClock) -> None:
+    """A designated replica is elected only once the master's lease has run out: promoted
+    at once, it would take writes while the old master still may (two masters)."""
     group_of_three(state)
     with pytest.raises(MasterStillExist):
         state.elect(NAME, 0, designate=True)
-    view = state.elect(NAME, 2, designate=True)
+    with pytest.raises(MasterStillExist, match="master id 0 is alive"):
+        state.elect(NAME, 2, designate=True)
+    assert state.replica_info(NAME).master_broker_id == 0
+    clock.advance(LEASE * 1.01)
+    state.heartbeat(NAME, 1, epoch=1)
+    state.heartbeat(NAME, 2, epoch=1)
+    view = state.elect(NAME, 2, designate=True)  # not 1, whom the scan would have chosen
     assert view.master_broker_id == 2 and view.master_epoch == 2
 
 

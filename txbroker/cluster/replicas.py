@@ -269,7 +269,9 @@ class ReplicasInfo:
         Later, with a live master in place, nothing changes (MASTER_STILL_EXIST); without one
         the election rules of :meth:`_elect` apply, and a failed election is
         ELECT_MASTER_FAILED.  ``designate`` makes ``broker_id`` the master if it is alive and
-        in the in-sync set.
+        in the in-sync set, and only once the master's lease has run out: promoting it while
+        the master may still acknowledge writes would make two masters.  (A safe hand-over
+        from a live master is etcd mode's switch-over, docs/cluster.md.)
         """
         group = self._registered(broker_name, broker_id)
         if group.master_epoch == 0:
@@ -279,6 +281,11 @@ class ReplicasInfo:
         if designate:
             if master == broker_id:
                 raise MasterStillExist(f"broker {broker_name}: id {broker_id} is already master",
+                                       group.view())
+            if master is not None and self.is_alive(broker_name, master):
+                raise MasterStillExist(f"broker {broker_name}: master id {master} is alive; a "
+                                       f"designated election waits until its lease has run "
+                                       f"out (stop it first), so two masters never write",
                                        group.view())
             if broker_id not in group.sync_state_set or not self.is_alive(broker_name, broker_id):
                 raise ElectMasterFailed(f"broker {broker_name}: id {broker_id} cannot be "
