@@ -5,7 +5,10 @@ real etcd process with its own data directory under ``--data-dir`` and its own p
 member can be killed and started again (the same command brings back the members that are
 not running).  Once every member is healthy, exactly one line
 ``txbroker etcd ready endpoints=H:P;H:P;H:P`` goes to stdout; the brokers take that list as
-``--etcd-endpoints``.  A production cluster runs etcd on machines of its own
+``--etcd-endpoints``.  With ``--tls-mode enforcing`` (or ``TXBROKER_TLS_MODE``, as the
+brokers take it) the members serve TLS with ``--tls-cert``/``--tls-key`` and require a client
+certificate from ``--tls-ca`` (the ``TXBROKER_TLS_*`` variables), which is what brokers dialling
+their peers with TLS present.  A production cluster runs etcd on machines of its own
 (docs/cluster.md, "Consensus on etcd").  No etcd binary, or a member that does not start, is
 one ``error:`` line naming what to do or the member's log, exit 1.
 """
@@ -35,11 +38,29 @@ def _ports(text: str) -> list[int]:
               help="one directory per member (etcd0, etcd1, etcd2) and its log beside it")
 @click.option("--client-ports", default="2379,22379,32379", show_default=True, metavar="P,P,P",
               help="the members' client ports on 127.0.0.1 (their peer ports are free ones)")
-def etcd(data_dir: str, client_ports: str) -> None:
+@click.option("--tls-mode", envvar="TXBROKER_TLS_MODE", default="off", show_default=True,
+              type=click.Choice(["off", "permissive", "enforcing"]),
+              help="enforcing: the members serve only TLS and require client certificates "
+                   "(permissive counts as off: etcd has no plaintext-and-TLS port)")
+@click.option("--tls-cert", envvar="TXBROKER_TLS_CERT", default=None, metavar="PATH",
+              help="PEM certificate the members serve")
+@click.option("--tls-key", envvar="TXBROKER_TLS_KEY", default=None, metavar="PATH",
+              help="PEM key of --tls-cert")
+@click.option("--tls-ca", envvar="TXBROKER_TLS_CA", default=None, metavar="PATH",
+              help="PEM CA that client certificates must come from")
+def etcd(data_dir: str, client_ports: str, tls_mode: str, tls_cert: str | None,
+         tls_key: str | None, tls_ca: str | None) -> None:
     """Run a three-member etcd on 127.0.0.1 for etcd mode."""
-    from txbroker.cluster.local_etcd import EtcdNotFound, LocalEtcd
+    from txbroker.cluster.local_etcd import EtcdNotFound, EtcdServerTLS, LocalEtcd
 
-    cluster = LocalEtcd(Path(data_dir), client_ports=_ports(client_ports))
+    tls = None
+    if tls_mode == "enforcing":
+        if not (tls_cert and tls_key and tls_ca):
+            click.echo("error: --tls-mode enforcing needs --tls-cert, --tls-key and --tls-ca "
+                       "(or TXBROKER_TLS_CERT, _KEY, _CA)", err=True)
+            sys.exit(2)
+        tls = EtcdServerTLS(tls_ca, tls_cert, tls_key)
+    cluster = LocalEtcd(Path(data_dir), client_ports=_ports(client_ports), tls=tls)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

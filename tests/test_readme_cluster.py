@@ -175,10 +175,11 @@ def test_readme_cluster_section_runs_as_written(tmp_path):
 
 @pytest.mark.slow
 def test_readme_secure_cluster_runs_as_written(tmp_path):
-    """The "Secure cluster" variant as written (ports mapped to free ones): a name server, a
-    controller and one group of two brokers, every port TLS enforcing with mTLS and the cluster
-    secret; produce and consume over TLS, the master killed and its slave promoted over TLS
-    links, and what was acknowledged before the kill read from the new master."""
+    """The "Secure cluster" variant as written (ports mapped to free ones): etcd, a name
+    server and one group of two brokers, every port TLS enforcing with mTLS (etcd's too) and
+    the cluster secret; produce and consume over TLS, the master killed and its slave elected
+    on etcd over TLS, and what was acknowledged before the kill, on a topic made just before,
+    read from the new master."""
     lines: list[str] = []
     for line in commands("## Secure cluster"):  # a quoted argument over several lines is one
         if lines and lines[-1].count('"') % 2 == 1:
