@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -163,7 +163,8 @@ class Etcd:
 
     def __init__(self, endpoints: Sequence[str], *, timeout: float = 1.0,
                  tls: EtcdTLS | None = None, user: str | None = None,
-                 password: str | None = None) -> None:
+                 password: str | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if not endpoints:
             raise EtcdError("no etcd endpoint given")
         self.endpoints = list(endpoints)
@@ -180,6 +181,8 @@ class Etcd:
         #: The endpoint last answering (for log lines and ``txbroker status``).
         self.current = self.endpoints[0]
         self._closed = False
+        #: What a keep-alive's sending time is read from (the caller's monotonic clock).
+        self._clock = clock
 
     # --- the channel -------------------------------------------------------------------------
     async def _connect(self) -> None:
@@ -313,7 +316,7 @@ class Etcd:
         async def call():
             nonlocal sent
             assert self._lease is not None
-            sent = time.monotonic()
+            sent = self._clock()
             stream = self._lease.LeaseKeepAlive(iter([rpc_pb2.LeaseKeepAliveRequest(ID=lease)]),
                                                 timeout=self.timeout, metadata=self._metadata)
             async for reply in stream:

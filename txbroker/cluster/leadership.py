@@ -91,6 +91,8 @@ log = logging.getLogger(__name__)
 CLASSIC_EPOCH = 1
 #: Renewals (and group reads) per lease: one lost renewal leaves most of the lease.
 RENEWALS_PER_LEASE = 6
+#: One etcd call's time-out, as a share of the lease.
+CALL_TIMEOUTS_PER_LEASE = 4
 #: Intervals a candidate that is not the best waits, after first seeing no master, before it
 #: runs for election anyway (the best one may have died too).
 DEFER_INTERVALS = 2
@@ -205,14 +207,15 @@ def _as_refusal() -> Iterator[None]:
         raise ControllerError(str(exc)) from None
 
 
-def etcd_client(config: BrokerConfig, timeout: float) -> Etcd:
+def etcd_client(config: BrokerConfig, timeout: float,
+                clock: Callable[[], float] = time.monotonic) -> Etcd:
     """The broker's etcd client: TLS with the peer TLS files when the broker dials its peers
     with TLS, etcd's own authentication when ``etcd_user`` is set."""
     tls = None
     if config.peer_tls_on():
         tls = EtcdTLS.from_files(config.tls_ca, config.tls_cert, config.tls_key)
     return Etcd(parse_endpoints(config.etcd_endpoints), timeout=timeout, tls=tls,
-                user=config.etcd_user, password=config.etcd_password)
+                user=config.etcd_user, password=config.etcd_password, clock=clock)
 
 
 class EtcdLeadership:
@@ -233,7 +236,9 @@ class EtcdLeadership:
         self.keys = GroupKeys.of(config)
         self.ttl = int(config.etcd_lease)
         self.interval = self.ttl / RENEWALS_PER_LEASE
-        self.etcd = etcd_client(config, timeout=self.interval)
+        # A member that does not answer within a quarter of the lease is left for the next:
+        # a renewal is then at most an interval and a time-out late, well inside the lease.
+        self.etcd = etcd_client(config, timeout=self.ttl / CALL_TIMEOUTS_PER_LEASE, clock=clock)
         self._state = state
         self._on_master = on_master
         self._last_log_epoch = last_log_epoch
