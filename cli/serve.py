@@ -138,8 +138,8 @@ _OPTIONS: dict[str, _Opt] = {
                                           "the in-sync set too, and at least this many)"),
     "slave_timeout": _Opt("SECONDS", "SYNC_MASTER: a send not replicated within this is answered "
                                      "FLUSH_SLAVE_TIMEOUT (it is still stored); must be shorter "
-                                     "than the controller lease",
-                          "0: half the controller lease in controller mode, else 3 s"),
+                                     "than the etcd or controller lease",
+                          "0: half the lease with elected masters (etcd or controller mode), else 3 s"),
     "register_interval": _Opt("SECONDS", "how often the broker registers with every name server"),
     "metadata_sync_interval": _Opt("SECONDS", "how often a slave copies topics and consumer "
                                               "offsets from its master"),
@@ -163,10 +163,10 @@ _OPTIONS: dict[str, _Opt] = {
     "ha_heartbeat_interval": _Opt("SECONDS", "replication: an idle HA connection carries a "
                                              "heartbeat this often (less than half the HA idle "
                                              "time-out)",
-                                  "0: a quarter of the HA idle time-out in controller mode, else 5 s"),
+                                  "0: a quarter of the HA idle time-out with elected masters, else 5 s"),
     "ha_idle_timeout": _Opt("SECONDS", "replication: an HA connection silent this long is dropped "
-                                       "(at most the controller lease in controller mode)",
-                            "0: the controller lease in controller mode, else 20 s"),
+                                       "(at most the etcd or controller lease)",
+                            "0: the lease with elected masters (etcd or controller mode), else 20 s"),
     "grpc_port": _Opt("PORT", "RocketMQ 5.x gRPC endpoint (5.x clients without a proxy; "
                              "0 = ephemeral, -1 = off)"),
     "grpc_max_body_size": _Opt("BYTES", "largest body a gRPC producer may send (told to 5.x "
