@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.cluster import InProcessCluster
+from support.cluster import InProcessCluster, send_request
 from support.waiting import eventually
 
 from txbroker.bench.chaos.faultproxy import FaultProxy
@@ -23,9 +23,7 @@ from txbroker.cluster.leadership import GroupKeys
 from txbroker.cluster.local_etcd import LocalEtcd
 from txbroker.config import BrokerConfig, ConfigError
 from txbroker.remoting.client import RemotingClient
-from txbroker.remoting.codes import RequestCode, ResponseCode
-from txbroker.remoting.command import RemotingCommand
-from txbroker.remoting.headers import SendMessageRequestHeader
+from txbroker.remoting.codes import ResponseCode
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("etcd")]
 
@@ -48,15 +46,23 @@ class EtcdCluster(InProcessCluster):
         return await super().broker(broker_name, **changes)
 
 
-def _send(topic: str, body: bytes) -> RemotingCommand:
-    return RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, SendMessageRequestHeader(
-        producer_group="pg", topic=topic, default_topic="TBW102", default_topic_queue_nums=4,
-        queue_id=0, sys_flag=0, born_timestamp=0, flag=0, properties="", reconsume_times=0,
-        unit_mode=False, batch=False).to_ext_v2(), body)
-
-
 def _following(master) -> set[int]:
     return {s.slave_id for s in master.roles.ha_master.slaves() if s.connected}
+
+
+async def _send_until(client: RemotingClient, topic: str, done, acked: list[float],
+                      refused: list[tuple[float, str]] | None = None) -> None:
+    """Send to ``topic`` every 10 ms until ``done()`` (bounded: 800 sends), recording when
+    each acknowledgement (and refusal, with its remark) arrived."""
+    for i in range(800):
+        resp = await client.invoke(send_request(topic, b"c%d" % i), 5)
+        if resp.code == ResponseCode.SUCCESS:
+            acked.append(time.monotonic())
+        elif refused is not None:
+            refused.append((time.monotonic(), resp.remark or ""))
+        if done():
+            return
+        await asyncio.sleep(0.01)
 
 
 async def _proxies(etcd: LocalEtcd) -> list[FaultProxy]:
@@ -99,7 +105,7 @@ async def test_first_master_then_a_clean_stop_hands_over(broker_config: BrokerCo
         client = RemotingClient(a.broker_addr)
         try:
             for i in range(20):
-                assert (await client.invoke(_send("Etcd", b"m%d" % i), 5)).code == ResponseCode.SUCCESS
+                assert (await client.invoke(send_request("Etcd", b"m%d" % i), 5)).code == ResponseCode.SUCCESS
         finally:
             await client.close()
         etcd = Etcd(parse_endpoints(etcd_cluster.endpoints))
@@ -138,21 +144,14 @@ async def test_master_cut_off_from_etcd_fences_itself_before_the_slave_is_electe
             acked: list[float] = []
             try:
                 # The topic exists first: creating one needs etcd (it is the group's).
-                assert (await client.invoke(_send("Cut", b"first"), 5)).code == ResponseCode.SUCCESS
+                assert (await client.invoke(send_request("Cut", b"first"), 5)).code == ResponseCode.SUCCESS
                 for p in proxies:
                     p.hold()
                 cut = time.monotonic()
-                refused_at = None
-                for i in range(600):  # bounded: ~6 s of sends
-                    resp = await client.invoke(_send("Cut", b"c%d" % i), 5)
-                    if resp.code == ResponseCode.SUCCESS:
-                        acked.append(time.monotonic())
-                    elif refused_at is None:
-                        refused_at = time.monotonic()
-                        assert "lease" in (resp.remark or ""), resp.remark
-                    if b.roles.is_master:
-                        break
-                    await asyncio.sleep(0.01)
+                refused: list[tuple[float, str]] = []
+                await _send_until(client, "Cut", lambda: b.roles.is_master, acked, refused)
+                refused_at = refused[0][0] if refused else None
+                assert refused and "lease" in refused[0][1], refused[:1]
                 await eventually(lambda: b.roles.is_master, timeout=LEASE * 4)
                 promoted = time.monotonic()
                 assert refused_at is not None and refused_at - cut < LEASE + 0.5, refused_at - cut
@@ -191,7 +190,7 @@ async def test_losing_the_etcd_leader_costs_no_write(broker_config: BrokerConfig
                 if i == 50:
                     killed = etcd_cluster.leader()
                     etcd_cluster.kill(killed)
-                resp = await client.invoke(_send("Steady", b"s%d" % i), 5)
+                resp = await client.invoke(send_request("Steady", b"s%d" % i), 5)
                 if resp.code != ResponseCode.SUCCESS:
                     refused.append((i, resp.code, resp.remark))
                 await asyncio.sleep(0.01)
@@ -219,7 +218,7 @@ async def test_losing_the_etcd_majority_stops_writes_within_a_lease(
             cut = time.monotonic()
             resp = None
             for i in range(500):
-                resp = await client.invoke(_send("Majority", b"x%d" % i), 5)
+                resp = await client.invoke(send_request("Majority", b"x%d" % i), 5)
                 if resp.code != ResponseCode.SUCCESS:
                     break
                 await asyncio.sleep(0.01)
@@ -229,7 +228,7 @@ async def test_losing_the_etcd_majority_stops_writes_within_a_lease(
             etcd_cluster.start_member(2, wait=False)
 
             async def writes() -> bool:
-                r = await client.invoke(_send("Majority", b"back"), 5)
+                r = await client.invoke(send_request("Majority", b"back"), 5)
                 return r.code == ResponseCode.SUCCESS
             await eventually(writes, timeout=30)
             assert a.roles.is_master
@@ -369,14 +368,14 @@ async def test_switchover_fences_the_old_master_before_the_new_one_writes(
             for i in range(2000):  # bounded
                 if stop.is_set():
                     return
-                resp = await client.invoke(_send("Switch", b"w%d" % i), 5)
+                resp = await client.invoke(send_request("Switch", b"w%d" % i), 5)
                 if resp.code == ResponseCode.SUCCESS:
                     acked.append(time.monotonic())
                 if b.roles.is_master and not promoted_at:
                     promoted_at.append(time.monotonic())
                 await asyncio.sleep(0.005)
         try:
-            assert (await client.invoke(_send("Switch", b"first"), 5)).code == ResponseCode.SUCCESS
+            assert (await client.invoke(send_request("Switch", b"first"), 5)).code == ResponseCode.SUCCESS
             task = asyncio.ensure_future(sends())
             await asyncio.sleep(0.5)
             out = cli_ok(await run_cli("switchover", "--broker-name", "broker-a", "--to", "1",
@@ -416,17 +415,11 @@ async def test_switchover_to_a_master_cut_off_from_etcd_makes_no_second_master(
             acked: list[float] = []
             etcd = Etcd(parse_endpoints(etcd_cluster.endpoints))
             try:
-                assert (await client.invoke(_send("Cut", b"first"), 5)).code == ResponseCode.SUCCESS
+                assert (await client.invoke(send_request("Cut", b"first"), 5)).code == ResponseCode.SUCCESS
                 for p in proxies:
                     p.hold()
                 switching = asyncio.ensure_future(switch_over(etcd, GroupKeys.of(b.config), 1))
-                for i in range(800):  # bounded: the loop ends at the promotion
-                    resp = await client.invoke(_send("Cut", b"c%d" % i), 5)
-                    if resp.code == ResponseCode.SUCCESS:
-                        acked.append(time.monotonic())
-                    if b.roles.is_master:
-                        break
-                    await asyncio.sleep(0.01)
+                await _send_until(client, "Cut", lambda: b.roles.is_master, acked)
                 promoted = time.monotonic()
                 assert await switching == 2
                 assert b.roles.is_master and all(t < promoted for t in acked)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.cluster import InProcessCluster
+from support.cluster import InProcessCluster, send_request
 from support.txnode import half_msg
 from support.waiting import eventually
 
@@ -27,7 +27,6 @@ from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codec import decode_frame, encode, frame_length
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
-from txbroker.remoting.headers import SendMessageRequestHeader
 from txbroker.service.transaction.messages import final_message
 from txbroker.store.epochs import FILE_NAME as EPOCH_FILE_NAME
 from txbroker.store.epochs import EpochFile
@@ -158,13 +157,6 @@ def _base(broker_config: BrokerConfig) -> BrokerConfig:
                                  metadata_sync_interval=0.2)
 
 
-def _send(topic: str, body: bytes) -> RemotingCommand:
-    return RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, SendMessageRequestHeader(
-        producer_group="pg", topic=topic, default_topic="TBW102", default_topic_queue_nums=4,
-        queue_id=0, sys_flag=0, born_timestamp=0, flag=0, properties="", reconsume_times=0,
-        unit_mode=False, batch=False).to_ext_v2(), body)
-
-
 def _following(master) -> set[int]:
     return {s.slave_id for s in master.roles.ha_master.slaves() if s.connected}
 
@@ -182,12 +174,12 @@ async def test_master_cut_off_from_the_controller_refuses_sends_within_a_lease(
         await eventually(lambda: a.roles.sync_state_set == {0, 1} and _following(a) == {1})
         client = RemotingClient(a.broker_addr)
         try:
-            assert (await client.invoke(_send("Fence", b"before"), 5)).code == ResponseCode.SUCCESS
+            assert (await client.invoke(send_request("Fence", b"before"), 5)).code == ResponseCode.SUCCESS
             relay_a.silent = relay_b.silent = True  # nobody can be promoted: the slave follows on
             cut = time.monotonic()
             resp = None
             for i in range(400):  # bounded: ~4 s of sends
-                resp = await client.invoke(_send("Fence", b"after %d" % i), 5)
+                resp = await client.invoke(send_request("Fence", b"after %d" % i), 5)
                 if resp.code != ResponseCode.SUCCESS:
                     break
                 await asyncio.sleep(0.01)
@@ -215,13 +207,13 @@ async def test_sync_master_that_cannot_shrink_its_in_sync_set_answers_outcome_un
         await eventually(lambda: a.roles.sync_state_set == {0, 1} and _following(a) == {1})
         client = RemotingClient(a.broker_addr)
         try:
-            ok = await client.invoke(_send("Sync", b"replicated"), 5)
+            ok = await client.invoke(send_request("Sync", b"replicated"), 5)
             assert ok.code == ResponseCode.SUCCESS
             relay_a.drop_requests.add(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET)
             c.brokers.remove(b)
             await b.stop()
             await eventually(lambda: _following(a) == set())
-            resp = await client.invoke(_send("Sync", b"unreplicated"), 15)
+            resp = await client.invoke(send_request("Sync", b"unreplicated"), 15)
             assert a.roles.sync_state_set == {0, 1}
             # Visibility follows the set the controller holds, not the connected slaves.
             got = a.store.get("Sync", 0, 0, 10)
@@ -269,7 +261,7 @@ async def test_a_master_promoted_without_a_valid_lease_stays_fenced(
             assert seen == [Fence.LEASE_NOT_VALID]
             client = RemotingClient(b.broker_addr)
             try:
-                resp = await client.invoke(_send("Promoted", b"x"), 5)
+                resp = await client.invoke(send_request("Promoted", b"x"), 5)
                 assert resp.code == ResponseCode.SERVICE_NOT_AVAILABLE and "lease" in resp.remark
             finally:
                 await client.close()
@@ -344,7 +336,7 @@ async def test_stopping_sync_master_acknowledges_only_what_its_slave_holds(
                     return
                 body = b"w%d-%d" % (n, i)
                 try:
-                    resp = await client.invoke(_send("Stop", body), 5)
+                    resp = await client.invoke(send_request("Stop", body), 5)
                 except (OSError, TimeoutError, ConnectionError):
                     return
                 answers.append((resp.code, resp.ext_fields.get("msgId", ""), body))
@@ -438,7 +430,7 @@ async def test_sync_master_acknowledges_once_every_in_sync_slave_holds_a_send_or
         client = RemotingClient(a.broker_addr)
         sent: list[tuple[str, bytes]] = []
         try:
-            first = await client.invoke(_send("Isr", b"m0"), 5)
+            first = await client.invoke(send_request("Isr", b"m0"), 5)
             assert first.code == ResponseCode.SUCCESS
             sent.append((first.ext_fields["msgId"], b"m0"))
             await eventually(lambda: _acks(a).get(2) == a.store.max_physical_offset)
@@ -447,7 +439,7 @@ async def test_sync_master_acknowledges_once_every_in_sync_slave_holds_a_send_or
             # the set changed is seen as such.
             relay_a.delay_requests[RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET] = 0.5
             for i in range(1, 4):
-                resp = await client.invoke(_send("Isr", b"m%d" % i), 15)
+                resp = await client.invoke(send_request("Isr", b"m%d" % i), 15)
                 in_sync = _in_sync(controller)
                 assert resp.code == ResponseCode.SUCCESS, (resp.code, resp.remark)
                 assert in_sync == {0, 1}, f"m{i} acknowledged while the controller's in-sync " \
@@ -474,7 +466,7 @@ async def test_sync_master_acknowledges_once_every_in_sync_slave_holds_a_send_or
         await eventually(lambda: _missing(b2, sent) == [], timeout=15)
 
 
-async def test_double_fault_after_a_send_the_set_could_not_drop_a_slave_for_loses_no_acknowledged_send(
+async def test_double_fault_after_a_send_the_set_could_not_drop_a_slave_for_loses_no_acknowledgedsend_request(
         broker_config: BrokerConfig, tmp_path: Path, controller: ControllerProcess, relays,
         proxies) -> None:
     """Two slaves, one stalled, and the master's set changes never reach the controller: a
@@ -486,12 +478,12 @@ async def test_double_fault_after_a_send_the_set_could_not_drop_a_slave_for_lose
         client = RemotingClient(a.broker_addr)
         answers: list[tuple[int, str, bytes]] = []
         try:
-            first = await client.invoke(_send("Isr", b"m0"), 5)
+            first = await client.invoke(send_request("Isr", b"m0"), 5)
             answers.append((first.code, first.ext_fields.get("msgId", ""), b"m0"))
             await eventually(lambda: _acks(a).get(2) == a.store.max_physical_offset)
             proxy.hold()
             relay_a.drop_requests.add(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET)
-            second = await client.invoke(_send("Isr", b"m1"), 15)
+            second = await client.invoke(send_request("Isr", b"m1"), 15)
             answers.append((second.code, second.ext_fields.get("msgId", ""), b"m1"))
             await eventually(lambda: _acks(a).get(1) == a.store.max_physical_offset)
         finally:
@@ -522,7 +514,7 @@ async def test_a_slave_the_set_may_hold_since_an_unanswered_change_is_waited_for
         answers: list[tuple[int, str, bytes]] = []
 
         async def send(body: bytes) -> RemotingCommand:
-            resp = await client.invoke(_send("Isr", body), 15)
+            resp = await client.invoke(send_request("Isr", body), 15)
             answers.append((resp.code, resp.ext_fields.get("msgId", ""), body))
             return resp
 

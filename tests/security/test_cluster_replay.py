@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.cluster import InProcessCluster, start_namesrv
+from support.cluster import InProcessCluster, send_request, start_namesrv
 from support.remoting_relay import FrameRelay, Pair
 from support.waiting import eventually
 
@@ -30,7 +30,6 @@ from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codec import decode_frame
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
-from txbroker.remoting.headers import SendMessageRequestHeader
 
 SECRET = "cluster-secret-1"
 LEASE = 1.0
@@ -62,13 +61,6 @@ async def relay_to(controller: ControllerProcess):
     finally:
         for relay in made:
             await relay.close()
-
-
-def _send(topic: str, body: bytes) -> RemotingCommand:
-    return RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, SendMessageRequestHeader(
-        producer_group="pg", topic=topic, default_topic="TBW102", default_topic_queue_nums=4,
-        queue_id=0, sys_flag=0, born_timestamp=0, flag=0, properties="", reconsume_times=0,
-        unit_mode=False, batch=False).to_ext_v2(), body)
 
 
 def _is_heartbeat(cmd: RemotingCommand, to_target: bool) -> bool:
@@ -122,11 +114,11 @@ async def test_a_recorded_heartbeat_answer_does_not_keep_a_cut_off_master_writin
                          timeout=15)
         client = RemotingClient(a.broker_addr)
         try:
-            assert (await client.invoke(_send("Split", b"before"), 5)).code == ResponseCode.SUCCESS
+            assert (await client.invoke(send_request("Split", b"before"), 5)).code == ResponseCode.SUCCESS
             tap.replaying = True
             await eventually(lambda: b.roles.is_master, timeout=15, msg="the slave is promoted")
             await eventually(lambda: tap.replayed >= 3, timeout=5)
-            resp = await client.invoke(_send("Split", b"to the old master"), 5)
+            resp = await client.invoke(send_request("Split", b"to the old master"), 5)
             assert resp.code == ResponseCode.SERVICE_NOT_AVAILABLE, \
                 f"two masters: the old one still acknowledges writes ({resp.code} {resp.remark})"
             assert "lease" in (resp.remark or "")

@@ -18,6 +18,9 @@ Subprocesses (to SIGKILL one):
 * Brokers: the ``broker_process`` fixture (tests/conftest.py) with
   ``namesrv_addr=...`` and ``broker_name=...`` overrides; its ``.namesrv_addr`` is then the list.
 
+A raw send for tests that watch each answer: ``send_request(topic, body)`` (SEND_MESSAGE_V2
+to queue 0).
+
 Queries against a name server: ``await cluster_info(addr)`` (a :class:`ClusterInfo`),
 ``await route(addr, topic)`` (a :class:`TopicRouteData`, None for TOPIC_NOT_EXIST) and
 ``await topic_list(addr)``.
@@ -44,7 +47,10 @@ from txbroker.remoting.bodies import ClusterInfo, TopicRouteData
 from txbroker.remoting.client import RemotingClient
 from txbroker.remoting.codes import RequestCode, ResponseCode
 from txbroker.remoting.command import RemotingCommand
-from txbroker.remoting.headers import GetRouteInfoRequestHeader
+from txbroker.remoting.headers import (
+    GetRouteInfoRequestHeader,
+    SendMessageRequestHeader,
+)
 
 READY_RE = re.compile(r"^txbroker namesrv ready addr=(\S+)$")
 
@@ -178,3 +184,11 @@ async def topic_list(addr: str) -> list[str]:
     resp = await _call(addr, RemotingCommand.request(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER))
     assert resp.code == ResponseCode.SUCCESS, (resp.code, resp.remark)
     return orjson.loads(resp.body)["topicList"]
+
+
+def send_request(topic: str, body: bytes) -> RemotingCommand:
+    """SEND_MESSAGE_V2 of ``body`` to queue 0 of ``topic``, as a producer sends it."""
+    return RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, SendMessageRequestHeader(
+        producer_group="pg", topic=topic, default_topic="TBW102", default_topic_queue_nums=4,
+        queue_id=0, sys_flag=0, born_timestamp=0, flag=0, properties="", reconsume_times=0,
+        unit_mode=False, batch=False).to_ext_v2(), body)

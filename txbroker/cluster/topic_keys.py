@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from txbroker.cluster.etcd import KV, compare_create, delete, put
+from txbroker.cluster.etcd import KV, EtcdError, compare_create, delete, put
 from txbroker.remoting.codes import ResponseCode
 from txbroker.service.topics import NotGroupMaster, TopicConfig, TopicStoreError
 
@@ -63,7 +63,7 @@ class GroupTopics:
         try:
             result = await self.leadership.etcd.txn([compare_create(self.leadership.keys.leader,
                                                                     lead)], [op])
-        except Exception as exc:
+        except EtcdError as exc:
             raise TopicStoreError(ResponseCode.SERVICE_NOT_AVAILABLE,
                                   f"topic[{name}] not changed: etcd did not take it: {exc}") from exc
         if not result.succeeded:
