@@ -2,8 +2,9 @@
 
 The options are those of Kafka's ``kafka-acls.sh`` (``--allow-principal User:alice
 --operation Read --topic T``, ``--resource-pattern-type prefixed``, ``--deny-principal``...),
-so its examples carry over.  Like ``txbroker user``, the commands edit the file directly
-(``service/users.py``: locked, atomic) and a broker using it reads it again on its own.
+so its examples carry over.  Like ``txbroker user``, the commands edit the users file
+directly (``service/users.py``: locked, atomic), which a broker using it reads again on its
+own, or with ``--etcd-endpoints`` the cluster's user store in etcd, which every broker polls.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from typing import Any
 
 import click
 
-from txbroker.cli.common import CommandError, command_name
-from txbroker.cli.user import users_file_option
+from txbroker.cli.user import StoreTarget, fail, store_options
 from txbroker.service.kafka.acls import (
     CLUSTER_NAME,
     WILDCARD,
@@ -27,18 +27,11 @@ from txbroker.service.kafka.acls import (
     ResourceType,
     check_binding,
 )
-from txbroker.service.users import UsersFileError, edit_users, load_users
+from txbroker.service.users import Users, UserStoreError
 
 #: ``--operation`` values as kafka-acls.sh spells them (any case, with or without '_').
 OPERATIONS = {op.name.replace("_", "").lower(): op for op in AclOperation
               if op not in (AclOperation.UNKNOWN, AclOperation.ANY)}
-
-
-def _fail(users_file: str, exc: Exception) -> CommandError:
-    ctx = click.get_current_context(silent=True)
-    if isinstance(exc, UsersFileError):
-        return CommandError(command_name(ctx), None, str(exc))
-    return CommandError(command_name(ctx), f"users file {users_file}", str(exc))
 
 
 def _operation(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list:
@@ -79,7 +72,7 @@ def describe_binding(b: AclBinding) -> str:
 
 @click.group()
 def acl() -> None:
-    """Kafka ACLs in the users file: who may do what on topics, groups, transactional ids and
+    """Kafka ACLs in the user store: who may do what on topics, groups, transactional ids and
     the cluster (docs/security.md, "Kafka ACLs")."""
 
 
@@ -97,10 +90,10 @@ def acl() -> None:
 @click.option("--resource-pattern-type", "pattern", default="literal", show_default=True,
               type=click.Choice(["literal", "prefixed"], case_sensitive=False),
               help="literal: the name itself ('*' matches all); prefixed: names starting so.")
-@users_file_option
+@store_options
 def add(allow: tuple[str, ...], deny: tuple[str, ...], allow_host: str, deny_host: str,
         operations: list[AclOperation], topics: tuple[str, ...], groups: tuple[str, ...],
-        txn_ids: tuple[str, ...], cluster: bool, pattern: str, users_file: str) -> None:
+        txn_ids: tuple[str, ...], cluster: bool, pattern: str, store: StoreTarget) -> None:
     """Add bindings: every principal x operation x resource given."""
     resources = _resources(topics, groups, txn_ids, cluster)
     pattern_type = PatternType[pattern.upper()]
@@ -113,10 +106,9 @@ def add(allow: tuple[str, ...], deny: tuple[str, ...], allow_host: str, deny_hos
                for perm, whos, host in ((AclPermission.ALLOW, allow, allow_host),
                                         (AclPermission.DENY, deny, deny_host))
                for who in whos for kind, name in resources for op in operations]
-        with edit_users(users_file) as box:
-            box[0] = box[0].with_acls(new)
-    except (ValueError, OSError) as exc:
-        raise _fail(users_file, exc) from None
+        store.edit(lambda users: (users.with_acls(new), None))
+    except (ValueError, OSError, UserStoreError) as exc:
+        raise fail(store, exc) from None
     for b in new:
         click.echo(f"added  {describe_binding(b)}")
 
@@ -141,19 +133,19 @@ _pattern_filter = click.option(
 @click.option("--principal", default=None, help="Only this principal's bindings.")
 @_resource_options
 @_pattern_filter
-@users_file_option
+@store_options
 def list_(principal: str | None, topics: tuple[str, ...], groups: tuple[str, ...],
-          txn_ids: tuple[str, ...], cluster: bool, pattern: str, users_file: str) -> None:
+          txn_ids: tuple[str, ...], cluster: bool, pattern: str, store: StoreTarget) -> None:
     """List bindings (all, or those of the resources and principal given)."""
     try:
-        users = load_users(users_file, missing_ok=True)
-    except (ValueError, OSError) as exc:
-        raise _fail(users_file, exc) from None
+        users = store.read()
+    except (ValueError, OSError, UserStoreError) as exc:
+        raise fail(store, exc) from None
     selection = _selection(principal, topics, groups, txn_ids, cluster, pattern)
     shown = [b for b in users.acls if any(f.matches(b) for f in selection)]
     for b in shown:
         click.echo(describe_binding(b))
-    click.echo(f"{len(shown)} ACL binding(s) in {users_file}")
+    click.echo(f"{len(shown)} ACL binding(s) in {_place(store)}")
 
 
 @acl.command()
@@ -162,25 +154,32 @@ def list_(principal: str | None, topics: tuple[str, ...], groups: tuple[str, ...
 @_pattern_filter
 @click.option("--operation", "operations", multiple=True, callback=_operation,
               help="Only these operations (default: all).")
-@users_file_option
+@store_options
 def delete(principal: str | None, topics: tuple[str, ...], groups: tuple[str, ...],
            txn_ids: tuple[str, ...], cluster: bool, pattern: str,
-           operations: list[AclOperation], users_file: str) -> None:
+           operations: list[AclOperation], store: StoreTarget) -> None:
     """Delete the bindings of the resources and/or principal given."""
     selection = _selection(principal, topics, groups, txn_ids, cluster, pattern)
     if operations:
         selection = [AclFilter(f.resource_type, f.name, f.pattern, f.principal, f.host, op)
                      for f in selection for op in operations]
-    gone: list[AclBinding] = []
+    def edit(users: Users) -> tuple[Users, list[AclBinding]]:
+        gone: list[AclBinding] = []
+        for f in selection:
+            users, removed = users.without_acls(f)
+            gone += removed
+        return users, gone
     try:
         if principal is None and not _resources(topics, groups, txn_ids, cluster):
             raise ValueError("name a resource or --principal (nothing is deleted wholesale)")
-        with edit_users(users_file) as box:
-            for f in selection:
-                box[0], removed = box[0].without_acls(f)
-                gone += removed
-    except (ValueError, OSError, InvalidAcl) as exc:
-        raise _fail(users_file, exc) from None
+        gone = store.edit(edit)
+    except (ValueError, OSError, InvalidAcl, UserStoreError) as exc:
+        raise fail(store, exc) from None
     for b in gone:
         click.echo(f"deleted  {describe_binding(b)}")
-    click.echo(f"{len(gone)} ACL binding(s) deleted from {users_file}")
+    click.echo(f"{len(gone)} ACL binding(s) deleted from {_place(store)}")
+
+
+def _place(store: StoreTarget) -> str:
+    """The users file's path, or the etcd key, as the summary lines name it."""
+    return store.where.removeprefix("users file ")

@@ -95,7 +95,7 @@ from txbroker.service.schedule import ScheduleService
 from txbroker.service.timer import TimerService
 from txbroker.service.topics import TopicConfig, TopicManager
 from txbroker.service.transaction.service import TransactionalMessageService
-from txbroker.service.users import UserStore
+from txbroker.service.users import UserSource, UserStore
 from txbroker.store.message_store import DiskUsage, MessageStore, RecoveryReport
 from txbroker.store.record import DEFAULT_TOPIC
 
@@ -193,8 +193,10 @@ class Broker:
         #: How this broker dials its peers (``tls_peers``; None: plaintext), shared by every
         #: link and reloaded by the housekeeping when its files change.
         self.peer_tls: PeerTLS | None = None
-        #: The user store (None when ``users_file`` is unset), read again when the file changes.
-        self.users: UserStore | None = None
+        #: The user store: the users file, read again when it changes (None when
+        #: ``users_file`` is unset); in etcd mode the cluster's store in etcd, polled
+        #: (``cluster/user_keys.py``; with ``users_file`` or Kafka SASL set).
+        self.users: UserSource | None = None
         self.tx: TransactionalMessageService | None = None
         self.schedule: ScheduleService | None = None
         self.timer: TimerService | None = None
@@ -226,7 +228,13 @@ class Broker:
     async def start(self) -> None:
         cfg = self.config
         acl = "off"
-        if cfg.users_file is not None:
+        if cfg.etcd_endpoints and (cfg.users_file is not None or cfg.kafka_sasl_mechanism_list()):
+            from txbroker.cluster.user_keys import ClusterUsers
+
+            # Read from etcd once the store is open (below); the users file, if any, is only
+            # imported into etcd by the cluster's first broker (a bad one stops the start).
+            self.users = ClusterUsers(cfg)
+        elif cfg.users_file is not None:
             # Like the ACL file: a bad users file stops the start with its reason.
             self.users = UserStore(cfg.users_file)
         if cfg.acl_file is not None:
@@ -239,9 +247,6 @@ class Broker:
         self.tls = server_tls(cfg)
         # And how peers are dialled (tls_peers): the CA they are verified against, our own.
         self.peer_tls = peer_tls(cfg)
-        if self.users is not None:
-            acl += (f"; users file {cfg.users_file}: {len(self.users.current().users)} user(s)"
-                    + ("" if self.acl else " (their access keys count once acl_file is set)"))
         broker_sock, ns_sock, metrics_sock = self._bind_listeners()
         socks = [s for s in (broker_sock, ns_sock, metrics_sock, self._ha_sock, self._kafka_sock)
                  if s is not None]
@@ -258,6 +263,10 @@ class Broker:
         # From here on, stop() undoes whatever part of start() has run.
         self._started = True
         try:
+            if self.users is not None:
+                await self.users.start()  # etcd mode: the cluster's users, before any request
+                acl += (f"; {self.users.where}: {len(self.users.current().users)} user(s)"
+                        + ("" if self.acl else " (their access keys count once acl_file is set)"))
             self.topics = TopicManager(cfg)
             if self._kafka_sock is not None:
                 # Kafka transaction state is replayed from its system topics before any
@@ -738,6 +747,8 @@ class Broker:
             await self.kafka_staging.suspend()
         if self.store is not None:
             await self.store.close()
+        if self.users is not None:
+            await self.users.close()
         log.info("broker %s stopped", self.config.broker_name)
 
     async def __aenter__(self) -> Self:

@@ -320,6 +320,8 @@ class BrokerConfig:
     acl_access_key: str | None = None
     #: The user store (docs/security.md "Users"): users with SCRAM credentials, access keys
     #: and roles, edited with ``txbroker user`` and read again when it changes.  Unset = none.
+    #: In etcd mode the cluster's store in etcd serves instead, and this file is only imported
+    #: into it by the first broker to find it empty.
     users_file: str | None = None
     #: Shared by every broker and controller of the cluster: HA peers and controller requests
     #: prove they know it (docs/cluster.md "Authentication").  Unset = peers are trusted, as
@@ -542,7 +544,7 @@ def _check_kafka_sasl(c: BrokerConfig) -> None:
                           "turn TLS on (PLAIN is then offered on TLS connections), set "
                           "kafka_sasl_plain_over_plaintext to offer it on plaintext ones anyway, "
                           "or use SCRAM")
-    if mechs and not c.users_file:
+    if mechs and not c.users_file and not c.etcd_endpoints:  # etcd mode: the cluster's store
         raise ConfigError(f"kafka_sasl_mechanisms={c.kafka_sasl_mechanisms!r}: needs "
                           "users_file (the user store that 'txbroker user add' writes)")
     if c.kafka_sasl_max_receive_size < 1024:

@@ -54,7 +54,7 @@ from txbroker.remoting.headers import HeaderError
 from txbroker.remoting.signing import ACCESS_KEY, SIGNATURE, signature
 from txbroker.service.acl_rules import AclRules, Perm, retry_topic
 from txbroker.service.auth_throttle import AuthThrottle
-from txbroker.service.users import Users, UsersFileError, UserStore
+from txbroker.service.users import Users, UsersFileError, UserSource
 from txbroker.store.record import RETRY_GROUP_TOPIC_PREFIX
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ class AclGuard:
     store has them now: a key made by ``txbroker user access-key`` works without a restart.
     """
 
-    def __init__(self, rules: AclRules, users: UserStore | None = None) -> None:
+    def __init__(self, rules: AclRules, users: UserSource | None = None) -> None:
         self.rules = rules
         self.users = users
         self.refused = 0

@@ -19,6 +19,11 @@ Roles are deliberately few (``ROLES``); ``acl_accounts`` turns them into the Roc
 accounts ``service/acl.py`` checks requests against, so that check needs nothing new to serve
 the users of this file.
 
+In etcd mode the same snapshot lives in etcd instead, one store for the whole cluster
+(``txbroker/cluster/user_keys.py``): :class:`UserSource` is what both stores offer the broker,
+so the RocketMQ ACL check, Kafka SASL and the Kafka authorizer do not know which one serves
+them.
+
 The file also holds the Kafka ACL bindings (``"acls"``, ``service/kafka/acls.py``; docs/security.md
 "Kafka ACLs"), so users and what they may do change together under the one lock.  A file
 with bindings is written as version 2; one without stays version 1, readable by brokers that
@@ -27,6 +32,7 @@ predate bindings.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import fcntl
@@ -40,7 +46,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
@@ -85,6 +91,13 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
 
 class UsersFileError(ConfigError):
     """The users file cannot be used; the message names the file and the entry."""
+
+
+class UserStoreError(Exception):
+    """A change the user store did not take (nothing changed); the message says where."""
+
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -221,7 +234,7 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def encode_users(users: Users) -> bytes:
+def encode_users(users: Users, *, indent: bool = True) -> bytes:
     doc: dict[str, Any] = {"version": FORMAT_VERSION if users.acls else 1, "users": {
         name: {
             "roles": list(u.roles),
@@ -235,6 +248,8 @@ def encode_users(users: Users) -> bytes:
                         "pattern": b.pattern.name, "principal": b.principal, "host": b.host,
                         "operation": b.operation.name, "permission": b.permission.name}
                        for b in users.acls]
+    if not indent:  # etcd's copy: the same document, without the spaces
+        return orjson.dumps(doc)
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
 
 
@@ -386,6 +401,41 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
+class UserSource(Protocol):
+    """What a broker asks of its user store, the users file (:class:`UserStore`) or the
+    cluster's store in etcd (``txbroker.cluster.user_keys.ClusterUsers``).  Event-loop only."""
+
+    #: Where the users are, for messages ("users file PATH", "etcd KEY").
+    where: str
+
+    async def start(self) -> None:
+        """The first read, before the broker serves (the file's was at construction)."""
+        ...
+
+    async def close(self) -> None: ...
+
+    def current(self) -> Users:
+        """The snapshot in force now (cheap: it sits on request paths)."""
+        ...
+
+    async def fresh(self) -> Users:
+        """The store as it is now, read without waiting for the next check."""
+        ...
+
+    async def update(self, edit: Callable[[Users], tuple[Users, _T]]) -> _T:
+        """Apply ``edit`` (pure: the snapshot before -> the snapshot after, an answer) to the
+        store as it is, and return its answer once the store holds the result, which this
+        broker's next request is decided on; :class:`UserStoreError` and nothing changed
+        when the store did not take it."""
+        ...
+
+    def authorizer(self) -> Authorizer: ...
+
+    def scram_credentials(self, user: str, mechanism: str) -> ScramCredentials | None: ...
+
+    def check_password(self, user: str, password: str) -> bool: ...
+
+
 class UserStore:
     """The users file as a running broker sees it: read at once, read again when it changes.
 
@@ -403,6 +453,7 @@ class UserStore:
         self._checked = clock()
         #: Times the file was read again after a change (successfully or not).
         self.reloads = 0
+        self.where = f"users file {self.path}"
 
     def current(self) -> Users:
         now = self._clock()
@@ -427,6 +478,29 @@ class UserStore:
         edit this broker made: its next request is decided on the edit)."""
         self._checked = self._clock() - self.check_interval
         return self.current()
+
+    async def start(self) -> None:
+        pass  # read at construction: a bad file stops the start before anything binds
+
+    async def close(self) -> None:
+        pass
+
+    async def fresh(self) -> Users:
+        return self.refresh()
+
+    async def update(self, edit: Callable[[Users], tuple[Users, _T]]) -> _T:
+        """``edit`` through :func:`edit_users` (the lock, the atomic rename), in the default
+        executor since that is blocking file work; then the file is read at once."""
+        def run() -> _T:
+            with edit_users(self.path) as box:
+                box[0], answer = edit(box[0])
+            return answer
+        try:
+            answer = await asyncio.get_running_loop().run_in_executor(None, run)
+        except (UsersFileError, OSError) as exc:
+            raise UserStoreError(f"{self.where}: {exc}") from exc
+        self.refresh()
+        return answer
 
     def authorizer(self) -> Authorizer:
         """The Kafka ACL decision on the file as it is now."""

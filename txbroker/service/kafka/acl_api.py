@@ -1,19 +1,19 @@
 """DescribeAcls (29), CreateAcls (30) and DeleteAcls (31): Kafka's admin tools on the ACL
 bindings of the user store (docs/security.md, "Kafka ACLs").
 
-The bindings live in the users file (``service/users.py``): CreateAcls and DeleteAcls edit it
-through ``edit_users`` (the lock, the atomic rename), in the default executor since that is
-blocking file work, then make the broker's :class:`UserStore` read it at once so the next
-request is decided on the new bindings.  In a cluster each broker edits its own file: the
-bindings are the same everywhere only when the brokers share the file (or the same edits are
-made on each).  Without a users file there is nothing to keep bindings in: every request is
-answered SECURITY_DISABLED, as Kafka answers without an authorizer.  Who may call these is the
+The bindings live in the user store (``service/users.py``'s :class:`UserSource`): the users
+file of a broker, or in etcd mode the cluster's store in etcd (``cluster/user_keys.py``),
+which every broker of every group reads.  CreateAcls and DeleteAcls apply their pure edit
+through the store's ``update`` and answer only once the store holds the result (a store that
+did not take it: UNKNOWN_SERVER_ERROR for each creation or filter, nothing changed), and the
+broker's next request is decided on it.  DescribeAcls reads the store as it is now.  Without
+a user store there is nothing to keep bindings in: every request is answered
+SECURITY_DISABLED, as Kafka answers without an authorizer.  Who may call these is the
 authorization step's business (``authorize.py``: DESCRIBE or ALTER on the cluster).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +21,7 @@ from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.service.kafka.acls import AclBinding, InvalidAcl, acl_filter, binding
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
-from txbroker.service.users import Users, UsersFileError, UserStore, edit_users
+from txbroker.service.users import Users, UserSource, UserStoreError
 
 _NO_STORE = "no users_file: Kafka ACLs are kept in the user store"
 
@@ -87,28 +87,26 @@ def delete(users: Users, body: dict) -> tuple[Users, dict]:
     return users, {"filter_results": out}
 
 
-def acl_handlers(store: UserStore | None) -> dict[int, Handler]:
-    """The three ACL APIs on ``store``'s file (SECURITY_DISABLED without one)."""
+def acl_handlers(store: UserSource | None) -> dict[int, Handler]:
+    """The three ACL APIs on ``store`` (SECURITY_DISABLED without one)."""
 
     async def edited(apply: Callable[[Users, dict], tuple[Users, dict]], body: dict,
                      failure: Callable[[str], dict]) -> dict:
         assert store is not None
-
-        def run() -> dict:
-            with edit_users(store.path) as box:
-                box[0], answer = apply(box[0], body)
-            return answer
         try:
-            answer = await asyncio.get_running_loop().run_in_executor(None, run)
-        except (UsersFileError, OSError) as exc:
-            return failure(f"users file {store.path}: {exc}")
-        store.refresh()
-        return answer
+            return await store.update(lambda users: apply(users, body))
+        except UserStoreError as exc:
+            return failure(str(exc))
 
     async def describe_acls(ctx: KafkaRequestContext, body: dict) -> dict:
         if store is None:
             return {"error_code": ErrorCode.SECURITY_DISABLED, "error_message": _NO_STORE}
-        return describe(store.refresh(), body)
+        try:
+            users = await store.fresh()
+        except UserStoreError as exc:
+            return {"error_code": ErrorCode.UNKNOWN_SERVER_ERROR, "error_message": str(exc),
+                    "resources": []}
+        return describe(users, body)
 
     async def create_acls(ctx: KafkaRequestContext, body: dict) -> dict:
         def refused(code: int, why: str) -> dict:

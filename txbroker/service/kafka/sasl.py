@@ -53,8 +53,9 @@ MAX_TOKEN_SIZE = 4096
 
 
 class CredentialLookup(Protocol):
-    """Where the users come from: the user store (``service/users.py``, ``UserStore``), read
-    again when its file changes, so each lookup sees the file as it is now."""
+    """Where the users come from: the user store (``service/users.py``'s ``UserSource``: the
+    users file, read again when it changes, or in etcd mode the cluster's store), so each
+    lookup sees the store as it is now."""
 
     def scram_credentials(self, user: str, mechanism: str) -> ScramCredentials | None:
         """The user's credentials for a SCRAM mechanism; None for an unknown user or
