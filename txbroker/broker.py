@@ -195,7 +195,7 @@ class Broker:
         self.peer_tls: PeerTLS | None = None
         #: The user store: the users file, read again when it changes (None when
         #: ``users_file`` is unset); in etcd mode the cluster's store in etcd, polled
-        #: (``cluster/user_keys.py``; with ``users_file`` or Kafka SASL set).
+        #: (``cluster/user_keys.py``; with ``users_file``, ``acl_file`` or Kafka SASL set).
         self.users: UserSource | None = None
         self.tx: TransactionalMessageService | None = None
         self.schedule: ScheduleService | None = None
@@ -228,7 +228,8 @@ class Broker:
     async def start(self) -> None:
         cfg = self.config
         acl = "off"
-        if cfg.etcd_endpoints and (cfg.users_file is not None or cfg.kafka_sasl_mechanism_list()):
+        if cfg.etcd_endpoints and (cfg.users_file is not None or cfg.acl_file is not None
+                                   or cfg.kafka_sasl_mechanism_list()):
             from txbroker.cluster.user_keys import ClusterUsers
 
             # Read from etcd once the store is open (below); the users file, if any, is only
