@@ -337,3 +337,63 @@ async def test_edits_at_once_from_two_stores_both_land(
     finally:
         for s in stores:
             await s.close()
+
+
+ACL = """\
+accounts:
+  - accessKey: operations
+    secretKey: operations-secret
+    admin: true
+"""
+
+
+async def test_an_access_key_made_with_the_cli_on_etcd_signs_on_two_groups(
+        broker_config: BrokerConfig, tmp_path: Path, etcd_cluster) -> None:
+    """The RocketMQ plain ACL of each group's broker takes the cluster's access keys: one made
+    by ``txbroker user access-key --etcd-endpoints`` signs sends to both groups, and stops
+    when its user is deleted."""
+    from txbroker.client import Message, Producer
+    from txbroker.client.errors import SendError
+
+    acl_file = tmp_path / "plain_acl.yml"
+    acl_file.write_text(ACL)
+    env = {"TXBROKER_ETCD_ENDPOINTS": etcd_cluster.endpoints}
+    cli_ok(await run_cli("user", "add", "erin", "--role", "producer", "--password-stdin",
+                         env=env, input=b"erin-password\n"))
+    out = cli_ok(await run_cli("user", "access-key", "erin", env=env))
+    key = out.split("accessKey: ")[1].split()[0]
+    secret = out.split("secretKey: ")[1].split()[0]
+    async with EtcdCluster(broker_config, tmp_path, etcd_cluster) as c:
+        await c.namesrv()
+        a = await c.broker("broker-a", acl_file=str(acl_file))
+        b = await c.broker("broker-b", acl_file=str(acl_file))
+        await eventually(lambda: a.roles.is_master and b.roles.is_master, msg="both masters")
+        await a.topics.create_or_update(TopicConfig("OnA", 1, 1))
+        await b.topics.create_or_update(TopicConfig("OnB", 1, 1))
+
+        async def send(topic: str, the_secret: str = secret) -> str | None:
+            async with Producer("users-test", c.namesrv_addr, retries=0, access_key=key,
+                                secret_key=the_secret) as producer:
+                try:
+                    await producer.send(Message(topic, b"from erin"))
+                except SendError as exc:
+                    return exc.remark
+            return None
+        outcomes: list[str | None] = []
+
+        async def stored(topic: str) -> bool:
+            outcomes.append(await send(topic))
+            return outcomes[-1] is None
+        for topic in ("OnA", "OnB"):
+            await eventually(lambda topic=topic: stored(topic),
+                             msg=lambda: f"send signed with erin's key: {outcomes[-1:]}")
+        assert a.store.max_offset("OnA", 0) >= 1 and b.store.max_offset("OnB", 0) >= 1
+        refused = await send("OnB", "not-the-secret")
+        assert refused is not None and "Check signature failed" in refused
+        cli_ok(await run_cli("user", "delete", "erin", env=env))
+
+        async def refused_now() -> bool:
+            outcomes.append(await send("OnA"))
+            return outcomes[-1] is not None and f"No acl config for '{key}'" in outcomes[-1]
+        await eventually(refused_now, timeout=POLL_INTERVAL * 5,
+                         msg=lambda: f"send after delete: {outcomes[-1:]}")
