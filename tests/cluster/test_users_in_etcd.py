@@ -397,3 +397,86 @@ async def test_an_access_key_made_with_the_cli_on_etcd_signs_on_two_groups(
             return outcomes[-1] is not None and f"No acl config for '{key}'" in outcomes[-1]
         await eventually(refused_now, timeout=POLL_INTERVAL * 5,
                          msg=lambda: f"send after delete: {outcomes[-1:]}")
+
+
+def _auth(user: str) -> dict:
+    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": MECH,
+            "sasl_plain_username": user, "sasl_plain_password": PASSWORDS[user]}
+
+
+def _send_to_each_partition(bootstrap: str, topic: str, partitions: int) -> None:
+    """bob sends one record to each partition (each led by another group's broker)."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, max_block_ms=10_000, retries=0,
+                             **_auth("bob"))
+    try:
+        for p in range(partitions):
+            producer.send(topic, b"acl", partition=p).get(timeout=10)
+    finally:
+        producer.close(timeout=10)
+
+
+async def test_kafka_python_admin_acls_apply_on_every_group(
+        broker_config: BrokerConfig, tmp_path: Path, etcd_cluster) -> None:
+    """kafka-python's KafkaAdminClient creates a binding on the cluster (whichever broker it
+    asks); bob's producer then writes to a partition of each group, and once the admin
+    client deleted the binding, to neither."""
+    from kafka.admin import (
+        ACL,
+        ACLFilter,
+        ACLOperation,
+        ACLPermissionType,
+        ACLResourcePatternType,
+        KafkaAdminClient,
+        ResourcePattern,
+        ResourcePatternFilter,
+    )
+    from kafka.admin import ResourceType as KafkaResourceType
+    from kafka.errors import TopicAuthorizationFailedError
+
+    async with EtcdCluster(broker_config, tmp_path, etcd_cluster) as c:
+        a, b = await two_groups(c, tmp_path)
+        for broker in (a, b):
+            await broker.topics.create_or_update(TopicConfig("spread", 1, 1))
+        for broker in (a, b):
+            await eventually(lambda broker=broker: len(broker.kafka_view.slots("spread")) == 2,
+                             msg="views see both partitions")
+        bootstrap = f"127.0.0.1:{a.kafka_port}"
+        with pytest.raises(TopicAuthorizationFailedError):
+            await asyncio.to_thread(_send_to_each_partition, bootstrap, "spread", 2)
+        admin = await asyncio.to_thread(lambda: KafkaAdminClient(
+            bootstrap_servers=bootstrap, request_timeout_ms=10_000, **_auth("alice")))
+        try:
+            write = ACL("User:bob", "*", ACLOperation.WRITE, ACLPermissionType.ALLOW,
+                        ResourcePattern(KafkaResourceType.TOPIC, "spread",
+                                        ACLResourcePatternType.LITERAL))
+            result = await asyncio.to_thread(admin.create_acls, [write])
+            assert result["failed"] == [] and len(result["succeeded"]) == 1
+            errors: list[BaseException] = []
+
+            async def both_take_it() -> bool:
+                try:
+                    await asyncio.to_thread(_send_to_each_partition, bootstrap, "spread", 2)
+                except TopicAuthorizationFailedError as exc:
+                    errors.append(exc)
+                    return False
+                return True
+            await eventually(both_take_it, timeout=POLL_INTERVAL * 5,
+                             msg=lambda: f"bob writes to both groups: {errors[-1:]}")
+            assert a.store.max_offset("spread", 0) >= 1 and b.store.max_offset("spread", 0) >= 1
+            everything = ACLFilter("User:bob", None, ACLOperation.ANY, ACLPermissionType.ANY,
+                                   ResourcePatternFilter(KafkaResourceType.ANY, None,
+                                                         ACLResourcePatternType.ANY))
+            deleted = await asyncio.to_thread(admin.delete_acls, [everything])
+            assert [len(matches) for _f, matches, _e in deleted] == [1]
+        finally:
+            await asyncio.to_thread(admin.close)
+
+        async def neither_takes_it() -> bool:
+            try:
+                await asyncio.to_thread(_send_to_each_partition, bootstrap, "spread", 2)
+            except TopicAuthorizationFailedError:
+                return True
+            return False
+        await eventually(neither_takes_it, timeout=POLL_INTERVAL * 5)
