@@ -15,7 +15,10 @@ and a user added on one machine could not log in on the next.  In etcd mode:
   to the first's result after one more read.  The price is a size bound: etcd takes values
   up to ``MAX_VALUE_SIZE`` (1 MiB), some 2,500 users or 5,000 bindings;
 * a change is acknowledged (CreateAcls, DeleteAcls, ``txbroker user`` / ``acl``) only once
-  etcd took it; one etcd did not take is an error answer and nothing changed;
+  etcd took it; one etcd did not take is an error answer and nothing changed.  A transaction
+  whose answer was lost is looked for by a read (the document holding exactly what was
+  written means it landed); only when that read fails too is the change answered as an
+  error although it may have landed, and then every broker still sees the same store;
 * every broker reads the document at start and then **polls it once a second** (one
   linearizable read of one key; the value only when its mod revision moved).  A poll rather
   than an etcd watch: it needs nothing the client does not already do (endpoint fail-over
@@ -24,7 +27,7 @@ and a user added on one machine could not log in on the next.  In etcd mode:
   answers, and on every other broker within ``POLL_INTERVAL`` (plus one etcd read) after.
   DescribeAcls reads etcd before answering;
 * **the import**: the first broker to find neither the document nor ``users-imported``
-  writes its users file's content (maybe empty) as the document, with ``users-imported``, in
+  writes its users file's content (an existing file, maybe without users) as the document, with ``users-imported``, in
   one transaction that requires both absent.  So a cluster moving to etcd keeps its users and
   bindings, and no later broker's file brings back a user or binding deleted since.
 
@@ -156,10 +159,11 @@ class ClusterUsers:
         self._users = Users()
         #: The mod revision of the document ``_users`` came from (0: none read yet).
         self._revision = -1
-        #: The users file to import, read at construction (a bad file stops the start).
+        #: The users file to import, read at construction (a bad file stops the start; a
+        #: missing one is nothing to import, so it cannot make the store empty for good).
         self._file: Users | None = None
-        if config.users_file is not None:
-            self._file = load_users(config.users_file, missing_ok=True)
+        if config.users_file is not None and os.path.exists(config.users_file):
+            self._file = load_users(config.users_file)
         self._polls = Repeating(self.pull, interval, what=f"reading users from {self.where}",
                                 errors=(EtcdError, UsersFileError))
 
