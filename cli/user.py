@@ -48,6 +48,11 @@ class StoreTarget:
     cluster_name: str
     etcd_user: str | None
     etcd_password: str | None
+    #: TLS to etcd: the CA members are verified against, and this command's certificate and
+    #: key when members require one (all None: plaintext).
+    etcd_ca: str | None = None
+    etcd_cert: str | None = None
+    etcd_key: str | None = None
 
     @property
     def where(self) -> str:
@@ -58,7 +63,7 @@ class StoreTarget:
         return f"etcd {users_key(self.etcd_prefix, self.cluster_name).decode()}"
 
     def _in_etcd(self, work: Callable[[Any], Any]) -> Any:
-        from txbroker.cluster.etcd import Etcd, EtcdError, parse_endpoints
+        from txbroker.cluster.etcd import Etcd, EtcdError, EtcdTLS, parse_endpoints
         from txbroker.cluster.user_keys import EtcdUsers
 
         assert self.etcd_endpoints
@@ -67,8 +72,15 @@ class StoreTarget:
         except ValueError as exc:
             raise ValueError(f"--etcd-endpoints: {exc}") from None
 
+        try:
+            tls = None if self.etcd_ca is None else EtcdTLS.from_files(
+                self.etcd_ca, self.etcd_cert, self.etcd_key)
+        except OSError as exc:
+            raise ValueError(f"etcd TLS files: {exc.filename}: {exc.strerror}") from None
+
         async def run() -> Any:
-            etcd = Etcd(endpoints, timeout=3.0, user=self.etcd_user, password=self.etcd_password)
+            etcd = Etcd(endpoints, timeout=3.0, tls=tls, user=self.etcd_user,
+                        password=self.etcd_password)
             try:
                 return await work(EtcdUsers(etcd, self.etcd_prefix, self.cluster_name))
             finally:
@@ -101,11 +113,13 @@ def store_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """``--users-file`` and the etcd options, handed to the command as ``store``."""
     @functools.wraps(f)
     def wrapper(*args: Any, users_file: str, etcd_endpoints: str | None, etcd_prefix: str,
-                cluster_name: str, etcd_user: str | None, **kw: Any) -> Any:
+                cluster_name: str, etcd_user: str | None, etcd_ca: str | None,
+                etcd_cert: str | None, etcd_key: str | None, **kw: Any) -> Any:
         import os
 
         store = StoreTarget(users_file, etcd_endpoints or None, etcd_prefix, cluster_name,
-                            etcd_user, os.environ.get("TXBROKER_ETCD_PASSWORD"))
+                            etcd_user, os.environ.get("TXBROKER_ETCD_PASSWORD"),
+                            etcd_ca, etcd_cert, etcd_key)
         return f(*args, store=store, **kw)
     for option in reversed([
         click.option("--users-file", envvar="TXBROKER_USERS_FILE", default=DEFAULT_USERS_FILE,
@@ -122,6 +136,15 @@ def store_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--etcd-user", envvar="TXBROKER_ETCD_USER", default=None, metavar="NAME",
                      help="etcd's own authentication (the password from "
                           "TXBROKER_ETCD_PASSWORD)."),
+        click.option("--etcd-ca", envvar="TXBROKER_ETCD_CA", default=None,
+                     type=click.Path(dir_okay=False), help="TLS to etcd: the PEM CA its members "
+                     "are verified against (env TXBROKER_ETCD_CA)."),
+        click.option("--etcd-cert", envvar="TXBROKER_ETCD_CERT", default=None,
+                     type=click.Path(dir_okay=False), help="TLS to etcd: a PEM certificate "
+                     "for members that require one (env TXBROKER_ETCD_CERT)."),
+        click.option("--etcd-key", envvar="TXBROKER_ETCD_KEY", default=None,
+                     type=click.Path(dir_okay=False), help="The key of --etcd-cert "
+                     "(env TXBROKER_ETCD_KEY)."),
     ]):
         wrapper = option(wrapper)
     return wrapper

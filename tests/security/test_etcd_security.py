@@ -66,3 +66,35 @@ async def test_brokers_elect_over_tls_with_etcd_authentication(
             await wrong.get(b"/txbroker")
     finally:
         await wrong.close()
+
+
+async def test_users_on_an_etcd_with_tls_and_authentication(
+        broker_config: BrokerConfig, tmp_path: Path, pki, tls_etcd: LocalEtcd) -> None:
+    """``txbroker user`` reaches the cluster's user store over TLS with etcd's own
+    authentication (``--etcd-ca/--etcd-cert/--etcd-key``, ``--etcd-user`` and
+    TXBROKER_ETCD_PASSWORD), and a broker reads it the same way; without the password the
+    command is one line naming etcd."""
+    from support.cli_runner import cli_ok, cli_one_line_error, run_cli
+
+    from txbroker.cluster.user_keys import ClusterUsers
+
+    tls_etcd.enable_auth("root-password")
+    env = {"TXBROKER_ETCD_ENDPOINTS": tls_etcd.endpoints, "TXBROKER_ETCD_CA": str(pki.ca_file),
+           "TXBROKER_ETCD_CERT": str(pki.cert_file), "TXBROKER_ETCD_KEY": str(pki.key_file),
+           "TXBROKER_ETCD_USER": "root", "TXBROKER_ETCD_PASSWORD": "root-password"}
+    out = cli_ok(await run_cli("user", "add", "alice", "--password-stdin", env=env,
+                               input=b"alice-secret\n"))
+    assert out == "user alice added\n"
+    err = cli_one_line_error(await run_cli("user", "list",
+                                           env={**env, "TXBROKER_ETCD_PASSWORD": "wrong"}))
+    assert "etcd" in err
+    config = broker_config.replace(
+        namesrv_addr="127.0.0.1:9876", etcd_endpoints=tls_etcd.endpoints, tls_mode="enforcing",
+        tls_cert=str(pki.cert_file), tls_key=str(pki.key_file), tls_ca=str(pki.ca_file),
+        etcd_user="root", etcd_password="root-password")
+    store = ClusterUsers(config)
+    await store.start()
+    try:
+        assert store.check_password("alice", "alice-secret")
+    finally:
+        await store.close()
