@@ -39,8 +39,10 @@ Event-loop only.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import random
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -65,8 +67,11 @@ log = logging.getLogger(__name__)
 #: Seconds between two reads of the document by a broker: the longest a change made through
 #: another broker or a command waits to be in force here.
 POLL_INTERVAL = 1.0
-#: Times an edit is applied again after another edit landed between its read and its write.
+#: Times an edit is applied again after another edit landed between its read and its write
+#: (edits of one broker go one at a time, so only other brokers and commands race it).
 EDIT_ATTEMPTS = 8
+#: Longest pause, seconds, before an edit that lost such a race reads again.
+RETRY_PAUSE = 0.05
 
 _T = TypeVar("_T")
 
@@ -129,6 +134,9 @@ class EtcdUsers:
                     raise
                 if result.succeeded:
                     return answer, after, result.revision
+                # Another edit landed between the read and the write: read again after a
+                # random pause, so edits racing from several brokers do not keep colliding.
+                await asyncio.sleep(random.uniform(0, RETRY_PAUSE))
         except (EtcdError, UsersFileError) as exc:
             raise UserStoreError(f"{self.where}: not changed: {exc}") from exc
         raise UserStoreError(f"{self.where}: not changed: {EDIT_ATTEMPTS} other edits landed "
@@ -164,6 +172,8 @@ class ClusterUsers:
         self._file: Users | None = None
         if config.users_file is not None and os.path.exists(config.users_file):
             self._file = load_users(config.users_file)
+        #: Edits through this broker go one at a time (no race among themselves).
+        self._editing = asyncio.Lock()
         self._polls = Repeating(self.pull, interval, what=f"reading users from {self.where}",
                                 errors=(EtcdError, UsersFileError))
 
@@ -226,7 +236,8 @@ class ClusterUsers:
         return self._users
 
     async def update(self, edit: Callable[[Users], tuple[Users, _T]]) -> _T:
-        answer, users, revision = await self.doc.edit(edit)
+        async with self._editing:
+            answer, users, revision = await self.doc.edit(edit)
         self._take(users, revision)
         return answer
 
