@@ -62,7 +62,7 @@ class StoreTarget:
 
         return f"etcd {users_key(self.etcd_prefix, self.cluster_name).decode()}"
 
-    def _in_etcd(self, work: Callable[[Any], Any]) -> Any:
+    def in_etcd(self, work: Callable[[Any], Any]) -> Any:
         from txbroker.cluster.etcd import Etcd, EtcdError, EtcdTLS, parse_endpoints
         from txbroker.cluster.user_keys import EtcdUsers
 
@@ -96,7 +96,7 @@ class StoreTarget:
         if self.etcd_endpoints:
             async def work(doc: Any) -> _T:
                 return (await doc.edit(edit))[0]
-            return self._in_etcd(work)
+            return self.in_etcd(work)
         with edit_users(self.users_file) as box:
             box[0], answer = edit(box[0])
         return answer
@@ -105,7 +105,7 @@ class StoreTarget:
         if self.etcd_endpoints:
             async def work(doc: Any) -> Users:
                 return (await doc.read())[0]
-            return self._in_etcd(work)
+            return self.in_etcd(work)
         return load_users(self.users_file, missing_ok=True)
 
 
@@ -259,3 +259,26 @@ def list_(store: StoreTarget) -> None:
                    f"scram={','.join(sorted(u.scram)) or '-'}  "
                    f"access_keys={','.join(sorted(u.access_keys)) or '-'}")
     click.echo(f"{len(users.users)} user(s) in {store.where.removeprefix('users file ')}")
+
+
+@user.command("import")
+@click.argument("source", type=click.Path(dir_okay=False, exists=True))
+@store_options
+def import_(source: str, store: StoreTarget) -> None:
+    """Make the users file SOURCE the cluster's user store in etcd (etcd mode), once: refused
+    when the store exists or was ever made, so no deleted user or binding comes back."""
+    try:
+        if not store.etcd_endpoints:
+            raise ValueError("needs --etcd-endpoints (or TXBROKER_ETCD_ENDPOINTS): the users "
+                             "file is imported into etcd")
+        users = load_users(source)
+
+        async def work(doc: Any) -> bool:
+            return await doc.import_file(users, f"txbroker user import {source}")
+        if not store.in_etcd(work):
+            raise ValueError("the cluster's user store exists already (or was made once): "
+                             "nothing imported; edit it with 'txbroker user' / 'acl'")
+    except _ERRORS as exc:
+        raise fail(store, exc) from None
+    click.echo(f"imported {len(users.users)} user(s) and {len(users.acls)} Kafka ACL "
+               f"binding(s) from {source} into {store.where}")

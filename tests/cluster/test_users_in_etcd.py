@@ -499,3 +499,23 @@ async def test_kafka_python_admin_acls_apply_on_every_group(
                 return True
             return False
         await eventually(neither_takes_it, timeout=POLL_INTERVAL * 5)
+
+
+async def test_txbroker_user_import_makes_the_store_once(tmp_path: Path, etcd_cluster) -> None:
+    """``txbroker user import FILE --etcd-endpoints`` writes the file as the cluster's store
+    when it was never made; a second import, or one after an edit made the store, is refused
+    with one line and changes nothing."""
+    from support.cli_runner import cli_one_line_error
+
+    source = users_file(tmp_path / "old.json")
+    env = {"TXBROKER_ETCD_ENDPOINTS": etcd_cluster.endpoints}
+    out = cli_ok(await run_cli("user", "import", source, env=env))
+    assert out == (f"imported 2 user(s) and 0 Kafka ACL binding(s) from {source} into etcd "
+                   f"/txbroker/DefaultCluster/users\n")
+    cli_ok(await run_cli("user", "delete", "bob", env=env))
+    err = cli_one_line_error(await run_cli("user", "import", source, env=env))
+    assert "exists already" in err
+    listed = cli_ok(await run_cli("user", "list", env=env))
+    assert "bob" not in listed and "alice  roles=admin" in listed
+    err = cli_one_line_error(await run_cli("user", "import", source))
+    assert "needs --etcd-endpoints" in err
