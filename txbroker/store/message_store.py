@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 from txbroker.config import BrokerConfig
+from txbroker.store import offset_log
 from txbroker.store.append import Appender, WriteGate
 from txbroker.store.background import off_loop, periodic
 from txbroker.store.checkpoint import Checkpoint, CheckpointFile
@@ -130,6 +131,7 @@ class MessageStore:
             self.offsets = ConsumerOffsetStore(self.root / "consumerOffset.json")
             self.epochs = EpochFile(self.root / EPOCH_FILE_NAME)
             report = self._recover()
+            self.apply_offset_log()  # before anything is served: the offsets the log holds
             # Epochs that began past the recovered end lost their bytes with the torn tail.
             self.epochs.truncate_from(self.max_physical_offset + 1)
         except BaseException:
@@ -247,6 +249,10 @@ class MessageStore:
         the loop, before their files are deleted in the executor."""
         assert self.commitlog is not None
         limit = (self.clock() if now is None else now) - self.config.file_reserved_time
+        # The offsets file must cover every offset record a deleted segment holds: write it
+        # first (it then covers the whole offset log; see offset_log.py).  A failure raises,
+        # and nothing is deleted.
+        await self._persist_offsets()
         expired = take_expired(self.commitlog, limit)
         if not expired:
             return 0
@@ -284,6 +290,64 @@ class MessageStore:
             return 0
         cq.min_offset = max(cq.min_offset, min(offset, cq.max_offset))
         return cq.min_offset
+
+    # --- consumer offsets: the offset log ------------------------------------------------------
+    def apply_offset_log(self) -> int:
+        """Apply the offset records past the last one applied to :attr:`offsets`, in queue
+        order (see :mod:`txbroker.store.offset_log`); returns how many.  The one path for a
+        master after its append, a slave after replicated bytes, and recovery."""
+        cq = self.queues_.get((offset_log.TOPIC, offset_log.QUEUE))
+        offsets = self.offsets
+        if cq is None or offsets.log_applied >= cq.max_offset:
+            return 0
+        start = offsets.log_applied
+        if start < cq.min_offset:
+            log.error("consumer offsets: records %d to %d of %s are gone (the offsets file "
+                      "predates retention); the offsets they held are lost", start,
+                      cq.min_offset - 1, offset_log.TOPIC)
+            start = cq.min_offset
+        applied = 0
+        for qoff in range(start, cq.max_offset):
+            entry = cq.get(qoff)
+            msg = self.read(entry[0]) if entry is not None else None
+            if msg is None:
+                log.error("consumer offset record %d of %s cannot be read: skipped", qoff,
+                          offset_log.TOPIC)
+            else:
+                offset_log.apply(offsets, msg.body, qoff)
+                applied += 1
+            offsets.applied(qoff)
+        return applied
+
+    def commit_offsets_now(self, rows: list[offset_log.OffsetRow]) -> PutResult:
+        """Write one offset record (refused on a slave or a fenced master, as a put is) and
+        apply it: what a consumer reads back from now on.  No wait: the record is durable
+        and replicated as a put written now would be (see :meth:`commit_offsets`)."""
+        result = self._appender.append(offset_log.set_message(rows))
+        if result.ok:
+            self.apply_offset_log()
+        return result
+
+    async def commit_offsets(self, rows: list[offset_log.OffsetRow]) -> PutResult:
+        """:meth:`commit_offsets_now`, answered as a send would be: after the flush (sync
+        mode) and the slaves (a SYNC_MASTER)."""
+        result = self.commit_offsets_now(rows)
+        if not result.ok:
+            return result
+        await self._await_flush([result])
+        if self._replication is not None:
+            await self._await_replicas([result])
+        self._recheck_gate([result])
+        return result
+
+    def forget_offsets_now(self, keys: list[tuple[str, str, int]]) -> PutResult:
+        """Remove offsets through the log (expired, or their group deleted)."""
+        if not keys:
+            return PutResult(PutStatus.OK)
+        result = self._appender.append(offset_log.forget_message(keys))
+        if result.ok:
+            self.apply_offset_log()
+        return result
 
     # --- writing ----------------------------------------------------------------------------------
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -462,6 +526,8 @@ class MessageStore:
         self._replica_end = commitlog.max_offset
         self._reput_from, touched = reput(commitlog, self.queues_, self._queue, self._reput_from,
                                           self._topic_names)
+        if (offset_log.TOPIC, offset_log.QUEUE) in touched:
+            self.apply_offset_log()
         if touched and self._appender.listeners:
             for (topic, qid), new_max in touched.items():
                 for fn in self._appender.listeners:
@@ -488,6 +554,7 @@ class MessageStore:
             self._cuts += 1
             cut = commitlog.set_end(offset)
             drop_entries_past(self.queues_, offset)
+            self.offsets.rewind(self.max_offset(offset_log.TOPIC, offset_log.QUEUE))
             boundary = complete if complete <= offset else commitlog.boundary_at_or_before(offset)
             self._reput_from, self._replica_end = boundary, commitlog.max_offset
             cp = self._checkpoint.load()

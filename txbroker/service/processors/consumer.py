@@ -45,6 +45,7 @@ from txbroker.remoting.headers import (
 )
 from txbroker.service.clients import ClientRegistry, ConsumerEntry, Subscription
 from txbroker.service.processors.send import VERSION_HONOUR_MAX_RECONSUME
+from txbroker.service.processors.statuses import PUT_ANSWERS
 from txbroker.service.schedule import ScheduleService
 from txbroker.service.topics import (
     NotGroupMaster,
@@ -61,6 +62,7 @@ from txbroker.store.record import (
     RETRY_GROUP_TOPIC_PREFIX,
     Message,
 )
+from txbroker.store.results import PutStatus
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +197,19 @@ class ConsumerProcessor:
             # bring a deleted topic's group back in the status (RocketMQ 5 refuses too).
             raise Refusal(ResponseCode.TOPIC_NOT_EXIST,
                           f"topic[{h.topic}] not exist, apply first please!")
-        self.store.offsets.set(group, h.topic, h.queue_id, h.commit_offset)
-        return None if cmd.is_oneway else cmd.response(ResponseCode.SUCCESS)
+        if h.commit_offset < 0:
+            raise Refusal(ResponseCode.SYSTEM_ERROR, "consumer offset must be >= 0")
+        row = [(group, h.topic, h.queue_id, h.commit_offset, None)]
+        if cmd.is_oneway:  # nobody waits for the answer: nothing to wait for
+            self.store.commit_offsets_now(row)
+            return None
+        # Through the commitlog (docs/cluster.md, "Replication"): answered as a send would be,
+        # so an acknowledged offset is on every replica a failover may promote.
+        result = await self.store.commit_offsets(row)
+        if result.status is not PutStatus.OK:
+            code, remark = PUT_ANSWERS[result.status]
+            raise Refusal(code, result.reason or remark or "")
+        return cmd.response(ResponseCode.SUCCESS)
 
     async def max_offset(self, conn, cmd: RemotingCommand) -> RemotingCommand:
         h = GetMaxOffsetRequestHeader.from_ext(cmd.ext_fields)

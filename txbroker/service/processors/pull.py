@@ -183,7 +183,9 @@ class PullProcessor:
             tag_filter = (None if sub is None or sub.matches_all
                           else {tag_hash(t) for t in sub.tags})
         if h.commit_offset_enabled and h.commit_offset >= 0:
-            self.store.offsets.set(group, topic, queue_id, h.commit_offset)
+            # Through the commitlog, not waited for (the pull's answer does not depend on it;
+            # RocketMQ's commit flag is best effort too); a slave refuses to write it.
+            self.store.commit_offsets_now([(group, topic, queue_id, h.commit_offset, None)])
         max_nums = min(h.max_msg_nums, MAX_PULL_BATCH)
 
         resp = self._once(cmd, topic, queue_id, offset, max_nums, tag_filter)
