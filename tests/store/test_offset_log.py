@@ -97,8 +97,17 @@ async def test_retention_writes_the_checkpoint_before_a_segment_goes(tmp_path):
     assert not path.exists()
     deleted = await store.delete_expired(now=store.clock() + 3600)
     assert deleted > 0
+    end = store.max_offset(offset_log.TOPIC, offset_log.QUEUE)
     assert store.min_offset(offset_log.TOPIC, offset_log.QUEUE) == 1  # its record is gone
-    assert orjson.loads(path.read_bytes())["log"] == 1  # but the checkpoint covers it
+    assert orjson.loads(path.read_bytes())["log"] == end  # but the checkpoint covers it
+    # and the snapshot written before the deletion holds it for a slave that starts empty
+    slave = await opened(cfg(tmp_path / "slave"))
+    try:
+        start = store.commitlog.segments[0].start
+        slave.append_replicated(start, log_bytes(store))
+        assert table(slave) == table(store) == ({"g": {"T": {0: 11}}}, {})
+    finally:
+        await slave.close()
     await _crash_copy(store)
     again = MessageStore(cfg(tmp_path))
     again.open()
@@ -106,6 +115,25 @@ async def test_retention_writes_the_checkpoint_before_a_segment_goes(tmp_path):
         assert again.offsets.get("g", "T", 0) == 11
     finally:
         await again.close()
+
+
+async def test_a_snapshot_is_due_every_half_retention_time(tmp_path):
+    store = await opened(cfg(tmp_path, file_reserved_time=100.0))
+    try:
+        rows = [(f"g{i}", "T", i % 4, i, ("m" * 50, i)) for i in range(300)]
+        for i in range(0, len(rows), 20):
+            assert store.commit_offsets_now(rows[i:i + 20]).ok
+        assert store.snapshot_offsets_if_due()  # none yet
+        assert not store.snapshot_offsets_if_due()
+        end = store.max_offset(offset_log.TOPIC, offset_log.QUEUE)
+        parts = end - 15
+        assert parts > 3  # parts that fit max_message_size
+        store.clock = lambda: __import__("time").time() + 51
+        assert store.snapshot_offsets_if_due()
+        assert store.max_offset(offset_log.TOPIC, offset_log.QUEUE) == end + parts
+        assert len(store.offsets.rows()) == 300
+    finally:
+        await store.close()
 
 
 async def test_a_refused_write_changes_nothing(tmp_path):
@@ -163,3 +191,25 @@ def test_offsets_committed_before_a_sigkill_are_replayed_at_the_restart(tmp_path
     finally:
         store.commitlog.close()
         store._lock.release()
+
+
+async def test_commits_of_one_loop_step_share_one_record(tmp_path):
+    import asyncio
+
+    for mode in ("async", "sync"):
+        store = await opened(cfg(tmp_path / mode, flush_mode=mode))
+        try:
+            results = await asyncio.gather(*(store.commit_offsets([("g", "T", q, q + 1, None)])
+                                             for q in range(50)))
+            assert all(r.status is PutStatus.OK for r in results)
+            # with a flush to wait for, one record and one wait; without, each at once
+            assert store.max_offset(offset_log.TOPIC, offset_log.QUEUE) == (
+                1 if mode == "sync" else 50)
+            assert store.offsets.group_offsets("g") == {("T", q): q + 1 for q in range(50)}
+            big = [("g", "T" * 100, q, q, ("m" * 100, q)) for q in range(100)]  # > 8 KiB
+            assert (await store.commit_offsets(big)).status is PutStatus.OK
+            assert store.max_offset(offset_log.TOPIC, offset_log.QUEUE) > (  # in parts
+                1 if mode == "sync" else 50) + 1
+            assert len(store.offsets.group_offsets("g")) == 150
+        finally:
+            await store.close()

@@ -119,6 +119,11 @@ class MessageStore:
         self._topic_names: dict[bytes, str] = {}
         #: Truncations so far: a checkpoint taken across one must not be saved.
         self._cuts = 0
+        #: Offsets committed in this loop step (:meth:`commit_offsets`), written together at
+        #: its end, and the answer they share; the waits of earlier batches.
+        self._offset_rows: list[offset_log.OffsetRow] = []
+        self._offset_done: asyncio.Future[PutResult] | None = None
+        self._offset_waits: set[asyncio.Task[None]] = set()
 
     # --- lifecycle ----------------------------------------------------------------------------
     def open(self) -> RecoveryReport:
@@ -252,6 +257,7 @@ class MessageStore:
         # The offsets file must cover every offset record a deleted segment holds: write it
         # first (it then covers the whole offset log; see offset_log.py).  A failure raises,
         # and nothing is deleted.
+        self.snapshot_offsets_if_due()
         await self._persist_offsets()
         expired = take_expired(self.commitlog, limit)
         if not expired:
@@ -302,9 +308,14 @@ class MessageStore:
             return 0
         start = offsets.log_applied
         if start < cq.min_offset:
-            log.error("consumer offsets: records %d to %d of %s are gone (the offsets file "
-                      "predates retention); the offsets they held are lost", start,
-                      cq.min_offset - 1, offset_log.TOPIC)
+            if start == 0:  # an empty replica that started at the master's oldest segment
+                log.info("consumer offsets: applied from record %d of %s on (the older ones "
+                         "are gone; the snapshots since hold every offset)", cq.min_offset,
+                         offset_log.TOPIC)
+            else:
+                log.error("consumer offsets: records %d to %d of %s are gone (the offsets "
+                          "file predates retention); offsets only they held are lost", start,
+                          cq.min_offset - 1, offset_log.TOPIC)
             start = cq.min_offset
         applied = 0
         for qoff in range(start, cq.max_offset):
@@ -313,41 +324,101 @@ class MessageStore:
             if msg is None:
                 log.error("consumer offset record %d of %s cannot be read: skipped", qoff,
                           offset_log.TOPIC)
+                offsets.applied(qoff)
             else:
-                offset_log.apply(offsets, msg.body, qoff)
+                self._apply_offset_record(msg.body, qoff)
                 applied += 1
-            offsets.applied(qoff)
         return applied
 
-    def commit_offsets_now(self, rows: list[offset_log.OffsetRow]) -> PutResult:
-        """Write one offset record (refused on a slave or a fenced master, as a put is) and
-        apply it: what a consumer reads back from now on.  No wait: the record is durable
-        and replicated as a put written now would be (see :meth:`commit_offsets`)."""
-        result = self._appender.append(offset_log.set_message(rows))
+    def _apply_offset_record(self, body: bytes, queue_offset: int) -> None:
+        offset_log.apply(self.offsets, body, queue_offset)
+        self.offsets.applied(queue_offset)
+
+    def _write_offset_record(self, msg: Message) -> PutResult:
+        """Append an offset record and apply it.  The body just written is applied as the
+        record's bytes would be (the same :func:`offset_log.apply`), without reading it back,
+        when it is the next record to apply; otherwise the log is read from the cursor."""
+        result = self._appender.append(msg)
         if result.ok:
-            self.apply_offset_log()
+            if result.queue_offset == self.offsets.log_applied:
+                self._apply_offset_record(msg.body, result.queue_offset)
+            else:
+                self.apply_offset_log()
+        return result
+
+    def commit_offsets_now(self, rows: list[offset_log.OffsetRow]) -> PutResult:
+        """Write the rows as an offset record (more than one only when they do not fit half
+        ``max_message_size``; refused on a slave or a fenced master, as a put is) and apply
+        it: what a consumer reads back from now on.  No wait: the record is as durable and
+        replicated as a put written now (see :meth:`commit_offsets`)."""
+        result = PutResult(PutStatus.OK)
+        for msg in offset_log.set_messages(rows, self.config.max_message_size // 2):
+            result = self._write_offset_record(msg)
+            if not result.ok:
+                break
         return result
 
     async def commit_offsets(self, rows: list[offset_log.OffsetRow]) -> PutResult:
         """:meth:`commit_offsets_now`, answered as a send would be: after the flush (sync
-        mode) and the slaves (a SYNC_MASTER)."""
+        mode) and the slaves (a SYNC_MASTER).  When there is such a wait, the commits of one
+        loop step share one record and one wait (consumers' commits arriving together cost
+        one append); without one, the commit is written at once and the coroutine never
+        suspends (the connection answers it inline, as before offsets were records)."""
+        if self.answers_at_once:
+            return self.commit_offsets_now(rows)
+        done = self._offset_done
+        if done is None:
+            loop = asyncio.get_running_loop()
+            done = self._offset_done = loop.create_future()
+            loop.call_soon(self._write_offset_batch)
+        self._offset_rows.extend(rows)
+        return await asyncio.shield(done)
+
+    def _write_offset_batch(self) -> None:
+        rows, done = self._offset_rows, self._offset_done
+        self._offset_rows, self._offset_done = [], None
+        assert done is not None
         result = self.commit_offsets_now(rows)
-        if not result.ok:
-            return result
-        await self._await_flush([result])
-        if self._replication is not None:
-            await self._await_replicas([result])
-        self._recheck_gate([result])
-        return result
+        if not result.ok or self.answers_at_once:  # (replication may have ended meanwhile)
+            done.set_result(result)
+            return
+        task = asyncio.get_running_loop().create_task(self._confirm_offsets(result, done))
+        self._offset_waits.add(task)
+        task.add_done_callback(self._offset_waits.discard)
+
+    async def _confirm_offsets(self, result: PutResult, done: asyncio.Future[PutResult]) -> None:
+        try:
+            await self._await_flush([result])
+            if self._replication is not None:
+                await self._await_replicas([result])
+            self._recheck_gate([result])
+        except BaseException as exc:
+            done.set_exception(exc)
+            raise
+        done.set_result(result)
+
+    def snapshot_offsets_if_due(self) -> bool:
+        """The master writes the whole table into the offset log again once its last snapshot
+        is half ``file_reserved_time`` old (see :mod:`offset_log`); True when it did.  A slave
+        (or a fenced master) is refused and tries again at the next retention pass."""
+        now_ms = int(self.clock() * 1000)
+        due = self.offsets.snapshot_ms + self.config.file_reserved_time * 500
+        if now_ms < due or (self.fenced is not None) or self._closed:
+            return False
+        msgs = offset_log.set_messages(self.offsets.rows(), self.config.max_message_size // 2,
+                                       snap_ms=now_ms)
+        for msg in msgs:
+            if not self._write_offset_record(msg).ok:
+                return False
+        log.info("consumer offsets: snapshot of %d offsets written to the offset log in %d "
+                 "record(s)", len(self.offsets.rows()), len(msgs))
+        return True
 
     def forget_offsets_now(self, keys: list[tuple[str, str, int]]) -> PutResult:
         """Remove offsets through the log (expired, or their group deleted)."""
         if not keys:
             return PutResult(PutStatus.OK)
-        result = self._appender.append(offset_log.forget_message(keys))
-        if result.ok:
-            self.apply_offset_log()
-        return result
+        return self._write_offset_record(offset_log.forget_message(keys))
 
     # --- writing ----------------------------------------------------------------------------------
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:

@@ -16,7 +16,11 @@ is JSON, one object per record:
 
 - ``{"set": [[group, topic, queue, offset, metadata, commit_ms], ...]}``: offsets committed
   together (``metadata`` and ``commit_ms`` are a Kafka commit's, null otherwise);
-- ``{"forget": [[group, topic, queue], ...]}``: offsets removed (expired, deleted).
+- ``{"forget": [[group, topic, queue], ...]}``: offsets removed (expired, deleted);
+- ``{"set": [...], "snap": ms}``: a part of a snapshot, the whole table written again at least
+  every half ``file_reserved_time`` (:func:`set_messages` with ``snap_ms``), so retention, which deletes
+  whole segments older than that time, never takes the last record of an offset: a slave that
+  starts empty from the master's oldest segment still gets every offset.
 
 The offsets file (``consumerOffset.json``) is a checkpoint of the table: it records ``log``,
 the queue offset of the first record it does not cover, and recovery applies the records from
@@ -41,10 +45,26 @@ QUEUE = 0
 OffsetRow = tuple[str, str, int, int, "KafkaCommit | None"]
 
 
-def set_message(rows: list[OffsetRow]) -> Message:
-    body = orjson.dumps({"set": [[g, t, q, o, None if k is None else k[0],
-                                  None if k is None else k[1]] for g, t, q, o, k in rows]})
-    return Message(topic=TOPIC, queue_id=QUEUE, body=body)
+def set_messages(rows: list[OffsetRow], max_bytes: int, snap_ms: int | None = None) -> list[Message]:
+    """``rows`` as ``set`` records of at most ``max_bytes`` of body each (one record unless
+    they do not fit); ``snap_ms``: the parts of a snapshot taken then (at least one record,
+    even of an empty table)."""
+    out: list[Message] = []
+    chunk = max(1, len(rows))
+    i = 0
+    while i < len(rows) or (snap_ms is not None and not out):
+        part = rows[i:i + chunk]
+        doc: dict = {"set": [[g, t, q, o, None if k is None else k[0], None if k is None else k[1]]
+                             for g, t, q, o, k in part]}
+        if snap_ms is not None:
+            doc["snap"] = snap_ms
+        body = orjson.dumps(doc)
+        if len(body) > max_bytes and len(part) > 1:
+            chunk = max(1, len(part) // 2)
+            continue
+        out.append(Message(topic=TOPIC, queue_id=QUEUE, body=body))
+        i += len(part)
+    return out
 
 
 def forget_message(keys: list[tuple[str, str, int]]) -> Message:
@@ -62,5 +82,7 @@ def apply(offsets: ConsumerOffsetStore, body: bytes, where: int) -> None:
             offsets.set(str(g), str(t), int(q), int(o), kafka=kafka)
         for g, t, q in doc.get("forget", ()):
             offsets.forget(str(g), str(t), int(q))
+        if "snap" in doc:
+            offsets.snapshot_ms = max(offsets.snapshot_ms, int(doc["snap"]))
     except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError) as exc:
         log.error("consumer offset record %d of %s is not one (%s): skipped", where, TOPIC, exc)

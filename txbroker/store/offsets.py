@@ -35,6 +35,8 @@ class ConsumerOffsetStore:
         #: The queue offset of the first offset-log record not applied yet (see
         #: :mod:`txbroker.store.offset_log`); persisted with the table it describes.
         self.log_applied = 0
+        #: When the last snapshot of the table went into the offset log (ms; 0: none known).
+        self.snapshot_ms = 0
         if path.exists():
             self._load(path.read_bytes())
 
@@ -48,6 +50,7 @@ class ConsumerOffsetStore:
             if not isinstance(applied, int) or applied < 0:
                 raise ValueError(f"log position {applied!r} is not an int >= 0")
             self.log_applied = applied
+            self.snapshot_ms = int(doc.get("snap", 0))
             for group, topics in doc.get("offsets", {}).items():
                 for topic, queues in topics.items():
                     for qid, offset in queues.items():
@@ -63,6 +66,10 @@ class ConsumerOffsetStore:
         except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError) as exc:
             raise ValueError(f"consumer offsets file {self.path} is damaged ({exc}); "
                              "repair or remove it to start") from None
+
+    def rows(self) -> list[tuple[str, str, int, int, KafkaCommit | None]]:
+        """Every offset with its Kafka commit (the offset log's snapshot)."""
+        return [(g, t, q, o, self._kafka.get((g, t, q))) for (g, t, q), o in self._offsets.items()]
 
     def applied(self, queue_offset: int) -> None:
         """The offset-log record at ``queue_offset`` is applied."""
@@ -143,7 +150,7 @@ class ConsumerOffsetStore:
         if not self._dirty:
             return None
         self._dirty = False
-        doc: dict = {"log": self.log_applied, "offsets": {g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()}
+        doc: dict = {"log": self.log_applied, "snap": self.snapshot_ms, "offsets": {g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()}
                            for g, ts in self.groups().items()}}
         if self._kafka:
             kafka: dict[str, dict[str, dict[str, list]]] = {}
