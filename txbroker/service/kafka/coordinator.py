@@ -912,8 +912,10 @@ class TransactionCoordinator:
             if t.offsets:
                 # The offsets go through the offset log before CompleteCommit is written, so
                 # a log holding CompleteCommit holds them too (a replica promoted, a restart);
-                # a failure leaves the commit decided, and it is retried.
-                done = await self.store.commit_offsets(
+                # CompleteCommit's flush and replica wait covers this record too (it is
+                # earlier in the log), so it is not waited for on its own.  A refusal leaves
+                # the commit decided, and it is retried.
+                done = self.store.commit_offsets_now(
                     [(g, tp, p, o, None) for (g, tp, p), o in t.offsets.items()])
                 if not done.ok:
                     log.error("kafka transaction %r: its offsets were not stored (%s); retrying",

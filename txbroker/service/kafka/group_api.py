@@ -98,9 +98,10 @@ def group_handlers(groups: GroupCoordinator, store: MessageStore, topics: TopicM
             out.append({"name": t["name"], "partitions": parts})
         if rows:
             # One offset record for the request (docs/kafka.md, "Consumer groups"), answered
-            # as a Produce with acks=all would be.
+            # once stored as a RocketMQ send is (the table is shared): a stored record whose
+            # replication was cut short (no slave left in the in-sync set) still counts.
             result = await store.commit_offsets(rows)
-            if result.status is not PutStatus.OK:
+            if not result.ok:
                 err = (ErrorCode.NOT_COORDINATOR if result.status is PutStatus.SERVICE_NOT_AVAILABLE
                        else ErrorCode.COORDINATOR_NOT_AVAILABLE)
                 for part in taken:

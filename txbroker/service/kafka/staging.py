@@ -378,8 +378,9 @@ class TxnStaging:
         local = [o for o in offsets if o[2] == self.config.broker_name]
         if local:
             # Through the offset log before the done record: a log holding the done record
-            # holds the offsets too (txbroker/store/offset_log.py).
-            done = await self.store.commit_offsets([(g, t, q, o, None) for g, t, _, q, o in local])
+            # holds the offsets too (txbroker/store/offset_log.py), and the done record's
+            # wait covers this earlier record.
+            done = self.store.commit_offsets_now([(g, t, q, o, None) for g, t, _, q, o in local])
             if not done.ok:
                 raise StagingUnavailable(ErrorCode.KAFKA_STORAGE_ERROR)
         for group, topic, broker, queue, offset in offsets:

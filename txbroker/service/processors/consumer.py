@@ -62,7 +62,6 @@ from txbroker.store.record import (
     RETRY_GROUP_TOPIC_PREFIX,
     Message,
 )
-from txbroker.store.results import PutStatus
 
 log = logging.getLogger(__name__)
 
@@ -203,10 +202,12 @@ class ConsumerProcessor:
         if cmd.is_oneway:  # nobody waits for the answer: nothing to wait for
             self.store.commit_offsets_now(row)
             return None
-        # Through the commitlog (docs/cluster.md, "Replication"): answered as a send would be,
-        # so an acknowledged offset is on every replica a failover may promote.
+        # Through the commitlog (docs/cluster.md, "Consumer offsets in the log"): answered
+        # as a send would be, so an acknowledged offset is on every replica a failover may
+        # promote.  Stored with a replication status a client counts as sent (no slave, a
+        # slave time-out: the in-sync set no longer names a replica without it) is SUCCESS.
         result = await self.store.commit_offsets(row)
-        if result.status is not PutStatus.OK:
+        if not result.ok:
             code, remark = PUT_ANSWERS[result.status]
             raise Refusal(code, result.reason or remark or "")
         return cmd.response(ResponseCode.SUCCESS)
