@@ -205,7 +205,8 @@ class ConsumerProcessor:
         # Through the commitlog (docs/cluster.md, "Consumer offsets in the log"): answered
         # as a send would be, so an acknowledged offset is on every replica a failover may
         # promote.  Stored with a replication status a client counts as sent (no slave, a
-        # slave time-out: the in-sync set no longer names a replica without it) is SUCCESS.
+        # slave time-out; with a controller or etcd the in-sync set then no longer names a
+        # replica without it) is SUCCESS.
         result = await self.store.commit_offsets(row)
         if not result.ok:
             code, remark = PUT_ANSWERS[result.status]
