@@ -141,8 +141,8 @@ _OPTIONS: dict[str, _Opt] = {
                                      "than the etcd or controller lease",
                           "0: half the lease with elected masters (etcd or controller mode), else 3 s"),
     "register_interval": _Opt("SECONDS", "how often the broker registers with every name server"),
-    "metadata_sync_interval": _Opt("SECONDS", "how often a slave copies topics and consumer "
-                                              "offsets from its master"),
+    "metadata_sync_interval": _Opt("SECONDS", "how often a slave copies topics from its master "
+                                              "(classic and controller mode)"),
     "controller_addr": _Opt("ADDRS", "controllers that elect this group's master, 'h:p;h:p'; "
                                      "empty = roles fixed by --broker-id", "empty: no controller"),
     "controller_heartbeat_interval": _Opt("SECONDS", "controller mode: heartbeat period"),

@@ -485,7 +485,8 @@ class Broker:
         assert self.kafka_txn is not None and self._kafka_sock is not None
         group_log = GroupLog(self.store, reserved_time=cfg.file_reserved_time, clock=self.clock)
         self.groups = GroupCoordinator(cfg, self.metrics, clock=self.clock, log=group_log,
-                                       offsets=self.store.offsets)
+                                       offsets=self.store.offsets,
+                                       forget_offsets=self.store.forget_offsets_now)
         await self.groups.start()
         # A single broker loads its Kafka state now; in a cluster the role does, on becoming
         # the master (recover_master_state, resume_master_services).

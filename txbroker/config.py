@@ -199,7 +199,8 @@ class BrokerConfig:
     slave_timeout: float = 0.0
     #: How often the broker registers with every name server (RocketMQ: 30 s, clamped 10-60 s).
     register_interval: float = 30.0
-    #: How often a slave copies topic configs and consumer offsets from its master.
+    #: How often a slave copies topic configs from its master (classic and controller mode;
+    #: consumer offsets are replicated records of the commitlog, never copied).
     metadata_sync_interval: float = 10.0
     #: Controller(s) deciding which replica is master (``h:p;h:p``); empty = roles fixed by
     #: ``broker_id`` (RocketMQ's classic master/slave, failover by hand).

@@ -40,7 +40,8 @@ class Node:
         self.store.open()
         log = GroupLog(self.store, reserved_time=self.config.file_reserved_time, clock=self.clock)
         self.coord = GroupCoordinator(self.config, BrokerMetrics(), clock=self.clock, log=log,
-                                      offsets=self.store.offsets)
+                                      offsets=self.store.offsets,
+                                      forget_offsets=self.store.forget_offsets_now)
         await self.coord.start()
         self.coord.load()
         return self.coord

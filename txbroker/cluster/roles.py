@@ -476,11 +476,11 @@ class Roles:
             self.master_addr = master_addr or self.master_addr
             self.ha_slave = self._follower(store)
             self.ha_slave.start()
-            self.sync = SlaveSync(broker.topics, store.offsets, self.config.metadata_sync_interval,
-                                  lambda: self.master_addr or None,
-                                  credentials=broker_credentials(broker), tls=self._peer_tls,
-                                  copy_topics=not self.config.etcd_endpoints)
-            self.sync.start()
+            if not self.config.etcd_endpoints:  # etcd mode: topics come from etcd
+                self.sync = SlaveSync(broker.topics, self.config.metadata_sync_interval,
+                                      lambda: self.master_addr or None,
+                                      credentials=broker_credentials(broker), tls=self._peer_tls)
+                self.sync.start()
             broker.registration_changed()
 
     def _follower(self, store: MessageStore) -> HASlave:

@@ -1,15 +1,13 @@
-"""What a slave copies from its master besides the commitlog: topic configs and consumer offsets.
+"""What a slave copies from its master besides the commitlog: topic configs (classic and
+controller mode).
 
-The commitlog stream (HA) carries messages only.  Topics and consumer offsets live in files of
-their own on the master, so a slave asks for them with ordinary remoting requests every
-``metadata_sync_interval`` (RocketMQ's SlaveSynchronize: GET_ALL_TOPIC_CONFIG 21 and
-GET_ALL_CONSUMER_OFFSET 43, docs/cluster.md "Metadata sync").  Topics replace the slave's table
-when they differ; offsets are merged (an offset is never moved back by a sync, and one the
-master no longer has is kept), each with the Kafka commit metadata and time the master holds
-for it (so OffsetFetch answers the same metadata after a failover), so a promoted slave resumes consumers where the master last
-reported them, at most one interval behind: a consumer may see up to that much again after a
-failover, never miss anything.  In etcd mode topics come from etcd instead
-(:mod:`txbroker.cluster.topic_keys`), so only offsets are copied here (``copy_topics=False``).
+Topics live in a file of their own on the master, so a slave asks for them with an ordinary
+remoting request every ``metadata_sync_interval`` (RocketMQ's SlaveSynchronize:
+GET_ALL_TOPIC_CONFIG 21, docs/cluster.md "Metadata sync") and replaces its table when they
+differ.  In etcd mode topics come from etcd instead (:mod:`txbroker.cluster.topic_keys`) and
+nothing is copied.  Consumer offsets are not copied: they are records of the commitlog
+(:mod:`txbroker.store.offset_log`), replicated with it and applied on the slave as on the
+master.
 
 Under access control the master checks these requests like any other, so a slave signs them
 with its own ACL account (``acl_access_key``; RocketMQ 5 signs broker-to-broker calls with its
@@ -33,7 +31,6 @@ from txbroker.remoting.signing import SessionCredentials
 from txbroker.remoting.tls import link_failure
 from txbroker.service.repeating import Repeating
 from txbroker.service.topics import TopicConfig, TopicManager
-from txbroker.store.offsets import ConsumerOffsetStore, KafkaCommit
 
 log = logging.getLogger(__name__)
 
@@ -56,45 +53,19 @@ def parse_topic_table(body: bytes) -> list[TopicConfig]:
     return out
 
 
-def parse_offset_table(body: bytes) -> list[tuple[str, str, int, int, KafkaCommit | None]]:
-    """A GET_ALL_CONSUMER_OFFSET body → (group, topic, queue id, offset, Kafka commit) rows;
-    the Kafka commit (metadata, commit time ms) comes from ``kafkaCommitTable``, which a
-    RocketMQ broker does not send (None then)."""
-    doc = orjson.loads(body)
-    table = doc.get("offsetTable")
-    if not isinstance(table, dict):
-        raise TypeError("no offsetTable")
-    kafka = doc.get("kafkaCommitTable") or {}
-    if not isinstance(kafka, dict):
-        raise TypeError("kafkaCommitTable is not an object")
-    rows = []
-    for key, queues in table.items():
-        topic, sep, group = str(key).rpartition("@")
-        if not sep:
-            raise ValueError(f"offset key {key!r} is not topic@group")
-        commits = kafka.get(key) or {}
-        for qid, offset in queues.items():
-            commit = commits.get(qid)
-            rows.append((group, topic, int(qid), int(offset),
-                         None if commit is None else (str(commit[0]), int(commit[1]))))
-    return rows
-
-
 class SlaveSync:
-    """Copies topics and consumer offsets from the master while this broker is a slave."""
+    """Copies topics from the master while this broker is a slave."""
 
-    def __init__(self, topics: TopicManager, offsets: ConsumerOffsetStore, interval: float,
+    def __init__(self, topics: TopicManager, interval: float,
                  master_addr: Callable[[], str | None],
                  credentials: SessionCredentials | None = None,
-                 tls: ssl.SSLContext | None = None, copy_topics: bool = True) -> None:
+                 tls: ssl.SSLContext | None = None) -> None:
         self.topics = topics
-        self.copy_topics = copy_topics
         self.credentials = credentials
         #: TLS to the master's broker port (the broker's ``tls_peers``), None: plaintext.
         self.tls = tls
         #: Why the last round failed (None: it worked, or none ran yet).
         self.problem: str | None = None
-        self.offsets = offsets
         self.interval = interval
         self._master_addr = master_addr
         self._client: RemotingClient | None = None
@@ -133,15 +104,8 @@ class SlaveSync:
             if self._client is not None:
                 await self._client.close()
             self._client = RemotingClient(addr, connect_timeout=SYNC_TIMEOUT, ssl=self.tls)
-        if self.copy_topics:
-            topics = await self._ask(RequestCode.GET_ALL_TOPIC_CONFIG, addr)
-            await self.topics.replace_all(parse_topic_table(topics))
-        offsets = await self._ask(RequestCode.GET_ALL_CONSUMER_OFFSET, addr)
-        for group, topic, qid, offset, commit in parse_offset_table(offsets):
-            have = self.offsets.get(group, topic, qid)
-            if have is None or offset > have or (
-                    offset == have and commit != self.offsets.kafka_commit(group, topic, qid)):
-                self.offsets.set(group, topic, qid, offset, kafka=commit)
+        topics = await self._ask(RequestCode.GET_ALL_TOPIC_CONFIG, addr)
+        await self.topics.replace_all(parse_topic_table(topics))
         return True
 
     async def _ask(self, code: int, addr: str) -> bytes:

@@ -111,10 +111,11 @@ class ScheduleService:
                 if not msgs:
                     if res.next_offset > cursor:  # skip entries the store can no longer read
                         cursor = res.next_offset
-                        self.store.offsets.set(SCHEDULE_GROUP, SCHEDULE_TOPIC, qid, cursor)
+                        self._save_cursor(qid, cursor)
                         continue
                     break
                 stop = False
+                before = cursor
                 for m in msgs:
                     if m.store_timestamp + delay * 1000.0 > now_ms:
                         stop = True
@@ -132,11 +133,18 @@ class ScheduleService:
                         stop = True
                         break
                     cursor = m.queue_offset + 1
-                    self.store.offsets.set(SCHEDULE_GROUP, SCHEDULE_TOPIC, qid, cursor)
+                if cursor != before:
+                    self._save_cursor(qid, cursor)  # once per batch read, not per message
                 if stop:
                     break
         self._note_refusal(refused)
         return delivered
+
+    def _save_cursor(self, qid: int, cursor: int) -> None:
+        """A level's cursor goes through the offset log (txbroker/store/offset_log.py), so a
+        promoted slave resumes where this master stopped; refused (the disk, a fence), the
+        batch is delivered again at the next pass: at least once, never lost."""
+        self.store.commit_offsets_now([(SCHEDULE_GROUP, SCHEDULE_TOPIC, qid, cursor, None)])
 
     def _note_refusal(self, refused: str) -> None:
         """Log a refusal when its cause first holds delivery back, and once when it ends."""

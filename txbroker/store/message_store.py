@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 from txbroker.config import BrokerConfig
+from txbroker.store import offset_log
 from txbroker.store.append import Appender, WriteGate
 from txbroker.store.background import off_loop, periodic
 from txbroker.store.checkpoint import Checkpoint, CheckpointFile
@@ -118,6 +119,11 @@ class MessageStore:
         self._topic_names: dict[bytes, str] = {}
         #: Truncations so far: a checkpoint taken across one must not be saved.
         self._cuts = 0
+        #: Offsets committed in this loop step (:meth:`commit_offsets`), written together at
+        #: its end, and the answer they share; the waits of earlier batches.
+        self._offset_rows: list[offset_log.OffsetRow] = []
+        self._offset_done: asyncio.Future[PutResult] | None = None
+        self._offset_waits: set[asyncio.Task[None]] = set()
 
     # --- lifecycle ----------------------------------------------------------------------------
     def open(self) -> RecoveryReport:
@@ -130,6 +136,7 @@ class MessageStore:
             self.offsets = ConsumerOffsetStore(self.root / "consumerOffset.json")
             self.epochs = EpochFile(self.root / EPOCH_FILE_NAME)
             report = self._recover()
+            self.apply_offset_log()  # before anything is served: the offsets the log holds
             # Epochs that began past the recovered end lost their bytes with the torn tail.
             self.epochs.truncate_from(self.max_physical_offset + 1)
         except BaseException:
@@ -247,6 +254,11 @@ class MessageStore:
         the loop, before their files are deleted in the executor."""
         assert self.commitlog is not None
         limit = (self.clock() if now is None else now) - self.config.file_reserved_time
+        # The offsets file must cover every offset record a deleted segment holds: write it
+        # first (it then covers the whole offset log; see offset_log.py).  A failure raises,
+        # and nothing is deleted.
+        self.snapshot_offsets_if_due()
+        await self._persist_offsets()
         expired = take_expired(self.commitlog, limit)
         if not expired:
             return 0
@@ -284,6 +296,129 @@ class MessageStore:
             return 0
         cq.min_offset = max(cq.min_offset, min(offset, cq.max_offset))
         return cq.min_offset
+
+    # --- consumer offsets: the offset log ------------------------------------------------------
+    def apply_offset_log(self) -> int:
+        """Apply the offset records past the last one applied to :attr:`offsets`, in queue
+        order (see :mod:`txbroker.store.offset_log`); returns how many.  The one path for a
+        master after its append, a slave after replicated bytes, and recovery."""
+        cq = self.queues_.get((offset_log.TOPIC, offset_log.QUEUE))
+        offsets = self.offsets
+        if cq is None or offsets.log_applied >= cq.max_offset:
+            return 0
+        start = offsets.log_applied
+        if start < cq.min_offset:
+            if start == 0:  # an empty replica that started at the master's oldest segment
+                log.info("consumer offsets: applied from record %d of %s on (the older ones "
+                         "are gone; the snapshots since hold every offset)", cq.min_offset,
+                         offset_log.TOPIC)
+            else:
+                log.error("consumer offsets: records %d to %d of %s are gone (the offsets "
+                          "file predates retention); offsets only they held are lost", start,
+                          cq.min_offset - 1, offset_log.TOPIC)
+            start = cq.min_offset
+        applied = 0
+        for qoff in range(start, cq.max_offset):
+            entry = cq.get(qoff)
+            msg = self.read(entry[0]) if entry is not None else None
+            if msg is None:
+                log.error("consumer offset record %d of %s cannot be read: skipped", qoff,
+                          offset_log.TOPIC)
+                offsets.applied(qoff)
+            else:
+                self._apply_offset_record(msg.body, qoff)
+                applied += 1
+        return applied
+
+    def _apply_offset_record(self, body: bytes, queue_offset: int) -> None:
+        offset_log.apply(self.offsets, body, queue_offset)
+        self.offsets.applied(queue_offset)
+
+    def _write_offset_record(self, msg: Message) -> PutResult:
+        """Append an offset record and apply it.  The body just written is applied as the
+        record's bytes would be (the same :func:`offset_log.apply`), without reading it back,
+        when it is the next record to apply; otherwise the log is read from the cursor."""
+        result = self._appender.append(msg)
+        if result.ok:
+            if result.queue_offset == self.offsets.log_applied:
+                self._apply_offset_record(msg.body, result.queue_offset)
+            else:
+                self.apply_offset_log()
+        return result
+
+    def commit_offsets_now(self, rows: list[offset_log.OffsetRow]) -> PutResult:
+        """Write the rows as an offset record (more than one only when they do not fit half
+        ``max_message_size``; refused on a slave or a fenced master, as a put is) and apply
+        it: what a consumer reads back from now on.  No wait: the record is as durable and
+        replicated as a put written now (see :meth:`commit_offsets`)."""
+        result = PutResult(PutStatus.OK)
+        for msg in offset_log.set_messages(rows, self.config.max_message_size // 2):
+            result = self._write_offset_record(msg)
+            if not result.ok:
+                break
+        return result
+
+    async def commit_offsets(self, rows: list[offset_log.OffsetRow]) -> PutResult:
+        """:meth:`commit_offsets_now`, answered as a send would be: after the flush (sync
+        mode) and the slaves (a SYNC_MASTER).  When there is such a wait, the commits of one
+        loop step share one record and one wait (consumers' commits arriving together cost
+        one append); without one, the commit is written at once and the coroutine never
+        suspends (the connection answers it inline, as before offsets were records)."""
+        if self.answers_at_once:
+            return self.commit_offsets_now(rows)
+        done = self._offset_done
+        if done is None:
+            loop = asyncio.get_running_loop()
+            done = self._offset_done = loop.create_future()
+            loop.call_soon(self._write_offset_batch)
+        self._offset_rows.extend(rows)
+        return await asyncio.shield(done)
+
+    def _write_offset_batch(self) -> None:
+        rows, done = self._offset_rows, self._offset_done
+        self._offset_rows, self._offset_done = [], None
+        assert done is not None
+        result = self.commit_offsets_now(rows)
+        if not result.ok or self.answers_at_once:  # (replication may have ended meanwhile)
+            done.set_result(result)
+            return
+        task = asyncio.get_running_loop().create_task(self._confirm_offsets(result, done))
+        self._offset_waits.add(task)
+        task.add_done_callback(self._offset_waits.discard)
+
+    async def _confirm_offsets(self, result: PutResult, done: asyncio.Future[PutResult]) -> None:
+        try:
+            await self._await_flush([result])
+            if self._replication is not None:
+                await self._await_replicas([result])
+            self._recheck_gate([result])
+        except BaseException as exc:
+            done.set_exception(exc)
+            raise
+        done.set_result(result)
+
+    def snapshot_offsets_if_due(self) -> bool:
+        """The master writes the whole table into the offset log again once its last snapshot
+        is half ``file_reserved_time`` old (see :mod:`offset_log`); True when it did.  A slave
+        (or a fenced master) is refused and tries again at the next retention pass."""
+        now_ms = int(self.clock() * 1000)
+        due = self.offsets.snapshot_ms + self.config.file_reserved_time * 500
+        if now_ms < due or (self.fenced is not None) or self._closed:
+            return False
+        msgs = offset_log.set_messages(self.offsets.rows(), self.config.max_message_size // 2,
+                                       snap_ms=now_ms)
+        for msg in msgs:
+            if not self._write_offset_record(msg).ok:
+                return False
+        log.info("consumer offsets: snapshot of %d offsets written to the offset log in %d "
+                 "record(s)", len(self.offsets.rows()), len(msgs))
+        return True
+
+    def forget_offsets_now(self, keys: list[tuple[str, str, int]]) -> PutResult:
+        """Remove offsets through the log (expired, or their group deleted)."""
+        if not keys:
+            return PutResult(PutStatus.OK)
+        return self._write_offset_record(offset_log.forget_message(keys))
 
     # --- writing ----------------------------------------------------------------------------------
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -462,6 +597,8 @@ class MessageStore:
         self._replica_end = commitlog.max_offset
         self._reput_from, touched = reput(commitlog, self.queues_, self._queue, self._reput_from,
                                           self._topic_names)
+        if (offset_log.TOPIC, offset_log.QUEUE) in touched:
+            self.apply_offset_log()
         if touched and self._appender.listeners:
             for (topic, qid), new_max in touched.items():
                 for fn in self._appender.listeners:
@@ -488,6 +625,7 @@ class MessageStore:
             self._cuts += 1
             cut = commitlog.set_end(offset)
             drop_entries_past(self.queues_, offset)
+            self.offsets.rewind(self.max_offset(offset_log.TOPIC, offset_log.QUEUE))
             boundary = complete if complete <= offset else commitlog.boundary_at_or_before(offset)
             self._reput_from, self._replica_end = boundary, commitlog.max_offset
             cp = self._checkpoint.load()

@@ -5,6 +5,10 @@ it over the old one, fsync the directory.  A crash at any point leaves either th
 file whole, never a torn one — so a consumer's committed position never moves back past what
 was last persisted.
 
+The table itself is written through the commitlog (:mod:`txbroker.store.offset_log`): this
+file is its checkpoint, and ``log`` in it is the queue offset of the first offset record it
+does not cover (recovery applies the records from there).
+
 Offsets committed by Kafka clients also keep their commit metadata string and commit time
 (``kafka`` in the file): OffsetFetch returns the string, and the time decides when the offset
 of a group without members expires.  Any other write of the offset drops them.
@@ -28,6 +32,11 @@ class ConsumerOffsetStore:
         self._offsets: dict[OffsetKey, int] = {}
         self._kafka: dict[OffsetKey, KafkaCommit] = {}
         self._dirty = False
+        #: The queue offset of the first offset-log record not applied yet (see
+        #: :mod:`txbroker.store.offset_log`); persisted with the table it describes.
+        self.log_applied = 0
+        #: When the last snapshot of the table went into the offset log (ms; 0: none known).
+        self.snapshot_ms = 0
         if path.exists():
             self._load(path.read_bytes())
 
@@ -37,6 +46,11 @@ class ConsumerOffsetStore:
         consumer's position."""
         try:
             doc = orjson.loads(raw)
+            applied = doc.get("log", 0)
+            if not isinstance(applied, int) or applied < 0:
+                raise ValueError(f"log position {applied!r} is not an int >= 0")
+            self.log_applied = applied
+            self.snapshot_ms = int(doc.get("snap", 0))
             for group, topics in doc.get("offsets", {}).items():
                 for topic, queues in topics.items():
                     for qid, offset in queues.items():
@@ -52,6 +66,22 @@ class ConsumerOffsetStore:
         except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError) as exc:
             raise ValueError(f"consumer offsets file {self.path} is damaged ({exc}); "
                              "repair or remove it to start") from None
+
+    def rows(self) -> list[tuple[str, str, int, int, KafkaCommit | None]]:
+        """Every offset with its Kafka commit (the offset log's snapshot)."""
+        return [(g, t, q, o, self._kafka.get((g, t, q))) for (g, t, q), o in self._offsets.items()]
+
+    def applied(self, queue_offset: int) -> None:
+        """The offset-log record at ``queue_offset`` is applied."""
+        self.log_applied = queue_offset + 1
+        self._dirty = True
+
+    def rewind(self, queue_offset: int) -> None:
+        """The offset log now ends at ``queue_offset`` (a slave's log was cut): the records
+        written there later are new ones to apply."""
+        if self.log_applied > queue_offset:
+            self.log_applied = queue_offset
+            self._dirty = True
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:
         return self._offsets.get((group, topic, queue_id))
@@ -120,7 +150,7 @@ class ConsumerOffsetStore:
         if not self._dirty:
             return None
         self._dirty = False
-        doc = {"offsets": {g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()}
+        doc: dict = {"log": self.log_applied, "snap": self.snapshot_ms, "offsets": {g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()}
                            for g, ts in self.groups().items()}}
         if self._kafka:
             kafka: dict[str, dict[str, dict[str, list]]] = {}

@@ -40,11 +40,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from operator import attrgetter
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from txbroker.config import BrokerConfig
@@ -62,11 +60,9 @@ from txbroker.service.kafka.snapshot import Snapshot, read_latest, snapshot_mess
 from txbroker.service.kafka.txn_log import (
     BORN_HOST,
     DATA_TOPIC,
-    OFFSET_FILE_GRACE_MS,
     P_PARTITION,
     P_TOPIC,
     STATE_TOPIC,
-    Offset,
     Replayed,
     StateRecord,
     batch_message,
@@ -232,9 +228,6 @@ class TransactionCoordinator:
         self._next_pid = 0
         self._pid_limit = 0
         self._pid_lock = asyncio.Lock()
-        #: (store time ms, offsets) of commits a periodically persisted offset file may not
-        #: hold yet: snapshots carry them, so recovery can set them again.
-        self._recent_commits: deque[tuple[int, list[Offset]]] = deque()
         self._snapshot_no = 0
         #: What the latest snapshot covers: state-topic queue offset, when, and the
         #: commitlog offset the next snapshot's producer replay starts from.
@@ -278,7 +271,6 @@ class TransactionCoordinator:
             rep.pid_upto = s.pid_upto
             for doc, offset in s.ids:
                 rep.latest[doc["tid"]] = StateRecord(doc, offset)
-            rep.committed_offsets = [(ts, [tuple(o) for o in offs]) for ts, offs in s.commits]
             self.producers.load_doc(s.producers)
             self._snap_state_from, self._snap_ms = s.state_from, s.written_ms
             log_from = max(log_from, s.log_from)
@@ -313,8 +305,6 @@ class TransactionCoordinator:
         for t in self._txns.values():
             if t.state == PREPARE_COMMIT:
                 t.applied = self._count_applied(t.marker)
-        self._recent_commits.extend(rep.committed_offsets)
-        self._reapply_offsets(rep.committed_offsets)
         self._snap_log_mark = self._snap_log_end = self.store.max_physical_offset
 
     def _reset(self) -> None:
@@ -323,7 +313,6 @@ class TransactionCoordinator:
         self._by_pid.clear()
         self.producers.clear()
         self.staged_bytes = 0
-        self._recent_commits.clear()
         self._snapshot_no = self._snap_state_from = self._snap_ms = 0
 
     def _replay_producers(self, log_from: int, now: int) -> None:
@@ -372,23 +361,6 @@ class TransactionCoordinator:
             if m.prepared_transaction_offset == marker and not is_system_topic(m.topic):
                 n += 1
         return n
-
-    def _reapply_offsets(self, committed: list[tuple[int, list[Offset]]]) -> None:
-        """The offset table is persisted periodically: a commit may be newer than the file.
-        Offsets of commits the file may predate are set again, forward only, so a later
-        non-transactional commit the file already holds is not moved back."""
-        path = Path(self.config.data_dir) / "consumerOffset.json"
-        try:
-            written_ms = int(path.stat().st_mtime * 1000)
-        except FileNotFoundError:
-            written_ms = 0
-        for ts, offsets in committed:
-            if ts + OFFSET_FILE_GRACE_MS < written_ms:
-                continue
-            for group, topic, partition, offset in offsets:
-                current = self.store.offsets.get(group, topic, partition)
-                if current is None or current < offset:
-                    self.store.offsets.set(group, topic, partition, offset)
 
     async def start(self) -> None:
         """Finish the decisions recovery found, then run the timeout scan (and the snapshots)."""
@@ -519,14 +491,10 @@ class TransactionCoordinator:
         (its put was still waiting for the disk) is replayed — replay skips what the snapshot
         already holds."""
         now = self.now_ms()
-        persist_ms = int(self.config.offset_persist_interval * 1000) * 2 + OFFSET_FILE_GRACE_MS
-        while self._recent_commits and self._recent_commits[0][0] < now - persist_ms:
-            self._recent_commits.popleft()
         snap = Snapshot(
             state_from=self.store.max_offset(STATE_TOPIC, 0), log_from=log_from,
             pid_upto=self._pid_limit,
             ids=[[t.doc(), t.record_offset] for t in self._txns.values() if t.record_offset >= 0],
-            commits=[[ts, [list(o) for o in offs]] for ts, offs in self._recent_commits],
             producers=self.producers.to_doc(), written_ms=now)
         mark = self.store.max_physical_offset
         msgs = snapshot_messages(self._snapshot_no + 1, snap,
@@ -941,14 +909,21 @@ class TransactionCoordinator:
                     log.error("kafka transaction %r: commit applied %d of %d records (%s); retrying",
                               t.tid, t.applied, len(msgs), results[-1].status.value)
                     raise CoordinatorUnavailable
-            for (group, topic, partition), offset in t.offsets.items():
-                self.store.offsets.set(group, topic, partition, offset)
+            if t.offsets:
+                # The offsets go through the offset log before CompleteCommit is written, so
+                # a log holding CompleteCommit holds them too (a replica promoted, a restart);
+                # CompleteCommit's flush and replica wait covers this record too (it is
+                # earlier in the log), so it is not waited for on its own.  A refusal leaves
+                # the commit decided, and it is retried.
+                done = self.store.commit_offsets_now(
+                    [(g, tp, p, o, None) for (g, tp, p), o in t.offsets.items()])
+                if not done.ok:
+                    log.error("kafka transaction %r: its offsets were not stored (%s); retrying",
+                              t.tid, done.status.value)
+                    raise CoordinatorUnavailable
             await self._deliver(t, commit=True)
             started = t.started_ms
             await self._write(t, state=COMPLETE_COMMIT, partitions=[], groups=[], participants={})
-            if t.offsets:
-                self._recent_commits.append((self.now_ms(), [(g, tp, p, o) for (g, tp, p), o
-                                                             in t.offsets.items()]))
         finally:
             t.busy = False
         self.metrics.kafka_txn_committed.inc()

@@ -17,6 +17,8 @@ from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.kafka.groups import GroupCoordinator
 from txbroker.service.topics import TopicManager
 from txbroker.store.message_store import MessageStore
+from txbroker.store.offset_log import OffsetRow
+from txbroker.store.results import PutStatus
 
 #: Kafka's default ``offset.metadata.max.bytes``.
 MAX_METADATA_BYTES = 4096
@@ -81,14 +83,29 @@ def group_handlers(groups: GroupCoordinator, store: MessageStore, topics: TopicM
             verdict = groups.validate_commit(group_id, generation, body["member_id"])
         now_ms = int(groups.clock() * 1000)
         out = []
+        rows: list[OffsetRow] = []
+        taken: list[dict] = []
         for t in body.get("topics") or ():
             parts = []
             for p in t.get("partitions") or ():
                 err = verdict
                 if err == ErrorCode.NONE:
-                    err = _commit_one(store, partition_exists, group_id, t["name"], p, now_ms)
-                parts.append({"partition_index": p["partition_index"], "error_code": err})
+                    err = _check_one(partition_exists, group_id, t["name"], p, now_ms, rows)
+                part = {"partition_index": p["partition_index"], "error_code": err}
+                if err == ErrorCode.NONE:
+                    taken.append(part)
+                parts.append(part)
             out.append({"name": t["name"], "partitions": parts})
+        if rows:
+            # One offset record for the request (docs/kafka.md, "Consumer groups"), answered
+            # once stored as a RocketMQ send is (the table is shared): a stored record whose
+            # replication was cut short (no slave left in the in-sync set) still counts.
+            result = await store.commit_offsets(rows)
+            if not result.ok:
+                err = (ErrorCode.NOT_COORDINATOR if result.status is PutStatus.SERVICE_NOT_AVAILABLE
+                       else ErrorCode.COORDINATOR_NOT_AVAILABLE)
+                for part in taken:
+                    part["error_code"] = err
         return {"topics": out}
 
     async def offset_fetch(ctx: KafkaRequestContext, body: dict) -> dict:
@@ -129,9 +146,9 @@ def group_handlers(groups: GroupCoordinator, store: MessageStore, topics: TopicM
             ApiKey.DELETE_GROUPS: delete_groups}
 
 
-def _commit_one(store: MessageStore, partition_exists, group_id: str, topic: str,
-                p: dict, now_ms: int) -> ErrorCode:
-    """Store one partition's committed offset; the error code for it."""
+def _check_one(partition_exists, group_id: str, topic: str, p: dict, now_ms: int,
+               rows: list[OffsetRow]) -> ErrorCode:
+    """Check one partition's committed offset and add its row to ``rows``; the error code."""
     if not partition_exists(topic, p["partition_index"]):
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     metadata = p.get("committed_metadata")
@@ -139,8 +156,8 @@ def _commit_one(store: MessageStore, partition_exists, group_id: str, topic: str
         return ErrorCode.OFFSET_METADATA_TOO_LARGE
     if p["committed_offset"] < 0:
         return ErrorCode.INVALID_REQUEST      # the offset table holds positions >= 0 only
-    store.offsets.set(group_id, topic, p["partition_index"], p["committed_offset"],
-                      kafka=(metadata or "", now_ms))
+    rows.append((group_id, topic, p["partition_index"], p["committed_offset"],
+                 (metadata or "", now_ms)))
     return ErrorCode.NONE
 
 

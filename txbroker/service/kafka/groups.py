@@ -32,7 +32,7 @@ from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.service.kafka.group_log import GroupLog, b64, unb64
 from txbroker.service.metrics import BrokerMetrics
-from txbroker.store.offsets import ConsumerOffsetStore
+from txbroker.store.offsets import ConsumerOffsetStore, OffsetKey
 
 EMPTY = "Empty"
 PREPARING = "PreparingRebalance"
@@ -149,22 +149,23 @@ class GroupCoordinator:
 
     def __init__(self, config: BrokerConfig, metrics: BrokerMetrics, *,
                  clock: Callable[[], float] = time.time, log: GroupLog | None = None,
-                 offsets: ConsumerOffsetStore | None = None) -> None:
+                 offsets: ConsumerOffsetStore | None = None,
+                 forget_offsets: Callable[[list[OffsetKey]], object] | None = None) -> None:
         """``log``: where group metadata is kept (None: memory only, the unit tests);
-        ``offsets``: the offset table, for DeleteGroups and offset expiry."""
+        ``offsets``: the offset table, for DeleteGroups and offset expiry;
+        ``forget_offsets``: removes offsets through the offset log (the store's
+        ``forget_offsets_now``, so a slave and a restart forget them too; None: in memory
+        only, the unit tests)."""
         self.config = config
         self.metrics = metrics
         self.clock = clock
         self.log = log
         self.offsets = offsets
+        self._forget_offsets = forget_offsets
         self.groups: dict[str, Group] = {}
         #: Coordinator of the groups: after :meth:`load` (at once without a log); a broker
         #: that is not the master answers NOT_COORDINATOR.
         self.active = log is None
-        #: Groups deleted or pruned lately -> when (ms): their tombstones go into snapshots
-        #: until the offsets file has been written after them.
-        self.tombstones: dict[str, int] = {}
-        self._tombstones_checked = 0.0
         self._closed = False
         self._task: asyncio.Task | None = None
         self._wake = asyncio.Event()
@@ -178,20 +179,14 @@ class GroupCoordinator:
 
     def load(self) -> int:
         """Become the groups' coordinator: every group as the log last recorded it (a broker
-        start, or a broker that becomes the master).  A deleted group's offsets are removed
-        again when the offsets file may predate the deletion.  Returns the groups loaded."""
+        start, or a broker that becomes the master).  A deleted group's offsets were removed
+        through the offset log, which the store applied when it opened or replicated it.
+        Returns the groups loaded."""
         self._drop_all(ErrorCode.NOT_COORDINATOR)
         now = self.clock()
         docs = self.log.replay() if self.log is not None else {}
-        written_ms = self._offsets_written_ms()
-        table = self.offsets.groups() if self.offsets is not None else {}
         for gid, doc in docs.items():
             if "deleted" in doc:
-                self.tombstones[gid] = doc["deleted"]
-                if self.offsets is not None and written_ms <= doc["deleted"]:
-                    for topic, queues in table.get(gid, {}).items():
-                        for q in queues:
-                            self.offsets.forget(gid, topic, q)
                 continue
             self.groups[gid] = Group.from_doc(doc, now)
         self.active = True
@@ -205,14 +200,6 @@ class GroupCoordinator:
         self.active = False
         self._drop_all(ErrorCode.NOT_COORDINATOR)
         self._gauge()
-
-    def _offsets_written_ms(self) -> int:
-        if self.offsets is None:
-            return 0
-        try:
-            return int(self.offsets.path.stat().st_mtime * 1000)
-        except FileNotFoundError:
-            return 0
 
     def _drop_all(self, code: ErrorCode) -> None:
         """Forget every group; parked answers get ``code``."""
@@ -255,7 +242,6 @@ class GroupCoordinator:
                     self._next_prune = (self.clock()
                                         + self.config.kafka_offsets_retention_check_interval)
                     self.prune()
-                self._settle_tombstones()
                 if self.active and self.log is not None and self.log.snapshot_due(
                         len(self.groups)):
                     self.snapshot()
@@ -710,8 +696,8 @@ class GroupCoordinator:
 
     async def delete(self, group_ids: list[str]) -> list[ErrorCode]:
         """DeleteGroups: only an Empty group goes; its record and offsets go for good (a
-        tombstone in the log; the offsets file may lag, so loading removes the offsets
-        again).  One error code per group, in order."""
+        tombstone in the group log, the offsets removed through the offset log).  One error
+        code per group, in order."""
         known = self._known() if self.active else {}
         verdicts: list[ErrorCode | asyncio.Future[bool] | None] = []
         for gid in group_ids:
@@ -750,6 +736,7 @@ class GroupCoordinator:
         now = self.clock()
         retention = self.config.kafka_offsets_retention
         table = self.offsets.groups()
+        expired: list[OffsetKey] = []
         removed = 0
         for gid, g in self._known().items():
             if g is not None and (g.members or g.pending or g.state != EMPTY):
@@ -757,9 +744,8 @@ class GroupCoordinator:
             offsets = table.get(gid, {})
             if g is not None and g.protocol_type:
                 if now - g.state_since >= retention:
-                    for topic, queues in offsets.items():
-                        for q in queues:
-                            self.offsets.forget(gid, topic, q)
+                    expired += [(gid, topic, q) for topic, queues in offsets.items()
+                                for q in queues]
                     offsets = {}
             else:
                 kept = 0
@@ -767,13 +753,14 @@ class GroupCoordinator:
                     for q in queues:
                         commit = self.offsets.kafka_commit(gid, topic, q)
                         if commit is not None and now - commit[1] / 1000 >= retention:
-                            self.offsets.forget(gid, topic, q)
+                            expired.append((gid, topic, q))
                         else:
                             kept += 1
                 offsets = {} if not kept else offsets
             if not offsets:
                 self._forget(gid, offsets_left=False)
                 removed += 1
+        self._drop_offsets(expired)  # one offset record for the pass
         if removed:
             log.info("kafka groups: %d expired group(s) removed", removed)
             self._gauge()
@@ -794,33 +781,27 @@ class GroupCoordinator:
             fut.add_done_callback(lambda f: then(f.result()))
 
     def snapshot(self) -> None:
-        """Compact the log: every live group's record again, and the tombstones the offsets
-        file may not reflect yet (not written since the deletion: see :meth:`load`)."""
+        """Compact the log: every live group's record again (a deleted group's offsets went
+        through the offset log, so no tombstone needs carrying)."""
         assert self.log is not None
-        self._settle_tombstones(force=True)
-        docs = [g.doc() for g in self.groups.values() if g.persisted]
-        docs += [{"group": g, "deleted": ms} for g, ms in self.tombstones.items()]
-        self.log.snapshot(docs)
+        self.log.snapshot([g.doc() for g in self.groups.values() if g.persisted])
 
-    def _settle_tombstones(self, *, force: bool = False) -> None:
-        """Forget the tombstones the offsets file reflects (written after them): no snapshot
-        needs them any more.  At most once a second unless ``force``."""
-        now = self.clock()
-        if not self.tombstones or (not force and now < self._tombstones_checked + 1.0):
+    def _drop_offsets(self, keys: list[OffsetKey]) -> None:
+        if not keys:
             return
-        self._tombstones_checked = now
-        written_ms = self._offsets_written_ms()
-        self.tombstones = {g: ms for g, ms in self.tombstones.items()
-                           if ms >= written_ms and g not in self.groups}
+        if self._forget_offsets is not None:
+            self._forget_offsets(keys)
+        elif self.offsets is not None:
+            for key in keys:
+                self.offsets.forget(*key)
 
     def _forget(self, group_id: str, *, offsets_left: bool = True) -> asyncio.Future[bool] | None:
         """Remove a group, its offsets (``offsets_left``: some may remain) and metadata, with
         a tombstone.  The future (None without a log) says whether the tombstone is stored."""
         self.groups.pop(group_id, None)
         if self.offsets is not None and offsets_left:
-            self.offsets.forget_group(group_id)
+            self._drop_offsets([(group_id, t, q) for t, q in self.offsets.group_offsets(group_id)])
         ms = int(self.clock() * 1000)
-        self.tombstones[group_id] = ms
         if self.log is None:
             return None
         return self.log.submit({"group": group_id, "deleted": ms})

@@ -3,8 +3,7 @@
 the whole history — Kafka's producer-state snapshots and compacted transaction log, on
 txbroker's commitlog.
 
-A snapshot is one JSON document: every transactional id's metadata, the producer-id floor, the
-recent commits' consumer offsets, every idempotent producer's sequence state, the state-topic
+A snapshot is one JSON document: every transactional id's metadata, the producer-id floor, every idempotent producer's sequence state, the state-topic
 queue offset it covers up to (``state_from``: replay the state topic from there) and the
 commitlog offset from which Kafka-produced batches are replayed into the producer state
 (``log_from``).  It is written to queue 0 of ``RMQ_SYS_KAFKA_TXN_SNAPSHOT`` in parts of at most
@@ -43,7 +42,9 @@ class Snapshot:
     pid_upto: int
     #: [doc, physical offset of the id's latest state record] per id.
     ids: list[list[Any]] = field(default_factory=list)
-    #: [store time ms, [[group, topic, partition, offset], ...]] of recent commits.
+    #: Read and ignored: snapshots of older versions carried their recent commits' consumer
+    #: offsets here (the offsets file was then the only copy); a commit's offsets now go
+    #: through the offset log (txbroker/store/offset_log.py).
     commits: list[list[Any]] = field(default_factory=list)
     #: ProducerStates.to_doc()
     producers: list[list[Any]] = field(default_factory=list)

@@ -32,7 +32,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import orjson
 
@@ -41,7 +40,7 @@ from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.records import RecordBatch, RecordsError, read_batches
 from txbroker.service.kafka.mapping import record_to_message
 from txbroker.service.kafka.producers import BatchMeta, ProducerStates
-from txbroker.service.kafka.txn_log import BORN_HOST, OFFSET_FILE_GRACE_MS, read_queue
+from txbroker.service.kafka.txn_log import BORN_HOST, read_queue
 from txbroker.service.topics import is_system_topic
 from txbroker.store.message_store import MessageStore
 from txbroker.store.record import Message
@@ -140,7 +139,6 @@ class TxnStaging:
         self._by_pid.clear()
         self.producers = ProducerStates()
         self.staged_bytes = 0
-        done_offsets: list[tuple[int, list[StagedOffset]]] = []
         for _, m in read_queue(self.store, STAGED_TOPIC):
             p = m.properties
             kind, pid = p.get(P_KIND), int(p.get(P_PID, "-1"))
@@ -161,12 +159,9 @@ class TxnStaging:
                 if kind == COMMIT:
                     prod.applying = _Apply(pid, txn, m.physical_offset,
                                            [e for e in settled if e.epoch == epoch])
-            elif kind == DONE:
-                if prod.applying is not None and prod.applying.txn == int(p[P_TXN]):
-                    prod.applying = None
-                if m.body:
-                    done_offsets.append((m.store_timestamp,
-                                         [tuple(o) for o in orjson.loads(m.body)]))
+            elif (kind == DONE and prod.applying is not None
+                  and prod.applying.txn == int(p[P_TXN])):
+                prod.applying = None
         now = self.now_ms()
         for pid, prod in self._by_pid.items():
             if prod.applying is not None:
@@ -175,7 +170,6 @@ class TxnStaging:
                 if e.batch is not None:
                     self.producers.record(pid, e.epoch, e.topic, e.queue, BatchMeta(
                         e.batch.base_sequence, e.batch.last_sequence, -1, e.batch.max_timestamp), now)
-        self._reapply_offsets(done_offsets)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -186,22 +180,6 @@ class TxnStaging:
             if m.prepared_transaction_offset == marker and not is_system_topic(m.topic):
                 n += 1
         return n
-
-    def _reapply_offsets(self, done: list[tuple[int, list[StagedOffset]]]) -> None:
-        """Offsets applied shortly before a crash may be newer than the offset file (it is
-        written periodically): set them again, forward only (the coordinator's rule)."""
-        path = Path(self.config.data_dir) / "consumerOffset.json"
-        try:
-            written_ms = int(path.stat().st_mtime * 1000)
-        except FileNotFoundError:
-            written_ms = 0
-        for ts, offsets in done:
-            if ts + OFFSET_FILE_GRACE_MS < written_ms:
-                continue
-            for group, topic, broker, queue, offset in offsets:
-                current = self.store.offsets.get(group, topic, queue)
-                if broker == self.config.broker_name and (current is None or current < offset):
-                    self.store.offsets.set(group, topic, queue, offset)
 
     async def start(self) -> None:
         """Finish the commits recovery found interrupted (their decision is stored here)."""
@@ -397,12 +375,17 @@ class TxnStaging:
             a.applied += sum(1 for r in results if r.ok)
             if a.applied < len(msgs):
                 raise StagingUnavailable(ErrorCode.KAFKA_STORAGE_ERROR)
-        local = []
+        local = [o for o in offsets if o[2] == self.config.broker_name]
+        if local:
+            # Through the offset log before the done record: a log holding the done record
+            # holds the offsets too (txbroker/store/offset_log.py), and the done record's
+            # wait covers this earlier record.
+            done = self.store.commit_offsets_now([(g, t, q, o, None) for g, t, _, q, o in local])
+            if not done.ok:
+                raise StagingUnavailable(ErrorCode.KAFKA_STORAGE_ERROR)
         for group, topic, broker, queue, offset in offsets:
-            if broker == self.config.broker_name:
-                self.store.offsets.set(group, topic, queue, offset)
-                local.append((group, topic, broker, queue, offset))
-            elif not await self.commit_remote(broker, group, topic, queue, offset):
+            if broker != self.config.broker_name and not await self.commit_remote(
+                    broker, group, topic, queue, offset):
                 raise StagingUnavailable(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         result = await self.store.put(Message(
             topic=STAGED_TOPIC, queue_id=0, body=orjson.dumps(local) if local else b"",

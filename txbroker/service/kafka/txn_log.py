@@ -31,9 +31,6 @@ P_TOPIC = "KTOPIC"
 P_PARTITION = "KPART"
 P_GROUP = "KGROUP"
 
-#: Committed offsets are re-applied at recovery unless the offset file was written at least
-#: this long after the commit (so it holds the commit, or a later commit of the group).
-OFFSET_FILE_GRACE_MS = 2000
 #: Kafka records are born at the client; the commitlog's born host is not known here.
 BORN_HOST = ("127.0.0.1", 0)
 
@@ -96,8 +93,6 @@ class Replayed:
 
     latest: dict[str, StateRecord] = field(default_factory=dict)
     pid_upto: int = 0
-    #: (store time ms, offsets) of every CompleteCommit that carried offsets, in log order.
-    committed_offsets: list[tuple[int, list[Offset]]] = field(default_factory=list)
 
 
 def replay_state(store: MessageStore, start: int = 0, into: Replayed | None = None) -> Replayed:
@@ -114,8 +109,6 @@ def replay_state(store: MessageStore, start: int = 0, into: Replayed | None = No
             out.latest.pop(doc["tid"], None)
             continue
         out.latest[doc["tid"]] = StateRecord(doc, m.physical_offset)
-        if doc["state"] == "CompleteCommit" and doc.get("offsets"):
-            out.committed_offsets.append((m.store_timestamp, [tuple(o) for o in doc["offsets"]]))
     return out
 
 

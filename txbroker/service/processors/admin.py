@@ -93,13 +93,14 @@ class AdminProcessor:
     async def all_consumer_offsets(self, conn, cmd: RemotingCommand) -> RemotingCommand:
         """RocketMQ's ConsumerOffsetSerializeWrapper: ``{"offsetTable": {"topic@group":
         {queueId: offset}}}``, plus ``kafkaCommitTable`` (``{"topic@group": {queueId:
-        [metadata, commit ms]}}``); a slave copies both (docs/cluster.md, metadata sync)."""
+        [metadata, commit ms]}}``), for tools (a txbroker slave gets offsets from the
+        replicated offset log, docs/cluster.md "Consumer offsets in the log")."""
         table: dict[str, dict[str, int]] = {}
         for group, topics in self.store.offsets.groups().items():
             for topic, queues in topics.items():
                 table[f"{topic}@{group}"] = {str(q): o for q, o in queues.items()}
         # Kafka commits' metadata and commit time, in a field of its own: RocketMQ's tools
-        # read offsetTable only, a txbroker slave copies both (a failover keeps them).
+        # read offsetTable only.
         kafka: dict[str, dict[str, list]] = {}
         for (group, topic, q), (metadata, commit_ms) in self.store.offsets.kafka_commits().items():
             kafka.setdefault(f"{topic}@{group}", {})[str(q)] = [metadata, commit_ms]

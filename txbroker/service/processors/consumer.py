@@ -45,6 +45,7 @@ from txbroker.remoting.headers import (
 )
 from txbroker.service.clients import ClientRegistry, ConsumerEntry, Subscription
 from txbroker.service.processors.send import VERSION_HONOUR_MAX_RECONSUME
+from txbroker.service.processors.statuses import PUT_ANSWERS
 from txbroker.service.schedule import ScheduleService
 from txbroker.service.topics import (
     NotGroupMaster,
@@ -195,8 +196,22 @@ class ConsumerProcessor:
             # bring a deleted topic's group back in the status (RocketMQ 5 refuses too).
             raise Refusal(ResponseCode.TOPIC_NOT_EXIST,
                           f"topic[{h.topic}] not exist, apply first please!")
-        self.store.offsets.set(group, h.topic, h.queue_id, h.commit_offset)
-        return None if cmd.is_oneway else cmd.response(ResponseCode.SUCCESS)
+        if h.commit_offset < 0:
+            raise Refusal(ResponseCode.SYSTEM_ERROR, "consumer offset must be >= 0")
+        row = [(group, h.topic, h.queue_id, h.commit_offset, None)]
+        if cmd.is_oneway:  # nobody waits for the answer: nothing to wait for
+            self.store.commit_offsets_now(row)
+            return None
+        # Through the commitlog (docs/cluster.md, "Consumer offsets in the log"): answered
+        # as a send would be, so an acknowledged offset is on every replica a failover may
+        # promote.  Stored with a replication status a client counts as sent (no slave, a
+        # slave time-out; with a controller or etcd the in-sync set then no longer names a
+        # replica without it) is SUCCESS.
+        result = await self.store.commit_offsets(row)
+        if not result.ok:
+            code, remark = PUT_ANSWERS[result.status]
+            raise Refusal(code, result.reason or remark or "")
+        return cmd.response(ResponseCode.SUCCESS)
 
     async def max_offset(self, conn, cmd: RemotingCommand) -> RemotingCommand:
         h = GetMaxOffsetRequestHeader.from_ext(cmd.ext_fields)
