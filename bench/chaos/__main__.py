@@ -34,12 +34,20 @@ def main(argv: list[str] | None = None) -> int:
                          "whole seconds)")
     ap.add_argument("--etcd", action="store_true",
                     help="--cluster: elect on a three-member etcd instead of a controller, its "
-                         "leader SIGKILLed before each master kill")
+                         "leader SIGKILLed before each master kill; --partitions: the cluster "
+                         "elects on a three-member etcd, each member in a namespace of its own, "
+                         "and the etcd scenarios h..l run too")
     ap.add_argument("--partitions", action="store_true",
                     help="partition, pause and lost-reply scenarios on a controller-mode cluster in "
                          "network namespaces, judged by the history checker (needs root)")
-    ap.add_argument("--scenario", default="a,b,c,d,e,f,g",
-                    help="--partitions: comma-separated scenarios a..g (default: all)")
+    ap.add_argument("--scenario", default=None,
+                    help="--partitions: comma-separated scenarios a..m (default: a..g and m; "
+                         "with --etcd all of a..m; h..l need --etcd)")
+    ap.add_argument("--netns-prefix", default=None,
+                    help="--partitions: the namespaces' name prefix (default txbc, with --etcd txbe)")
+    ap.add_argument("--subnet", default=None,
+                    help="--partitions: the private subnet's first three parts (default 10.213.0, "
+                         "with --etcd 10.214.0)")
     ap.add_argument("--runs", type=int, default=5, help="--partitions: runs per scenario")
     ap.add_argument("--kafka", action="store_true",
                     help="--partitions: every broker's Kafka listener open, the load from Kafka clients "
@@ -93,13 +101,24 @@ def _cluster(args: argparse.Namespace) -> int:
 
 def _partitions(args: argparse.Namespace) -> int:
     from txbroker.bench.chaos.netns import NetnsUnavailable, unavailable_reason
-    from txbroker.bench.chaos.partitions import PartitionsConfig, report, run_partitions
+    from txbroker.bench.chaos.partitions import (
+        ETCD_ONLY,
+        SCENARIOS,
+        PartitionsConfig,
+        report,
+        run_partitions,
+    )
 
+    if args.scenario is None:
+        scenarios = tuple(s for s in SCENARIOS if args.etcd or s not in ETCD_ONLY)
+    else:
+        scenarios = tuple(s.strip() for s in args.scenario.split(",") if s.strip())
     try:
-        cfg = PartitionsConfig(scenarios=tuple(s.strip() for s in args.scenario.split(",") if s.strip()),
+        cfg = PartitionsConfig(scenarios=scenarios,
                                runs=args.runs, seed=args.seed, lease=args.lease,
                                producers=args.producers, settle_timeout=args.settle_timeout,
-                               work_dir=args.data_dir, kafka=args.kafka,
+                               work_dir=args.data_dir, kafka=args.kafka, etcd=args.etcd,
+                               netns_prefix=args.netns_prefix, subnet=args.subnet,
                                # Kafka runs wait for the clients to resume and the pipelines to drain
                                run_timeout=300.0 if args.kafka else PartitionsConfig.run_timeout)
     except ValueError as exc:
@@ -115,7 +134,8 @@ def _partitions(args: argparse.Namespace) -> int:
     except NetnsUnavailable as exc:
         print(f"--partitions skipped: {exc}", file=sys.stderr)
         return 2
-    print(f"partitions run{' (Kafka clients)' if cfg.kafka else ''}: seed={cfg.seed} runs={cfg.runs} "
+    print(f"partitions run{' (Kafka clients)' if cfg.kafka else ''}"
+          f"{' on etcd' if cfg.etcd else ''}: seed={cfg.seed} runs={cfg.runs} "
           f"scenarios={','.join(cfg.scenarios)} lease={cfg.lease}s wall={time.monotonic() - t0:.1f}s")
     if cfg.kafka:
         from txbroker.bench.chaos.kafka_partitions import report as kafka_report

@@ -1,8 +1,9 @@
-"""A controller-mode cluster of real processes, one network namespace per node, and the faults
-injected on it.
+"""A cluster of real processes, one network namespace per node, and the faults injected on it.
 
 Nodes (:mod:`txbroker.bench.chaos.netns` gives each its namespace and address): ``ctl`` (one
-``txbroker controller``), ``ns1`` and ``ns2`` (two ``txbroker namesrv``), ``a0``/``a1`` (group
+``txbroker controller``) or, with :attr:`ClusterSettings.etcd`, ``e1``/``e2``/``e3`` (a
+three-member etcd, :class:`NsEtcd`: each member a real ``etcd`` in its own namespace, on its
+own address), ``ns1`` and ``ns2`` (two ``txbroker namesrv``), ``a0``/``a1`` (group
 ``broker-a``, SYNC_MASTER, cluster ``SyncCluster``), ``b0``/``b1`` (group ``broker-b``,
 ASYNC_MASTER, cluster ``AsyncCluster``) and ``cli`` (the load and the checker, which enter it
 with ``setns``).  Every node is started as ``ip netns exec <ns> python -P -m txbroker ...``,
@@ -11,24 +12,32 @@ port space), so a restarted broker comes back at the same address.
 
 Faults: cuts between any two nodes (:class:`~txbroker.bench.chaos.netns.Network`), each proved
 silent before it counts; pauses (SIGSTOP / SIGCONT: sockets stay open, nothing is answered);
-SIGKILL.  Each group's master is whichever broker the controller names now.
+SIGKILL; the same for an etcd member (:class:`NsEtcd` kills, pauses and restarts members).
+Each group's master is whichever broker the controller names now or, on etcd, whichever holds
+the group's ``leader`` key (:meth:`NsCluster.masters` reads the group's keys, linearizable).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from txbroker.bench.chaos.cluster import ServiceProcess, replica_info
 from txbroker.bench.chaos.driver import broker_settings
+from txbroker.bench.chaos.lifeline import spawn
 from txbroker.bench.chaos.netns import Network, Node
 from txbroker.bench.chaos.process import BrokerProcess
-from txbroker.cluster.controller_link import MasterInfo
+from txbroker.cluster.controller_link import ControllerError, MasterInfo
+from txbroker.cluster.etcd import Etcd, EtcdError, parse_endpoints
+from txbroker.cluster.leadership import GroupKeys, GroupState
+from txbroker.cluster.local_etcd import LocalEtcd, Member, etcd_binary
 
 BROKER_PORT, HA_PORT, NAMESRV_PORT, CONTROLLER_PORT = 10911, 10912, 9876, 9878
 #: The Kafka listener of every broker when :attr:`ClusterSettings.kafka` is on.
@@ -36,7 +45,12 @@ KAFKA_PORT = 9092
 #: With Kafka on, both groups join one cluster: a Kafka view spans the groups of its broker's
 #: cluster only (docs/kafka.md, "Kafka on a cluster").
 KAFKA_CLUSTER = "KafkaCluster"
+#: etcd's client and peer ports (each member has a namespace, hence a port space, of its own).
+ETCD_CLIENT_PORT, ETCD_PEER_PORT = 2379, 2380
 SERVICES = ("ctl", "ns1", "ns2")
+#: The etcd members' nodes (member ``i`` on ``ETCD_NODES[i]``).
+ETCD_NODES = ("e1", "e2", "e3")
+ETCD_SERVICES = (*ETCD_NODES, "ns1", "ns2")
 CLIENT = "cli"
 
 
@@ -53,6 +67,90 @@ class GroupSpec:
 GROUPS = (GroupSpec("broker-a", "SYNC_MASTER", "SyncCluster", ("a0", "a1"), 1),
           GroupSpec("broker-b", "ASYNC_MASTER", "AsyncCluster", ("b0", "b1"), 2))
 NODES = [*SERVICES, *(n for g in GROUPS for n in g.nodes), CLIENT]
+ETCD_CLUSTER_NODES = [*ETCD_SERVICES, *(n for g in GROUPS for n in g.nodes), CLIENT]
+
+
+def services_for(etcd: bool) -> tuple[str, ...]:
+    """The control plane's nodes and the name servers: what a cut-off master loses."""
+    return ETCD_SERVICES if etcd else SERVICES
+
+
+def nodes_for(etcd: bool) -> list[str]:
+    """Every node of the cluster, controller mode or etcd mode."""
+    return ETCD_CLUSTER_NODES if etcd else NODES
+
+
+@dataclass
+class NsMember(Member):
+    """An etcd member on its node's address (client and peer ports fixed: the port space is
+    the namespace's own)."""
+
+    node: Node | None = None
+
+    @property
+    def endpoint(self) -> str:
+        assert self.node is not None
+        return f"{self.node.addr}:{self.client_port}"
+
+
+class NsEtcd(LocalEtcd):
+    """:class:`LocalEtcd` with each member in its own namespace, listening on its node's
+    address, started as ``ip netns exec <ns> etcd ...`` (the pid is etcd's own: SIGKILL,
+    SIGSTOP and SIGCONT reach it) and dying with this process (``lifeline.py``).  Health and
+    leader checks are HTTP calls to the members' addresses: call them from a thread that stands
+    in the client namespace (``asyncio.to_thread`` from the event loop does)."""
+
+    def __init__(self, root: Path, nodes: list[Node]) -> None:
+        self._nodes = nodes
+        super().__init__(root, size=len(nodes))
+
+    def __post_init__(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.members = [NsMember(f"etcd{i}", ETCD_CLIENT_PORT, ETCD_PEER_PORT, self.root / f"etcd{i}",
+                                 self.root / f"etcd{i}.log", node=node)
+                        for i, node in enumerate(self._nodes)]
+
+    def _argv(self, m: Member) -> list[str]:
+        assert isinstance(m, NsMember) and m.node is not None
+        peer = {x.name: f"http://{x.node.addr}:{x.peer_port}" for x in self.members
+                if isinstance(x, NsMember) and x.node is not None}
+        state = "existing" if (m.data_dir / "member").exists() else "new"
+        client_url = f"http://{m.node.addr}:{m.client_port}"
+        return m.node.exec_argv([
+            etcd_binary(), "--name", m.name, "--data-dir", str(m.data_dir),
+            "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+            "--listen-peer-urls", peer[m.name], "--initial-advertise-peer-urls", peer[m.name],
+            "--initial-cluster", ",".join(f"{k}={v}" for k, v in peer.items()),
+            "--initial-cluster-state", state,
+            "--initial-cluster-token", f"txbroker-{self.root.parent.name}",
+            "--heartbeat-interval", str(self.heartbeat_ms),
+            "--election-timeout", str(self.election_ms), "--log-level", "warn"])
+
+    def start_member(self, i: int, wait: bool = True) -> None:
+        m = self.members[i]
+        if m.running:
+            return
+        m.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(m.log_path, "ab") as log:
+            m.process = spawn(self._argv(m), stdout=log, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL)
+        m.paused = False
+        if wait:
+            self.wait_healthy([i])
+
+    def node_of(self, i: int) -> str:
+        node = self.members[i].node  # type: ignore[attr-defined]
+        assert node is not None
+        return node.name
+
+    def restore(self) -> None:
+        """Every member running and unpaused again (after a fault, whatever it did)."""
+        for i, m in enumerate(self.members):
+            if m.paused:
+                with contextlib.suppress(ProcessLookupError):
+                    self.resume(i)
+            if not m.running:
+                self.start_member(i, wait=False)
 
 
 class NsBrokerProcess(BrokerProcess):
@@ -75,6 +173,13 @@ class ClusterSettings:
     #: Open every broker's Kafka listener on :data:`KAFKA_PORT` (node id per group), with
     #: group and transaction timings short enough for runs of seconds.
     kafka: bool = False
+    #: Elect on a three-member etcd (nodes ``e1``-``e3``) instead of a controller; the etcd
+    #: lease is ``lease`` rounded up to whole seconds, at least 2.
+    etcd: bool = False
+
+    @property
+    def etcd_lease(self) -> int:
+        return max(2, math.ceil(self.lease))
 
 
 def kafka_settings(group: GroupSpec) -> dict[str, object]:
@@ -94,11 +199,23 @@ class NsCluster:
         self.root = root
         self.settings = settings
         root.mkdir(parents=True, exist_ok=True)
-        ctl = net["ctl"]
-        self.controller = self._service(ctl, ["controller", "--listen-host", ctl.addr, "--port",
-                                              str(CONTROLLER_PORT), "--data-dir", str(root / "controller"),
-                                              "--lease", str(settings.lease)],
-                                        r"^txbroker controller ready addr=(\S+)$")
+        self.services = services_for(settings.etcd)
+        self.nodes = nodes_for(settings.etcd)
+        self.controller: ServiceProcess | None = None
+        self.etcd: NsEtcd | None = None
+        self._etcd_client: Etcd | None = None
+        if settings.etcd:
+            self.etcd = NsEtcd(root / "etcd", [net[n] for n in ETCD_NODES])
+            election: dict[str, object] = {"etcd_endpoints": self.etcd.endpoints,
+                                           "etcd_lease": settings.etcd_lease}
+        else:
+            ctl = net["ctl"]
+            self.controller = self._service(
+                ctl, ["controller", "--listen-host", ctl.addr, "--port", str(CONTROLLER_PORT),
+                      "--data-dir", str(root / "controller"), "--lease", str(settings.lease)],
+                r"^txbroker controller ready addr=(\S+)$")
+            election = {"controller_addr": self.controller_addr, "controller_lease": settings.lease,
+                        "controller_heartbeat_interval": settings.heartbeat_interval}
         self.namesrvs = [self._service(net[n], ["namesrv", "--listen-host", net[n].addr, "--port",
                                                 str(NAMESRV_PORT)], r"^txbroker namesrv ready addr=(\S+)$")
                          for n in ("ns1", "ns2")]
@@ -110,9 +227,7 @@ class NsCluster:
                        "broker_port": BROKER_PORT, "ha_port": HA_PORT,
                        "namesrv_addr": self.namesrv_addr, "broker_name": group.name,
                        "cluster_name": group.cluster, "broker_id": broker_id,
-                       "broker_role": group.role, "controller_addr": self.controller_addr,
-                       "controller_lease": settings.lease,
-                       "controller_heartbeat_interval": settings.heartbeat_interval,
+                       "broker_role": group.role, **election,
                        "metadata_sync_interval": 0.2, "register_interval": settings.register_interval,
                        "slave_timeout": settings.slave_timeout}
                 if settings.kafka:
@@ -141,8 +256,16 @@ class NsCluster:
         host = addr.rsplit(":", 1)[0]
         return next((n.name for n in self.net.nodes.values() if n.addr == host), None)
 
+    @property
+    def lease(self) -> float:
+        """The lease a master counts (the controller's, or the etcd lease)."""
+        return float(self.settings.etcd_lease) if self.etcd is not None else self.settings.lease
+
     def start(self) -> None:
-        self.controller.start()
+        if self.etcd is not None:
+            self.etcd.start()
+        if self.controller is not None:
+            self.controller.start()
         for ns in self.namesrvs:
             ns.start()
         for broker in self.brokers.values():
@@ -154,16 +277,43 @@ class NsCluster:
                 if broker.alive():
                     os.kill(broker.pid, signal.SIGCONT)  # a paused broker cannot die of SIGKILL late
                 broker.kill()
-        for svc in (*self.namesrvs, self.controller):
+        for svc in (*self.namesrvs, *([self.controller] if self.controller else [])):
             with contextlib.suppress(Exception):
                 if svc.proc is not None and svc.proc.poll() is None:
                     os.kill(svc.proc.pid, signal.SIGCONT)
                 svc.stop()
+        if self.etcd is not None:
+            with contextlib.suppress(Exception):
+                self.etcd.stop()
 
-    # --- what the controller says -------------------------------------------------------------
+    async def close(self) -> None:
+        """Drop the etcd client of :meth:`masters` (event-loop side; call before the loop ends)."""
+        client, self._etcd_client = self._etcd_client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.close()
+
+    # --- what the controller (or etcd) says ---------------------------------------------------
     async def masters(self) -> dict[str, MasterInfo | None]:
-        infos = await asyncio.gather(*(replica_info(self.controller_addr, g.name) for g in GROUPS))
+        if self.etcd is not None:
+            infos = await asyncio.gather(*(self._etcd_view(g) for g in GROUPS))
+        else:
+            infos = await asyncio.gather(*(replica_info(self.controller_addr, g.name) for g in GROUPS))
         return {g.name: i for g, i in zip(GROUPS, infos, strict=True)}
+
+    async def _etcd_view(self, group: GroupSpec) -> MasterInfo | None:
+        """The group's master and in-sync set from its keys in etcd (one linearizable range
+        read; None when no member answers in time)."""
+        assert self.etcd is not None
+        if self._etcd_client is None:
+            self._etcd_client = Etcd(parse_endpoints(self.etcd.endpoints), timeout=1.0)
+        cluster = KAFKA_CLUSTER if self.settings.kafka else group.cluster
+        keys = GroupKeys(f"/txbroker/{cluster}/{group.name}/".encode())
+        try:
+            kvs, revision = await self._etcd_client.range(keys.base)
+            return GroupState.of(keys, kvs, revision).info()
+        except (EtcdError, ControllerError):
+            return None
 
     async def wait_healthy(self, timeout: float) -> dict[str, MasterInfo] | None:
         """Every group with a master and both brokers in sync (None: not within ``timeout``)."""
@@ -177,6 +327,12 @@ class NsCluster:
         return None
 
     # --- process faults -----------------------------------------------------------------------
+    def restore(self) -> None:
+        """After a fault: every etcd member running and unpaused (brokers are resumed by the
+        fault's own clean-up)."""
+        if self.etcd is not None:
+            self.etcd.restore()
+
     def pause(self, name: str) -> None:
         os.kill(self.brokers[name].pid, signal.SIGSTOP)
 

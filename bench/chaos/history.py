@@ -15,7 +15,10 @@ check-back is answered ROLLBACK).  Around them the history holds:
   or after the controller decided);
 * ``read`` events: the full read after healing (a fresh consumer group from the first offset
   of every queue), one per delivered message with its queue and queue offset;
-* ``pending`` events: the half messages still undecided on a group's master at the end.
+* ``pending`` events: the half messages still undecided on a group's master at the end;
+* ``fault`` events: a fault's window (``mono`` to ``until``) with, where the scenario promises
+  them, ``gap_bound`` (the longest write gap it may cause, seconds) and ``quorum_lost``
+  (``[t0, t1]``: the control plane had no majority from t0 to t1) with ``lease``.
 
 Events are plain dicts (one JSON object per line in a history file); :func:`check` reads them.
 
@@ -38,6 +41,13 @@ split-brain write          an ``ok`` stored by a superseded master: at the invoc
                            broker of its group was already named master in a later epoch than
                            the storing broker's last, and the storing broker was not named
                            again before it answered
+write gap per fault        the longest time between successive ``ok`` completions around the
+                           fault's window (from the last one before it to the first one after
+                           it); above the fault's ``gap_bound`` it fails the run
+acked without quorum       an ``ok`` invoked more than one lease after the control plane lost
+                           its majority and completed before it was back: no master may count
+                           its lease that long (fails the run), and, if no ``ok`` follows the
+                           return, writes never resumed (fails the run)
 =========================  ==================================================================
 
 What each mode promises (docs/reliability.md, "Faults we test"), hence what fails a run:
@@ -105,6 +115,16 @@ class GroupVerdict:
     longest_gap_s: float = 0.0
     #: Seconds from each fault mark to the first new master named after it.
     promotions_s: list[float | None] = field(default_factory=list)
+    #: Per fault: the longest write gap around its window (None: no ``ok`` after it).
+    fault_gaps_s: list[float | None] = field(default_factory=list)
+    #: Per fault: the bound its scenario puts on that gap (None: no bound).
+    gap_bounds_s: list[float | None] = field(default_factory=list)
+    #: Sends acknowledged while the control plane had no majority, invoked more than one
+    #: lease after it lost it.
+    acked_without_quorum: list[str] = field(default_factory=list)
+    #: Whether writes were acknowledged again after the control plane came back (None: the
+    #: history has no such fault).
+    resumed_after_quorum: bool | None = None
 
     def violations(self) -> list[str]:
         """What this mode promises against and the history shows (empty: a clean run)."""
@@ -123,6 +143,15 @@ class GroupVerdict:
             out.append(f"{self.pending} half(s) left pending")
         if self.split_brain:
             out.append(f"{len(self.split_brain)} split-brain write(s)")
+        for gap, bound in zip(self.fault_gaps_s, self.gap_bounds_s, strict=True):
+            if bound is not None and (gap is None or gap > bound):
+                out.append("writes never resumed after the fault" if gap is None else
+                           f"write gap {gap:.1f} s above the bound {bound:.1f} s")
+        if self.acked_without_quorum:
+            out.append(f"{len(self.acked_without_quorum)} send(s) acknowledged more than one "
+                       f"lease after the control plane lost its majority")
+        if self.resumed_after_quorum is False:
+            out.append("no write acknowledged after the control plane came back")
         return out
 
     @property
@@ -242,4 +271,30 @@ def check(history: list[dict[str, Any]], group: str, mode: str) -> GroupVerdict:
             if ev.get("until") is not None:
                 after = [ts for ts in after if ts <= ev["until"]]
             v.promotions_s.append(after[0] - ev["mono"] if after else None)
+            v.fault_gaps_s.append(fault_gap(ok_times, ev["mono"], ev.get("until") or ev["mono"]))
+            bound = ev.get("gap_bound")
+            v.gap_bounds_s.append(float(bound) if bound is not None else None)
+            if ev.get("quorum_lost"):
+                t0, t1 = (float(x) for x in ev["quorum_lost"])
+                late = t0 + float(ev["lease"])
+                v.acked_without_quorum += sorted(
+                    op.key for op in ops.values()
+                    if op.type == OK and op.invoked > late and op.completed is not None
+                    and op.completed < t1)
+                resumed = any(t > t1 for t in ok_times)
+                v.resumed_after_quorum = resumed if v.resumed_after_quorum is None \
+                    else v.resumed_after_quorum and resumed
     return v
+
+
+def fault_gap(ok_times: list[float], start: float, until: float) -> float | None:
+    """The longest gap between successive ``ok`` completions (sorted) from the last one
+    before ``start`` (the first one when none came before) to the first one after ``until``
+    (the last one when the load stopped before it); None when none comes after ``start``
+    (writes never resumed)."""
+    if not ok_times or ok_times[-1] <= start:
+        return None
+    i = max(bisect.bisect_left(ok_times, start) - 1, 0)
+    j = min(bisect.bisect_right(ok_times, until), len(ok_times) - 1)
+    window = ok_times[i:j + 1]
+    return max((b - a for a, b in itertools.pairwise(window)), default=0.0)

@@ -1,8 +1,10 @@
 """Network namespaces for fault injection: one namespace and address per node, silent cuts.
 
-Every node of a cluster under test (name servers, controller, brokers, the client) gets its own
-network namespace ``txbc<pid>-<node>`` holding ``lo`` and ``eth0`` with an address on
-``10.213.0.0/24``.  The ``eth0`` ends are veth pairs whose other ends sit on a bridge inside a
+Every node of a cluster under test (name servers, controller or etcd members, brokers, the
+client) gets its own network namespace ``<prefix><pid>-<node>`` holding ``lo`` and ``eth0`` with
+an address on ``<subnet>.0/24`` (by default ``txbc`` and ``10.213.0``; the etcd runs use
+``txbe`` and ``10.214.0``, so a run of each can go on side by side and neither sweeps the
+other's namespaces).  The ``eth0`` ends are veth pairs whose other ends sit on a bridge inside a
 namespace of its own (``txbc<pid>-br``): the subnet exists only inside namespaces this module
 created, and the host namespace's interfaces and routes are never touched (every command is
 ``ip -n <ns>`` / ``tc -n <ns>``, or ``ip netns exec <ns>`` for a process).
@@ -32,8 +34,8 @@ one, for post-mortems).
 **Cleanup.**  :class:`Network` is a context manager and also registers an ``atexit`` hook, so
 an exception, Ctrl-C or a normal exit deletes every namespace it made (deleting a namespace
 deletes its veth ends; the bridge goes with its namespace).  A run killed with SIGKILL leaves
-its namespaces behind: the next :meth:`Network.up` deletes every ``txbc<pid>-*`` namespace
-whose pid is no longer alive.
+its namespaces behind: the next :meth:`Network.up` deletes every ``<prefix><pid>-*`` namespace
+of its own prefix whose pid is no longer alive.
 """
 
 from __future__ import annotations
@@ -53,11 +55,13 @@ from typing import Self
 
 PREFIX = "txbc"
 SUBNET = "10.213.0"
+#: The prefix and subnet of the etcd runs (``--partitions --etcd``).
+ETCD_PREFIX = "txbe"
+ETCD_SUBNET = "10.214.0"
 #: ``setns(2)``'s namespace type for network namespaces.
 CLONE_NEWNET = 0x40000000
 #: A port nothing listens on: a reachable node refuses a connect to it, a cut one is silent.
 PROBE_PORT = 9
-_NS_RE = re.compile(rf"^{PREFIX}(\d+)-\S+")
 #: Seconds any one ``ip``/``tc`` command may take.
 COMMAND_TIMEOUT = 10.0
 
@@ -90,11 +94,17 @@ def list_namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def sweep_leftovers() -> list[str]:
-    """Delete the namespaces of runs whose process is gone; returns their names."""
+def _ns_re(prefix: str) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(prefix)}(\d+)-\S+")
+
+
+def sweep_leftovers(prefix: str = PREFIX) -> list[str]:
+    """Delete the namespaces (``prefix`` ones only) of runs whose process is gone; returns
+    their names."""
     removed = []
+    ns_re = _ns_re(prefix)
     for name in list_namespaces():
-        m = _NS_RE.match(name)
+        m = ns_re.match(name)
         if m is None or _alive(int(m.group(1))):
             continue
         _run("ip", "netns", "del", name, check=False)
@@ -141,12 +151,17 @@ class Node:
 class Network:
     """Namespaces, a bridge and one address per node; cuts between any two of them."""
 
-    def __init__(self, names: list[str]) -> None:
+    def __init__(self, names: list[str], *, prefix: str = PREFIX, subnet: str = SUBNET) -> None:
         if len(set(names)) != len(names) or not names or len(names) > 200:
             raise ValueError("node names must be unique, 1..200 of them")
-        tag = f"{PREFIX}{os.getpid()}"
+        if not re.fullmatch(r"[a-z]{1,8}", prefix):
+            raise ValueError(f"namespace prefix {prefix!r}: 1-8 lower-case letters")
+        if not re.fullmatch(r"10\.\d{1,3}\.\d{1,3}", subnet):
+            raise ValueError(f"subnet {subnet!r}: the first three parts of a 10.x.y.0/24")
+        self.prefix = prefix
+        tag = f"{prefix}{os.getpid()}"
         self.bridge_ns = f"{tag}-br"
-        self.nodes = {n: Node(n, f"{tag}-{n}", f"{SUBNET}.{i}", i) for i, n in enumerate(names, 1)}
+        self.nodes = {n: Node(n, f"{tag}-{n}", f"{subnet}.{i}", i) for i, n in enumerate(names, 1)}
         self.cuts: set[tuple[str, str]] = set()
         self._made: list[str] = []
         self._shaped: set[str] = set()
@@ -159,7 +174,7 @@ class Network:
         reason = unavailable_reason()
         if reason:
             raise NetnsUnavailable(reason)
-        sweep_leftovers()
+        sweep_leftovers(self.prefix)
         atexit.register(self.down)
         try:
             self._add_ns(self.bridge_ns)

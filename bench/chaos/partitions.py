@@ -35,6 +35,32 @@ g. lost replies: the master's packets to the client are dropped (one way) for lo
    (:class:`~txbroker.bench.chaos.faultproxy.FaultProxy` ``silent`` mode, used on loopback),
    done at the network layer because the client dials the addresses the routes name.
 
+**On etcd** (``--etcd``): no controller; a three-member etcd, each member a real ``etcd`` in a
+namespace of its own (nodes ``e1``-``e3``), brokers with ``--etcd-endpoints`` naming all three
+and an etcd lease of ``lease`` seconds; the groups' masters and epochs are read from their keys
+in etcd (the ``leader`` key's holder and epoch) instead of the controller.  (a)-(g) run as above,
+"controller" read as "every etcd member": (a), (b) and (f) cut the master (the new master in (f))
+off from the etcd members too, and (d) cuts every etcd member off from every broker and name
+server (not from each other, and not from the client, which keeps reading the keys: a control
+plane nobody can reach).  The scenarios of etcd itself:
+
+h. one etcd member isolated (both ways, from everything): the etcd leader on even runs, a
+   follower on odd runs;
+i. the etcd leader SIGKILLed, restarted after the hold;
+j. two of three etcd members SIGKILLed (the leader among them), restarted after the hold:
+   nobody can renew or be elected, so every master must stop acknowledging within one lease
+   of the loss and resume once etcd is back;
+k. each group's master cut off (both ways) from every etcd member, not from its clients, its
+   slave or the name servers;
+l. the etcd leader paused (SIGSTOP) past its election time-out, then resumed;
+m. one name server isolated (both ways, from everything; controller mode too).
+
+What each etcd scenario must show besides the modes' promises (the checker's per-fault
+figures, :func:`txbroker.bench.chaos.history.check`): no write gap above :func:`gap_bound`
+(one lease plus a promotion) under a minority fault of the control plane ((h), (i), (l),
+(m)); in (j), no send invoked more than one lease after the loss acknowledged before etcd was
+back, and writes acknowledged again after it.
+
 Exit status 1 when any run shows an anomaly its group's mode promises against, 2 when the
 machine cannot run namespaces (the reason in one line).
 """
@@ -58,16 +84,16 @@ from txbroker.bench.chaos.cluster import routed_master
 from txbroker.bench.chaos.driver import LedgerListener
 from txbroker.bench.chaos.faults import (
     CLIENT,
+    ETCD_NODES,
     GROUPS,
-    NODES,
-    SERVICES,
     ClusterSettings,
     NsCluster,
+    nodes_for,
 )
 from txbroker.bench.chaos.history import GroupVerdict, check
 from txbroker.bench.chaos.kafka_history import KafkaGroupVerdict
 from txbroker.bench.chaos.ledger import DECIDED, KINDS, Ledger
-from txbroker.bench.chaos.netns import Network
+from txbroker.bench.chaos.netns import ETCD_PREFIX, ETCD_SUBNET, PREFIX, SUBNET, Network
 from txbroker.client import Consumer, Message, TransactionProducer
 from txbroker.client.admin import AdminClient
 from txbroker.client.errors import ClientError, SendError
@@ -81,12 +107,41 @@ SCENARIOS = {
     "e": "slave cut off from everything",
     "f": "a cut during a promotion",
     "g": "lost replies (master -> client dropped)",
+    "h": "one etcd member isolated (leader: even runs, follower: odd runs)",
+    "i": "the etcd leader SIGKILLed, then restarted",
+    "j": "two of three etcd members down, then restarted",
+    "k": "master cut off from etcd (not from clients, slave, name servers)",
+    "l": "the etcd leader paused past its election time-out",
+    "m": "one name server isolated",
 }
+#: Scenarios that need etcd (``--etcd``).
+ETCD_ONLY = ("h", "i", "j", "k", "l")
+#: What each scenario is called on etcd, where it differs.
+ETCD_NAMES = {
+    "a": "master cut off from etcd, name servers and slave",
+    "b": "one-way cuts between master and etcd + name servers",
+    "d": "every etcd member cut off from brokers and name servers",
+}
+#: Minority faults of the control plane: the write gap must stay within :func:`gap_bound`.
+MINORITY = ("h", "i", "l", "m")
+#: Seconds an etcd election and the clients' move to the new master may add to a promotion.
+ELECTION_ALLOWANCE = 1.0
+
+
+def gap_bound(lease: float) -> float:
+    """The longest write gap a minority fault of the control plane may cause: one lease (the
+    master's own count running out) plus a promotion (etcd dropping the old lease, one more
+    lease, then an election and the clients following, :data:`ELECTION_ALLOWANCE`)."""
+    return 2 * lease + ELECTION_ALLOWANCE
+
+
+def scenario_name(scenario: str, etcd: bool) -> str:
+    return (ETCD_NAMES.get(scenario) if etcd else None) or SCENARIOS[scenario]
 
 
 @dataclass(frozen=True)
 class PartitionsConfig:
-    scenarios: tuple[str, ...] = tuple(SCENARIOS)
+    scenarios: tuple[str, ...] = tuple(s for s in SCENARIOS if s not in ETCD_ONLY)
     runs: int = 5
     seed: int = 1
     lease: float = 2.0
@@ -102,14 +157,33 @@ class PartitionsConfig:
     work_dir: str | None = None
     #: Kafka clients instead of the RocketMQ SDK (:mod:`txbroker.bench.chaos.kafka_partitions`).
     kafka: bool = False
+    #: Elect on a three-member etcd in namespaces of its own instead of a controller.
+    etcd: bool = False
+    #: The namespaces' name prefix and the private subnet (None: ``txbc`` / ``10.213.0``, on
+    #: etcd ``txbe`` / ``10.214.0``, so a controller run and an etcd run can go side by side).
+    netns_prefix: str | None = None
+    subnet: str | None = None
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.scenarios if s not in SCENARIOS]
         if unknown or not self.scenarios:
             raise ValueError(f"unknown scenario(s) {','.join(unknown) or '(none)'}; "
                              f"choose from {','.join(SCENARIOS)}")
+        needs_etcd = [s for s in self.scenarios if s in ETCD_ONLY]
+        if needs_etcd and not self.etcd:
+            raise ValueError(f"scenario(s) {','.join(needs_etcd)} need --etcd")
+        if self.etcd and self.kafka:
+            raise ValueError("--etcd with --kafka is not supported yet")
         if self.runs < 1:
             raise ValueError("runs must be at least 1")
+
+    @property
+    def prefix(self) -> str:
+        return self.netns_prefix or (ETCD_PREFIX if self.etcd else PREFIX)
+
+    @property
+    def net_subnet(self) -> str:
+        return self.subnet or (ETCD_SUBNET if self.etcd else SUBNET)
 
 
 @dataclass
@@ -157,6 +231,22 @@ class FaultCtx:
     slaves: dict[str, str]
     proved: int = 0
     unproved: int = 0
+    #: Extra fields for the fault's history event (e.g. when etcd lost its majority).
+    marks: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def services(self) -> tuple[str, ...]:
+        """The control plane's nodes and the name servers."""
+        return self.cluster.services
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.cluster.nodes
+
+    @property
+    def control(self) -> list[str]:
+        """The control plane's nodes: the controller, or every etcd member."""
+        return list(ETCD_NODES) if self.cluster.etcd is not None else ["ctl"]
 
     async def cut(self, pairs: list[tuple[str, str]]) -> None:
         for src, dst in pairs:
@@ -174,7 +264,7 @@ class FaultCtx:
 
 
 async def _isolate_master(ctx: FaultCtx) -> str:
-    pairs = [p for g, m in ctx.masters.items() for p in ctx.isolate(m, [*SERVICES, ctx.slaves[g]])]
+    pairs = [p for g, m in ctx.masters.items() for p in ctx.isolate(m, [*ctx.services, ctx.slaves[g]])]
     await ctx.cut(pairs)
     await ctx.hold(2 * ctx.lease)
     ctx.net.heal_all()
@@ -183,11 +273,12 @@ async def _isolate_master(ctx: FaultCtx) -> str:
 
 async def _one_way(ctx: FaultCtx) -> str:
     inbound = ctx.run % 2 == 0
-    pairs = [(s, m) if inbound else (m, s) for m in ctx.masters.values() for s in SERVICES]
+    pairs = [(s, m) if inbound else (m, s) for m in ctx.masters.values() for s in ctx.services]
     await ctx.cut(pairs)
     await ctx.hold(2 * ctx.lease)
     ctx.net.heal_all()
-    return "controller+namesrv -/-> master" if inbound else "master -/-> controller+namesrv"
+    cp = "etcd" if ctx.cluster.etcd is not None else "controller"
+    return f"{cp}+namesrv -/-> master" if inbound else f"master -/-> {cp}+namesrv"
 
 
 async def _pause_master(ctx: FaultCtx) -> str:
@@ -202,14 +293,22 @@ async def _pause_master(ctx: FaultCtx) -> str:
 
 
 async def _isolate_controller(ctx: FaultCtx) -> str:
-    await ctx.cut(ctx.isolate("ctl", [n for n in NODES if n != "ctl"]))
+    if ctx.cluster.etcd is not None:
+        # Every member cut off from every broker and name server, not from each other (etcd
+        # keeps its quorum, nobody reaches it) and not from the client, which reads the keys.
+        others = [n for n in ctx.nodes if n not in ETCD_NODES and n != CLIENT]
+        await ctx.cut([p for e in ETCD_NODES for p in ctx.isolate(e, others)])
+        await ctx.hold(2 * ctx.lease)
+        ctx.net.heal_all()
+        return "etcd cut off from brokers and name servers"
+    await ctx.cut(ctx.isolate("ctl", [n for n in ctx.nodes if n != "ctl"]))
     await ctx.hold(2 * ctx.lease)
     ctx.net.heal_all()
     return "controller isolated"
 
 
 async def _isolate_slave(ctx: FaultCtx) -> str:
-    pairs = [p for s in ctx.slaves.values() for p in ctx.isolate(s, [n for n in NODES if n != s])]
+    pairs = [p for s in ctx.slaves.values() for p in ctx.isolate(s, [n for n in ctx.nodes if n != s])]
     await ctx.cut(pairs)
     await ctx.hold(2 * ctx.lease)
     ctx.net.heal_all()
@@ -218,7 +317,7 @@ async def _isolate_slave(ctx: FaultCtx) -> str:
 
 async def _cut_during_promotion(ctx: FaultCtx) -> str:
     old = {g: m for g, m in ctx.masters.items()}
-    await ctx.cut([p for g, m in old.items() for p in ctx.isolate(m, [*SERVICES, ctx.slaves[g]])])
+    await ctx.cut([p for g, m in old.items() for p in ctx.isolate(m, [*ctx.services, ctx.slaves[g]])])
     deadline = time.monotonic() + 4 * ctx.lease
     promoted: set[str] = set()
     while time.monotonic() < deadline and len(promoted) < len(old):
@@ -230,7 +329,7 @@ async def _cut_during_promotion(ctx: FaultCtx) -> str:
                 for src, dst in list(ctx.net.cuts):
                     if old[g] in (src, dst):
                         ctx.net.heal(src, dst)
-                await ctx.cut(ctx.isolate(ctx.slaves[g], ["ctl"]))
+                await ctx.cut(ctx.isolate(ctx.slaves[g], ctx.control))
         await asyncio.sleep(0.05)
     await ctx.hold(1.5 * ctx.lease)
     ctx.net.heal_all()
@@ -246,9 +345,84 @@ async def _lost_replies(ctx: FaultCtx) -> str:
     return "3 reply black-outs"
 
 
+# --- faults of etcd itself ----------------------------------------------------------------------
+def _etcd(ctx: FaultCtx):
+    assert ctx.cluster.etcd is not None, "an etcd scenario on a controller cluster"
+    return ctx.cluster.etcd
+
+
+async def _etcd_leader(ctx: FaultCtx) -> int:
+    return await asyncio.to_thread(_etcd(ctx).leader)
+
+
+async def _isolate_etcd_member(ctx: FaultCtx) -> str:
+    etcd = _etcd(ctx)
+    leader = await _etcd_leader(ctx)
+    victim = leader if ctx.run % 2 == 0 else (leader + 1) % etcd.size
+    node = etcd.node_of(victim)
+    await ctx.cut(ctx.isolate(node, [n for n in ctx.nodes if n != node]))
+    await ctx.hold(2 * ctx.lease)
+    ctx.net.heal_all()
+    return f"etcd member {node} ({'leader' if victim == leader else 'follower'}) isolated"
+
+
+async def _kill_etcd_leader(ctx: FaultCtx) -> str:
+    etcd = _etcd(ctx)
+    leader = await _etcd_leader(ctx)
+    await asyncio.to_thread(etcd.kill, leader)
+    await ctx.hold(2 * ctx.lease)
+    await asyncio.to_thread(etcd.start_member, leader)
+    return f"etcd leader {etcd.node_of(leader)} SIGKILLed, restarted"
+
+
+async def _etcd_majority_down(ctx: FaultCtx) -> str:
+    etcd = _etcd(ctx)
+    leader = await _etcd_leader(ctx)
+    victims = [leader, (leader + 1 + ctx.rng.randrange(etcd.size - 1)) % etcd.size]
+    for v in victims:
+        await asyncio.to_thread(etcd.kill, v)
+    t_lost = time.monotonic()
+    await ctx.hold(2 * ctx.lease)
+    t_back = time.monotonic()
+    for v in victims:
+        etcd.start_member(v, wait=False)
+    ctx.marks["quorum_lost"] = [t_lost, t_back]
+    await asyncio.to_thread(etcd.wait_healthy)
+    return f"etcd members {','.join(etcd.node_of(v) for v in victims)} SIGKILLed, restarted"
+
+
+async def _master_cut_from_etcd(ctx: FaultCtx) -> str:
+    await ctx.cut([p for m in ctx.masters.values() for p in ctx.isolate(m, list(ETCD_NODES))])
+    await ctx.hold(2 * ctx.lease)
+    ctx.net.heal_all()
+    return "masters " + ",".join(ctx.masters.values()) + " cut off from etcd"
+
+
+async def _pause_etcd_leader(ctx: FaultCtx) -> str:
+    etcd = _etcd(ctx)
+    leader = await _etcd_leader(ctx)
+    etcd.pause(leader)
+    try:
+        # etcd's election time-out is etcd.election_ms; a follower campaigns within twice it.
+        await asyncio.sleep(2 * etcd.election_ms / 1000 + ctx.rng.uniform(0.5, ctx.lease))
+    finally:
+        etcd.resume(leader)
+    return f"etcd leader {etcd.node_of(leader)} paused"
+
+
+async def _isolate_namesrv(ctx: FaultCtx) -> str:
+    node = ("ns1", "ns2")[ctx.run % 2]
+    await ctx.cut(ctx.isolate(node, [n for n in ctx.nodes if n != node]))
+    await ctx.hold(2 * ctx.lease)
+    ctx.net.heal_all()
+    return f"name server {node} isolated"
+
+
 FAULTS: dict[str, Callable[[FaultCtx], Awaitable[str]]] = {
     "a": _isolate_master, "b": _one_way, "c": _pause_master, "d": _isolate_controller,
-    "e": _isolate_slave, "f": _cut_during_promotion, "g": _lost_replies}
+    "e": _isolate_slave, "f": _cut_during_promotion, "g": _lost_replies,
+    "h": _isolate_etcd_member, "i": _kill_etcd_leader, "j": _etcd_majority_down,
+    "k": _master_cut_from_etcd, "l": _pause_etcd_leader, "m": _isolate_namesrv}
 
 
 # --- one run -----------------------------------------------------------------------------------
@@ -257,7 +431,8 @@ async def apply_fault(cfg: PartitionsConfig, cluster: NsCluster, net: Network, r
                       rec: Recorder, result: RunResult) -> float:
     """Run ``scenario``'s fault, then heal everything whatever happened (cuts, paused
     masters); records the fault's window and the cuts proved.  Returns the heal's time."""
-    ctx = FaultCtx(cluster, net, rng, cfg.lease, run, masters, slaves)
+    lease = cluster.lease
+    ctx = FaultCtx(cluster, net, rng, lease, run, masters, slaves)
     t_fault = time.monotonic()
     try:
         result.detail = await FAULTS[scenario](ctx)
@@ -265,8 +440,11 @@ async def apply_fault(cfg: PartitionsConfig, cluster: NsCluster, net: Network, r
         net.heal_all()
         for m in masters.values():
             cluster.resume(m)
+        await asyncio.to_thread(cluster.restore)
     t_heal = time.monotonic()
-    rec(type="fault", scenario=scenario, mono=t_fault, until=t_heal + 2 * cfg.lease)
+    bound = gap_bound(lease) if scenario in MINORITY else None
+    rec(type="fault", scenario=scenario, mono=t_fault, until=t_heal + 2 * lease, lease=lease,
+        gap_bound=bound, **ctx.marks)
     result.cuts_proved, result.cuts_unproved = ctx.proved, ctx.unproved
     return t_heal
 
@@ -430,7 +608,8 @@ def run_partitions(cfg: PartitionsConfig, progress: Callable[[str], None] = prin
         root.mkdir(parents=True, exist_ok=True)
     results: list[RunResult] = []
     try:
-        with Network(NODES) as net, net.inside(CLIENT):
+        with Network(nodes_for(cfg.etcd), prefix=cfg.prefix, subnet=cfg.net_subnet) as net, \
+                net.inside(CLIENT):
             asyncio.run(_all(cfg, net, root, results, progress))
     finally:
         if tmp is not None:
@@ -441,7 +620,7 @@ def run_partitions(cfg: PartitionsConfig, progress: Callable[[str], None] = prin
 async def _all(cfg: PartitionsConfig, net: Network, root: Path, results: list[RunResult],
                progress: Callable[[str], None]) -> None:
     rng = random.Random(cfg.seed)
-    settings = ClusterSettings(lease=cfg.lease, kafka=cfg.kafka)
+    settings = ClusterSettings(lease=cfg.lease, kafka=cfg.kafka, etcd=cfg.etcd)
     run_once, line = _run_once, _progress_line
     if cfg.kafka:
         from txbroker.bench.chaos import kafka_partitions  # it builds on this module
@@ -449,7 +628,8 @@ async def _all(cfg: PartitionsConfig, net: Network, root: Path, results: list[Ru
         run_once, line = kafka_partitions.run_once, kafka_partitions.progress_line
     for scenario in cfg.scenarios:
         cluster = NsCluster(net, root / f"scenario-{scenario}", settings)
-        progress(f"[{scenario}] {SCENARIOS[scenario]}: starting the cluster")
+        progress(f"[{scenario}] {scenario_name(scenario, cfg.etcd)}: starting the cluster"
+                 f"{' (etcd)' if cfg.etcd else ''}")
         try:
             await asyncio.to_thread(cluster.start)
             for run in range(cfg.runs):
@@ -466,6 +646,7 @@ async def _all(cfg: PartitionsConfig, net: Network, root: Path, results: list[Ru
                 if r.error == UNHEALTHY and run + 1 < cfg.runs:
                     # The group did not recover from the last fault (a finding in itself,
                     # kept in this run's result): the next runs get a fresh cluster.
+                    await cluster.close()
                     await asyncio.to_thread(cluster.stop)
                     cluster = NsCluster(net, root / f"scenario-{scenario}-from-run{run + 2}", settings)
                     progress(f"[{scenario}] the cluster did not recover: starting a fresh one "
@@ -473,6 +654,7 @@ async def _all(cfg: PartitionsConfig, net: Network, root: Path, results: list[Ru
                     await asyncio.to_thread(cluster.start)
         finally:
             net.heal_all()
+            await cluster.close()
             await asyncio.to_thread(cluster.stop)
 
 
@@ -482,8 +664,11 @@ def _progress_line(r: RunResult, runs: int) -> str:
         return f"{head}: ERROR {r.error}"
     parts = [f"cuts proved {r.cuts_proved}" + (f" (UNPROVED {r.cuts_unproved})" if r.cuts_unproved else "")]
     for v in r.verdicts.values():
+        bound = _first(v.gap_bounds_s)
         parts.append(f"{v.mode}: promo {_fmt(_first(v.promotions_s))}s gap {v.longest_gap_s:.1f}s "
-                     f"ok {v.oks} lost {len(v.lost)} split {len(v.split_brain)} -> {v.verdict}")
+                     f"fault gap {_fmt(_first(v.fault_gaps_s))}s"
+                     + (f" (bound {bound:.1f}s)" if bound is not None else "")
+                     + f" ok {v.oks} lost {len(v.lost)} split {len(v.split_brain)} -> {v.verdict}")
     return head + " | " + " | ".join(parts)
 
 
@@ -498,7 +683,8 @@ def _fmt(v: float | None) -> str:
 def report(results: list[RunResult]) -> str:
     """One row per scenario and mode: promotion time, longest gap, anomalies, verdict."""
     head = (f"{'scenario':<9}{'mode':<13}{'runs':>5}{'promo s med/max':>17}{'gap s max':>10}"
-            f"{'split':>6}{'lost':>6}{'lostNR':>7}{'dup':>5}{'wrong':>6}{'pend':>5}"
+            f"{'fault gap s':>12}{'bound':>6}"
+            f"{'split':>6}{'lost':>6}{'lostNR':>7}{'dup':>5}{'wrong':>6}{'pend':>5}{'noQ':>4}"
             f"{'ASYNC win s':>12}  verdict")
     lines = [head, "-" * len(head)]
     for scenario in dict.fromkeys(r.scenario for r in results):
@@ -509,16 +695,22 @@ def report(results: list[RunResult]) -> str:
             promos = [p for v in vs for p in v.promotions_s if p is not None]
             bad = [v for v in vs if not v.ok]
             wins = [v.loss_window_s for v in vs if v.loss_window_s is not None]
+            fgaps = [g for v in vs for g in v.fault_gaps_s if g is not None]
+            never = sum(g is None for v in vs for g in v.fault_gaps_s)
+            bounds = [b for v in vs for b in v.gap_bounds_s if b is not None]
+            fgap = _fmt(max(fgaps, default=None)) + (f"+{never}x" if never else "")
             verdict = "PASS" if not bad and not errors else \
                 f"FAIL {len(bad)}/{len(runs)} runs" + (f", {len(errors)} errors" if errors else "")
             lines.append(
                 f"{scenario:<9}{g.role:<13}{len(vs):>5}"
                 f"{_fmt(statistics.median(promos) if promos else None) + ' / ' + _fmt(max(promos, default=None)):>17}"
                 f"{max((v.longest_gap_s for v in vs), default=0.0):>10.1f}"
+                f"{fgap:>12}{_fmt(max(bounds, default=None)):>6}"
                 f"{sum(len(v.split_brain) for v in vs):>6}{sum(len(v.lost) for v in vs):>6}"
                 f"{sum(len(v.lost_unreplicated) for v in vs):>7}{sum(len(v.duplicated) for v in vs):>5}"
                 f"{sum(len(v.aborted_reads) + len(v.unknown_reads) for v in vs):>6}"
                 f"{sum(max(v.pending or 0, 0) for v in vs):>5}"
+                f"{sum(len(v.acked_without_quorum) for v in vs):>4}"
                 f"{_fmt(max(wins, default=None)):>12}  {verdict}")
     unproved = sum(r.cuts_unproved for r in results)
     lines.append(f"cuts proved silent: {sum(r.cuts_proved for r in results)}, unproved: {unproved}")

@@ -110,3 +110,43 @@ def test_bookkeeping_errors_are_refused():
         join_ops(send("k", 1, 2)[1:])
     with pytest.raises(ValueError, match="mode"):
         check([], G, "MASTER")
+
+
+def fault(t0, until, **extra):
+    return {"type": "fault", "scenario": "x", "mono": t0, "until": until, **extra}
+
+
+def test_write_gap_per_fault_window_and_its_bound():
+    # oks at 1.0, 1.5 | fault 2.0-4.0 | 5.2, 5.4 (a gap of 3.7 s across the fault) | second
+    # fault 8.0-9.0 with no gap above 0.9 s around it.
+    h = [master(0.0, A0, 1), *send("k1", 0.9, 1.0), *send("k2", 1.4, 1.5),
+         fault(2.0, 4.0, gap_bound=3.0), *send("k3", 5.1, 5.2), *send("k4", 5.3, 5.4),
+         *send("k5", 7.8, 7.9), fault(8.0, 9.0), *send("k6", 8.1, 8.3), *send("k7", 9.1, 9.2)]
+    v = check(h, G, SYNC)
+    assert v.fault_gaps_s == [pytest.approx(3.7), pytest.approx(0.9)]
+    assert v.gap_bounds_s == [3.0, None]
+    assert not v.ok and "write gap 3.7 s above the bound 3.0 s" in v.verdict
+    h[h.index(fault(2.0, 4.0, gap_bound=3.0))] = fault(2.0, 4.0, gap_bound=4.0)
+    assert check(h + [read(f"k{i}", 0, i) for i in range(1, 8)], G, SYNC).ok
+
+
+def test_a_bounded_fault_after_which_nothing_is_acknowledged_fails():
+    h = [master(0.0, A0, 1), *send("k1", 0.9, 1.0), fault(2.0, 4.0, gap_bound=5.0),
+         *send("k2", 2.5, 4.5, kind="info", decision=None)]
+    v = check(h, G, SYNC)
+    assert v.fault_gaps_s == [None] and "writes never resumed" in v.verdict
+
+
+def test_acknowledged_without_quorum():
+    # The control plane lost its majority from 2.0 to 6.0, lease 2 s: k2 (invoked 3.0, inside
+    # the lease) may be acknowledged, k3 (invoked 4.5) must not be before 6.0; k4 after 6.0 is.
+    h = [master(0.0, A0, 1), *send("k1", 1.0, 1.1), *send("k2", 3.0, 3.1),
+         *send("k3", 4.5, 4.6), fault(2.0, 6.0, quorum_lost=[2.0, 6.0], lease=2.0),
+         *send("k4", 6.5, 6.6), read("k1"), read("k2", 0, 1), read("k3", 0, 2), read("k4", 0, 3)]
+    v = check(h, G, SYNC)
+    assert v.acked_without_quorum == ["k3"] and v.resumed_after_quorum is True
+    assert not v.ok and "1 send(s) acknowledged more than one lease" in v.verdict
+    h2 = [e for e in h if e.get("key") not in ("k3", "k4")]
+    v2 = check(h2, G, SYNC)
+    assert v2.acked_without_quorum == [] and v2.resumed_after_quorum is False
+    assert "no write acknowledged after the control plane came back" in v2.verdict
