@@ -20,14 +20,18 @@ the group's ``leader`` key (:meth:`NsCluster.masters` reads the group's keys, li
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import math
 import os
 import signal
 import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+import orjson
 
 from txbroker.bench.chaos.cluster import ServiceProcess, replica_info
 from txbroker.bench.chaos.driver import broker_settings
@@ -35,7 +39,7 @@ from txbroker.bench.chaos.lifeline import spawn
 from txbroker.bench.chaos.netns import Network, Node
 from txbroker.bench.chaos.process import BrokerProcess
 from txbroker.cluster.controller_link import ControllerError, MasterInfo
-from txbroker.cluster.etcd import Etcd, EtcdError, parse_endpoints
+from txbroker.cluster.etcd import KV, prefix_end
 from txbroker.cluster.leadership import GroupKeys, GroupState
 from txbroker.cluster.local_etcd import LocalEtcd, Member, etcd_binary
 
@@ -203,7 +207,8 @@ class NsCluster:
         self.nodes = nodes_for(settings.etcd)
         self.controller: ServiceProcess | None = None
         self.etcd: NsEtcd | None = None
-        self._etcd_client: Etcd | None = None
+        #: The member the last read of the groups' keys was answered by (tried first).
+        self._etcd_member = 0
         if settings.etcd:
             self.etcd = NsEtcd(root / "etcd", [net[n] for n in ETCD_NODES])
             election: dict[str, object] = {"etcd_endpoints": self.etcd.endpoints,
@@ -286,34 +291,54 @@ class NsCluster:
             with contextlib.suppress(Exception):
                 self.etcd.stop()
 
-    async def close(self) -> None:
-        """Drop the etcd client of :meth:`masters` (event-loop side; call before the loop ends)."""
-        client, self._etcd_client = self._etcd_client, None
-        if client is not None:
-            with contextlib.suppress(Exception):
-                await client.close()
-
     # --- what the controller (or etcd) says ---------------------------------------------------
     async def masters(self) -> dict[str, MasterInfo | None]:
         if self.etcd is not None:
-            infos = await asyncio.gather(*(self._etcd_view(g) for g in GROUPS))
-        else:
-            infos = await asyncio.gather(*(replica_info(self.controller_addr, g.name) for g in GROUPS))
+            return await asyncio.to_thread(self._etcd_views)
+        infos = await asyncio.gather(*(replica_info(self.controller_addr, g.name) for g in GROUPS))
         return {g.name: i for g, i in zip(GROUPS, infos, strict=True)}
 
-    async def _etcd_view(self, group: GroupSpec) -> MasterInfo | None:
-        """The group's master and in-sync set from its keys in etcd (one linearizable range
-        read; None when no member answers in time)."""
+    def _etcd_views(self) -> dict[str, MasterInfo | None]:
+        """Each group's master and in-sync set from its keys in etcd: one linearizable range
+        read per group (None: no member answered in time, or the keys do not parse).
+
+        Over etcd's JSON gateway, from a worker thread (it stands in the client namespace),
+        not over gRPC: this process forks the cluster's processes, and a fork while gRPC's
+        threads run is where gRPC's fork handlers can crash the child before it execs."""
+        views: dict[str, MasterInfo | None] = {}
+        for group in GROUPS:
+            cluster = KAFKA_CLUSTER if self.settings.kafka else group.cluster
+            keys = GroupKeys(f"/txbroker/{cluster}/{group.name}/".encode())
+            read = self._etcd_range(keys.base)
+            try:
+                views[group.name] = None if read is None else GroupState.of(keys, *read).info()
+            except ControllerError:
+                views[group.name] = None
+        return views
+
+    def _etcd_range(self, prefix: bytes, timeout: float = 1.0) -> tuple[list[KV], int] | None:
+        """The keys under ``prefix`` and the revision, from the first member that answers
+        (the last one that did first); None when none does within ``timeout`` each."""
         assert self.etcd is not None
-        if self._etcd_client is None:
-            self._etcd_client = Etcd(parse_endpoints(self.etcd.endpoints), timeout=1.0)
-        cluster = KAFKA_CLUSTER if self.settings.kafka else group.cluster
-        keys = GroupKeys(f"/txbroker/{cluster}/{group.name}/".encode())
-        try:
-            kvs, revision = await self._etcd_client.range(keys.base)
-            return GroupState.of(keys, kvs, revision).info()
-        except (EtcdError, ControllerError):
-            return None
+        body = orjson.dumps({"key": base64.b64encode(prefix).decode(),
+                             "range_end": base64.b64encode(prefix_end(prefix)).decode()})
+        size = len(self.etcd.members)
+        for k in range(size):
+            i = (self._etcd_member + k) % size
+            req = urllib.request.Request(f"http://{self.etcd.members[i].endpoint}/v3/kv/range",
+                                         data=body, method="POST")
+            try:
+                with urllib.request.urlopen(req, timeout=timeout) as r:
+                    doc = orjson.loads(r.read())
+            except (OSError, ValueError):
+                continue
+            self._etcd_member = i
+            kvs = [KV(base64.b64decode(kv["key"]), base64.b64decode(kv.get("value", "")),
+                      int(kv.get("create_revision", 0)), int(kv.get("mod_revision", 0)),
+                      int(kv.get("version", 0)), int(kv.get("lease", 0)))
+                   for kv in doc.get("kvs", ())]
+            return kvs, int(doc["header"]["revision"])
+        return None
 
     async def wait_healthy(self, timeout: float) -> dict[str, MasterInfo] | None:
         """Every group with a master and both brokers in sync (None: not within ``timeout``)."""

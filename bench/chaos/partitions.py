@@ -217,6 +217,7 @@ class Recorder:
 
 
 UNHEALTHY = "the groups never had a master with both brokers in sync"
+CRASHED = "the harness failed"
 
 
 # --- faults ------------------------------------------------------------------------------------
@@ -640,13 +641,17 @@ async def _all(cfg: PartitionsConfig, net: Network, root: Path, results: list[Ru
                 except TimeoutError:
                     r = RunResult(scenario, run, error=f"run cut short after {cfg.run_timeout:.0f}s")
                     net.heal_all()
+                except (RuntimeError, OSError) as exc:  # a fault not made or undone: this run's error
+                    r = RunResult(scenario, run, error=f"{CRASHED}: {type(exc).__name__}: {exc}")
+                    net.heal_all()
                 rec.write(cluster.root / f"history-{scenario}{run}.jsonl")
                 results.append(r)
                 progress(line(r, cfg.runs))
-                if r.error == UNHEALTHY and run + 1 < cfg.runs:
-                    # The group did not recover from the last fault (a finding in itself,
-                    # kept in this run's result): the next runs get a fresh cluster.
-                    await cluster.close()
+                fresh = r.error == UNHEALTHY or (r.error or "").startswith(CRASHED)
+                if fresh and run + 1 < cfg.runs:
+                    # The group did not recover from the last fault, or a fault was not undone
+                    # (a finding in itself, kept in this run's result): the next runs get a
+                    # fresh cluster.
                     await asyncio.to_thread(cluster.stop)
                     cluster = NsCluster(net, root / f"scenario-{scenario}-from-run{run + 2}", settings)
                     progress(f"[{scenario}] the cluster did not recover: starting a fresh one "
@@ -654,7 +659,6 @@ async def _all(cfg: PartitionsConfig, net: Network, root: Path, results: list[Ru
                     await asyncio.to_thread(cluster.start)
         finally:
             net.heal_all()
-            await cluster.close()
             await asyncio.to_thread(cluster.stop)
 
 
