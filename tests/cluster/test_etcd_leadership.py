@@ -165,6 +165,9 @@ async def test_master_cut_off_from_etcd_fences_itself_before_the_slave_is_electe
             await eventually(lambda: not a.roles.is_master and a.roles.epoch == 2
                              and a.roles.ha_slave is not None and a.roles.ha_slave.connected,
                              timeout=LEASE * 5)
+            # Its etcd lease ran out meanwhile (and its replica key with it): it takes a new
+            # one, and the new master takes it back into the in-sync set once caught up.
+            await eventually(lambda: b.roles.sync_state_set == {0, 1}, timeout=LEASE * 5)
             # Everything the old master acknowledged is on the new one.
             bodies = {m.body for m in b.store.get("Cut", 0, 0, 1000).messages()}
             assert len(bodies) >= len(acked)

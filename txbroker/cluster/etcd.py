@@ -264,6 +264,16 @@ class Etcd:
                 failures.append(f"{self.current}: {code.name} {exc.details() or ''}".rstrip())
             except (TimeoutError, OSError) as exc:
                 failures.append(f"{self.current}: {exc or type(exc).__name__}")
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # this call was cancelled by its caller
+                # Another call failed on the channel this one used and dropped it, which
+                # cancels every call on it: a failure of that member, not a cancellation of
+                # the caller (ending a renewal loop that way would end it for good).
+                failures.append(f"{self.current}: the channel was dropped by another call")
+            except grpc.aio.UsageError:  # dropped between this call's connect and its start
+                failures.append(f"{self.current}: the channel was dropped by another call")
             await self._next_endpoint(channel)
         raise EtcdUnavailable(f"etcd did not answer {what} ({'; '.join(failures)})")
 
