@@ -26,6 +26,7 @@ group's view comes from etcd's keys instead of GET_REPLICA_INFO.
 from __future__ import annotations
 
 import asyncio
+import base64
 import bisect
 import itertools
 import math
@@ -39,8 +40,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import orjson
 
 from txbroker.bench.chaos.driver import LedgerListener, _settle, broker_settings
 from txbroker.bench.chaos.ledger import KINDS, Ledger, Report
@@ -50,7 +54,7 @@ from txbroker.client import Consumer, Message, TransactionProducer
 from txbroker.client.admin import AdminClient
 from txbroker.client.errors import ClientError
 from txbroker.cluster.controller_link import ControllerError, MasterInfo
-from txbroker.cluster.etcd import Etcd, EtcdError, parse_endpoints
+from txbroker.cluster.etcd import KV, prefix_end
 from txbroker.cluster.leadership import GroupKeys, GroupState
 from txbroker.cluster.local_etcd import LocalEtcd
 from txbroker.remoting.bodies import TopicRouteData
@@ -294,15 +298,38 @@ class ClusterProcesses:
         if self.controller is not None:
             return await replica_info(self.controller.addr)
         assert self.etcd is not None
-        client = Etcd(parse_endpoints(self.etcd.endpoints), timeout=1.0)
         keys = GroupKeys(f"/txbroker/DefaultCluster/{GROUP}/".encode())
+        endpoints = [m.endpoint for m in self.etcd.members]
+        read = await asyncio.to_thread(etcd_range_http, endpoints, keys.base)
         try:
-            kvs, revision = await client.range(keys.base)
-            return GroupState.of(keys, kvs, revision).info()
-        except (EtcdError, ControllerError):
+            return None if read is None else GroupState.of(keys, *read).info()
+        except ControllerError:
             return None
-        finally:
-            await client.close()
+
+
+def etcd_range_http(endpoints: list[str], prefix: bytes,
+                    timeout: float = 1.0) -> tuple[list[KV], int] | None:
+    """The keys under ``prefix`` and the revision (a linearizable read), from the first of
+    ``endpoints`` that answers within ``timeout``; None when none does.
+
+    Over etcd's JSON gateway, blocking (call it from a worker thread), not over gRPC: the
+    harness forks the cluster's processes, and a fork while gRPC's threads run is where
+    gRPC's fork handlers can crash the child before it execs."""
+    body = orjson.dumps({"key": base64.b64encode(prefix).decode(),
+                         "range_end": base64.b64encode(prefix_end(prefix)).decode()})
+    for endpoint in endpoints:
+        req = urllib.request.Request(f"http://{endpoint}/v3/kv/range", data=body, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                doc = orjson.loads(r.read())
+        except (OSError, ValueError):
+            continue
+        kvs = [KV(base64.b64decode(kv["key"]), base64.b64decode(kv.get("value", "")),
+                  int(kv.get("create_revision", 0)), int(kv.get("mod_revision", 0)),
+                  int(kv.get("version", 0)), int(kv.get("lease", 0)))
+               for kv in doc.get("kvs", ())]
+        return kvs, int(doc["header"]["revision"])
+    return None
 
 
 async def _wait_healthy(procs: ClusterProcesses, timeout: float) -> MasterInfo | None:

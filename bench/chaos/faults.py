@@ -20,26 +20,22 @@ the group's ``leader`` key (:meth:`NsCluster.masters` reads the group's keys, li
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import math
 import os
 import signal
 import subprocess
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
-from txbroker.bench.chaos.cluster import ServiceProcess, replica_info
+from txbroker.bench.chaos.cluster import ServiceProcess, etcd_range_http, replica_info
 from txbroker.bench.chaos.driver import broker_settings
 from txbroker.bench.chaos.lifeline import spawn
 from txbroker.bench.chaos.netns import Network, Node
 from txbroker.bench.chaos.process import BrokerProcess
 from txbroker.cluster.controller_link import ControllerError, MasterInfo
-from txbroker.cluster.etcd import KV, prefix_end
+from txbroker.cluster.etcd import KV
 from txbroker.cluster.leadership import GroupKeys, GroupState
 from txbroker.cluster.local_etcd import LocalEtcd, Member, etcd_binary
 
@@ -316,28 +312,17 @@ class NsCluster:
                 views[group.name] = None
         return views
 
-    def _etcd_range(self, prefix: bytes, timeout: float = 1.0) -> tuple[list[KV], int] | None:
+    def _etcd_range(self, prefix: bytes) -> tuple[list[KV], int] | None:
         """The keys under ``prefix`` and the revision, from the first member that answers
-        (the last one that did first); None when none does within ``timeout`` each."""
+        (the last one that did first); None when none does."""
         assert self.etcd is not None
-        body = orjson.dumps({"key": base64.b64encode(prefix).decode(),
-                             "range_end": base64.b64encode(prefix_end(prefix)).decode()})
         size = len(self.etcd.members)
-        for k in range(size):
-            i = (self._etcd_member + k) % size
-            req = urllib.request.Request(f"http://{self.etcd.members[i].endpoint}/v3/kv/range",
-                                         data=body, method="POST")
-            try:
-                with urllib.request.urlopen(req, timeout=timeout) as r:
-                    doc = orjson.loads(r.read())
-            except (OSError, ValueError):
-                continue
-            self._etcd_member = i
-            kvs = [KV(base64.b64decode(kv["key"]), base64.b64decode(kv.get("value", "")),
-                      int(kv.get("create_revision", 0)), int(kv.get("mod_revision", 0)),
-                      int(kv.get("version", 0)), int(kv.get("lease", 0)))
-                   for kv in doc.get("kvs", ())]
-            return kvs, int(doc["header"]["revision"])
+        order = [(self._etcd_member + k) % size for k in range(size)]
+        for i in order:
+            read = etcd_range_http([self.etcd.members[i].endpoint], prefix)
+            if read is not None:
+                self._etcd_member = i
+                return read
         return None
 
     async def wait_healthy(self, timeout: float) -> dict[str, MasterInfo] | None:
