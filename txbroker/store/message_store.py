@@ -416,9 +416,12 @@ class MessageStore:
 
     def forget_offsets_now(self, keys: list[tuple[str, str, int]]) -> PutResult:
         """Remove offsets through the log (expired, or their group deleted)."""
-        if not keys:
-            return PutResult(PutStatus.OK)
-        return self._write_offset_record(offset_log.forget_message(keys))
+        result = PutResult(PutStatus.OK)
+        for msg in offset_log.forget_messages(keys, self.config.max_message_size // 2):
+            result = self._write_offset_record(msg)
+            if not result.ok:
+                break
+        return result
 
     # --- writing ----------------------------------------------------------------------------------
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:

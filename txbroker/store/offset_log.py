@@ -30,6 +30,7 @@ there.  Retention writes it before it deletes a segment, so no record it still n
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import orjson
 
@@ -49,27 +50,38 @@ def set_messages(rows: list[OffsetRow], max_bytes: int, snap_ms: int | None = No
     """``rows`` as ``set`` records of at most ``max_bytes`` of body each (one record unless
     they do not fit); ``snap_ms``: the parts of a snapshot taken then (at least one record,
     even of an empty table)."""
-    out: list[Message] = []
-    chunk = max(1, len(rows))
-    i = 0
-    while i < len(rows) or (snap_ms is not None and not out):
-        part = rows[i:i + chunk]
-        doc: dict = {"set": [[g, t, q, o, None if k is None else k[0], None if k is None else k[1]]
-                             for g, t, q, o, k in part]}
+    def doc(part: list[OffsetRow]) -> dict:
+        d: dict = {"set": [[g, t, q, o, None if k is None else k[0], None if k is None else k[1]]
+                           for g, t, q, o, k in part]}
         if snap_ms is not None:
-            doc["snap"] = snap_ms
-        body = orjson.dumps(doc)
+            d["snap"] = snap_ms
+        return d
+    return _records(rows, max_bytes, doc, at_least_one=snap_ms is not None)
+
+
+def forget_messages(keys: list[tuple[str, str, int]], max_bytes: int) -> list[Message]:
+    """``keys`` as ``forget`` records of at most ``max_bytes`` of body each: an expiry pass
+    over many abandoned groups must not make one record larger than a message may be (it
+    would be refused, and the pass would never make progress)."""
+    return _records(keys, max_bytes, lambda part: {"forget": [list(k) for k in part]})
+
+
+def _records(items: list, max_bytes: int, doc: Callable[[list], dict], *,
+             at_least_one: bool = False) -> list[Message]:
+    """``items`` cut into as few records as fit ``max_bytes`` each (halving the share until
+    one fits; a single item always makes a record)."""
+    out: list[Message] = []
+    chunk = max(1, len(items))
+    i = 0
+    while i < len(items) or (at_least_one and not out):
+        part = items[i:i + chunk]
+        body = orjson.dumps(doc(part))
         if len(body) > max_bytes and len(part) > 1:
             chunk = max(1, len(part) // 2)
             continue
         out.append(Message(topic=TOPIC, queue_id=QUEUE, body=body))
         i += len(part)
     return out
-
-
-def forget_message(keys: list[tuple[str, str, int]]) -> Message:
-    return Message(topic=TOPIC, queue_id=QUEUE,
-                   body=orjson.dumps({"forget": [list(k) for k in keys]}))
 
 
 def apply(offsets: ConsumerOffsetStore, body: bytes, where: int) -> None:
