@@ -79,7 +79,7 @@ async def test_unused_member_ids_lapse_and_their_groups_with_them(group_node, gr
 # --- hostile ------------------------------------------------------------------------------------
 GROUPS = 10_000
 #: Kafka's offsets.retention for the flood test (seconds).
-RETENTION = 20.0
+FLOOD_RETENTION = 20.0
 #: The bound stated in docs/kafka.md: the flood may cost the broker at most this much memory.
 RSS_BOUND = 64 * 1024 * 1024
 #: What a second flood of the same size may add once the first is pruned (reuse, not a leak).
@@ -108,7 +108,7 @@ async def test_ten_thousand_abandoned_groups_and_member_ids_are_pruned(broker_pr
     # The retention outlasts the flood even on a loaded machine (10,000 commits took more
     # than 5 s there, and the first groups were pruned before they could be listed).
     broker = broker_process(kafka_port=port, kafka_group_min_session_timeout=1.0,
-                            kafka_offsets_retention=RETENTION,
+                            kafka_offsets_retention=FLOOD_RETENTION,
                             kafka_offsets_retention_check_interval=0.5)
     addr = broker.kafka_addr
     async with AdminClient(broker.namesrv_addr) as admin:
@@ -125,7 +125,7 @@ async def test_ten_thousand_abandoned_groups_and_member_ids_are_pruned(broker_pr
     assert time.monotonic() - t0 < 5
     assert sum(n.startswith("flood-c-") for n in names) == GROUPS
     # unused ids lapse after their session (1 s), simple groups after the retention
-    deadline = time.monotonic() + RETENTION + 60
+    deadline = time.monotonic() + FLOOD_RETENTION + 60
     while True:
         left = {n for n in await listed(addr) if n.startswith("flood-")}
         if not left:
