@@ -37,7 +37,7 @@ def switchover(broker_name: str, target: int, cluster_name: str, etcd_endpoints:
     except ValueError as exc:
         click.echo(f"error: --etcd-endpoints: {exc}", err=True)
         sys.exit(1)
-    keys = GroupKeys(f"{etcd_prefix.rstrip('/')}/{cluster_name}/{broker_name}/".encode())
+    keys = GroupKeys.named(etcd_prefix, cluster_name, broker_name)
 
     async def run() -> int:
         etcd = Etcd(endpoints, timeout=3.0)

@@ -298,7 +298,7 @@ class ClusterProcesses:
         if self.controller is not None:
             return await replica_info(self.controller.addr)
         assert self.etcd is not None
-        keys = GroupKeys(f"/txbroker/DefaultCluster/{GROUP}/".encode())
+        keys = GroupKeys.named("/txbroker", "DefaultCluster", GROUP)
         endpoints = [m.endpoint for m in self.etcd.members]
         read = await asyncio.to_thread(etcd_range_http, endpoints, keys.base)
         try:

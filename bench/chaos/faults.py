@@ -304,7 +304,7 @@ class NsCluster:
         views: dict[str, MasterInfo | None] = {}
         for group in GROUPS:
             cluster = KAFKA_CLUSTER if self.settings.kafka else group.cluster
-            keys = GroupKeys(f"/txbroker/{cluster}/{group.name}/".encode())
+            keys = GroupKeys.named("/txbroker", cluster, group.name)
             read = self._etcd_range(keys.base)
             try:
                 views[group.name] = None if read is None else GroupState.of(keys, *read).info()

@@ -106,8 +106,13 @@ class GroupKeys:
 
     @classmethod
     def of(cls, config: BrokerConfig) -> GroupKeys:
-        prefix = config.etcd_prefix.rstrip("/")
-        return cls(f"{prefix}/{config.cluster_name}/{config.broker_name}/".encode())
+        return cls.named(config.etcd_prefix, config.cluster_name, config.broker_name)
+
+    @classmethod
+    def named(cls, prefix: str, cluster: str, group: str) -> GroupKeys:
+        """The keys of ``group`` of ``cluster`` under ``prefix`` (the one place the layout
+        ``<prefix>/<cluster>/<group>/`` is spelt)."""
+        return cls(f"{prefix.rstrip('/')}/{cluster}/{group}/".encode())
 
     @property
     def leader(self) -> bytes:
@@ -378,11 +383,14 @@ class EtcdLeadership:
                              "epoch": max(st.epoch, self._last_log_epoch()),
                              "maxOffset": st.max_offset})
 
+    async def _read_group(self) -> GroupState:
+        """The group's keys now (one linearizable range read)."""
+        kvs, revision = await self.etcd.range(self.keys.base)
+        return GroupState.of(self.keys, kvs, revision)
+
     async def refresh(self) -> MasterInfo:
         """Read the group (linearizable) and hand a changed master to the broker."""
-        kvs, revision = await self.etcd.range(self.keys.base)
-        group = GroupState.of(self.keys, kvs, revision)
-        self.group = group
+        group = self.group = await self._read_group()
         lead = group.leader_doc
         mine = bool(lead) and int(lead["brokerId"]) == self.config.broker_id
         if mine and group.leader is not None and group.leader.lease != self.lease:
@@ -495,9 +503,7 @@ class EtcdLeadership:
             return await self._elect()
 
     async def _elect(self) -> MasterInfo:
-        kvs, revision = await self.etcd.range(self.keys.base)
-        group = GroupState.of(self.keys, kvs, revision)
-        self.group = group
+        group = self.group = await self._read_group()
         if group.leader is not None or not self.lease or not self._eligible(group):
             return await self.refresh()
         epoch = max(group.last_epoch, self._last_log_epoch()) + 1

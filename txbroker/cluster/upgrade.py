@@ -39,7 +39,7 @@ async def import_groups(etcd: Etcd, prefix: str, doc: dict[str, Any]) -> list[st
     lines = []
     for group in doc["groups"]:
         cluster, name = str(group["clusterName"]), str(group["brokerName"])
-        keys = GroupKeys(f"{prefix.rstrip('/')}/{cluster}/{name}/".encode())
+        keys = GroupKeys.named(prefix, cluster, name)
         epoch = int(group["masterEpoch"])
         members = sorted(int(m) for m in group["syncStateSet"])
         isr = {"members": members, "epoch": int(group["syncStateSetEpoch"]), "masterEpoch": epoch}
