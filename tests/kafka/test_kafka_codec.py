@@ -242,6 +242,17 @@ def test_tables_match_kafkas_message_definitions(kv: tuple[ApiKey, int]) -> None
             c["name"]: c["fields"] for c in spec.get("commonStructs", [])})
 
 
+def test_every_version_kafka_4_serves_is_served() -> None:
+    """At least Kafka 4's range of each API implemented (KIP-896 kept JoinGroup 0-1 and
+    SyncGroup 0 for sarama, librdkafka and kafka-python; docs/kafka.md, "Versions"): a
+    minimum above Kafka's closes connections Kafka would serve.  Produce is the one exception
+    the other way: advertised from 0, as Kafka 4 does, served from 3."""
+    for key, (lo, _hi) in SERVED.items():
+        spec_lo = int(_load_spec(_spec_name(key) + "Request")["validVersions"].split("-")[0])
+        assert lo <= spec_lo, f"{key.name}: served from {lo}, Kafka 4 serves from {spec_lo}"
+    assert ADVERTISED[ApiKey.JOIN_GROUP][0] == 0 and ADVERTISED[ApiKey.SYNC_GROUP][0] == 0
+
+
 def test_advertised_ranges_have_tables_where_served() -> None:
     for key, (lo, hi) in ADVERTISED.items():
         slo, shi = SERVED[key]
@@ -392,6 +403,7 @@ def test_aiokafka_reads_what_we_write() -> None:
     # every API aiokafka speaks, at the versions it sends (docs/kafka.md "Versions")
     assert {(k, v) for k, v, _ in checked} >= {(3, 5), (0, 7), (1, 11), (2, 3), (10, 1), (11, 5),
                                                (14, 3), (12, 1), (13, 1), (8, 3), (9, 3), (19, 3),
+                                               (11, 0), (11, 1), (14, 0),
                                                (22, 0), (24, 0), (25, 0), (26, 0), (28, 0), (18, 0)}
 
 

@@ -32,10 +32,14 @@ def group_handlers(groups: GroupCoordinator, store: MessageStore, topics: TopicM
     asks again, rather than hand out an offset the commit is about to move)."""
 
     async def join_group(ctx: KafkaRequestContext, body: dict) -> dict:
+        # JoinGroup v0 has no rebalance timeout: Kafka takes the session timeout for it
+        # (docs/kafka.md, "Consumer groups"); v0-1 answers carry no throttle time (the codec).
+        session_ms = body["session_timeout_ms"]
+        rebalance_ms = session_ms if ctx.api_version == 0 else body["rebalance_timeout_ms"]
         return await groups.join(
             body["group_id"], body["member_id"], client_id=ctx.client_id,
-            api_version=ctx.api_version, session_timeout_ms=body["session_timeout_ms"],
-            rebalance_timeout_ms=body.get("rebalance_timeout_ms", -1),
+            api_version=ctx.api_version, session_timeout_ms=session_ms,
+            rebalance_timeout_ms=rebalance_ms,
             protocol_type=body["protocol_type"],
             protocols=[(p["name"], p["metadata"]) for p in body["protocols"]],
             group_instance_id=body.get("group_instance_id"),
