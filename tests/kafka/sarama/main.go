@@ -1,0 +1,338 @@
+// Command sarama drives the sarama Kafka client (Debian's golang-github-shopify-sarama-dev,
+// sarama 1.22) against a broker for tests/kafka/test_kafka_sarama.py.  Built in GOPATH mode,
+// offline, by tests/support/sarama.py.
+//
+// Every subcommand writes one JSON object per line on stdout (an "event" key says what it is)
+// and exits 0 when it did what it was asked, 1 on an error (an "error" event says which).
+//
+//	admin   -brokers B -topic T -partitions N     create T, create it again, describe it
+//	produce -brokers B -topic T -count N -prefix P [-retries R]
+//	                                               idempotent producer, one "ack" per record
+//	read    -brokers B -topic T -expect N [-idle S]
+//	                                               every record of T from the oldest offset
+//	group   -brokers B -topic T -group G           a consumer group member until SIGTERM
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/Shopify/sarama"
+)
+
+var outLock sync.Mutex
+
+func emit(event string, fields map[string]interface{}) {
+	if fields == nil {
+		fields = map[string]interface{}{}
+	}
+	fields["event"] = event
+	line, err := json.Marshal(fields)
+	if err != nil {
+		panic(err)
+	}
+	outLock.Lock()
+	defer outLock.Unlock()
+	os.Stdout.Write(append(line, '\n'))
+}
+
+func fail(what string, err error) {
+	emit("error", map[string]interface{}{"what": what, "error": err.Error()})
+	os.Exit(1)
+}
+
+// baseConfig: V1_0_0_0 is the lowest version at which sarama 1.22 speaks only what Kafka 4
+// serves (Produce 3, Fetch 4, Metadata 5, CreateTopics 2; docs/kafka.md, "Per client").
+func baseConfig() *sarama.Config {
+	c := sarama.NewConfig()
+	c.Version = sarama.V1_0_0_0
+	c.ClientID = "sarama-test"
+	c.Metadata.Retry.Max = 50
+	c.Metadata.Retry.Backoff = 200 * time.Millisecond
+	c.Net.DialTimeout = 5 * time.Second
+	return c
+}
+
+func brokerList(s string) []string { return strings.Split(s, ",") }
+
+func headerMap(hs []*sarama.RecordHeader) map[string]string {
+	out := map[string]string{}
+	for _, h := range hs {
+		out[string(h.Key)] = string(h.Value)
+	}
+	return out
+}
+
+func record(event string, m *sarama.ConsumerMessage, extra map[string]interface{}) {
+	fields := map[string]interface{}{
+		"topic": m.Topic, "partition": m.Partition, "offset": m.Offset,
+		"key": string(m.Key), "value": string(m.Value), "headers": headerMap(m.Headers),
+	}
+	for k, v := range extra {
+		fields[k] = v
+	}
+	emit(event, fields)
+}
+
+func admin(args []string) {
+	fs := flag.NewFlagSet("admin", flag.ExitOnError)
+	brokers := fs.String("brokers", "", "bootstrap brokers")
+	topic := fs.String("topic", "", "topic to create")
+	partitions := fs.Int("partitions", 1, "partitions")
+	fs.Parse(args)
+
+	ca, err := sarama.NewClusterAdmin(brokerList(*brokers), baseConfig())
+	if err != nil {
+		fail("cluster admin", err)
+	}
+	defer ca.Close()
+	detail := &sarama.TopicDetail{NumPartitions: int32(*partitions), ReplicationFactor: 1}
+	if err := ca.CreateTopic(*topic, detail, false); err != nil {
+		fail("create topic", err)
+	}
+	again := ca.CreateTopic(*topic, detail, false)
+	emit("created", map[string]interface{}{"topic": *topic, "again": fmt.Sprint(again),
+		"again_exists": errors.Is(again, sarama.ErrTopicAlreadyExists) || isTopicError(again, sarama.ErrTopicAlreadyExists)})
+	metas, err := ca.DescribeTopics([]string{*topic})
+	if err != nil {
+		fail("describe topics", err)
+	}
+	for _, m := range metas {
+		parts := []int32{}
+		leaders := []int32{}
+		for _, p := range m.Partitions {
+			parts = append(parts, p.ID)
+			leaders = append(leaders, p.Leader)
+		}
+		emit("described", map[string]interface{}{"topic": m.Name, "error": int(m.Err),
+			"partitions": parts, "leaders": leaders})
+	}
+	brokers2, controller, err := ca.DescribeCluster()
+	if err != nil {
+		fail("describe cluster", err)
+	}
+	emit("cluster", map[string]interface{}{"brokers": len(brokers2), "controller": controller})
+}
+
+func isTopicError(err error, want sarama.KError) bool {
+	te, ok := err.(*sarama.TopicError)
+	return ok && te.Err == want
+}
+
+func produce(args []string) {
+	fs := flag.NewFlagSet("produce", flag.ExitOnError)
+	brokers := fs.String("brokers", "", "bootstrap brokers")
+	topic := fs.String("topic", "", "topic")
+	count := fs.Int("count", 10, "records to send")
+	prefix := fs.String("prefix", "v", "value prefix")
+	retries := fs.Int("retries", 3, "producer retries per record")
+	fs.Parse(args)
+
+	c := baseConfig()
+	c.Producer.Idempotent = true
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Net.MaxOpenRequests = 1
+	c.Producer.Return.Successes = true
+	c.Producer.Return.Errors = true
+	c.Producer.Retry.Max = *retries
+	c.Producer.Retry.Backoff = 100 * time.Millisecond
+	c.Producer.Partitioner = sarama.NewHashPartitioner
+	p, err := sarama.NewSyncProducer(brokerList(*brokers), c)
+	if err != nil {
+		fail("producer", err)
+	}
+	acked, failed := 0, 0
+	for i := 0; i < *count; i++ {
+		value := fmt.Sprintf("%s-%d", *prefix, i)
+		msg := &sarama.ProducerMessage{
+			Topic: *topic,
+			Key:   sarama.StringEncoder(fmt.Sprintf("k-%d", i)),
+			Value: sarama.StringEncoder(value),
+			Headers: []sarama.RecordHeader{
+				{Key: []byte("idx"), Value: []byte(strconv.Itoa(i))},
+				{Key: []byte("src"), Value: []byte("sarama")},
+			},
+		}
+		partition, offset, err := p.SendMessage(msg)
+		if err != nil {
+			failed++
+			emit("failed", map[string]interface{}{"value": value, "error": err.Error()})
+			continue
+		}
+		acked++
+		emit("ack", map[string]interface{}{"value": value, "partition": partition, "offset": offset})
+	}
+	if err := p.Close(); err != nil {
+		emit("close-error", map[string]interface{}{"error": err.Error()})
+	}
+	emit("done", map[string]interface{}{"acked": acked, "failed": failed})
+}
+
+func read(args []string) {
+	fs := flag.NewFlagSet("read", flag.ExitOnError)
+	brokers := fs.String("brokers", "", "bootstrap brokers")
+	topic := fs.String("topic", "", "topic")
+	expect := fs.Int("expect", 0, "stop after this many records")
+	idle := fs.Float64("idle", 10, "stop after this many seconds without a record")
+	fs.Parse(args)
+
+	c := baseConfig()
+	c.Consumer.IsolationLevel = sarama.ReadCommitted
+	consumer, err := sarama.NewConsumer(brokerList(*brokers), c)
+	if err != nil {
+		fail("consumer", err)
+	}
+	defer consumer.Close()
+	parts, err := consumer.Partitions(*topic)
+	if err != nil {
+		fail("partitions", err)
+	}
+	msgs := make(chan *sarama.ConsumerMessage)
+	for _, part := range parts {
+		pc, err := consumer.ConsumePartition(*topic, part, sarama.OffsetOldest)
+		if err != nil {
+			fail("consume partition", err)
+		}
+		defer pc.Close()
+		go func(pc sarama.PartitionConsumer) {
+			for m := range pc.Messages() {
+				msgs <- m
+			}
+		}(pc)
+	}
+	got := 0
+	timer := time.NewTimer(time.Duration(*idle * float64(time.Second)))
+	for got < *expect {
+		select {
+		case m := <-msgs:
+			got++
+			record("rec", m, nil)
+			timer.Reset(time.Duration(*idle * float64(time.Second)))
+		case <-timer.C:
+			emit("idle", map[string]interface{}{"got": got})
+			return
+		}
+	}
+	emit("done", map[string]interface{}{"got": got})
+}
+
+type member struct{}
+
+func (member) Setup(s sarama.ConsumerGroupSession) error {
+	claims := map[string][]int32{}
+	for t, ps := range s.Claims() {
+		sorted := append([]int32(nil), ps...)
+		sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
+		claims[t] = sorted
+	}
+	emit("setup", map[string]interface{}{"member": s.MemberID(), "generation": s.GenerationID(),
+		"claims": claims})
+	return nil
+}
+
+func (member) Cleanup(s sarama.ConsumerGroupSession) error {
+	emit("cleanup", map[string]interface{}{"generation": s.GenerationID()})
+	return nil
+}
+
+func (member) ConsumeClaim(s sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
+	for m := range claim.Messages() {
+		record("rec", m, map[string]interface{}{"generation": s.GenerationID()})
+		s.MarkMessage(m, "")
+	}
+	return nil
+}
+
+func group(args []string) {
+	fs := flag.NewFlagSet("group", flag.ExitOnError)
+	brokers := fs.String("brokers", "", "bootstrap brokers")
+	topic := fs.String("topic", "", "topic")
+	groupID := fs.String("group", "", "group id")
+	fs.Parse(args)
+
+	c := baseConfig()
+	c.Consumer.IsolationLevel = sarama.ReadCommitted
+	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	c.Consumer.Offsets.CommitInterval = 200 * time.Millisecond
+	// sarama 1.22 commits with OffsetCommit v1 unless a retention is set, and v1 is gone
+	// since Kafka 4 (docs/kafka.md, "Versions"): with one it sends v2.
+	c.Consumer.Offsets.Retention = 24 * time.Hour
+	c.Consumer.Return.Errors = true
+	c.Consumer.Group.Session.Timeout = 10 * time.Second
+	c.Consumer.Group.Heartbeat.Interval = 500 * time.Millisecond
+	c.Consumer.Group.Rebalance.Timeout = 20 * time.Second
+	c.Consumer.Group.Rebalance.Strategy = sarama.BalanceStrategyRange
+	g, err := sarama.NewConsumerGroup(brokerList(*brokers), *groupID, c)
+	if err != nil {
+		fail("consumer group", err)
+	}
+	go func() {
+		for err := range g.Errors() {
+			emit("group-error", map[string]interface{}{"error": err.Error()})
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-stop
+		cancel()
+	}()
+	for ctx.Err() == nil {
+		if err := g.Consume(ctx, []string{*topic}, member{}); err != nil {
+			emit("consume-error", map[string]interface{}{"error": err.Error()})
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	if err := g.Close(); err != nil {
+		fail("close", err)
+	}
+	emit("closed", nil)
+}
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: sarama admin|produce|read|group [flags]")
+		os.Exit(2)
+	}
+	sarama.Logger = nopLogger{}
+	if os.Getenv("SARAMA_LOG") != "" {
+		sarama.Logger = stderrLogger{}
+	}
+	switch os.Args[1] {
+	case "admin":
+		admin(os.Args[2:])
+	case "produce":
+		produce(os.Args[2:])
+	case "read":
+		read(os.Args[2:])
+	case "group":
+		group(os.Args[2:])
+	default:
+		fmt.Fprintf(os.Stderr, "unknown subcommand %q\n", os.Args[1])
+		os.Exit(2)
+	}
+}
+
+type nopLogger struct{}
+
+func (nopLogger) Print(...interface{})          {}
+func (nopLogger) Printf(string, ...interface{}) {}
+func (nopLogger) Println(...interface{})        {}
+
+type stderrLogger struct{}
+
+func (stderrLogger) Print(v ...interface{})            { fmt.Fprint(os.Stderr, v...) }
+func (stderrLogger) Printf(f string, v ...interface{}) { fmt.Fprintf(os.Stderr, f, v...) }
+func (stderrLogger) Println(v ...interface{})          { fmt.Fprintln(os.Stderr, v...) }
