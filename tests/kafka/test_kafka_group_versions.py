@@ -179,3 +179,63 @@ async def test_a_v1_member_and_a_v5_member_share_a_group(kafka_broker) -> None:
     finally:
         old.close()
         new.close()
+
+
+def commit_v0_v1(version: int, group: str, offset: int, *, generation: int = -1, member: str = "",
+                 stamp: int = -1, metadata: str = "md") -> bytes:
+    """OffsetCommit v0/v1 (Kafka 3.9's layouts; Kafka 4 serves from v2): one partition of T."""
+    body = _str(group)
+    if version >= 1:
+        body += struct.pack(">i", generation) + _str(member)
+    body += struct.pack(">i", 1) + _str("T") + struct.pack(">i", 1) + struct.pack(">iq", 0, offset)
+    if version == 1:
+        body += struct.pack(">q", stamp)
+    return body + _str(metadata)
+
+
+def read_commit(r: Reader) -> list[tuple[str, int, int]]:
+    """OffsetCommit v0-2 answer: no throttle time (v3+)."""
+    out = []
+    for _ in range(r.take(">i")):
+        name = r.string()
+        out += [(name, r.take(">i"), r.take(">h")) for _ in range(r.take(">i"))]
+    assert r.done()
+    return out
+
+
+async def fetch_v1(raw: Raw, corr: int, group: str) -> tuple[int, str, int]:
+    r = await raw.call(9, 1, corr, _str(group) + struct.pack(">i", 1) + _str("T")
+                       + struct.pack(">ii", 1, 0))
+    assert r.take(">i") == 1 and r.string() == "T" and r.take(">i") == 1
+    assert r.take(">i") == 0
+    offset, metadata, error = r.take(">q"), r.string(), r.take(">h")
+    assert r.done()
+    return offset, metadata, error
+
+
+async def test_offset_commit_v1_in_a_group_and_v0_simple_commits(kafka_broker) -> None:
+    from txbroker.service.topics import TopicConfig
+
+    await kafka_broker.topics.create_or_update(TopicConfig("T", 2, 2))
+    raw = await Raw.open(kafka_broker.kafka_port)
+    try:
+        me = read_join_v0_v1(await raw.call(11, 1, 1, join_v0_v1(1, "cg", "")))["member_id"]
+        read_sync_v0(await raw.call(14, 0, 2, sync_v0("cg", 1, me, [(me, b"")])))
+        # v1, the group's member and generation, a commit timestamp: Kafka 3.9 keeps it
+        got = read_commit(await raw.call(8, 1, 3, commit_v0_v1(1, "cg", 5, generation=1, member=me,
+                                                                stamp=1_234_000)))
+        assert got == [("T", 0, ErrorCode.NONE)]
+        assert kafka_broker.store.offsets.kafka_commit("cg", "T", 0) == ("md", 1_234_000)
+        assert await fetch_v1(raw, 4, "cg") == (5, "md", ErrorCode.NONE)
+        stale = read_commit(await raw.call(8, 1, 5, commit_v0_v1(1, "cg", 6, generation=3, member=me)))
+        assert stale == [("T", 0, ErrorCode.ILLEGAL_GENERATION)]
+        # v0 (no generation, no member) is a simple commit: refused while the group has members,
+        # taken for a group without any
+        busy = read_commit(await raw.call(8, 0, 6, commit_v0_v1(0, "cg", 7)))
+        assert busy == [("T", 0, ErrorCode.UNKNOWN_MEMBER_ID)]
+        assert read_commit(await raw.call(8, 0, 7, commit_v0_v1(0, "solo", 9))) == [
+            ("T", 0, ErrorCode.NONE)]
+        assert await fetch_v1(raw, 8, "solo") == (9, "md", ErrorCode.NONE)
+        assert await fetch_v1(raw, 9, "cg") == (5, "md", ErrorCode.NONE)
+    finally:
+        raw.close()

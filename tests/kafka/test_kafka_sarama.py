@@ -50,11 +50,13 @@ async def test_cluster_admin_creates_and_describes_a_topic(sarama_bin, kafka_pro
     assert cluster == {"event": "cluster", "brokers": 1, "controller": -1}
 
 
-async def test_idempotent_producer_keys_and_headers_read_back(sarama_bin, kafka_process):
+@pytest.mark.parametrize("compression", ["none", "gzip", "snappy", "lz4"])
+async def test_idempotent_producer_keys_and_headers_read_back(sarama_bin, kafka_process,
+                                                              compression):
     _, bootstrap = kafka_process
     await create_topic(sarama_bin, bootstrap, "sarama-idem", 3)
     events = await sarama.run(sarama_bin, "produce", "-brokers", bootstrap, "-topic", "sarama-idem",
-                              "-count", "30", "-prefix", "idem")
+                              "-count", "30", "-prefix", "idem", "-compression", compression)
     acks = [e for e in events if e["event"] == "ack"]
     assert events[-1] == {"event": "done", "acked": 30, "failed": 0}
     assert len({a["partition"] for a in acks}) > 1       # the keys spread over the partitions
@@ -119,8 +121,12 @@ async def test_two_member_group_reads_committed_records_exactly_once(sarama_bin,
     _, bootstrap = kafka_process
     topic, partitions, group = "sarama-group", 4, "sarama-g"
     await create_topic(sarama_bin, bootstrap, topic, partitions)
+    await create_topic(sarama_bin, bootstrap, "sarama-scratch", 1)
+    # one member commits with OffsetCommit v1 (sarama's default), the other with v2 (a
+    # retention time set)
     members = [await sarama.Run.start(sarama_bin, "group", "-brokers", bootstrap, "-topic", topic,
-                                      "-group", group) for _ in range(2)]
+                                      "-group", group, "-retention", retention)
+               for retention in ("0s", "24h")]
     try:
         await wait_for(lambda: stable_generation(members, partitions) is not None, 60,
                        "both members to share the partitions")
@@ -151,6 +157,15 @@ async def test_two_member_group_reads_committed_records_exactly_once(sarama_bin,
         assert {r["generation"] for r in m.of("rec")} <= {generation}
         assert {r["partition"] for r in m.of("rec")} <= mine
         assert not m.of("group-error") and not m.of("consume-error")
+    # sarama's admin calls on the group and on topics (ListGroups, DescribeGroups, OffsetFetch,
+    # CreatePartitions, DeleteTopics)
+    managed = await sarama.run(sarama_bin, "manage", "-brokers", bootstrap, "-topic", topic,
+                               "-group", group, "-scratch", "sarama-scratch", "-partitions", "3")
+    assert managed[0] == {"event": "groups", "groups": {group: "consumer"}}
+    assert managed[1] == {"event": "group", "group": group, "error": 0, "state": "Empty",
+                          "protocol_type": "consumer", "protocol": "", "members": {}}
+    assert managed[2]["event"] == "offsets" and managed[2]["error"] == 0
+    assert managed[3:] == [{"event": "grown", "partitions": 3}, {"event": "deleted", "error": 3}]
     # the group's commits stand at the end of every partition (read exactly once, for good)
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
     await c.start()
@@ -159,6 +174,7 @@ async def test_two_member_group_reads_committed_records_exactly_once(sarama_bin,
         ends = await c.end_offsets(tps)
         assert {tp.partition: await c.committed(tp) for tp in tps} == {
             tp.partition: ends[tp] for tp in tps}
+        assert managed[2]["offset"] == ends[tps[0]]
     finally:
         await c.stop()
 

@@ -6,11 +6,15 @@
 // and exits 0 when it did what it was asked, 1 on an error (an "error" event says which).
 //
 //	admin   -brokers B -topic T -partitions N     create T, create it again, describe it
-//	produce -brokers B -topic T -count N -prefix P [-retries R]
+//	produce -brokers B -topic T -count N -prefix P [-retries R] [-compression C]
 //	                                               idempotent producer, one "ack" per record
 //	read    -brokers B -topic T -expect N [-idle S]
 //	                                               every record of T from the oldest offset
-//	group   -brokers B -topic T -group G           a consumer group member until SIGTERM
+//	group   -brokers B -topic T -group G [-retention D]
+//	                                               a consumer group member until SIGTERM
+//	manage  -brokers B -topic T -group G -scratch S -partitions N
+//	                                               list and describe groups, G's offset of T/0,
+//	                                               grow S to N partitions, delete S
 package main
 
 import (
@@ -125,6 +129,71 @@ func admin(args []string) {
 	emit("cluster", map[string]interface{}{"brokers": len(brokers2), "controller": controller})
 }
 
+// manage: the other admin calls sarama 1.22 makes over APIs Kafka 4 still serves.
+func manage(args []string) {
+	fs := flag.NewFlagSet("manage", flag.ExitOnError)
+	brokers := fs.String("brokers", "", "bootstrap brokers")
+	topic := fs.String("topic", "", "topic whose partition 0 offset of -group is read")
+	scratch := fs.String("scratch", "", "topic to grow to -partitions, then delete")
+	partitions := fs.Int("partitions", 2, "partitions after growing")
+	groupID := fs.String("group", "", "group to list, describe and read the offsets of")
+	fs.Parse(args)
+
+	ca, err := sarama.NewClusterAdmin(brokerList(*brokers), baseConfig())
+	if err != nil {
+		fail("cluster admin", err)
+	}
+	defer ca.Close()
+	groups, err := ca.ListConsumerGroups()
+	if err != nil {
+		fail("list consumer groups", err)
+	}
+	emit("groups", map[string]interface{}{"groups": groups})
+	descs, err := ca.DescribeConsumerGroups([]string{*groupID})
+	if err != nil {
+		fail("describe consumer groups", err)
+	}
+	for _, d := range descs {
+		members := map[string]interface{}{}
+		for id, m := range d.Members {
+			assignment, err := m.GetMemberAssignment()
+			if err != nil {
+				fail("member assignment", err)
+			}
+			metadata, err := m.GetMemberMetadata()
+			if err != nil {
+				fail("member metadata", err)
+			}
+			members[id] = map[string]interface{}{"client_id": m.ClientId,
+				"assigned": assignment.Topics, "subscribed": metadata.Topics}
+		}
+		emit("group", map[string]interface{}{"group": d.GroupId, "error": int(d.Err), "state": d.State,
+			"protocol_type": d.ProtocolType, "protocol": d.Protocol, "members": members})
+	}
+	offsets, err := ca.ListConsumerGroupOffsets(*groupID, map[string][]int32{*topic: {0}})
+	if err != nil {
+		fail("list consumer group offsets", err)
+	}
+	block := offsets.GetBlock(*topic, 0)
+	emit("offsets", map[string]interface{}{"offset": block.Offset, "error": int(block.Err)})
+	if err := ca.CreatePartitions(*scratch, int32(*partitions), nil, false); err != nil {
+		fail("create partitions", err)
+	}
+	metas, err := ca.DescribeTopics([]string{*scratch})
+	if err != nil {
+		fail("describe topics", err)
+	}
+	emit("grown", map[string]interface{}{"partitions": len(metas[0].Partitions)})
+	if err := ca.DeleteTopic(*scratch); err != nil {
+		fail("delete topic", err)
+	}
+	metas, err = ca.DescribeTopics([]string{*scratch})
+	if err != nil {
+		fail("describe topics", err)
+	}
+	emit("deleted", map[string]interface{}{"error": int(metas[0].Err)})
+}
+
 func isTopicError(err error, want sarama.KError) bool {
 	te, ok := err.(*sarama.TopicError)
 	return ok && te.Err == want
@@ -137,6 +206,7 @@ func produce(args []string) {
 	count := fs.Int("count", 10, "records to send")
 	prefix := fs.String("prefix", "v", "value prefix")
 	retries := fs.Int("retries", 3, "producer retries per record")
+	compression := fs.String("compression", "none", "none, gzip, snappy or lz4")
 	fs.Parse(args)
 
 	c := baseConfig()
@@ -148,6 +218,13 @@ func produce(args []string) {
 	c.Producer.Retry.Max = *retries
 	c.Producer.Retry.Backoff = 100 * time.Millisecond
 	c.Producer.Partitioner = sarama.NewHashPartitioner
+	codecs := map[string]sarama.CompressionCodec{"none": sarama.CompressionNone,
+		"gzip": sarama.CompressionGZIP, "snappy": sarama.CompressionSnappy, "lz4": sarama.CompressionLZ4}
+	codec, ok := codecs[*compression]
+	if !ok {
+		fail("compression", fmt.Errorf("unknown codec %q", *compression))
+	}
+	c.Producer.Compression = codec
 	p, err := sarama.NewSyncProducer(brokerList(*brokers), c)
 	if err != nil {
 		fail("producer", err)
@@ -259,15 +336,16 @@ func group(args []string) {
 	brokers := fs.String("brokers", "", "bootstrap brokers")
 	topic := fs.String("topic", "", "topic")
 	groupID := fs.String("group", "", "group id")
+	retention := fs.Duration("retention", 0, "offset retention (0: commits are OffsetCommit v1)")
 	fs.Parse(args)
 
 	c := baseConfig()
 	c.Consumer.IsolationLevel = sarama.ReadCommitted
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
 	c.Consumer.Offsets.CommitInterval = 200 * time.Millisecond
-	// sarama 1.22 commits with OffsetCommit v1 unless a retention is set, and v1 is gone
-	// since Kafka 4 (docs/kafka.md, "Versions"): with one it sends v2.
-	c.Consumer.Offsets.Retention = 24 * time.Hour
+	// sarama 1.22 commits with OffsetCommit v1 unless a retention is set (then v2); Kafka 4
+	// no longer serves v1, txbroker does (docs/kafka.md, "Versions").
+	c.Consumer.Offsets.Retention = *retention
 	c.Consumer.Return.Errors = true
 	c.Consumer.Group.Session.Timeout = 10 * time.Second
 	c.Consumer.Group.Heartbeat.Interval = 500 * time.Millisecond
@@ -317,6 +395,8 @@ func main() {
 		produce(os.Args[2:])
 	case "read":
 		read(os.Args[2:])
+	case "manage":
+		manage(os.Args[2:])
 	case "group":
 		group(os.Args[2:])
 	default:

@@ -4,7 +4,10 @@ Only versions implemented in full are advertised.  Two ranges start lower than w
 served, on purpose: Produce is advertised from 0 (older librdkafka turns gzip/snappy/lz4 off
 unless Produce 0 is in the range, as Apache Kafka 4 also does) but only 3-7 are served, a
 request below 3 closes the connection; Fetch starts at 4, the first version with isolation
-levels."""
+levels.
+
+OffsetCommit is served from 0, below Kafka 4 (which kept 2+): sarama 1.22, Debian's Go client,
+commits with v1 unless a retention time is configured."""
 
 from __future__ import annotations
 
@@ -56,7 +59,7 @@ ADVERTISED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.FETCH: (4, 11),
     ApiKey.LIST_OFFSETS: (1, 3),
     ApiKey.METADATA: (0, 8),
-    ApiKey.OFFSET_COMMIT: (2, 3),
+    ApiKey.OFFSET_COMMIT: (0, 3),
     ApiKey.OFFSET_FETCH: (1, 7),
     ApiKey.FIND_COORDINATOR: (0, 2),
     ApiKey.JOIN_GROUP: (0, 5),

@@ -101,6 +101,7 @@ _REQUESTS: dict[ApiKey, list[F]] = {
             F("partitions", [
                 F("partition_index", "int32"),
                 F("committed_offset", "int64"),
+                F("commit_timestamp", "int64", "1", default=-1),   # Kafka 3.9's definition
                 F("committed_metadata", "string", nullable="0+", default=None),
             ]),
         ]),

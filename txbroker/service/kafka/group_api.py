@@ -80,11 +80,13 @@ def group_handlers(groups: GroupCoordinator, store: MessageStore, topics: TopicM
 
     async def offset_commit(ctx: KafkaRequestContext, body: dict) -> dict:
         group_id = body["group_id"]
-        generation = body["generation_id_or_member_epoch"]
+        # v0 has neither generation nor member: Kafka reads it as generation -1 and an empty
+        # member id, a "simple" commit, accepted only while the group has no members.
+        generation = body.get("generation_id_or_member_epoch", -1)
         if not group_id:
             verdict = ErrorCode.INVALID_GROUP_ID
         else:
-            verdict = groups.validate_commit(group_id, generation, body["member_id"])
+            verdict = groups.validate_commit(group_id, generation, body.get("member_id", ""))
         now_ms = int(groups.clock() * 1000)
         out = []
         rows: list[OffsetRow] = []
@@ -160,8 +162,11 @@ def _check_one(partition_exists, group_id: str, topic: str, p: dict, now_ms: int
         return ErrorCode.OFFSET_METADATA_TOO_LARGE
     if p["committed_offset"] < 0:
         return ErrorCode.INVALID_REQUEST      # the offset table holds positions >= 0 only
+    # v1's commit timestamp, when given, is the commit's time (expiry counts from it), as in
+    # Kafka 3.9; -1 and the other versions: the time the broker took the commit.
+    stamp = p.get("commit_timestamp", -1)
     rows.append((group_id, topic, p["partition_index"], p["committed_offset"],
-                 (metadata or "", now_ms)))
+                 (metadata or "", now_ms if stamp == -1 else stamp)))
     return ErrorCode.NONE
 
 
