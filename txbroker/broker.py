@@ -72,7 +72,7 @@ from txbroker.service.kafka.cluster_view import (
 )
 from txbroker.service.kafka.coordinator import TransactionCoordinator
 from txbroker.service.kafka.data import KafkaData
-from txbroker.service.kafka.group_api import group_handlers
+from txbroker.service.kafka.group_api import complete_old_versions, group_handlers
 from txbroker.service.kafka.group_log import GroupLog
 from txbroker.service.kafka.groups import GroupCoordinator
 from txbroker.service.kafka.listener import KafkaListener
@@ -523,6 +523,7 @@ class Broker:
             handlers = route_partitions(handlers, self.kafka_view)
             handlers = route_coordinators(handlers, self.kafka_view, self.groups.validate_commit,
                                           self.kafka_staging)
+        handlers = complete_old_versions(handlers)
         handlers.update(acl_handlers(self.users))
         if cfg.kafka_sasl_mechanism_list() and self.users is not None:  # docs/security.md
             handlers = authorize_handlers(handlers, self.users.authorizer, cfg.cluster_secret)

@@ -460,3 +460,30 @@ async def test_group_handlers_drive_the_coordinator(api, clock, coord):
     left = await handlers[13](ctx(13, 1), {"group_id": G, "member_id": mid})
     assert left == {"error_code": ErrorCode.NONE}
     assert await handlers[12](ctx(12, 3), beat) == {"error_code": ErrorCode.UNKNOWN_MEMBER_ID}
+
+
+async def test_old_versions_reach_the_handlers_complete():
+    """JoinGroup v0 and OffsetCommit v0 bodies get the fields they lack as Kafka reads them,
+    before anything (the cluster routing, the handlers) looks at them; other versions pass
+    untouched."""
+    from txbroker.service.kafka.group_api import complete_old_versions
+
+    seen: list[tuple[int, int, dict]] = []
+
+    async def record(c, body):
+        seen.append((c.api_key, c.api_version, body))
+        return {}
+
+    wrapped = complete_old_versions({11: record, 8: record, 14: record})
+    join0 = {"group_id": G, "session_timeout_ms": 7000, "member_id": "", "protocol_type": "consumer",
+             "protocols": []}
+    await wrapped[11](ctx(11, 0), join0)
+    await wrapped[11](ctx(11, 1), {**join0, "rebalance_timeout_ms": 9000})
+    commit0 = {"group_id": G, "topics": []}
+    await wrapped[8](ctx(8, 0), commit0)
+    await wrapped[8](ctx(8, 1), {**commit0, "generation_id_or_member_epoch": 3, "member_id": "m"})
+    assert wrapped[14] is record
+    assert [(k, v, b.get("rebalance_timeout_ms"), b.get("generation_id_or_member_epoch"),
+             b.get("member_id")) for k, v, b in seen] == [
+        (11, 0, 7000, None, ""), (11, 1, 9000, None, ""), (8, 0, None, -1, ""), (8, 1, None, 3, "m")]
+    assert "rebalance_timeout_ms" not in join0      # the caller's dict is left alone

@@ -32,14 +32,10 @@ def group_handlers(groups: GroupCoordinator, store: MessageStore, topics: TopicM
     asks again, rather than hand out an offset the commit is about to move)."""
 
     async def join_group(ctx: KafkaRequestContext, body: dict) -> dict:
-        # JoinGroup v0 has no rebalance timeout: Kafka takes the session timeout for it
-        # (docs/kafka.md, "Consumer groups"); v0-1 answers carry no throttle time (the codec).
-        session_ms = body["session_timeout_ms"]
-        rebalance_ms = session_ms if ctx.api_version == 0 else body["rebalance_timeout_ms"]
         return await groups.join(
             body["group_id"], body["member_id"], client_id=ctx.client_id,
-            api_version=ctx.api_version, session_timeout_ms=session_ms,
-            rebalance_timeout_ms=rebalance_ms,
+            api_version=ctx.api_version, session_timeout_ms=body["session_timeout_ms"],
+            rebalance_timeout_ms=body["rebalance_timeout_ms"],
             protocol_type=body["protocol_type"],
             protocols=[(p["name"], p["metadata"]) for p in body["protocols"]],
             group_instance_id=body.get("group_instance_id"),
@@ -80,13 +76,11 @@ def group_handlers(groups: GroupCoordinator, store: MessageStore, topics: TopicM
 
     async def offset_commit(ctx: KafkaRequestContext, body: dict) -> dict:
         group_id = body["group_id"]
-        # v0 has neither generation nor member: Kafka reads it as generation -1 and an empty
-        # member id, a "simple" commit, accepted only while the group has no members.
-        generation = body.get("generation_id_or_member_epoch", -1)
+        generation = body["generation_id_or_member_epoch"]
         if not group_id:
             verdict = ErrorCode.INVALID_GROUP_ID
         else:
-            verdict = groups.validate_commit(group_id, generation, body.get("member_id", ""))
+            verdict = groups.validate_commit(group_id, generation, body["member_id"])
         now_ms = int(groups.clock() * 1000)
         out = []
         rows: list[OffsetRow] = []
@@ -150,6 +144,31 @@ def group_handlers(groups: GroupCoordinator, store: MessageStore, topics: TopicM
             ApiKey.OFFSET_COMMIT: offset_commit, ApiKey.OFFSET_FETCH: offset_fetch,
             ApiKey.LIST_GROUPS: list_groups, ApiKey.DESCRIBE_GROUPS: describe_groups,
             ApiKey.DELETE_GROUPS: delete_groups}
+
+
+def complete_old_versions(handlers: dict[int, Handler]) -> dict[int, Handler]:
+    """``handlers`` with the fields JoinGroup v0 and OffsetCommit v0 lack filled in with what
+    Kafka reads them as, so the handlers and the cluster routing in front of them see the
+    newer versions' bodies (docs/kafka.md, "Against Kafka 3.9 and Kafka 4"): JoinGroup v0 has
+    no rebalance timeout, the session timeout stands in; OffsetCommit v0 has neither
+    generation nor member, a "simple" commit (generation -1, empty member id), accepted only
+    while the group has no members.  Their answers need nothing: the codec leaves out what
+    an old version lacks (the throttle time of JoinGroup v0-1, SyncGroup v0, OffsetCommit v0-2)."""
+    out = dict(handlers)
+    join, commit = handlers[ApiKey.JOIN_GROUP], handlers[ApiKey.OFFSET_COMMIT]
+
+    async def join_group(ctx: KafkaRequestContext, body: dict) -> dict | None:
+        if ctx.api_version == 0:
+            body = {**body, "rebalance_timeout_ms": body["session_timeout_ms"]}
+        return await join(ctx, body)
+
+    async def offset_commit(ctx: KafkaRequestContext, body: dict) -> dict | None:
+        if ctx.api_version == 0:
+            body = {**body, "generation_id_or_member_epoch": -1, "member_id": ""}
+        return await commit(ctx, body)
+
+    out[ApiKey.JOIN_GROUP], out[ApiKey.OFFSET_COMMIT] = join_group, offset_commit
+    return out
 
 
 def _check_one(partition_exists, group_id: str, topic: str, p: dict, now_ms: int,
