@@ -6,8 +6,10 @@
 // and exits 0 when it did what it was asked, 1 on an error (an "error" event says which).
 //
 //	admin   -brokers B -topic T -partitions N     create T, create it again, describe it
-//	produce -brokers B -topic T -count N -prefix P [-retries R] [-compression C]
+//	produce -brokers B -topic T -count N -prefix P [-retries R] [-compression C] [-batched]
+//	        [-max-bytes M]
 //	                                               idempotent producer, one "ack" per record
+//	                                               (-batched: the async producer, 50 a batch)
 //	read    -brokers B -topic T -expect N [-idle S]
 //	                                               every record of T from the oldest offset
 //	group   -brokers B -topic T -group G [-retention D]
@@ -207,6 +209,8 @@ func produce(args []string) {
 	prefix := fs.String("prefix", "v", "value prefix")
 	retries := fs.Int("retries", 3, "producer retries per record")
 	compression := fs.String("compression", "none", "none, gzip, snappy or lz4")
+	batched := fs.Bool("batched", false, "the async producer, several records per batch")
+	maxBytes := fs.Int("max-bytes", 0, "Producer.MaxMessageBytes, the largest batch (0: sarama's 1000000)")
 	fs.Parse(args)
 
 	c := baseConfig()
@@ -218,6 +222,9 @@ func produce(args []string) {
 	c.Producer.Retry.Max = *retries
 	c.Producer.Retry.Backoff = 100 * time.Millisecond
 	c.Producer.Partitioner = sarama.NewHashPartitioner
+	if *maxBytes > 0 {
+		c.Producer.MaxMessageBytes = *maxBytes
+	}
 	codecs := map[string]sarama.CompressionCodec{"none": sarama.CompressionNone,
 		"gzip": sarama.CompressionGZIP, "snappy": sarama.CompressionSnappy, "lz4": sarama.CompressionLZ4}
 	codec, ok := codecs[*compression]
@@ -225,22 +232,29 @@ func produce(args []string) {
 		fail("compression", fmt.Errorf("unknown codec %q", *compression))
 	}
 	c.Producer.Compression = codec
+	message := func(i int) *sarama.ProducerMessage {
+		return &sarama.ProducerMessage{
+			Topic: *topic,
+			Key:   sarama.StringEncoder(fmt.Sprintf("k-%d", i)),
+			Value: sarama.StringEncoder(fmt.Sprintf("%s-%d", *prefix, i)),
+			Headers: []sarama.RecordHeader{
+				{Key: []byte("idx"), Value: []byte(strconv.Itoa(i))},
+				{Key: []byte("src"), Value: []byte("sarama")},
+			},
+		}
+	}
+	if *batched {
+		produceBatched(c, *brokers, *count, message)
+		return
+	}
 	p, err := sarama.NewSyncProducer(brokerList(*brokers), c)
 	if err != nil {
 		fail("producer", err)
 	}
 	acked, failed := 0, 0
 	for i := 0; i < *count; i++ {
+		msg := message(i)
 		value := fmt.Sprintf("%s-%d", *prefix, i)
-		msg := &sarama.ProducerMessage{
-			Topic: *topic,
-			Key:   sarama.StringEncoder(fmt.Sprintf("k-%d", i)),
-			Value: sarama.StringEncoder(value),
-			Headers: []sarama.RecordHeader{
-				{Key: []byte("idx"), Value: []byte(strconv.Itoa(i))},
-				{Key: []byte("src"), Value: []byte("sarama")},
-			},
-		}
 		partition, offset, err := p.SendMessage(msg)
 		if err != nil {
 			failed++
@@ -249,6 +263,40 @@ func produce(args []string) {
 		}
 		acked++
 		emit("ack", map[string]interface{}{"value": value, "partition": partition, "offset": offset})
+	}
+	if err := p.Close(); err != nil {
+		emit("close-error", map[string]interface{}{"error": err.Error()})
+	}
+	emit("done", map[string]interface{}{"acked": acked, "failed": failed})
+}
+
+// produceBatched sends every record through the async producer, which puts up to 50 records
+// of a partition in one batch (one sequence range per batch), and reports each outcome.
+func produceBatched(c *sarama.Config, brokers string, count int, message func(int) *sarama.ProducerMessage) {
+	c.Producer.Flush.Messages = 50
+	c.Producer.Flush.Frequency = 5 * time.Millisecond
+	p, err := sarama.NewAsyncProducer(brokerList(brokers), c)
+	if err != nil {
+		fail("producer", err)
+	}
+	go func() {
+		for i := 0; i < count; i++ {
+			p.Input() <- message(i)
+		}
+	}()
+	acked, failed := 0, 0
+	for acked+failed < count {
+		select {
+		case m := <-p.Successes():
+			acked++
+			value, _ := m.Value.Encode()
+			emit("ack", map[string]interface{}{"value": string(value), "partition": m.Partition,
+				"offset": m.Offset})
+		case e := <-p.Errors():
+			failed++
+			value, _ := e.Msg.Value.Encode()
+			emit("failed", map[string]interface{}{"value": string(value), "error": e.Err.Error()})
+		}
 	}
 	if err := p.Close(); err != nil {
 		emit("close-error", map[string]interface{}{"error": err.Error()})
