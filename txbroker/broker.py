@@ -525,9 +525,9 @@ class Broker:
                                           self.kafka_staging)
         handlers.update(acl_handlers(self.users))
         if cfg.kafka_sasl_mechanism_list() and self.users is not None:  # docs/security.md
-            handlers = authorize_handlers(handlers, self.users.authorizer, cfg.cluster_secret)
+            handlers = authorize_handlers(handlers, self.users.authorizer)
         # Outermost: the envelope of requests from other brokers is checked once, first.
-        handlers = verify_peers(handlers, cfg.cluster_secret)
+        handlers = verify_peers(handlers, cfg.cluster_secret, cfg.broker_name)
         self.kafka = KafkaListener(cfg, handlers, self.metrics, self.users, tls=self.tls)
         sock, self._kafka_sock = self._kafka_sock, None
         await self.kafka.start(sock)
