@@ -249,3 +249,6 @@ class ClusterUsers:
 
     def check_password(self, user: str, password: str) -> bool:
         return self._users.check_password(user, password)
+
+    def salt_key(self) -> bytes:
+        return self._users.salt_key
