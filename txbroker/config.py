@@ -284,6 +284,12 @@ class BrokerConfig:
     #: go out: a pipelining client is slowed down, not disconnected.
     kafka_max_inflight_per_connection: int = 16
     kafka_max_queued_bytes: int = 8 * 1024 * 1024
+    #: Largest Fetch answer, whatever ``max_bytes`` and ``partition_max_bytes`` a client asks
+    #: for (Kafka's broker setting ``fetch.max.bytes``, 55 MiB): each Fetch is built in memory,
+    #: several copies deep, so a client asking for 2 GiB must not get it.  The first partition
+    #: with records still gets its first batch whole when that alone is larger (KIP-74): a
+    #: consumer is never stuck behind a large record.
+    kafka_fetch_max_bytes: int = 57671680
     #: Committed offsets of a Kafka group with no members are deleted this long after it
     #: became empty (a group without members ever: this long after each commit), and the group
     #: with them (Kafka's ``offsets.retention.minutes``, 7 days).
@@ -456,7 +462,7 @@ def _validate(c: BrokerConfig) -> None:
                  "kafka_snapshot_records", "workers",
                  "max_connections", "max_inflight_per_connection",
                  "kafka_max_inflight_per_connection", "kafka_max_queued_bytes",
-                 "pop_max_batch", "pop_min_invisible_ms", "pop_max_waiters",
+                 "kafka_fetch_max_bytes", "pop_max_batch", "pop_min_invisible_ms", "pop_max_waiters",
                  "pop_max_inflight"):
         need(getattr(c, name) >= 1, name, "must be >= 1")
     need(c.broker_role in ("ASYNC_MASTER", "SYNC_MASTER"), "broker_role",
@@ -718,7 +724,8 @@ def format_seconds(s: float) -> str:
 
 #: Settings that are sizes in bytes: they also take a binary unit (``64MiB``, ``1 GiB``).
 SIZE_FIELDS = frozenset({"max_frame_size", "segment_size", "max_message_size",
-                         "kafka_max_queued_bytes", "grpc_max_body_size"})
+                         "kafka_max_queued_bytes", "kafka_fetch_max_bytes",
+                         "grpc_max_body_size"})
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
                "g": 1 << 30, "gib": 1 << 30}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")
