@@ -72,6 +72,8 @@ def perm_text(perm: Perm) -> str:
     """A permission as the ACL file writes it, for refusal remarks."""
     if perm & Perm.DENY:
         return "DENY"
+    if perm & Perm.ANY:  # a gRPC route: either will do
+        return "PUB or SUB"
     return "|".join(p.name for p in (Perm.PUB, Perm.SUB) if perm & p) or "nothing"
 
 
