@@ -93,6 +93,13 @@ async def forget(s, key: str, secret: str) -> None:
     assert ok.status.code == pb.OK, ok.status
 
 
+async def unsigned_is_refused(acl: AclBroker) -> None:
+    async with stub(acl.endpoint) as (s, _):
+        answer = await s.Heartbeat(spb.HeartbeatRequest(client_type=pb.PRODUCER),
+                                   metadata=client_metadata(), timeout=10)
+    assert answer.status.code == pb.UNAUTHORIZED, answer.status
+
+
 # --- the official clients -----------------------------------------------------------------------
 
 
@@ -107,6 +114,7 @@ async def test_signed_clients_send_and_receive_with_their_roles(acl, py5, py5_co
                                 *creds(bob))
     assert sorted(e["got"] for e in events if "got" in e) == ["m-0", "m-1", "m-2"]
     assert acl.broker.acl.refused == 0
+    await unsigned_is_refused(acl)  # so every call above was verified
 
 
 async def test_node_client_signs_in_upper_case_hex(acl, node5) -> None:
@@ -114,6 +122,7 @@ async def test_node_client_signs_in_upper_case_hex(acl, node5) -> None:
     assert len([e for e in events if "sent" in e]) == 2
     assert sorted(m.body for m in visible(acl.broker, "GAclNode")) == [b"m-0", b"m-1"]
     assert acl.broker.acl.refused == 0
+    await unsigned_is_refused(acl)
 
 
 async def test_consumer_role_cannot_send_with_the_python_client(acl, py5) -> None:
