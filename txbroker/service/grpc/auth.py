@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import string
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ ALGORITHM = "MQv2-HMAC-SHA1"
 SIGNED_HEADERS = DATE_TIME
 #: The date format of ``x-mq-date-time`` (Java ``yyyyMMdd'T'HHmmss'Z'``).
 DATE_FORMAT = "%Y%m%dT%H%M%SZ"
+DATE_LENGTH = len("20261207T230102Z")
 #: Longest ``authorization`` header read (a real one is about 130 characters); longer is
 #: refused unread.
 MAX_AUTHORIZATION_LENGTH = 1024
@@ -97,9 +99,12 @@ def parse_authorization(metadata: Mapping[str, str]) -> SignedCall | None:
         raise malformed(f"SignedHeaders is {signed_headers[:40]!r}; only {SIGNED_HEADERS} is "
                         "verified")
     access_key = fields["Credential"].split("/", 1)[0]
+    hex_signature = fields["Signature"]
+    if hex_signature.strip(string.hexdigits):
+        raise malformed("Signature is not hexadecimal")
     try:
-        signature = bytes.fromhex(fields["Signature"])
-    except ValueError:
+        signature = bytes.fromhex(hex_signature)
+    except ValueError:  # an odd number of digits
         raise malformed("Signature is not hexadecimal") from None
     if len(signature) != SIGNATURE_BYTES:
         raise malformed(f"Signature is {len(signature)} bytes, not the {SIGNATURE_BYTES} of "
@@ -107,7 +112,9 @@ def parse_authorization(metadata: Mapping[str, str]) -> SignedCall | None:
     date_time = metadata.get(DATE_TIME, "")
     if not date_time:
         raise malformed(f"the {DATE_TIME} header it signs is missing")
-    try:
+    try:  # strptime also takes one-digit fields: the length holds it to the 16 characters
+        if len(date_time) != DATE_LENGTH:
+            raise ValueError(date_time)
         time.strptime(date_time, DATE_FORMAT)
     except ValueError:
         raise malformed(f"{DATE_TIME} {date_time[:40]!r} is not yyyyMMdd'T'HHmmss'Z'") from None
