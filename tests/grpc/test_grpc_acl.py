@@ -21,6 +21,9 @@ from tests.grpc.conftest import grpc_endpoint, visible
 from tests.grpc.raw import client_metadata, message, send, signed_metadata, stub
 from tests.support.cli_runner import cli_ok, run_cli
 from txbroker.broker import Broker
+from txbroker.client import Message as RemotingMessage
+from txbroker.client import Producer
+from txbroker.client.errors import SendError
 from txbroker.remoting.grpc import definition_pb2 as pb
 from txbroker.remoting.grpc import service_pb2 as spb
 
@@ -71,6 +74,15 @@ async def acl(grpc_config, tmp_path):
         yield AclBroker(broker, keys)
     finally:
         await broker.stop()
+
+
+async def remoting_send(broker: Broker, key: str, secret: str) -> str:
+    """A send on the broker port signed with ``key``/``secret``: the refusal's text."""
+    async with Producer("acl-remoting", broker.namesrv_addr, send_timeout=15.0, retries=0,
+                        access_key=key, secret_key=secret) as producer:
+        with pytest.raises(SendError) as err:
+            await producer.send(RemotingMessage("GAclSlow", b"over remoting"))
+    return str(err.value)
 
 
 def creds(key: tuple[str, str]) -> tuple[str, str]:
@@ -301,6 +313,11 @@ async def test_failed_credentials_back_off_and_a_success_forgets(acl) -> None:
             assert answer.status.code == pb.UNAUTHORIZED
         assert took[0] < 0.5 and took[4] >= 0.75, took   # 0, 0.1, 0.2, 0.4, 0.8 s
         assert took[4] > took[2]
+        # One back-off for both RocketMQ ports: the broker port answers a bad signature from
+        # the address 1.6 s later now (its heartbeat, then its send, each later still).
+        start = time.monotonic()
+        remark = await remoting_send(acl.broker, key, "wrong-one")
+        assert "Check signature failed" in remark and time.monotonic() - start >= 1.2
         start = time.monotonic()
         ok = await send(s, message("GAclSlow", b"right"), metadata=signed_metadata(key, secret))
         assert ok.status.code == pb.OK and time.monotonic() - start < 0.75
