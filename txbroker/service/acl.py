@@ -36,6 +36,10 @@ minute without failure or at its first request that passes, and its failures are
 minute with the address and the access key (never the signature).  Requests the broker sends
 to clients (CHECK_TRANSACTION_STATE) are not validated.  The name-server port is not guarded
 either, as RocketMQ's name server has no ACL.
+
+The gRPC port (RocketMQ 5.x clients) takes the same decision, :func:`decide`, with its own
+signature and resources (``service/grpc/auth.py``), through :meth:`AclGuard.check` and
+:meth:`AclGuard.settle`: one set of accounts, one back-off per address for both ports.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 The server shares the loop with the remoting and Kafka listeners, so its handlers call the
 store and the services directly, as theirs do.  Each RPC is a thin method here that reads the
 call's metadata and hands the request to the handler object owning that part (sessions,
-routes, sends, transactions, consumption, recall); a refusal (:class:`GrpcError`) becomes the
+routes, sends, transactions, consumption, recall), once access control (``auth.py``, with
+``acl_file`` set) admitted the call; a refusal (:class:`GrpcError`) becomes the
 response's ``status``, which is where 5.x clients look, and anything unexpected is logged and
 answered INTERNAL_ERROR.  RPCs no handler serves (PullMessage, offsets, lite topics) keep the
 generated servicer's UNIMPLEMENTED.
@@ -89,9 +90,7 @@ def answers(response_type: type) -> Callable:
         @functools.wraps(fn)
         async def method(self, request, context):
             try:
-                if self.auth is not None:
-                    await self.auth.admit(fn.__name__, request, metadata(context),
-                                          context.peer() or "?", peer_host(context)[0])
+                await self._admit(fn.__name__, request, context)
                 response = await fn(self, request, context)
             except GrpcError as exc:
                 response = response_type(status=status(exc.code, exc.message))
@@ -186,6 +185,7 @@ class MessagingServicer(rpc.MessagingServiceServicer):
             self.sessions.close_channel(channel)
 
     async def _admit(self, rpc: str, request, context: grpc.aio.ServicerContext) -> None:
+        """Return if the call may run, else raise its refusal (``service/grpc/auth.py``)."""
         if self.auth is not None:
             await self.auth.admit(rpc, request, metadata(context), context.peer() or "?",
                                   peer_host(context)[0])
