@@ -534,6 +534,7 @@ class Broker:
 
     async def _start_grpc(self) -> None:
         """The RocketMQ 5.x gRPC endpoint (docs/grpc.md), on the same services."""
+        from txbroker.service.grpc.auth import GrpcAuth
         from txbroker.service.grpc.consume import ConsumeHandlers
         from txbroker.service.grpc.recall import RecallHandlers
         from txbroker.service.grpc.route import endpoints
@@ -563,7 +564,8 @@ class Broker:
             self.config, broker_name=self.config.broker_name, here=here, topics=self.topics,
             sessions=sessions, send=send, transactions=TransactionHandlers(self.tx),
             cluster=cluster, metrics=self.metrics,
-            recall=RecallHandlers(self.timer, self.topics))
+            recall=RecallHandlers(self.timer, self.topics),
+            auth=GrpcAuth(self.acl) if self.acl is not None else None)
         servicer.store_host = self.broker_addr
         if self.pop is not None:
             servicer.consume = ConsumeHandlers(

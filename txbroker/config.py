@@ -318,8 +318,9 @@ class BrokerConfig:
     workers: int = 1
 
     # --- access control ------------------------------------------------------------------
-    #: A RocketMQ 4.x ``plain_acl.yml``; when set, every broker-port request must pass it
-    #: (RocketMQ's ``aclEnable=true``).  Unset = no access control, as in RocketMQ.
+    #: A RocketMQ 4.x ``plain_acl.yml``; when set, every broker-port request and every call
+    #: on the gRPC port must pass it (RocketMQ's ``aclEnable=true``).  Unset = no access
+    #: control, as in RocketMQ.
     acl_file: str | None = None
     #: This broker's own account in ``acl_file`` (its secret key is read from there): the
     #: requests it sends to another broker's port (a slave's metadata sync) are signed with
@@ -435,8 +436,6 @@ def _validate(c: BrokerConfig) -> None:
          "must be 0 (max_message_size) or at most max_message_size")
     need(c.grpc_port < 0 or c.workers == 1, "grpc_port",
          "the gRPC endpoint runs in a single broker process: not with workers > 1")
-    need(c.grpc_port < 0 or c.acl_file is None, "grpc_port",
-         "the gRPC endpoint does not check access keys yet: not with acl_file set")
     need(0.0 < c.disk_max_used_ratio <= 1.0, "disk_max_used_ratio", "must be in (0, 1]")
     for name in ("flush_interval", "sync_flush_timeout", "offset_persist_interval",
                  "transaction_check_interval", "file_reserved_time", "max_pull_suspend",
