@@ -203,6 +203,9 @@ _OPTIONS: dict[str, _Opt] = {
                                                        "stops reading from it"),
     "kafka_max_queued_bytes": _Opt("BYTES", "bytes of Kafka requests waiting their turn per "
                                             "connection before the broker stops reading from it"),
+    "kafka_fetch_max_bytes": _Opt("BYTES", "largest Kafka Fetch answer, whatever the client "
+                                           "asks for (a first batch larger than it is still "
+                                           "sent whole)"),
     "kafka_offsets_retention": _Opt("SECONDS", "offsets of a Kafka group without members are "
                                                "deleted this long after it became empty, and "
                                                "the group with them"),

@@ -526,15 +526,16 @@ class Broker:
         handlers = complete_old_versions(handlers)
         handlers.update(acl_handlers(self.users))
         if cfg.kafka_sasl_mechanism_list() and self.users is not None:  # docs/security.md
-            handlers = authorize_handlers(handlers, self.users.authorizer, cfg.cluster_secret)
+            handlers = authorize_handlers(handlers, self.users.authorizer)
         # Outermost: the envelope of requests from other brokers is checked once, first.
-        handlers = verify_peers(handlers, cfg.cluster_secret)
+        handlers = verify_peers(handlers, cfg.cluster_secret, cfg.broker_name)
         self.kafka = KafkaListener(cfg, handlers, self.metrics, self.users, tls=self.tls)
         sock, self._kafka_sock = self._kafka_sock, None
         await self.kafka.start(sock)
 
     async def _start_grpc(self) -> None:
         """The RocketMQ 5.x gRPC endpoint (docs/grpc.md), on the same services."""
+        from txbroker.service.grpc.auth import GrpcAuth
         from txbroker.service.grpc.consume import ConsumeHandlers
         from txbroker.service.grpc.recall import RecallHandlers
         from txbroker.service.grpc.route import endpoints
@@ -564,7 +565,8 @@ class Broker:
             self.config, broker_name=self.config.broker_name, here=here, topics=self.topics,
             sessions=sessions, send=send, transactions=TransactionHandlers(self.tx),
             cluster=cluster, metrics=self.metrics,
-            recall=RecallHandlers(self.timer, self.topics))
+            recall=RecallHandlers(self.timer, self.topics),
+            auth=GrpcAuth(self.acl) if self.acl is not None else None)
         servicer.store_host = self.broker_addr
         if self.pop is not None:
             servicer.consume = ConsumeHandlers(

@@ -284,6 +284,12 @@ class BrokerConfig:
     #: go out: a pipelining client is slowed down, not disconnected.
     kafka_max_inflight_per_connection: int = 16
     kafka_max_queued_bytes: int = 8 * 1024 * 1024
+    #: Largest Fetch answer, whatever ``max_bytes`` and ``partition_max_bytes`` a client asks
+    #: for (Kafka's broker setting ``fetch.max.bytes``, 55 MiB): each Fetch is built in memory,
+    #: several copies deep, so a client asking for 2 GiB must not get it.  The first partition
+    #: with records still gets its first batch whole when that alone is larger (KIP-74): a
+    #: consumer is never stuck behind a large record.
+    kafka_fetch_max_bytes: int = 57671680
     #: Committed offsets of a Kafka group with no members are deleted this long after it
     #: became empty (a group without members ever: this long after each commit), and the group
     #: with them (Kafka's ``offsets.retention.minutes``, 7 days).
@@ -312,8 +318,9 @@ class BrokerConfig:
     workers: int = 1
 
     # --- access control ------------------------------------------------------------------
-    #: A RocketMQ 4.x ``plain_acl.yml``; when set, every broker-port request must pass it
-    #: (RocketMQ's ``aclEnable=true``).  Unset = no access control, as in RocketMQ.
+    #: A RocketMQ 4.x ``plain_acl.yml``; when set, every broker-port request and every call
+    #: on the gRPC port must pass it (RocketMQ's ``aclEnable=true``).  Unset = no access
+    #: control, as in RocketMQ.
     acl_file: str | None = None
     #: This broker's own account in ``acl_file`` (its secret key is read from there): the
     #: requests it sends to another broker's port (a slave's metadata sync) are signed with
@@ -429,8 +436,6 @@ def _validate(c: BrokerConfig) -> None:
          "must be 0 (max_message_size) or at most max_message_size")
     need(c.grpc_port < 0 or c.workers == 1, "grpc_port",
          "the gRPC endpoint runs in a single broker process: not with workers > 1")
-    need(c.grpc_port < 0 or c.acl_file is None, "grpc_port",
-         "the gRPC endpoint does not check access keys yet: not with acl_file set")
     need(0.0 < c.disk_max_used_ratio <= 1.0, "disk_max_used_ratio", "must be in (0, 1]")
     for name in ("flush_interval", "sync_flush_timeout", "offset_persist_interval",
                  "transaction_check_interval", "file_reserved_time", "max_pull_suspend",
@@ -456,7 +461,7 @@ def _validate(c: BrokerConfig) -> None:
                  "kafka_snapshot_records", "workers",
                  "max_connections", "max_inflight_per_connection",
                  "kafka_max_inflight_per_connection", "kafka_max_queued_bytes",
-                 "pop_max_batch", "pop_min_invisible_ms", "pop_max_waiters",
+                 "kafka_fetch_max_bytes", "pop_max_batch", "pop_min_invisible_ms", "pop_max_waiters",
                  "pop_max_inflight"):
         need(getattr(c, name) >= 1, name, "must be >= 1")
     need(c.broker_role in ("ASYNC_MASTER", "SYNC_MASTER"), "broker_role",
@@ -718,7 +723,8 @@ def format_seconds(s: float) -> str:
 
 #: Settings that are sizes in bytes: they also take a binary unit (``64MiB``, ``1 GiB``).
 SIZE_FIELDS = frozenset({"max_frame_size", "segment_size", "max_message_size",
-                         "kafka_max_queued_bytes", "grpc_max_body_size"})
+                         "kafka_max_queued_bytes", "kafka_fetch_max_bytes",
+                         "grpc_max_body_size"})
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
                "g": 1 << 30, "gib": 1 << 30}
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")

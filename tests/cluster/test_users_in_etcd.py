@@ -358,6 +358,33 @@ async def test_edits_at_once_from_two_stores_both_land(
             await s.close()
 
 
+async def test_a_store_without_a_salt_key_gets_one_once_for_every_broker(
+        broker_config: BrokerConfig, tmp_path: Path, etcd_cluster) -> None:
+    """A document written before there was a ``salt_key`` (the key of unknown users' made-up
+    SCRAM salts, docs/security.md "Kafka SASL"): the brokers starting on it agree on one key,
+    added once, and keep it across a restart."""
+    old = load_users(users_file(tmp_path / "u.json"))
+    old = Users(old.users, old.acls)  # as written before the key existed
+    assert not old.salt_key
+    first = ClusterUsers(_config(broker_config, etcd_cluster, broker_name="broker-a"))
+    assert await first.doc.import_file(old, "a test")
+    stores = [first, ClusterUsers(_config(broker_config, etcd_cluster, broker_name="broker-b"))]
+    await asyncio.gather(*(s.start() for s in stores))
+    try:
+        keys = [s.current().salt_key for s in stores]
+        assert keys[0] and keys[0] == keys[1]
+        assert set(stores[1].current().users) == {"alice", "bob"}
+    finally:
+        for s in stores:
+            await s.close()
+    again = ClusterUsers(_config(broker_config, etcd_cluster, broker_name="broker-a"))
+    await again.start()
+    try:
+        assert again.current().salt_key == keys[0]
+    finally:
+        await again.close()
+
+
 ACL = """\
 accounts:
   - accessKey: operations

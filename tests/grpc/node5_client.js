@@ -25,6 +25,8 @@
  *   push ENDPOINT TOPIC GROUP N [--tag T] [--fail-first]
  *       a PushConsumer whose listener prints and succeeds, until N were consumed; with
  *       --fail-first it fails each message the first time it sees it ("failed").
+ *
+ * --ak KEY --sk SECRET give every client those session credentials: each call is signed.
  */
 
 const { format } = require('node:util');
@@ -78,6 +80,8 @@ function parse(argv) {
       case '--fail-first': args.failFirst = true; break;
       case '--deliver-ms': args.deliverMs = parseInt(value, 10); i++; break;
       case '--recall-first': args.recallFirst = true; break;
+      case '--ak': args.ak = value; i++; break;
+      case '--sk': args.sk = value; i++; break;
       default: args.positional.push(flag);
     }
   }
@@ -85,6 +89,13 @@ function parse(argv) {
     fail(`usage: send|tx|check|receive|push ENDPOINT TOPIC ...; got ${JSON.stringify(argv)}`);
   }
   return args;
+}
+
+/* The client options every scenario shares: endpoint, timeout, log, credentials if given. */
+function common(args) {
+  const options = { endpoints: args.endpoint, namespace: '', requestTimeout: 10000, logger };
+  if (args.ak) options.sessionCredentials = { accessKey: args.ak, accessSecret: args.sk };
+  return options;
 }
 
 function view(m) {
@@ -132,8 +143,7 @@ async function produce(args, n) {
     },
   };
   const producer = new Producer({
-    endpoints: args.endpoint, namespace: '', topic: args.topic.split(','), requestTimeout: 10000,
-    logger,
+    ...common(args), topic: args.topic.split(','),
     checker: args.scenario === 'send' ? undefined : checker,
   });
   await started(producer);
@@ -175,8 +185,8 @@ async function produce(args, n) {
 
 async function receive(args, group, n) {
   const consumer = new SimpleConsumer({
-    endpoints: args.endpoint, namespace: '', consumerGroup: group, requestTimeout: 10000,
-    subscriptions: new Map([ [ args.topic, args.tag ] ]), awaitDuration: 5000, logger,
+    ...common(args), consumerGroup: group,
+    subscriptions: new Map([ [ args.topic, args.tag ] ]), awaitDuration: 5000,
   });
   await started(consumer);
   let acked = 0;
@@ -201,8 +211,8 @@ async function push(args, group, n) {
   let enough;
   const allConsumed = new Promise(resolve => { enough = resolve; });
   const consumer = new PushConsumer({
-    endpoints: args.endpoint, namespace: '', consumerGroup: group, requestTimeout: 10000,
-    subscriptions: new Map([ [ args.topic, args.tag ] ]), logger,
+    ...common(args), consumerGroup: group,
+    subscriptions: new Map([ [ args.topic, args.tag ] ]),
     messageListener: {
       async consume(m) {
         if (args.failFirst && !failed.has(m.messageId)) {

@@ -13,6 +13,10 @@ Scenarios:
 * ``recall ENDPOINT TOPIC N --deliver-s S``: N timer messages due at epoch second S (this
   client sends ``delivery_timestamp`` in whole seconds), then RecallMessage of the first, twice
   (the second must fail), printing each send's recall handle and each recall's outcome.
+
+``--ak KEY --sk SECRET`` sign every call with those credentials (none: unsigned).  With
+``--refusal-ok``, a start-up or send the broker refuses prints ``{"refused": "<the client's
+error>"}`` and ends the scenario (exit 0, ``done`` last) instead of failing it.
 """
 
 from __future__ import annotations
@@ -85,51 +89,71 @@ def main() -> int:
     ap.add_argument("--end", choices=("commit", "rollback", "none"), default="commit")
     ap.add_argument("--answer", choices=("commit", "rollback"), default="commit")
     ap.add_argument("--prefix", default="m")
+    ap.add_argument("--ak", default="")
+    ap.add_argument("--sk", default="")
+    ap.add_argument("--refusal-ok", action="store_true")
     args = ap.parse_args()
-    config = ClientConfiguration(args.endpoint, Credentials(), request_timeout=10)
+    config = ClientConfiguration(args.endpoint, Credentials(args.ak, args.sk), request_timeout=10)
     checker = Checker(args.answer, args.n) if args.scenario in ("tx", "check") else None
     producer = Producer(config, (args.topic,), checker)
-    producer.startup()
+    try:
+        producer.startup()
+    except Exception as exc:  # the client wraps a refused route in its own errors
+        if not args.refusal_ok:
+            raise
+        emit(refused=f"startup: {exc}")
+        emit(done=True)
+        return 0
     emit(started=True)
     try:
-        if args.scenario == "send":
-            for i in range(args.n):
-                receipt = producer.send(message(args.topic, i, args))
-                emit(sent=receipt.message_id, i=i)
-        elif args.scenario == "tx":
-            for i in range(args.n):
-                tx = producer.begin_transaction()
-                receipt = producer.send(message(args.topic, i, args), tx)
-                emit(half=receipt.message_id, transaction_id=receipt.transaction_id, i=i)
-                if args.end == "commit":
-                    tx.commit()
-                elif args.end == "rollback":
-                    tx.rollback()
-                emit(ended=receipt.message_id, how=args.end)
-            if args.end == "none":
-                time.sleep(DEADLINE_S)  # killed here: the halves are orphaned
-                return 1
-        elif args.scenario == "recall":
-            receipts = []
-            for i in range(args.n):
-                receipt = producer.send(message(args.topic, i, args))
-                receipts.append(receipt)
-                emit(sent=receipt.message_id, i=i, recall_handle=receipt.recall_handle)
-            for attempt in range(2):
-                try:
-                    emit(recalled=producer.recall_message(args.topic, receipts[0].recall_handle),
-                         attempt=attempt)
-                except ClientException as exc:
-                    emit(recall_failed=str(exc), attempt=attempt)
-        else:
-            if not checker.enough.wait(DEADLINE_S):
-                emit(error=f"{checker.seen} of {args.n} checks within {DEADLINE_S} s")
-                return 1
-            time.sleep(0.5)  # the last answer goes out
+        return run(producer, checker, args)
+    except Exception as exc:  # a refused route is a bare Exception, a refused send a ClientException
+        if not args.refusal_ok:
+            raise
+        emit(refused=str(exc))
         emit(done=True)
         return 0
     finally:
         producer.shutdown()
+
+
+def run(producer: Producer, checker: Checker | None, args: argparse.Namespace) -> int:
+    if args.scenario == "send":
+        for i in range(args.n):
+            receipt = producer.send(message(args.topic, i, args))
+            emit(sent=receipt.message_id, i=i)
+    elif args.scenario == "tx":
+        for i in range(args.n):
+            tx = producer.begin_transaction()
+            receipt = producer.send(message(args.topic, i, args), tx)
+            emit(half=receipt.message_id, transaction_id=receipt.transaction_id, i=i)
+            if args.end == "commit":
+                tx.commit()
+            elif args.end == "rollback":
+                tx.rollback()
+            emit(ended=receipt.message_id, how=args.end)
+        if args.end == "none":
+            time.sleep(DEADLINE_S)  # killed here: the halves are orphaned
+            return 1
+    elif args.scenario == "recall":
+        receipts = []
+        for i in range(args.n):
+            receipt = producer.send(message(args.topic, i, args))
+            receipts.append(receipt)
+            emit(sent=receipt.message_id, i=i, recall_handle=receipt.recall_handle)
+        for attempt in range(2):
+            try:
+                emit(recalled=producer.recall_message(args.topic, receipts[0].recall_handle),
+                     attempt=attempt)
+            except ClientException as exc:
+                emit(recall_failed=str(exc), attempt=attempt)
+    else:
+        if not checker.enough.wait(DEADLINE_S):
+            emit(error=f"{checker.seen} of {args.n} checks within {DEADLINE_S} s")
+            return 1
+        time.sleep(0.5)  # the last answer goes out
+    emit(done=True)
+    return 0
 
 
 if __name__ == "__main__":

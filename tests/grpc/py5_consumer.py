@@ -16,6 +16,8 @@ Scenarios (``ENDPOINT TOPIC GROUP N``; every wait bounded by ``DEADLINE_S``):
   for ``--quiet`` seconds more, printing anything that still comes;
 * ``push``: a PushConsumer with ``--threads`` consumption threads acks every message until N
   distinct ones came.
+
+``--ak KEY --sk SECRET`` sign every call with those credentials (none: unsigned).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def receive_for(consumer: SimpleConsumer, seconds: float, invisible: int,
 
 
 def simple(args: argparse.Namespace) -> int:
-    config = ClientConfiguration(args.endpoint, Credentials(), request_timeout=5)
+    config = ClientConfiguration(args.endpoint, Credentials(args.ak, args.sk), request_timeout=5)
     consumer = SimpleConsumer(config, args.group, {args.topic: FilterExpression(args.tag)},
                               await_duration=args.poll)
     consumer.startup()
@@ -133,7 +135,7 @@ class Listener(MessageListener):
 
 
 def push(args: argparse.Namespace) -> int:
-    config = ClientConfiguration(args.endpoint, Credentials(), request_timeout=5)
+    config = ClientConfiguration(args.endpoint, Credentials(args.ak, args.sk), request_timeout=5)
     listener = Listener(args.n)
     consumer = PushConsumer(config, args.group, listener, {args.topic: FilterExpression(args.tag)},
                             consumption_thread_count=args.threads)
@@ -166,6 +168,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--ack-first", type=int, default=None)
+    ap.add_argument("--ak", default="")  # with --sk: every call signed
+    ap.add_argument("--sk", default="")
     args = ap.parse_args()
     return push(args) if args.scenario == "push" else simple(args)
 

@@ -344,6 +344,12 @@ REFUSED = [
      lambda a: _codes(a, "topics", "partitions"), ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
     (ApiKey.DESCRIBE_TRANSACTIONS, 0, {"transactional_ids": ["tx-1"]},
      _each("transaction_states"), ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+    # Only brokers send markers (a user's would settle another producer's transaction).
+    (ApiKey.WRITE_TXN_MARKERS, 1, {"markers": [
+        {"producer_id": 1, "producer_epoch": 0, "transaction_result": True,
+         "coordinator_epoch": 1, "topics": [{"name": TOPIC, "partition_indexes": [0]}]}]},
+     lambda a: [p["error_code"] for m in a["markers"] for t in m["topics"]
+                for p in t["partitions"]], ErrorCode.CLUSTER_AUTHORIZATION_FAILED),
 ]
 
 
@@ -446,5 +452,37 @@ async def test_a_client_claiming_to_be_a_broker_gets_no_exemption(acl_config, se
         finally:
             wire.close()
         assert broker.store.max_offset(TOPIC, 0) == 0 and broker.topics.get(TOPIC) is not None
+    finally:
+        await broker.stop()
+
+
+async def test_a_captured_broker_request_sent_over_a_user_login_gets_no_exemption(
+        acl_config) -> None:
+    """A forwarded DeleteTopics whose envelope checks (signed with the cluster secret, fresh,
+    never seen here: one taken off the wire before it arrived) sent by a logged-in user
+    without DELETE on the topic: refused, the topic kept.  Brokers log in as the cluster's
+    own account; a request of theirs over anyone else's login is not theirs."""
+    from txbroker.broker import Broker
+    from txbroker.remoting.kafka.framing import decode_response, encode_request
+    from txbroker.service.kafka.peer_envelope import client_id
+
+    secret = "cluster-s3cret-cluster-s3cret-00"
+    broker = Broker(acl_config.replace(cluster_secret=secret))
+    await broker.start()
+    try:
+        await broker.topics.create_or_update(TopicConfig(TOPIC, 1, 1))
+        body = {"topic_names": [TOPIC], "timeout_ms": 1000}
+        captured = client_id(ApiKey.DELETE_TOPICS, 5, body, secret,
+                             to=broker.config.broker_name)
+        wire = await _login(broker, BOB)
+        try:
+            wire.corr += 1
+            wire.writer.write(encode_request(ApiKey.DELETE_TOPICS, 5, wire.corr, captured, body))
+            _, answer = decode_response(ApiKey.DELETE_TOPICS, 5, await wire.frame())
+        finally:
+            wire.close()
+        assert [r["error_code"] for r in answer["responses"]] \
+            == [ErrorCode.TOPIC_AUTHORIZATION_FAILED], answer
+        assert broker.topics.get(TOPIC) is not None
     finally:
         await broker.stop()

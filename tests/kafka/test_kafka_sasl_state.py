@@ -127,6 +127,52 @@ def test_scram_client_final_must_carry_the_same_nonce_and_binding() -> None:
         assert answer["error_code"] == ErrorCode.SASL_AUTHENTICATION_FAILED, tamper(final)
 
 
+def _librdkafka_final(first: bytes, client_nonce: str) -> str:
+    """The ``r=`` librdkafka before 2.6.1 sends: its nonce, then the server-first nonce
+    (which starts with its nonce already)."""
+    server_nonce = dict(p.split("=", 1) for p in first.decode().split(","))["r"]
+    return client_nonce + server_nonce
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_scram_accepts_librdkafkas_doubled_client_nonce(mechanism: str) -> None:
+    s = SaslSession((mechanism,), users_with(alice="right"), SECRET, plain_allowed=False)
+    s.handshake(1, {"mechanism": mechanism})
+    first = s.authenticate(1, {"auth_bytes": b"n,,n=alice,r=rdknonce"})["auth_bytes"]
+    doubled = _librdkafka_final(first, "rdknonce")
+    assert doubled.startswith("rdknoncerdknonce")
+    final, expected = scram_client(mechanism, "alice", "right", first, "n=alice,r=rdknonce",
+                                   nonce=doubled)
+    answer = s.authenticate(1, {"auth_bytes": final})
+    assert answer["error_code"] == ErrorCode.NONE, answer
+    assert answer["auth_bytes"] == expected and s.authenticated and s.user == "alice"
+
+
+@pytest.mark.parametrize("what, nonce, password", [
+    # the server's part missing: only the client's nonce, twice
+    ("no server nonce", lambda first, full: "rdknonce" + "rdknonce", "right"),
+    # the server's part cut short by one character
+    ("server nonce cut", lambda first, full: "rdknonce" + full[:-1], "right"),
+    # the server's part changed in its last character
+    ("server nonce changed", lambda first, full: "rdknonce" + full[:-1] + "!", "right"),
+    # something appended after the server nonce
+    ("after the server nonce", lambda first, full: "rdknonce" + full + "x", "right"),
+    # the doubled form, with a proof from a wrong password
+    ("wrong proof", lambda first, full: "rdknonce" + full, "wrong"),
+])
+def test_scram_doubled_nonce_still_needs_the_server_nonce_and_the_proof(what, nonce,
+                                                                       password) -> None:
+    s = SaslSession(("SCRAM-SHA-512",), users_with(alice="right"), SECRET, plain_allowed=False)
+    s.handshake(1, {"mechanism": "SCRAM-SHA-512"})
+    first = s.authenticate(1, {"auth_bytes": b"n,,n=alice,r=rdknonce"})["auth_bytes"]
+    full = dict(p.split("=", 1) for p in first.decode().split(","))["r"]
+    final, _ = scram_client("SCRAM-SHA-512", "alice", password, first, "n=alice,r=rdknonce",
+                            nonce=nonce(first, full))
+    answer = s.authenticate(1, {"auth_bytes": final})
+    assert answer["error_code"] == ErrorCode.SASL_AUTHENTICATION_FAILED, what
+    assert s.state is SaslState.FAILED and not s.authenticated
+
+
 def test_plain_needs_the_flag_and_the_right_password() -> None:
     users = users_with(alice="right")
     s = SaslSession(("PLAIN", "SCRAM-SHA-256"), users, SECRET, plain_allowed=False)

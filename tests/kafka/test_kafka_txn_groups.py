@@ -135,9 +135,11 @@ async def test_markers_without_the_cluster_signature_are_refused(
             wire = await Wire.open(b.kafka_port)
             try:
                 body = canonical(ApiKey.WRITE_TXN_MARKERS, 1, {"markers": markers})
-                stale = signed_client_id(ApiKey.WRITE_TXN_MARKERS, 1, body, secret,
+                here = b.config.broker_name
+                stale = signed_client_id(ApiKey.WRITE_TXN_MARKERS, 1, body, secret, to=here,
                                          now=time.time() - 60, nonce=os.urandom(16))
-                other = client_id(ApiKey.WRITE_TXN_MARKERS, 1, {"markers": markers}, "x" * 32)
+                other = client_id(ApiKey.WRITE_TXN_MARKERS, 1, {"markers": markers}, "x" * 32,
+                                  to=here)
                 for cid in ("rogue", other, stale):
                     wire.writer.write(_marker_frame(cid, markers))
                     answer = await _answer(wire)
@@ -153,7 +155,7 @@ async def test_markers_without_the_cluster_signature_are_refused(
         # A marker in the envelope is obeyed once: the same frame again (captured on the path
         # and replayed) is refused.
         frame = _marker_frame(client_id(ApiKey.WRITE_TXN_MARKERS, 1, {"markers": markers},
-                                        secret), markers)
+                                        secret, to=b.config.broker_name), markers)
         wire = await Wire.open(b.kafka_port)
         try:
             codes = []

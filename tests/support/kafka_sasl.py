@@ -22,15 +22,18 @@ def users_file(path: Path, roles: tuple[str, ...] = (), **passwords: str) -> str
 
 
 def scram_client(mechanism: str, user: str, password: str, server_first: bytes,
-                 client_first_bare: str) -> tuple[bytes, bytes]:
-    """RFC 5802 section 3, client side: (client-final, expected server signature)."""
+                 client_first_bare: str, nonce: str | None = None) -> tuple[bytes, bytes]:
+    """RFC 5802 section 3, client side: (client-final, expected server signature).
+
+    ``nonce`` is the ``r=`` sent back instead of the server-first one (the proof is computed
+    over the message as sent, as a client that sends another nonce computes it)."""
     alg = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}[mechanism]
     attrs = dict(p.split("=", 1) for p in server_first.decode().split(","))
     salted = hashlib.pbkdf2_hmac(alg, password.encode(), base64.b64decode(attrs["s"]),
                                  int(attrs["i"]))
     client_key = hmac.new(salted, b"Client Key", alg).digest()
     stored = hashlib.new(alg, client_key).digest()
-    without_proof = f"c=biws,r={attrs['r']}"
+    without_proof = f"c=biws,r={attrs['r'] if nonce is None else nonce}"
     auth = f"{client_first_bare},{server_first.decode()},{without_proof}".encode()
     sig = hmac.new(stored, auth, alg).digest()
     proof = bytes(a ^ b for a, b in zip(client_key, sig, strict=True))

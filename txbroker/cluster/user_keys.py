@@ -186,6 +186,15 @@ class ClusterUsers:
         except (EtcdError, UsersFileError) as exc:
             log.warning("users not read from %s yet (logins and Kafka ACLs refuse until they "
                         "are): %s", self.where, exc)
+        if self._users.users and not self._users.salt_key:
+            # A store written before there was a salt key gets one, once for the cluster (the
+            # edit is guarded by the document's revision; a broker that finds one keeps it).
+            try:
+                await self.update(lambda users: (users.with_salt_key(), None))
+            except UserStoreError as exc:
+                log.warning("%s: no salt_key written (%s); unknown users' SCRAM salts are "
+                            "keyed by cluster_secret, or change at each restart without one",
+                            self.where, exc)
         self._polls.start()
 
     async def close(self) -> None:
@@ -249,3 +258,6 @@ class ClusterUsers:
 
     def check_password(self, user: str, password: str) -> bool:
         return self._users.check_password(user, password)
+
+    def salt_key(self) -> bytes:
+        return self._users.salt_key

@@ -36,6 +36,10 @@ minute without failure or at its first request that passes, and its failures are
 minute with the address and the access key (never the signature).  Requests the broker sends
 to clients (CHECK_TRANSACTION_STATE) are not validated.  The name-server port is not guarded
 either, as RocketMQ's name server has no ACL.
+
+The gRPC port (RocketMQ 5.x clients) takes the same decision, :func:`decide`, with its own
+signature and resources (``service/grpc/auth.py``), through :meth:`AclGuard.check` and
+:meth:`AclGuard.settle`: one set of accounts, one back-off per address for both ports.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NoReturn
 
 from txbroker.remoting.bodies import HeartbeatData
@@ -52,7 +56,7 @@ from txbroker.remoting.command import RemotingCommand
 from txbroker.remoting.errors import Refusal
 from txbroker.remoting.headers import HeaderError
 from txbroker.remoting.signing import ACCESS_KEY, SIGNATURE, signature
-from txbroker.service.acl_rules import AclRules, Perm, retry_topic
+from txbroker.service.acl_rules import Account, AclRules, Perm, retry_topic
 from txbroker.service.auth_throttle import AuthThrottle
 from txbroker.service.users import Users, UsersFileError, UserSource
 from txbroker.store.record import RETRY_GROUP_TOPIC_PREFIX
@@ -72,6 +76,8 @@ def perm_text(perm: Perm) -> str:
     """A permission as the ACL file writes it, for refusal remarks."""
     if perm & Perm.DENY:
         return "DENY"
+    if perm & Perm.ANY:  # a gRPC route: either will do
+        return "PUB or SUB"
     return "|".join(p.name for p in (Perm.PUB, Perm.SUB) if perm & p) or "nothing"
 
 
@@ -90,11 +96,16 @@ def check_permission(needed: Perm, owned: Perm) -> bool:
 class AclDenied(Refusal):
     """A request the ACL refuses: SYSTEM_ERROR with remark ``AclException: <message>``, as
     RocketMQ answers an AclException.  ``credentials``: the access key or the signature was
-    wrong (what a guesser gets), as opposed to a known account lacking a permission."""
+    wrong (what a guesser gets), as opposed to a known account lacking a permission;
+    ``anonymous``: the request named no access key at all.  The gRPC port answers both
+    UNAUTHORIZED and anything else FORBIDDEN (``service/grpc/auth.py``)."""
 
-    def __init__(self, message: str, *, credentials: bool = False) -> None:
+    def __init__(self, message: str, *, credentials: bool = False,
+                 anonymous: bool = False) -> None:
         super().__init__(ResponseCode.SYSTEM_ERROR, f"AclException: {message}")
+        self.message = message
         self.credentials = credentials
+        self.anonymous = anonymous
 
 
 def _group(resources: dict[str, Perm], group: str | None) -> None:
@@ -152,31 +163,47 @@ def _describe(resource: str) -> str:
 
 def validate(rules: AclRules, code: int, ext: Mapping[str, str], body: bytes,
              peer_host: str) -> AclDenied | None:
-    """Whether a request may run: None, or the refusal to answer with.  Pure."""
+    """Whether a broker-port request may run: None, or the refusal to answer with.  Pure."""
+    access_key = ext.get(ACCESS_KEY)
+
+    def signed(account: Account) -> bool:
+        expected = signature(account.secret_key, ext, body)
+        return hmac.compare_digest(expected.encode(), ext.get(SIGNATURE, "").encode())
+
+    return decide(rules, peer_host, access_key, signed, what=f"request code {code}",
+                  admin=f"request code={code}" if code in ADMIN_CODES else None,
+                  needed=lambda: required_resources(code, ext, body))
+
+
+def decide(rules: AclRules, peer_host: str, access_key: str | None,
+           signed: Callable[[Account], bool], *, what: str, admin: str | None,
+           needed: Callable[[], dict[str, Perm]]) -> AclDenied | None:
+    """The decision both RocketMQ ports take (steps 1-5 of the module docstring), whatever
+    their signature covers: ``signed(account)`` tells whether the request's signature is the
+    account's; ``admin``: None, or the admin-only request named for the refusal; ``needed()``: the resources it
+    touches (it may raise :class:`AclDenied` for a request it cannot read).  Pure."""
     if any(p.matches(peer_host) for p in rules.global_white):
         return None
-    access_key = ext.get(ACCESS_KEY)
     if access_key is None:
-        return AclDenied(f"No accessKey is configured (request code {code} from {peer_host} "
-                         f"carries no AccessKey and the address is not white-listed)")
+        return AclDenied(f"No accessKey is configured ({what} from {peer_host} "
+                         f"carries no AccessKey and the address is not white-listed)",
+                         anonymous=True)
     account = rules.accounts.get(access_key)
     if account is None:
         return AclDenied(f"No acl config for {access_key!r}", credentials=True)
     if account.white_remote_address is not None and account.white_remote_address.matches(peer_host):
         return None
-    expected = signature(account.secret_key, ext, body)
-    if not hmac.compare_digest(expected.encode(), ext.get(SIGNATURE, "").encode()):
+    if not signed(account):
         return AclDenied(f"Check signature failed for accessKey={access_key}", credentials=True)
-    if code in ADMIN_CODES and not account.admin:
-        return AclDenied(f"Need admin permission for request code={code}, "
-                         f"but accessKey={access_key} is not")
+    if admin is not None and not account.admin:
+        return AclDenied(f"Need admin permission for {admin}, but accessKey={access_key} is not")
     try:
-        needed = required_resources(code, ext, body)
+        resources = needed()
     except AclDenied as exc:
         return exc
-    if not needed or (account.admin and not account.resource_perms):
+    if not resources or (account.admin and not account.resource_perms):
         return None
-    for resource, perm in needed.items():
+    for resource, perm in resources.items():
         owned = account.resource_perms.get(resource)
         if owned is None:
             is_group = resource.startswith(RETRY_GROUP_TOPIC_PREFIX)
@@ -224,29 +251,44 @@ class AclGuard:
         peer = getattr(conn, "peer", "")
         host = peer.rpartition(":")[0] or peer
         denied = validate(self._rules_now(), cmd.code, cmd.ext_fields, cmd.body, host)
-        if denied is None or (not denied.credentials and ACCESS_KEY in cmd.ext_fields):
+        oneway = " (one-way, not answered)" if cmd.is_oneway else ""
+        delay = self.settle(denied, peer=peer, host=host, access_key=cmd.ext_fields.get(ACCESS_KEY),
+                            what=f"request code {cmd.code}", note=oneway)
+        if denied is None:
+            return None
+        if delay <= 0:
+            raise denied
+        return _refuse_after(delay, denied)
+
+    def check(self, peer_host: str, access_key: str | None, signed: Callable[[Account], bool],
+              *, what: str, needed: Callable[[], dict[str, Perm]]) -> AclDenied | None:
+        """:func:`decide` against the rules in force now (the ACL file and the user store's
+        keys), for a port whose requests carry another signature (the gRPC port)."""
+        return decide(self._rules_now(), peer_host, access_key, signed, what=what, admin=None,
+                      needed=needed)
+
+    def settle(self, denied: AclDenied | None, *, peer: str, host: str,
+               access_key: str | None, what: str, note: str = "") -> float:
+        """Count and log a decision; the seconds to wait before answering a refusal (the
+        address's back-off; 0 for a request that passed or is short of a permission only)."""
+        if denied is None or (not denied.credentials and access_key is not None):
             # Passed, or signed right and short of a permission: the address holds valid
             # credentials (an unsigned request proves nothing and forgets nothing).
             self.throttle.succeeded(host)
         if denied is None:
-            return None
+            return 0.0
         self.refused += 1
-        oneway = " (one-way, not answered)" if cmd.is_oneway else ""
         if not denied.credentials:
-            log.warning("refused request code %d from %s%s: %s", cmd.code, peer, oneway,
-                        denied.remark)
-            raise denied
+            log.warning("refused %s from %s%s: %s", what, peer, note, denied.remark)
+            return 0.0
         delay = self.throttle.delay(host)
         if self.throttle.failed(host):
-            log.warning("authentication failed from %s, access key %r, request code %d%s: %s "
+            log.warning("authentication failed from %s, access key %r, %s%s: %s "
                         "(further failures from %s are not logged for a minute)", peer,
-                        cmd.ext_fields.get(ACCESS_KEY), cmd.code, oneway, denied.remark, host)
+                        access_key, what, note, denied.remark, host)
         else:
-            log.debug("refused request code %d from %s%s: %s", cmd.code, peer, oneway,
-                      denied.remark)
-        if delay <= 0:
-            raise denied
-        return _refuse_after(delay, denied)
+            log.debug("refused %s from %s%s: %s", what, peer, note, denied.remark)
+        return delay
 
 
 async def _refuse_after(delay: float, denied: AclDenied) -> NoReturn:

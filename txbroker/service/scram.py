@@ -108,6 +108,14 @@ def verify_password(credentials: ScramCredentials, password: str) -> bool:
     return hmac.compare_digest(again.stored_key, credentials.stored_key)
 
 
+def unknown_user_salt(key: bytes, user: str, mechanism: str) -> bytes:
+    """The salt a server answers for a ``user`` with no credentials, keyed by ``key``: the same
+    name gets the same salt wherever the key is the same (every broker of a cluster, after any
+    restart), as a real account's salt stays, so the answer does not tell the two apart; as
+    long as a real salt (:data:`SALT_BYTES`)."""
+    return hmac.digest(key, f"{mechanism}\0{user}".encode(), "sha256")[:SALT_BYTES]
+
+
 def client_proof(mechanism: str, password: str, salt: bytes, iterations: int,
                  auth_message: bytes) -> tuple[bytes, bytes]:
     """The client's side: (ClientProof for client-final-message, the ServerSignature the

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -65,6 +65,7 @@ from txbroker.service.kafka.acls import (
 )
 from txbroker.service.scram import (
     MECHANISMS,
+    MIN_ITERATIONS,
     ScramCredentials,
     make_credentials,
     verify_password,
@@ -87,6 +88,11 @@ _ROLE_PERMS = {  # role -> (default topic perm, default group perm)
 #: User names: what Kafka and RocketMQ tools accept without escaping (no ``,`` or ``=``, which
 #: SCRAM's ``saslname`` would have to escape).
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
+#: Bytes of the store's ``salt_key`` (see :attr:`Users.salt_key`).
+SALT_KEY_BYTES = 32
+#: The iteration count of a made-up credential: the one ``txbroker user add`` writes
+#: (``make_credentials``' default), so an unknown user's work and answer look like a real one's.
+UNKNOWN_USER_ITERATIONS = MIN_ITERATIONS
 
 
 class UsersFileError(ConfigError):
@@ -117,6 +123,12 @@ class Users:
     users: Mapping[str, User] = field(default_factory=dict)
     #: Kafka ACL bindings, in the order they were added (no two equal).
     acls: tuple[AclBinding, ...] = ()
+    #: A random key kept with the users (made with the first password), from which the
+    #: SCRAM salt of a name with no account is made up: stable across restarts, the same on
+    #: every broker that reads this store, so such a name answers like a real account with a
+    #: wrong password (PostgreSQL's ``mock_auth_nonce`` kept in ``pg_control``).  Empty in
+    #: a store that has never had a password set.
+    salt_key: bytes = field(default=b"", repr=False)
 
     @cached_property
     def authorizer(self) -> Authorizer:
@@ -133,10 +145,21 @@ class Users:
         return None if found is None else found.scram.get(mechanism)
 
     def check_password(self, user: str, password: str) -> bool:
-        """SASL/PLAIN's lookup: True when ``password`` derives the user's SCRAM credentials."""
+        """SASL/PLAIN's lookup: True when ``password`` derives the user's SCRAM credentials.
+
+        The same work whoever asks: one derivation per mechanism, against the user's
+        credentials or, for a name with no account (or no credentials for a mechanism), against
+        a made-up credential of the same iteration count, and no early exit; otherwise a
+        wrong password of a real account would answer later than an unknown name's, which
+        tells who has an account."""
         found = self.users.get(user)
-        return found is not None and any(verify_password(c, password)
-                                         for c in found.scram.values())
+        scram = {} if found is None else found.scram
+        ok = False
+        for mechanism in MECHANISMS:
+            cred = scram.get(mechanism)
+            matched = verify_password(cred or _placeholder_credentials(mechanism), password)
+            ok |= matched and cred is not None
+        return ok
 
     def acl_accounts(self) -> dict[str, Account]:
         """Access key -> the plain-ACL account its user's roles amount to."""
@@ -175,7 +198,13 @@ class Users:
         old = self.users.get(name, User(name))
         scram = {m: make_credentials(m, password) for m in MECHANISMS}
         user = replace(old, scram=scram, roles=old.roles if roles is None else check_roles(roles))
-        return Users({**self.users, name: user}, self.acls)
+        return Users({**self.users, name: user}, self.acls, self.with_salt_key().salt_key)
+
+    def with_salt_key(self) -> Users:
+        """This snapshot with a :attr:`salt_key` (a new random one if it had none)."""
+        if self.salt_key:
+            return self
+        return replace(self, salt_key=secrets.token_bytes(SALT_KEY_BYTES))
 
     def with_access_key(self, name: str) -> tuple[Users, str, str]:
         """A new access key and secret for ``name``: (new snapshot, key, secret)."""
@@ -186,31 +215,39 @@ class Users:
             key = "AK" + secrets.token_hex(10).upper()
         secret = secrets.token_urlsafe(30)
         user = replace(user, access_keys={**user.access_keys, key: secret})
-        return Users({**self.users, name: user}, self.acls), key, secret
+        return replace(self, users={**self.users, name: user}), key, secret
 
     def without(self, name: str) -> Users:
         self._existing(name)
-        return Users({n: u for n, u in self.users.items() if n != name}, self.acls)
+        return replace(self, users={n: u for n, u in self.users.items() if n != name})
 
     def with_acls(self, bindings: list[AclBinding]) -> Users:
         """These bindings added (each checked; one already there is not added twice)."""
         new = [check_binding(b) for b in bindings]
         have = set(self.acls)
         added = [b for b in dict.fromkeys(new) if b not in have]
-        return Users(self.users, (*self.acls, *added)) if added else self
+        return replace(self, acls=(*self.acls, *added)) if added else self
 
     def without_acls(self, selected: AclFilter) -> tuple[Users, list[AclBinding]]:
         """(the snapshot without the bindings ``selected`` matches, those bindings)."""
         gone = [b for b in self.acls if selected.matches(b)]
         if not gone:
             return self, []
-        return Users(self.users, tuple(b for b in self.acls if not selected.matches(b))), gone
+        return replace(self, acls=tuple(b for b in self.acls if not selected.matches(b))), gone
 
     def _existing(self, name: str) -> User:
         try:
             return self.users[name]
         except KeyError:
             raise ValueError(f"no user {name!r}") from None
+
+
+@cache
+def _placeholder_credentials(mechanism: str) -> ScramCredentials:
+    """What a password is checked against when there is no credential to check it against
+    (made once per process: only its cost matters, nothing can match it usefully)."""
+    return make_credentials(mechanism, secrets.token_urlsafe(32),
+                            iterations=UNKNOWN_USER_ITERATIONS)
 
 
 def check_name(name: str) -> str:
@@ -243,6 +280,8 @@ def encode_users(users: Users, *, indent: bool = True) -> bytes:
                       for m, c in u.scram.items()},
             "access_keys": dict(u.access_keys),
         } for name, u in sorted(users.users.items())}}
+    if users.salt_key:  # a key older brokers ignore
+        doc["salt_key"] = _b64(users.salt_key)
     if users.acls:
         doc["acls"] = [{"resource_type": b.resource_type.name, "name": b.name,
                         "pattern": b.pattern.name, "principal": b.principal, "host": b.host,
@@ -287,7 +326,16 @@ def decode_users(data: bytes) -> Users:
             bindings.append(_decode_binding(entry))
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"acls[{i}]: {exc}") from None
-    return Users(users, tuple(dict.fromkeys(bindings)))
+    salt_key = doc.get("salt_key", "")
+    if not isinstance(salt_key, str):
+        raise TypeError("\"salt_key\" must be a base64 string")
+    try:
+        key = base64.b64decode(salt_key, validate=True)
+    except binascii.Error:
+        raise ValueError("\"salt_key\" is not base64") from None
+    if salt_key and len(key) < 16:
+        raise ValueError(f"\"salt_key\" of {len(key)} bytes (at least 16)")
+    return Users(users, tuple(dict.fromkeys(bindings)), key)
 
 
 def _decode_binding(entry: Any) -> AclBinding:
@@ -435,6 +483,10 @@ class UserSource(Protocol):
 
     def check_password(self, user: str, password: str) -> bool: ...
 
+    def salt_key(self) -> bytes:
+        """The store's :attr:`Users.salt_key` now (empty when it has none)."""
+        ...
+
 
 class UserStore:
     """The users file as a running broker sees it: read at once, read again when it changes.
@@ -480,7 +532,15 @@ class UserStore:
         return self.current()
 
     async def start(self) -> None:
-        pass  # read at construction: a bad file stops the start before anything binds
+        """Read at construction (a bad file stops the start before anything binds); a file
+        with users but no ``salt_key`` (written before there was one) gets one now, so
+        made-up salts stay the same after a restart."""
+        if self._users.users and not self._users.salt_key:
+            try:
+                await self.update(lambda users: (users.with_salt_key(), None))
+            except UserStoreError as exc:
+                log.warning("%s: no salt_key written (%s); unknown users' SCRAM salts change "
+                            "at each restart until one is", self.where, exc)
 
     async def close(self) -> None:
         pass
@@ -513,3 +573,6 @@ class UserStore:
     def check_password(self, user: str, password: str) -> bool:
         """The SASL/PLAIN server's check, on the file as it is now."""
         return self.current().check_password(user, password)
+
+    def salt_key(self) -> bytes:
+        return self.current().salt_key

@@ -4,7 +4,8 @@
 The server shares the loop with the remoting and Kafka listeners, so its handlers call the
 store and the services directly, as theirs do.  Each RPC is a thin method here that reads the
 call's metadata and hands the request to the handler object owning that part (sessions,
-routes, sends, transactions, consumption, recall); a refusal (:class:`GrpcError`) becomes the
+routes, sends, transactions, consumption, recall), once access control (``auth.py``, with
+``acl_file`` set) admitted the call; a refusal (:class:`GrpcError`) becomes the
 response's ``status``, which is where 5.x clients look, and anything unexpected is logged and
 answered INTERNAL_ERROR.  RPCs no handler serves (PullMessage, offsets, lite topics) keep the
 generated servicer's UNIMPLEMENTED.
@@ -18,6 +19,7 @@ stops taking calls, lets running ones finish within the grace, and closes open s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -32,6 +34,7 @@ from txbroker.remoting.grpc import definition_pb2 as pb
 from txbroker.remoting.grpc import service_pb2 as spb
 from txbroker.remoting.grpc import service_pb2_grpc as rpc
 from txbroker.service.grpc import messages, settings
+from txbroker.service.grpc.auth import GrpcAuth
 from txbroker.service.grpc.cluster import ClusterRoutes
 from txbroker.service.grpc.route import message_queues
 from txbroker.service.grpc.send import SendHandlers
@@ -81,11 +84,13 @@ def peer_host(context: grpc.aio.ServicerContext) -> Host:
 
 
 def answers(response_type: type) -> Callable:
-    """A unary RPC method whose refusals become ``response_type(status=...)``."""
+    """A unary RPC method, admitted by the servicer's ``auth`` first (when access control is
+    on), whose refusals become ``response_type(status=...)``."""
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
         async def method(self, request, context):
             try:
+                await self._admit(fn.__name__, request, context)
                 response = await fn(self, request, context)
             except GrpcError as exc:
                 response = response_type(status=status(exc.code, exc.message))
@@ -108,7 +113,7 @@ class MessagingServicer(rpc.MessagingServiceServicer):
                  topics: TopicManager, sessions: Sessions, send: SendHandlers,
                  transactions: TransactionHandlers, consume: Any = None,
                  recall: Any = None, cluster: ClusterRoutes | None = None,
-                 metrics: BrokerMetrics | None = None) -> None:
+                 metrics: BrokerMetrics | None = None, auth: GrpcAuth | None = None) -> None:
         self.config = config
         self.broker_name = broker_name
         self.here = here
@@ -121,6 +126,8 @@ class MessagingServicer(rpc.MessagingServiceServicer):
         #: Routes across broker groups (None on a single broker).
         self.cluster = cluster
         self.metrics = metrics
+        #: Signed calls checked against the broker's access keys (None: access control off).
+        self.auth = auth
         self.store_host = ""
 
     def to_pb(self, stored, **kw) -> pb.Message:
@@ -162,12 +169,13 @@ class MessagingServicer(rpc.MessagingServiceServicer):
     async def Telemetry(self, request_iterator, context):
         """Settings in, settings and commands out, until either side closes."""
         try:
+            await self._admit("Telemetry", spb.TelemetryCommand(), context)
             cid = client_id(context)
         except GrpcError as exc:
             yield spb.TelemetryCommand(status=status(exc.code, exc.message))
             return
         channel = self.sessions.open_channel(cid, context.peer() or "?", self.to_pb)
-        reader = asyncio.create_task(self._read_telemetry(request_iterator, channel),
+        reader = asyncio.create_task(self._read_telemetry(request_iterator, channel, context),
                                      name=f"grpc-telemetry-{cid}")
         try:
             async for command in channel.outgoing():
@@ -176,11 +184,24 @@ class MessagingServicer(rpc.MessagingServiceServicer):
             reader.cancel()
             self.sessions.close_channel(channel)
 
-    async def _read_telemetry(self, requests, channel: TelemetryChannel) -> None:
+    async def _admit(self, rpc: str, request, context: grpc.aio.ServicerContext) -> None:
+        """Return if the call may run, else raise its refusal (``service/grpc/auth.py``)."""
+        if self.auth is not None:
+            await self.auth.admit(rpc, request, metadata(context), context.peer() or "?",
+                                  peer_host(context)[0])
+
+    async def _read_telemetry(self, requests, channel: TelemetryChannel,
+                              context: grpc.aio.ServicerContext) -> None:
         try:
             async for command in requests:
                 kind = command.WhichOneof("command")
                 if kind == "settings":
+                    try:  # the topics it publishes to, the group and topics it consumes
+                        await self._admit("Telemetry", command.settings, context)
+                    except GrpcError as exc:  # answered, then the stream ends
+                        with contextlib.suppress(RuntimeError):
+                            channel.send(spb.TelemetryCommand(status=status(exc.code, exc.message)))
+                        break
                     self.sessions.settings_received(channel, command.settings)
                     answer = spb.TelemetryCommand(
                         status=status(), settings=self._settings_for(command.settings))
@@ -229,6 +250,11 @@ class MessagingServicer(rpc.MessagingServiceServicer):
         return await self._consume().QueryAssignment(request, context)
 
     async def ReceiveMessage(self, request, context):
+        try:
+            await self._admit("ReceiveMessage", request, context)
+        except GrpcError as exc:
+            yield spb.ReceiveMessageResponse(status=status(exc.code, exc.message))
+            return
         if self.consume is None:
             yield spb.ReceiveMessageResponse(
                 status=status(Code.NOT_IMPLEMENTED, "POP consumption is not served by this broker"))

@@ -213,7 +213,7 @@ class KafkaAdmin:
                            results: str, name_key: str) -> None:
         """Forward ``body`` (one resource) to ``group``'s master; ConfigRefused on its error."""
         try:
-            answer = await forward(leader, ctx.api_key, ctx.api_version, body,
+            answer = await forward(group, leader, ctx.api_key, ctx.api_version, body,
                                    self.config,
                                    self.view.tls_context if self.view is not None else None)
             got = answer[results][0]
@@ -311,8 +311,8 @@ class KafkaAdmin:
         holder has the same configs: the alter APIs change them all)."""
         try:
             group, leader = self._holders(r["resource_name"])[0]
-            answer = await forward(leader, ctx.api_key, ctx.api_version, {**body, "resources": [r]},
-                                   self.config,
+            answer = await forward(group, leader, ctx.api_key, ctx.api_version,
+                                   {**body, "resources": [r]}, self.config,
                                    self.view.tls_context if self.view is not None else None)
             return answer["results"][0]
         except ConfigRefused as exc:

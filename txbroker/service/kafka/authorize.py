@@ -9,20 +9,16 @@ handler, so nothing is stored for it; the rest of the request is handled as usua
 answers are merged.  The broker wraps only when Kafka SASL is on (a connection without
 authentication has no principal to check), so the hot path of an open broker is untouched.
 
-Requests between brokers of a cluster (forwarded admin requests, transaction markers) carry
-the cluster envelope instead of a user (``peer_envelope.py``): a request of an API that is
-forwarded (:data:`FORWARDED`) whose envelope checks against ``cluster_secret`` (the verdict
-``ctx.cluster_peer`` of ``peer_envelope.verify_peers``, which runs first) goes straight
-to its handler, which keeps its own check (the broker that forwarded it authorized the client);
-WriteTxnMarkers is only ever that.  Without a secret there is no signature, only a client id
-anyone can send, so nothing is let through that way.  A broker logged in as the cluster's own
-account (``User:txbroker-cluster``, ``peer_auth.py``) is a super user: only a holder of the
-cluster secret can log in as it.
+Requests between brokers of a cluster (forwarded admin requests, transaction markers) come
+over a connection logged in as the cluster's own account (``User:txbroker-cluster``,
+``peer_auth.py``), a super user: only a holder of the cluster secret can log in as it.  Their
+envelope (``peer_envelope.py``) says what to act on, never whom to trust: a request claiming
+to be a broker's is authorized as the user it logged in as, like any other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +27,7 @@ from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.service.kafka.acls import AclOperation, Authorizer, ResourceType
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.kafka.peer_auth import CLUSTER_PRINCIPAL
+from txbroker.service.kafka.shapes import SHAPES
 
 Op = AclOperation
 TOPIC, GROUP, TXN, CLUSTER = (ResourceType.TOPIC, ResourceType.GROUP,
@@ -43,15 +40,9 @@ CLUSTER_DENIED = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 #: a broker logger) is authorized on the cluster.
 CONFIG_TOPIC = 2
 
-#: APIs with no ACL check: before or about authentication, or only between brokers (signed).
+#: APIs with no ACL check: before or about authentication.
 UNCHECKED = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE,
-                       ApiKey.WRITE_TXN_MARKERS, ApiKey.DESCRIBE_CLUSTER})
-
-
-#: APIs one broker sends another on a client's behalf (``admin.py``, ``metadata.py``).
-FORWARDED = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.CREATE_PARTITIONS,
-                       ApiKey.DESCRIBE_CONFIGS, ApiKey.ALTER_CONFIGS,
-                       ApiKey.INCREMENTAL_ALTER_CONFIGS})
+                       ApiKey.DESCRIBE_CLUSTER})
 
 
 @dataclass(slots=True)
@@ -74,82 +65,20 @@ Rule = Callable[[Check, Handler, KafkaRequestContext, dict], Awaitable[dict | No
 
 # --- requests whose topics carry partitions --------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class Parts:
-    """Where topics and partitions sit in one API's request and answer.  ``req_index`` None:
-    the request lists partitions as bare numbers."""
-
-    req_topics: str
-    req_name: str
-    req_parts: str
-    req_index: str | None
-    resp_topics: str
-    resp_name: str
-    resp_parts: str
-    resp_index: str
-    resp_error: str = "error_code"
-    #: A refused partition's answer besides its index and error code.
-    refused: tuple[tuple[str, Any], ...] = ()
-
-
-PARTS = {
-    ApiKey.PRODUCE: Parts("topic_data", "name", "partition_data", "index", "responses", "name",
-                          "partition_responses", "index",
-                          refused=(("base_offset", -1), ("log_append_time_ms", -1),
-                                   ("log_start_offset", -1))),
-    ApiKey.FETCH: Parts("topics", "topic", "partitions", "partition", "responses", "topic",
-                        "partitions", "partition_index",
-                        refused=(("high_watermark", -1), ("last_stable_offset", -1),
-                                 ("log_start_offset", -1), ("records", b""))),
-    ApiKey.LIST_OFFSETS: Parts("topics", "name", "partitions", "partition_index", "topics",
-                               "name", "partitions", "partition_index",
-                               refused=(("timestamp", -1), ("offset", -1))),
-    ApiKey.OFFSET_COMMIT: Parts("topics", "name", "partitions", "partition_index", "topics",
-                                "name", "partitions", "partition_index"),
-    ApiKey.TXN_OFFSET_COMMIT: Parts("topics", "name", "partitions", "partition_index", "topics",
-                                    "name", "partitions", "partition_index"),
-    ApiKey.OFFSET_FETCH: Parts("topics", "name", "partition_indexes", None, "topics", "name",
-                               "partitions", "partition_index",
-                               refused=(("committed_offset", -1), ("metadata", ""))),
-    ApiKey.ADD_PARTITIONS_TO_TXN: Parts("topics", "name", "partitions", None, "results", "name",
-                                        "results", "partition_index", "partition_error_code"),
-    ApiKey.DESCRIBE_PRODUCERS: Parts("topics", "name", "partition_indexes", None, "topics",
-                                     "name", "partitions", "partition_index"),
-}
-
-
-def _indexes(parts: Parts, topic: dict) -> list[int]:
-    items = topic.get(parts.req_parts) or ()
-    return list(items) if parts.req_index is None else [p[parts.req_index] for p in items]
-
-
-def _refused_topics(parts: Parts, topics: Iterable[dict], code: int) -> list[dict]:
-    return [{parts.resp_name: t[parts.req_name], parts.resp_parts: [
-        {parts.resp_index: i, parts.resp_error: int(code), **dict(parts.refused)}
-        for i in _indexes(parts, t)]} for t in topics]
-
-
-def refuse_all(api: ApiKey, body: dict, code: int, **top: Any) -> dict:
-    """The answer refusing every partition of the request with ``code``."""
-    parts = PARTS[api]
-    return {**top, parts.resp_topics: _refused_topics(parts, body.get(parts.req_topics) or (),
-                                                      code)}
-
-
 async def per_topic(api: ApiKey, handler: Handler, ctx: KafkaRequestContext, body: dict,
                     allowed: Callable[[str], bool], code: int = TOPIC_DENIED) -> dict | None:
     """Topics ``allowed`` refuses are answered ``code`` per partition; the handler gets the
     others (it is not called when none is left) and the two answers are merged."""
-    parts = PARTS[api]
-    topics = body.get(parts.req_topics) or ()
-    kept = [t for t in topics if allowed(t[parts.req_name])]
+    shape = SHAPES[api]
+    topics = body.get(shape.req_topics) or ()
+    kept = [t for t in topics if allowed(t[shape.req_name])]
     if len(kept) == len(topics):
         return await handler(ctx, body)
-    refused = _refused_topics(parts, [t for t in topics if t not in kept], code)
-    answer: dict | None = await handler(ctx, {**body, parts.req_topics: kept}) if kept else {}
+    refused = shape.refused_topics([t for t in topics if t not in kept], code)
+    answer: dict | None = await handler(ctx, {**body, shape.req_topics: kept}) if kept else {}
     if answer is None:  # Produce acks=0: no answer either way
         return None
-    return {**answer, parts.resp_topics: [*(answer.get(parts.resp_topics) or ()), *refused]}
+    return {**answer, shape.resp_topics: [*(answer.get(shape.resp_topics) or ()), *refused]}
 
 
 # --- the rules --------------------------------------------------------------------------------
@@ -159,7 +88,7 @@ async def produce(check: Check, handler: Handler, ctx: KafkaRequestContext,
     tid = body.get("transactional_id")
     if tid is not None and not check(Op.WRITE, TXN, tid):
         return None if body.get("acks") == 0 else \
-            refuse_all(ApiKey.PRODUCE, body, TXN_DENIED, throttle_time_ms=0)
+            SHAPES[ApiKey.PRODUCE].refuse_all(body, TXN_DENIED, throttle_time_ms=0)
     return await per_topic(ApiKey.PRODUCE, handler, ctx, body,
                            lambda t: check(Op.WRITE, TOPIC, t))
 
@@ -198,7 +127,7 @@ async def metadata(check: Check, handler: Handler, ctx: KafkaRequestContext,
 async def offset_commit(check: Check, handler: Handler, ctx: KafkaRequestContext,
                         body: dict) -> dict | None:
     if not check(Op.READ, GROUP, body["group_id"]):
-        return refuse_all(ApiKey.OFFSET_COMMIT, body, GROUP_DENIED)
+        return SHAPES[ApiKey.OFFSET_COMMIT].refuse_all(body, GROUP_DENIED)
     return await per_topic(ApiKey.OFFSET_COMMIT, handler, ctx, body,
                            lambda t: check(Op.READ, TOPIC, t))
 
@@ -206,7 +135,7 @@ async def offset_commit(check: Check, handler: Handler, ctx: KafkaRequestContext
 async def offset_fetch(check: Check, handler: Handler, ctx: KafkaRequestContext,
                        body: dict) -> dict | None:
     if not check(Op.READ, GROUP, body["group_id"]):
-        return refuse_all(ApiKey.OFFSET_FETCH, body, GROUP_DENIED, error_code=GROUP_DENIED)
+        return SHAPES[ApiKey.OFFSET_FETCH].refuse_all(body, GROUP_DENIED, error_code=GROUP_DENIED)
     if body.get("topics") is None:  # every committed offset: those of described topics
         answer = await handler(ctx, body) or {}
         return {**answer, "topics": [t for t in answer.get("topics") or ()
@@ -306,15 +235,15 @@ async def add_partitions(check: Check, handler: Handler, ctx: KafkaRequestContex
     OPERATION_NOT_ATTEMPTED."""
     api = ApiKey.ADD_PARTITIONS_TO_TXN
     if not check(Op.WRITE, TXN, body["transactional_id"]):
-        return refuse_all(api, body, TXN_DENIED)
+        return SHAPES[api].refuse_all(body, TXN_DENIED)
     topics = body.get("topics") or ()
     refused = [t for t in topics if not check(Op.WRITE, TOPIC, t["name"])]
     if not refused:
         return await handler(ctx, body)
-    parts = PARTS[api]
-    return {"results": [*_refused_topics(parts, refused, TOPIC_DENIED),
-                        *_refused_topics(parts, [t for t in topics if t not in refused],
-                                         ErrorCode.OPERATION_NOT_ATTEMPTED)]}
+    shape = SHAPES[api]
+    return {"results": [*shape.refused_topics(refused, TOPIC_DENIED),
+                        *shape.refused_topics([t for t in topics if t not in refused],
+                                              ErrorCode.OPERATION_NOT_ATTEMPTED)]}
 
 
 async def _offsets_group(check: Check, handler: Handler, ctx: KafkaRequestContext,
@@ -329,9 +258,9 @@ async def txn_offset_commit(check: Check, handler: Handler, ctx: KafkaRequestCon
     """WRITE on the transactional id, READ on the group, READ on each topic; refused per
     partition."""
     if not check(Op.WRITE, TXN, body["transactional_id"]):
-        return refuse_all(ApiKey.TXN_OFFSET_COMMIT, body, TXN_DENIED)
+        return SHAPES[ApiKey.TXN_OFFSET_COMMIT].refuse_all(body, TXN_DENIED)
     if not check(Op.READ, GROUP, body["group_id"]):
-        return refuse_all(ApiKey.TXN_OFFSET_COMMIT, body, GROUP_DENIED)
+        return SHAPES[ApiKey.TXN_OFFSET_COMMIT].refuse_all(body, GROUP_DENIED)
     return await per_topic(ApiKey.TXN_OFFSET_COMMIT, handler, ctx, body,
                            lambda t: check(Op.READ, TOPIC, t))
 
@@ -410,6 +339,13 @@ RULES: dict[ApiKey, Rule] = {
         "transaction_states"),
     ApiKey.LIST_TRANSACTIONS: _filtered("transaction_states", "transactional_id", TXN,
                                         Op.DESCRIBE),
+    # Only brokers send it (as Kafka, CLUSTER_ACTION on the cluster: the cluster account).
+    ApiKey.WRITE_TXN_MARKERS: _cluster_rule(Op.CLUSTER_ACTION, lambda body: {"markers": [
+        {"producer_id": m["producer_id"], "topics": [
+            {"name": t["name"], "partitions": [
+                {"partition_index": i, "error_code": CLUSTER_DENIED}
+                for i in t.get("partition_indexes") or ()]} for t in m.get("topics") or ()]}
+        for m in body.get("markers") or ()]}),
     ApiKey.DESCRIBE_ACLS: _cluster_rule(Op.DESCRIBE, lambda body: {
         "error_code": CLUSTER_DENIED, "error_message": "not authorized", "resources": []}),
     ApiKey.CREATE_ACLS: _cluster_rule(Op.ALTER, lambda body: {"results": [
@@ -421,25 +357,21 @@ RULES: dict[ApiKey, Rule] = {
 }
 
 
-def authorize_handlers(handlers: dict[int, Handler], authorizer: Callable[[], Authorizer],
-                       cluster_secret: str | None) -> dict[int, Handler]:
+def authorize_handlers(handlers: dict[int, Handler],
+                       authorizer: Callable[[], Authorizer]) -> dict[int, Handler]:
     """``handlers`` each behind its API's rule.  ``authorizer`` gives the decision in force
     now (the user store's current snapshot).  An API with neither a rule nor a place in
     :data:`UNCHECKED` is a bug: refused here rather than served unchecked."""
     missing = sorted(ApiKey(k).name for k in handlers if k not in RULES and k not in UNCHECKED)
     if missing:
         raise ValueError(f"no authorization rule for {', '.join(missing)}")
-    return {k: h if k in UNCHECKED else
-            _wrap(RULES[ApiKey(k)], h, authorizer, cluster_secret if k in FORWARDED else None)
+    return {k: h if k in UNCHECKED else _wrap(RULES[ApiKey(k)], h, authorizer)
             for k, h in handlers.items()}
 
 
-def _wrap(rule: Rule, handler: Handler, authorizer: Callable[[], Authorizer],
-          secret: str | None) -> Handler:
-    """``secret``: the cluster secret when the API is forwarded between brokers, else None."""
+def _wrap(rule: Rule, handler: Handler, authorizer: Callable[[], Authorizer]) -> Handler:
     async def authorized(ctx: KafkaRequestContext, body: dict) -> dict | None:
-        if ctx.principal is None or ctx.principal == CLUSTER_PRINCIPAL \
-                or (secret is not None and ctx.cluster_peer is True):
+        if ctx.principal is None or ctx.principal == CLUSTER_PRINCIPAL:
             return await handler(ctx, body)
         host = ctx.peer.rpartition(":")[0]
         return await rule(Check(authorizer(), ctx.principal, host), handler, ctx, body)

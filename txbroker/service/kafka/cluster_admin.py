@@ -6,11 +6,12 @@ The receiving broker applies its own group's part itself (when it is the master)
 each other group's part to that group's master over the Kafka listeners, as the same API with
 the body reduced to that group's part.  A forwarded request carries the cluster envelope in
 its client id, as transaction markers do (``peer_envelope.py``: a timestamp, a nonce and an
-HMAC over the API key, version and body, with ``cluster_secret``); without a secret the bare
-``txbroker-cluster``.  A broker obeys a forwarded request for its own group only and never
-forwards it again; one whose envelope does not check (a wrong signature, a stale or repeated
-one) is answered CLUSTER_AUTHORIZATION_FAILED.  With ``kafka_sasl_mechanisms`` set, the connection first logs in
-as the cluster's own account (``peer_auth.py``).
+HMAC over the API key, version, the group it is meant for and the body, with
+``cluster_secret``); without a secret the bare ``txbroker-cluster``.  A broker obeys a
+forwarded request for its own group only and never forwards it again; one whose envelope does
+not check (a wrong signature, another group's, a stale or repeated one) is answered
+CLUSTER_AUTHORIZATION_FAILED.  With ``kafka_sasl_mechanisms`` set, the connection first logs
+in as the cluster's own account (``peer_auth.py``).
 
 Order keeps the numbering still (``cluster_view.py``): a topic is created group by group from
 the lowest node id up and deleted from the highest down, and new partitions go to the group
@@ -42,16 +43,18 @@ MAX_ANSWER = 1 << 20
 _corr = itertools.count(1)
 
 
-async def forward(node: KafkaNode, api_key: int, version: int, body: dict,
+async def forward(group: str, node: KafkaNode, api_key: int, version: int, body: dict,
                   config: BrokerConfig, tls: ssl.SSLContext | None = None) -> dict:
-    """Send ``body`` to ``node`` as a forwarded request; its answer's body.  ``tls`` is how
+    """Send ``body`` to ``node``, broker group ``group``'s master, as a forwarded request
+    (signed for that group only); its answer's body.  ``tls`` is how
     this node dials its peers (``ClusterView.tls_context``; None: plaintext); with Kafka SASL
     on, the connection logs in as the cluster account first (``peer_auth.authenticate``).
     Raises OSError (a refused certificate included), TimeoutError or ValueError when there is
     no whole answer (or the login was refused)."""
     corr = next(_corr) & 0x7FFFFFFF
     frame = encode_request(api_key, version, corr,
-                           client_id(api_key, version, body, config.cluster_secret), body)
+                           client_id(api_key, version, body, config.cluster_secret, to=group),
+                           body)
 
     async def exchange() -> bytes:
         reader, writer = await asyncio.open_connection(node.host, node.port, ssl=tls)

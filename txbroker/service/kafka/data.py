@@ -255,9 +255,11 @@ class KafkaData:
         min_bytes = body.get("min_bytes", 1)
         committed = body.get("isolation_level", 0) == 1
         wanted = [(t["topic"], p) for t in body.get("topics") or () for p in t["partitions"]]
+        # The client's limits, within the broker's (kafka_fetch_max_bytes): the answer is built
+        # in memory, so what a client may ask for is bounded here, not by the log's size.
+        max_bytes = min(body.get("max_bytes", 0x7FFFFFFF), self.config.kafka_fetch_max_bytes)
         while True:
-            responses, size, errors = await self._read(wanted, body.get("max_bytes", 0x7FFFFFFF),
-                                                       committed)
+            responses, size, errors = await self._read(wanted, max_bytes, committed)
             remaining = deadline - loop.time()
             if size >= min_bytes or errors or remaining <= 0 or self.holds.closing:
                 break

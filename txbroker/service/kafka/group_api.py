@@ -15,6 +15,7 @@ from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.kafka.groups import GroupCoordinator
+from txbroker.service.kafka.shapes import SHAPES
 from txbroker.service.topics import TopicManager
 from txbroker.store.message_store import MessageStore
 from txbroker.store.offset_log import OffsetRow
@@ -113,11 +114,7 @@ def group_handlers(groups: GroupCoordinator, store: MessageStore, topics: TopicM
         wanted = body.get("topics")
         if not group_id or not groups.active:
             err = ErrorCode.INVALID_GROUP_ID if not group_id else ErrorCode.NOT_COORDINATOR
-            return {"error_code": err, "topics": [
-                {"name": t["name"], "partitions": [
-                    {"partition_index": i, "committed_offset": -1, "metadata": "",
-                     "error_code": err} for i in t.get("partition_indexes") or ()]}
-                for t in wanted or ()]}
+            return SHAPES[ApiKey.OFFSET_FETCH].refuse_all(body, err, error_code=err)
         if wanted is None:      # v2+: every offset the group has
             table = store.offsets.groups().get(group_id, {})
             wanted = [{"name": name, "partition_indexes": sorted(queues)}

@@ -402,8 +402,9 @@ class KafkaListener:
         #: The users, and the cluster's own account for the other brokers (peer_auth.py).
         self._credentials = None if credentials is None else \
             ClusterAccount(credentials, config.cluster_secret)
-        #: Secret of this process for made-up SCRAM salts of unknown users.
-        self._sasl_secret = secrets.token_bytes(32)
+        #: The key of made-up SCRAM salts while the user store has none (a store that has
+        #: never had a password: no account to tell apart from an unknown name).
+        self._fallback_salt_key = secrets.token_bytes(32)
         self.throttle = AuthThrottle()
         self.metrics = metrics
         self.connections: set[KafkaConnection] = set()
@@ -425,7 +426,9 @@ class KafkaListener:
         if not self.sasl_required:
             return None
         assert self._credentials is not None
-        return SaslSession(self._mechanisms, self._credentials, self._sasl_secret,
+        # The salt key is looked up per connection: the store may get one while we run.
+        return SaslSession(self._mechanisms, self._credentials,
+                           self._credentials.salt_key() or self._fallback_salt_key,
                            tls or self.config.kafka_sasl_plain_over_plaintext)
 
     @property

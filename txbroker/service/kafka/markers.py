@@ -109,7 +109,7 @@ class MarkerSender:
         body = {"markers": markers}
         frame = encode_request(ApiKey.WRITE_TXN_MARKERS, VERSION, corr,
                                client_id(ApiKey.WRITE_TXN_MARKERS, VERSION, body,
-                                         self.config.cluster_secret), body)
+                                         self.config.cluster_secret, to=group), body)
         addr = f"{leader.host}:{leader.port}"
         try:
             answer = await asyncio.wait_for(self._call(leader.host, leader.port, frame),

@@ -272,7 +272,7 @@ class KafkaMetadata:
                     # (a Metadata request) in the highest one served.
                     version = (ctx.api_version if ctx.api_key == ApiKey.CREATE_TOPICS
                                else ADVERTISED[ApiKey.CREATE_TOPICS][1])
-                    answer = await forward(leader, ApiKey.CREATE_TOPICS, version,
+                    answer = await forward(group, leader, ApiKey.CREATE_TOPICS, version,
                                            {"topics": [part], "timeout_ms": 5000},
                                            self.config, view.tls_context)
                     got = answer["topics"][0]

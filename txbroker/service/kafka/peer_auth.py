@@ -76,6 +76,10 @@ class ClusterAccount:
         self._scram: dict[str, ScramCredentials] = {} if secret is None else {
             mech: make_credentials(mech, secret, CLUSTER_SALTS[mech]) for mech in MECHANISMS}
         self._secret_digest = None if secret is None else hashlib.sha256(secret.encode()).digest()
+        #: With a secret, unknown users' salts are keyed from it: every broker of the cluster
+        #: has it (a SASL cluster broker must), whatever users file each one reads.
+        self._salt_key = b"" if secret is None else hmac.digest(
+            secret.encode(), b"txbroker unknown-user SCRAM salts", "sha256")
 
     def scram_credentials(self, user: str, mechanism: str) -> ScramCredentials | None:
         if user == CLUSTER_USER:
@@ -88,6 +92,9 @@ class ClusterAccount:
             return self._secret_digest is not None and hmac.compare_digest(
                 hashlib.sha256(password.encode()).digest(), self._secret_digest)
         return self._users.check_password(user, password)
+
+    def salt_key(self) -> bytes:
+        return self._salt_key or self._users.salt_key()
 
 
 class PeerAuthError(ValueError):

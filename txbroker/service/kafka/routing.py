@@ -15,48 +15,17 @@ one its client meant.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.service.kafka.cluster_view import ClusterView
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.kafka.group_api import unstable_partition
+from txbroker.service.kafka.shapes import SHAPES
 from txbroker.service.kafka.staging import TxnStaging
 from txbroker.service.kafka.txn_api import PARTICIPANT, REMOTE
 
-
-@dataclass(frozen=True)
-class Shape:
-    """Where partitions sit in one API's request and answer bodies."""
-
-    req_topics: str
-    req_name: str
-    req_parts: str
-    req_index: str
-    resp_topics: str
-    resp_name: str
-    resp_parts: str
-    resp_index: str
-    #: A refused partition's answer besides its index and error code.
-    refused: tuple[tuple[str, Any], ...]
-
-
-SHAPES = {
-    ApiKey.PRODUCE: Shape("topic_data", "name", "partition_data", "index",
-                          "responses", "name", "partition_responses", "index",
-                          (("base_offset", -1), ("log_append_time_ms", -1),
-                           ("log_start_offset", -1))),
-    ApiKey.FETCH: Shape("topics", "topic", "partitions", "partition",
-                        "responses", "topic", "partitions", "partition_index",
-                        (("high_watermark", -1), ("last_stable_offset", -1),
-                         ("log_start_offset", -1), ("preferred_read_replica", -1),
-                         ("records", b""))),
-    ApiKey.LIST_OFFSETS: Shape("topics", "name", "partitions", "partition_index",
-                               "topics", "name", "partitions", "partition_index",
-                               (("timestamp", -1), ("offset", -1))),
-}
+#: The partition APIs this module translates (their shapes in ``shapes.py``).
+ROUTED = (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS)
 
 
 def refusal(view: ClusterView, topic: str, partition: int) -> tuple[ErrorCode, int]:
@@ -82,12 +51,13 @@ def routed(api: ApiKey, handler: Handler, view: ClusterView) -> Handler:
             name = t[shape.req_name]
             kept = []
             for p in t.get(shape.req_parts) or ():
-                err, queue = refusal(view, name, p[shape.req_index])
+                index = shape.index_of(p)
+                err, queue = refusal(view, name, index)
                 if err is not ErrorCode.NONE:
-                    refused[(name, p[shape.req_index])] = err
+                    refused[(name, index)] = err
                     continue
-                back[(name, queue)] = p[shape.req_index]
-                kept.append({**p, shape.req_index: queue})
+                back[(name, queue)] = index
+                kept.append(shape.renumbered(p, queue))
             if kept:
                 topics.append({**t, shape.req_parts: kept})
         answer: dict | None
@@ -106,8 +76,7 @@ def routed(api: ApiKey, handler: Handler, view: ClusterView) -> Handler:
                 out.setdefault(name, []).append(
                     {**p, shape.resp_index: back.get((name, local), local)})
         for (name, partition), err in refused.items():
-            out.setdefault(name, []).append({shape.resp_index: partition, "error_code": err,
-                                             **dict(shape.refused)})
+            out.setdefault(name, []).append(shape.refused_partition(partition, err))
         answer[shape.resp_topics] = [{shape.resp_name: name, shape.resp_parts: parts}
                                      for name, parts in out.items()]
         return answer
@@ -118,7 +87,7 @@ def routed(api: ApiKey, handler: Handler, view: ClusterView) -> Handler:
 def route_partitions(handlers: dict[int, Handler], view: ClusterView) -> dict[int, Handler]:
     """``handlers`` with the partition APIs translated for the cluster."""
     out = dict(handlers)
-    for api in SHAPES:
+    for api in ROUTED:
         if api in out:
             out[api] = routed(api, out[api], view)
     return out
@@ -139,18 +108,10 @@ COORDINATED = {
 
 def not_coordinator(api: ApiKey, body: dict, err: ErrorCode) -> dict:
     """The answer of a coordinator API refused as a whole with ``err``."""
-    if api in (ApiKey.OFFSET_COMMIT, ApiKey.TXN_OFFSET_COMMIT):
-        return {"topics": [{"name": t["name"], "partitions": [
-            {"partition_index": p["partition_index"], "error_code": err}
-            for p in t.get("partitions") or ()]} for t in body.get("topics") or ()]}
+    if api in (ApiKey.OFFSET_COMMIT, ApiKey.TXN_OFFSET_COMMIT, ApiKey.ADD_PARTITIONS_TO_TXN):
+        return SHAPES[api].refuse_all(body, err)
     if api == ApiKey.OFFSET_FETCH:
-        return {"error_code": err, "topics": [{"name": t["name"], "partitions": [
-            {"partition_index": i, "committed_offset": -1, "metadata": "", "error_code": err}
-            for i in t.get("partition_indexes") or ()]} for t in body.get("topics") or ()]}
-    if api == ApiKey.ADD_PARTITIONS_TO_TXN:
-        return {"results": [{"name": t["name"], "results": [
-            {"partition_index": p, "partition_error_code": err} for p in t["partitions"]]}
-            for t in body.get("topics") or ()]}
+        return SHAPES[api].refuse_all(body, err, error_code=err)
     if api == ApiKey.INIT_PRODUCER_ID:
         return {"error_code": err, "producer_id": -1, "producer_epoch": -1}
     return {"error_code": err}
@@ -197,6 +158,7 @@ def local_partitions(view: ClusterView, topic: str, partitions: list[int]
 def add_partitions(handler: Handler, view: ClusterView) -> Handler:
     """AddPartitionsToTxn: this group's partitions in local queue numbers, other groups'
     handed to the coordinator as participants (global numbers)."""
+    shape = SHAPES[ApiKey.ADD_PARTITIONS_TO_TXN]
 
     async def handle(ctx: KafkaRequestContext, body: dict) -> dict | None:
         refused: dict[tuple[str, int], ErrorCode] = {}
@@ -213,9 +175,9 @@ def add_partitions(handler: Handler, view: ClusterView) -> Handler:
                 topics.append({**t, "partitions": list(ok.values())})
         if refused:  # all or nothing, as the coordinator itself answers
             return {"results": [{"name": t["name"], "results": [
-                {"partition_index": p, "partition_error_code":
-                 refused.get((t["name"], p), ErrorCode.OPERATION_NOT_ATTEMPTED)}
-                for p in t["partitions"]]} for t in body.get("topics") or ()]}
+                shape.refused_partition(p, refused.get((t["name"], p),
+                                                       ErrorCode.OPERATION_NOT_ATTEMPTED))
+                for p in shape.indexes(t)]} for t in body.get("topics") or ()]}
         answer = await handler(ctx, {**body, "topics": topics, REMOTE: remote})
         assert answer is not None
         out: dict[str, list[dict]] = {}
@@ -231,8 +193,7 @@ def add_partitions(handler: Handler, view: ClusterView) -> Handler:
                            ErrorCode.COORDINATOR_NOT_AVAILABLE)
             for parts in remote.values():
                 for name, p in parts:
-                    out.setdefault(name, []).append({"partition_index": p,
-                                                     "partition_error_code": err})
+                    out.setdefault(name, []).append(shape.refused_partition(p, err))
         answer["results"] = [{"name": n, "results": rs} for n, rs in out.items()]
         return answer
 
@@ -290,6 +251,7 @@ def offsets(api: ApiKey, handler: Handler, view: ClusterView, validate,
     async def handle(ctx: KafkaRequestContext, body: dict) -> dict | None:
         group = body["group_id"]
         fetch = api == ApiKey.OFFSET_FETCH
+        shape = SHAPES[api]
         remote: list[tuple[str, int, dict]] = []
         back: dict[tuple[str, int], int] = {}
         topics = []
@@ -298,18 +260,17 @@ def offsets(api: ApiKey, handler: Handler, view: ClusterView, validate,
         for t in body.get("topics") or ():
             name = t["name"]
             kept = []
-            items = t.get("partition_indexes") if fetch else t.get("partitions")
-            for item in items or ():
-                p = item if fetch else item["partition_index"]
+            for item in t.get(shape.req_parts) or ():
+                p = shape.index_of(item)
                 slot = view.slot(name, p)
                 if slot is None or slot.local:
                     queue = slot.queue_id if slot is not None else p
                     back[(name, queue)] = p
-                    kept.append(queue if fetch else {**item, "partition_index": queue})
+                    kept.append(shape.renumbered(item, queue))
                 else:
                     remote.append((name, p, {} if fetch else item))
             if kept:
-                topics.append({**t, ("partition_indexes" if fetch else "partitions"): kept})
+                topics.append({**t, shape.req_parts: kept})
         answer = await handler(ctx, {**body, "topics": topics})
         assert answer is not None
         out: dict[str, list[dict]] = {}
@@ -341,7 +302,7 @@ def offsets(api: ApiKey, handler: Handler, view: ClusterView, validate,
             if err is ErrorCode.NONE and not await view.commit_offset(
                     slot.broker_name, group, name, slot.queue_id, item["committed_offset"]):
                 err = ErrorCode.COORDINATOR_NOT_AVAILABLE
-            out.setdefault(name, []).append({"partition_index": p, "error_code": err})
+            out.setdefault(name, []).append(shape.refused_partition(p, err))
         if staged:  # this group's own queues, answered by the handler above
             for name, parts in out.items():
                 for i, p in enumerate(parts):

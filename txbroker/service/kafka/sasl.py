@@ -21,9 +21,12 @@ of 0, which tells clients that the session never expires.
 
 Why SCRAM is written out here: RFC 5802 is three messages around PBKDF2 and HMAC, which
 ``hashlib`` and ``hmac`` provide; every comparison of secrets goes through
-``hmac.compare_digest``.  An unknown user gets a made-up salt (stable per user name), so the
-exchange looks the same as for a known user with a wrong password and does not reveal who
-has an account.
+``hmac.compare_digest``.  An unknown user gets a made-up credential: a salt made from the
+name with a key the listener hands in (one that is the same on every broker of the cluster
+and after a restart: :meth:`CredentialLookup.salt_key`), and the iteration count ``txbroker
+user add`` writes, so the exchange looks the same as for a known user with a wrong password
+and does not reveal who has an account.  PLAIN does the same work for both
+(``Users.check_password``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from txbroker.service.scram import (
     MIN_ITERATIONS,
     ScramCredentials,
     server_signature,
+    unknown_user_salt,
     verify_client_proof,
 )
 
@@ -62,7 +66,12 @@ class CredentialLookup(Protocol):
         mechanism alike."""
 
     def check_password(self, user: str, password: str) -> bool:
-        """True when ``password`` is the user's password (SASL/PLAIN)."""
+        """True when ``password`` is the user's password (SASL/PLAIN), found with the same
+        work for an unknown user as for a wrong password."""
+
+    def salt_key(self) -> bytes:
+        """The key an unknown user's SCRAM salt is made with: the same after a restart and on
+        every broker of the cluster (empty: there is none yet)."""
 
 
 class SaslState(enum.Enum):
@@ -156,6 +165,21 @@ def _printable_nonce(nonce: str) -> bool:
     return bool(nonce) and all(0x21 <= ord(ch) <= 0x7E and ch != "," for ch in nonce)
 
 
+def _nonce_accepted(received: str, full_nonce: str) -> bool:
+    """Whether client-final's ``r=`` answers our server-first's nonce ``full_nonce`` (the
+    client's nonce followed by ours).
+
+    RFC 5802 asks for ``full_nonce`` itself.  librdkafka before 2.6.1 (Debian 12's kcat and
+    confluent-kafka builds of that age) sends its own nonce once more in front of it
+    (``r=`` client nonce + client nonce + server nonce: it prefixes the server-first nonce,
+    which already starts with its nonce, with its nonce); Kafka 3.8.1 to 3.9 accept any
+    ``r=`` that *ends* with the server-first nonce, and so do we, no more: the server's part
+    must be there whole, and the proof, computed over the message as sent (``r=`` included),
+    must still be right (docs/security.md, "Kafka SASL")."""
+    tail = received[len(received) - len(full_nonce):] if len(received) >= len(full_nonce) else ""
+    return hmac.compare_digest(tail.encode(), full_nonce.encode())
+
+
 class ScramServer:
     """SCRAM-SHA-256/512 (RFC 5802, RFC 7677): client-first, server-first, client-final,
     server-final; no channel binding (gs2 flag 'n' only, as Kafka)."""
@@ -209,7 +233,7 @@ class ScramServer:
         cred = self._creds.scram_credentials(user, self._mech)
         self._known = cred is not None
         if cred is None:  # carry on with a made-up credential: the final step fails
-            salt = hmac.new(self._secret, user.encode(), "sha256").digest()
+            salt = unknown_user_salt(self._secret, user, self._mech)
             cred = ScramCredentials(self._mech, salt, MIN_ITERATIONS, secrets.token_bytes(32),
                                     secrets.token_bytes(32))
         self._cred = cred
@@ -235,7 +259,7 @@ class ScramServer:
         if not hmac.compare_digest(binding, self._gs2.encode()):
             raise SaslFailure("Authentication failed: SCRAM channel binding does not match the "
                               "gs2 header", user=self.user)
-        if not hmac.compare_digest(attrs[1][1].encode(), self._full_nonce.encode()):
+        if not _nonce_accepted(attrs[1][1], self._full_nonce):
             raise SaslFailure("Authentication failed: SCRAM nonce does not match",
                               user=self.user)
         without_proof = text[: text.rindex(",p=")]
