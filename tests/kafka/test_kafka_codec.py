@@ -8,6 +8,7 @@ import inspect
 import json
 import pkgutil
 import re
+import struct
 from pathlib import Path
 
 import pytest
@@ -260,6 +261,47 @@ def test_every_version_kafka_4_serves_is_served() -> None:
     assert ADVERTISED[ApiKey.JOIN_GROUP][0] == 0 and ADVERTISED[ApiKey.SYNC_GROUP][0] == 0
     # what is served below Kafka 4 is exactly what the aiokafka check stands in for
     assert below == BEYOND_KAFKA_4
+
+
+def test_old_group_versions_byte_for_byte() -> None:
+    """JoinGroup v0/v1, SyncGroup v0 and OffsetCommit v0/v1 against bytes packed by hand from
+    Kafka's definitions (3.9's for OffsetCommit): v0 joins carry no rebalance timeout, v0-1
+    answers no throttle time, OffsetCommit v1 a commit timestamp after the offset."""
+    def s(text: str) -> bytes:
+        return struct.pack(">h", len(text)) + text.encode()
+
+    protocols = struct.pack(">i", 1) + s("range") + struct.pack(">i", 2) + b"md"
+    join = {"group_id": "g", "session_timeout_ms": 10000, "rebalance_timeout_ms": 30000,
+            "member_id": "", "protocol_type": "consumer",
+            "protocols": [{"name": "range", "metadata": b"md"}]}
+    head = struct.pack(">hhi", 11, 0, 9) + s("c")
+    assert encode_request(11, 0, 9, "c", join)[4:] == (
+        head + s("g") + struct.pack(">i", 10000) + s("") + s("consumer") + protocols)
+    v1 = encode_request(11, 1, 9, "c", join)[4:]
+    assert v1[len(head):] == s("g") + struct.pack(">ii", 10000, 30000) + s("") + s("consumer") + protocols
+    answer = {"throttle_time_ms": 5, "error_code": 0, "generation_id": 1, "protocol_name": "range",
+              "leader": "m", "member_id": "m", "members": [{"member_id": "m", "metadata": b"md"}]}
+    body = (struct.pack(">hi", 0, 1) + s("range") + s("m") + s("m") + struct.pack(">i", 1) + s("m")
+            + struct.pack(">i", 2) + b"md")
+    for version in (0, 1):
+        assert encode_response(11, version, 4, answer)[8:] == body
+    assert encode_response(11, 2, 4, answer)[8:] == struct.pack(">i", 5) + body
+    assert encode_response(14, 0, 4, {"throttle_time_ms": 5, "error_code": 0,
+                                      "assignment": b"as"})[8:] == struct.pack(">hi", 0, 2) + b"as"
+    sync = struct.pack(">hhi", 14, 0, 3) + s("c") + s("g") + struct.pack(">i", 1) + s("m") \
+        + struct.pack(">i", 1) + s("m") + struct.pack(">i", 2) + b"as"
+    assert decode_request(sync).body == {"group_id": "g", "generation_id": 1, "member_id": "m",
+                                         "assignments": [{"member_id": "m", "assignment": b"as"}]}
+    part = {"partition_index": 2, "committed_offset": 7, "commit_timestamp": 99,
+            "committed_metadata": "x"}
+    commit = {"group_id": "g", "generation_id_or_member_epoch": 1, "member_id": "m",
+              "topics": [{"name": "T", "partitions": [part]}]}
+    topics = struct.pack(">i", 1) + s("T") + struct.pack(">i", 1) + struct.pack(">iq", 2, 7)
+    assert encode_request(8, 0, 1, "c", commit)[4 + 8 + 3:] == s("g") + topics + s("x")
+    assert encode_request(8, 1, 1, "c", commit)[4 + 8 + 3:] == (
+        s("g") + struct.pack(">i", 1) + s("m") + topics + struct.pack(">q", 99) + s("x"))
+    assert encode_request(8, 2, 1, "c", {**commit, "retention_time_ms": -1})[4 + 8 + 3:] == (
+        s("g") + struct.pack(">i", 1) + s("m") + struct.pack(">q", -1) + topics + s("x"))
 
 
 def test_advertised_ranges_have_tables_where_served() -> None:

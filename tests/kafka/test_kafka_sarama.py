@@ -48,10 +48,13 @@ async def create_topic(binary: Path, bootstrap: str, topic: str, partitions: int
 async def test_cluster_admin_creates_and_describes_a_topic(sarama_bin, kafka_process):
     _, bootstrap = kafka_process
     events = await create_topic(sarama_bin, bootstrap, "sarama-admin", 3)
-    created, described, cluster = events[0], events[1], events[2]
+    created, described, missing, cluster = events
     assert created["event"] == "created" and created["again_exists"], created
     assert described == {"event": "described", "topic": "sarama-admin", "error": 0,
                          "partitions": [0, 1, 2], "leaders": [0, 0, 0]}
+    assert missing == {"event": "described", "topic": "sarama-admin-missing", "error": 3,
+                       "partitions": [], "leaders": []}
+    assert await create_topic(sarama_bin, bootstrap, "sarama-admin-missing", 1)  # it was not there
     # sarama 1.22's DescribeCluster asks Metadata v0, which carries no controller: it says -1
     assert cluster == {"event": "cluster", "brokers": 1, "controller": -1}
 

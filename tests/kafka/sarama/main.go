@@ -6,6 +6,7 @@
 // and exits 0 when it did what it was asked, 1 on an error (an "error" event says which).
 //
 //	admin   -brokers B -topic T -partitions N     create T, create it again, describe it
+//	                                               and T-missing
 //	produce -brokers B -topic T -count N -prefix P [-retries R] [-compression C] [-batched]
 //	        [-max-bytes M]
 //	                                               idempotent producer, one "ack" per record
@@ -110,7 +111,9 @@ func admin(args []string) {
 	again := ca.CreateTopic(*topic, detail, false)
 	emit("created", map[string]interface{}{"topic": *topic, "again": fmt.Sprint(again),
 		"again_exists": errors.Is(again, sarama.ErrTopicAlreadyExists) || isTopicError(again, sarama.ErrTopicAlreadyExists)})
-	metas, err := ca.DescribeTopics([]string{*topic})
+	// a topic that does not exist is described as such, and not created (sarama asks
+	// Metadata v5 with AllowAutoTopicCreation false)
+	metas, err := ca.DescribeTopics([]string{*topic, *topic + "-missing"})
 	if err != nil {
 		fail("describe topics", err)
 	}
