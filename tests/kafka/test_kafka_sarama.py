@@ -48,12 +48,23 @@ async def create_topic(binary: Path, bootstrap: str, topic: str, partitions: int
 async def test_cluster_admin_creates_and_describes_a_topic(sarama_bin, kafka_process):
     _, bootstrap = kafka_process
     events = await create_topic(sarama_bin, bootstrap, "sarama-admin", 3)
-    created, described, missing, cluster = events
+    created, described, missing, configs, listed, cluster = events
     assert created["event"] == "created" and created["again_exists"], created
     assert described == {"event": "described", "topic": "sarama-admin", "error": 0,
                          "partitions": [0, 1, 2], "leaders": [0, 0, 0]}
     assert missing == {"event": "described", "topic": "sarama-admin-missing", "error": 3,
                        "partitions": [], "leaders": []}
+    # DescribeConfigs v0: is_default stands for the config source sarama 1.22 cannot read
+    assert configs["configs"]["cleanup.policy"] == {"value": "delete", "default": True,
+                                                    "read_only": False}
+    assert configs["configs"]["max.message.bytes"] == {"value": str(256 * 1024), "default": False,
+                                                       "read_only": True}
+    assert configs["configs"]["retention.bytes"]["default"]
+    assert not configs["configs"]["retention.ms"]["default"]
+    # ListTopics: Metadata, then DescribeConfigs v0 of every topic, default configs left out
+    assert listed == {"event": "listed", "topic": "sarama-admin", "partitions": 3, "replication": 1,
+                      "configs": {"retention.ms": configs["configs"]["retention.ms"]["value"],
+                                  "max.message.bytes": str(256 * 1024)}}
     assert await create_topic(sarama_bin, bootstrap, "sarama-admin-missing", 1)  # it was not there
     # sarama 1.22's DescribeCluster asks Metadata v0, which carries no controller: it says -1
     assert cluster == {"event": "cluster", "brokers": 1, "controller": -1}

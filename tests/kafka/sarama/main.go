@@ -6,7 +6,7 @@
 // and exits 0 when it did what it was asked, 1 on an error (an "error" event says which).
 //
 //	admin   -brokers B -topic T -partitions N     create T, create it again, describe it
-//	                                               and T-missing
+//	                                               and T-missing, its configs, list topics
 //	produce -brokers B -topic T -count N -prefix P [-retries R] [-compression C] [-batched]
 //	        [-max-bytes M]
 //	                                               idempotent producer, one "ack" per record
@@ -127,6 +127,28 @@ func admin(args []string) {
 		emit("described", map[string]interface{}{"topic": m.Name, "error": int(m.Err),
 			"partitions": parts, "leaders": leaders})
 	}
+	// DescribeConfig and ListTopics send DescribeConfigs v0 (Kafka 3.9's; Kafka 4 serves from 1)
+	entries, err := ca.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: *topic})
+	if err != nil {
+		fail("describe config", err)
+	}
+	configs := map[string]interface{}{}
+	for _, e := range entries {
+		configs[e.Name] = map[string]interface{}{"value": e.Value, "default": e.Default,
+			"read_only": e.ReadOnly}
+	}
+	emit("configs", map[string]interface{}{"topic": *topic, "configs": configs})
+	listed, err := ca.ListTopics()
+	if err != nil {
+		fail("list topics", err)
+	}
+	mine := listed[*topic]
+	nonDefault := map[string]string{}
+	for name, value := range mine.ConfigEntries {
+		nonDefault[name] = *value
+	}
+	emit("listed", map[string]interface{}{"topic": *topic, "partitions": mine.NumPartitions,
+		"replication": mine.ReplicationFactor, "configs": nonDefault})
 	brokers2, controller, err := ca.DescribeCluster()
 	if err != nil {
 		fail("describe cluster", err)

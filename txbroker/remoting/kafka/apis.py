@@ -6,8 +6,9 @@ unless Produce 0 is in the range, as Apache Kafka 4 also does) but only 3-7 are 
 request below 3 closes the connection; Fetch starts at 4, the first version with isolation
 levels.
 
-OffsetCommit is served from 0, below Kafka 4 (which kept 2+): sarama 1.22, Debian's Go client,
-commits with v1 unless a retention time is configured."""
+OffsetCommit and DescribeConfigs are served from 0, below Kafka 4 (which kept 2+ and 1+):
+sarama 1.22, Debian's Go client, commits with OffsetCommit v1 unless a retention time is
+configured, and its admin's DescribeConfig and ListTopics send DescribeConfigs v0."""
 
 from __future__ import annotations
 
@@ -77,9 +78,10 @@ ADVERTISED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
     ApiKey.LIST_TRANSACTIONS: (0, 1),
     # The admin APIs (docs/kafka.md, "Admin APIs"): Apache Kafka 4's ranges, DeleteTopics up
-    # to 5 (6 names topics by id, which this broker does not give them).
+    # to 5 (6 names topics by id, which this broker does not give them), DescribeConfigs from
+    # 0 (Kafka 3.9's, for sarama 1.22).
     ApiKey.DELETE_TOPICS: (1, 5),
-    ApiKey.DESCRIBE_CONFIGS: (1, 4),
+    ApiKey.DESCRIBE_CONFIGS: (0, 4),
     ApiKey.ALTER_CONFIGS: (0, 2),
     ApiKey.CREATE_PARTITIONS: (0, 3),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1),

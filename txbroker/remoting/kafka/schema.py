@@ -530,6 +530,7 @@ _RESPONSES: dict[ApiKey, list[F]] = {
                 F("name", "string"),
                 F("value", "string", nullable="0+", default=None),
                 F("read_only", "bool"),
+                F("is_default", "bool", "0"),                       # Kafka 3.9's definition
                 F("config_source", "int8", "1+", default=-1),
                 F("is_sensitive", "bool"),
                 F("synonyms", [

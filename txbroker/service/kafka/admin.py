@@ -89,7 +89,10 @@ class ConfigValue:
             if self.synonym is not None:
                 syn.append({"name": self.synonym[0], "value": self.synonym[1],
                             "source": SOURCE_STATIC_BROKER})
+        # is_default: DescribeConfigs v0's form of config_source (v1+), which Kafka's client
+        # reads back as DEFAULT_CONFIG when true
         return {"name": self.name, "value": self.value, "read_only": self.read_only,
+                "is_default": self.source == SOURCE_DEFAULT,
                 "config_source": self.source, "is_sensitive": False, "synonyms": syn,
                 "config_type": self.kind, "documentation": self.doc if documentation else None}
 
