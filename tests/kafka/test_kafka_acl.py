@@ -253,6 +253,34 @@ async def test_create_describe_delete_acls(acl_broker, acl_config: BrokerConfig,
         admin.close()
 
 
+async def test_v0_acl_apis_are_about_literal_bindings(acl_broker, acl_config: BrokerConfig) -> None:
+    """v0 (Kafka 3.9's; Kafka 4 serves from 1, sarama 1.22 sends 0) names no pattern type:
+    Kafka reads LITERAL, so a v0 creation is literal and v0 filters see and delete only
+    literal bindings."""
+    admin = await _login(acl_broker, ADMIN)
+    try:
+        v0 = {k: v for k, v in _creation(ResourceType.TOPIC, "orders", AclOperation.READ).items()
+              if k != "resource_pattern_type"}
+        answer = await admin.call(ApiKey.CREATE_ACLS, 0, {"creations": [v0]})
+        assert [r["error_code"] for r in answer["results"]] == [0]
+        assert await _create_acls(acl_broker, _creation(
+            ResourceType.TOPIC, "ord", AclOperation.READ, pattern=PatternType.PREFIXED)) == [0]
+        assert sorted((b.name, b.pattern) for b in load_users(acl_config.users_file).acls) == [
+            ("ord", PatternType.PREFIXED), ("orders", PatternType.LITERAL)]
+        topics = {"resource_type_filter": 2, "resource_name_filter": None, "principal_filter": None,
+                  "host_filter": None, "operation": 1, "permission_type": 1}
+        answer = await admin.call(ApiKey.DESCRIBE_ACLS, 0, topics)
+        assert answer["error_code"] == 0
+        assert [(r["resource_name"], [a["principal"] for a in r["acls"]])
+                for r in answer["resources"]] == [("orders", [f"User:{BOB}"])]
+        answer = await admin.call(ApiKey.DELETE_ACLS, 0, {"filters": [topics]})
+        assert [m["resource_name"] for m in answer["filter_results"][0]["matching_acls"]] == ["orders"]
+        assert [(b.name, b.pattern) for b in load_users(acl_config.users_file).acls] == [
+            ("ord", PatternType.PREFIXED)]
+    finally:
+        admin.close()
+
+
 async def test_a_deny_binding_narrows_a_role(acl_broker) -> None:
     wire = await _login(acl_broker, "carol")  # producer: WRITE on every topic
     try:

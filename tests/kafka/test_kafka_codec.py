@@ -39,7 +39,8 @@ SERVED_VERSIONS = [(key, v) for key, (lo, hi) in SERVED.items() for v in range(l
 #: of Kafka 4's definitions no longer hold them, so they are checked against aiokafka's classes
 #: (Kafka 3.9's layouts) instead.
 BEYOND_KAFKA_4 = frozenset({(ApiKey.OFFSET_COMMIT, 0), (ApiKey.OFFSET_COMMIT, 1),
-                            (ApiKey.DESCRIBE_CONFIGS, 0)})
+                            (ApiKey.DESCRIBE_CONFIGS, 0), (ApiKey.DESCRIBE_ACLS, 0),
+                            (ApiKey.CREATE_ACLS, 0), (ApiKey.DELETE_ACLS, 0)})
 KAFKA_4_VERSIONS = [kv for kv in SERVED_VERSIONS if kv not in BEYOND_KAFKA_4]
 
 
@@ -456,7 +457,7 @@ def test_aiokafka_reads_what_we_write() -> None:
     assert {(k, v) for k, v, _ in checked} >= {(3, 5), (0, 7), (1, 11), (2, 3), (10, 1), (11, 5),
                                                (14, 3), (12, 1), (13, 1), (8, 3), (9, 3), (19, 3),
                                                (11, 0), (11, 1), (14, 0), (8, 0), (8, 1),
-                                               (32, 0),
+                                               (32, 0), (29, 0), (30, 0), (31, 0),
                                                (22, 0), (24, 0), (25, 0), (26, 0), (28, 0), (18, 0)}
 
 

@@ -6,9 +6,10 @@ unless Produce 0 is in the range, as Apache Kafka 4 also does) but only 3-7 are 
 request below 3 closes the connection; Fetch starts at 4, the first version with isolation
 levels.
 
-OffsetCommit and DescribeConfigs are served from 0, below Kafka 4 (which kept 2+ and 1+):
-sarama 1.22, Debian's Go client, commits with OffsetCommit v1 unless a retention time is
-configured, and its admin's DescribeConfig and ListTopics send DescribeConfigs v0."""
+OffsetCommit, DescribeConfigs and the three ACL APIs are served from 0, below Kafka 4 (which
+kept 2+, 1+ and 1+): sarama 1.22, Debian's Go client, commits with OffsetCommit v1 unless a
+retention time is configured, and its admin sends v0 of DescribeConfigs (DescribeConfig,
+ListTopics) and of the ACL APIs."""
 
 from __future__ import annotations
 
@@ -93,11 +94,11 @@ ADVERTISED: dict[ApiKey, tuple[int, int]] = {
     # Authentication (docs/security.md, "Kafka SASL"): Kafka 4's ranges.
     ApiKey.SASL_HANDSHAKE: (0, 1),
     ApiKey.SASL_AUTHENTICATE: (0, 2),
-    # Kafka ACLs (docs/security.md, "Kafka ACLs"): Kafka 4's ranges (v0, without pattern
-    # types, is gone since Kafka 4).
-    ApiKey.DESCRIBE_ACLS: (1, 3),
-    ApiKey.CREATE_ACLS: (1, 3),
-    ApiKey.DELETE_ACLS: (1, 3),
+    # Kafka ACLs (docs/security.md, "Kafka ACLs"): Kafka 4's ranges and v0, without pattern
+    # types (LITERAL), which Kafka 4 dropped and sarama 1.22 sends.
+    ApiKey.DESCRIBE_ACLS: (0, 3),
+    ApiKey.CREATE_ACLS: (0, 3),
+    ApiKey.DELETE_ACLS: (0, 3),
 }
 
 #: api key -> (min, max) actually served; a request outside it closes the connection

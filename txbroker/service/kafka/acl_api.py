@@ -19,7 +19,13 @@ from typing import Any
 
 from txbroker.remoting.kafka.apis import ApiKey
 from txbroker.remoting.kafka.errors import ErrorCode
-from txbroker.service.kafka.acls import AclBinding, InvalidAcl, acl_filter, binding
+from txbroker.service.kafka.acls import (
+    AclBinding,
+    InvalidAcl,
+    PatternType,
+    acl_filter,
+    binding,
+)
 from txbroker.service.kafka.context import Handler, KafkaRequestContext
 from txbroker.service.users import Users, UserSource, UserStoreError
 
@@ -32,10 +38,16 @@ def _wire(b: AclBinding) -> dict:
             "operation": int(b.operation), "permission_type": int(b.permission)}
 
 
+#: Version 0 of the three APIs (Kafka 3.9's; Kafka 4 serves from 1, sarama 1.22 sends 0) names
+#: no pattern type: Kafka reads it as LITERAL, in creations and in filters alike, so a v0
+#: caller sees and deletes only literal bindings.
+_V0_PATTERN = int(PatternType.LITERAL)
+
+
 def _filter_of(f: dict) -> Any:
     return acl_filter(f["resource_type_filter"], f["resource_name_filter"],
-                      f["pattern_type_filter"], f["principal_filter"], f["host_filter"],
-                      f["operation"], f["permission_type"])
+                      f.get("pattern_type_filter", _V0_PATTERN), f["principal_filter"],
+                      f["host_filter"], f["operation"], f["permission_type"])
 
 
 def describe(users: Users, body: dict) -> dict:
@@ -62,8 +74,8 @@ def create(users: Users, body: dict) -> tuple[Users, dict]:
     for c in body.get("creations") or ():
         try:
             new.append(binding(c["resource_type"], c["resource_name"],
-                               c["resource_pattern_type"], c["principal"], c["host"],
-                               c["operation"], c["permission_type"]))
+                               c.get("resource_pattern_type", _V0_PATTERN), c["principal"],
+                               c["host"], c["operation"], c["permission_type"]))
         except InvalidAcl as exc:
             results.append({"error_code": ErrorCode.INVALID_REQUEST, "error_message": str(exc)})
         else:
