@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from support import sarama
+from support.kafka_sasl import users_file
 
 from txbroker.bench.chaos.process import free_port
 
@@ -231,3 +232,30 @@ async def test_idempotent_producer_rides_a_broker_sigkill(sarama_bin, kafka_proc
     assert set(values) <= acked | failed                                    # nothing invented
     positions = {(r["partition"], r["offset"]): r["value"] for r in recs}
     assert all(positions.get((a["partition"], a["offset"])) == a["value"] for a in acks)
+
+
+async def test_acl_admin_over_sasl_plain(sarama_bin, broker_process, tmp_path):
+    """sarama 1.22's ACL calls send v0 of DescribeAcls, CreateAcls and DeleteAcls (no pattern
+    type: LITERAL), over SASL/PLAIN with SaslHandshake v1 and SaslAuthenticate v0."""
+    from txbroker.service.users import edit_users, load_users
+
+    path = users_file(tmp_path / "users.json", alice="alice-secret", bob="bob-secret")
+    with edit_users(path) as box:
+        box[0] = box[0].with_password("alice", "alice-secret", ("admin",))
+    port = free_port()
+    broker_process(kafka_port=port, kafka_sasl_mechanisms="PLAIN",
+                   kafka_sasl_plain_over_plaintext=True, users_file=path)
+    bootstrap = f"127.0.0.1:{port}"
+    events = await sarama.run(sarama_bin, "acls", "-brokers", bootstrap, "-user", "alice",
+                              "-password", "alice-secret", "-topic", "orders")
+    read, allow = 3, 3      # Kafka's AclOperation.READ and AclPermissionType.ALLOW
+    assert events == [
+        {"event": "listed", "acls": [f"orders User:bob {read} {allow}"]},
+        {"event": "deleted", "acls": ["orders User:bob 0"]},
+        {"event": "after", "acls": []}]
+    assert load_users(path).acls == ()
+    # a wrong password is refused, and nothing is created
+    r = await sarama.Run.start(sarama_bin, "acls", "-brokers", bootstrap, "-user", "alice",
+                               "-password", "wrong", "-topic", "orders")
+    assert await r.wait(60) == 1 and r.events[-1]["event"] == "error"
+    assert load_users(path).acls == ()
