@@ -200,7 +200,10 @@ async def test_two_member_group_reads_committed_records_exactly_once(sarama_bin,
         await c.stop()
 
 
-@pytest.mark.parametrize("batched", [False, True], ids=["one-per-request", "batched"])
+@pytest.mark.parametrize("batched", [
+    pytest.param(False, id="one-per-request"),
+    pytest.param(True, id="batched", marks=pytest.mark.slow),   # 5-16 s here, more when loaded
+])
 async def test_idempotent_producer_rides_a_broker_sigkill(sarama_bin, kafka_process, batched):
     bp, bootstrap = kafka_process
     topic, count = "sarama-kill", 1500 if not batched else 20_000
