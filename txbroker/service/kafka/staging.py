@@ -39,7 +39,11 @@ import orjson
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.records import RecordBatch, RecordsError, read_batches
-from txbroker.service.kafka.commit_apply import ApplyRefused, CommitProgress, apply_decided
+from txbroker.service.kafka.commit_apply import (
+    ApplyRefused,
+    CommitProgress,
+    apply_decided,
+)
 from txbroker.service.kafka.mapping import record_to_message
 from txbroker.service.kafka.producers import BatchMeta, ProducerStates
 from txbroker.service.kafka.txn_log import BORN_HOST, read_queue
