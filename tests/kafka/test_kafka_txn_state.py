@@ -9,7 +9,12 @@ import itertools
 import pytest
 
 from txbroker.service.kafka.txn_record import TxnMeta
-from txbroker.service.kafka.txn_state import TRANSITIONS, TxnState, TxnTransitionError, move
+from txbroker.service.kafka.txn_state import (
+    TRANSITIONS,
+    TxnState,
+    TxnTransitionError,
+    move,
+)
 
 S = TxnState
 LEGAL = {
