@@ -3,9 +3,8 @@ only through it."""
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
+from support.transitions import assert_table
 
 from txbroker.service.kafka.group_record import Group
 from txbroker.service.kafka.group_state import (
@@ -25,20 +24,8 @@ LEGAL = {
 }
 
 
-@pytest.mark.parametrize("current, target", sorted(LEGAL, key=lambda p: (p[0].value, p[1].value)))
-def test_every_legal_move(current: GroupState, target: GroupState) -> None:
-    assert move(current, target) is target
-
-
-def test_every_other_move_raises() -> None:
-    illegal = [(a, b) for a, b in itertools.product(S, S) if (a, b) not in LEGAL]
-    assert len(illegal) == len(S) ** 2 - len(LEGAL)
-    for current, target in illegal:
-        with pytest.raises(GroupTransitionError) as err:
-            move(current, target)
-        assert (err.value.current, err.value.target) == (current, target)
-        assert current.value in str(err.value) and target.value in str(err.value)
-    assert {(a, b) for a, targets in TRANSITIONS.items() for b in targets} == LEGAL
+def test_the_table_allows_the_legal_moves_only() -> None:
+    assert_table(GroupState, LEGAL, TRANSITIONS, move, GroupTransitionError)
 
 
 def test_the_names_are_kafkas() -> None:

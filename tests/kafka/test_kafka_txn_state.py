@@ -4,9 +4,7 @@ states were an enum loads as it did."""
 
 from __future__ import annotations
 
-import itertools
-
-import pytest
+from support.transitions import assert_table
 
 from txbroker.service.kafka.txn_record import TxnMeta
 from txbroker.service.kafka.txn_state import (
@@ -28,20 +26,8 @@ LEGAL = {
 }
 
 
-@pytest.mark.parametrize("current, target", sorted(LEGAL, key=lambda p: (p[0].value, p[1].value)))
-def test_every_legal_move(current: TxnState, target: TxnState) -> None:
-    assert move(current, target) is target
-
-
-def test_every_other_move_raises() -> None:
-    illegal = [(a, b) for a, b in itertools.product(S, S) if (a, b) not in LEGAL]
-    assert len(illegal) == len(S) ** 2 - len(LEGAL)
-    for current, target in illegal:
-        with pytest.raises(TxnTransitionError) as err:
-            move(current, target)
-        assert (err.value.current, err.value.target) == (current, target)
-        assert current.value in str(err.value) and target.value in str(err.value)
-    assert {(a, b) for a, targets in TRANSITIONS.items() for b in targets} == LEGAL
+def test_the_table_allows_the_legal_moves_only() -> None:
+    assert_table(TxnState, LEGAL, TRANSITIONS, move, TxnTransitionError)
 
 
 def test_a_decision_is_final_until_completed() -> None:

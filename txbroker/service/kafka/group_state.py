@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import enum
 
+from txbroker.service.kafka.transitions import TransitionError, checked
+
 
 class GroupState(enum.Enum):
     #: Members are singletons compared by identity (see PutStatus).
@@ -42,18 +44,13 @@ TRANSITIONS: dict[GroupState, frozenset[GroupState]] = {
 }
 
 
-class GroupTransitionError(RuntimeError):
+class GroupTransitionError(TransitionError):
     """A group move the table does not allow: a bug in the coordinator, never a client's doing
     (a request out of turn is answered with an error code and moves nothing)."""
 
-    def __init__(self, current: GroupState, target: GroupState) -> None:
-        super().__init__(f"kafka group cannot move from {current.value} to {target.value}")
-        self.current = current
-        self.target = target
+    what = "kafka group"
 
 
 def move(current: GroupState, target: GroupState) -> GroupState:
     """``target`` if the table allows ``current`` -> ``target``; else GroupTransitionError."""
-    if target not in TRANSITIONS[current]:
-        raise GroupTransitionError(current, target)
-    return target
+    return checked(TRANSITIONS, current, target, GroupTransitionError)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import enum
 
+from txbroker.service.kafka.transitions import TransitionError, checked
+
 
 class TxnState(enum.Enum):
     #: Members are singletons compared by identity (see PutStatus).
@@ -69,18 +71,13 @@ TRANSITIONS: dict[TxnState, frozenset[TxnState]] = {
 }
 
 
-class TxnTransitionError(RuntimeError):
+class TxnTransitionError(TransitionError):
     """A state record the table does not allow: a bug in the coordinator, never a client's
     doing (a client's out-of-order request is answered with an error code before any write)."""
 
-    def __init__(self, current: TxnState, target: TxnState) -> None:
-        super().__init__(f"kafka transaction cannot move from {current.value} to {target.value}")
-        self.current = current
-        self.target = target
+    what = "kafka transaction"
 
 
 def move(current: TxnState, target: TxnState) -> TxnState:
     """``target`` if the table allows ``current`` -> ``target``; else TxnTransitionError."""
-    if target not in TRANSITIONS[current]:
-        raise TxnTransitionError(current, target)
-    return target
+    return checked(TRANSITIONS, current, target, TxnTransitionError)
