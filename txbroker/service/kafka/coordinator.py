@@ -320,7 +320,7 @@ class TransactionCoordinator:
             if t.busy or t.inflight:
                 continue
             result = await self.store.put(expired_message(t.tid, t.pid))
-            if result.physical_offset < 0:
+            if not result.in_log:
                 return  # the store refuses writes: the next scan tries again
             if self._txns.get(t.tid) is t and t.settled and not t.busy:
                 del self._txns[t.tid]
@@ -395,7 +395,7 @@ class TransactionCoordinator:
         except asyncio.CancelledError:
             self._follow(t, doc, self._state_record_at(slot, msg.body))
             raise
-        if result.physical_offset >= 0:
+        if result.in_log:
             self._follow(t, doc, result.physical_offset)
         if not result.ok:
             raise CoordinatorUnavailable
@@ -518,7 +518,7 @@ class TransactionCoordinator:
             t.inflight -= 1
         if not result.ok:
             self.producers.forget(batch.producer_id, topic, partition, meta)
-            if result.physical_offset < 0:
+            if not result.in_log:
                 self._unstage(t, staged)
             else:  # in the data topic but not confirmed: the transaction may only abort
                 t.failed = True
@@ -691,7 +691,7 @@ class TransactionCoordinator:
                 result = await self.store.put(offsets_message(tid, t.txn, group, good))
             finally:
                 t.inflight -= 1
-            if result.physical_offset < 0:
+            if not result.in_log:
                 for key, old in before.items():
                     if old is None:
                         t.offsets.pop(key, None)
