@@ -4,7 +4,7 @@
 The public coordinator: request handling, lifecycle and the scan.  What it rests on lives
 beside it, one concern a module: the states and their transition table (txn_state.py), one
 id's metadata and state-record document (txn_record.py), the records in the log
-(txn_log.py, snapshot.py), the producers' replay (txn_replay.py) and applying a decided commit,
+(txn_log.py, snapshot.py), recovery from them (txn_recovery.py) and applying a decided commit,
 shared with the participant groups (commit_apply.py).  The transitions stay in one class,
 because each reads and writes the same per-id metadata, the producer sequence state and the
 two system topics in one order that recovery relies on:
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.errors import ErrorCode
-from txbroker.remoting.kafka.records import RecordBatch, RecordsError, read_batches
+from txbroker.remoting.kafka.records import RecordBatch, RecordsError
 from txbroker.service.kafka.commit_apply import (
     ApplyRefused,
     CommitProgress,
@@ -64,23 +64,19 @@ from txbroker.service.kafka.producers import (
     ProducerStates,
     producer_property,
 )
-from txbroker.service.kafka.snapshot import Snapshot, read_latest, snapshot_messages
+from txbroker.service.kafka.snapshot import Snapshot, snapshot_messages
 from txbroker.service.kafka.txn_log import (
     BORN_HOST,
     DATA_TOPIC,
     STATE_TOPIC,
-    Replayed,
-    StateRecord,
     batch_message,
     expired_message,
     offsets_message,
     pid_block_message,
-    replay_data,
-    replay_state,
     state_message,
 )
 from txbroker.service.kafka.txn_record import Staged, TxnMeta, TxnView
-from txbroker.service.kafka.txn_replay import replay_producers
+from txbroker.service.kafka.txn_recovery import recover_txns
 from txbroker.service.kafka.txn_state import TxnState, move
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.topics import TopicManager, is_system_topic
@@ -170,46 +166,15 @@ class TransactionCoordinator:
         block whose record did not reach this log (a master's last write before failover, or
         an unflushed one before a power loss) are never handed out twice."""
         self._reset()
-        snap = read_latest(self.store)
-        rep = Replayed()
-        log_from = self.store.min_physical_offset
-        if snap is not None:
-            self._snapshot_no, s = snap
-            rep.pid_upto = s.pid_upto
-            for doc, offset in s.ids:
-                rep.latest[doc["tid"]] = StateRecord(doc, offset)
-            self.producers.load_doc(s.producers)
-            self._snap_state_from, self._snap_ms = s.state_from, s.written_ms
-            log_from = max(log_from, s.log_from)
-        replay_state(self.store, start=self._snap_state_from, into=rep)
-        floor = rep.pid_upto + PID_BLOCK if rep.pid_upto else 0
+        found = recover_txns(self.store, self.producers, self.now_ms())
+        self._snapshot_no, self._snap_state_from = found.snapshot_no, found.snap_state_from
+        self._snap_ms = found.snap_ms
+        floor = found.pid_upto + PID_BLOCK if found.pid_upto else 0
         self._next_pid = self._pid_limit = max(floor, self.pid_base)
-        for tid, rec in rep.latest.items():
-            t = TxnMeta(tid, rec.doc["pid"], rec.doc["epoch"])
-            t.load(rec.doc)
-            t.record_offset = rec.physical_offset
-            if t.state is PREPARE_COMMIT:  # how far it got is counted in the log at its apply
-                t.progress = CommitProgress(rec.physical_offset, None)
-            self._txns[tid] = t
+        for t in found.txns.values():
+            self._txns[t.tid] = t
             self._by_pid[t.pid] = t
-        now = self.now_ms()
-        replay_producers(self.store, self.producers, log_from, now)
-        wanted = {t.tid: t.txn for t in self._txns.values() if t.state.holds_data}
-        if wanted:
-            start = min(self._txns[tid].data_from for tid in wanted)
-            for rec in replay_data(self.store, start, wanted):
-                t = self._txns[rec.tid]
-                if rec.group is not None:
-                    if t.state is ONGOING:  # a PrepareCommit record holds the decided offsets
-                        for topic, partition, offset in rec.offsets:
-                            t.offsets[(rec.group, topic, partition)] = offset
-                    continue
-                batch = read_batches(rec.data, check_crc=False)[0]
-                self._stage(t, Staged(rec.topic, rec.partition, batch))
-                self.producers.replay(batch.producer_id, batch.producer_epoch, rec.topic,
-                                      rec.partition, BatchMeta(batch.base_sequence,
-                                                               batch.last_sequence, -1,
-                                                               batch.max_timestamp), now)
+            self.staged_bytes += t.staged_bytes
         self._snap_log_mark = self._snap_log_end = self.store.max_physical_offset
 
     def _reset(self) -> None:
@@ -400,15 +365,6 @@ class TransactionCoordinator:
         if not result.ok:
             raise CoordinatorUnavailable
 
-    def _stage(self, t: TxnMeta, staged: Staged) -> None:
-        t.staged.append(staged)
-        t.staged_bytes += len(staged.batch.data)
-        self.staged_bytes += len(staged.batch.data)
-
-    def _unstage(self, t: TxnMeta, staged: Staged) -> None:
-        t.staged.remove(staged)
-        t.staged_bytes -= len(staged.batch.data)
-        self.staged_bytes -= len(staged.batch.data)
 
     def _unstage_all(self, t: TxnMeta) -> None:
         """The transaction ended: its batches leave memory (the data topic keeps them)."""
@@ -510,7 +466,7 @@ class TransactionCoordinator:
         self.producers.record(batch.producer_id, batch.producer_epoch, topic, partition, meta,
                               self.now_ms())
         staged = Staged(topic, partition, batch)
-        self._stage(t, staged)
+        self.staged_bytes += t.stage(staged)
         t.inflight += 1
         try:
             result = await self.store.put(batch_message(transactional_id, txn, topic, partition, batch.data))
@@ -519,7 +475,7 @@ class TransactionCoordinator:
         if not result.ok:
             self.producers.forget(batch.producer_id, topic, partition, meta)
             if not result.in_log:
-                self._unstage(t, staged)
+                self.staged_bytes -= t.unstage(staged)
             else:  # in the data topic but not confirmed: the transaction may only abort
                 t.failed = True
             return ErrorCode.KAFKA_STORAGE_ERROR

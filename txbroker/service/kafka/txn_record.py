@@ -118,6 +118,18 @@ class TxnMeta:
         if self.state is not TxnState.PREPARE_COMMIT:
             self.progress = None
 
+    def stage(self, staged: Staged) -> int:
+        """Keep one more batch of the open transaction; returns its bytes."""
+        self.staged.append(staged)
+        self.staged_bytes += len(staged.batch.data)
+        return len(staged.batch.data)
+
+    def unstage(self, staged: Staged) -> int:
+        """Drop a batch whose put appended nothing; returns its bytes."""
+        self.staged.remove(staged)
+        self.staged_bytes -= len(staged.batch.data)
+        return len(staged.batch.data)
+
     @property
     def open(self) -> bool:
         return self.state.open
