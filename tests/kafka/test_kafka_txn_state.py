@@ -4,6 +4,7 @@ states were an enum loads as it did."""
 
 from __future__ import annotations
 
+import pytest
 from support.transitions import assert_table
 
 from txbroker.service.kafka.txn_record import TxnMeta
@@ -61,3 +62,20 @@ def test_a_state_record_round_trips_and_an_older_one_loads() -> None:
     loaded.load(old)
     assert loaded.state is S.COMPLETE_COMMIT and loaded.participants == {}
     assert loaded.view().state == "CompleteCommit" and not loaded.view().open
+
+
+def test_a_transition_in_progress_names_its_target_and_takes_no_second() -> None:
+    t = TxnMeta("app", 5, 0, state=S.ONGOING)
+    assert not t.busy
+    with t.transition(S.PREPARE_COMMIT):
+        assert t.busy and t.pending is S.PREPARE_COMMIT
+        with pytest.raises(TxnTransitionError), t.transition(S.COMPLETE_ABORT):
+            pass  # a second one at once is a bug
+        assert t.pending is S.PREPARE_COMMIT
+    assert not t.busy and t.pending is None
+    with pytest.raises(TxnTransitionError), t.transition(S.COMPLETE_COMMIT):
+        pass  # Ongoing cannot complete a commit never decided
+    assert t.pending is None
+    with pytest.raises(RuntimeError), t.transition(S.COMPLETE_ABORT):  # a failed write
+        raise RuntimeError("the store refused it")
+    assert t.pending is None and t.state is S.ONGOING  # memory follows the log only

@@ -513,15 +513,13 @@ class TransactionCoordinator:
             if tid in self._txns:  # another InitProducerId of this id won the race
                 return ErrorCode.CONCURRENT_TRANSACTIONS, -1, -1
             self._txns[tid] = t
-            t.busy = True
             try:
-                await self._write(t, timeout_ms=timeout_ms)
+                with t.transition(EMPTY):
+                    await self._write(t, timeout_ms=timeout_ms)
             except CoordinatorUnavailable:
                 if t.record_offset < 0:  # nothing appended: the id stays unknown
                     del self._txns[tid]
                 raise
-            finally:
-                t.busy = False
             return ErrorCode.NONE, t.pid, t.epoch
         if t.busy or t.inflight or t.state.deciding:
             return ErrorCode.CONCURRENT_TRANSACTIONS, -1, -1
@@ -533,16 +531,13 @@ class TransactionCoordinator:
         if t.state is ONGOING:  # a new instance fences the old one: its transaction is aborted
             await self._abort(t, "fenced", bump=False)
             self.metrics.kafka_producers_fenced.inc()
-        t.busy = True
-        try:
+        with t.transition(EMPTY):
             if t.epoch >= EPOCH_EXHAUSTED:
-                await self._write(t, pid=await self.allocate_pid(), epoch=0, last_epoch=-1,
-                                  state=EMPTY, timeout_ms=timeout_ms)
+                await self._write(t, EMPTY, pid=await self.allocate_pid(), epoch=0,
+                                  last_epoch=-1, timeout_ms=timeout_ms)
             else:
-                await self._write(t, epoch=t.epoch + 1, last_epoch=t.epoch, state=EMPTY,
+                await self._write(t, EMPTY, epoch=t.epoch + 1, last_epoch=t.epoch,
                                   timeout_ms=timeout_ms)
-        finally:
-            t.busy = False
         return ErrorCode.NONE, t.pid, t.epoch
 
     # --- AddPartitionsToTxn / AddOffsetsToTxn / TxnOffsetCommit ------------------------------
@@ -588,11 +583,8 @@ class TransactionCoordinator:
             changes.update(txn=t.txn + 1, started_ms=now, offsets=[],
                            data_from=self.store.max_offset(DATA_TOPIC, 0),
                            partitions=[list(tp) for tp in dict.fromkeys(partitions)], groups=new_groups)
-        t.busy = True
-        try:
+        with t.transition(ONGOING):
             await self._write(t, ONGOING, **changes)
-        finally:
-            t.busy = False
         if starting:
             self.metrics.kafka_txn_started.inc()
 
@@ -694,11 +686,8 @@ class TransactionCoordinator:
         except RecordsError as exc:
             log.warning("kafka transaction %r: a staged batch does not decode (%s)", t.tid, exc)
             return exc.error_code
-        t.busy = True
-        try:
-            await self._write(t, state=PREPARE_COMMIT)
-        finally:
-            t.busy = False
+        with t.transition(PREPARE_COMMIT):
+            await self._write(t, PREPARE_COMMIT)
         return await self._apply_commit(t)
 
     async def _apply_commit(self, t: TxnMeta) -> ErrorCode:
@@ -709,8 +698,7 @@ class TransactionCoordinator:
         progress = t.progress
         assert progress is not None
         started = t.started_ms
-        t.busy = True
-        try:
+        with t.transition(COMPLETE_COMMIT):
             msgs = t.commit_msgs if t.commit_msgs is not None else self._messages(t)
             t.commit_msgs = msgs
             try:
@@ -723,8 +711,6 @@ class TransactionCoordinator:
             except ApplyRefused as exc:
                 log.error("kafka transaction %r: commit not applied yet (%s); retrying", t.tid, exc)
                 raise CoordinatorUnavailable from exc
-        finally:
-            t.busy = False
         self.metrics.kafka_txn_committed.inc()
         self.metrics.kafka_records_produced.inc(len(msgs))
         self._finished(started)
@@ -742,13 +728,10 @@ class TransactionCoordinator:
 
     async def _finish_abort(self, t: TxnMeta) -> None:
         """PrepareAbort -> markers -> CompleteAbort."""
-        t.busy = True
-        try:
+        with t.transition(COMPLETE_ABORT):
             await self._deliver(t, commit=False)
-            await self._write(t, state=COMPLETE_ABORT, partitions=[], groups=[], offsets=[],
+            await self._write(t, COMPLETE_ABORT, partitions=[], groups=[], offsets=[],
                               participants={})
-        finally:
-            t.busy = False
 
     async def _abort(self, t: TxnMeta, reason: str, *, bump: bool) -> None:
         """Abort the open transaction; ``bump`` also raises the epoch, fencing the producer.
@@ -759,16 +742,13 @@ class TransactionCoordinator:
         changes: dict = {"partitions": [], "groups": [], "offsets": [],
                          "participants": t.participants}
         started = t.started_ms
-        if bump:
-            if t.epoch >= EPOCH_EXHAUSTED:
-                changes.update(pid=await self.allocate_pid(), epoch=0, last_epoch=-1)
-            else:
-                changes.update(epoch=t.epoch + 1, last_epoch=t.epoch)
-        t.busy = True
-        try:
+        with t.transition(state):  # before a new producer id is awaited: nothing else starts
+            if bump:
+                if t.epoch >= EPOCH_EXHAUSTED:
+                    changes.update(pid=await self.allocate_pid(), epoch=0, last_epoch=-1)
+                else:
+                    changes.update(epoch=t.epoch + 1, last_epoch=t.epoch)
             await self._write(t, state, **changes)
-        finally:
-            t.busy = False
         if t.state is PREPARE_ABORT:
             await self._finish_abort(t)
         self.metrics.kafka_txn_aborted.labels(reason=reason).inc()

@@ -8,11 +8,13 @@ version loads as it did, and one written now loads in it.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from txbroker.remoting.kafka.records import RecordBatch
 from txbroker.service.kafka.commit_apply import CommitProgress
-from txbroker.service.kafka.txn_state import TxnState
+from txbroker.service.kafka.txn_state import TxnState, TxnTransitionError, move
 from txbroker.store.record import Message
 
 
@@ -72,8 +74,10 @@ class TxnMeta:
     staged: list[Staged] = field(default_factory=list)
     #: Bytes of ``staged`` (capped by ``kafka_transaction_max_bytes``).
     staged_bytes: int = 0
-    #: A state write is in progress: other requests of this id get CONCURRENT_TRANSACTIONS.
-    busy: bool = False
+    #: The state a transition in progress moves to (Kafka's pendingState): its writes (and,
+    #: for a commit, its appends) are under way, and other requests of this id get
+    #: CONCURRENT_TRANSACTIONS.  None: no transition in progress.
+    pending: TxnState | None = None
     #: Transactional batches being stored: EndTxn waits for them (CONCURRENT_TRANSACTIONS).
     inflight: int = 0
     #: A batch of this transaction could not be stored: it may only abort.
@@ -117,6 +121,24 @@ class TxnMeta:
             self.commit_msgs = None
         if self.state is not TxnState.PREPARE_COMMIT:
             self.progress = None
+
+    @property
+    def busy(self) -> bool:
+        """A transition is in progress (see :attr:`pending`)."""
+        return self.pending is not None
+
+    @contextlib.contextmanager
+    def transition(self, target: TxnState) -> Iterator[None]:
+        """Hold :attr:`pending` at ``target`` while the block moves the id there; a move the
+        table does not allow, or a second transition while one is in progress, is a bug and
+        raises before the block runs."""
+        if self.pending is not None:
+            raise TxnTransitionError(self.pending, target)
+        self.pending = move(self.state, target)
+        try:
+            yield
+        finally:
+            self.pending = None
 
     def stage(self, staged: Staged) -> int:
         """Keep one more batch of the open transaction; returns its bytes."""
