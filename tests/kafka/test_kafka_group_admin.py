@@ -148,7 +148,7 @@ async def test_kafka_python_admin_lists_describes_and_deletes_groups(kafka_broke
         await asyncio.to_thread(member.close)
         await asyncio.to_thread(admin.close)
     # the member left: the group is Empty and can go, its offsets with it
-    await eventually(lambda: kafka_broker.groups.groups["live-g"].state == "Empty", 10)
+    await eventually(lambda: kafka_broker.groups.groups["live-g"].state.value == "Empty", 10)
     admin = await asyncio.to_thread(kp_admin, addr)
     try:
         result = dict(await asyncio.to_thread(admin.delete_groups, ["live-g"]))

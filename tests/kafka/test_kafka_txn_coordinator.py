@@ -15,6 +15,7 @@ from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.records import Record, encode_batch, read_batches
 from txbroker.service.kafka.coordinator import TransactionCoordinator
 from txbroker.service.kafka.txn_log import STATE_TOPIC
+from txbroker.service.kafka.txn_state import TxnState, TxnTransitionError
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.topics import TopicConfig, TopicManager
 from txbroker.store.message_store import MessageStore
@@ -121,6 +122,16 @@ async def produce(c: TransactionCoordinator, pid, epoch, partition, seq, values,
     if err is not E.NONE or dup is not None:
         return err, dup
     return await c.append_transactional(tid, T, partition, b), None
+
+
+async def test_a_state_record_the_table_forbids_is_a_bug_and_stores_nothing(env):
+    c = env.coord
+    await begin(c)
+    before = env.store.max_offset(STATE_TOPIC, 0)
+    with pytest.raises(TxnTransitionError):  # Ongoing cannot complete a commit never decided
+        await c._write(c._txns[TID], TxnState.COMPLETE_COMMIT)
+    assert env.store.max_offset(STATE_TOPIC, 0) == before
+    assert c.describe(TID).state == "Ongoing"
 
 
 # --- commit and abort -----------------------------------------------------------------------

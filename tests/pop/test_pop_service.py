@@ -5,6 +5,7 @@ polling, the POP/pull rule, and the state rebuilt from the POP log after a resta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -15,6 +16,7 @@ from txbroker.client import Consumer
 from txbroker.service.pop import PopError, PopErrorKind
 from txbroker.service.pop.handles import Handle
 from txbroker.store.record import PROPERTY_TAGS, Message
+from txbroker.store.results import Fence
 
 G = "GID_POP"
 #: Short invisible times: the service allows down to this in these tests.
@@ -321,3 +323,33 @@ async def test_a_change_of_invisibility_to_zero_gives_the_message_back_at_once(b
         await broker.pop.pop(G, "TNack", invisible_ms=0)
     with pytest.raises(PopError, match="invisible time"):
         await broker.pop.change_invisible(G, again.handle, -1)
+
+
+async def test_a_dead_letter_answered_outcome_unknown_is_not_put_there_again(broker_config) -> None:
+    # The put to the dead-letter topic is stored, but its answer leaves after the write gate
+    # went up (a lapsed lease): OUTCOME_UNKNOWN.  Counted as not stored, the message stayed in
+    # flight and the client's retry put it in the dead-letter topic a second time.
+    b = Broker(broker_config.replace(flush_mode="sync", **FAST))
+    await b.start()
+    try:
+        await put(b, "TDlqOnce", [b"poison"])
+        [msg] = await b.pop.pop(G, "TDlqOnce", invisible_ms=60_000)
+        dlq = "%DLQ%" + G
+        lifted: list[bool] = []
+
+        def gate() -> Fence | None:
+            if lifted or b.store.max_offset(dlq, 0) < 1:
+                return None
+            return Fence.LEASE_NOT_VALID
+
+        b.store.set_write_gate(gate)
+        with pytest.raises(PopError):  # not acknowledged: the client retries
+            await b.pop.to_dead_letters(G, msg.handle)
+        assert b.store.max_offset(dlq, 0) == 1
+        lifted.append(True)
+        with contextlib.suppress(PopError):  # the retry (refused: the message has left)
+            await b.pop.to_dead_letters(G, msg.handle)
+        assert b.store.max_offset(dlq, 0) == 1
+    finally:
+        b.store.set_write_gate(None)
+        await b.stop()

@@ -71,8 +71,21 @@ class PutResult:
         """Stored (a flush or replication time-out still stored it)."""
         return self.status in _STORED
 
+    @property
+    def in_log(self) -> bool:
+        """The record is in this log: acknowledged (:attr:`ok`), or answered OUTCOME_UNKNOWN
+        (appended, but the answer left after this store stopped speaking for its group).
+
+        The one answer to "did this put append?": whoever keeps memory beside the log (an
+        index, a staged transaction, a count of applied records) follows it, so a retry never
+        appends a second copy of what is already there.  ``ok`` answers a different question,
+        whether the write may be acknowledged."""
+        return self.status in _IN_LOG
+
+
 _STORED = frozenset({PutStatus.OK, PutStatus.FLUSH_DISK_TIMEOUT, PutStatus.FLUSH_SLAVE_TIMEOUT,
                      PutStatus.SLAVE_NOT_AVAILABLE})
+_IN_LOG = _STORED | {PutStatus.OUTCOME_UNKNOWN}
 
 
 class GetStatus(enum.Enum):

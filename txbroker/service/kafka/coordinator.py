@@ -1,8 +1,13 @@
 """Kafka's transaction coordinator on txbroker's half-message design (docs/kafka.md,
 "Transactions: the half-message design" and "Transaction coordinator").
 
-One class, because every transition reads and writes the same per-id metadata, the producer
-sequence state and the two system topics in one order that recovery relies on:
+The public coordinator: request handling, lifecycle and the scan.  What it rests on lives
+beside it, one concern a module: the states and their transition table (txn_state.py), one
+id's metadata and state-record document (txn_record.py), the records in the log
+(txn_log.py, snapshot.py), recovery from them (txn_recovery.py) and applying a decided commit,
+shared with the participant groups (commit_apply.py).  The transitions stay in one class,
+because each reads and writes the same per-id metadata, the producer sequence state and the
+two system topics in one order that recovery relies on:
 
 - a transactional batch is stored as received in ``RMQ_SYS_KAFKA_TXN_DATA`` and kept in memory;
   nothing reaches a partition before the commit;
@@ -41,51 +46,51 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.errors import ErrorCode
-from txbroker.remoting.kafka.records import RecordBatch, RecordsError, read_batches
+from txbroker.remoting.kafka.records import RecordBatch, RecordsError
+from txbroker.service.kafka.commit_apply import (
+    ApplyRefused,
+    CommitProgress,
+    apply_decided,
+)
 from txbroker.service.kafka.mapping import record_to_message
 from txbroker.service.kafka.producers import (
     PROPERTY_PRODUCER,
     BatchMeta,
     ProducerStates,
-    parse_producer_property,
     producer_property,
 )
-from txbroker.service.kafka.snapshot import Snapshot, read_latest, snapshot_messages
+from txbroker.service.kafka.snapshot import Snapshot, snapshot_messages
 from txbroker.service.kafka.txn_log import (
     BORN_HOST,
     DATA_TOPIC,
-    P_PARTITION,
-    P_TOPIC,
     STATE_TOPIC,
-    Replayed,
-    StateRecord,
     batch_message,
     expired_message,
     offsets_message,
     pid_block_message,
-    replay_data,
-    replay_state,
     state_message,
 )
+from txbroker.service.kafka.txn_record import Staged, TxnMeta, TxnView
+from txbroker.service.kafka.txn_recovery import recover_txns
+from txbroker.service.kafka.txn_state import TxnState, move
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.service.topics import TopicManager, is_system_topic
 from txbroker.store.message_store import MessageStore
-from txbroker.store.record import Message, StoredMessage
+from txbroker.store.record import Message
 
 if TYPE_CHECKING:
     from txbroker.service.kafka.markers import MarkerSender, Participants
 
 log = logging.getLogger(__name__)
 
-EMPTY, ONGOING = "Empty", "Ongoing"
-PREPARE_COMMIT, PREPARE_ABORT = "PrepareCommit", "PrepareAbort"
-COMPLETE_COMMIT, COMPLETE_ABORT = "CompleteCommit", "CompleteAbort"
+EMPTY, ONGOING = TxnState.EMPTY, TxnState.ONGOING
+PREPARE_COMMIT, PREPARE_ABORT = TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT
+COMPLETE_COMMIT, COMPLETE_ABORT = TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT
 #: Kafka's isEpochExhausted: from this epoch on, InitProducerId hands out a new producer id.
 EPOCH_EXHAUSTED = 32766
 #: Producer ids are reserved this many at a time (one state record per block).
@@ -96,108 +101,6 @@ PID_RANGE_BITS = 40
 SNAPSHOT_PART_SIZE = 1024 * 1024
 #: AddPartitionsToTxn's answer key for the request as a whole (only other groups' partitions).
 WHOLE_REQUEST = ("", -1)
-
-
-@dataclass
-class TxnView:
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    state: str
-    partitions: list[tuple[str, int]]
-    groups: list[str]
-    timeout_ms: int
-    started_ms: int | None
-    updated_ms: int
-
-    def hanging(self, now_ms: int) -> bool:
-        """Ongoing for longer than its timeout (the scan aborts it; Kafka's find-hanging)."""
-        return (self.state == ONGOING and self.started_ms is not None
-                and now_ms - self.started_ms > self.timeout_ms)
-
-
-@dataclass(slots=True)
-class _Staged:
-    """One transactional batch; ``_Txn.staged`` keeps them in data-topic order (a batch is
-    staged right before the put that appends it, with no await in between)."""
-
-    topic: str
-    partition: int
-    batch: RecordBatch
-
-
-@dataclass
-class _Txn:
-    """The metadata of one transactional id (what a state record holds) plus the open
-    transaction's batches and offsets, which live in the data topic."""
-
-    tid: str
-    pid: int
-    epoch: int
-    last_epoch: int = -1
-    state: str = EMPTY
-    timeout_ms: int = 60000
-    txn: int = 0
-    partitions: list[tuple[str, int]] = field(default_factory=list)
-    groups: list[str] = field(default_factory=list)
-    started_ms: int | None = None
-    updated_ms: int = 0
-    data_from: int = 0
-    offsets: dict[tuple[str, str, int], int] = field(default_factory=dict)
-    staged: list[_Staged] = field(default_factory=list)
-    #: Bytes of ``staged`` (capped by ``kafka_transaction_max_bytes``).
-    staged_bytes: int = 0
-    #: A state write is in progress: other requests of this id get CONCURRENT_TRANSACTIONS.
-    busy: bool = False
-    #: Transactional batches being stored: EndTxn waits for them (CONCURRENT_TRANSACTIONS).
-    inflight: int = 0
-    #: A batch of this transaction could not be stored: it may only abort.
-    failed: bool = False
-    #: Commitlog offset of the PrepareCommit record (ties the applied records to it).
-    marker: int = 0
-    #: Records of a decided commit already appended; None while unknown (an append whose
-    #: answer was not seen): the next attempt counts them in the log first.
-    applied: int | None = 0
-    #: The decided commit's records, decoded once (None: decode from ``staged``).
-    commit_msgs: list[Message] | None = None
-    #: Commitlog offset of this id's latest state record (-1: none appended yet).
-    record_offset: int = -1
-    #: On a cluster, the other broker groups in the transaction (their partitions, global
-    #: numbers; empty for a group that coordinates its consumer group): they get a marker.
-    participants: dict[str, list[list]] = field(default_factory=dict)
-
-    def doc(self, **changes) -> dict:
-        d = {"tid": self.tid, "pid": self.pid, "epoch": self.epoch, "last_epoch": self.last_epoch,
-             "state": self.state, "timeout_ms": self.timeout_ms, "txn": self.txn,
-             "partitions": [list(tp) for tp in self.partitions], "groups": list(self.groups),
-             "started_ms": self.started_ms, "updated_ms": self.updated_ms,
-             "data_from": self.data_from,
-             "offsets": [[g, t, p, o] for (g, t, p), o in self.offsets.items()],
-             "participants": self.participants}
-        d.update(changes)
-        return d
-
-    def load(self, d: dict) -> None:
-        self.pid, self.epoch, self.last_epoch = d["pid"], d["epoch"], d["last_epoch"]
-        self.state, self.timeout_ms, self.txn = d["state"], d["timeout_ms"], d["txn"]
-        self.partitions = [(t, p) for t, p in d["partitions"]]
-        self.groups = list(d["groups"])
-        self.started_ms, self.updated_ms, self.data_from = d["started_ms"], d["updated_ms"], d["data_from"]
-        self.offsets = {(g, t, p): o for g, t, p, o in d["offsets"]}
-        self.participants = {k: list(v) for k, v in (d.get("participants") or {}).items()}
-        if self.state not in (ONGOING, PREPARE_COMMIT):
-            self.staged = []
-            self.failed = False
-            self.commit_msgs = None
-
-    @property
-    def open(self) -> bool:
-        return self.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT)
-
-    @property
-    def settled(self) -> bool:
-        """No transaction open and none being decided: the id may expire."""
-        return self.state in (EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT)
 
 
 class CoordinatorUnavailable(Exception):
@@ -218,13 +121,13 @@ class TransactionCoordinator:
         self.metrics = metrics
         self.clock = clock
         self.producers = ProducerStates()
-        self._txns: dict[str, _Txn] = {}
+        self._txns: dict[str, TxnMeta] = {}
         # Counted when scraped, not on every transition: a count over every transactional id
         # per begin and end made a broker with tens of thousands of ids spend a tenth of its
         # CPU on this gauge.
         metrics.kafka_txn_open.set_function(
-            lambda: sum(t.state == ONGOING for t in self._txns.values()))
-        self._by_pid: dict[int, _Txn] = {}
+            lambda: sum(t.state is ONGOING for t in self._txns.values()))
+        self._by_pid: dict[int, TxnMeta] = {}
         self._next_pid = 0
         self._pid_limit = 0
         self._pid_lock = asyncio.Lock()
@@ -263,48 +166,15 @@ class TransactionCoordinator:
         block whose record did not reach this log (a master's last write before failover, or
         an unflushed one before a power loss) are never handed out twice."""
         self._reset()
-        snap = read_latest(self.store)
-        rep = Replayed()
-        log_from = self.store.min_physical_offset
-        if snap is not None:
-            self._snapshot_no, s = snap
-            rep.pid_upto = s.pid_upto
-            for doc, offset in s.ids:
-                rep.latest[doc["tid"]] = StateRecord(doc, offset)
-            self.producers.load_doc(s.producers)
-            self._snap_state_from, self._snap_ms = s.state_from, s.written_ms
-            log_from = max(log_from, s.log_from)
-        replay_state(self.store, start=self._snap_state_from, into=rep)
-        floor = rep.pid_upto + PID_BLOCK if rep.pid_upto else 0
+        found = recover_txns(self.store, self.producers, self.now_ms())
+        self._snapshot_no, self._snap_state_from = found.snapshot_no, found.snap_state_from
+        self._snap_ms = found.snap_ms
+        floor = found.pid_upto + PID_BLOCK if found.pid_upto else 0
         self._next_pid = self._pid_limit = max(floor, self.pid_base)
-        for tid, rec in rep.latest.items():
-            t = _Txn(tid, rec.doc["pid"], rec.doc["epoch"])
-            t.load(rec.doc)
-            t.record_offset = rec.physical_offset
-            t.marker = rec.physical_offset if t.state == PREPARE_COMMIT else 0
-            self._txns[tid] = t
+        for t in found.txns.values():
+            self._txns[t.tid] = t
             self._by_pid[t.pid] = t
-        now = self.now_ms()
-        self._replay_producers(log_from, now)
-        wanted = {t.tid: t.txn for t in self._txns.values() if t.state in (ONGOING, PREPARE_COMMIT)}
-        if wanted:
-            start = min(self._txns[tid].data_from for tid in wanted)
-            for rec in replay_data(self.store, start, wanted):
-                t = self._txns[rec.tid]
-                if rec.group is not None:
-                    if t.state == ONGOING:  # a PrepareCommit record holds the decided offsets
-                        for topic, partition, offset in rec.offsets:
-                            t.offsets[(rec.group, topic, partition)] = offset
-                    continue
-                batch = read_batches(rec.data, check_crc=False)[0]
-                self._stage(t, _Staged(rec.topic, rec.partition, batch))
-                self.producers.replay(batch.producer_id, batch.producer_epoch, rec.topic,
-                                      rec.partition, BatchMeta(batch.base_sequence,
-                                                               batch.last_sequence, -1,
-                                                               batch.max_timestamp), now)
-        for t in self._txns.values():
-            if t.state == PREPARE_COMMIT:
-                t.applied = self._count_applied(t.marker)
+            self.staged_bytes += t.staged_bytes
         self._snap_log_mark = self._snap_log_end = self.store.max_physical_offset
 
     def _reset(self) -> None:
@@ -315,64 +185,17 @@ class TransactionCoordinator:
         self.staged_bytes = 0
         self._snapshot_no = self._snap_state_from = self._snap_ms = 0
 
-    def _replay_producers(self, log_from: int, now: int) -> None:
-        """The sequence state of idempotent batches stored since the snapshot (their first
-        message names producer, epoch and sequences; see producers.py), and of transactional
-        batches staged since, whatever became of their transaction: a Kafka follower's
-        producer state holds every batch it replicated, so a producer whose transactions
-        completed after the snapshot continues its sequence on a promoted slave."""
-        for m in self.store.scan(log_from):
-            if m.topic == DATA_TOPIC:
-                self._replay_staged(m, now)
-                continue
-            text = m.properties.get(PROPERTY_PRODUCER) if m.properties else None
-            if text is None:
-                continue
-            parsed = parse_producer_property(text)
-            if parsed is None or is_system_topic(m.topic):
-                continue
-            pid, epoch, first, last = parsed
-            self.producers.replay(pid, epoch, m.topic, m.queue_id,
-                                  BatchMeta(first, last, m.queue_offset, m.born_timestamp),
-                                  m.store_timestamp or now)
-
-    def _replay_staged(self, m: StoredMessage, now: int) -> None:
-        """The producer state of one transactional batch of the data topic (its offsets
-        records carry no batch)."""
-        topic, partition = m.properties.get(P_TOPIC), m.properties.get(P_PARTITION)
-        if topic is None or partition is None:
-            return
-        try:
-            batch = read_batches(m.body, check_crc=False)[0]
-        except (RecordsError, IndexError):
-            log.warning("kafka coordinator: a staged batch at commitlog offset %d does not "
-                        "decode; its producer state is not replayed", m.physical_offset)
-            return
-        self.producers.replay(batch.producer_id, batch.producer_epoch, topic, int(partition),
-                              BatchMeta(batch.base_sequence, batch.last_sequence, -1,
-                                        batch.max_timestamp), m.store_timestamp or now)
-
-    def _count_applied(self, marker: int) -> int:
-        """Records of the commit decided at ``marker`` that reached their partitions (they
-        follow the marker in the commitlog; the marker is never 0: a producer-id block record
-        always precedes the first state record)."""
-        n = 0
-        for m in self.store.scan(marker):
-            if m.prepared_transaction_offset == marker and not is_system_topic(m.topic):
-                n += 1
-        return n
-
     async def start(self) -> None:
         """Finish the decisions recovery found, then run the timeout scan (and the snapshots)."""
         for t in list(self._txns.values()):
             try:
-                if t.state == PREPARE_COMMIT:
+                if t.state is PREPARE_COMMIT:
                     await self._apply_commit(t)
-                elif t.state == PREPARE_ABORT:
+                elif t.state is PREPARE_ABORT:
                     await self._finish_abort(t)
             except CoordinatorUnavailable:
                 log.error("kafka transaction %r: could not finish %s at start; the scan retries",
-                          t.tid, t.state)
+                          t.tid, t.state.value)
         self.ready = True
         interval = self.config.kafka_transaction_scan_interval
         self._task = asyncio.get_running_loop().create_task(self._scan_loop(interval),
@@ -438,12 +261,12 @@ class TransactionCoordinator:
             if t.busy or t.inflight:
                 continue
             try:
-                if t.state == ONGOING and t.started_ms is not None and now - t.started_ms > t.timeout_ms:
+                if t.state is ONGOING and t.started_ms is not None and now - t.started_ms > t.timeout_ms:
                     log.info("kafka transaction %r timed out after %d ms: aborted", t.tid, now - t.started_ms)
                     await self._abort(t, "timeout", bump=True)
-                elif t.state == PREPARE_COMMIT:
+                elif t.state is PREPARE_COMMIT:
                     await self._apply_commit(t)
-                elif t.state == PREPARE_ABORT:
+                elif t.state is PREPARE_ABORT:
                     await self._finish_abort(t)
             except CoordinatorUnavailable:
                 pass
@@ -462,7 +285,7 @@ class TransactionCoordinator:
             if t.busy or t.inflight:
                 continue
             result = await self.store.put(expired_message(t.tid, t.pid))
-            if result.physical_offset < 0:
+            if not result.in_log:
                 return  # the store refuses writes: the next scan tries again
             if self._txns.get(t.tid) is t and t.settled and not t.busy:
                 del self._txns[t.tid]
@@ -519,14 +342,17 @@ class TransactionCoordinator:
             self._next_pid += 1
             return pid
 
-    async def _write(self, t: _Txn, **changes) -> None:
-        """Store ``t``'s metadata with ``changes``, then (only then) apply them in memory.
+    async def _write(self, t: TxnMeta, state: TxnState | None = None, **changes) -> None:
+        """Store ``t``'s metadata with ``changes`` and ``state`` (None: the state it is in),
+        then (only then) apply them in memory.  A state the transition table does not allow
+        from ``t``'s raises TxnTransitionError before anything is stored (a bug).
 
         Memory follows the log: once the record is appended the change is taken, even when
         the put then answers a flush or replica time-out (CoordinatorUnavailable is raised
         after) or the request is cancelled while the put waits; the record then sits at the
         queue offset the state queue had before the put."""
-        doc = t.doc(updated_ms=self.now_ms(), **changes)
+        doc = t.doc(move(t.state, t.state if state is None else state),
+                    updated_ms=self.now_ms(), **changes)
         msg = state_message(doc)
         slot = self.store.max_offset(STATE_TOPIC, 0)
         try:
@@ -534,22 +360,13 @@ class TransactionCoordinator:
         except asyncio.CancelledError:
             self._follow(t, doc, self._state_record_at(slot, msg.body))
             raise
-        if result.physical_offset >= 0:
+        if result.in_log:
             self._follow(t, doc, result.physical_offset)
         if not result.ok:
             raise CoordinatorUnavailable
 
-    def _stage(self, t: _Txn, staged: _Staged) -> None:
-        t.staged.append(staged)
-        t.staged_bytes += len(staged.batch.data)
-        self.staged_bytes += len(staged.batch.data)
 
-    def _unstage(self, t: _Txn, staged: _Staged) -> None:
-        t.staged.remove(staged)
-        t.staged_bytes -= len(staged.batch.data)
-        self.staged_bytes -= len(staged.batch.data)
-
-    def _unstage_all(self, t: _Txn) -> None:
+    def _unstage_all(self, t: TxnMeta) -> None:
         """The transaction ended: its batches leave memory (the data topic keeps them)."""
         self.staged_bytes -= t.staged_bytes
         t.staged, t.staged_bytes = [], 0
@@ -561,20 +378,19 @@ class TransactionCoordinator:
         got = self.store.get(STATE_TOPIC, 0, slot, 1).messages()
         return got[0].physical_offset if got and bytes(got[0].body) == body else -1
 
-    def _follow(self, t: _Txn, doc: dict, physical_offset: int) -> None:
+    def _follow(self, t: TxnMeta, doc: dict, physical_offset: int) -> None:
         """Take in memory the state record ``doc`` appended at ``physical_offset``."""
         if physical_offset < 0:
             return
         if doc["pid"] != t.pid:
             self._by_pid.pop(t.pid, None)
         t.load(doc)
-        if t.state not in (ONGOING, PREPARE_COMMIT):
+        if not t.state.holds_data:
             self._unstage_all(t)
         t.record_offset = physical_offset
         self._by_pid[t.pid] = t
-        if t.state == PREPARE_COMMIT:
-            t.marker = physical_offset
-            t.applied = 0
+        if t.state is PREPARE_COMMIT:
+            t.progress = CommitProgress(physical_offset)
 
     # --- produce path ------------------------------------------------------------------------
     def check_batch(self, transactional_id: str | None, topic: str, partition: int,
@@ -604,9 +420,9 @@ class TransactionCoordinator:
             return ErrorCode.INVALID_PRODUCER_ID_MAPPING
         if epoch != t.epoch:
             return ErrorCode.INVALID_PRODUCER_EPOCH
-        if t.state in (PREPARE_COMMIT, PREPARE_ABORT):
+        if t.state.deciding:
             return ErrorCode.CONCURRENT_TRANSACTIONS
-        if t.state != ONGOING or (topic, partition) not in t.partitions:
+        if t.state is not ONGOING or (topic, partition) not in t.partitions:
             return ErrorCode.INVALID_TXN_STATE  # KIP-890 part 1: only partitions added
         return ErrorCode.NONE
 
@@ -649,8 +465,8 @@ class TransactionCoordinator:
         meta = BatchMeta(batch.base_sequence, batch.last_sequence, -1, batch.max_timestamp)
         self.producers.record(batch.producer_id, batch.producer_epoch, topic, partition, meta,
                               self.now_ms())
-        staged = _Staged(topic, partition, batch)
-        self._stage(t, staged)
+        staged = Staged(topic, partition, batch)
+        self.staged_bytes += t.stage(staged)
         t.inflight += 1
         try:
             result = await self.store.put(batch_message(transactional_id, txn, topic, partition, batch.data))
@@ -658,12 +474,12 @@ class TransactionCoordinator:
             t.inflight -= 1
         if not result.ok:
             self.producers.forget(batch.producer_id, topic, partition, meta)
-            if result.physical_offset < 0:
-                self._unstage(t, staged)
+            if not result.in_log:
+                self.staged_bytes -= t.unstage(staged)
             else:  # in the data topic but not confirmed: the transaction may only abort
                 t.failed = True
             return ErrorCode.KAFKA_STORAGE_ERROR
-        if t.txn != txn or t.state != ONGOING:  # aborted meanwhile: the record is an orphan
+        if t.txn != txn or t.state is not ONGOING:  # aborted meanwhile: the record is an orphan
             return ErrorCode.INVALID_PRODUCER_EPOCH
         return ErrorCode.NONE
 
@@ -693,50 +509,45 @@ class TransactionCoordinator:
             return ErrorCode.INVALID_REQUEST, -1, -1
         t = self._txns.get(tid)
         if t is None:
-            t = _Txn(tid, await self.allocate_pid(), 0)
+            t = TxnMeta(tid, await self.allocate_pid(), 0)
             if tid in self._txns:  # another InitProducerId of this id won the race
                 return ErrorCode.CONCURRENT_TRANSACTIONS, -1, -1
             self._txns[tid] = t
-            t.busy = True
             try:
-                await self._write(t, timeout_ms=timeout_ms)
+                with t.transition(EMPTY):
+                    await self._write(t, timeout_ms=timeout_ms)
             except CoordinatorUnavailable:
                 if t.record_offset < 0:  # nothing appended: the id stays unknown
                     del self._txns[tid]
                 raise
-            finally:
-                t.busy = False
             return ErrorCode.NONE, t.pid, t.epoch
-        if t.busy or t.inflight or t.state in (PREPARE_COMMIT, PREPARE_ABORT):
+        if t.busy or t.inflight or t.state.deciding:
             return ErrorCode.CONCURRENT_TRANSACTIONS, -1, -1
         if version >= 3 and pid != -1:
             if pid != t.pid or epoch not in (t.epoch, t.last_epoch):
                 return fenced(version, 4), -1, -1
-            if epoch == t.last_epoch and t.state != ONGOING:  # a retry of the bump that made t.epoch
+            if epoch == t.last_epoch and t.state is not ONGOING:  # a retry of the bump that made t.epoch
                 return ErrorCode.NONE, t.pid, t.epoch
-        if t.state == ONGOING:  # a new instance fences the old one: its transaction is aborted
+        if t.state is ONGOING:  # a new instance fences the old one: its transaction is aborted
             await self._abort(t, "fenced", bump=False)
             self.metrics.kafka_producers_fenced.inc()
-        t.busy = True
-        try:
+        with t.transition(EMPTY):
             if t.epoch >= EPOCH_EXHAUSTED:
-                await self._write(t, pid=await self.allocate_pid(), epoch=0, last_epoch=-1,
-                                  state=EMPTY, timeout_ms=timeout_ms)
+                await self._write(t, EMPTY, pid=await self.allocate_pid(), epoch=0,
+                                  last_epoch=-1, timeout_ms=timeout_ms)
             else:
-                await self._write(t, epoch=t.epoch + 1, last_epoch=t.epoch, state=EMPTY,
+                await self._write(t, EMPTY, epoch=t.epoch + 1, last_epoch=t.epoch,
                                   timeout_ms=timeout_ms)
-        finally:
-            t.busy = False
         return ErrorCode.NONE, t.pid, t.epoch
 
     # --- AddPartitionsToTxn / AddOffsetsToTxn / TxnOffsetCommit ------------------------------
-    def _owner(self, tid: str, pid: int, epoch: int, fenced_code: ErrorCode) -> tuple[ErrorCode, _Txn | None]:
+    def _owner(self, tid: str, pid: int, epoch: int, fenced_code: ErrorCode) -> tuple[ErrorCode, TxnMeta | None]:
         t = self._txns.get(tid)
         if t is None or t.pid != pid:
             return ErrorCode.INVALID_PRODUCER_ID_MAPPING, None
         if epoch != t.epoch:
             return fenced_code, None
-        if t.busy or t.state in (PREPARE_COMMIT, PREPARE_ABORT):
+        if t.busy or t.state.deciding:
             return ErrorCode.CONCURRENT_TRANSACTIONS, None
         return ErrorCode.NONE, t
 
@@ -744,39 +555,36 @@ class TransactionCoordinator:
         """The (topic, partition) pairs of ``group`` whose offsets an ongoing or deciding
         transaction holds and has not set yet (OffsetFetch's ``require_stable``)."""
         return {(topic, partition) for t in self._txns.values()
-                if t.offsets and t.state in (ONGOING, PREPARE_COMMIT)
+                if t.offsets and t.state.holds_data
                 for (g, topic, partition) in t.offsets if g == group}
 
     def partition_exists(self, topic: str, partition: int) -> bool:
         tc = self.topics.get(topic)
         return tc is not None and not is_system_topic(topic) and 0 <= partition < tc.write_queue_nums
 
-    async def _begin_or_extend(self, t: _Txn, partitions: list[tuple[str, int]], groups: list[str],
+    async def _begin_or_extend(self, t: TxnMeta, partitions: list[tuple[str, int]], groups: list[str],
                                participants: Participants | None = None) -> None:
         """Move ``t`` to Ongoing with ``partitions``, ``groups`` and ``participants`` added
         (one state record)."""
         new = [tp for tp in partitions if tp not in t.partitions]
         new_groups = [g for g in groups if g not in t.groups]
-        now_in = t.participants if t.state == ONGOING else {}
+        now_in = t.participants if t.state is ONGOING else {}
         joined = {k: list(v) for k, v in now_in.items()}
         for name, parts in (participants or {}).items():
             have = joined.setdefault(name, [])
             have.extend(list(tp) for tp in parts if list(tp) not in have)
-        if t.state == ONGOING and not new and not new_groups and joined == now_in:
+        if t.state is ONGOING and not new and not new_groups and joined == now_in:
             return
-        changes: dict = {"state": ONGOING, "partitions": [list(tp) for tp in t.partitions + new],
+        changes: dict = {"partitions": [list(tp) for tp in t.partitions + new],
                          "groups": t.groups + new_groups, "participants": joined}
-        starting = t.state != ONGOING
+        starting = t.state is not ONGOING
         if starting:
             now = self.now_ms()
             changes.update(txn=t.txn + 1, started_ms=now, offsets=[],
                            data_from=self.store.max_offset(DATA_TOPIC, 0),
                            partitions=[list(tp) for tp in dict.fromkeys(partitions)], groups=new_groups)
-        t.busy = True
-        try:
-            await self._write(t, **changes)
-        finally:
-            t.busy = False
+        with t.transition(ONGOING):
+            await self._write(t, ONGOING, **changes)
         if starting:
             self.metrics.kafka_txn_started.inc()
 
@@ -810,7 +618,7 @@ class TransactionCoordinator:
                                 ) -> dict[tuple[str, int], ErrorCode]:
         """Stage a transaction's consumer offsets: applied at commit, dropped at abort."""
         err, t = self._owner(tid, pid, epoch, fenced(version, 2))
-        if t is not None and (t.state != ONGOING or group not in t.groups):
+        if t is not None and (t.state is not ONGOING or group not in t.groups):
             err = ErrorCode.INVALID_TXN_STATE
         out = {(tp, p): err for tp, p, _ in offsets}
         if err is not ErrorCode.NONE or t is None:
@@ -831,7 +639,7 @@ class TransactionCoordinator:
                 result = await self.store.put(offsets_message(tid, t.txn, group, good))
             finally:
                 t.inflight -= 1
-            if result.physical_offset < 0:
+            if not result.in_log:
                 for key, old in before.items():
                     if old is None:
                         t.offsets.pop(key, None)
@@ -850,21 +658,21 @@ class TransactionCoordinator:
             return fenced(version, 2)
         if t.busy or t.inflight:
             return ErrorCode.CONCURRENT_TRANSACTIONS
-        if t.state == ONGOING:
+        if t.state is ONGOING:
             if not committed:
                 await self._abort(t, "client", bump=False)
                 return ErrorCode.NONE
             if t.failed:
                 return ErrorCode.INVALID_TXN_STATE
             return await self._commit(t)
-        if t.state in (PREPARE_COMMIT, PREPARE_ABORT):
-            same = (t.state == PREPARE_COMMIT) == committed
+        if t.state.deciding:
+            same = (t.state is PREPARE_COMMIT) == committed
             return ErrorCode.CONCURRENT_TRANSACTIONS if same else ErrorCode.INVALID_TXN_STATE
-        if t.state in (COMPLETE_COMMIT, COMPLETE_ABORT) and (t.state == COMPLETE_COMMIT) == committed:
+        if t.state in (COMPLETE_COMMIT, COMPLETE_ABORT) and (t.state is COMPLETE_COMMIT) == committed:
             return ErrorCode.NONE  # a retry of the EndTxn that completed it
         return ErrorCode.INVALID_TXN_STATE
 
-    def _messages(self, t: _Txn) -> list[Message]:
+    def _messages(self, t: TxnMeta) -> list[Message]:
         """Every record of the transaction as a txbroker message, in data-topic order."""
         msgs = []
         for s in t.staged:
@@ -872,66 +680,43 @@ class TransactionCoordinator:
                 msgs.append(record_to_message(s.topic, s.partition, record, born_host=BORN_HOST))
         return msgs
 
-    async def _commit(self, t: _Txn) -> ErrorCode:
+    async def _commit(self, t: TxnMeta) -> ErrorCode:
         try:
             t.commit_msgs = self._messages(t)  # decodable before the decision is taken
         except RecordsError as exc:
             log.warning("kafka transaction %r: a staged batch does not decode (%s)", t.tid, exc)
             return exc.error_code
-        t.busy = True
-        try:
-            await self._write(t, state=PREPARE_COMMIT)
-        finally:
-            t.busy = False
+        with t.transition(PREPARE_COMMIT):
+            await self._write(t, PREPARE_COMMIT)
         return await self._apply_commit(t)
 
-    async def _apply_commit(self, t: _Txn) -> ErrorCode:
-        """Append the records a decided commit has not applied yet, set its offsets, write
-        CompleteCommit.  Idempotent: ``t.applied`` says where the previous attempt stopped;
-        when that attempt's append was not answered (cancelled, or refused part-way) the log
-        says: the records tied to the PrepareCommit offset are a prefix of the chain."""
-        t.busy = True
-        try:
+    async def _apply_commit(self, t: TxnMeta) -> ErrorCode:
+        """Apply the decided commit (commit_apply.py): append the records not in the log yet,
+        set its offsets, deliver its markers, write CompleteCommit.  Idempotent: ``t.progress``
+        says where the previous attempt stopped, or the log does when that attempt's answer
+        was not seen; a refusal leaves the commit decided, and the scan retries it."""
+        progress = t.progress
+        assert progress is not None
+        started = t.started_ms
+        with t.transition(COMPLETE_COMMIT):
             msgs = t.commit_msgs if t.commit_msgs is not None else self._messages(t)
             t.commit_msgs = msgs
-            for m in msgs:
-                m.prepared_transaction_offset = t.marker
-            if t.applied is None:
-                t.applied = self._count_applied(t.marker)
-            rest = msgs[t.applied:]
-            if rest:
-                t.applied = None
-                results = await self.store.put_chain(rest)
-                if len(results) == len(rest) and all(r.ok for r in results):
-                    t.applied = len(msgs)
-                else:
-                    t.applied = self._count_applied(t.marker)
-                    log.error("kafka transaction %r: commit applied %d of %d records (%s); retrying",
-                              t.tid, t.applied, len(msgs), results[-1].status.value)
-                    raise CoordinatorUnavailable
-            if t.offsets:
-                # The offsets go through the offset log before CompleteCommit is written, so
-                # a log holding CompleteCommit holds them too (a replica promoted, a restart);
-                # CompleteCommit's flush and replica wait covers this record too (it is
-                # earlier in the log), so it is not waited for on its own.  A refusal leaves
-                # the commit decided, and it is retried.
-                done = self.store.commit_offsets_now(
-                    [(g, tp, p, o, None) for (g, tp, p), o in t.offsets.items()])
-                if not done.ok:
-                    log.error("kafka transaction %r: its offsets were not stored (%s); retrying",
-                              t.tid, done.status.value)
-                    raise CoordinatorUnavailable
-            await self._deliver(t, commit=True)
-            started = t.started_ms
-            await self._write(t, state=COMPLETE_COMMIT, partitions=[], groups=[], participants={})
-        finally:
-            t.busy = False
+            try:
+                await apply_decided(
+                    self.store, progress, msgs,
+                    [(g, tp, p, o) for (g, tp, p), o in t.offsets.items()],
+                    elsewhere=lambda: self._deliver(t, commit=True),
+                    done=lambda: self._write(t, COMPLETE_COMMIT, partitions=[], groups=[],
+                                             participants={}))
+            except ApplyRefused as exc:
+                log.error("kafka transaction %r: commit not applied yet (%s); retrying", t.tid, exc)
+                raise CoordinatorUnavailable from exc
         self.metrics.kafka_txn_committed.inc()
         self.metrics.kafka_records_produced.inc(len(msgs))
         self._finished(started)
         return ErrorCode.NONE
 
-    async def _deliver(self, t: _Txn, *, commit: bool) -> None:
+    async def _deliver(self, t: TxnMeta, *, commit: bool) -> None:
         """The decided outcome to every other broker group of the transaction (markers.py);
         raises CoordinatorUnavailable until all of them have it (the scan retries)."""
         if not t.participants:
@@ -941,37 +726,30 @@ class TransactionCoordinator:
                                                 for k, v in t.participants.items()}):
             raise CoordinatorUnavailable
 
-    async def _finish_abort(self, t: _Txn) -> None:
+    async def _finish_abort(self, t: TxnMeta) -> None:
         """PrepareAbort -> markers -> CompleteAbort."""
-        t.busy = True
-        try:
+        with t.transition(COMPLETE_ABORT):
             await self._deliver(t, commit=False)
-            await self._write(t, state=COMPLETE_ABORT, partitions=[], groups=[], offsets=[],
+            await self._write(t, COMPLETE_ABORT, partitions=[], groups=[], offsets=[],
                               participants={})
-        finally:
-            t.busy = False
 
-    async def _abort(self, t: _Txn, reason: str, *, bump: bool) -> None:
+    async def _abort(self, t: TxnMeta, reason: str, *, bump: bool) -> None:
         """Abort the open transaction; ``bump`` also raises the epoch, fencing the producer.
         Nothing was applied here, so one CompleteAbort record is the decision and its
         completion, unless other broker groups staged parts of it: then PrepareAbort first,
         their markers, then CompleteAbort."""
-        changes: dict = {"state": COMPLETE_ABORT, "partitions": [], "groups": [], "offsets": [],
-                         "participants": {}}
-        if t.participants:
-            changes.update(state=PREPARE_ABORT, participants=t.participants)
+        state = PREPARE_ABORT if t.participants else COMPLETE_ABORT
+        changes: dict = {"partitions": [], "groups": [], "offsets": [],
+                         "participants": t.participants}
         started = t.started_ms
-        if bump:
-            if t.epoch >= EPOCH_EXHAUSTED:
-                changes.update(pid=await self.allocate_pid(), epoch=0, last_epoch=-1)
-            else:
-                changes.update(epoch=t.epoch + 1, last_epoch=t.epoch)
-        t.busy = True
-        try:
-            await self._write(t, **changes)
-        finally:
-            t.busy = False
-        if t.state == PREPARE_ABORT:
+        with t.transition(state):  # before a new producer id is awaited: nothing else starts
+            if bump:
+                if t.epoch >= EPOCH_EXHAUSTED:
+                    changes.update(pid=await self.allocate_pid(), epoch=0, last_epoch=-1)
+                else:
+                    changes.update(epoch=t.epoch + 1, last_epoch=t.epoch)
+            await self._write(t, state, **changes)
+        if t.state is PREPARE_ABORT:
             await self._finish_abort(t)
         self.metrics.kafka_txn_aborted.labels(reason=reason).inc()
         self._finished(started)
@@ -981,22 +759,18 @@ class TransactionCoordinator:
             self.metrics.kafka_txn_duration.observe(max(0, self.now_ms() - started_ms) / 1000)
 
     # --- operators ---------------------------------------------------------------------------
-    def _view(self, t: _Txn) -> TxnView:
-        return TxnView(t.tid, t.pid, t.epoch, t.state, list(t.partitions), list(t.groups),
-                       t.timeout_ms, t.started_ms if t.open else None, t.updated_ms)
-
     def transactions(self, states: Collection[str] = ()) -> list[TxnView]:
         """Every transactional id's view, by id; with ``states``, only those in one of them
         (filtered before anything is sorted or built: an admin polling the open ones of a
         broker with many settled ids costs one pass over the ids, not a sort and a copy of
         each; a bench replay polling every 100 ms slowed the broker by half as ids grew)."""
-        chosen = [t for t in self._txns.values() if not states or t.state in states]
+        chosen = [t for t in self._txns.values() if not states or t.state.value in states]
         chosen.sort(key=attrgetter("tid"))
-        return [self._view(t) for t in chosen]
+        return [t.view() for t in chosen]
 
     def describe(self, transactional_id: str) -> TxnView | None:
         t = self._txns.get(transactional_id)
-        return None if t is None else self._view(t)
+        return None if t is None else t.view()
 
     async def abort(self, transactional_id: str, operator: str) -> str:
         """An operator's abort of an Ongoing transaction; its producer is fenced."""
@@ -1005,13 +779,13 @@ class TransactionCoordinator:
             if t is None or not (t.busy or t.inflight):
                 break
             await asyncio.sleep(0.01)
-        if t is None or t.state != ONGOING or t.busy or t.inflight:
+        if t is None or t.state is not ONGOING or t.busy or t.inflight:
             return "not-open"
         log.warning("kafka transaction %r aborted by operator %s", transactional_id, operator)
         try:
             await self._abort(t, "operator", bump=True)
         except CoordinatorUnavailable:
-            if t.state != PREPARE_ABORT:
+            if t.state is not PREPARE_ABORT:
                 raise
             # Decided: another broker group has not answered its marker yet; the scan
             # resends it until it does.

@@ -201,7 +201,7 @@ class KafkaData:
         """Store an idempotent batch, then remember it for deduplication if it is in the log."""
         try:
             results = await self.store.put_batch(msgs)
-            if all(r.ok or r.status is PutStatus.OUTCOME_UNKNOWN for r in results):
+            if all(r.in_log for r in results):
                 # In the log, even if the flush or a slave is late, or the write gate went up
                 # while it waited: a retry is answered as its duplicate, through the same
                 # flush, replica and gate checks (_confirm_duplicate), never stored again.

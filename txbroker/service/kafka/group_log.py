@@ -159,7 +159,9 @@ class GroupLog:
                      results[at - 1].queue_offset + 1 if at else first)
             at += len(docs)
             ok = all(r.ok for r in mine)
-            if ok and snapshot:
-                ok = (await self.store.put(_message({"from": start}, CHECKPOINT_QUEUE))).ok
+            if snapshot and all(r.in_log for r in mine):
+                # The checkpoint may name the snapshot once its records are in the log, even
+                # unacknowledged: a checkpoint never points past records that are not there.
+                ok = (await self.store.put(_message({"from": start}, CHECKPOINT_QUEUE))).ok and ok
             if not fut.done():
                 fut.set_result(ok)

@@ -1,6 +1,8 @@
 """Kafka's classic consumer-group coordinator: join, sync, heartbeat, leave, session expiry.
 
-One :class:`Group` per group id walks Kafka's states (docs/kafka.md, "Consumer groups"):
+One :class:`~txbroker.service.kafka.group_record.Group` per group id walks Kafka's states
+(docs/kafka.md, "Consumer groups"; the table is group_state.py, and a move it does not allow
+raises):
 Empty -> PreparingRebalance (members (re)join; JoinGroup answers are parked) ->
 CompletingRebalance (generation + 1, protocol chosen, the leader got the member list; SyncGroup
 answers are parked until the leader's assignment arrives) -> Stable.  Parked answers are futures
@@ -14,8 +16,9 @@ moving a manual clock, with no task and no sleeping.
 Group state is durable (``group_log.py``): a generation's members and assignment are written
 when SyncGroup completes it, and a static member's new id, an emptied group and a deletion
 too; a restarted broker (or a new master) loads them, so consumers go on heartbeating across
-it.  A file over 450 lines because the state machine, its persistence points and its pruning
-all read and change one ``Group`` and must be read together."""
+it.  A file over 450 lines because the transitions, their persistence points and the pruning
+all read and change one ``Group`` and must be read together (the group and its document are
+group_record.py, the states group_state.py)."""
 
 from __future__ import annotations
 
@@ -26,116 +29,23 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.errors import ErrorCode
-from txbroker.service.kafka.group_log import GroupLog, b64, unb64
+from txbroker.service.kafka.group_log import GroupLog
+from txbroker.service.kafka.group_record import Group, Member
+from txbroker.service.kafka.group_state import GroupState
 from txbroker.service.metrics import BrokerMetrics
 from txbroker.store.offsets import ConsumerOffsetStore, OffsetKey
 
-EMPTY = "Empty"
-PREPARING = "PreparingRebalance"
-COMPLETING = "CompletingRebalance"
-STABLE = "Stable"
-DEAD = "Dead"
+EMPTY, PREPARING, COMPLETING = GroupState.EMPTY, GroupState.PREPARING, GroupState.COMPLETING
+STABLE, DEAD = GroupState.STABLE, GroupState.DEAD
 
 log = logging.getLogger(__name__)
 
 #: The longest the timer task sleeps without looking at its deadlines (a safety net only:
 #: every change that moves a deadline closer wakes it).
 _MAX_SLEEP = 1.0
-
-
-@dataclass(eq=False)
-class Member:
-    member_id: str
-    client_id: str
-    group_instance_id: str | None
-    session_timeout: float            # seconds
-    rebalance_timeout: float          # seconds
-    protocols: list[tuple[str, bytes]]
-    last_seen: float
-    assignment: bytes = b""
-    client_host: str = ""
-    #: The parked JoinGroup / SyncGroup answer, while one is awaited.
-    join: asyncio.Future | None = None
-    sync: asyncio.Future | None = None
-
-    def awaiting_join(self) -> bool:
-        return self.join is not None and not self.join.done()
-
-    def awaiting_sync(self) -> bool:
-        return self.sync is not None and not self.sync.done()
-
-
-@dataclass(eq=False)
-class Group:
-    group_id: str
-    state: str = EMPTY
-    generation: int = 0
-    protocol_type: str | None = None
-    protocol_name: str | None = None
-    leader: str | None = None
-    #: Members in the order they joined (the first one left becomes the leader).
-    members: dict[str, Member] = field(default_factory=dict)
-    #: Member ids handed out with MEMBER_ID_REQUIRED -> the time they lapse if not used.
-    pending: dict[str, float] = field(default_factory=dict)
-    #: PreparingRebalance: the join phase ends at ``join_deadline`` at the latest, and not
-    #: before ``initial_until`` (the initial delay of a group that was empty).
-    join_deadline: float = 0.0
-    initial_until: float | None = None
-    #: When the group entered its state (clock seconds): an Empty group's offsets expire
-    #: ``kafka_offsets_retention`` after it.
-    state_since: float = 0.0
-    #: A record of the group exists in the log (its removal needs a tombstone).
-    persisted: bool = False
-    #: The generation whose assignment is being written (the leader's SyncGroup arrived).
-    storing: int = -1
-
-    def static_member(self, instance_id: str) -> Member | None:
-        for m in self.members.values():
-            if m.group_instance_id == instance_id:
-                return m
-        return None
-
-    def doc(self) -> dict:
-        """The durable record of the group (group_log.py): what a loaded group needs."""
-        proto = self.protocol_name
-        return {"group": self.group_id, "generation": self.generation,
-                "protocol_type": self.protocol_type, "protocol": proto, "leader": self.leader,
-                "state_since": self.state_since,
-                "members": [{"id": m.member_id, "instance": m.group_instance_id,
-                             "client_id": m.client_id, "client_host": m.client_host,
-                             "session": m.session_timeout, "rebalance": m.rebalance_timeout,
-                             "metadata": b64(dict(m.protocols).get(proto or "", b"")),
-                             "assignment": b64(m.assignment)}
-                            for m in self.members.values()]}
-
-    @classmethod
-    def from_doc(cls, doc: dict, now: float) -> Group:
-        """A loaded group: Stable with its members (each with a whole session timeout from
-        ``now``, as Kafka schedules them on load), or Empty."""
-        g = cls(doc["group"], generation=doc["generation"], protocol_type=doc["protocol_type"],
-                protocol_name=doc["protocol"], leader=doc["leader"],
-                state_since=doc["state_since"], persisted=True)
-        for d in doc["members"]:
-            g.members[d["id"]] = Member(
-                d["id"], d["client_id"], d["instance"], d["session"], d["rebalance"],
-                [(doc["protocol"], unb64(d["metadata"]))], now,
-                assignment=unb64(d["assignment"]), client_host=d["client_host"])
-        g.state = STABLE if g.members else EMPTY
-        if not g.members:
-            g.protocol_name = g.leader = None
-        return g
-
-    def common_protocols(self) -> set[str]:
-        """Protocol names every member supports."""
-        names: set[str] | None = None
-        for m in self.members.values():
-            mine = {name for name, _ in m.protocols}
-            names = mine if names is None else names & mine
-        return names or set()
 
 
 def _error(code: ErrorCode, member_id: str = "") -> dict:
@@ -204,7 +114,7 @@ class GroupCoordinator:
     def _drop_all(self, code: ErrorCode) -> None:
         """Forget every group; parked answers get ``code``."""
         for group in self.groups.values():
-            group.state = DEAD
+            group.move_to(DEAD)
             for m in group.members.values():
                 self._resolve(m.join, _error(code, m.member_id))
                 self._resolve(m.sync, {"error_code": code})
@@ -219,7 +129,7 @@ class GroupCoordinator:
                 await self._task
             self._task = None
         for group in self.groups.values():
-            group.state = DEAD
+            group.move_to(DEAD)
             for m in group.members.values():
                 self._resolve(m.join, _error(ErrorCode.COORDINATOR_NOT_AVAILABLE, m.member_id))
                 self._resolve(m.sync, {"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE})
@@ -253,7 +163,7 @@ class GroupCoordinator:
         times: list[float] = []
         for g in self.groups.values():
             times.extend(g.pending.values())
-            if g.state == PREPARING:
+            if g.state is PREPARING:
                 times.append(g.initial_until if g.initial_until is not None else g.join_deadline)
             times.extend(m.last_seen + m.session_timeout for m in g.members.values()
                          if not (m.awaiting_join() or m.awaiting_sync()))
@@ -264,7 +174,7 @@ class GroupCoordinator:
         (a rebalance starts), join phases whose time is up complete."""
         now = self.clock()
         for g in list(self.groups.values()):
-            if g.state == DEAD:
+            if g.state is DEAD:
                 continue
             for mid, until in list(g.pending.items()):
                 if now >= until:
@@ -274,7 +184,7 @@ class GroupCoordinator:
                         and now >= m.last_seen + m.session_timeout):
                     self._remove(g, m, ErrorCode.UNKNOWN_MEMBER_ID)
             self._maybe_complete_join(g)
-            if g.state == EMPTY and not g.pending and not g.persisted:
+            if g.state is EMPTY and not g.pending and not g.persisted:
                 # only member ids were handed out, never used: nothing to keep
                 del self.groups[g.group_id]
         self._gauge()
@@ -336,7 +246,7 @@ class GroupCoordinator:
                         list(protocols), now, client_host=client_host)
         group.members[member_id] = member
         member.join = asyncio.get_running_loop().create_future()
-        if group.state == PREPARING:
+        if group.state is PREPARING:
             if group.initial_until is not None:
                 group.initial_until = min(now + self.config.kafka_group_initial_rebalance_delay,
                                           group.join_deadline)
@@ -353,13 +263,13 @@ class GroupCoordinator:
         unchanged = list(protocols) == member.protocols
         member.protocols = list(protocols)
         member.session_timeout, member.rebalance_timeout = session, rebalance
-        if unchanged and (group.state == COMPLETING
-                          or (group.state == STABLE and member.member_id != group.leader)):
+        if unchanged and (group.state is COMPLETING
+                          or (group.state is STABLE and member.member_id != group.leader)):
             return self._join_answer(group, member)
         if member.awaiting_join():       # a duplicate JoinGroup: the newer one is answered
             self._resolve(member.join, _error(ErrorCode.REBALANCE_IN_PROGRESS, member.member_id))
         member.join = asyncio.get_running_loop().create_future()
-        if group.state == PREPARING:
+        if group.state is PREPARING:
             self._maybe_complete_join(group)
         else:
             self._prepare_rebalance(group)
@@ -383,7 +293,7 @@ class GroupCoordinator:
         old.client_id, old.client_host, old.last_seen = client_id, client_host, self.clock()
         member = old
         member.join = asyncio.get_running_loop().create_future()
-        if group.state == STABLE and self._select_protocol(group) == group.protocol_name:
+        if group.state is STABLE and self._select_protocol(group) == group.protocol_name:
             generation = group.generation
 
             def recorded(ok: bool) -> None:
@@ -398,7 +308,7 @@ class GroupCoordinator:
                 self._resolve(member.join, _error(ErrorCode.COORDINATOR_NOT_AVAILABLE))
 
             self._record(group, recorded)
-        elif group.state == PREPARING:
+        elif group.state is PREPARING:
             self._maybe_complete_join(group)
         else:
             self._prepare_rebalance(group)
@@ -432,8 +342,8 @@ class GroupCoordinator:
             self._resolve(m.sync, {"error_code": ErrorCode.REBALANCE_IN_PROGRESS})
             m.assignment = b""
         now = self.clock()
-        was_empty = group.state == EMPTY
-        group.state = PREPARING
+        was_empty = group.state is EMPTY
+        group.move_to(PREPARING)
         group.join_deadline = now + max((m.rebalance_timeout for m in group.members.values()),
                                         default=0.0)
         group.initial_until = None
@@ -443,7 +353,7 @@ class GroupCoordinator:
         self._maybe_complete_join(group)
 
     def _maybe_complete_join(self, group: Group) -> None:
-        if group.state != PREPARING:
+        if group.state is not PREPARING:
             return
         now = self.clock()
         if group.members:
@@ -469,12 +379,13 @@ class GroupCoordinator:
         group.generation += 1
         group.initial_until = None
         if not group.members:
-            group.state, group.protocol_name, group.leader = EMPTY, None, None
+            group.move_to(EMPTY)
+            group.protocol_name = group.leader = None
             group.state_since = self.clock()
             if group.persisted:
                 self._record(group)
             return
-        group.state = COMPLETING
+        group.move_to(COMPLETING)
         group.protocol_name = self._select_protocol(group)
         if group.leader not in group.members:
             group.leader = next(iter(group.members))
@@ -512,7 +423,7 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID, None, None
-        if group.state == DEAD or self._closed:
+        if group.state is DEAD or self._closed:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, group, None
         if instance_id is not None:
             static = group.static_member(instance_id)
@@ -543,9 +454,9 @@ class GroupCoordinator:
             return {"error_code": err}
         assert group is not None and member is not None
         member.last_seen = self.clock()
-        if group.state == PREPARING:
+        if group.state is PREPARING:
             return {"error_code": ErrorCode.REBALANCE_IN_PROGRESS}
-        if group.state == STABLE:
+        if group.state is STABLE:
             return {"error_code": ErrorCode.NONE, "assignment": member.assignment}
         if member.awaiting_sync():
             self._resolve(member.sync, {"error_code": ErrorCode.REBALANCE_IN_PROGRESS})
@@ -559,7 +470,7 @@ class GroupCoordinator:
             def recorded(ok: bool) -> None:
                 """Kafka answers SyncGroup once the generation is stored: a restart after
                 the answer finds the group as its members know it."""
-                if group.generation != generation or group.state != COMPLETING:
+                if group.generation != generation or group.state is not COMPLETING:
                     return          # a rebalance started meanwhile: the members were told
                 group.storing = -1
                 if not ok:
@@ -568,7 +479,8 @@ class GroupCoordinator:
                     self._prepare_rebalance(group)
                     return
                 now = self.clock()
-                group.state, group.state_since = STABLE, now
+                group.move_to(STABLE)
+                group.state_since = now
                 for m in group.members.values():
                     m.last_seen = now
                     self._resolve(m.sync, {"error_code": ErrorCode.NONE,
@@ -585,7 +497,7 @@ class GroupCoordinator:
             return err
         assert group is not None and member is not None
         member.last_seen = self.clock()
-        if group.state == PREPARING:
+        if group.state is PREPARING:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
 
@@ -595,7 +507,7 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
-        if group.state == DEAD or self._closed:
+        if group.state is DEAD or self._closed:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if group.pending.pop(member_id, None) is not None:
             self._maybe_complete_join(group)
@@ -615,7 +527,7 @@ class GroupCoordinator:
         self._resolve(member.sync, {"error_code": code})
         if group.leader == member.member_id:
             group.leader = None
-        if group.state in (STABLE, COMPLETING):
+        if group.state is STABLE or group.state is COMPLETING:
             self._prepare_rebalance(group)
         else:
             self._maybe_complete_join(group)
@@ -627,19 +539,19 @@ class GroupCoordinator:
         the group; otherwise the member must be known, at the group's generation, and the
         group not waiting for its assignment."""
         group = self.groups.get(group_id)
-        if self._closed or (group is not None and group.state == DEAD):
+        if self._closed or (group is not None and group.state is DEAD):
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if not self.active:
             return ErrorCode.NOT_COORDINATOR
         if group is None:
             return ErrorCode.NONE if generation_id < 0 else ErrorCode.ILLEGAL_GENERATION
         if generation_id < 0 and not member_id:
-            return ErrorCode.NONE if group.state == EMPTY else ErrorCode.UNKNOWN_MEMBER_ID
+            return ErrorCode.NONE if group.state is EMPTY else ErrorCode.UNKNOWN_MEMBER_ID
         if member_id not in group.members:
             return ErrorCode.UNKNOWN_MEMBER_ID
         if generation_id != group.generation:
             return ErrorCode.ILLEGAL_GENERATION
-        if group.state == COMPLETING:
+        if group.state is COMPLETING:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
 
@@ -650,7 +562,7 @@ class GroupCoordinator:
         known: dict[str, Group | None] = {}
         if self.offsets is not None:
             known = dict.fromkeys(self.offsets.kafka_groups())
-        known.update((gid, g) for gid, g in self.groups.items() if g.state != DEAD)
+        known.update((gid, g) for gid, g in self.groups.items() if g.state is not DEAD)
         return known
 
     def list_groups(self, states: list[str] | None = None) -> list[dict]:
@@ -660,7 +572,7 @@ class GroupCoordinator:
         wanted = {s.lower() for s in states or ()}
         rows = []
         for gid, g in sorted(self._known().items()):
-            state = g.state if g is not None else EMPTY
+            state = (g.state if g is not None else EMPTY).value
             if wanted and state.lower() not in wanted:
                 continue
             rows.append({"group_id": gid, "protocol_type": (g.protocol_type if g else "") or "",
@@ -679,12 +591,13 @@ class GroupCoordinator:
         if not self.active:
             return {"error_code": ErrorCode.NOT_COORDINATOR, "group_id": group_id}
         if group_id not in known:
-            return {"error_code": ErrorCode.NONE, "group_id": group_id, "group_state": DEAD}
+            return {"error_code": ErrorCode.NONE, "group_id": group_id, "group_state": DEAD.value}
         g = known[group_id]
         if g is None:
-            return {"error_code": ErrorCode.NONE, "group_id": group_id, "group_state": EMPTY}
-        stable = g.state == STABLE
-        return {"error_code": ErrorCode.NONE, "group_id": group_id, "group_state": g.state,
+            return {"error_code": ErrorCode.NONE, "group_id": group_id,
+                    "group_state": EMPTY.value}
+        stable = g.state is STABLE
+        return {"error_code": ErrorCode.NONE, "group_id": group_id, "group_state": g.state.value,
                 "protocol_type": g.protocol_type or "",
                 "protocol_data": (g.protocol_name or "") if stable else "",
                 "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id,
@@ -709,7 +622,7 @@ class GroupCoordinator:
                 verdicts.append(ErrorCode.INVALID_GROUP_ID)
             elif gid not in known:
                 verdicts.append(ErrorCode.GROUP_ID_NOT_FOUND)
-            elif (g := known[gid]) is not None and (g.members or g.pending or g.state != EMPTY):
+            elif (g := known[gid]) is not None and (g.members or g.pending or g.state is not EMPTY):
                 verdicts.append(ErrorCode.NON_EMPTY_GROUP)
             else:
                 del known[gid]
@@ -739,7 +652,7 @@ class GroupCoordinator:
         expired: list[OffsetKey] = []
         removed = 0
         for gid, g in self._known().items():
-            if g is not None and (g.members or g.pending or g.state != EMPTY):
+            if g is not None and (g.members or g.pending or g.state is not EMPTY):
                 continue
             offsets = table.get(gid, {})
             if g is not None and g.protocol_type:

@@ -28,6 +28,7 @@ which :meth:`TxnStaging.start` finishes without waiting for the coordinator to a
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -38,10 +39,14 @@ import orjson
 from txbroker.config import BrokerConfig
 from txbroker.remoting.kafka.errors import ErrorCode
 from txbroker.remoting.kafka.records import RecordBatch, RecordsError, read_batches
+from txbroker.service.kafka.commit_apply import (
+    ApplyRefused,
+    CommitProgress,
+    apply_decided,
+)
 from txbroker.service.kafka.mapping import record_to_message
 from txbroker.service.kafka.producers import BatchMeta, ProducerStates
 from txbroker.service.kafka.txn_log import BORN_HOST, read_queue
-from txbroker.service.topics import is_system_topic
 from txbroker.store.message_store import MessageStore
 from txbroker.store.record import Message
 
@@ -56,7 +61,25 @@ P_TXN = "KTXN"
 P_TOPIC = "KTOPIC"
 P_QUEUE = "KQUEUE"
 P_GROUP = "KGROUP"
-BATCH, OFFSETS, COMMIT, ABORT, DONE = "batch", "offsets", "commit", "abort", "done"
+
+
+class Kind(enum.Enum):
+    """What a record of the staged topic holds (its ``KKIND`` property; the values are what
+    the log holds, so they never change)."""
+
+    BATCH = "batch"
+    OFFSETS = "offsets"
+    COMMIT = "commit"
+    ABORT = "abort"
+    DONE = "done"
+
+    @classmethod
+    def of(cls, text: str | None) -> Kind | None:
+        """The kind a record's property names (None: none this version knows)."""
+        try:
+            return cls(text)
+        except ValueError:
+            return None
 
 #: (consumer group, topic, broker group owning the queue, queue id, offset)
 StagedOffset = tuple[str, str, str, int, int]
@@ -91,10 +114,9 @@ class _Apply:
 
     pid: int
     txn: int
-    marker: int
     entries: list[_Entry]
-    #: Records of the commit already appended (they follow the marker record).
-    applied: int = 0
+    #: Where its marker record is and how many of its records are in the log.
+    progress: CommitProgress
 
 
 @dataclass
@@ -141,31 +163,30 @@ class TxnStaging:
         self.staged_bytes = 0
         for _, m in read_queue(self.store, STAGED_TOPIC):
             p = m.properties
-            kind, pid = p.get(P_KIND), int(p.get(P_PID, "-1"))
+            kind, pid = Kind.of(p.get(P_KIND)), int(p.get(P_PID, "-1"))
             epoch = int(p.get(P_EPOCH, "-1"))
             prod = self._producer(pid)
-            if kind == BATCH:
+            if kind is Kind.BATCH:
                 batch = read_batches(m.body, check_crc=False)[0]
                 self._add(prod, _Entry(epoch, p[P_TOPIC], int(p[P_QUEUE]), batch,
                                        size=len(m.body)))
-            elif kind == OFFSETS:
+            elif kind is Kind.OFFSETS:
                 self._add(prod, _Entry(epoch, offsets=[tuple(o) for o in orjson.loads(m.body)],
                                        size=len(m.body)))
-            elif kind in (COMMIT, ABORT):
+            elif kind is Kind.COMMIT or kind is Kind.ABORT:
                 txn = int(p[P_TXN])
                 prod.last_txn, prod.fence_epoch = txn, max(prod.fence_epoch, epoch)
                 settled, rest = _split(prod.staged, epoch)
                 self._keep(prod, rest)
-                if kind == COMMIT:
-                    prod.applying = _Apply(pid, txn, m.physical_offset,
-                                           [e for e in settled if e.epoch == epoch])
-            elif (kind == DONE and prod.applying is not None
+                if kind is Kind.COMMIT:
+                    # how far it got is counted in the log when it is finished
+                    prod.applying = _Apply(pid, txn, [e for e in settled if e.epoch == epoch],
+                                           CommitProgress(m.physical_offset, None))
+            elif (kind is Kind.DONE and prod.applying is not None
                   and prod.applying.txn == int(p[P_TXN])):
                 prod.applying = None
         now = self.now_ms()
         for pid, prod in self._by_pid.items():
-            if prod.applying is not None:
-                prod.applying.applied = self._count_applied(prod.applying.marker)
             for e in prod.staged:
                 if e.batch is not None:
                     self.producers.record(pid, e.epoch, e.topic, e.queue, BatchMeta(
@@ -173,13 +194,6 @@ class TxnStaging:
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
-
-    def _count_applied(self, marker: int) -> int:
-        n = 0
-        for m in self.store.scan(marker):
-            if m.prepared_transaction_offset == marker and not is_system_topic(m.topic):
-                n += 1
-        return n
 
     async def start(self) -> None:
         """Finish the commits recovery found interrupted (their decision is stored here)."""
@@ -287,13 +301,15 @@ class TxnStaging:
             self.producers.record(pid, epoch, topic, queue, meta, self.now_ms())
             result = await self.store.put(Message(
                 topic=STAGED_TOPIC, queue_id=0, body=batch.data,
-                properties={P_KIND: BATCH, P_PID: str(pid), P_EPOCH: str(epoch),
+                properties={P_KIND: Kind.BATCH.value, P_PID: str(pid), P_EPOCH: str(epoch),
                             P_TOPIC: topic, P_QUEUE: str(queue)}))
-            if not result.ok:
+            if not result.in_log:
                 self.producers.forget(pid, topic, queue, meta)
                 return ErrorCode.KAFKA_STORAGE_ERROR, -1
+            # In the log, acknowledged or not (OUTCOME_UNKNOWN): staged, as a replay would
+            # stage it, so the client's retry is a duplicate and not staged a second time.
             self._add(prod, _Entry(epoch, topic, queue, batch, size=size))
-        return ErrorCode.NONE, -1
+        return (ErrorCode.NONE if result.ok else ErrorCode.KAFKA_STORAGE_ERROR), -1
 
     async def stage_offsets(self, pid: int, epoch: int, offsets: list[StagedOffset]) -> ErrorCode:
         """Stage a TxnOffsetCommit's offsets (set when the commit marker arrives)."""
@@ -306,11 +322,10 @@ class TxnStaging:
                 return err
             result = await self.store.put(Message(
                 topic=STAGED_TOPIC, queue_id=0, body=body,
-                properties={P_KIND: OFFSETS, P_PID: str(pid), P_EPOCH: str(epoch)}))
-            if not result.ok:
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE
-            self._add(prod, _Entry(epoch, offsets=list(offsets), size=len(body)))
-        return ErrorCode.NONE
+                properties={P_KIND: Kind.OFFSETS.value, P_PID: str(pid), P_EPOCH: str(epoch)}))
+            if result.in_log:  # as a replay would stage it
+                self._add(prod, _Entry(epoch, offsets=list(offsets), size=len(body)))
+        return ErrorCode.NONE if result.ok else ErrorCode.COORDINATOR_NOT_AVAILABLE
 
     # --- markers ------------------------------------------------------------------------------
     async def apply(self, pid: int, epoch: int, txn: int, commit: bool) -> ErrorCode:
@@ -329,12 +344,16 @@ class TxnStaging:
                     prod.last_txn, prod.fence_epoch = txn, max(prod.fence_epoch, epoch)
                     self._keep(prod, rest)
                     return ErrorCode.NONE
+                kind = Kind.COMMIT if commit else Kind.ABORT
                 result = await self.store.put(Message(
                     topic=STAGED_TOPIC, queue_id=0, body=b"",
-                    properties={P_KIND: COMMIT if commit else ABORT, P_PID: str(pid),
+                    properties={P_KIND: kind.value, P_PID: str(pid),
                                 P_EPOCH: str(epoch), P_TXN: str(txn)}))
-                if not result.ok:
+                if not result.in_log:
                     raise StagingUnavailable(ErrorCode.KAFKA_STORAGE_ERROR)
+                # In the log, acknowledged or not: the decision is taken here as a replay
+                # takes it, so the marker's retry finishes this one instead of writing a
+                # second (whose replay would stand for the first with no records).
                 prod.last_txn, prod.fence_epoch = txn, max(prod.fence_epoch, epoch)
                 self._keep(prod, rest)
                 for e in settled:
@@ -343,16 +362,20 @@ class TxnStaging:
                             e.batch.base_sequence, e.batch.last_sequence, -1,
                             e.batch.max_timestamp))
                 if commit:
-                    prod.applying = _Apply(pid, txn, result.physical_offset,
-                                           [e for e in settled if e.epoch == epoch])
+                    prod.applying = _Apply(pid, txn, [e for e in settled if e.epoch == epoch],
+                                           CommitProgress(result.physical_offset))
+                if not result.ok:
+                    raise StagingUnavailable(ErrorCode.KAFKA_STORAGE_ERROR)
+                if commit:
                     await self._finish(prod)
             except StagingUnavailable as exc:
                 return exc.code
         return ErrorCode.NONE
 
     async def _finish(self, prod: _Producer) -> None:
-        """Append the records of ``prod``'s decided commit not appended yet, set its offsets,
-        write the done record.  Idempotent: ``applied`` says where the last attempt stopped."""
+        """Apply ``prod``'s decided commit (commit_apply.py): append its records not in the log
+        yet, set its offsets, write the done record.  Idempotent, so a marker sent again (or
+        :meth:`start`) finishes where the last attempt stopped."""
         a = prod.applying
         assert a is not None
         msgs: list[Message] = []
@@ -367,31 +390,29 @@ class TxnStaging:
             except RecordsError as exc:  # checked when staged; the decision cannot be undone
                 log.error("staged batch of %s-%d does not decode (%s): skipped", e.topic,
                           e.queue, exc)
-        for m in msgs:
-            m.prepared_transaction_offset = a.marker
-        rest = msgs[a.applied:]
-        if rest:
-            results = await self.store.put_chain(rest)
-            a.applied += sum(1 for r in results if r.ok)
-            if a.applied < len(msgs):
-                raise StagingUnavailable(ErrorCode.KAFKA_STORAGE_ERROR)
         local = [o for o in offsets if o[2] == self.config.broker_name]
-        if local:
-            # Through the offset log before the done record: a log holding the done record
-            # holds the offsets too (txbroker/store/offset_log.py), and the done record's
-            # wait covers this earlier record.
-            done = self.store.commit_offsets_now([(g, t, q, o, None) for g, t, _, q, o in local])
-            if not done.ok:
+
+        async def elsewhere() -> None:
+            for group, topic, broker, queue, offset in offsets:
+                if broker != self.config.broker_name and not await self.commit_remote(
+                        broker, group, topic, queue, offset):
+                    raise StagingUnavailable(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+
+        async def done() -> None:
+            result = await self.store.put(Message(
+                topic=STAGED_TOPIC, queue_id=0, body=orjson.dumps(local) if local else b"",
+                properties={P_KIND: Kind.DONE.value, P_PID: str(a.pid), P_TXN: str(a.txn)}))
+            if not result.ok:
                 raise StagingUnavailable(ErrorCode.KAFKA_STORAGE_ERROR)
-        for group, topic, broker, queue, offset in offsets:
-            if broker != self.config.broker_name and not await self.commit_remote(
-                    broker, group, topic, queue, offset):
-                raise StagingUnavailable(ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        result = await self.store.put(Message(
-            topic=STAGED_TOPIC, queue_id=0, body=orjson.dumps(local) if local else b"",
-            properties={P_KIND: DONE, P_PID: str(a.pid), P_TXN: str(a.txn)}))
-        if not result.ok:
-            raise StagingUnavailable(ErrorCode.KAFKA_STORAGE_ERROR)
+
+        try:
+            await apply_decided(self.store, a.progress, msgs,
+                                [(g, t, q, o) for g, t, _, q, o in local],
+                                elsewhere=elsewhere, done=done)
+        except ApplyRefused as exc:
+            log.warning("staged kafka commit of txn %d of producer %d: %s; the marker is retried",
+                        a.txn, a.pid, exc)
+            raise StagingUnavailable(exc.code) from exc
         prod.applying = None
 
 

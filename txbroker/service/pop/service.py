@@ -518,7 +518,7 @@ class PopService:
                 topic=dlq, queue_id=0, body=msg.body, flag=msg.flag, properties=props,
                 sys_flag=msg.sys_flag, born_timestamp=msg.born_timestamp,
                 born_host=msg.born_host, reconsume_times=entry.attempt))
-            if not result.ok:
+            if not result.in_log:  # in the dead-letter topic, even unacknowledged: not again
                 entry.dead = False  # tried again on the next pass
                 heapq.heappush(self._due, (entry.visible_at, entry.serial, key, entry.offset))
                 log.warning("POP: message %s:%d of group %s not moved to %s (%s); retried",

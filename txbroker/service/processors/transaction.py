@@ -45,15 +45,12 @@ from txbroker.service.transaction.service import TransactionalMessageService
 from txbroker.service.transaction.state import UnknownTransactionError
 
 if TYPE_CHECKING:
-    from txbroker.service.kafka.coordinator import TransactionCoordinator, TxnView
+    from txbroker.service.kafka.coordinator import TransactionCoordinator
+    from txbroker.service.kafka.txn_record import TxnView
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Any, RemotingCommand], Awaitable[RemotingCommand | None]]
-
-#: Kafka transaction states in which a transaction is open (records or offsets not final).
-KAFKA_OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort"})
-
 
 def kafka_txn_doc(view: TxnView, now_ms: int) -> dict:
     """A Kafka transaction as the operator requests answer it: the view's fields, plus
@@ -153,7 +150,7 @@ def transaction_handlers(tx: TransactionalMessageService,
         views = [] if kafka is None else kafka.transactions()
         rows = [kafka_txn_doc(v, now_ms) for v in sorted(views, key=lambda v: v.transactional_id)
                 if (not h.hanging or v.hanging(now_ms))
-                and (not h.open_only or v.state in KAFKA_OPEN_STATES)]
+                and (not h.open_only or v.open)]
         return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps(rows))
 
     async def kafka_txn_abort(conn: Any, cmd: RemotingCommand) -> RemotingCommand:

@@ -60,7 +60,7 @@ from txbroker.store.record import (
     Message,
     StoredMessage,
 )
-from txbroker.store.results import PutResult, PutStatus
+from txbroker.store.results import PutResult
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +81,6 @@ _DELIVER_PER_PASS = 512
 _LOAD_PER_PASS = 2048
 #: Rolls per pass at most, so a backlog of old timers never stalls delivery.
 _ROLLS_PER_PASS = 1000
-
-
-def _stored(result: PutResult) -> bool:
-    """In this log: acknowledged, or OUTCOME_UNKNOWN (stored, acknowledgement unknown)."""
-    return result.ok or result.status is PutStatus.OUTCOME_UNKNOWN
 
 
 class TimerService:
@@ -225,7 +220,7 @@ class TimerService:
                                                                  index.base))
         finally:
             self._holding.difference_update(offsets)
-        if not _stored(result):
+        if not result.in_log:
             raise TimerRefusal(ResponseCode.SYSTEM_ERROR,
                                f"recall failed: the store refused the record: "
                                f"{result.status.name} {result.reason}".strip())
@@ -383,10 +378,10 @@ class TimerService:
         records = [unwrap(m) for _, _, m in batch]
         records.append(self.log.settle_record(offsets, TAG_DELIVERED, index.base))
         results = await self.store.put_chain(records)
-        stored = sum(1 for r in results[:len(batch)] if _stored(r))
+        stored = sum(1 for r in results[:len(batch)] if r.in_log)
         for _, offset, _ in batch[:stored]:
             index.settle(offset)
-        refused = next((r for r in results if not _stored(r)), None)
+        refused = next((r for r in results if not r.in_log), None)
         if refused is None and len(results) == len(records):
             self._unsettled = []
         else:
@@ -438,7 +433,7 @@ class TimerService:
                 break
             results = await self.store.put_chain([again(m), self.log.settle_record(
                 [base], TAG_ROLLED, base)])
-            if len(results) < 2 or not all(_stored(r) for r in results):
+            if len(results) < 2 or not all(r.in_log for r in results):
                 break  # retried next second; a stored copy alone is a duplicate, never a loss
             index.settle(base)
             rolled += 1

@@ -338,7 +338,7 @@ class TransactionalMessageService:
     def _prepared(self, msg: Message, half: Message, group: str, result: PutResult,
                   conn: Any | None) -> PutResult:
         """Index a half the store took (see :meth:`prepare`)."""
-        if not result.ok and result.status is not PutStatus.OUTCOME_UNKNOWN:
+        if not result.in_log:
             return result
         # OUTCOME_UNKNOWN: stored here, not acknowledged.  The half is in the log, so it is
         # indexed like any other: the producer's retry is answered from it (not stored twice,
@@ -567,7 +567,7 @@ class TransactionalMessageService:
     def _committed(self, phys: int, entry: HalfEntry, decided: Decided, result: PutResult,
                    op: PutResult | None) -> None:
         """Settle a commit whose records the store took, or raise why it did not."""
-        if not _in_log(result):
+        if not result.in_log:
             raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                    f"commit failed, the store refused the message: "
                                    f"{result.status.name} {result.reason}".strip())
@@ -578,7 +578,7 @@ class TransactionalMessageService:
         # over without it, that master recovers the half as pending and checks it.
         self._settle(entry, decided)
         assert op is not None  # attempted whenever the final message was stored
-        if not _in_log(op):
+        if not op.in_log:
             self._missing_ops.append((phys, entry.queue_offset))
             log.error("op record of committed half %d not written (%s); it is rewritten at "
                       "the next start", phys, op.status.name)
@@ -586,7 +586,7 @@ class TransactionalMessageService:
 
     def _rolled_back(self, entry: HalfEntry, decided: Decided, op: PutResult) -> None:
         """Settle a rollback whose op record the store took, or raise why it did not."""
-        if not _in_log(op):
+        if not op.in_log:
             raise TransactionError(ResponseCode.SYSTEM_ERROR,
                                    f"rollback failed, the store refused the op record: "
                                    f"{op.status.name} {op.reason}".strip())
@@ -698,11 +698,6 @@ class TransactionalMessageService:
 #: commitOrRollback -> what an END asks for.
 _END_KINDS = {TRANSACTION_COMMIT_TYPE: "commit", TRANSACTION_ROLLBACK_TYPE: "rollback",
               TRANSACTION_NOT_TYPE: "unknown"}
-
-
-def _in_log(result: PutResult) -> bool:
-    """Stored in this log: acknowledged, or OUTCOME_UNKNOWN (stored, not acknowledged)."""
-    return result.ok or result.status is PutStatus.OUTCOME_UNKNOWN
 
 
 def _raise_if_unknown(result: PutResult, what: str) -> None:
