@@ -157,7 +157,11 @@ class LoadProcess:
     async def event(self, timeout: float) -> dict:
         """The process's next JSON line; its own error line or its end becomes a RuntimeError."""
         try:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the line instead of
+            # raising when Ctrl-C's cancellation meets a line that just arrived, and the run
+            # went on through the whole window and the next row.
+            async with asyncio.timeout(timeout):
+                line = await self.proc.stdout.readline()
         except TimeoutError:
             raise RuntimeError(f"{self.what}: no answer within {timeout:g} s") from None
         if not line:
