@@ -26,6 +26,8 @@ from test_readme import README, commands, scratch_checkout
 #: Bound on the whole cluster script (it sleeps ~20 s by design).
 SCRIPT_TIMEOUT = 180
 MARK = "@@readme-line@@"
+#: The script's last line: the TXBROKER_* variables the section left set in the reader's shell.
+LEFT_SET = f"echo \"{MARK} left set: $(env | grep -o '^TXBROKER_[A-Z_]*' | tr '\\n' ' ')\""
 
 
 def _free_port(pair: bool, taken: set[int]) -> int:
@@ -132,6 +134,7 @@ def test_readme_cluster_section_runs_as_written(tmp_path):
                    # command failed: what the brokers said then.
                    "[ $rc = 0 ] || tail -n 40 cluster-demo/*.log >&2",
                    f"echo \"{MARK} du $(du -sk cluster-demo 2>/dev/null | cut -f1)\" >&2"]
+    script.append(LEFT_SET)
     cwd = scratch_checkout(tmp_path)
     (cwd / "readme-cluster.sh").write_text("\n".join(script) + "\n")
     proc = subprocess.Popen(["bash", "readme-cluster.sh"], cwd=cwd, env=_environment(),
@@ -171,6 +174,8 @@ def test_readme_cluster_section_runs_as_written(tmp_path):
     # preallocated per member, are most of it).
     assert kib and max(kib) < 550 * 1024, max(kib)
     assert not (cwd / "cluster-demo").exists()  # the last block removes the demo's files
+    # ... and unsets what it exported: a later section's serve would read them
+    assert f"{MARK} left set: \n" in output, output[-2000:]
 
 
 @pytest.mark.slow
@@ -198,6 +203,7 @@ def test_readme_secure_cluster_runs_as_written(tmp_path):
         mapped = re.sub(r"\b(\d{4,5})\b", lambda m: mapping.get(m.group(1), m.group(1)), line)
         script += [f"echo '{MARK} {n}'; echo '{MARK} {n}' >&2", mapped,
                    f"echo \"{MARK} rc $?\" >&2"]
+    script.append(LEFT_SET)
     cwd = scratch_checkout(tmp_path)
     (cwd / "readme-secure.sh").write_text("\n".join(script) + "\n")
     proc = subprocess.Popen(["bash", "readme-secure.sh"], cwd=cwd, env=_environment(),
@@ -224,3 +230,4 @@ def test_readme_secure_cluster_runs_as_written(tmp_path):
     assert f"group broker-s: master {master}, epoch 1" in out("txbroker status"), output
     assert "consumed 4 messages" in out("consume"), output
     assert not (cwd / "secure-demo").exists()
+    assert f"{MARK} left set: \n" in output, output[-2000:]
