@@ -17,7 +17,6 @@ from __future__ import annotations
 import enum
 import itertools
 import os
-import re
 import secrets
 import socket
 import struct
@@ -25,12 +24,10 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import cast
 
 from txbroker.store import record as rec
 
-#: RocketMQ's topic charset and the record format's one-byte topic length.
-_TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
-MAX_TOPIC_LENGTH = 127
 #: Delay levels of RocketMQ's default table ("1s 5s 10s 30s 1m ... 2h").
 MAX_DELAY_LEVEL = 18
 #: Properties the SDK owns; a user property with one of these names would corrupt a message
@@ -70,15 +67,16 @@ class LocalTransactionState(enum.Enum):
     UNKNOW = rec.TRANSACTION_NOT_TYPE
 
 
-def validate_topic(name: object, what: str = "topic", limit: int = MAX_TOPIC_LENGTH) -> str:
-    """A topic name (or, with ``what`` and ``limit``, another name under the topic rule)."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"{what} must be a non-empty string")
-    if len(name) > limit:
-        raise ValueError(f"{what} {name[:20]!r}... is longer than {limit} characters")
-    if not _TOPIC_RE.match(name):
-        raise ValueError(f"{what} {name!r} may only contain letters, digits, '%', '|', '_' and '-'")
-    return name
+def validate_topic(name: object) -> str:
+    """``name`` if the broker accepts it as a topic, else ValueError saying why.
+
+    The rule is the broker's own (:func:`txbroker.store.record.topic_name_problem`): a topic a
+    Kafka client made, such as ``orders.v1``, is one the SDK and CLI can use too.
+    """
+    problem = rec.topic_name_problem(name)
+    if problem is not None:
+        raise ValueError(problem)
+    return cast(str, name)  # topic_name_problem passes only a non-empty str
 
 
 def check_text(what: str, value: object) -> str:

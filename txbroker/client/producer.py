@@ -90,10 +90,17 @@ MAX_HEADER_TEMPLATES = 256
 
 
 def validate_group(group: object, what: str = "group") -> str:
-    """Group names follow the topic charset (RocketMQ checks both alike), at most 120
-    characters so that ``%RETRY%<group>`` is still a valid topic; ``what`` ("producer group",
-    "consumer group") names the group in the error."""
-    return validate_topic(group, what, rec.MAX_TOPIC_BYTES - len(rec.RETRY_GROUP_TOPIC_PREFIX))
+    """Group names follow RocketMQ's rule, the broker's too (``[%|a-zA-Z0-9_-]``, no ``.``), at
+    most 120 characters so that ``%RETRY%<group>`` is still a name RocketMQ clients can use;
+    ``what`` ("producer group", "consumer group") names the group in the error."""
+    limit = rec.MAX_TOPIC_BYTES - len(rec.RETRY_GROUP_TOPIC_PREFIX)
+    if not isinstance(group, str) or not group:
+        raise ValueError(f"{what} must be a non-empty string")
+    if len(group) > limit:
+        raise ValueError(f"{what} {group[:20]!r}... is longer than {limit} characters")
+    if not rec.GROUP_NAME_RE.match(group):
+        raise ValueError(f"{what} {group!r} may only contain letters, digits, '%', '|', '_' and '-'")
+    return group
 
 
 class Producer:

@@ -7,9 +7,11 @@ default executor, never on the event loop, and a change shows in memory only onc
 holds it: a change the file cannot take (a full disk) is refused and never seen.  Names follow
 Kafka's rule, for both protocols (``[a-zA-Z0-9._-]``, 1 to 249 characters, not ``.`` or
 ``..``), plus RocketMQ's own separators ``%`` (the ``%RETRY%``/``%DLQ%`` prefixes, namespaces)
-and ``|``; RocketMQ clients check their own, stricter limit of 127 before they send.  System topics hold broker-internal state (half and operation messages,
-discarded halves, scheduled messages): a client may never produce to them or delete them,
-otherwise it could forge a commit or hide a pending transaction.
+and ``|``: one rule, :func:`txbroker.store.record.topic_name_problem`, which the SDK and CLI
+check too.  Stock RocketMQ clients check their own, stricter rule (no ``.``, at most 127)
+before they send (docs/protocol.md §8.1).  System topics hold broker-internal state (half and
+operation messages, discarded halves, scheduled messages): a client may never produce to them
+or delete them, otherwise it could forge a commit or hide a pending transaction.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import orjson
 
@@ -33,11 +35,12 @@ from txbroker.store.record import (
     CHECK_MAX_TIME_TOPIC,
     DEFAULT_TOPIC,
     DLQ_GROUP_TOPIC_PREFIX,
+    GROUP_NAME_RE,
     HALF_TOPIC,
-    MAX_STORED_TOPIC_BYTES,
     MAX_TOPIC_BYTES,
     OP_HALF_TOPIC,
     RETRY_GROUP_TOPIC_PREFIX,
+    topic_name_problem,
 )
 
 #: Where scheduled (delayed) messages wait; RocketMQ's name, so operators recognise it.
@@ -47,10 +50,6 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 TIMER_TOPIC = "rmq_sys_wheel_timer"
 
 log = logging.getLogger(__name__)
-#: Topic names: Kafka's characters plus RocketMQ's separators ``%`` and ``|``.
-_TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9._-]+$")
-#: Group names: RocketMQ's rule (they become part of %RETRY%/%DLQ% topic names).
-_NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 
 PERM_INHERIT = 0x1
 PERM_WRITE = 0x2
@@ -98,28 +97,19 @@ class TopicConfig:
 
 def validate_topic_name(name: str | None) -> str:
     """The name if it is a topic name here, else :class:`TopicError` (MESSAGE_ILLEGAL) saying
-    why, in Kafka's words."""
-    if not name:
-        raise TopicError(ResponseCode.MESSAGE_ILLEGAL,
-                         "Topic name is invalid: the empty string is not allowed")
-    if name in (".", ".."):
-        raise TopicError(ResponseCode.MESSAGE_ILLEGAL, f"Topic name is invalid: {name!r} is not allowed")
-    if len(name) > MAX_STORED_TOPIC_BYTES:
-        raise TopicError(ResponseCode.MESSAGE_ILLEGAL,
-                         f"Topic name is invalid: the length of {name[:40]!r}... is longer than "
-                         f"the max allowed length {MAX_STORED_TOPIC_BYTES}")
-    if not _TOPIC_RE.match(name):
-        raise TopicError(ResponseCode.MESSAGE_ILLEGAL,
-                         f"Topic name is invalid: {name!r} contains one or more characters other "
-                         f"than ASCII alphanumerics, '.', '_', '-' (and '%', '|')")
-    return name
+    why, in Kafka's words (the rule is :func:`txbroker.store.record.topic_name_problem`, which
+    the SDK and CLI check too)."""
+    problem = topic_name_problem(name)
+    if problem is not None:
+        raise TopicError(ResponseCode.MESSAGE_ILLEGAL, problem)
+    return cast(str, name)  # topic_name_problem passes only a non-empty str
 
 
 def validate_group_name(name: str | None, what: str = "group") -> str:
     """Groups follow the topic rules: they become part of %RETRY%/%DLQ% topic names."""
     if not name:
         raise TopicError(ResponseCode.SYSTEM_ERROR, f"{what} name is empty")
-    if len(name) + len(RETRY_GROUP_TOPIC_PREFIX) > MAX_TOPIC_BYTES or not _NAME_RE.match(name):
+    if len(name) + len(RETRY_GROUP_TOPIC_PREFIX) > MAX_TOPIC_BYTES or not GROUP_NAME_RE.match(name):
         raise TopicError(ResponseCode.SYSTEM_ERROR,
                          f"{what} name {name!r} is invalid (charset [%|a-zA-Z0-9_-], "
                          f"at most {MAX_TOPIC_BYTES - len(RETRY_GROUP_TOPIC_PREFIX)} characters)")

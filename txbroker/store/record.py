@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import os
+import re
 import socket
 import struct
 import zlib
@@ -89,6 +90,30 @@ MAX_TOPIC_BYTES = 127
 #: The longest topic the store writes: Kafka's 249.  The length byte is read unsigned here; a
 #: topic past 127 bytes is one only Kafka clients can name (RocketMQ clients refuse it first).
 MAX_STORED_TOPIC_BYTES = 249
+#: Topic names, one rule for every protocol and for the SDK and CLI: Kafka's characters
+#: (letters, digits, ``.``, ``_``, ``-``) plus RocketMQ's separators ``%`` (``%RETRY%``,
+#: ``%DLQ%``, namespaces) and ``|``; 1 to :data:`MAX_STORED_TOPIC_BYTES`, never ``.`` or ``..``.
+#: Stock RocketMQ clients check a stricter rule before they send (docs/protocol.md, "Topic
+#: and group names"): no ``.``, at most :data:`MAX_TOPIC_BYTES`.
+TOPIC_NAME_RE = re.compile(r"^[%|a-zA-Z0-9._-]+$")
+#: Group names: RocketMQ's rule, without ``.`` (a group becomes part of ``%RETRY%<group>``).
+GROUP_NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+
+
+def topic_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a topic here, in Kafka's words, or None when it can be one."""
+    if not isinstance(name, str) or not name:
+        return "Topic name is invalid: the empty string is not allowed"
+    if name in (".", ".."):
+        return f"Topic name is invalid: {name!r} is not allowed"
+    if len(name) > MAX_STORED_TOPIC_BYTES:
+        return (f"Topic name is invalid: the length of {name[:40]!r}... is longer than "
+                f"the max allowed length {MAX_STORED_TOPIC_BYTES}")
+    if not TOPIC_NAME_RE.match(name):
+        return (f"Topic name is invalid: {name!r} contains one or more characters other "
+                f"than ASCII alphanumerics, '.', '_', '-' (and '%', '|')")
+    return None
+
 
 #: TOTALSIZE .. BODYLEN for IPv4 hosts: the store's append path packs a record head with it
 #: directly (one pack per record), so the layout is defined once, here.
