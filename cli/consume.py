@@ -4,28 +4,165 @@ Offsets are committed for the group, so a second run continues where the first s
 message counts as consumed once its line is written to stdout, never before: one whose write
 failed, or that Ctrl-C interrupted before it was written, is delivered again to the group.  A
 closed stdout (``consume | head``) ends the command with status 141 and no error, like other
-command-line tools.  Stop with Ctrl-C, ``--max`` or ``--idle-timeout``.  With
+command-line tools.  Stop with Ctrl-C, ``--max`` or ``--idle-timeout``.
+
+When stdout is a pipe, a line written is not yet a line read: the reader may exit with lines
+still in the pipe (``head -2`` leaves the rest there).  So the command commits a message only
+once the reader has taken all of its line from the pipe: it counts the bytes it wrote, asks
+the kernel how many of them are still unread (FIONREAD on the write end), and acknowledges
+every message whose line ends at or before the difference.  It notices a reader that has gone
+(poll() reports POLLERR on the write end) between messages and every ``READER_CHECK`` seconds
+while idle, so ``consume | head -2`` ends at once, not at the next message.  At the end it
+waits up to ``DRAIN_TIMEOUT`` seconds for the reader to take what is still in the pipe.  With
 ``--max`` the idle time-out defaults to 5 s, so asking for more messages than the topic holds
 ends instead of waiting forever; without it the command follows the topic until stopped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import fcntl
 import os
+import select
 import signal
+import stat
+import struct
 import sys
+import termios
+from collections import deque
+from collections.abc import Callable
 
 import click
 import orjson
 
 from txbroker.cli.common import credentials_options, namesrv_option, run
 from txbroker.client import Consumer, MessageExt
+from txbroker.client.errors import BrokerError
 
 #: Idle seconds after which a ``--max`` run stops short of its count.
 MAX_IDLE_DEFAULT = 5.0
 #: Exit status when stdout's reader has gone: 128 + SIGPIPE, what ``yes | head`` reports.
 EXIT_OUTPUT_CLOSED = 128 + signal.SIGPIPE
+#: Seconds between checks that a pipe's reader is still there while no message arrives.
+READER_CHECK = 0.2
+#: Seconds the command waits at its end for the reader to take the lines still in the pipe;
+#: lines it has not taken by then are not committed and go to the group again.
+DRAIN_TIMEOUT = 10.0
+
+
+class PipeOutput:
+    """stdout as a pipe: which written messages its reader has taken.
+
+    ``written`` counts the bytes handed to the pipe; each message's acknowledgement waits in
+    ``pending`` with the byte count at which its line ends, until the pipe's unread bytes
+    (FIONREAD) show that the reader is past that point.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.written = 0
+        self.taken = 0
+        self.pending: deque[tuple[int, Callable[[], None]]] = deque()
+        #: The reader has gone and stdout now points at the null device: nothing to count.
+        self.closed = False
+        self._poll = select.poll()
+        self._poll.register(fd, 0)  # POLLERR and POLLHUP are reported whatever is asked
+
+    @classmethod
+    def of_stdout(cls) -> PipeOutput | None:
+        """The tracker for stdout if it is a pipe (None for a file, a terminal or a socket)."""
+        try:
+            fd = sys.stdout.fileno()
+            return cls(fd) if stat.S_ISFIFO(os.fstat(fd).st_mode) else None
+        except (AttributeError, OSError, ValueError):
+            return None  # not a file descriptor (an in-memory stream)
+
+    def write(self, line: str, ack: Callable[[], None]) -> None:
+        """Write ``line`` and a newline, flushed; BrokenPipeError if the reader has gone."""
+        data = (line + "\n").encode()
+        sys.stdout.flush()  # nothing of ours is buffered there, but keep the order if it is
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        self.written += len(data)
+        self.pending.append((self.written, ack))
+
+    def reader_gone(self) -> bool:
+        return any(ev & select.POLLERR for _, ev in self._poll.poll(0))
+
+    def unread(self) -> int:
+        buf = fcntl.ioctl(self.fd, termios.FIONREAD, b"\0\0\0\0")
+        return struct.unpack("i", buf)[0]
+
+    def settle(self) -> None:
+        """Acknowledge every message whose line the reader has wholly taken."""
+        if not self.pending:
+            return
+        read = self.written - self.unread()
+        pending = self.pending
+        while pending and pending[0][0] <= read:
+            pending.popleft()[1]()
+            self.taken += 1
+
+    def close(self) -> None:
+        """The reader has gone: acknowledge what it took before it left, count nothing more.
+
+        The pipe keeps its unread bytes while we hold the write end, so FIONREAD still tells
+        how far the reader got.
+        """
+        self.settle()
+        self.pending.clear()
+        self.closed = True
+        _discard_stdout()
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait (up to ``timeout`` s) until the reader has taken everything or gone, then settle.
+
+        True if the reader went away leaving lines unread (the output was closed on us).
+        """
+        if self.closed:
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.pending and loop.time() < deadline:
+            if self.reader_gone():
+                self.close()
+                return True
+            self.settle()
+            if self.pending:
+                await asyncio.sleep(0.02)
+        self.settle()
+        return False
+
+
+class ReaderGone(Exception):
+    """The reader of stdout's pipe has closed it."""
+
+
+async def _next(consumer: Consumer, timeout: float | None,
+                output: PipeOutput | None) -> MessageExt | None:
+    """``consumer.poll(timeout)``, checking every ``READER_CHECK`` s while waiting (and, on a
+    pipe, between messages) that the reader is still there and the broker does not refuse.
+
+    Raises :class:`ReaderGone`, or the broker's lasting refusal of every pull (no SUB right,
+    no such topic on the broker), which the consumer itself would retry forever.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    while True:
+        if output is not None:
+            if output.reader_gone():
+                raise ReaderGone
+            output.settle()
+        refusal = consumer.refusal()
+        if refusal is not None:
+            raise refusal
+        wait = READER_CHECK if deadline is None else min(READER_CHECK, deadline - loop.time())
+        if wait <= 0:
+            return None
+        msg = await consumer.poll(wait)
+        if msg is not None:
+            return msg
 
 
 def _doc(msg: MessageExt) -> dict:
@@ -85,31 +222,54 @@ def consume(topic: str, group: str, expression: str, from_beginning: bool, max_c
         consumer.subscribe(topic, expression)
         await consumer.start()
         count, why = 0, "stopped"
+        output = PipeOutput.of_stdout()
         # Whether the message poll() last returned was printed.  poll() acknowledges the one
         # before it, which was; shutdown acknowledges the last one only if it was printed, so
         # a failed write or a cancellation before the write leaves it to be delivered again.
+        # On a pipe every message's acknowledgement is deferred until its line is read.
         printed = False
         try:
             while max_count is None or count < max_count:
-                msg = await consumer.poll(timeout)
+                try:
+                    msg = await _next(consumer, timeout, output)
+                except ReaderGone:
+                    assert output is not None
+                    why = "output closed"
+                    output.close()
+                    break
+                except BrokerError:
+                    why = ""  # the error line says it all: no summary
+                    raise
                 printed = False
                 if msg is None:
                     why = f"no new message for {timeout:g} s"
                     break
+                line = orjson.dumps(_doc(msg)).decode() if as_json else _text(msg)
                 try:
-                    click.echo(orjson.dumps(_doc(msg)).decode() if as_json else _text(msg))
+                    if output is None:
+                        click.echo(line)
+                    else:
+                        output.write(line, consumer.defer_ack())
                 except BrokenPipeError:
                     why = "output closed"
-                    _discard_stdout()
+                    if output is None:
+                        _discard_stdout()
+                    else:
+                        output.close()
                     break
                 printed = True
                 count += 1
             else:
                 why = f"--max {max_count} reached"
         finally:
-            await consumer.shutdown(ack_delivered=printed)
-            click.echo(f"consumed {count:,} message{'' if count == 1 else 's'} of topic {topic} "
-                       f"as group {group} ({why})", err=True)
+            if output is not None:
+                if await output.drain(DRAIN_TIMEOUT) and why:
+                    why = "output closed"
+                count = output.taken
+            await consumer.shutdown(ack_delivered=printed and output is None)
+            if why:
+                click.echo(f"consumed {count:,} message{'' if count == 1 else 's'} of topic {topic} "
+                           f"as group {group} ({why})", err=True)
         if why == "output closed":
             raise click.exceptions.Exit(EXIT_OUTPUT_CLOSED)
 

@@ -292,3 +292,21 @@ async def test_cli_commands_sign_with_access_key_options_or_environment(acl_brok
     assert sent.exit_code == 0, sent.output
     half = await cli("topic", "list", "--access-key", "writer-key")
     assert half.exit_code == 2 and "must be given together" in half.output
+
+
+async def test_consume_without_the_sub_right_is_one_error_line(acl_broker) -> None:
+    """The broker refuses the group's heartbeat and member list (no SUB right on the topic):
+    ``txbroker consume`` fails at once with the broker's answer, instead of waiting out its
+    idle time and reporting 0 messages as a success."""
+    from support.cli_runner import cli_one_line_error, run_cli
+
+    async with AdminClient(acl_broker.namesrv_addr, **ADMIN) as admin:
+        await admin.create_topic("Secret", 1)
+    result = await run_cli("consume", "--topic", "Secret", "--group", "readers", "--from-beginning",
+                           "--max", "1", "--idle-timeout", "8", "--namesrv", acl_broker.namesrv_addr,
+                           "--access-key", READER["access_key"], "--secret-key", READER["secret_key"])
+    err = cli_one_line_error(result)
+    assert err.startswith(f"error: heartbeat at {acl_broker.broker_addr}: SYSTEM_ERROR (1): "
+                          "AclException: No permission for topic=Secret: accessKey=reader-key "
+                          "needs SUB, has DENY"), err
+    assert "consumed" not in result.output, result.output

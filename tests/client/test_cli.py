@@ -213,6 +213,26 @@ def _error_text(result) -> str:
     return text
 
 
+async def test_consume_of_a_topic_deleted_meanwhile_is_one_error_line(broker, namesrv) -> None:
+    """The broker refuses every pull TOPIC_NOT_EXIST (the topic was deleted while consumed):
+    ``consume`` ends with the broker's answer, not with "consumed 0 messages" and status 0
+    once its idle time has passed."""
+    ns = ("--namesrv", namesrv)
+    cli_ok(await run_cli("topic", "create", "TGone", "--queues", "1", *ns))
+    started = asyncio.get_running_loop().time()
+    consume = asyncio.create_task(run_cli("consume", "--topic", "TGone", "--group", "CG_GONE",
+                                          "--max", "1", "--idle-timeout", "25", *ns))
+    await eventually(lambda: "CG_GONE" in broker.registry.consumer_groups(), timeout=10,
+                     msg="the consumer joined")
+    assert await broker.topics.delete("TGone")
+    result = await asyncio.wait_for(consume, 40)
+    assert asyncio.get_running_loop().time() - started < 25  # refused, not idle
+    what, _, why = _error_text(result).partition(f" at {broker.broker_addr}: ")
+    assert what == "pull topic 'TGone' queue 0 as group 'CG_GONE'", what
+    assert why.startswith("TOPIC_NOT_EXIST (17): topic[TGone] not exist"), why
+    assert "consumed" not in result.output
+
+
 async def test_consume_of_a_missing_topic_fails_and_creates_nothing(broker, namesrv) -> None:
     ns = ("--namesrv", namesrv)
     result = await run_cli("consume", "--topic", "NoSuch", "--group", "CG_TYPO", "--timeout", "1", *ns)

@@ -92,7 +92,7 @@ async def test_head_closing_the_pipe_commits_only_printed_lines(broker, namesrv,
                 proc.kill()
                 await proc.wait()
     err = err_bytes.decode()
-    assert len(shown.splitlines()) == 2
+    assert len(shown.splitlines()) == 2, err
     printed = _printed(err)
     assert printed >= 2, err
     # Committed up to the last line written, not past the one whose write failed.
@@ -190,3 +190,59 @@ async def test_sdk_cancelled_handler_leaves_its_message_uncommitted(broker, name
     assert finished == [0]
     assert await _committed(namesrv, group, topic) == 1
     assert await _next_offset(namesrv, topic, group) == 1
+
+
+#: A reader that takes exactly two lines from its stdin, byte by byte, echoes them and exits:
+#: unlike ``head``, it leaves every later byte in the pipe, so which messages it read is known.
+TWO_LINES = ("import os, sys\n"
+             "got = b''\n"
+             "while got.count(b'\\n') < 2:\n"
+             "    b = os.read(0, 1)\n"
+             "    if not b:\n"
+             "        break\n"
+             "    got += b\n"
+             "sys.stdout.buffer.write(got)\n")
+
+
+async def _consume_into_two_line_reader(namesrv: str, topic: str, group: str,
+                                        *extra: str) -> tuple[bytes, str, int, float]:
+    """Run ``consume`` into a reader of two lines; its output, the command's stderr, exit
+    status, and seconds from the reader's exit to the command's."""
+    read_end, write_end = os.pipe()
+    try:
+        consume = await asyncio.create_subprocess_exec(
+            *_consume_argv(namesrv, topic, group, *extra), stdout=write_end,
+            stderr=asyncio.subprocess.PIPE)
+        reader = await asyncio.create_subprocess_exec(sys.executable, "-c", TWO_LINES,
+                                                      stdin=read_end, stdout=asyncio.subprocess.PIPE)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    try:
+        shown, _ = await asyncio.wait_for(reader.communicate(), 30)
+        loop = asyncio.get_running_loop()
+        reader_done = loop.time()
+        _, err_bytes = await asyncio.wait_for(consume.communicate(), 30)
+        lag = loop.time() - reader_done
+    finally:
+        for proc in (consume, reader):
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    return shown, err_bytes.decode(), consume.returncode, lag
+
+
+@pytest.mark.parametrize("extra", [(), ("--max", "5")], ids=["follow", "max"])
+async def test_lines_left_in_the_pipe_are_not_committed(broker, namesrv, extra) -> None:
+    """The reader takes two lines and leaves: the command ends within seconds, with no new
+    message to write, and the group's next run starts at the first line not read."""
+    topic, group = f"TUnread{len(extra)}", f"CG_UNREAD{len(extra)}"
+    await _topic_with(namesrv, topic, 10)
+    shown, err, status, lag = await _consume_into_two_line_reader(namesrv, topic, group, *extra)
+    assert shown.decode().splitlines()[1].endswith("m1"), shown
+    assert lag < 5, (lag, err)
+    assert status == EXIT_PIPE, (status, err)
+    _assert_quiet(err)
+    assert _printed(err) == 2, err
+    assert await _committed(namesrv, group, topic) == 2
+    assert await _next_offset(namesrv, topic, group) == 2

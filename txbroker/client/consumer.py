@@ -35,11 +35,12 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Self
 
 from txbroker.client.delivery import DeliveryBuffer
 from txbroker.client.errors import (
+    BrokerError,
     ClientError,
     ClientStateError,
     TopicNotFoundError,
@@ -68,6 +69,17 @@ from txbroker.remoting.headers import (
 from txbroker.remoting.tls import ClientTLS
 
 log = logging.getLogger(__name__)
+
+#: Refusals that stand until an operator acts (grants the right, creates the topic).
+_LASTING_REFUSALS = frozenset({ResponseCode.NO_PERMISSION, ResponseCode.TOPIC_NOT_EXIST})
+
+
+def is_lasting_refusal(exc: BrokerError) -> bool:
+    """Whether retrying cannot help until an operator acts: NO_PERMISSION, TOPIC_NOT_EXIST, or
+    an access-control denial, which the broker answers as RocketMQ's ACL hook does
+    (SYSTEM_ERROR with an ``AclException`` remark)."""
+    return exc.code in _LASTING_REFUSALS or (exc.code == ResponseCode.SYSTEM_ERROR
+                                             and exc.remark.startswith("AclException"))
 
 
 def _level(exc: BaseException) -> int:
@@ -128,6 +140,8 @@ class Consumer:
         self._rebalance_needed: asyncio.Event | None = None
         self._rebalance_lock: asyncio.Lock | None = None
         self._tasks: list[asyncio.Task] = []
+        #: The last member-list request's lasting refusal (None once one is answered).
+        self._group_refusal: BrokerError | None = None
         self._state = "new"
 
     @property
@@ -280,6 +294,38 @@ class Consumer:
         """
         return self._next(timeout)
 
+    def refusal(self) -> BrokerError | None:
+        """The broker's refusal if every owned queue's last pull was refused for a reason a
+        retry does not change (:func:`is_lasting_refusal`), or, owning no queue, the group's
+        member list was last refused so; None otherwise.
+
+        The consumer keeps retrying, as RocketMQ's does (an operator may grant the right or
+        create the topic); a caller that would rather fail asks this while it waits.
+        """
+        if not self._owned:
+            return self._group_refusal
+        refusals = [o.refusal for o in self._owned.values()]
+        if any(r is None or not is_lasting_refusal(r) for r in refusals):
+            return None
+        return refusals[0]
+
+    def defer_ack(self) -> Callable[[], None]:
+        """Take the message last handed out off automatic acknowledgement; return its ack.
+
+        Normally a message is done when the next one is asked for.  After ``defer_ack()`` it is
+        done only once the returned function is called: until then its queue's committed
+        offset stays before it, and a consumer that stops (or crashes) first leaves it to be
+        delivered again.  ``txbroker consume`` acknowledges a line only once the reader of
+        its output pipe has taken it.
+        """
+        held = list(self._delivered)
+        self._delivered.clear()
+
+        def ack() -> None:
+            for tracker, offset in held:
+                tracker.ack(offset)
+        return ack
+
     def _ack_delivered(self) -> None:
         for tracker, offset in self._delivered:
             tracker.ack(offset)
@@ -381,7 +427,10 @@ class Consumer:
                     # group must not stop the rebalance over the others.
                     try:
                         members.update(await self._members(self._instance.namesrv.read_addr(name)))
+                        self._group_refusal = None
                     except (ClientError, OSError, TimeoutError) as exc:
+                        if isinstance(exc, BrokerError) and is_lasting_refusal(exc):
+                            self._group_refusal = exc
                         unreachable = unreachable or is_connection_loss(exc)
                         log.log(_level(exc), "consumer %s: member list from %s unavailable: %s",
                                 self.client_id, name, exc or type(exc).__name__)

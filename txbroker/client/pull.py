@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass
 
 from txbroker.client.delivery import DeliveryBuffer
-from txbroker.client.errors import ClientError
+from txbroker.client.errors import BrokerError, ClientError
 from txbroker.client.frames import FrameTemplate
 from txbroker.client.instance import ClientInstance
 from txbroker.client.pulled import decode_pulled
@@ -80,6 +80,8 @@ class OwnedQueue:
     task: asyncio.Task | None = None
     #: Broker id to pull from next (the last ``suggestWhichBrokerId``; 0 = master).
     broker_id: int = 0
+    #: The broker's refusal of the last pull (None once a pull is answered normally).
+    refusal: BrokerError | None = None
 
 
 class Puller:
@@ -186,6 +188,7 @@ class Puller:
         else:
             next_begin = header.next_begin_offset
             owned.broker_id = header.suggest_which_broker_id  # where the broker says to pull next
+        owned.refusal = None
         if resp.code == ResponseCode.SUCCESS:
             try:
                 msgs = decode_pulled(resp.body, mq.broker_name)
@@ -212,4 +215,6 @@ class Puller:
             return True
         log.warning("consumer %s: pull %s refused: %d %s", client_id, mq, resp.code,
                     resp.remark or "")
+        owned.refusal = BrokerError(f"pull topic {mq.topic!r} queue {mq.queue_id} as group "
+                                    f"{self.group!r}", resp.code, resp.remark, owned.addr)
         return False
