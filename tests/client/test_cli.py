@@ -7,6 +7,7 @@ import asyncio
 import socket
 
 import orjson
+import pytest
 from support.cli_runner import cli_ok, cli_one_line_error, run_cli
 from support.waiting import eventually
 
@@ -213,6 +214,7 @@ def _error_text(result) -> str:
     return text
 
 
+@pytest.mark.slow  # waits for the pulls to be refused: about 5 s
 async def test_consume_of_a_topic_deleted_meanwhile_is_one_error_line(broker, namesrv) -> None:
     """The broker refuses every pull TOPIC_NOT_EXIST (the topic was deleted while consumed):
     ``consume`` ends with the broker's answer, not with "consumed 0 messages" and status 0

@@ -74,6 +74,7 @@ async def _produce_and_consume(namesrv: str, topic: str) -> None:
     assert {m.topic for m in got} == {topic}
 
 
+@pytest.mark.slow  # CLI processes, several seconds
 async def test_a_topic_a_kafka_client_made_works_from_the_cli_and_sdk(broker_process) -> None:
     proc = broker_process(kafka_port=0)
     namesrv = proc.namesrv_addr
@@ -87,6 +88,7 @@ async def test_a_topic_a_kafka_client_made_works_from_the_cli_and_sdk(broker_pro
     assert "orders.v1" not in await asyncio.to_thread(listed, namesrv)
 
 
+@pytest.mark.slow  # CLI processes, several seconds
 async def test_a_dotted_topic_the_cli_creates_works_end_to_end(broker_process) -> None:
     proc = broker_process()
     namesrv = proc.namesrv_addr
@@ -104,6 +106,7 @@ REFUSED = [
 ]
 
 
+@pytest.mark.slow  # CLI processes, several seconds
 def test_names_the_broker_refuses_are_refused_in_one_error_line(broker_process) -> None:
     namesrv = broker_process().namesrv_addr
     for name, reason in REFUSED:
