@@ -127,9 +127,8 @@ def sign(secret_key: str, date_time: str) -> str:
 
 
 def signed_by(call: SignedCall, account: Account) -> bool:
-    expected = hmac.new(account.secret_key.encode(), call.date_time.encode(),
-                        hashlib.sha1).digest()
-    return hmac.compare_digest(expected, call.signature)
+    return hmac.compare_digest(bytes.fromhex(sign(account.secret_key, call.date_time)),
+                               call.signature)
 
 
 # --- what each RPC touches -----------------------------------------------------------------------
